@@ -1,0 +1,313 @@
+"""The two seams every broker implements: :class:`Broker` (the hot path) and :class:`Admin`
+(the inspector). The CLI, the dashboard and the worker go through these and nothing else.
+
+Times are epoch seconds (``float``) read from the broker's injected :class:`~durq.clock.Clock`;
+:class:`~durq.task.TaskInfo` turns them into aware datetimes for users.
+
+Contract notes that every backend honours (the conformance suite checks each):
+
+* A task is claimable when its state is pending, or scheduled/retry with
+  ``next_process_at <= now``; a backend may take due scheduled/retry rows directly in
+  ``claim`` (SQL) or forward them in ``promote_due`` (Redis). Claim order within a queue:
+  ``next_process_at``, then enqueue order. Paused queues give nothing.
+* Every mutation of an active task names its :class:`LeaseRef`; the backend changes the task
+  only if it is still active *with that token* (fencing) and answers ``False`` otherwise.
+* A completed task whose retention has passed counts as gone for ``task_id`` conflicts even
+  before the janitor deletes it.
+* Counters for the inspector (I1): ``complete`` adds one processed; ``retry``, ``archive``
+  (when it counts an attempt) and ``rescue_expired`` add one processed and one failed, per
+  queue and per UTC day of the broker clock.
+* ``list_workers`` shows workers whose last heartbeat is younger than 60 s.
+* Backend failures to reach the server raise :class:`~durq.errors.BrokerUnavailableError`
+  with ``operation`` set (``"sqlite.claim"``), never a driver exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from durq.errors import DuplicateTaskError, TaskIDConflictError
+from durq.states import TaskState
+from durq.task import TaskInfo
+
+# Capability names a backend may declare; conformance tests that need one skip by name.
+CAP_TRANSACTIONAL_ENQUEUE = "transactional_enqueue"
+CAP_CROSS_PROCESS_NOTIFY = "cross_process_notify"
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueParams:
+    """One task to create. The client validates and encodes everything before this exists."""
+
+    id: str
+    queue: str
+    type: str
+    payload: bytes
+    max_retry: int = 25
+    timeout: float | None = None
+    deadline: float | None = None
+    #: ``None``: pending now. Otherwise scheduled until this time (pending if already past).
+    process_at: float | None = None
+    retention: float = 0.0
+    #: E4: digest of queue, type and canonical payload, with how long it holds.
+    unique_key: str | None = None
+    unique_ttl: float | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueOutcome:
+    """What happened to one item of a bulk enqueue (E9): created, or refused with a reason."""
+
+    params: EnqueueParams
+    info: TaskInfo | None = None
+    error: TaskIDConflictError | DuplicateTaskError | None = None
+
+    @property
+    def created(self) -> bool:
+        return self.info is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimParams:
+    """Take up to ``limit`` claimable tasks, filling from ``queues`` in the order given."""
+
+    queues: Sequence[str]
+    limit: int
+    worker_id: str
+    lease_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRef:
+    """Names one lease: the task and the fencing token its claim produced."""
+
+    queue: str
+    id: str
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A claimed task (state active, ``retried`` as before this attempt) and its lease."""
+
+    task: TaskInfo
+    token: str
+
+    @property
+    def ref(self) -> LeaseRef:
+        return LeaseRef(self.task.queue, self.task.id, self.token)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseReport:
+    """Answer to a heartbeat: leases no longer held, and active tasks asked to cancel (W12)."""
+
+    lost: frozenset[str] = frozenset()
+    cancel: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteParams:
+    """The handler returned: completed with its result for ``retention`` s, or deleted if 0."""
+
+    lease: LeaseRef
+    result: bytes | None = None
+    retention: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RetryParams:
+    """The attempt failed: state retry until ``next_process_at``, ``retried`` + 1."""
+
+    lease: LeaseRef
+    error: str
+    next_process_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveParams:
+    """Give up: state archived with ``error``; ``retried`` + 1 when ``count_attempt``."""
+
+    lease: LeaseRef
+    error: str
+    count_attempt: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A worker process as the inspector shows it (I5)."""
+
+    id: str
+    host: str
+    pid: int
+    queues: dict[str, int]
+    concurrency: int
+    started_at: float
+    last_heartbeat: float = 0.0
+    active: int = 0
+    strict: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """One queue as the inspector shows it (I1)."""
+
+    name: str
+    paused: bool
+    sizes: dict[TaskState, int]
+    #: Seconds since the oldest pending task became ready; 0 when none.
+    oldest_pending_age: float
+    processed_today: int
+    failed_today: int
+    processed_total: int
+    failed_total: int
+
+    @property
+    def size(self) -> int:
+        return sum(self.sizes.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "paused": self.paused,
+            "size": self.size,
+            "sizes": {s.value: self.sizes.get(s, 0) for s in TaskState},
+            "oldest_pending_age": self.oldest_pending_age,
+            "processed_today": self.processed_today,
+            "failed_today": self.failed_today,
+            "processed_total": self.processed_total,
+            "failed_total": self.failed_total,
+        }
+
+
+@runtime_checkable
+class Broker(Protocol):
+    """The hot path: what clients and workers call. All methods are coroutine functions."""
+
+    #: Short name used in errors and metrics: ``"sqlite"``, ``"postgres"``, ``"redis"``.
+    name: str
+    #: Capability names (see ``CAP_*``) this backend provides.
+    capabilities: frozenset[str]
+
+    async def connect(self) -> None:
+        """Open connections (idempotent). Raises BrokerUnavailableError or SchemaError."""
+
+    async def close(self) -> None:
+        """Release every connection (idempotent)."""
+
+    async def migrate(self) -> list[str]:
+        """Bring the storage to the current schema; returns the migrations applied."""
+
+    async def ping(self) -> None:
+        """One cheap round trip; raises BrokerUnavailableError."""
+
+    async def enqueue(self, params: EnqueueParams, *, connection: Any = None) -> TaskInfo:
+        """Create one task, atomically checking task id (E3) and uniqueness (E4).
+
+        ``connection``: on SQL brokers, the caller's open connection; the task is written in
+        its transaction and exists only if the caller commits (E8)."""
+
+    async def enqueue_many(
+        self, items: Sequence[EnqueueParams], *, connection: Any = None
+    ) -> list[EnqueueOutcome]:
+        """Create many tasks in one round trip where the backend can; one outcome per item."""
+
+    async def claim(self, params: ClaimParams) -> list[Lease]:
+        """Lease up to ``params.limit`` claimable tasks (state active, new fencing token,
+        ``lease_expires_at = now + lease_seconds``). Never hands one task to two callers."""
+
+    async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
+        """Heartbeat: push the expiry of every held lease; report lost ones and cancel asks."""
+
+    async def complete(self, params: CompleteParams) -> bool:
+        """Finish a task; ``False`` (and no change) if the lease is no longer held."""
+
+    async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
+        """``complete`` for several tasks in one round trip."""
+
+    async def retry(self, params: RetryParams) -> bool:
+        """Schedule the next attempt; ``False`` if the lease is no longer held."""
+
+    async def archive(self, params: ArchiveParams) -> bool:
+        """Give up on the task; ``False`` if the lease is no longer held."""
+
+    async def requeue(self, lease: LeaseRef) -> bool:
+        """Hand an active task back as pending without counting an attempt (shutdown, W7)."""
+
+    async def promote_due(self) -> int:
+        """Move scheduled/retry tasks whose time has come to pending; returns how many."""
+
+    async def rescue_expired(self, max_lost: int) -> list[TaskInfo]:
+        """Recover active tasks whose lease expired (their worker died, W1).
+
+        Each gets ``retried`` + 1 and ``lost`` + 1, last_error ``"lease expired"`` and becomes
+        retry, due now; it is archived instead when ``lost >= max_lost`` (last_error
+        ``"worker lost"``) or its retries are used up. Returns the tasks as they are now."""
+
+    async def delete_expired(self, limit: int) -> int:
+        """Janitor: delete up to ``limit`` completed tasks whose retention has passed."""
+
+    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
+        """Wait until a task may be claimable in ``queues`` or ``timeout`` passes.
+
+        Returns ``True`` when woken by a notification. Spurious wake-ups are allowed."""
+
+    async def register_worker(self, info: WorkerInfo) -> None:
+        """Insert or refresh a worker's row (its heartbeat); also makes its queues known."""
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        """Remove a worker's row at shutdown."""
+
+
+@runtime_checkable
+class Admin(Protocol):
+    """The inspector's seam (I1-I5). The CLI and the dashboard use only this."""
+
+    async def list_queues(self) -> list[QueueStats]:
+        """Every known queue (enqueued into, served by a worker, or paused)."""
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        """One queue; QueueNotFoundError if unknown."""
+
+    async def list_tasks(
+        self, queue: str, state: TaskState, *, limit: int = 50, offset: int = 0
+    ) -> list[TaskInfo]:
+        """Tasks of one queue in one state, oldest first; QueueNotFoundError if unknown."""
+
+    async def get_task(self, queue: str, task_id: str) -> TaskInfo:
+        """One task; TaskNotFoundError if absent (or completed past its retention)."""
+
+    async def run_task(self, queue: str, task_id: str) -> TaskInfo:
+        """scheduled/retry/archived -> pending now; InvalidStateError from other states."""
+
+    async def archive_task(self, queue: str, task_id: str) -> TaskInfo:
+        """pending/scheduled/retry -> archived; InvalidStateError from other states."""
+
+    async def delete_task(self, queue: str, task_id: str) -> None:
+        """Delete a task in any state but active (InvalidStateError: cancel it first)."""
+
+    async def cancel_task(self, queue: str, task_id: str) -> TaskInfo:
+        """Active: flag it so its worker cancels the handler and archives it "cancelled".
+        pending/scheduled/retry: archived "cancelled" at once. Finished: InvalidStateError."""
+
+    async def run_all(self, queue: str, state: TaskState) -> int:
+        """Run every task of ``state`` (scheduled, retry, archived) now; returns how many."""
+
+    async def delete_all(self, queue: str, state: TaskState) -> int:
+        """Delete every task of ``state`` (not active); returns how many."""
+
+    async def pause_queue(self, queue: str) -> None:
+        """Stop handing out tasks of ``queue``; enqueue still works (W8)."""
+
+    async def unpause_queue(self, queue: str) -> None:
+        """Resume handing out tasks of ``queue``."""
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        """Worker processes that sent a heartbeat recently."""
+
+
+class FullBroker(Broker, Admin, Protocol):
+    """What a backend class implements: both seams."""

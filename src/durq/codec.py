@@ -1,0 +1,94 @@
+"""JSON encoding of payloads and results. Nothing is ever pickled or evaluated (E6, S1)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from durq.errors import PayloadError
+
+#: Default largest encoded payload, in bytes.
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+
+_encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_canonical = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=True
+)
+
+
+def to_jsonable(value: Any) -> Any:
+    """Turn a typed model (dataclass, pydantic, msgspec) into plain JSON data."""
+    if value is None or isinstance(value, dict | list | str | int | float | bool):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    dump = getattr(value, "model_dump", None)  # pydantic v2
+    if callable(dump):
+        return dump(mode="json")
+    try:  # msgspec structs
+        import msgspec
+
+        if isinstance(value, msgspec.Struct):
+            return msgspec.to_builtins(value)
+    except ImportError:  # pragma: no cover - msgspec is optional
+        pass
+    return value
+
+
+def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD) -> bytes:
+    """Encode a payload as a JSON object; raise :class:`PayloadError` before touching a broker."""
+    data = to_jsonable(payload if payload is not None else {})
+    if not isinstance(data, dict):
+        raise PayloadError(f"payload must be a JSON object, not {type(data).__name__}")
+    try:
+        raw = _encoder.encode(data).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"payload is not JSON-serialisable: {exc}") from exc
+    if len(raw) > max_bytes:
+        raise PayloadError(f"payload is {len(raw)} bytes, over the limit of {max_bytes}")
+    return raw
+
+
+def encode_result(result: Any) -> bytes | None:
+    """Encode a handler's return value; ``None`` stores no result."""
+    if result is None:
+        return None
+    try:
+        return _encoder.encode(to_jsonable(result)).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"result is not JSON-serialisable: {exc}") from exc
+
+
+def decode(raw: bytes | str | None) -> Any:
+    """Decode stored JSON. Raises ``ValueError`` on anything that is not strict JSON."""
+    if raw is None:
+        return None
+    if isinstance(raw, bytes | bytearray | memoryview):
+        raw = bytes(raw).decode("utf-8")  # UnicodeDecodeError is a ValueError
+    return json.loads(raw, parse_constant=_reject_constant)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def decode_payload(raw: bytes | str) -> dict[str, Any]:
+    """Decode a stored payload, which must be a JSON object."""
+    value = decode(raw)
+    if not isinstance(value, dict):
+        raise ValueError(f"payload is a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def canonical(data: Any) -> bytes:
+    """Canonical JSON (sorted keys, no spaces): equal data gives equal bytes."""
+    return _canonical.encode(data).encode("utf-8")
+
+
+def unique_key(queue: str, task_type: str, payload: bytes) -> str:
+    """The uniqueness key of E4: a digest of queue, type and canonical payload."""
+    body = canonical(decode(payload))
+    digest = hashlib.sha256(b"\x00".join([queue.encode(), task_type.encode(), body]))
+    return digest.hexdigest()

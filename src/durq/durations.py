@@ -1,0 +1,48 @@
+"""Durations: seconds, ``timedelta`` or strings such as ``30s``, ``5m``, ``1h30m``, ``2d``."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+from durq.errors import ValidationError
+
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def seconds(value: float | int | timedelta | str | None) -> float | None:
+    """Normalise a duration to seconds; ``None`` stays ``None``."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        result = value.total_seconds()
+    elif isinstance(value, bool):
+        raise ValidationError(f"invalid duration {value!r}")
+    elif isinstance(value, int | float):
+        result = float(value)
+    elif isinstance(value, str):
+        result = parse(value)
+    else:
+        raise ValidationError(f"invalid duration {value!r}")
+    if result < 0 or result != result:
+        raise ValidationError(f"duration must be >= 0, got {value!r}")
+    return result
+
+
+def parse(text: str) -> float:
+    """Parse ``"90"``, ``"30s"``, ``"1h30m"`` into seconds."""
+    s = text.strip().lower()
+    try:
+        return float(s)
+    except ValueError:
+        pass
+    pos, total = 0, 0.0
+    for match in _PART.finditer(s):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNIT[match.group(2)]
+        pos = match.end()
+    if pos != len(s) or not s:
+        raise ValidationError(f"invalid duration {text!r} (examples: 30, 30s, 5m, 1h30m, 2d)")
+    return total

@@ -1,0 +1,109 @@
+"""Errors raised by durq. One root, one docstring per error that is also its default message."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from durq.task import TaskInfo
+
+
+class DurqError(Exception):
+    """durq failed."""
+
+    def __init__(self, message: str | None = None, **context: Any) -> None:
+        self.message = message or (self.__doc__ or self.__class__.__name__).strip()
+        self.context = context
+        super().__init__(self.message)
+
+
+class ConfigurationError(DurqError, ValueError):
+    """Invalid configuration."""
+
+
+class ValidationError(DurqError, ValueError):
+    """Invalid input."""
+
+
+class InvalidNameError(ValidationError):
+    """Invalid queue name or task type."""
+
+
+class PayloadError(ValidationError):
+    """The payload cannot be encoded as a JSON object within the size limit."""
+
+
+class TaskIDConflictError(DurqError):
+    """A task with this id already exists in this queue."""
+
+    def __init__(self, message: str | None = None, *, existing: TaskInfo | None = None) -> None:
+        super().__init__(message)
+        #: The task that holds the id, so a web handler can answer with its state.
+        self.existing = existing
+
+
+class DuplicateTaskError(DurqError):
+    """An identical task (same queue, type and payload) is already queued within its unique ttl."""
+
+    def __init__(self, message: str | None = None, *, existing_id: str | None = None) -> None:
+        super().__init__(message)
+        self.existing_id = existing_id
+
+
+class BrokerUnavailableError(DurqError):
+    """The broker cannot be reached; nothing was written."""
+
+    def __init__(self, message: str | None = None, *, operation: str | None = None) -> None:
+        super().__init__(message)
+        #: Which broker call failed, e.g. ``"postgres.enqueue"``.
+        self.operation = operation
+
+
+class BrokerError(DurqError):
+    """The broker refused the operation."""
+
+    def __init__(self, message: str | None = None, *, operation: str | None = None) -> None:
+        super().__init__(message)
+        self.operation = operation
+
+
+class SchemaError(BrokerError):
+    """The broker's storage is missing or at another schema version: run `durq migrate`."""
+
+
+class TaskNotFoundError(DurqError, LookupError):
+    """No task with this id in this queue."""
+
+
+class QueueNotFoundError(DurqError, LookupError):
+    """No such queue."""
+
+
+class InvalidStateError(DurqError):
+    """The task is not in a state that allows this operation."""
+
+
+class UnknownTaskTypeError(DurqError, LookupError):
+    """No task of this type is registered in this app."""
+
+
+# Control flow for handlers. These are signals, not failures of the library.
+
+
+class NotReady(Exception):  # noqa: N818 - the name is part of the public API
+    """The work is not done yet (e.g. the partner still processes it): try again later.
+
+    Reschedules with the task's backoff, counts toward ``max_retry``, records ``reason`` as
+    ``last_error`` and logs at INFO."""
+
+    def __init__(self, reason: str = "not ready") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class SkipRetry(Exception):  # noqa: N818 - the name is part of the public API
+    """Give up now: the task is archived without further retries."""
+
+    def __init__(self, reason: str = "skip retry") -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -1,0 +1,45 @@
+"""Validation of queue names, task types and task ids: once at the edge (S3)."""
+
+from __future__ import annotations
+
+import re
+
+from durq.errors import InvalidNameError
+
+NAME_MAX = 100
+TASK_ID_MAX = 200
+# Letters, digits and a few separators; nothing that means something in SQL, Redis key
+# patterns, shells or URLs.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
+_TASK_ID = re.compile(r"^[A-Za-z0-9_.:\-@+=/]+$")
+
+
+def check_queue(name: str) -> str:
+    """Return a valid queue name or raise :class:`InvalidNameError`."""
+    return _check(name, "queue name", _NAME, NAME_MAX)
+
+
+def check_type(name: str) -> str:
+    """Return a valid task type or raise :class:`InvalidNameError`."""
+    return _check(name, "task type", _NAME, NAME_MAX)
+
+
+def check_task_id(task_id: str) -> str:
+    """Return a valid task id or raise :class:`InvalidNameError`."""
+    return _check(task_id, "task id", _TASK_ID, TASK_ID_MAX)
+
+
+def _check(value: object, what: str, pattern: re.Pattern[str], limit: int) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidNameError(f"{what} must be a non-empty string")
+    if len(value) > limit:
+        raise InvalidNameError(f"{what} is longer than {limit} characters")
+    if not pattern.fullmatch(value):
+        raise InvalidNameError(
+            f"invalid {what} {value!r}: use letters, digits and {_allowed(pattern)}"
+        )
+    return value
+
+
+def _allowed(pattern: re.Pattern[str]) -> str:
+    return "_ . : -" if pattern is _NAME else "_ . : - @ + = /"

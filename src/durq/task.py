@@ -1,0 +1,115 @@
+"""What a task looks like from outside: :class:`TaskInfo` and the handler's :class:`TaskContext`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cached_property
+from typing import Any
+
+from durq import codec
+from durq.states import TaskState
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """A snapshot of one task, as the broker stored it at the time of the call (E1).
+
+    ``payload`` and ``result`` are decoded from their stored JSON on first access, so a task
+    with an undecodable payload can still be listed and inspected (``raw_payload``)."""
+
+    id: str
+    queue: str
+    type: str
+    raw_payload: bytes
+    state: TaskState
+    max_retry: int
+    retried: int = 0
+    last_error: str | None = None
+    timeout: float | None = None
+    deadline: datetime | None = None
+    next_process_at: datetime | None = None
+    enqueued_at: datetime | None = None
+    completed_at: datetime | None = None
+    raw_result: bytes | None = None
+    retention: float = 0.0
+    #: How often a worker died while holding this task (poison-pill guard, W1).
+    lost: int = 0
+    #: Trace context and other metadata carried from the enqueuer to the handler.
+    headers: dict[str, str] = field(default_factory=dict)
+    #: When the current or last attempt started, and which worker holds the lease.
+    started_at: datetime | None = None
+    lease_expires_at: datetime | None = None
+    worker_id: str | None = None
+    #: Set when the inspector asked an active task to be cancelled (W12).
+    cancel_requested: bool = False
+
+    @cached_property
+    def payload(self) -> dict[str, Any]:
+        """The payload as a dict (``ValueError`` if the stored bytes are not a JSON object)."""
+        return codec.decode_payload(self.raw_payload)
+
+    @cached_property
+    def result(self) -> Any:
+        """The handler's return value, while the completed task is retained (W6)."""
+        return codec.decode(self.raw_result)
+
+    def replace(self, **changes: Any) -> TaskInfo:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, used by ``--json`` and the admin API."""
+        try:
+            payload: Any = self.payload
+        except ValueError:
+            payload = {"__undecodable__": self.raw_payload[:200].decode("utf-8", "replace")}
+        try:
+            result: Any = self.result
+        except ValueError:
+            result = None
+
+        def iso(dt: datetime | None) -> str | None:
+            return dt.isoformat() if dt else None
+
+        return {
+            "id": self.id,
+            "queue": self.queue,
+            "type": self.type,
+            "payload": payload,
+            "state": self.state.value,
+            "max_retry": self.max_retry,
+            "retried": self.retried,
+            "last_error": self.last_error,
+            "timeout": self.timeout,
+            "deadline": iso(self.deadline),
+            "next_process_at": iso(self.next_process_at),
+            "enqueued_at": iso(self.enqueued_at),
+            "completed_at": iso(self.completed_at),
+            "started_at": iso(self.started_at),
+            "result": result,
+            "retention": self.retention,
+            "lost": self.lost,
+            "worker_id": self.worker_id,
+            "headers": dict(self.headers),
+        }
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a handler may know about the attempt it runs (pass it by annotating a parameter)."""
+
+    id: str
+    queue: str
+    type: str
+    retried: int
+    max_retry: int
+    deadline: datetime | None
+    headers: dict[str, str]
+    worker_id: str
+
+    @property
+    def attempt(self) -> int:
+        """1 for the first attempt, 2 for the first retry, and so on."""
+        return self.retried + 1
