@@ -1,9 +1,14 @@
 """durq: durable background tasks for Python web services."""
 
+from durq.app import App, TaskDef
+from durq.backoff import capped_power_of_two, exponential, fixed
+from durq.brokers.base import EnqueueOutcome, QueueStats, WorkerInfo
 from durq.errors import (
     BrokerUnavailableError,
     DuplicateTaskError,
     DurqError,
+    InvalidNameError,
+    InvalidStateError,
     NotReady,
     PayloadError,
     QueueNotFoundError,
@@ -11,22 +16,38 @@ from durq.errors import (
     TaskIDConflictError,
     TaskNotFoundError,
 )
+from durq.options import EnqueueRequest
 from durq.states import TaskState
 from durq.task import TaskContext, TaskInfo
+from durq.worker import Worker
+from durq.worker.hooks import WorkerHooks
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "App",
     "BrokerUnavailableError",
     "DuplicateTaskError",
     "DurqError",
+    "EnqueueOutcome",
+    "EnqueueRequest",
+    "InvalidNameError",
+    "InvalidStateError",
     "NotReady",
     "PayloadError",
     "QueueNotFoundError",
+    "QueueStats",
     "SkipRetry",
     "TaskContext",
+    "TaskDef",
     "TaskIDConflictError",
     "TaskInfo",
     "TaskNotFoundError",
     "TaskState",
+    "Worker",
+    "WorkerHooks",
+    "WorkerInfo",
+    "capped_power_of_two",
+    "exponential",
+    "fixed",
 ]

@@ -52,4 +52,6 @@ def resolve(policy: str | RetryDelay | None) -> RetryDelay:
         return POLICIES[policy]
     except KeyError:
         known = ", ".join(sorted(POLICIES))
-        raise ConfigurationError(f"unknown retry_delay policy {policy!r} (known: {known})") from None
+        raise ConfigurationError(
+            f"unknown retry_delay policy {policy!r} (known: {known})"
+        ) from None

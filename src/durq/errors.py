@@ -90,7 +90,7 @@ class UnknownTaskTypeError(DurqError, LookupError):
 # Control flow for handlers. These are signals, not failures of the library.
 
 
-class NotReady(Exception):  # noqa: N818 - the name is part of the public API
+class NotReady(Exception):
     """The work is not done yet (e.g. the partner still processes it): try again later.
 
     Reschedules with the task's backoff, counts toward ``max_retry``, records ``reason`` as
@@ -101,7 +101,7 @@ class NotReady(Exception):  # noqa: N818 - the name is part of the public API
         self.reason = reason
 
 
-class SkipRetry(Exception):  # noqa: N818 - the name is part of the public API
+class SkipRetry(Exception):
     """Give up now: the task is archived without further retries."""
 
     def __init__(self, reason: str = "skip retry") -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class TaskState(str, Enum):
+class TaskState(StrEnum):
     """Where a task is in its life. Each broker stores exactly these names."""
 
     PENDING = "pending"

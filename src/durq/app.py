@@ -1,0 +1,341 @@
+"""The application object: the task registry, the client (enqueue) and the inspector."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+from durq import backoff, durations
+from durq.brokers import FullBroker, open_broker, resolve_url
+from durq.brokers.base import EnqueueOutcome, EnqueueParams
+from durq.clock import SYSTEM_CLOCK, Clock
+from durq.codec import DEFAULT_MAX_PAYLOAD
+from durq.errors import BrokerUnavailableError, ConfigurationError
+from durq.names import check_queue, check_type
+from durq.options import Duration, EnqueueRequest, Moment, TaskDefaults, build_params
+from durq.payloads import HandlerShape, inspect_handler, validate
+from durq.sync import SyncRunner
+from durq.task import TaskInfo
+
+if TYPE_CHECKING:
+    from durq.inspector import Inspector
+    from durq.worker.server import Worker
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Called with the headers of every new task, e.g. to inject trace context (O2).
+HeaderHook = Callable[[dict[str, str]], None]
+
+
+class TaskDef(Generic[P, R]):
+    """A registered task type: its handler and its default options.
+
+    Calling it runs the handler directly (handy in tests); ``enqueue`` queues it."""
+
+    def __init__(
+        self,
+        app: App,
+        type: str,
+        fn: Callable[P, R],
+        defaults: TaskDefaults,
+        retry_delay: backoff.RetryDelay,
+    ) -> None:
+        self.app = app
+        self.type = type
+        self.fn = fn
+        self.defaults = defaults
+        self.retry_delay = retry_delay
+        self.shape: HandlerShape = inspect_handler(fn)
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", type)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def request(self, payload: Any = None, **options: Any) -> EnqueueRequest:
+        """An :class:`EnqueueRequest` for bulk enqueue."""
+        return EnqueueRequest(self.type, payload, **options)
+
+    async def enqueue(self, payload: Any = None, **options: Any) -> TaskInfo:
+        """Enqueue this task; options as :meth:`App.enqueue`."""
+        return await self.app.enqueue(self.type, payload, **options)
+
+    def enqueue_sync(self, payload: Any = None, **options: Any) -> TaskInfo:
+        """Blocking :meth:`enqueue`, for WSGI code."""
+        return self.app.enqueue_sync(self.type, payload, **options)
+
+    def __repr__(self) -> str:
+        return f"<TaskDef {self.type!r} queue={self.defaults.queue!r}>"
+
+
+class App:
+    """A durq application: register handlers with :meth:`task`, enqueue with :meth:`enqueue`.
+
+    ``broker`` is a URL (``sqlite:///durq.sqlite3``, ``postgresql://…``, ``redis://…``) or a
+    broker object; without it ``DURQ_BROKER_URL`` or the SQLite default is used (O5). The
+    same app object serves web handlers (enqueue) and workers (``durq worker module:app``)."""
+
+    def __init__(
+        self,
+        broker: str | FullBroker | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        default_queue: str = "default",
+    ) -> None:
+        self.clock = clock
+        self.max_payload = max_payload
+        self.default_queue = check_queue(default_queue)
+        self.tasks: dict[str, TaskDef[Any, Any]] = {}
+        self.header_hooks: list[HeaderHook] = []
+        if broker is None or isinstance(broker, str):
+            self.broker_url: str | None = resolve_url(broker)
+            self._given: FullBroker | None = None
+        else:
+            self.broker_url = getattr(broker, "url", None)
+            self._given = broker
+        # An async broker is bound to the event loop it connected on; keep one per loop so
+        # the app works from uvicorn, tests and scripts alike.
+        self._brokers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FullBroker] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._sync: SyncRunner | None = None
+        self._inspector: Inspector | None = None
+
+    # -- registry ---------------------------------------------------------------------------
+
+    def task(
+        self,
+        type: str,
+        *,
+        queue: str | None = None,
+        max_retry: int = 25,
+        timeout: Duration | None = None,
+        retention: Duration | None = None,
+        unique: Duration | None = None,
+        retry_delay: str | backoff.RetryDelay | None = None,
+    ) -> Callable[[Callable[P, R]], TaskDef[P, R]]:
+        """Register a handler for task ``type``.
+
+        ``retry_delay`` is a callable ``(retried, exc) -> seconds`` or a policy name:
+        ``"exponential"`` (default, capped, with jitter) or ``"capped_power_of_two"``
+        (``min(2**n, 300)`` s)."""
+        check_type(type)
+        defaults = TaskDefaults(
+            queue=check_queue(queue or self.default_queue),
+            max_retry=max_retry,
+            timeout=durations.seconds(timeout),
+            retention=durations.seconds(retention) or 0.0,
+            unique=durations.seconds(unique),
+        )
+        policy = backoff.resolve(retry_delay)
+
+        def decorator(fn: Callable[P, R]) -> TaskDef[P, R]:
+            if type in self.tasks:
+                raise ConfigurationError(f"task type {type!r} is registered twice")
+            task_def = TaskDef(self, type, fn, defaults, policy)
+            self.tasks[type] = task_def
+            return task_def
+
+        return decorator
+
+    # -- brokers ----------------------------------------------------------------------------
+
+    def new_broker(self) -> FullBroker:
+        """A fresh, unconnected broker on the app's storage (workers own their connections)."""
+        if self.broker_url is not None:
+            return open_broker(self.broker_url, clock=self.clock)
+        assert self._given is not None
+        return self._given
+
+    async def broker(self) -> FullBroker:
+        """The connected broker for the running event loop."""
+        loop = asyncio.get_running_loop()
+        broker = self._brokers.get(loop)
+        if broker is not None:
+            return broker
+        lock = self._locks.setdefault(loop, asyncio.Lock())
+        async with lock:
+            broker = self._brokers.get(loop)
+            if broker is None:
+                broker = self._given if self._given is not None else self.new_broker()
+                await broker.connect()
+                self._brokers[loop] = broker
+        return broker
+
+    async def close(self) -> None:
+        """Close the broker of the running loop (and the sync face's, if it was used)."""
+        await self._close_loop_broker()
+        self.close_sync()
+
+    async def _close_loop_broker(self) -> None:
+        broker = self._brokers.pop(asyncio.get_running_loop(), None)
+        if broker is not None and broker is not self._given:
+            await broker.close()
+
+    def close_sync(self) -> None:
+        """Close the sync face's broker and loop (a later sync call opens them again)."""
+        if self._sync is not None:
+            self._sync.run(self._close_loop_broker)
+            self._sync.close()
+            self._sync = None
+
+    async def __aenter__(self) -> App:
+        await self.broker()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- enqueue ----------------------------------------------------------------------------
+
+    def params(self, request: EnqueueRequest) -> EnqueueParams:
+        """Validate a request into broker params, without touching the broker (E6)."""
+        task_def = self.tasks.get(request.type)
+        if task_def is not None:
+            defaults = task_def.defaults
+            payload = validate(task_def.shape.model, request.payload)
+        else:
+            defaults = TaskDefaults(queue=self.default_queue)
+            payload = validate(None, request.payload)
+        params = build_params(
+            request,
+            defaults=defaults,
+            now=self.clock.now(),
+            payload_json=payload,
+            max_payload=self.max_payload,
+        )
+        if self.header_hooks:
+            headers = dict(params.headers)
+            for hook in self.header_hooks:
+                hook(headers)
+            params = replace(params, headers=headers)
+        return params
+
+    async def enqueue(
+        self,
+        type: str | TaskDef[Any, Any],
+        payload: Any = None,
+        *,
+        queue: str | None = None,
+        task_id: str | None = None,
+        process_in: Duration | None = None,
+        process_at: Moment | None = None,
+        max_retry: int | None = None,
+        timeout: Duration | None = None,
+        deadline: Moment | None = None,
+        retention: Duration | None = None,
+        unique: Duration | None = None,
+        headers: Mapping[str, str] | None = None,
+        connection: Any = None,
+    ) -> TaskInfo:
+        """Enqueue one task and return its :class:`TaskInfo` (E1).
+
+        Raises :class:`~durq.TaskIDConflictError` when ``task_id`` exists (E3),
+        :class:`~durq.DuplicateTaskError` within a ``unique`` ttl (E4),
+        :class:`~durq.PayloadError` for a bad payload (E6) and
+        :class:`~durq.BrokerUnavailableError` when the broker cannot be reached (E7).
+        ``connection``: an open SQL connection whose transaction the task joins (E8)."""
+        request = EnqueueRequest(
+            type.type if isinstance(type, TaskDef) else type,
+            payload,
+            queue=queue,
+            task_id=task_id,
+            process_in=process_in,
+            process_at=process_at,
+            max_retry=max_retry,
+            timeout=timeout,
+            deadline=deadline,
+            retention=retention,
+            unique=unique,
+            headers=headers or {},
+        )
+        params = self.params(request)
+        broker = await self.broker()
+        return await broker.enqueue(params, connection=connection)
+
+    async def enqueue_many(
+        self, requests: Iterable[EnqueueRequest], *, connection: Any = None
+    ) -> list[EnqueueOutcome]:
+        """Enqueue many tasks in one round trip; one outcome per request, in order (E9).
+
+        Every request is validated before anything is written; a refused item (conflict,
+        duplicate) is reported in its outcome and does not stop the others."""
+        params = [self.params(r) for r in requests]
+        broker = await self.broker()
+        return await broker.enqueue_many(params, connection=connection)
+
+    # -- the sync face (E10) ------------------------------------------------------------------
+
+    def _runner(self) -> SyncRunner:
+        if self._sync is None:
+            if self.broker_url is None:
+                raise ConfigurationError("the sync API needs an app built from a broker URL")
+            self._sync = SyncRunner()
+        return self._sync
+
+    def enqueue_sync(
+        self, type: str | TaskDef[Any, Any], payload: Any = None, **options: Any
+    ) -> TaskInfo:
+        """Blocking :meth:`enqueue` for WSGI code (Flask, Django), with the same semantics.
+
+        With ``connection=`` a *sync* psycopg connection, the task joins its transaction."""
+        connection = options.pop("connection", None)
+        if connection is not None:
+            return self._enqueue_in_sync_connection(type, payload, connection, options)
+        return self._runner().run(lambda: self.enqueue(type, payload, **options))
+
+    def enqueue_many_sync(self, requests: Iterable[EnqueueRequest]) -> list[EnqueueOutcome]:
+        """Blocking :meth:`enqueue_many`."""
+        items = list(requests)
+        return self._runner().run(lambda: self.enqueue_many(items))
+
+    def _enqueue_in_sync_connection(
+        self, type: str | TaskDef[Any, Any], payload: Any, connection: Any, options: dict[str, Any]
+    ) -> TaskInfo:
+        broker = self.new_broker()
+        enqueue_in = getattr(broker, "enqueue_sync_in", None)
+        if enqueue_in is None:
+            raise ConfigurationError(f"the {broker.name} broker cannot join a sync connection")
+        name = type.type if isinstance(type, TaskDef) else type
+        params = self.params(EnqueueRequest(name, payload, **options))
+        result: TaskInfo = enqueue_in(params, connection)
+        return result
+
+    def run_sync(self, make: Callable[[], Awaitable[R]]) -> R:
+        """Run ``make()`` (a coroutine using this app) on the sync face's loop."""
+        return self._runner().run(make)
+
+    # -- inspector and worker ---------------------------------------------------------------
+
+    @property
+    def inspector(self) -> Inspector:
+        """The admin facade (I1-I5) used by the CLI and the dashboard."""
+        if self._inspector is None:
+            from durq.inspector import Inspector
+
+            self._inspector = Inspector(self)
+        return self._inspector
+
+    def worker(self, **options: Any) -> Worker:
+        """A :class:`~durq.worker.server.Worker` for this app (see its options)."""
+        from durq.worker.server import Worker
+
+        return Worker(self, **options)
+
+    async def ping(self) -> None:
+        """Raise :class:`BrokerUnavailableError` unless the broker answers."""
+        try:
+            broker = await self.broker()
+        except BrokerUnavailableError:
+            raise
+        await broker.ping()

@@ -1,0 +1,110 @@
+"""Turning user-facing enqueue options into one validated :class:`EnqueueParams`."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from durq import codec, durations, names
+from durq.brokers.base import EnqueueParams
+from durq.errors import ValidationError
+
+Duration = float | int | timedelta | str
+Moment = datetime | float | int
+
+
+@dataclass(frozen=True)
+class EnqueueRequest:
+    """One task to enqueue, for :meth:`durq.App.enqueue_many` (E9).
+
+    Every field but ``type`` and ``payload`` defaults to the task's registered options."""
+
+    type: str
+    payload: Any = None
+    queue: str | None = None
+    task_id: str | None = None
+    process_in: Duration | None = None
+    process_at: Moment | None = None
+    max_retry: int | None = None
+    timeout: Duration | None = None
+    deadline: Moment | None = None
+    retention: Duration | None = None
+    unique: Duration | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskDefaults:
+    """Options that a task type (``@app.task``) or the app sets for every enqueue."""
+
+    queue: str = "default"
+    max_retry: int = 25
+    timeout: float | None = None
+    retention: float = 0.0
+    unique: float | None = None
+
+
+def epoch(moment: Moment | None, what: str) -> float | None:
+    """A moment as epoch seconds; naive datetimes are taken as UTC."""
+    if moment is None:
+        return None
+    if isinstance(moment, datetime):
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return moment.timestamp()
+    if isinstance(moment, int | float) and not isinstance(moment, bool):
+        return float(moment)
+    raise ValidationError(f"{what} must be a datetime or epoch seconds, got {moment!r}")
+
+
+def build_params(
+    request: EnqueueRequest,
+    *,
+    defaults: TaskDefaults,
+    now: float,
+    payload_json: Any,
+    max_payload: int,
+) -> EnqueueParams:
+    """Validate every option at the edge and encode the payload (E5, E6, S3)."""
+    queue = names.check_queue(request.queue or defaults.queue)
+    task_type = names.check_type(request.type)
+    task_id = names.check_task_id(request.task_id) if request.task_id else uuid.uuid4().hex
+    if request.process_in is not None and request.process_at is not None:
+        raise ValidationError("give process_in or process_at, not both")
+    process_at = epoch(request.process_at, "process_at")
+    delay = durations.seconds(request.process_in)
+    if delay is not None and delay > 0:
+        process_at = now + delay
+    if process_at is not None and process_at <= now:
+        process_at = None
+    max_retry = defaults.max_retry if request.max_retry is None else request.max_retry
+    if not isinstance(max_retry, int) or isinstance(max_retry, bool) or max_retry < 0:
+        raise ValidationError(f"max_retry must be an integer >= 0, got {max_retry!r}")
+    timeout = durations.seconds(request.timeout)
+    if timeout is None:
+        timeout = defaults.timeout
+    if timeout is not None and timeout <= 0:
+        raise ValidationError("timeout must be > 0")
+    retention = durations.seconds(request.retention)
+    unique = durations.seconds(request.unique)
+    if unique is None:
+        unique = defaults.unique
+    payload = codec.encode_payload(payload_json, max_bytes=max_payload)
+    headers = {str(k): str(v) for k, v in request.headers.items()}
+    return EnqueueParams(
+        id=task_id,
+        queue=queue,
+        type=task_type,
+        payload=payload,
+        max_retry=max_retry,
+        timeout=timeout,
+        deadline=epoch(request.deadline, "deadline"),
+        process_at=process_at,
+        retention=defaults.retention if retention is None else retention,
+        unique_key=codec.unique_key(queue, task_type, payload) if unique else None,
+        unique_ttl=unique or None,
+        headers=headers,
+    )

@@ -1,0 +1,82 @@
+"""Typed payloads: a handler annotated with a dataclass, pydantic or msgspec model gets that
+model, validated at enqueue time (E6) and rebuilt from JSON at run time."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from durq.codec import to_jsonable
+from durq.errors import PayloadError
+from durq.task import TaskContext
+
+
+@dataclasses.dataclass(frozen=True)
+class HandlerShape:
+    """What the worker needs to know to call a handler."""
+
+    model: type | None
+    wants_context: bool
+    takes_payload: bool
+
+
+def inspect_handler(fn: Callable[..., Any]) -> HandlerShape:
+    """Read the handler's signature: ``(payload[: Model][, ctx: TaskContext])``."""
+    params = list(inspect.signature(fn).parameters.values())
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolved forward references: treat as untyped
+        hints = {}
+    model: type | None = None
+    wants_context = False
+    takes_payload = False
+    for index, param in enumerate(params[:2]):
+        hint = hints.get(param.name)
+        if hint is TaskContext or param.name == "ctx":
+            wants_context = True
+        elif index == 0:
+            takes_payload = True
+            if isinstance(hint, type) and is_model(hint):
+                model = hint
+    return HandlerShape(model, wants_context, takes_payload)
+
+
+def is_model(tp: type) -> bool:
+    """True for dataclasses, pydantic models and msgspec structs."""
+    if dataclasses.is_dataclass(tp):
+        return True
+    if hasattr(tp, "model_validate"):
+        return True
+    return hasattr(tp, "__struct_fields__")
+
+
+def build(model: type, data: Any) -> Any:
+    """Validate plain data into ``model``; raise PayloadError with the validator's reason."""
+    if isinstance(data, model):
+        return data
+    if not isinstance(data, dict):
+        raise PayloadError(f"payload for {model.__name__} must be an object")
+    try:
+        validate = getattr(model, "model_validate", None)
+        if validate is not None:
+            return validate(data)
+        if hasattr(model, "__struct_fields__"):
+            import msgspec
+
+            return msgspec.convert(data, model)
+        return model(**data)
+    except PayloadError:
+        raise
+    except Exception as exc:  # each library has its own ValidationError
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise PayloadError(f"invalid payload for {model.__name__}: {reason}") from exc
+
+
+def validate(model: type | None, payload: Any) -> Any:
+    """Payload as plain JSON data, validated against ``model`` when there is one."""
+    if model is None:
+        return to_jsonable(payload)
+    return to_jsonable(build(model, to_jsonable(payload) if payload is not None else {}))

@@ -1,0 +1,333 @@
+"""Runs claimed tasks: one asyncio task per lease, sync handlers in threads (W2).
+
+Every attempt ends in exactly one broker call named by its lease (fencing, W1): complete,
+retry, archive, or requeue on shutdown. A lease lost to another worker ends in none."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from durq import codec
+from durq.brokers.base import ArchiveParams, Broker, CompleteParams, Lease, LeaseRef, RetryParams
+from durq.errors import BrokerUnavailableError, NotReady, PayloadError, SkipRetry
+from durq.payloads import build
+from durq.task import TaskContext, TaskInfo
+from durq.worker.hooks import WorkerHooks
+
+if TYPE_CHECKING:
+    from durq.app import App, TaskDef
+
+log = logging.getLogger("durq.worker")
+
+# Why a running attempt was cancelled from outside; each reason ends the attempt differently.
+SHUTDOWN, CANCELLED, LOST = "shutdown", "cancelled", "lost"
+# Delays between attempts to report an outcome while the broker is unreachable.
+_ACK_DELAYS = (0.05, 0.2, 0.5, 1.0, 2.0, 4.0)
+
+
+class _NoHandler(Exception):
+    pass
+
+
+@dataclass
+class Running:
+    lease: Lease
+    task: asyncio.Task[None]
+    reason: str | None = None
+    #: The handler has returned; its outcome is being reported and must not be interrupted.
+    settling: bool = False
+
+
+class Executor:
+    """Owns the worker's slots and the attempts that fill them."""
+
+    def __init__(
+        self,
+        app: App,
+        broker: Broker,
+        *,
+        concurrency: int,
+        worker_id: str,
+        hooks: list[WorkerHooks],
+    ) -> None:
+        self.app = app
+        self.broker = broker
+        self.concurrency = concurrency
+        self.worker_id = worker_id
+        self.hooks = hooks
+        self.running: dict[tuple[str, str], Running] = {}
+        self.slot_freed = asyncio.Event()
+        self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="durq-task")
+
+    @property
+    def free_slots(self) -> int:
+        return self.concurrency - len(self.running)
+
+    def leases(self) -> list[LeaseRef]:
+        return [r.lease.ref for r in self.running.values()]
+
+    def submit(self, lease: Lease) -> None:
+        key = (lease.task.queue, lease.task.id)
+        task = asyncio.create_task(self._attempt(lease), name=f"durq-task-{lease.task.id}")
+        self.running[key] = Running(lease, task)
+        task.add_done_callback(lambda _t: self._release(key))
+        self._busy_changed()
+
+    def _release(self, key: tuple[str, str]) -> None:
+        self.running.pop(key, None)
+        self.slot_freed.set()
+        self._busy_changed()
+
+    def _busy_changed(self) -> None:
+        for hook in self.hooks:
+            hook.busy_changed(len(self.running), self.concurrency)
+
+    def cancel(self, task_id: str, reason: str) -> None:
+        """Cancel running attempts of ``task_id`` for ``reason`` (lost, cancelled, shutdown)."""
+        for (_, tid), running in list(self.running.items()):
+            if tid == task_id and running.reason is None and not running.settling:
+                running.reason = reason
+                running.task.cancel()
+
+    def cancel_all(self, reason: str) -> None:
+        for running in list(self.running.values()):
+            if running.reason is None and not running.settling:
+                running.reason = reason
+                running.task.cancel()
+
+    async def drain(self, timeout: float | None) -> bool:
+        """Wait for running attempts; ``True`` if all finished within ``timeout``."""
+        tasks = [r.task for r in self.running.values()]
+        if not tasks:
+            return True
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        return not pending
+
+    async def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    # -- one attempt ------------------------------------------------------------------------
+
+    async def _attempt(self, lease: Lease) -> None:
+        task = lease.task
+        key = (task.queue, task.id)
+        started = time.perf_counter()
+        for hook in self.hooks:
+            hook.task_started(task)
+        outcome = "lost"
+        try:
+            outcome = await self._run_and_settle(lease)
+        except asyncio.CancelledError:
+            reason = self.running[key].reason if key in self.running else None
+            outcome = await self._settle_cancelled(lease, reason)
+        except Exception:  # a bug in settling must not kill the worker; the lease will expire
+            log.exception("could not settle task %s", task.id, extra=_extra(task))
+        finally:
+            duration = time.perf_counter() - started
+            for hook in self.hooks:
+                hook.task_finished(task, outcome, duration)
+
+    async def _run_and_settle(self, lease: Lease) -> str:
+        task = lease.task
+        task_def = self.app.tasks.get(task.type)
+        try:
+            if task_def is None:
+                self._mark_settling(task)
+                raise _NoHandler(f'no handler for type "{task.type}"')
+            try:
+                result = await self._call(task_def, task)
+            finally:
+                self._mark_settling(task)
+            encoded = codec.encode_result(result)
+        except asyncio.CancelledError:
+            raise
+        except SkipRetry as exc:
+            return await self._archive(lease, exc.reason, alert=False)
+        except TimeoutError:
+            return await self._failed(lease, task_def, self._timeout_message(task), None)
+        except _Undecodable as exc:
+            return await self._archive(lease, str(exc), alert=True)
+        except NotReady as exc:
+            return await self._failed(lease, task_def, exc.reason, exc)
+        except _NoHandler as exc:
+            return await self._failed(lease, None, str(exc), exc)
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            return await self._failed(lease, task_def, message, exc)
+        retention = task.retention
+        params = CompleteParams(lease.ref, encoded, retention)
+        if await self._report(self.broker.complete, params, task):
+            log.info("task %s completed", task.id, extra=_extra(task))
+            return "completed"
+        return "lost"
+
+    def _mark_settling(self, task: TaskInfo) -> None:
+        running = self.running.get((task.queue, task.id))
+        if running is not None and running.reason is None:
+            running.settling = True
+
+    async def _call(self, task_def: TaskDef[Any, Any], task: TaskInfo) -> Any:
+        try:
+            data = task.payload
+        except ValueError as exc:
+            raise _Undecodable(f"payload decode error: {exc}") from exc
+        shape = task_def.shape
+        args: list[Any] = []
+        if shape.takes_payload:
+            if shape.model is not None:
+                try:
+                    args.append(build(shape.model, data))
+                except PayloadError as exc:
+                    raise _Undecodable(f"payload decode error: {exc}") from exc
+            else:
+                args.append(data)
+        if shape.wants_context:
+            args.append(self._context(task))
+        budget = self._budget(task)
+        with contextlib.ExitStack() as stack:
+            for hook in self.hooks:
+                stack.enter_context(hook.around(task))
+            async with asyncio.timeout(budget):
+                if task_def.is_async:
+                    return await task_def.fn(*args)
+                # Copy context so trace spans and log context follow into the thread.
+                ctx = contextvars.copy_context()
+                call: Callable[[], Any] = functools.partial(ctx.run, task_def.fn, *args)
+                return await asyncio.get_running_loop().run_in_executor(self._threads, call)
+
+    def _context(self, task: TaskInfo) -> TaskContext:
+        return TaskContext(
+            id=task.id,
+            queue=task.queue,
+            type=task.type,
+            retried=task.retried,
+            max_retry=task.max_retry,
+            deadline=task.deadline,
+            headers=dict(task.headers),
+            worker_id=self.worker_id,
+        )
+
+    def _budget(self, task: TaskInfo) -> float | None:
+        """Seconds this attempt may run: the smaller of timeout and time to deadline (W3)."""
+        limits = []
+        if task.timeout:
+            limits.append(task.timeout)
+        if task.deadline is not None:
+            limits.append(max(0.0, task.deadline.timestamp() - self.app.clock.now()))
+        return min(limits) if limits else None
+
+    def _timeout_message(self, task: TaskInfo) -> str:
+        if task.deadline is not None and task.deadline.timestamp() <= self.app.clock.now():
+            return "deadline exceeded"
+        return f"timeout after {task.timeout:g}s"
+
+    async def _failed(
+        self,
+        lease: Lease,
+        task_def: TaskDef[Any, Any] | None,
+        error: str,
+        exc: BaseException | None,
+    ) -> str:
+        task = lease.task
+        past_deadline = (
+            task.deadline is not None and task.deadline.timestamp() <= self.app.clock.now()
+        )
+        if task.retried >= task.max_retry or past_deadline:
+            return await self._archive(lease, error, alert=True)
+        if task_def is not None:
+            delay = task_def.retry_delay(task.retried, exc or Exception(error))
+        else:
+            from durq.backoff import exponential
+
+            delay = exponential(task.retried)
+        params = RetryParams(lease.ref, error, self.app.clock.now() + max(0.0, delay))
+        if not await self._report(self.broker.retry, params, task):
+            return "lost"
+        level = logging.INFO if isinstance(exc, NotReady) else logging.WARNING
+        log.log(level, "task %s will retry in %.1fs: %s", task.id, delay, error, extra=_extra(task))
+        return "retry"
+
+    async def _archive(self, lease: Lease, error: str, *, alert: bool) -> str:
+        task = lease.task
+        if not await self._report(self.broker.archive, ArchiveParams(lease.ref, error), task):
+            return "lost"
+        if alert:
+            # The alert line of W4: one ERROR with everything an on-call engineer needs.
+            log.error(
+                "task archived: id=%s type=%s queue=%s attempts=%d last_error=%r",
+                task.id,
+                task.type,
+                task.queue,
+                task.retried + 1,
+                error,
+                extra=_extra(task),
+            )
+        else:
+            log.info("task %s archived: %s", task.id, error, extra=_extra(task))
+        return "archived"
+
+    async def _settle_cancelled(self, lease: Lease, reason: str | None) -> str:
+        task = lease.task
+        if reason == SHUTDOWN:
+            if await self._report(self.broker.requeue, lease.ref, task):
+                log.info("task %s handed back at shutdown", task.id, extra=_extra(task))
+                return "requeued"
+            return "lost"
+        if reason == CANCELLED:
+            params = ArchiveParams(lease.ref, "cancelled", count_attempt=False)
+            if await self._report(self.broker.archive, params, task):
+                log.info("task %s cancelled", task.id, extra=_extra(task))
+                return "archived"
+            return "lost"
+        if reason == LOST:
+            log.warning(
+                "task %s: lease lost to another worker; result dropped", task.id, extra=_extra(task)
+            )
+        return "lost"
+
+    async def _report(self, call: Callable[[Any], Any], params: Any, task: TaskInfo) -> bool:
+        """Send an outcome to the broker, retrying through short outages.
+
+        If it never gets through, the lease expires and the task runs again (at-least-once)."""
+        for delay in (*_ACK_DELAYS, None):
+            try:
+                held: bool = await call(params)
+            except BrokerUnavailableError as exc:
+                if delay is None:
+                    log.error(
+                        "task %s: could not report its outcome (%s)",
+                        task.id,
+                        exc,
+                        extra=_extra(task),
+                    )
+                    return False
+                await asyncio.sleep(delay)
+                continue
+            if not held:
+                log.warning(
+                    "task %s: lease no longer held; outcome dropped", task.id, extra=_extra(task)
+                )
+            return held
+        return False
+
+
+class _Undecodable(Exception):
+    """The stored payload is not a valid JSON object for this task: retrying cannot help."""
+
+
+def _extra(task: TaskInfo) -> dict[str, Any]:
+    return {
+        "task_id": task.id,
+        "task_type": task.type,
+        "queue": task.queue,
+        "attempt": task.retried + 1,
+    }

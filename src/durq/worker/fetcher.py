@@ -1,0 +1,119 @@
+"""Claims tasks into free slots: a batch per round trip, then waits for a wake-up (W8, W11).
+
+It waits on the broker's notification (LISTEN/NOTIFY, blocking pop, in-process event), bounded
+by ``poll_interval`` so due scheduled tasks and lost notifications are still picked up."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Mapping
+
+from durq.brokers.base import Broker, ClaimParams
+from durq.errors import BrokerUnavailableError
+from durq.worker.executor import Executor
+
+log = logging.getLogger("durq.worker")
+
+
+def queue_order(weights: Mapping[str, int], strict: bool, rng: random.Random) -> list[str]:
+    """The order to take queues in for one claim.
+
+    Strict: highest weight first, always. Weighted: a random order where each queue comes
+    first with probability proportional to its weight, so no queue starves."""
+    if strict or len(weights) == 1:
+        return sorted(weights, key=lambda q: -weights[q])
+    remaining = dict(weights)
+    order: list[str] = []
+    while remaining:
+        pick = rng.uniform(0, sum(remaining.values()))
+        for queue, weight in remaining.items():  # noqa: B007 - the pick is used below
+            pick -= weight
+            if pick <= 0:
+                break
+        order.append(queue)
+        del remaining[queue]
+    return order
+
+
+class Fetcher:
+    def __init__(
+        self,
+        broker: Broker,
+        executor: Executor,
+        *,
+        queues: Mapping[str, int],
+        strict: bool,
+        worker_id: str,
+        lease_seconds: float,
+        poll_interval: float,
+    ) -> None:
+        self.broker = broker
+        self.executor = executor
+        self.queues = dict(queues)
+        self.strict = strict
+        self.worker_id = worker_id
+        self.lease_seconds = lease_seconds
+        self.poll_interval = poll_interval
+        self._rng = random.Random()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._task = asyncio.create_task(self._run(), name="durq-fetcher")
+
+    async def stop(self) -> None:
+        """Stop claiming. Never interrupts a claim in flight (its leases would be orphaned)."""
+        self._stop.set()
+        self.executor.slot_freed.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            free = self.executor.free_slots
+            if free <= 0:
+                self.executor.slot_freed.clear()
+                if self.executor.free_slots <= 0:
+                    await self.executor.slot_freed.wait()
+                continue
+            order = queue_order(self.queues, self.strict, self._rng)
+            try:
+                leases = await self.broker.claim(
+                    ClaimParams(order, free, self.worker_id, self.lease_seconds)
+                )
+                failures = 0
+            except BrokerUnavailableError as exc:
+                failures += 1
+                delay = min(0.1 * 2**failures, 5.0)
+                log.warning("cannot claim tasks (%s); retrying in %.1fs", exc, delay)
+                await self._sleep(delay)
+                continue
+            for lease in leases:
+                self.executor.submit(lease)
+            if len(leases) < free and not self._stop.is_set():
+                await self._wait_for_work(order)
+
+    async def _wait_for_work(self, queues: list[str]) -> None:
+        waiter = asyncio.ensure_future(self.broker.wait_for_work(queues, self.poll_interval))
+        stopper = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for future in (waiter, stopper):
+                if not future.done():
+                    future.cancel()
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is not None:
+                exc = waiter.exception()
+                log.debug("wait_for_work failed: %s", exc)
+                await self._sleep(self.poll_interval)
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        except TimeoutError:
+            pass

@@ -1,0 +1,44 @@
+"""One heartbeat for all leases of the process (W1): extends them, learns which were lost
+or asked to cancel (W12), and refreshes the worker's row for the inspector (I5)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from durq.brokers.base import Broker, WorkerInfo
+from durq.worker.executor import CANCELLED, LOST, Executor
+from durq.worker.service import PeriodicService
+
+log = logging.getLogger("durq.worker")
+
+
+class Heartbeat(PeriodicService):
+    name = "heartbeat"
+
+    def __init__(
+        self,
+        broker: Broker,
+        executor: Executor,
+        *,
+        interval: float,
+        lease_seconds: float,
+        worker_info: Callable[[], WorkerInfo],
+    ) -> None:
+        super().__init__(interval)
+        self.broker = broker
+        self.executor = executor
+        self.lease_seconds = lease_seconds
+        self.worker_info = worker_info
+
+    async def tick(self) -> None:
+        leases = self.executor.leases()
+        if leases:
+            report = await self.broker.extend_leases(leases, self.lease_seconds)
+            for task_id in report.lost:
+                log.warning("lease of task %s was lost; cancelling its handler", task_id)
+                self.executor.cancel(task_id, LOST)
+            for task_id in report.cancel:
+                log.info("task %s: cancellation requested", task_id)
+                self.executor.cancel(task_id, CANCELLED)
+        await self.broker.register_worker(self.worker_info())

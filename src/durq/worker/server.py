@@ -1,0 +1,239 @@
+"""The worker process: wires the services and owns their start/stop order (W7, H5).
+
+Start: connect, register, heartbeat, rescuer, promoter, janitor, then the fetcher.
+Stop: the fetcher first (no new claims), wait up to ``shutdown_timeout`` for running tasks,
+hand back the rest as pending, then the services, then unregister and close."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from durq import names
+from durq.brokers.base import WorkerInfo
+from durq.errors import ConfigurationError
+from durq.worker.executor import SHUTDOWN, Executor
+from durq.worker.fetcher import Fetcher
+from durq.worker.heartbeat import Heartbeat
+from durq.worker.hooks import WorkerHooks
+from durq.worker.maintenance import Janitor, Promoter, Rescuer
+from durq.worker.service import PeriodicService
+
+if TYPE_CHECKING:
+    from durq.app import App
+    from durq.brokers.base import FullBroker
+
+log = logging.getLogger("durq.worker")
+
+
+def parse_queues(spec: str | Mapping[str, int] | Sequence[str]) -> dict[str, int]:
+    """``"critical=6,default=3,low=1"``, a mapping, or a list of names (weight 1 each)."""
+    if isinstance(spec, str):
+        out: dict[str, int] = {}
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            name, _, weight = part.partition("=")
+            try:
+                out[names.check_queue(name.strip())] = int(weight) if weight else 1
+            except ValueError as exc:
+                raise ConfigurationError(f"invalid queue weight in {part!r}") from exc
+        spec = out
+    elif not isinstance(spec, Mapping):
+        spec = {q: 1 for q in spec}
+    result = {names.check_queue(q): int(w) for q, w in spec.items()}
+    if not result or any(w < 1 for w in result.values()):
+        raise ConfigurationError("queues need at least one name, each with a weight >= 1")
+    return result
+
+
+class Worker:
+    """Runs the app's handlers for tasks of ``queues``.
+
+    Use ``await worker.run()`` (until SIGTERM/SIGINT), or ``async with worker:`` inside a web
+    process (monolith). Options:
+
+    * ``queues``: ``{"critical": 6, "default": 3, "low": 1}`` or ``"critical=6,default=3"``;
+      default: every queue named by a registered task, weight 1.
+    * ``strict``: empty higher-weight queues first instead of weighted picking (W8).
+    * ``concurrency``: attempts at once (W2). ``shutdown_timeout``: grace for running tasks.
+    * ``lease_seconds``: how long a claim holds without a heartbeat; a dead worker's tasks
+      run again after it (W1). ``max_lost``: worker losses before a task is archived.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        queues: str | Mapping[str, int] | Sequence[str] | None = None,
+        concurrency: int = 10,
+        strict: bool = False,
+        shutdown_timeout: float = 10.0,
+        lease_seconds: float = 30.0,
+        heartbeat_interval: float | None = None,
+        poll_interval: float = 1.0,
+        promote_interval: float = 1.0,
+        rescue_interval: float = 5.0,
+        janitor_interval: float = 30.0,
+        max_lost: int = 3,
+        hooks: Sequence[WorkerHooks] = (),
+        services: Sequence[PeriodicService] = (),
+    ) -> None:
+        if concurrency < 1:
+            raise ConfigurationError("concurrency must be >= 1")
+        if queues is None:
+            queues = sorted({t.defaults.queue for t in app.tasks.values()} or {app.default_queue})
+        self.app = app
+        self.queues = parse_queues(queues)
+        self.concurrency = concurrency
+        self.strict = strict
+        self.shutdown_timeout = shutdown_timeout
+        self.lease_seconds = lease_seconds
+        self.heartbeat_interval = heartbeat_interval or min(lease_seconds / 3, 2.0)
+        self.poll_interval = poll_interval
+        self.promote_interval = promote_interval
+        self.rescue_interval = rescue_interval
+        self.janitor_interval = janitor_interval
+        self.max_lost = max_lost
+        self.hooks = [*getattr(app, "worker_hooks", ()), *hooks]
+        self.extra_services = list(services)
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.started_at = 0.0
+        self.broker: FullBroker | None = None
+        self._executor: Executor | None = None
+        self._fetcher: Fetcher | None = None
+        self._services: list[PeriodicService] = []
+        self._stopped = asyncio.Event()
+        self._stopping = False
+
+    def info(self) -> WorkerInfo:
+        """This worker as the inspector shows it (I5)."""
+        return WorkerInfo(
+            id=self.id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queues=dict(self.queues),
+            concurrency=self.concurrency,
+            started_at=self.started_at,
+            last_heartbeat=self.app.clock.now(),
+            active=len(self._executor.running) if self._executor else 0,
+            strict=self.strict,
+        )
+
+    async def start(self) -> None:
+        """Connect and start every service; returns once the worker is taking tasks."""
+        self._stopped.clear()
+        self.started_at = self.app.clock.now()
+        broker = self.broker = self.app.new_broker()
+        await broker.connect()
+        await broker.register_worker(self.info())
+        self._executor = Executor(
+            self.app, broker, concurrency=self.concurrency, worker_id=self.id, hooks=self.hooks
+        )
+        self._services = [
+            Heartbeat(
+                broker,
+                self._executor,
+                interval=self.heartbeat_interval,
+                lease_seconds=self.lease_seconds,
+                worker_info=self.info,
+            ),
+            Rescuer(broker, self.rescue_interval, self.max_lost),
+            Promoter(broker, self.promote_interval),
+            Janitor(broker, self.janitor_interval),
+            *self.extra_services,
+        ]
+        for service in self._services:
+            service.start()
+        self._fetcher = Fetcher(
+            broker,
+            self._executor,
+            queues=self.queues,
+            strict=self.strict,
+            worker_id=self.id,
+            lease_seconds=self.lease_seconds,
+            poll_interval=self.poll_interval,
+        )
+        self._fetcher.start()
+        log.info(
+            "worker %s started: queues=%s concurrency=%d broker=%s",
+            self.id,
+            ",".join(f"{q}={w}" for q, w in self.queues.items()),
+            self.concurrency,
+            broker.name,
+        )
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Graceful stop (W7): no new tasks, wait up to ``timeout`` (default
+        ``shutdown_timeout``), then cancel the rest and hand them back as pending."""
+        if self._stopping:
+            return
+        self._stopping = True
+        grace = self.shutdown_timeout if timeout is None else timeout
+        try:
+            if self._fetcher is not None:
+                await self._fetcher.stop()
+            if self._executor is not None:
+                if not await self._executor.drain(grace):
+                    log.warning("shutdown: handing unfinished tasks back to the queue")
+                    self._executor.cancel_all(SHUTDOWN)
+                    await self._executor.drain(None)
+                await self._executor.close()
+            for service in reversed(self._services):
+                await service.stop()
+            if self.broker is not None:
+                try:
+                    await self.broker.unregister_worker(self.id)
+                except Exception as exc:  # the row expires on its own
+                    log.warning("could not unregister worker: %s", exc)
+                if self.broker is not getattr(self.app, "_given", None):
+                    await self.broker.close()
+        finally:
+            self._stopping = False
+            self._stopped.set()
+            log.info("worker %s stopped", self.id)
+
+    def stop_now(self) -> None:
+        """Second signal: cancel running tasks at once; they are still handed back."""
+        if self._executor is not None:
+            self._executor.cancel_all(SHUTDOWN)
+
+    async def __aenter__(self) -> Worker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def run(self, *, install_signal_handlers: bool = True) -> None:
+        """Run until SIGTERM/SIGINT (first: graceful; second: at once) or :meth:`stop`."""
+        await self.start()
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGTERM, signal.SIGINT)
+        stop_task: list[asyncio.Task[None]] = []
+
+        def on_signal(sig: signal.Signals) -> None:
+            if stop_task:
+                log.warning("second %s: stopping at once", sig.name)
+                self.stop_now()
+                return
+            log.info(
+                "%s received: stopping gracefully (grace %.0fs)", sig.name, self.shutdown_timeout
+            )
+            stop_task.append(asyncio.create_task(self.stop()))
+
+        if install_signal_handlers:
+            for sig in signals:
+                loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            await self._stopped.wait()
+            if stop_task:
+                await stop_task[0]
+        finally:
+            if install_signal_handlers:
+                for sig in signals:
+                    loop.remove_signal_handler(sig)
