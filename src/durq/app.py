@@ -23,6 +23,7 @@ from durq.task import TaskInfo
 
 if TYPE_CHECKING:
     from durq.inspector import Inspector
+    from durq.worker.hooks import WorkerHooks
     from durq.worker.server import Worker
 
 P = ParamSpec("P")
@@ -94,6 +95,8 @@ class App:
         self.default_queue = check_queue(default_queue)
         self.tasks: dict[str, TaskDef[Any, Any]] = {}
         self.header_hooks: list[HeaderHook] = []
+        #: Hooks every worker of this app runs around tasks (metrics, tracing).
+        self.worker_hooks: list[WorkerHooks] = []
         if broker is None or isinstance(broker, str):
             self.broker_url: str | None = resolve_url(broker)
             self._given: FullBroker | None = None

@@ -99,7 +99,7 @@ class Worker:
         self.rescue_interval = rescue_interval
         self.janitor_interval = janitor_interval
         self.max_lost = max_lost
-        self.hooks = [*getattr(app, "worker_hooks", ()), *hooks]
+        self.hooks = [*app.worker_hooks, *hooks]
         self.extra_services = list(services)
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.started_at = 0.0

@@ -1,0 +1,1 @@
+"""Logs, metrics, traces and health probes."""
