@@ -1,0 +1,434 @@
+"""The embedded SQLite broker: the default, nothing to install (``sqlite:///durq.sqlite3``).
+
+Several worker processes on one machine may share the file: every write is one
+``BEGIN IMMEDIATE`` transaction, so a claim's select-and-lease is atomic across processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from typing import Any, Self
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from durq.brokers.base import (
+    ArchiveParams,
+    ClaimParams,
+    CompleteParams,
+    EnqueueOutcome,
+    EnqueueParams,
+    Lease,
+    LeaseRef,
+    LeaseReport,
+    RetryParams,
+    WorkerInfo,
+)
+from durq.brokers.sqlite import wakeup
+from durq.brokers.sqlite.admin import WORKER_TTL, SQLiteAdmin
+from durq.brokers.sqlite.connection import (
+    DEFAULT_BUSY_TIMEOUT,
+    DEFAULT_POLL_INTERVAL,
+    Conn,
+    row_to_info,
+    transaction,
+)
+from durq.brokers.sqlite.queries import Q
+from durq.clock import SYSTEM_CLOCK, Clock
+from durq.errors import ConfigurationError, DuplicateTaskError, TaskIDConflictError
+from durq.task import TaskInfo
+
+#: Expired leases handled per ``rescue_expired`` call, so one call never holds the lock long.
+RESCUE_BATCH = 500
+#: Worker rows silent for this long are deleted when another worker registers.
+FORGET_WORKERS_AFTER = 24 * 3600.0
+
+
+class SQLiteBroker(SQLiteAdmin):
+    """Broker and Admin on one SQLite file (WAL mode, one database thread per instance)."""
+
+    name = "sqlite"
+    #: E8 (joining the caller's connection) is not offered: the connection lives on our thread.
+    capabilities: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
+        """``sqlite:///relative/path.db`` (from the working directory) or
+        ``sqlite:////abs/path.db``. Options: ``?busy_timeout=5`` (seconds to wait for the
+        write lock), ``?poll_interval=0.025`` (cross-process wake-up polling, seconds)."""
+        parts = urlsplit(url)
+        if parts.scheme.lower() != "sqlite":
+            raise ConfigurationError(f"not a sqlite URL: {url!r}")
+        if parts.netloc:
+            raise ConfigurationError(
+                f"sqlite URLs have no host: use sqlite:///relative.db or sqlite:////abs.db, "
+                f"not {url!r}"
+            )
+        path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+        if not path:
+            raise ConfigurationError(f"sqlite URL without a file path: {url!r}")
+        options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        unknown = set(options) - {"busy_timeout", "poll_interval"}
+        if unknown:
+            raise ConfigurationError(f"unknown sqlite URL option(s): {', '.join(sorted(unknown))}")
+        try:
+            busy = float(options.get("busy_timeout", DEFAULT_BUSY_TIMEOUT))
+            poll = float(options.get("poll_interval", DEFAULT_POLL_INTERVAL))
+        except ValueError as exc:
+            raise ConfigurationError(f"invalid sqlite URL option in {url!r}: {exc}") from exc
+        if busy < 0 or poll <= 0:
+            raise ConfigurationError(f"sqlite URL options must be positive: {url!r}")
+        return cls(path, clock=clock, busy_timeout=busy, poll_interval=poll)
+
+    # ------------------------------------------------------------------ enqueue
+
+    def _insert(self, conn: Conn, p: EnqueueParams, now: float) -> TaskInfo:
+        """Create one task or raise its conflict; a refusal writes nothing of its own."""
+        key = {"queue": p.queue, "id": p.id, "now": now}
+        conn.execute(Q["drop_expired_completed"], key)
+        existing = self._get_row(conn, p.queue, p.id, now)
+        if existing is not None:
+            raise TaskIDConflictError(
+                f"task {p.id!r} already exists in queue {p.queue!r} ({existing['state']})",
+                existing=row_to_info(existing),
+            )
+        if p.unique_key is not None:
+            unique = {"unique_key": p.unique_key, "now": now}
+            conn.execute(Q["release_stale_unique"], unique)
+            holder = conn.execute(Q["find_unique"], unique).fetchone()
+            if holder is not None:
+                raise DuplicateTaskError(
+                    f"an identical task {holder['id']!r} is already queued",
+                    existing_id=holder["id"],
+                )
+        scheduled = p.process_at is not None and p.process_at > now
+        row = conn.execute(
+            Q["insert_task"],
+            {
+                "id": p.id,
+                "queue": p.queue,
+                "type": p.type,
+                "payload": p.payload,
+                "state": "scheduled" if scheduled else "pending",
+                "max_retry": p.max_retry,
+                "timeout": p.timeout,
+                "deadline": p.deadline,
+                "next_process_at": p.process_at if scheduled else now,
+                "now": now,
+                "retention": p.retention,
+                "headers": json.dumps(p.headers, separators=(",", ":"), sort_keys=True),
+                "unique_key": p.unique_key,
+                "unique_until": None
+                if p.unique_key is None or p.unique_ttl is None
+                else now + p.unique_ttl,
+            },
+        ).fetchone()
+        conn.execute(Q["ensure_queue"], {"queue": p.queue, "now": now})
+        return row_to_info(row)
+
+    async def enqueue(self, params: EnqueueParams, *, connection: Any = None) -> TaskInfo:
+        """Create one task, atomically checking task id (E3) and uniqueness (E4)."""
+        self._no_connection(connection)
+        now = self._clock.now()
+
+        def run(conn: Conn) -> TaskInfo:
+            info = transaction(conn, lambda c: self._insert(c, params, now))
+            self._notify([params.queue])
+            return info
+
+        return await self._call("sqlite.enqueue", run)
+
+    async def enqueue_many(
+        self, items: Sequence[EnqueueParams], *, connection: Any = None
+    ) -> list[EnqueueOutcome]:
+        """All items in one transaction; a refused item does not undo the others (E9)."""
+        self._no_connection(connection)
+        now = self._clock.now()
+
+        def body(conn: Conn) -> list[EnqueueOutcome]:
+            outcomes: list[EnqueueOutcome] = []
+            for p in items:
+                try:
+                    outcomes.append(EnqueueOutcome(p, info=self._insert(conn, p, now)))
+                except (TaskIDConflictError, DuplicateTaskError) as exc:
+                    outcomes.append(EnqueueOutcome(p, error=exc))
+            return outcomes
+
+        def run(conn: Conn) -> list[EnqueueOutcome]:
+            outcomes = transaction(conn, body)
+            self._notify({o.params.queue for o in outcomes if o.created})
+            return outcomes
+
+        if not items:
+            return []
+        return await self._call("sqlite.enqueue_many", run)
+
+    def _no_connection(self, connection: Any) -> None:
+        if connection is not None:
+            raise ConfigurationError(
+                "the SQLite broker cannot join a caller's connection (transactional enqueue)"
+            )
+
+    # ------------------------------------------------------------------ claim and leases
+
+    async def claim(self, params: ClaimParams) -> list[Lease]:
+        """Lease up to ``limit`` due tasks, filling from the queues in the order given."""
+        now = self._clock.now()
+        if params.limit <= 0:
+            return []
+
+        def body(conn: Conn) -> list[Lease]:
+            paused = {row[0] for row in conn.execute(Q["paused_queues"])}
+            leases: list[Lease] = []
+            for queue in dict.fromkeys(params.queues):  # keep order, drop repeats
+                if queue in paused:
+                    continue
+                rows = conn.execute(
+                    Q["claim"],
+                    {
+                        "queue": queue,
+                        "now": now,
+                        "limit": params.limit - len(leases),
+                        "lease_expires_at": now + params.lease_seconds,
+                        "worker_id": params.worker_id,
+                    },
+                ).fetchall()
+                # RETURNING gives no order guarantee: restore the claim order.
+                rows.sort(key=lambda r: (r["next_process_at"], r["seq"]))
+                leases.extend(Lease(row_to_info(r), r["lease_token"]) for r in rows)
+                if len(leases) >= params.limit:
+                    break
+            return leases
+
+        return await self._write("sqlite.claim", body)
+
+    async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
+        """Push every held lease's expiry in one transaction; report lost ones and cancels."""
+        if not leases:
+            return LeaseReport()
+        expires = self._clock.now() + lease_seconds
+
+        def body(conn: Conn) -> LeaseReport:
+            lost: set[str] = set()
+            cancel: set[str] = set()
+            for ref in leases:
+                row = conn.execute(
+                    Q["extend_lease"],
+                    {
+                        "queue": ref.queue,
+                        "id": ref.id,
+                        "token": ref.token,
+                        "lease_expires_at": expires,
+                    },
+                ).fetchone()
+                if row is None:
+                    lost.add(ref.id)
+                elif row["cancel_requested"]:
+                    cancel.add(ref.id)
+            return LeaseReport(lost=frozenset(lost), cancel=frozenset(cancel))
+
+        return await self._write("sqlite.extend_leases", body)
+
+    def _complete(self, conn: Conn, p: CompleteParams, now: float) -> bool:
+        ref = {"queue": p.lease.queue, "id": p.lease.id, "token": p.lease.token}
+        if p.retention > 0:
+            cursor = conn.execute(
+                Q["complete_keep"],
+                {**ref, "now": now, "result": p.result, "retention": p.retention},
+            )
+        else:
+            cursor = conn.execute(Q["complete_delete"], ref)
+        if cursor.rowcount != 1:
+            return False
+        self._bump(conn, p.lease.queue, now, failed=False)
+        return True
+
+    async def complete(self, params: CompleteParams) -> bool:
+        """Completed (kept ``retention`` s with its result) or deleted; fenced by the token."""
+        now = self._clock.now()
+        return await self._write("sqlite.complete", lambda c: self._complete(c, params, now))
+
+    async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
+        """``complete`` for several tasks in one transaction."""
+        if not items:
+            return []
+        now = self._clock.now()
+        return await self._write(
+            "sqlite.complete_many", lambda c: [self._complete(c, p, now) for p in items]
+        )
+
+    async def retry(self, params: RetryParams) -> bool:
+        """State retry until ``next_process_at``, ``retried`` + 1; fenced by the token."""
+        now = self._clock.now()
+        lease = params.lease
+
+        def body(conn: Conn) -> bool:
+            cursor = conn.execute(
+                Q["retry"],
+                {
+                    "queue": lease.queue,
+                    "id": lease.id,
+                    "token": lease.token,
+                    "error": params.error,
+                    "next_process_at": params.next_process_at,
+                },
+            )
+            if cursor.rowcount != 1:
+                return False
+            self._bump(conn, lease.queue, now, failed=True)
+            return True
+
+        done = await self._write("sqlite.retry", body)
+        if done and params.next_process_at <= now:
+            self._notify([lease.queue])
+        return done
+
+    async def archive(self, params: ArchiveParams) -> bool:
+        """State archived with the error; fenced by the token."""
+        now = self._clock.now()
+        lease = params.lease
+
+        def body(conn: Conn) -> bool:
+            cursor = conn.execute(
+                Q["archive"],
+                {
+                    "queue": lease.queue,
+                    "id": lease.id,
+                    "token": lease.token,
+                    "error": params.error,
+                    "count_attempt": int(params.count_attempt),
+                },
+            )
+            if cursor.rowcount != 1:
+                return False
+            if params.count_attempt:
+                self._bump(conn, lease.queue, now, failed=True)
+            return True
+
+        return await self._write("sqlite.archive", body)
+
+    async def requeue(self, lease: LeaseRef) -> bool:
+        """Back to pending without counting an attempt (graceful shutdown, W7)."""
+        now = self._clock.now()
+        params = {"queue": lease.queue, "id": lease.id, "token": lease.token, "now": now}
+        done = await self._write(
+            "sqlite.requeue", lambda c: c.execute(Q["requeue"], params).rowcount == 1
+        )
+        if done:
+            self._notify([lease.queue])
+        return done
+
+    # ------------------------------------------------------------------ maintenance
+
+    async def promote_due(self) -> int:
+        """Move due scheduled/retry tasks to pending (claim also takes them directly)."""
+        now = self._clock.now()
+        queues = await self._write(
+            "sqlite.promote_due",
+            lambda c: [row[0] for row in c.execute(Q["promote_due"], {"now": now}).fetchall()],
+        )
+        if queues:
+            self._notify(set(queues))
+        return len(queues)
+
+    async def rescue_expired(self, max_lost: int) -> list[TaskInfo]:
+        """Expired leases -> retry due now ("lease expired"), or archived when the worker was
+        lost ``max_lost`` times ("worker lost") or the retries are used up."""
+        now = self._clock.now()
+
+        def body(conn: Conn) -> list[TaskInfo]:
+            rescued: list[TaskInfo] = []
+            rows = conn.execute(Q["expired_leases"], {"now": now, "limit": RESCUE_BATCH})
+            for row in rows.fetchall():
+                ref = {"queue": row["queue"], "id": row["id"], "token": row["lease_token"]}
+                if row["lost"] + 1 >= max_lost:
+                    new = conn.execute(
+                        Q["rescue_archive"], {**ref, "error": "worker lost"}
+                    ).fetchone()
+                elif row["retried"] >= row["max_retry"]:
+                    new = conn.execute(
+                        Q["rescue_archive"], {**ref, "error": "lease expired"}
+                    ).fetchone()
+                else:
+                    new = conn.execute(Q["rescue_retry"], {**ref, "now": now}).fetchone()
+                self._bump(conn, row["queue"], now, failed=True)
+                rescued.append(row_to_info(new))
+            return rescued
+
+        rescued = await self._write("sqlite.rescue_expired", body)
+        if rescued:
+            self._notify({t.queue for t in rescued})
+        return rescued
+
+    async def delete_expired(self, limit: int) -> int:
+        """Delete up to ``limit`` completed tasks past their retention."""
+        now = self._clock.now()
+        return await self._write(
+            "sqlite.delete_expired",
+            lambda c: c.execute(Q["delete_expired"], {"now": now, "limit": limit}).rowcount,
+        )
+
+    # ------------------------------------------------------------------ wake-up
+
+    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
+        """Wait for an enqueue into ``queues``: at once for this process (shared registry),
+        within ``poll_interval`` for other processes (``PRAGMA data_version`` changes)."""
+        loop = asyncio.get_running_loop()
+        waiter = wakeup.Waiter(loop, queues)
+        wakeup.add(self._key, waiter)  # before reading the version: nothing slips between
+        try:
+            deadline = loop.time() + max(0.0, timeout)
+            version = await self._call("sqlite.wait_for_work", _data_version)
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return False
+                try:
+                    async with asyncio.timeout(min(self._poll_interval, remaining)):
+                        await waiter.event.wait()
+                    return True
+                except TimeoutError:
+                    pass
+                if await self._call("sqlite.wait_for_work", _data_version) != version:
+                    return True
+        finally:
+            wakeup.remove(self._key, waiter)
+
+    # ------------------------------------------------------------------ workers
+
+    async def register_worker(self, info: WorkerInfo) -> None:
+        """Insert or refresh the worker's row (its heartbeat); makes its queues known."""
+        now = self._clock.now()
+
+        def body(conn: Conn) -> None:
+            conn.execute(
+                Q["upsert_worker"],
+                {
+                    "id": info.id,
+                    "host": info.host,
+                    "pid": info.pid,
+                    "queues": json.dumps(info.queues, separators=(",", ":")),
+                    "concurrency": info.concurrency,
+                    "started_at": info.started_at,
+                    "now": now,
+                    "active": info.active,
+                    "strict": int(info.strict),
+                },
+            )
+            for queue in info.queues:
+                conn.execute(Q["ensure_queue"], {"queue": queue, "now": now})
+            conn.execute(
+                Q["forget_dead_workers"], {"before": now - max(WORKER_TTL, FORGET_WORKERS_AFTER)}
+            )
+
+        await self._write("sqlite.register_worker", body)
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        """Remove the worker's row at shutdown."""
+        await self._write(
+            "sqlite.unregister_worker", lambda c: c.execute(Q["delete_worker"], {"id": worker_id})
+        )
+
+
+def _data_version(conn: Conn) -> int:
+    return int(conn.execute(Q["data_version"]).fetchone()[0])

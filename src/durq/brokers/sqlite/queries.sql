@@ -1,0 +1,247 @@
+-- Every statement the SQLite broker runs, by name. Loaded once by queries.py.
+-- Parameters are named (:name) and always bound; nothing is formatted into SQL.
+-- Write statements run inside BEGIN IMMEDIATE, so one writer at a time across processes.
+
+-- ---------------------------------------------------------------- schema
+
+-- name: migrations_table
+CREATE TABLE IF NOT EXISTS durq_schema_migrations (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT    NOT NULL,
+    applied_at REAL    NOT NULL
+);
+
+-- name: has_migrations_table
+SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'durq_schema_migrations';
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) FROM durq_schema_migrations;
+
+-- name: record_migration
+INSERT INTO durq_schema_migrations (version, name, applied_at) VALUES (:version, :name, :now);
+
+-- name: data_version
+-- Changes whenever ANOTHER connection commits: the cross-process wake-up signal.
+PRAGMA data_version;
+
+-- ---------------------------------------------------------------- enqueue
+
+-- name: drop_expired_completed
+-- E3: a completed task past its retention counts as gone; free its id before the check.
+DELETE FROM durq_tasks
+WHERE queue = :queue AND id = :id AND state = 'completed' AND expires_at <= :now;
+
+-- name: release_stale_unique
+-- E4: a key stops holding once its ttl passed or its task finished.
+UPDATE durq_tasks SET unique_key = NULL, unique_until = NULL
+WHERE unique_key = :unique_key
+  AND (unique_until <= :now OR state IN ('completed', 'archived'));
+
+-- name: find_unique
+SELECT id FROM durq_tasks WHERE unique_key = :unique_key;
+
+-- name: insert_task
+INSERT INTO durq_tasks (
+    id, queue, type, payload, state, max_retry, timeout, deadline, next_process_at,
+    enqueued_at, retention, headers, unique_key, unique_until
+) VALUES (
+    :id, :queue, :type, :payload, :state, :max_retry, :timeout, :deadline, :next_process_at,
+    :now, :retention, :headers, :unique_key, :unique_until
+)
+RETURNING *;
+
+-- name: ensure_queue
+INSERT INTO durq_queues (name, paused, created_at) VALUES (:queue, 0, :now)
+ON CONFLICT (name) DO NOTHING;
+
+-- ---------------------------------------------------------------- worker hot path
+
+-- name: paused_queues
+SELECT name FROM durq_queues WHERE paused = 1;
+
+-- name: claim
+-- Due claimable rows of one queue (partial index durq_tasks_claimable), oldest first, each
+-- given a fresh random fencing token. Runs inside BEGIN IMMEDIATE: no other connection can
+-- write between the SELECT and the UPDATE, so no task is handed out twice (W10).
+UPDATE durq_tasks
+SET state = 'active',
+    lease_token = lower(hex(randomblob(16))),
+    lease_expires_at = :lease_expires_at,
+    worker_id = :worker_id,
+    started_at = :now,
+    cancel_requested = 0
+WHERE rowid IN (
+    SELECT rowid FROM durq_tasks
+    WHERE queue = :queue
+      AND state IN ('pending', 'scheduled', 'retry')
+      AND next_process_at <= :now
+    ORDER BY next_process_at, rowid
+    LIMIT :limit
+)
+RETURNING rowid AS seq, *;
+
+-- name: extend_lease
+UPDATE durq_tasks SET lease_expires_at = :lease_expires_at
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
+RETURNING cancel_requested;
+
+-- name: complete_keep
+-- Fenced: only the holder of the token finishes the task.
+UPDATE durq_tasks
+SET state = 'completed', completed_at = :now, result = :result, retention = :retention,
+    expires_at = :now + :retention, lease_token = NULL, lease_expires_at = NULL,
+    unique_key = NULL, unique_until = NULL, cancel_requested = 0
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+
+-- name: complete_delete
+DELETE FROM durq_tasks
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+
+-- name: retry
+UPDATE durq_tasks
+SET state = 'retry', retried = retried + 1, last_error = :error,
+    next_process_at = :next_process_at, lease_token = NULL, lease_expires_at = NULL,
+    cancel_requested = 0
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+
+-- name: archive
+UPDATE durq_tasks
+SET state = 'archived', retried = retried + :count_attempt, last_error = :error,
+    lease_token = NULL, lease_expires_at = NULL, unique_key = NULL, unique_until = NULL,
+    cancel_requested = 0
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+
+-- name: requeue
+-- Graceful shutdown (W7): back to pending, due now, without counting an attempt.
+UPDATE durq_tasks
+SET state = 'pending', next_process_at = :now, lease_token = NULL, lease_expires_at = NULL,
+    cancel_requested = 0
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+
+-- name: bump_stats
+INSERT INTO durq_stats (queue, day, processed, failed) VALUES (:queue, :day, 1, :failed)
+ON CONFLICT (queue, day) DO UPDATE
+SET processed = processed + 1, failed = failed + excluded.failed;
+
+-- name: promote_due
+UPDATE durq_tasks SET state = 'pending'
+WHERE state IN ('scheduled', 'retry') AND next_process_at <= :now
+RETURNING queue;
+
+-- name: expired_leases
+SELECT * FROM durq_tasks
+WHERE state = 'active' AND lease_expires_at <= :now
+ORDER BY lease_expires_at
+LIMIT :limit;
+
+-- name: rescue_retry
+UPDATE durq_tasks
+SET state = 'retry', retried = retried + 1, lost = lost + 1, last_error = 'lease expired',
+    next_process_at = :now, lease_token = NULL, lease_expires_at = NULL, cancel_requested = 0
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
+RETURNING *;
+
+-- name: rescue_archive
+UPDATE durq_tasks
+SET state = 'archived', retried = retried + 1, lost = lost + 1, last_error = :error,
+    lease_token = NULL, lease_expires_at = NULL, unique_key = NULL, unique_until = NULL,
+    cancel_requested = 0
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
+RETURNING *;
+
+-- name: delete_expired
+-- Janitor: a bounded batch, so a large backlog never holds the write lock for long.
+DELETE FROM durq_tasks
+WHERE rowid IN (
+    SELECT rowid FROM durq_tasks
+    WHERE state = 'completed' AND expires_at <= :now
+    LIMIT :limit
+);
+
+-- name: upsert_worker
+INSERT INTO durq_workers (id, host, pid, queues, concurrency, started_at, last_heartbeat,
+                          active, strict)
+VALUES (:id, :host, :pid, :queues, :concurrency, :started_at, :now, :active, :strict)
+ON CONFLICT (id) DO UPDATE
+SET host = excluded.host, pid = excluded.pid, queues = excluded.queues,
+    concurrency = excluded.concurrency, last_heartbeat = excluded.last_heartbeat,
+    active = excluded.active, strict = excluded.strict;
+
+-- name: forget_dead_workers
+-- Rows of workers that died without unregistering, long after list_workers stopped showing them.
+DELETE FROM durq_workers WHERE last_heartbeat < :before;
+
+-- name: delete_worker
+DELETE FROM durq_workers WHERE id = :id;
+
+-- ---------------------------------------------------------------- admin
+
+-- name: get_task
+-- A completed task past its retention counts as gone.
+SELECT * FROM durq_tasks
+WHERE queue = :queue AND id = :id
+  AND NOT (state = 'completed' AND expires_at <= :now);
+
+-- name: get_queue
+SELECT name, paused FROM durq_queues WHERE name = :queue;
+
+-- name: all_queues
+SELECT name, paused FROM durq_queues ORDER BY name;
+
+-- name: queue_sizes
+SELECT state, count(*) AS n FROM durq_tasks
+WHERE queue = :queue AND NOT (state = 'completed' AND expires_at <= :now)
+GROUP BY state;
+
+-- name: oldest_ready
+-- When the oldest claimable-now task became ready (I1 "oldest pending age").
+SELECT min(next_process_at) FROM durq_tasks
+WHERE queue = :queue AND state IN ('pending', 'scheduled', 'retry') AND next_process_at <= :now;
+
+-- name: queue_counters
+SELECT coalesce(sum(CASE WHEN day = :day THEN processed END), 0),
+       coalesce(sum(CASE WHEN day = :day THEN failed END), 0),
+       coalesce(sum(processed), 0),
+       coalesce(sum(failed), 0)
+FROM durq_stats WHERE queue = :queue;
+
+-- name: list_tasks
+SELECT * FROM durq_tasks
+WHERE queue = :queue AND state = :state AND NOT (state = 'completed' AND expires_at <= :now)
+ORDER BY next_process_at, rowid
+LIMIT :limit OFFSET :offset;
+
+-- name: run_task
+UPDATE durq_tasks
+SET state = 'pending', next_process_at = :now, lost = 0, cancel_requested = 0
+WHERE queue = :queue AND id = :id AND state IN ('scheduled', 'retry', 'archived')
+RETURNING *;
+
+-- name: archive_task
+UPDATE durq_tasks
+SET state = 'archived', last_error = coalesce(:error, last_error),
+    unique_key = NULL, unique_until = NULL
+WHERE queue = :queue AND id = :id AND state IN ('pending', 'scheduled', 'retry')
+RETURNING *;
+
+-- name: request_cancel
+UPDATE durq_tasks SET cancel_requested = 1
+WHERE queue = :queue AND id = :id AND state = 'active'
+RETURNING *;
+
+-- name: delete_task
+DELETE FROM durq_tasks WHERE queue = :queue AND id = :id AND state <> 'active';
+
+-- name: run_all
+UPDATE durq_tasks
+SET state = 'pending', next_process_at = :now, lost = 0, cancel_requested = 0
+WHERE queue = :queue AND state = :state;
+
+-- name: delete_all
+DELETE FROM durq_tasks WHERE queue = :queue AND state = :state;
+
+-- name: set_paused
+UPDATE durq_queues SET paused = :paused WHERE name = :queue;
+
+-- name: live_workers
+SELECT * FROM durq_workers WHERE last_heartbeat > :since ORDER BY started_at, id;
