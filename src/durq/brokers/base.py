@@ -253,7 +253,10 @@ class Broker(Protocol):
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Wait until a task may be claimable in ``queues`` or ``timeout`` passes.
 
-        Returns ``True`` when woken by a notification. Spurious wake-ups are allowed."""
+        Returns ``True`` when woken by a notification. Spurious wake-ups are allowed.
+        Level-triggered: an enqueue into ``queues`` that committed after this instance's
+        previous ``claim`` started makes it return at once, so nothing slips between a claim
+        that came back short and the wait that follows it."""
 
     async def register_worker(self, info: WorkerInfo) -> None:
         """Insert or refresh a worker's row (its heartbeat); also makes its queues known."""
