@@ -69,9 +69,9 @@ def build_params(
     max_payload: int,
 ) -> EnqueueParams:
     """Validate every option at the edge and encode the payload (E5, E6, S3)."""
-    queue = names.check_queue(request.queue or defaults.queue)
+    queue = names.check_queue(defaults.queue if request.queue is None else request.queue)
     task_type = names.check_type(request.type)
-    task_id = names.check_task_id(request.task_id) if request.task_id else uuid.uuid4().hex
+    task_id = uuid.uuid4().hex if request.task_id is None else names.check_task_id(request.task_id)
     if request.process_in is not None and request.process_at is not None:
         raise ValidationError("give process_in or process_at, not both")
     process_at = epoch(request.process_at, "process_at")

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+import durq
 from durq.brokers import FullBroker, open_broker
 from durq.clock import FakeClock
 
@@ -46,3 +47,14 @@ async def make_broker(
 async def broker(make_broker: Callable[..., Awaitable[FullBroker]]) -> FullBroker:
     """A migrated, connected broker on isolated storage, with a FakeClock."""
     return await make_broker()
+
+
+@pytest.fixture
+async def app(broker_url: str) -> AsyncIterator[durq.App]:
+    """An App on isolated, migrated storage with the real clock (worker-level tests)."""
+    application = durq.App(broker_url)
+    migrator = application.new_broker()
+    await migrator.migrate()
+    await migrator.close()
+    yield application
+    await application.close()
