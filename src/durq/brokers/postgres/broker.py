@@ -1,0 +1,476 @@
+"""The PostgreSQL broker: one task table, SKIP LOCKED claims, LISTEN/NOTIFY wake-ups and
+enqueue inside the caller's transaction (E8). See docs/brokers/postgresql.md."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from durq.brokers.base import (
+    CAP_CROSS_PROCESS_NOTIFY,
+    CAP_TRANSACTIONAL_ENQUEUE,
+    ArchiveParams,
+    ClaimParams,
+    CompleteParams,
+    EnqueueOutcome,
+    EnqueueParams,
+    Lease,
+    LeaseRef,
+    LeaseReport,
+    RetryParams,
+    WorkerInfo,
+)
+from durq.brokers.postgres import sql as queries
+from durq.brokers.postgres.admin import PostgresAdmin
+from durq.brokers.postgres.core import AsyncConn, PostgresBase, utc_day
+from durq.brokers.postgres.listener import Listener
+from durq.brokers.postgres.rows import EnqueuePlan, Row, enqueue_plan, row_to_info
+from durq.clock import SYSTEM_CLOCK, Clock
+from durq.errors import BrokerUnavailableError, ConfigurationError, SchemaError
+from durq.task import TaskInfo
+
+# Statements of the maintenance calls touch at most this many rows each, so none of them holds
+# locks on a large part of a big table; the calls loop until the work is done.
+_BATCH = 1000
+
+
+class PostgresBroker(PostgresAdmin):
+    """durq on PostgreSQL (psycopg 3, async, with a connection pool).
+
+    URL: ``postgresql://user@host:port/db?schema=durq`` (``schema`` defaults to ``durq``;
+    ``pool_min``/``pool_max`` size the pool; other parameters go to libpq)."""
+
+    name = "postgres"
+    capabilities = frozenset({CAP_TRANSACTIONAL_ENQUEUE, CAP_CROSS_PROCESS_NOTIFY})
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "durq",
+        clock: Clock = SYSTEM_CLOCK,
+        connect_timeout: float = 5.0,
+        pool_min: int = 1,
+        pool_max: int = 10,
+    ) -> None:
+        super().__init__(
+            dsn,
+            schema=schema,
+            clock=clock,
+            connect_timeout=connect_timeout,
+            pool_min=pool_min,
+            pool_max=pool_max,
+        )
+        self._listener: Listener | None = None
+        # When each set of queues was last looked at by claim (monotonic), so a wake-up that
+        # arrives between an empty claim and the next wait is not missed.
+        self._claim_marks: dict[frozenset[str], float] = {}
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> PostgresBroker:
+        """Build (without connecting) a broker from ``postgresql://…?schema=…``."""
+        dsn, options = cls.parse_url(url)
+        return cls(dsn, clock=clock, **options)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def _direct_connection(self, method: str) -> AsyncConn:
+        # One plain connection with a hard deadline: its error names the real cause (refused,
+        # unknown database, bad password), which a pool's timeout would hide.
+        try:
+            async with asyncio.timeout(self._connect_timeout + 1):
+                return await psycopg.AsyncConnection.connect(
+                    self._dsn, autocommit=True, row_factory=dict_row, **self._connect_kwargs()
+                )
+        except TimeoutError as exc:
+            raise BrokerUnavailableError(
+                f"PostgreSQL did not answer within {self._connect_timeout:g}s",
+                operation=self._op(method),
+            ) from exc
+
+    async def _check_schema(self, conn: AsyncConn, method: str) -> None:
+        latest = queries.migrations()[-1].version
+        table = sql.Identifier(self._schema, "schema_migrations").as_string(None)
+        cur = await conn.execute(self._q["schema_version"], {"table": table})
+        row = await cur.fetchone()
+        if row is None or not row["present"]:
+            raise SchemaError(
+                f"schema {self._schema!r} has no durq tables: run `durq migrate`",
+                operation=self._op(method),
+            )
+        cur = await conn.execute(self._q["current_version"])
+        row = await cur.fetchone()
+        version = int(row["version"]) if row else 0
+        if version > latest:
+            raise SchemaError(
+                f"schema {self._schema!r} is at version {version}, newer than this durq "
+                f"(version {latest}): upgrade durq",
+                operation=self._op(method),
+            )
+        if version < latest:
+            raise SchemaError(
+                f"schema {self._schema!r} is at version {version}, this durq needs {latest}: "
+                "run `durq migrate`",
+                operation=self._op(method),
+            )
+
+    async def connect(self) -> None:
+        """Open the pool (idempotent). Raises BrokerUnavailableError or SchemaError."""
+        await self._ensure_connected("connect")
+
+    async def _ensure_connected(self, method: str) -> AsyncConnectionPool[AsyncConn]:
+        if self._pool is not None:
+            return self._pool
+        async with self._errors(method):
+            conn = await self._direct_connection(method)
+            async with conn:
+                await self._check_schema(conn, method)
+        return await self._open_pool(method)
+
+    async def close(self) -> None:
+        """Release every connection (idempotent)."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.close()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def migrate(self) -> list[str]:
+        """Apply the missing migrations under an advisory lock; returns their names.
+
+        Safe when several processes run it at once: the lock serialises them and the second
+        finds nothing left to do. A schema newer than this code is refused (SchemaError)."""
+        applied_now: list[str] = []
+        latest = queries.migrations()[-1].version
+        async with self._errors("migrate"):
+            conn = await self._direct_connection("migrate")
+            async with conn, conn.transaction():
+                await conn.execute(self._q["migrate_lock"], {"key": f"durq.migrate:{self._schema}"})
+                await conn.execute(self._q["create_schema"])
+                await conn.execute(self._q["create_migrations_table"])
+                cur = await conn.execute(self._q["applied_migrations"])
+                applied = {int(r["version"]) for r in await cur.fetchall()}
+                if applied and max(applied) > latest:
+                    raise SchemaError(
+                        f"schema {self._schema!r} is at version {max(applied)}, newer than this "
+                        f"durq (version {latest}): upgrade durq",
+                        operation="postgres.migrate",
+                    )
+                for migration in queries.migrations():
+                    if migration.version in applied:
+                        continue
+                    await conn.execute(queries.render_migration(migration, self._schema))
+                    label = f"{migration.version:04d}_{migration.name}"
+                    await conn.execute(
+                        self._q["record_migration"],
+                        {"version": migration.version, "name": label},
+                    )
+                    applied_now.append(label)
+        return applied_now
+
+    async def ping(self) -> None:
+        """One cheap round trip; raises BrokerUnavailableError."""
+        await self._fetch("ping", "ping", {})
+
+    # ------------------------------------------------------------------ enqueue
+
+    async def _drive(self, conn: psycopg.AsyncConnection[Any], plan: EnqueuePlan) -> Any:
+        # Runs the sans-IO plan's statements on one connection (ours or the caller's).
+        async with conn.cursor(row_factory=dict_row) as cur:
+            try:
+                name, params = next(plan)
+                while True:
+                    await cur.execute(self._q[name], params)
+                    rows: list[Row] = await cur.fetchall() if cur.description else []
+                    name, params = plan.send(rows)
+            except StopIteration as stop:
+                return stop.value
+
+    def _drive_sync(self, conn: psycopg.Connection[Any], plan: EnqueuePlan) -> Any:
+        with conn.cursor(row_factory=dict_row) as cur:
+            try:
+                name, params = next(plan)
+                while True:
+                    cur.execute(self._q[name], params)
+                    rows: list[Row] = cur.fetchall() if cur.description else []
+                    name, params = plan.send(rows)
+            except StopIteration as stop:
+                return stop.value
+
+    @contextlib.contextmanager
+    def _errors_sync(self, method: str) -> Iterator[None]:
+        try:
+            yield
+        except (psycopg.Error, OSError) as exc:
+            mapped = self._translate(method, exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    async def enqueue(self, params: EnqueueParams, *, connection: Any = None) -> TaskInfo:
+        """Create one task; the database's constraints enforce E3 and E4.
+
+        ``connection``: a psycopg ``AsyncConnection`` or ``Connection`` of the caller; the
+        task is written in its transaction (no commit here) and exists only if it commits."""
+        (outcome,) = await self.enqueue_many([params], connection=connection)
+        return _unwrap(outcome)
+
+    async def enqueue_many(
+        self, items: Sequence[EnqueueParams], *, connection: Any = None
+    ) -> list[EnqueueOutcome]:
+        """Create many tasks with one multi-row insert; one outcome per item (E9)."""
+        if not items:
+            return []
+        plan = enqueue_plan(items, self._now(), self._channel)
+        result: list[EnqueueOutcome]
+        if connection is None:
+            async with self._connection("enqueue") as conn:
+                result = await self._drive(conn, plan)
+            return result
+        if isinstance(connection, psycopg.AsyncConnection):
+            async with self._errors("enqueue"):
+                result = await self._drive(connection, plan)
+            return result
+        if isinstance(connection, psycopg.Connection):
+            # A sync connection blocks: run it off the event loop.
+            return await asyncio.to_thread(self.enqueue_many_sync_in, items, connection)
+        raise ConfigurationError(
+            "connection must be a psycopg Connection or AsyncConnection, "
+            f"not {type(connection).__name__}"
+        )
+
+    def enqueue_sync_in(
+        self, params: EnqueueParams, connection: psycopg.Connection[Any]
+    ) -> TaskInfo:
+        """Create one task inside the caller's sync psycopg transaction (E8); no commit."""
+        (outcome,) = self.enqueue_many_sync_in([params], connection)
+        return _unwrap(outcome)
+
+    def enqueue_many_sync_in(
+        self, items: Sequence[EnqueueParams], connection: psycopg.Connection[Any]
+    ) -> list[EnqueueOutcome]:
+        """``enqueue_many`` inside the caller's sync psycopg transaction (E8); no commit."""
+        if not items:
+            return []
+        plan = enqueue_plan(items, self._now(), self._channel)
+        with self._errors_sync("enqueue"):
+            result: list[EnqueueOutcome] = self._drive_sync(connection, plan)
+        return result
+
+    # ------------------------------------------------------------------ claim and leases
+
+    async def claim(self, params: ClaimParams) -> list[Lease]:
+        """Lease up to ``limit`` due tasks in one statement (SKIP LOCKED: never twice)."""
+        queues = list(dict.fromkeys(params.queues))
+        if not queues or params.limit <= 0:
+            return []
+        self._claim_marks[frozenset(queues)] = time.monotonic()
+        now = self._now()
+        rows = await self._fetch(
+            "claim",
+            "claim",
+            {
+                "queues": queues,
+                "limit": params.limit,
+                "now": now,
+                "lease_until": now + params.lease_seconds,
+                "worker_id": params.worker_id,
+            },
+        )
+        order = {q: i for i, q in enumerate(queues)}
+        rows.sort(key=lambda r: (order[r["queue"]], r["next_process_at"], r["seq"]))
+        return [Lease(task=row_to_info(r), token=r["lease_token"]) for r in rows]
+
+    async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
+        """Heartbeat: push the expiry of every held lease; report lost ones and cancel asks."""
+        if not leases:
+            return LeaseReport()
+        rows = await self._fetch(
+            "extend_leases",
+            "extend_leases",
+            {
+                "queues": [lease.queue for lease in leases],
+                "ids": [lease.id for lease in leases],
+                "tokens": [lease.token for lease in leases],
+                "lease_until": self._now() + lease_seconds,
+            },
+        )
+        held = {(r["queue"], r["id"]) for r in rows}
+        return LeaseReport(
+            lost=frozenset(lease.id for lease in leases if (lease.queue, lease.id) not in held),
+            cancel=frozenset(r["id"] for r in rows if r["cancel_requested"]),
+        )
+
+    async def complete(self, params: CompleteParams) -> bool:
+        """Finish a task; ``False`` (and no change) if the lease is no longer held."""
+        (done,) = await self.complete_many([params])
+        return done
+
+    async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
+        """``complete`` for several tasks in one statement."""
+        if not items:
+            return []
+        now = self._now()
+        rows = await self._fetch(
+            "complete",
+            "complete",
+            {
+                "queues": [i.lease.queue for i in items],
+                "ids": [i.lease.id for i in items],
+                "tokens": [i.lease.token for i in items],
+                "results": [None if i.result is None else bytes(i.result) for i in items],
+                "retentions": [float(i.retention) for i in items],
+                "now": now,
+                "day": utc_day(now),
+            },
+        )
+        done = {(r["queue"], r["id"]) for r in rows}
+        answers: list[bool] = []
+        for item in items:
+            # A lease named twice in one batch finished once: only its first mention is True.
+            key = (item.lease.queue, item.lease.id)
+            answers.append(key in done)
+            done.discard(key)
+        return answers
+
+    async def retry(self, params: RetryParams) -> bool:
+        """Schedule the next attempt; ``False`` if the lease is no longer held."""
+        now = self._now()
+        row = await self._fetch_one(
+            "retry",
+            "retry",
+            {
+                "queue": params.lease.queue,
+                "id": params.lease.id,
+                "token": params.lease.token,
+                "error": params.error,
+                "next_process_at": float(params.next_process_at),
+                "day": utc_day(now),
+            },
+        )
+        return bool(row and row["n"])
+
+    async def archive(self, params: ArchiveParams) -> bool:
+        """Give up on the task; ``False`` if the lease is no longer held."""
+        now = self._now()
+        row = await self._fetch_one(
+            "archive",
+            "archive",
+            {
+                "queue": params.lease.queue,
+                "id": params.lease.id,
+                "token": params.lease.token,
+                "error": params.error,
+                "count_attempt": params.count_attempt,
+                "now": now,
+                "day": utc_day(now),
+            },
+        )
+        return bool(row and row["n"])
+
+    async def requeue(self, lease: LeaseRef) -> bool:
+        """Hand an active task back as pending without counting an attempt (W7)."""
+        row = await self._fetch_one(
+            "requeue",
+            "requeue",
+            {"queue": lease.queue, "id": lease.id, "token": lease.token, "channel": self._channel},
+        )
+        return bool(row and row["n"])
+
+    # ------------------------------------------------------------------ maintenance
+
+    async def promote_due(self) -> int:
+        """Flip due scheduled/retry tasks to pending (claim takes them anyway; this keeps the
+        inspector's view current and wakes listeners); returns how many."""
+        total = 0
+        while True:
+            row = await self._fetch_one(
+                "promote_due",
+                "promote_due",
+                {"now": self._now(), "limit": _BATCH, "channel": self._channel},
+            )
+            moved = int(row["n"]) if row else 0
+            total += moved
+            if moved < _BATCH:
+                return total
+
+    async def rescue_expired(self, max_lost: int) -> list[TaskInfo]:
+        """Recover active tasks whose lease expired (their worker died, W1)."""
+        rescued: list[TaskInfo] = []
+        while True:
+            now = self._now()
+            rows = await self._fetch(
+                "rescue_expired",
+                "rescue_expired",
+                {"now": now, "day": utc_day(now), "max_lost": max_lost, "limit": _BATCH},
+            )
+            rescued.extend(row_to_info(r) for r in rows)
+            if len(rows) < _BATCH:
+                return rescued
+
+    async def delete_expired(self, limit: int) -> int:
+        """Janitor: delete up to ``limit`` completed tasks whose retention has passed."""
+        if limit <= 0:
+            return 0
+        return await self._rowcount(
+            "delete_expired", "delete_expired", {"now": self._now(), "limit": limit}
+        )
+
+    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
+        """Wait for a NOTIFY on one of ``queues``, or ``timeout`` seconds.
+
+        ``True`` when woken (also after the listening connection (re)connects, since
+        notifications may have been lost meanwhile). The caller bounds the wait, which is the
+        fallback poll for notifications lost in a server restart."""
+        if timeout <= 0:
+            return False
+        wanted = frozenset(queues)
+        if not wanted:
+            await asyncio.sleep(timeout)
+            return False
+        if self._listener is None:
+            self._listener = Listener(self._dsn, self._channel, self._connect_kwargs())
+        return await self._listener.wait(wanted, timeout, self._claim_marks.get(wanted))
+
+    async def register_worker(self, info: WorkerInfo) -> None:
+        """Insert or refresh a worker's row (its heartbeat); also makes its queues known."""
+        await self._fetch(
+            "register_worker",
+            "register_worker",
+            {
+                "id": info.id,
+                "host": info.host,
+                "pid": info.pid,
+                "queues": json.dumps(dict(info.queues)),
+                "concurrency": info.concurrency,
+                "strict": info.strict,
+                "started_at": float(info.started_at),
+                "now": self._now(),
+                "active": info.active,
+                "queue_names": list(info.queues),
+            },
+        )
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        """Remove a worker's row at shutdown."""
+        await self._fetch("unregister_worker", "unregister_worker", {"id": worker_id})
+
+
+def _unwrap(outcome: EnqueueOutcome) -> TaskInfo:
+    if outcome.error is not None:
+        raise outcome.error
+    assert outcome.info is not None
+    return outcome.info
+
+
+__all__ = ["PostgresBase", "PostgresBroker"]

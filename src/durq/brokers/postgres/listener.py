@@ -1,0 +1,114 @@
+"""LISTEN/NOTIFY wake-ups (W11): one dedicated connection per broker instance.
+
+Enqueue runs ``pg_notify(channel, queue)`` in its own transaction, so a notification exists
+only for committed work. The listener hands each one to the waiters of that queue. It
+reconnects with backoff when the server goes away; after every (re)connect it wakes all
+waiters, because notifications sent while nobody listened are lost for good."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+log = logging.getLogger("durq.brokers.postgres")
+
+_BACKOFF_START = 0.1
+_BACKOFF_MAX = 5.0
+
+
+class Listener:
+    """Runs ``LISTEN channel`` on its own connection and wakes :meth:`wait` callers."""
+
+    def __init__(self, dsn: str, channel: str, connect_kwargs: dict[str, Any]) -> None:
+        self._dsn = dsn
+        self._channel = channel
+        self._connect_kwargs = connect_kwargs
+        self._waiters: set[tuple[frozenset[str], asyncio.Event]] = set()
+        self._last_seen: dict[str, float] = {}
+        self._listening = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def listening(self) -> bool:
+        return self._listening.is_set()
+
+    def last_seen(self, queues: Iterable[str]) -> float:
+        """Monotonic time of the latest notification for any of ``queues`` (0: none)."""
+        return max((self._last_seen.get(q, 0.0) for q in queues), default=0.0)
+
+    async def wait(self, queues: frozenset[str], timeout: float, since: float | None) -> bool:
+        """Wait for a notification on ``queues``; ``True`` if one came (or may have been lost).
+
+        ``since``: when the caller last looked for work; a notification that arrived after
+        it (between that look and this wait) wakes the caller at once."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name=f"durq-listen:{self._channel}")
+            # Until LISTEN runs nothing is heard: wait for it, then let the caller look again.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._listening.wait()
+            return self._listening.is_set()
+        if since is not None and self.last_seen(queues) >= since:
+            return True
+        event = asyncio.Event()
+        waiter = (queues, event)
+        self._waiters.add(waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                await event.wait()
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._waiters.discard(waiter)
+
+    def _wake(self, queue: str | None) -> None:
+        if queue is not None:
+            self._last_seen[queue] = time.monotonic()
+        for queues, event in self._waiters:
+            if queue is None or queue in queues:
+                event.set()
+
+    async def _run(self) -> None:
+        backoff = _BACKOFF_START
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self._dsn, autocommit=True, **self._connect_kwargs
+                )
+            except (psycopg.Error, OSError) as exc:
+                log.warning("LISTEN connection failed (retrying in %.1fs): %s", backoff, exc)
+            else:
+                try:
+                    async with conn:
+                        await conn.execute(
+                            sql.SQL("LISTEN {}").format(sql.Identifier(self._channel))
+                        )
+                        self._listening.set()
+                        self._wake(None)  # anything sent before LISTEN ran is lost: look again
+                        backoff = _BACKOFF_START
+                        async for note in conn.notifies():
+                            self._wake(note.payload)
+                except (psycopg.Error, OSError) as exc:
+                    log.warning("LISTEN connection lost (reconnecting): %s", exc)
+                finally:
+                    self._listening.clear()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, _BACKOFF_MAX)
+
+    async def close(self) -> None:
+        """Stop listening and close the connection."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._listening.clear()
+        self._wake(None)

@@ -1,0 +1,457 @@
+-- durq PostgreSQL queries. Each block starts with `-- name: x`; whole-line comments are
+-- stripped at load time and {schema} becomes the quoted schema name. Every value is a
+-- parameter; times are epoch seconds from the broker's clock (now).
+
+-- ---------------------------------------------------------------- migrations and schema
+
+-- name: migrate_lock
+-- Serialise concurrent `durq migrate` runs on one schema (released at commit).
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
+
+-- name: create_schema
+CREATE SCHEMA IF NOT EXISTS {schema};
+
+-- name: create_migrations_table
+CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
+    version     integer PRIMARY KEY,
+    name        text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: applied_migrations
+SELECT version FROM {schema}.schema_migrations ORDER BY version;
+
+-- name: record_migration
+INSERT INTO {schema}.schema_migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: schema_version
+-- NULL when the schema or its migrations table does not exist.
+SELECT to_regclass(%(table)s) IS NOT NULL AS present;
+
+-- name: current_version
+SELECT coalesce(max(version), 0) AS version FROM {schema}.schema_migrations;
+
+-- name: ping
+SELECT 1 AS ok;
+
+-- ---------------------------------------------------------------- enqueue (E3, E4, E9)
+
+-- name: enqueue
+-- Insert a batch in one statement. ON CONFLICT DO NOTHING covers both the primary key (E3)
+-- and the unique-key index (E4); the rows not returned were refused and are looked up next.
+-- The same statement records the queues and wakes listeners of queues that got pending work
+-- (delivered when the surrounding transaction commits, so a rollback wakes nobody).
+WITH x AS (
+    SELECT *
+    FROM unnest(
+        %(queues)s::text[], %(ids)s::text[], %(types)s::text[], %(payloads)s::bytea[],
+        %(states)s::text[], %(max_retries)s::integer[], %(timeouts)s::float8[],
+        %(deadlines)s::float8[], %(next_process_ats)s::float8[], %(retentions)s::float8[],
+        %(unique_keys)s::text[], %(unique_untils)s::float8[], %(headers)s::text[]
+    ) WITH ORDINALITY AS x(queue, id, type, payload, state, max_retry, timeout, deadline,
+                           next_process_at, retention, unique_key, unique_until, headers, ord)
+),
+ins AS (
+    INSERT INTO {schema}.tasks AS t (
+        queue, id, type, payload, state, max_retry, timeout, deadline, next_process_at,
+        enqueued_at, retention, unique_key, unique_until, headers
+    )
+    SELECT queue, id, type, payload, state, max_retry, timeout, deadline, next_process_at,
+           %(now)s, retention, unique_key, unique_until, headers::jsonb
+    FROM x
+    ORDER BY ord
+    ON CONFLICT DO NOTHING
+    RETURNING t.*
+),
+known AS (
+    INSERT INTO {schema}.queues (name)
+    SELECT DISTINCT queue FROM x
+    ON CONFLICT DO NOTHING
+),
+woken AS (
+    SELECT count(pg_notify(%(channel)s, q.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins WHERE state = 'pending') AS q
+)
+SELECT ins.* FROM ins, woken;
+
+-- name: enqueue_conflicts
+-- Why each refused item was refused: the row holding its task id, or the row holding its
+-- unique key. Read after the refusal, never before the insert (no read-then-write race).
+SELECT 'id' AS via, t.*
+FROM {schema}.tasks AS t
+JOIN unnest(%(queues)s::text[], %(ids)s::text[]) AS x(queue, id)
+  ON t.queue = x.queue AND t.id = x.id
+UNION ALL
+SELECT 'key' AS via, t.*
+FROM {schema}.tasks AS t
+WHERE t.unique_key = ANY(%(keys)s::text[]);
+
+-- name: enqueue_drop_stale_ids
+-- A completed task past its retention counts as gone (E3): delete it so the id is free.
+DELETE FROM {schema}.tasks AS t
+USING unnest(%(queues)s::text[], %(ids)s::text[]) AS x(queue, id)
+WHERE t.queue = x.queue AND t.id = x.id
+  AND t.state = 'completed' AND t.expires_at <= %(now)s;
+
+-- name: enqueue_drop_stale_keys
+-- Release unique keys whose ttl passed (or whose task finished) so the index accepts them.
+UPDATE {schema}.tasks
+SET unique_key = NULL, unique_until = NULL
+WHERE unique_key = ANY(%(keys)s::text[])
+  AND (unique_until <= %(now)s OR state IN ('completed', 'archived'));
+
+-- ---------------------------------------------------------------- claim and leases
+
+-- name: claim
+-- One round trip: pick due rows per queue through the partial index (tasks_claimable),
+-- lock them with SKIP LOCKED so concurrent workers take different rows (W10), fill from the
+-- queues in the order given, and mark them active with a fresh fencing token and lease.
+-- Due scheduled/retry rows are taken directly: no forwarding step is needed to claim them.
+WITH due AS (
+    SELECT c.queue, c.id
+    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)
+    CROSS JOIN LATERAL (
+        SELECT t.queue, t.id, t.next_process_at, t.seq
+        FROM {schema}.tasks AS t
+        WHERE t.queue = q.name
+          AND t.state IN ('pending', 'scheduled', 'retry')
+          AND t.next_process_at <= %(now)s
+        ORDER BY t.next_process_at, t.seq
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {schema}.queues AS p WHERE p.name = q.name AND p.paused
+    )
+    ORDER BY q.ord, c.next_process_at, c.seq
+    LIMIT %(limit)s
+)
+UPDATE {schema}.tasks AS t
+SET state = 'active',
+    lease_token = gen_random_uuid()::text,
+    lease_expires_at = %(lease_until)s,
+    worker_id = %(worker_id)s,
+    started_at = %(now)s,
+    cancel_requested = false
+FROM due
+WHERE t.queue = due.queue AND t.id = due.id
+RETURNING t.*;
+
+-- name: extend_leases
+-- Heartbeat for many leases at once; the rows not returned are leases no longer held.
+UPDATE {schema}.tasks AS t
+SET lease_expires_at = %(lease_until)s
+FROM unnest(%(queues)s::text[], %(ids)s::text[], %(tokens)s::text[]) AS x(queue, id, token)
+WHERE t.queue = x.queue AND t.id = x.id
+  AND t.state = 'active' AND t.lease_token = x.token
+RETURNING t.queue, t.id, t.cancel_requested;
+
+-- name: complete
+-- Finish many leases in one statement: keep the row with its result while retention > 0,
+-- else delete it; count each as processed. Fenced by state and lease token.
+WITH x AS (
+    SELECT *
+    FROM unnest(%(queues)s::text[], %(ids)s::text[], %(tokens)s::text[],
+                %(results)s::bytea[], %(retentions)s::float8[])
+         AS x(queue, id, token, result, retention)
+),
+kept AS (
+    UPDATE {schema}.tasks AS t
+    SET state = 'completed', completed_at = %(now)s, result = x.result,
+        retention = x.retention, expires_at = %(now)s + x.retention,
+        lease_token = NULL, lease_expires_at = NULL, worker_id = NULL,
+        cancel_requested = false, unique_key = NULL, unique_until = NULL
+    FROM x
+    WHERE t.queue = x.queue AND t.id = x.id AND x.retention > 0
+      AND t.state = 'active' AND t.lease_token = x.token
+    RETURNING t.queue, t.id
+),
+gone AS (
+    DELETE FROM {schema}.tasks AS t
+    USING x
+    WHERE t.queue = x.queue AND t.id = x.id AND x.retention <= 0
+      AND t.state = 'active' AND t.lease_token = x.token
+    RETURNING t.queue, t.id
+),
+done AS (
+    SELECT queue, id FROM kept UNION ALL SELECT queue, id FROM gone
+),
+counted AS (
+    INSERT INTO {schema}.stats AS s (queue, day, processed, failed)
+    SELECT queue, %(day)s, count(*), 0 FROM done GROUP BY queue
+    ON CONFLICT (queue, day) DO UPDATE SET processed = s.processed + excluded.processed
+)
+SELECT queue, id FROM done;
+
+-- name: retry
+WITH r AS (
+    UPDATE {schema}.tasks AS t
+    SET state = 'retry', retried = t.retried + 1, last_error = %(error)s,
+        next_process_at = %(next_process_at)s,
+        lease_token = NULL, lease_expires_at = NULL, worker_id = NULL, cancel_requested = false
+    WHERE t.queue = %(queue)s AND t.id = %(id)s
+      AND t.state = 'active' AND t.lease_token = %(token)s
+    RETURNING t.queue
+),
+counted AS (
+    INSERT INTO {schema}.stats AS s (queue, day, processed, failed)
+    SELECT queue, %(day)s, 1, 1 FROM r
+    ON CONFLICT (queue, day) DO UPDATE
+    SET processed = s.processed + 1, failed = s.failed + 1
+)
+SELECT count(*) AS n FROM r;
+
+-- name: archive
+-- Give up: the unique key is released (E4 holds only until the task completes or archives).
+WITH a AS (
+    UPDATE {schema}.tasks AS t
+    SET state = 'archived',
+        retried = t.retried + CASE WHEN %(count_attempt)s THEN 1 ELSE 0 END,
+        last_error = %(error)s, completed_at = %(now)s,
+        lease_token = NULL, lease_expires_at = NULL, worker_id = NULL, cancel_requested = false,
+        unique_key = NULL, unique_until = NULL
+    WHERE t.queue = %(queue)s AND t.id = %(id)s
+      AND t.state = 'active' AND t.lease_token = %(token)s
+    RETURNING t.queue
+),
+counted AS (
+    INSERT INTO {schema}.stats AS s (queue, day, processed, failed)
+    SELECT queue, %(day)s, 1, 1 FROM a WHERE %(count_attempt)s
+    ON CONFLICT (queue, day) DO UPDATE
+    SET processed = s.processed + 1, failed = s.failed + 1
+)
+SELECT count(*) AS n FROM a;
+
+-- name: requeue
+-- Graceful shutdown hands the task back (W7): no attempt counted; wake other workers.
+WITH r AS (
+    UPDATE {schema}.tasks AS t
+    SET state = 'pending',
+        lease_token = NULL, lease_expires_at = NULL, worker_id = NULL, cancel_requested = false
+    WHERE t.queue = %(queue)s AND t.id = %(id)s
+      AND t.state = 'active' AND t.lease_token = %(token)s
+    RETURNING t.queue
+)
+SELECT count(pg_notify(%(channel)s, queue)) AS n FROM r;
+
+-- name: promote_due
+-- For the inspector's view only (claim takes due rows itself): flip due scheduled/retry rows
+-- to pending, in bounded batches, skipping rows a claim holds right now.
+WITH due AS (
+    SELECT queue, id
+    FROM {schema}.tasks
+    WHERE state IN ('scheduled', 'retry') AND next_process_at <= %(now)s
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+moved AS (
+    UPDATE {schema}.tasks AS t
+    SET state = 'pending'
+    FROM due
+    WHERE t.queue = due.queue AND t.id = due.id
+    RETURNING t.queue
+),
+woken AS (
+    SELECT count(pg_notify(%(channel)s, q.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM moved) AS q
+)
+SELECT count(*) AS n FROM moved, woken;
+
+-- name: rescue_expired
+-- Active rows whose lease expired lost their worker (W1): count an attempt and a loss, then
+-- retry due now, or archive when lost too often (poison pill) or out of retries.
+WITH expired AS (
+    SELECT queue, id
+    FROM {schema}.tasks
+    WHERE state = 'active' AND lease_expires_at <= %(now)s
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+rescued AS (
+    UPDATE {schema}.tasks AS t
+    SET retried = t.retried + 1,
+        lost = t.lost + 1,
+        state = CASE WHEN t.lost + 1 >= %(max_lost)s OR t.retried + 1 > t.max_retry
+                     THEN 'archived' ELSE 'retry' END,
+        last_error = CASE WHEN t.lost + 1 >= %(max_lost)s
+                          THEN 'worker lost' ELSE 'lease expired' END,
+        completed_at = CASE WHEN t.lost + 1 >= %(max_lost)s OR t.retried + 1 > t.max_retry
+                            THEN %(now)s ELSE t.completed_at END,
+        unique_key = CASE WHEN t.lost + 1 >= %(max_lost)s OR t.retried + 1 > t.max_retry
+                          THEN NULL ELSE t.unique_key END,
+        next_process_at = %(now)s,
+        lease_token = NULL, lease_expires_at = NULL, worker_id = NULL, cancel_requested = false
+    FROM expired
+    WHERE t.queue = expired.queue AND t.id = expired.id
+    RETURNING t.*
+),
+counted AS (
+    INSERT INTO {schema}.stats AS s (queue, day, processed, failed)
+    SELECT queue, %(day)s, count(*), count(*) FROM rescued GROUP BY queue
+    ON CONFLICT (queue, day) DO UPDATE
+    SET processed = s.processed + excluded.processed, failed = s.failed + excluded.failed
+)
+SELECT * FROM rescued;
+
+-- name: delete_expired
+-- Janitor: a bounded batch of completed rows past retention, so no statement holds locks on
+-- a large part of a big table; SKIP LOCKED keeps two janitors out of each other's way.
+WITH victims AS (
+    SELECT queue, id
+    FROM {schema}.tasks
+    WHERE state = 'completed' AND expires_at <= %(now)s
+    ORDER BY expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {schema}.tasks AS t
+USING victims AS v
+WHERE t.queue = v.queue AND t.id = v.id;
+
+-- ---------------------------------------------------------------- workers and queues
+
+-- name: register_worker
+WITH w AS (
+    INSERT INTO {schema}.workers AS w (
+        id, host, pid, queues, concurrency, strict, started_at, last_heartbeat, active
+    )
+    VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(concurrency)s, %(strict)s,
+            %(started_at)s, %(now)s, %(active)s)
+    ON CONFLICT (id) DO UPDATE
+    SET host = excluded.host, pid = excluded.pid, queues = excluded.queues,
+        concurrency = excluded.concurrency, strict = excluded.strict,
+        last_heartbeat = excluded.last_heartbeat, active = excluded.active
+)
+INSERT INTO {schema}.queues (name)
+SELECT unnest(%(queue_names)s::text[])
+ON CONFLICT DO NOTHING;
+
+-- name: unregister_worker
+DELETE FROM {schema}.workers WHERE id = %(id)s;
+
+-- name: list_workers
+SELECT * FROM {schema}.workers WHERE last_heartbeat > %(since)s ORDER BY started_at, id;
+
+-- name: set_paused
+UPDATE {schema}.queues SET paused = %(paused)s WHERE name = %(queue)s RETURNING name;
+
+-- name: queue_exists
+SELECT 1 AS ok FROM {schema}.queues WHERE name = %(queue)s;
+
+-- name: queue_stats
+-- Every known queue (or one): sizes per state (completed rows past retention count as gone),
+-- the oldest pending task's ready time, and the counters.
+WITH sizes AS (
+    SELECT queue, jsonb_object_agg(state, n) AS sizes
+    FROM (
+        SELECT queue, state, count(*) AS n
+        FROM {schema}.tasks
+        WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+          AND NOT (state = 'completed' AND expires_at <= %(now)s)
+        GROUP BY queue, state
+    ) AS per_state
+    GROUP BY queue
+),
+oldest AS (
+    SELECT queue, min(next_process_at) AS ready
+    FROM {schema}.tasks
+    WHERE state = 'pending' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+    GROUP BY queue
+),
+counters AS (
+    SELECT queue,
+           coalesce(sum(processed) FILTER (WHERE day = %(day)s), 0) AS processed_today,
+           coalesce(sum(failed) FILTER (WHERE day = %(day)s), 0) AS failed_today,
+           sum(processed) AS processed_total,
+           sum(failed) AS failed_total
+    FROM {schema}.stats
+    WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+    GROUP BY queue
+)
+SELECT q.name, q.paused, s.sizes, o.ready,
+       coalesce(c.processed_today, 0) AS processed_today,
+       coalesce(c.failed_today, 0) AS failed_today,
+       coalesce(c.processed_total, 0) AS processed_total,
+       coalesce(c.failed_total, 0) AS failed_total
+FROM {schema}.queues AS q
+LEFT JOIN sizes AS s ON s.queue = q.name
+LEFT JOIN oldest AS o ON o.queue = q.name
+LEFT JOIN counters AS c ON c.queue = q.name
+WHERE %(queue)s::text IS NULL OR q.name = %(queue)s
+ORDER BY q.name;
+
+-- ---------------------------------------------------------------- inspector: tasks
+
+-- name: list_tasks
+SELECT *
+FROM {schema}.tasks
+WHERE queue = %(queue)s AND state = %(state)s
+  AND NOT (state = 'completed' AND expires_at <= %(now)s)
+ORDER BY seq
+LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: get_task
+SELECT *
+FROM {schema}.tasks
+WHERE queue = %(queue)s AND id = %(id)s
+  AND NOT (state = 'completed' AND expires_at <= %(now)s);
+
+-- name: run_task
+WITH r AS (
+    UPDATE {schema}.tasks AS t
+    SET state = 'pending', next_process_at = %(now)s, completed_at = NULL
+    WHERE t.queue = %(queue)s AND t.id = %(id)s
+      AND t.state IN ('scheduled', 'retry', 'archived')
+    RETURNING t.*
+),
+woken AS (
+    SELECT count(pg_notify(%(channel)s, queue)) AS n FROM r
+)
+SELECT r.* FROM r, woken;
+
+-- name: archive_task
+UPDATE {schema}.tasks AS t
+SET state = 'archived', completed_at = %(now)s, unique_key = NULL, unique_until = NULL
+WHERE t.queue = %(queue)s AND t.id = %(id)s
+  AND t.state IN ('pending', 'scheduled', 'retry')
+RETURNING t.*;
+
+-- name: cancel_waiting_task
+UPDATE {schema}.tasks AS t
+SET state = 'archived', last_error = 'cancelled', completed_at = %(now)s,
+    unique_key = NULL, unique_until = NULL
+WHERE t.queue = %(queue)s AND t.id = %(id)s
+  AND t.state IN ('pending', 'scheduled', 'retry')
+RETURNING t.*;
+
+-- name: cancel_active_task
+-- The worker sees the flag on its next heartbeat (extend_leases) and cancels the handler.
+UPDATE {schema}.tasks AS t
+SET cancel_requested = true
+WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active'
+RETURNING t.*;
+
+-- name: delete_task
+DELETE FROM {schema}.tasks
+WHERE queue = %(queue)s AND id = %(id)s AND state <> 'active'
+  AND NOT (state = 'completed' AND expires_at <= %(now)s)
+RETURNING id;
+
+-- name: run_all
+WITH r AS (
+    UPDATE {schema}.tasks AS t
+    SET state = 'pending', next_process_at = %(now)s, completed_at = NULL
+    WHERE t.queue = %(queue)s AND t.state = %(state)s
+    RETURNING t.queue
+),
+woken AS (
+    SELECT count(pg_notify(%(channel)s, q.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM r) AS q
+)
+SELECT count(*) AS n FROM r, woken;
+
+-- name: delete_all
+DELETE FROM {schema}.tasks
+WHERE queue = %(queue)s AND state = %(state)s
+  AND NOT (state = 'completed' AND expires_at <= %(now)s);
