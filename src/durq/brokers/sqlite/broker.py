@@ -13,6 +13,7 @@ from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from durq.brokers.base import (
+    CAP_CROSS_PROCESS_NOTIFY,
     ArchiveParams,
     ClaimParams,
     CompleteParams,
@@ -48,8 +49,9 @@ class SQLiteBroker(SQLiteAdmin):
     """Broker and Admin on one SQLite file (WAL mode, one database thread per instance)."""
 
     name = "sqlite"
-    #: E8 (joining the caller's connection) is not offered: the connection lives on our thread.
-    capabilities: frozenset[str] = frozenset()
+    #: Other processes are noticed by polling ``PRAGMA data_version``. E8 (joining the
+    #: caller's connection) is not offered: the connection lives on the database thread.
+    capabilities: frozenset[str] = frozenset({CAP_CROSS_PROCESS_NOTIFY})
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
