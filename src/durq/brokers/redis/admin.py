@@ -1,0 +1,309 @@
+"""The inspector's seam (:class:`~durq.brokers.base.Admin`) on Redis."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+from durq.brokers.base import QueueStats, WorkerInfo
+from durq.brokers.redis.core import RedisCore
+from durq.brokers.redis.keys import QueueKeys, utc_day
+from durq.brokers.redis.records import task_info
+from durq.errors import InvalidStateError, QueueNotFoundError, TaskNotFoundError
+from durq.states import TaskState
+from durq.task import TaskInfo
+
+#: Tasks moved per script call by run_all / delete_all (each call is atomic and short).
+BATCH = 500
+#: list_workers shows workers whose heartbeat is younger than this (broker clock).
+WORKER_FRESH = 60.0
+#: Worker records expire after this long without a heartbeat (server time; garbage only).
+WORKER_TTL = 3600
+_RUNNABLE = (TaskState.SCHEDULED, TaskState.RETRY, TaskState.ARCHIVED)
+
+
+class RedisAdmin(RedisCore):
+    """List, count, steer tasks and queues; workers."""
+
+    # -- helpers --------------------------------------------------------------------------
+
+    async def _known(self, queue: str) -> QueueKeys:
+        k = self._keys.queue(queue)
+        if not await self._redis.sismember(self._keys.queues, queue):  # type: ignore[misc]
+            raise QueueNotFoundError(f"no queue named {queue!r}")
+        return k
+
+    def _task_keys(self, k: QueueKeys, task_id: str) -> list[str]:
+        # The fixed KEYS layout of the admin_* single-task scripts.
+        return [
+            k.task(task_id),
+            k.pending,
+            k.scheduled,
+            k.retry,
+            k.active,
+            k.completed,
+            k.archived,
+            k.unique,
+        ]
+
+    def _admin_reply(self, queue: str, task_id: str, reply: list[Any]) -> TaskInfo | None:
+        tag = reply[0].decode()
+        if tag == "missing":
+            raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
+        if tag == "state":
+            raise InvalidStateError(
+                f"task {task_id!r} is {reply[1].decode()}: not allowed in this state"
+            )
+        return task_info(queue, reply[1]) if len(reply) > 1 else None
+
+    async def _stats(self, queue: str, now: float) -> QueueStats:
+        k = self._keys.queue(queue)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.exists(k.paused)
+        pipe.zcard(k.pending)
+        pipe.zcard(k.scheduled)
+        pipe.zcard(k.active)
+        pipe.zcard(k.retry)
+        pipe.zcard(k.archived)
+        pipe.zcount(k.completed, f"({now!r}", "+inf")
+        pipe.zrange(k.pending, 0, 0, withscores=True)
+        pipe.hmget(k.stats, ["processed", "failed"])
+        pipe.hmget(k.stats_day(utc_day(now)), ["processed", "failed"])
+        r = await pipe.execute()
+        oldest = r[7]
+        total, today = r[8], r[9]
+        return QueueStats(
+            name=queue,
+            paused=bool(r[0]),
+            sizes={
+                TaskState.PENDING: r[1],
+                TaskState.SCHEDULED: r[2],
+                TaskState.ACTIVE: r[3],
+                TaskState.RETRY: r[4],
+                TaskState.ARCHIVED: r[5],
+                TaskState.COMPLETED: r[6],
+            },
+            oldest_pending_age=max(0.0, now - float(oldest[0][1])) if oldest else 0.0,
+            processed_today=int(today[0] or 0),
+            failed_today=int(today[1] or 0),
+            processed_total=int(total[0] or 0),
+            failed_total=int(total[1] or 0),
+        )
+
+    # -- Admin ----------------------------------------------------------------------------
+
+    async def list_queues(self) -> list[QueueStats]:
+        """Every known queue (enqueued into, served by a worker, or paused)."""
+        async with self._op("list_queues"):
+            await self._ensure()
+            now = self._clock.now()
+            return [await self._stats(q, now) for q in await self._all_queues()]
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        """One queue; QueueNotFoundError if unknown."""
+        async with self._op("queue_stats"):
+            await self._ensure()
+            await self._known(queue)
+            return await self._stats(queue, self._clock.now())
+
+    async def list_tasks(
+        self, queue: str, state: TaskState, *, limit: int = 50, offset: int = 0
+    ) -> list[TaskInfo]:
+        """Tasks of one queue in one state, oldest first (zset order: time, then enqueue)."""
+        state = TaskState(state)
+        async with self._op("list_tasks"):
+            await self._ensure()
+            k = await self._known(queue)
+            if limit <= 0:
+                return []
+            zset = k.by_state(state.value)
+            if state is TaskState.COMPLETED:
+                # Past their retention they count as gone, even before the janitor runs.
+                now = self._clock.now()
+                members: Any = await self._redis.zrangebyscore(
+                    zset, f"({now!r}", "+inf", start=offset, num=limit
+                )
+            else:
+                members = await self._redis.zrange(zset, offset, offset + limit - 1)
+            if not members:
+                return []
+            pipe = self._redis.pipeline(transaction=False)
+            for m in members:
+                pipe.hgetall(k.task_prefix + m[16:].decode())
+            rows = await pipe.execute()
+            return [task_info(queue, row) for row in rows if row]
+
+    async def get_task(self, queue: str, task_id: str) -> TaskInfo:
+        """One task; TaskNotFoundError if absent or completed past its retention."""
+        k = self._keys.queue(queue)
+        async with self._op("get_task"):
+            await self._ensure()
+            row: Any = await self._redis.hgetall(k.task(task_id))  # type: ignore[misc]
+        if not row:
+            raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
+        info = task_info(queue, row)
+        expires = row.get(b"expires_at")
+        if info.state is TaskState.COMPLETED and expires and float(expires) <= self._clock.now():
+            raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
+        return info
+
+    async def run_task(self, queue: str, task_id: str) -> TaskInfo:
+        """scheduled/retry/archived -> pending now."""
+        k = self._keys.queue(queue)
+        async with self._op("run_task"):
+            await self._ensure()
+            reply = await self._eval(
+                "admin_run", self._task_keys(k, task_id), [self._clock.now(), k.notify]
+            )
+        info = self._admin_reply(queue, task_id, reply)
+        assert info is not None
+        return info
+
+    async def archive_task(self, queue: str, task_id: str) -> TaskInfo:
+        """pending/scheduled/retry -> archived."""
+        k = self._keys.queue(queue)
+        async with self._op("archive_task"):
+            await self._ensure()
+            reply = await self._eval(
+                "admin_archive", self._task_keys(k, task_id), [self._clock.now(), ""]
+            )
+        info = self._admin_reply(queue, task_id, reply)
+        assert info is not None
+        return info
+
+    async def delete_task(self, queue: str, task_id: str) -> None:
+        """Delete a task in any state but active."""
+        k = self._keys.queue(queue)
+        async with self._op("delete_task"):
+            await self._ensure()
+            reply = await self._eval(
+                "admin_delete", self._task_keys(k, task_id), [self._clock.now()]
+            )
+        self._admin_reply(queue, task_id, reply)
+
+    async def cancel_task(self, queue: str, task_id: str) -> TaskInfo:
+        """Active: flag it for its worker (W12). pending/scheduled/retry: archived now."""
+        k = self._keys.queue(queue)
+        async with self._op("cancel_task"):
+            await self._ensure()
+            reply = await self._eval(
+                "admin_cancel", self._task_keys(k, task_id), [self._clock.now()]
+            )
+        info = self._admin_reply(queue, task_id, reply)
+        assert info is not None
+        return info
+
+    async def run_all(self, queue: str, state: TaskState) -> int:
+        """Run every task of ``state`` (scheduled, retry, archived) now."""
+        state = TaskState(state)
+        if state not in _RUNNABLE:
+            raise InvalidStateError(
+                f"cannot run {state.value} tasks: only scheduled, retry, archived"
+            )
+        async with self._op("run_all"):
+            await self._ensure()
+            k = await self._known(queue)
+            total = 0
+            while True:
+                n = int(
+                    await self._eval(
+                        "admin_run_all",
+                        [k.by_state(state.value), k.pending],
+                        [self._clock.now(), k.task_prefix, BATCH, k.notify],
+                    )
+                )
+                total += n
+                if n < BATCH:
+                    return total
+
+    async def delete_all(self, queue: str, state: TaskState) -> int:
+        """Delete every task of ``state`` (not active)."""
+        state = TaskState(state)
+        if state is TaskState.ACTIVE:
+            raise InvalidStateError("cannot delete active tasks: cancel them first")
+        async with self._op("delete_all"):
+            await self._ensure()
+            k = await self._known(queue)
+            total = 0
+            while True:
+                n = int(
+                    await self._eval(
+                        "admin_delete_all",
+                        [k.by_state(state.value), k.unique],
+                        [self._clock.now(), k.task_prefix, BATCH],
+                    )
+                )
+                total += n
+                if n < BATCH:
+                    return total
+
+    async def pause_queue(self, queue: str) -> None:
+        """Stop handing out tasks of ``queue`` (the claim script reads P:{Q}:paused)."""
+        async with self._op("pause_queue"):
+            await self._ensure()
+            k = await self._known(queue)
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.set(k.paused, "1")
+            pipe.sadd(self._keys.paused, queue)
+            await pipe.execute()
+
+    async def unpause_queue(self, queue: str) -> None:
+        """Resume handing out tasks of ``queue``."""
+        async with self._op("unpause_queue"):
+            await self._ensure()
+            k = await self._known(queue)
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.delete(k.paused)
+            pipe.srem(self._keys.paused, queue)
+            # Idle workers of this queue may have tasks waiting for them.
+            pipe.publish(k.notify, "1")
+            await pipe.execute()
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        """Workers whose last heartbeat (broker clock) is younger than 60 s."""
+        async with self._op("list_workers"):
+            await self._ensure()
+            now = self._clock.now()
+            rows: Any = await self._redis.zrangebyscore(
+                self._keys.workers, f"({now - WORKER_FRESH!r}", "+inf", withscores=True
+            )
+            if not rows:
+                return []
+            records = await self._redis.mget([self._keys.worker(m.decode()) for m, _ in rows])
+        out: list[WorkerInfo] = []
+        for (_, beat), raw in zip(rows, records, strict=True):
+            if raw is None:
+                continue
+            data = json.loads(raw)
+            data["last_heartbeat"] = float(beat)
+            out.append(WorkerInfo(**data))
+        return out
+
+    async def register_worker(self, info: WorkerInfo) -> None:
+        """Insert or refresh a worker's record (its heartbeat); makes its queues known."""
+        async with self._op("register_worker"):
+            await self._ensure()
+            now = self._clock.now()
+            data = asdict(info)
+            data["last_heartbeat"] = now
+            for q in info.queues:
+                self._keys.queue(q)  # validate before storing
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.set(self._keys.worker(info.id), json.dumps(data), ex=WORKER_TTL)
+            pipe.zadd(self._keys.workers, {info.id: now})
+            # Forget workers silent for a day (their records have expired anyway).
+            pipe.zremrangebyscore(self._keys.workers, "-inf", now - 86400)
+            if info.queues:
+                pipe.sadd(self._keys.queues, *info.queues)
+            await pipe.execute()
+            self._known_queues.update(info.queues)
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        """Remove a worker's record at shutdown."""
+        async with self._op("unregister_worker"):
+            await self._ensure()
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.zrem(self._keys.workers, worker_id)
+            pipe.delete(self._keys.worker(worker_id))
+            await pipe.execute()

@@ -1,0 +1,453 @@
+"""The Redis broker: the hot path (:class:`~durq.brokers.base.Broker`) on redis-py's asyncio
+client. Every state change is one Lua script of ``scripts/`` (atomic on the server); this
+module only builds keys and arguments and decodes replies. See docs/brokers/redis.md."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from redis import exceptions as rex
+
+from durq.brokers.base import (
+    CAP_CROSS_PROCESS_NOTIFY,
+    ArchiveParams,
+    ClaimParams,
+    CompleteParams,
+    EnqueueOutcome,
+    EnqueueParams,
+    Lease,
+    LeaseRef,
+    LeaseReport,
+    RetryParams,
+)
+from durq.brokers.redis.admin import RedisAdmin
+from durq.brokers.redis.core import DAY_TTL, Scalar
+from durq.brokers.redis.keys import utc_day
+from durq.brokers.redis.records import task_info
+from durq.clock import to_datetime
+from durq.errors import (
+    BrokerError,
+    DuplicateTaskError,
+    TaskIDConflictError,
+)
+from durq.states import TaskState
+from durq.task import TaskInfo
+
+#: Due scheduled/retry tasks forwarded per queue per promote call (and at least per claim).
+PROMOTE_BOUND = 1000
+#: Expired leases recovered per queue per rescue call.
+RESCUE_BOUND = 1000
+#: Wake-up listener: reconnect backoff bounds (seconds).
+_LISTEN_BACKOFF = (0.05, 2.0)
+#: Marker in the notified set: wake every waiter (after a (re)subscription).
+_ALL = "*"
+
+_Call = tuple[str, Sequence[str], Sequence[Scalar]]
+
+
+class RedisBroker(RedisAdmin):
+    """durq on Redis >= 6.2: ``RedisBroker.from_url("redis://host:6379/0?prefix=durq")``."""
+
+    capabilities = frozenset({CAP_CROSS_PROCESS_NOTIFY})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._notified: set[str] = set()
+        self._wake = asyncio.Event()
+        self._listener: asyncio.Task[None] | None = None
+
+    # -- enqueue --------------------------------------------------------------------------
+
+    def _enqueue_call(self, p: EnqueueParams, now: float) -> tuple[_Call, TaskInfo]:
+        k = self._keys.queue(p.queue)
+        npa = now if p.process_at is None else p.process_at
+        state = TaskState.PENDING if npa <= now else TaskState.SCHEDULED
+        unique = p.unique_key or ""
+        unique_until = now + (p.unique_ttl or 0.0) if unique else ""
+        call: _Call = (
+            "enqueue",
+            [k.task(p.id), k.pending, k.scheduled, k.completed, k.unique, k.seq],
+            [
+                now,
+                p.id,
+                p.type,
+                p.payload,
+                p.max_retry,
+                "" if p.timeout is None else float(p.timeout),
+                "" if p.deadline is None else float(p.deadline),
+                float(npa),
+                state.value,
+                float(p.retention),
+                unique,
+                unique_until,
+                json.dumps(p.headers) if p.headers else "",
+                k.notify,
+            ],
+        )
+        info = TaskInfo(
+            id=p.id,
+            queue=p.queue,
+            type=p.type,
+            raw_payload=p.payload,
+            state=state,
+            max_retry=p.max_retry,
+            timeout=p.timeout,
+            deadline=to_datetime(p.deadline),
+            next_process_at=to_datetime(npa),
+            enqueued_at=to_datetime(now),
+            retention=p.retention,
+            headers=dict(p.headers),
+        )
+        return call, info
+
+    def _enqueue_outcome(
+        self, p: EnqueueParams, info: TaskInfo, reply: list[Any]
+    ) -> EnqueueOutcome:
+        tag = reply[0].decode()
+        if tag == "ok":
+            return EnqueueOutcome(p, info=info)
+        if tag == "conflict":
+            existing = task_info(p.queue, reply[1])
+            return EnqueueOutcome(
+                p,
+                error=TaskIDConflictError(
+                    f"task {p.id!r} already exists in queue {p.queue!r} ({existing.state.value})",
+                    existing=existing,
+                ),
+            )
+        existing_id = reply[1].decode()
+        return EnqueueOutcome(
+            p,
+            error=DuplicateTaskError(
+                f"an identical {p.type!r} task ({existing_id!r}) is already queued in {p.queue!r}",
+                existing_id=existing_id,
+            ),
+        )
+
+    @staticmethod
+    def _no_connection(connection: Any) -> None:
+        if connection is not None:
+            raise BrokerError(
+                "the Redis broker cannot enqueue inside a caller's transaction "
+                "(no transactional_enqueue capability)",
+                operation="redis.enqueue",
+            )
+
+    async def enqueue(self, params: EnqueueParams, *, connection: Any = None) -> TaskInfo:
+        """Create one task: one script checks the id (E3) and uniqueness (E4) and writes it."""
+        self._no_connection(connection)
+        now = self._clock.now()
+        call, info = self._enqueue_call(params, now)
+        async with self._op("enqueue"):
+            await self._ensure()
+            await self._remember_queues([params.queue])
+            reply = await self._eval(*call)
+        outcome = self._enqueue_outcome(params, info, reply)
+        if outcome.error is not None:
+            raise outcome.error
+        return info
+
+    async def enqueue_many(
+        self, items: Sequence[EnqueueParams], *, connection: Any = None
+    ) -> list[EnqueueOutcome]:
+        """One pipeline of enqueue scripts: one round trip, one outcome per item (E9)."""
+        self._no_connection(connection)
+        if not items:
+            return []
+        now = self._clock.now()
+        prepared = [self._enqueue_call(p, now) for p in items]
+        async with self._op("enqueue_many"):
+            await self._ensure()
+            await self._remember_queues([p.queue for p in items])
+            replies = await self._eval_many([call for call, _ in prepared])
+        return [
+            self._enqueue_outcome(p, info, reply)
+            for p, (_, info), reply in zip(items, prepared, replies, strict=True)
+        ]
+
+    # -- claim and leases -----------------------------------------------------------------
+
+    async def claim(self, params: ClaimParams) -> list[Lease]:
+        """Fill up to ``limit`` leases from the queues in order: one script per queue."""
+        leases: list[Lease] = []
+        async with self._op("claim"):
+            await self._ensure()
+            for queue in dict.fromkeys(params.queues):
+                remaining = params.limit - len(leases)
+                if remaining <= 0:
+                    break
+                k = self._keys.queue(queue)
+                now = self._clock.now()
+                rows = await self._eval(
+                    "claim",
+                    [k.pending, k.scheduled, k.retry, k.active, k.paused],
+                    [
+                        now,
+                        remaining,
+                        now + params.lease_seconds,
+                        params.worker_id,
+                        secrets.token_hex(8),
+                        k.task_prefix,
+                        max(remaining, 100),
+                    ],
+                )
+                for token, flat in rows:
+                    leases.append(Lease(task_info(queue, flat), token.decode()))
+        return leases
+
+    async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
+        """One extend script per queue, all in one pipeline."""
+        if not leases:
+            return LeaseReport()
+        by_queue: dict[str, list[LeaseRef]] = defaultdict(list)
+        for ref in leases:
+            by_queue[ref.queue].append(ref)
+        expires = self._clock.now() + lease_seconds
+        calls: list[_Call] = []
+        for queue, refs in by_queue.items():
+            k = self._keys.queue(queue)
+            args: list[Scalar] = [expires, k.task_prefix]
+            for ref in refs:
+                k.task(ref.id)  # validates the id
+                args += [ref.id, ref.token]
+            calls.append(("extend", [k.active], args))
+        async with self._op("extend_leases"):
+            await self._ensure()
+            replies = await self._eval_many(calls)
+        lost: set[str] = set()
+        cancel: set[str] = set()
+        for lost_ids, cancel_ids in replies:
+            lost.update(i.decode() for i in lost_ids)
+            cancel.update(i.decode() for i in cancel_ids)
+        return LeaseReport(lost=frozenset(lost), cancel=frozenset(cancel))
+
+    def _complete_call(self, p: CompleteParams, now: float) -> _Call:
+        k = self._keys.queue(p.lease.queue)
+        return (
+            "complete",
+            [
+                k.task(p.lease.id),
+                k.active,
+                k.completed,
+                k.unique,
+                k.stats,
+                k.stats_day(utc_day(now)),
+            ],
+            [
+                p.lease.token,
+                now,
+                float(p.retention),
+                now + p.retention,
+                "1" if p.result is not None else "0",
+                p.result or b"",
+                DAY_TTL,
+            ],
+        )
+
+    async def complete(self, params: CompleteParams) -> bool:
+        """Completed (kept for its retention) or deleted; False if the lease is lost."""
+        call = self._complete_call(params, self._clock.now())
+        async with self._op("complete"):
+            await self._ensure()
+            return bool(await self._eval(*call))
+
+    async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
+        """Several complete scripts in one pipeline."""
+        if not items:
+            return []
+        now = self._clock.now()
+        async with self._op("complete_many"):
+            await self._ensure()
+            replies = await self._eval_many([self._complete_call(p, now) for p in items])
+        return [bool(r) for r in replies]
+
+    async def retry(self, params: RetryParams) -> bool:
+        """retry until ``next_process_at``, retried + 1; False if the lease is lost."""
+        now = self._clock.now()
+        k = self._keys.queue(params.lease.queue)
+        async with self._op("retry"):
+            await self._ensure()
+            return bool(
+                await self._eval(
+                    "retry",
+                    [
+                        k.task(params.lease.id),
+                        k.active,
+                        k.retry,
+                        k.stats,
+                        k.stats_day(utc_day(now)),
+                    ],
+                    [params.lease.token, params.error, float(params.next_process_at), DAY_TTL],
+                )
+            )
+
+    async def archive(self, params: ArchiveParams) -> bool:
+        """archived with ``error``; False if the lease is lost."""
+        now = self._clock.now()
+        k = self._keys.queue(params.lease.queue)
+        async with self._op("archive"):
+            await self._ensure()
+            return bool(
+                await self._eval(
+                    "archive",
+                    [
+                        k.task(params.lease.id),
+                        k.active,
+                        k.archived,
+                        k.unique,
+                        k.stats,
+                        k.stats_day(utc_day(now)),
+                    ],
+                    [
+                        params.lease.token,
+                        now,
+                        params.error,
+                        "1" if params.count_attempt else "0",
+                        DAY_TTL,
+                    ],
+                )
+            )
+
+    async def requeue(self, lease: LeaseRef) -> bool:
+        """Hand an active task back as pending without counting an attempt (W7)."""
+        k = self._keys.queue(lease.queue)
+        async with self._op("requeue"):
+            await self._ensure()
+            return bool(
+                await self._eval(
+                    "requeue", [k.task(lease.id), k.active, k.pending], [lease.token, k.notify]
+                )
+            )
+
+    # -- maintenance ----------------------------------------------------------------------
+
+    async def promote_due(self) -> int:
+        """Forward due scheduled/retry tasks of every known queue (one pipeline)."""
+        async with self._op("promote_due"):
+            await self._ensure()
+            queues = await self._all_queues()
+            if not queues:
+                return 0
+            now = self._clock.now()
+            calls: list[_Call] = []
+            for q in queues:
+                k = self._keys.queue(q)
+                calls.append(
+                    (
+                        "promote",
+                        [k.pending, k.scheduled, k.retry],
+                        [now, k.task_prefix, PROMOTE_BOUND, k.notify],
+                    )
+                )
+            return sum(int(n) for n in await self._eval_many(calls))
+
+    async def rescue_expired(self, max_lost: int) -> list[TaskInfo]:
+        """Recover expired leases of every known queue (one pipeline)."""
+        async with self._op("rescue_expired"):
+            await self._ensure()
+            queues = await self._all_queues()
+            if not queues:
+                return []
+            now = self._clock.now()
+            day = utc_day(now)
+            calls: list[_Call] = []
+            for q in queues:
+                k = self._keys.queue(q)
+                calls.append(
+                    (
+                        "rescue",
+                        [k.active, k.retry, k.archived, k.unique, k.stats, k.stats_day(day)],
+                        [now, k.task_prefix, max_lost, RESCUE_BOUND, DAY_TTL, k.notify],
+                    )
+                )
+            replies = await self._eval_many(calls)
+        return [task_info(q, row) for q, rows in zip(queues, replies, strict=True) for row in rows]
+
+    async def delete_expired(self, limit: int) -> int:
+        """Janitor: delete up to ``limit`` completed tasks past their retention."""
+        deleted = 0
+        async with self._op("delete_expired"):
+            await self._ensure()
+            now = self._clock.now()
+            for q in await self._all_queues():
+                if deleted >= limit:
+                    break
+                k = self._keys.queue(q)
+                deleted += int(
+                    await self._eval(
+                        "janitor", [k.completed], [now, k.task_prefix, limit - deleted]
+                    )
+                )
+        return deleted
+
+    # -- wake-ups -------------------------------------------------------------------------
+
+    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
+        """Wait for a wake-up published by a script that made a task pending in ``queues``.
+
+        One pattern subscription per broker object (``P:{*}:notify``) feeds a set of notified
+        queues; a notification that arrives between two waits is kept, so none is lost after
+        the first subscription. Right after (re)subscribing every waiter is woken once, since
+        messages published while unsubscribed are gone. ``timeout`` bounds the wait."""
+        wanted = set(queues)
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.create_task(self._listen(), name="durq-redis-wakeups")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout)
+        while True:
+            hits = wanted & self._notified
+            if hits or _ALL in self._notified:
+                self._notified -= hits
+                self._notified.discard(_ALL)
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), remaining)
+
+    def _notify_local(self, queue: str) -> None:
+        self._notified.add(queue)
+        self._wake.set()
+
+    async def _listen(self) -> None:
+        """Keep one PSUBSCRIBE open; reconnect with backoff after errors or a restart."""
+        delay = _LISTEN_BACKOFF[0]
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.psubscribe(self._keys.notify_pattern)
+                delay = _LISTEN_BACKOFF[0]
+                self._notify_local(_ALL)
+                while True:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if msg is None:
+                        continue
+                    channel = msg.get("channel")
+                    if isinstance(channel, bytes):
+                        queue = self._keys.queue_of_channel(channel.decode())
+                        if queue is not None:
+                            self._notify_local(queue)
+            except (rex.RedisError, OSError):
+                # The server went away; waiters fall back to their timeout meanwhile.
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _LISTEN_BACKOFF[1])
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def close(self) -> None:
+        """Stop the wake-up listener and close every connection (idempotent)."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await listener
+        await super().close()

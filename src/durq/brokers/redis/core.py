@@ -1,0 +1,254 @@
+"""Connection handling shared by the hot path and the inspector: URL parsing, the client,
+script calls by SHA, and the mapping of redis-py errors onto durq's typed errors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis import exceptions as rex
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+
+from durq.brokers.redis.keys import DEFAULT_PREFIX, Keys
+from durq.brokers.redis.lua import LuaScript, load_scripts
+from durq.clock import SYSTEM_CLOCK, Clock
+from durq.errors import (
+    BrokerError,
+    BrokerUnavailableError,
+    ConfigurationError,
+    DurqError,
+    SchemaError,
+)
+
+#: The oldest server the scripts run on (ZADD GT/LT, GETDEL, ZRANGE options...).
+MIN_REDIS_VERSION = (6, 2)
+#: Storage layout version kept in ``P:schema``.
+SCHEMA_VERSION = "1"
+#: Seconds: an unreachable server fails a call within about this long, never hangs.
+CONNECT_TIMEOUT = 3.0
+SOCKET_TIMEOUT = 5.0
+#: Daily counters are kept this long (seconds of server time).
+DAY_TTL = 90 * 86400
+
+Scalar = str | bytes | int | float
+
+
+def _arg(value: Scalar) -> str | bytes | int:
+    # Floats keep their full precision as ``repr``; Lua only compares them via tonumber.
+    return repr(value) if isinstance(value, float) else value
+
+
+class RedisCore:
+    """The client, the key names, the scripts and the error mapping of one broker."""
+
+    name = "redis"
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        clock: Clock = SYSTEM_CLOCK,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        socket_timeout: float = SOCKET_TIMEOUT,
+    ) -> None:
+        self._url = url
+        self._clock = clock
+        self._keys = Keys(prefix)
+        self._scripts: dict[str, LuaScript] = load_scripts()
+        # Reconnects after a restart happen in the pool; a call that hits a refused or dropped
+        # connection is retried twice with a short backoff, then raises (E7: promptly).
+        retry = Retry(
+            ExponentialBackoff(cap=0.5, base=0.05),
+            retries=2,
+            supported_errors=(rex.ConnectionError,),
+        )
+        try:
+            self._redis: aioredis.Redis = aioredis.Redis.from_url(
+                url,
+                socket_connect_timeout=connect_timeout,
+                socket_timeout=socket_timeout,
+                retry=retry,
+                health_check_interval=15,
+            )
+        except ValueError as exc:
+            raise ConfigurationError(f"invalid Redis URL {_redact(url)!r}: {exc}") from exc
+        self._ready = False
+        self._known_queues: set[str] = set()
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Any:
+        """Build from ``redis://host:port/db?prefix=durq`` (also ``rediss://``, ``unix://``).
+
+        ``prefix`` is durq's; every other query parameter goes to redis-py."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ConfigurationError(f"not a Redis URL: {_redact(url)!r}")
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        prefix = DEFAULT_PREFIX
+        rest: list[tuple[str, str]] = []
+        for key, value in query:
+            if key == "prefix":
+                prefix = value
+            else:
+                rest.append((key, value))
+        clean = urlunsplit(parts._replace(query=urlencode(rest)))
+        return cls(clean, prefix=prefix, clock=clock)
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix of this broker."""
+        return self._keys.prefix
+
+    # -- connection -----------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Check the server once: reachable, a Redis, new enough, our layout version."""
+        if self._ready:
+            return
+        async with self._op("connect"):
+            info = await self._redis.info("server")
+            version = str(info.get("redis_version", "0"))
+            if _version(version) < MIN_REDIS_VERSION:
+                raise SchemaError(
+                    f"Redis {version} at {_redact(self._url)} is too old: durq needs Redis "
+                    f"{'.'.join(map(str, MIN_REDIS_VERSION))} or newer",
+                    operation="redis.connect",
+                )
+            raw: Any = await self._redis.get(self._keys.schema)
+            schema = None if raw is None else bytes(raw).decode()
+            if schema is not None and schema != SCHEMA_VERSION:
+                raise SchemaError(
+                    f"keys under prefix {self.prefix!r} use layout {schema}, "
+                    f"this durq uses {SCHEMA_VERSION}",
+                    operation="redis.connect",
+                )
+        self._ready = True
+
+    async def _ensure(self) -> None:
+        if not self._ready:
+            await self.connect()
+
+    async def migrate(self) -> list[str]:
+        """Redis needs no schema; this records the layout version under the prefix."""
+        await self.connect()
+        async with self._op("migrate"):
+            created = await self._redis.set(self._keys.schema, SCHEMA_VERSION, nx=True)
+        return [f"redis-layout-{SCHEMA_VERSION}"] if created else []
+
+    async def ping(self) -> None:
+        """One cheap round trip."""
+        async with self._op("ping"):
+            await self._redis.ping()
+
+    async def close(self) -> None:
+        """Close every connection of the pool (idempotent)."""
+        self._ready = False
+        try:
+            await self._redis.aclose()
+        except (rex.RedisError, OSError):  # closing a dead connection is not an error
+            pass
+
+    # -- calls ----------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _op(self, op: str) -> AsyncIterator[None]:
+        """Map redis-py and socket errors of one broker call onto durq's errors."""
+        operation = f"redis.{op}"
+        try:
+            yield
+        except DurqError:
+            raise
+        except (rex.AuthenticationError, rex.AuthorizationError, rex.NoPermissionError) as exc:
+            raise BrokerError(
+                f"Redis at {_redact(self._url)} refused the credentials: {exc}", operation=operation
+            ) from exc
+        except rex.BusyLoadingError as exc:
+            raise BrokerUnavailableError(
+                f"Redis at {_redact(self._url)} is loading its data set", operation=operation
+            ) from exc
+        except (TimeoutError, rex.ConnectionError, rex.TimeoutError, OSError) as exc:
+            raise BrokerUnavailableError(
+                f"Redis at {_redact(self._url)} is unavailable: {exc}", operation=operation
+            ) from exc
+        except rex.InvalidResponse as exc:
+            raise BrokerError(
+                f"the server at {_redact(self._url)} does not speak the Redis protocol: {exc}",
+                operation=operation,
+            ) from exc
+        except rex.RedisError as exc:
+            raise BrokerError(f"Redis refused {operation}: {exc}", operation=operation) from exc
+
+    async def _eval(self, name: str, keys: Sequence[str], args: Sequence[Scalar]) -> Any:
+        """Run one script by SHA, loading it first if the server does not know it (NOSCRIPT:
+        a restart without persistence of the script cache, SCRIPT FLUSH, a failover)."""
+        script = self._scripts[name]
+        argv = [_arg(a) for a in args]
+        try:
+            return await self._redis.evalsha(script.sha, len(keys), *keys, *argv)  # type: ignore[misc]
+        except rex.NoScriptError:
+            await self._redis.script_load(script.source)  # type: ignore[misc]
+            return await self._redis.evalsha(script.sha, len(keys), *keys, *argv)  # type: ignore[misc]
+
+    async def _eval_many(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Scalar]]]
+    ) -> list[Any]:
+        """Run several scripts in one round trip (a pipeline without MULTI: each script is
+        atomic on its own). Calls refused with NOSCRIPT did nothing, so they are re-run once
+        after loading their scripts."""
+        results: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in range(2):
+            pipe = self._redis.pipeline(transaction=False)
+            for i in todo:
+                name, keys, args = calls[i]
+                pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *[_arg(a) for a in args])
+            replies = await pipe.execute(raise_on_error=False)
+            missing: list[int] = []
+            for i, reply in zip(todo, replies, strict=True):
+                if isinstance(reply, rex.NoScriptError) and attempt == 0:
+                    missing.append(i)
+                elif isinstance(reply, Exception):
+                    raise reply
+                else:
+                    results[i] = reply
+            if not missing:
+                break
+            for name in {calls[i][0] for i in missing}:
+                await self._redis.script_load(self._scripts[name].source)  # type: ignore[misc]
+            todo = missing
+        return results
+
+    async def _remember_queues(self, queues: Sequence[str]) -> None:
+        """Add queues to the known set (once per queue per broker object)."""
+        new = [q for q in dict.fromkeys(queues) if q not in self._known_queues]
+        if new:
+            for q in new:
+                self._keys.queue(q)  # validates the name before it is stored
+            await self._redis.sadd(self._keys.queues, *new)  # type: ignore[misc]
+            self._known_queues.update(new)
+
+    async def _all_queues(self) -> list[str]:
+        members: Any = await self._redis.smembers(self._keys.queues)  # type: ignore[misc]
+        return sorted(bytes(m).decode() for m in members)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    out: list[int] = []
+    for part in text.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits or 0))
+    return tuple(out)
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url

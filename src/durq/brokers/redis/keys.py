@@ -1,0 +1,158 @@
+"""Every Redis key name durq uses, built here and nowhere else.
+
+Layout (``P`` is the prefix, default ``durq``; ``Q`` a queue name)::
+
+    P:schema                    string   storage layout version
+    P:queues                    set      known queue names
+    P:paused                    set      paused queue names (listing only; scripts read P:{Q}:paused)
+    P:workers                   zset     worker id by last heartbeat (broker clock)
+    P:worker:<worker id>        string   JSON WorkerInfo, with a TTL as garbage collection
+    P:{Q}:t:<task id>           hash     one task
+    P:{Q}:pending               zset     ready tasks by next_process_at (ties: enqueue order)
+    P:{Q}:scheduled             zset     by next_process_at
+    P:{Q}:retry                 zset     by next_process_at
+    P:{Q}:active                zset     by lease expiry
+    P:{Q}:completed             zset     by end of retention
+    P:{Q}:archived              zset     by time archived
+    P:{Q}:paused                string   present while the queue is paused
+    P:{Q}:seq                   string   enqueue counter (tie-break of the zsets)
+    P:{Q}:unique                hash     unique key -> "<task id>|<expires at>"
+    P:{Q}:stats                 hash     processed / failed totals
+    P:{Q}:stats:<YYYY-MM-DD>    hash     processed / failed of one UTC day
+    P:{Q}:notify                channel  pub/sub wake-ups (not a key)
+
+Every key of one queue carries the hash tag ``{Q}``, so each script touches one slot. Queue
+names, task ids and the prefix are checked here again (no braces, no glob characters, no
+whitespace), so a name can never move a key into another queue's or another prefix's space.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from functools import lru_cache
+
+from durq.errors import ConfigurationError, InvalidNameError
+from durq.names import check_queue, check_task_id
+
+#: The prefix is also used as a glob by cleanup tools, so glob characters are refused.
+_PREFIX = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+#: Worker ids are free-form (host names); unsafe characters are percent-escaped.
+_WORKER_UNSAFE = re.compile(r"[^A-Za-z0-9_.:\-@+=/]")
+#: Belt and braces on top of durq.names: these characters would change the hash tag or make a
+#: key name match another key's pattern.
+_FORBIDDEN = frozenset("{}*?[]\\ \t\r\n\x00")
+
+DEFAULT_PREFIX = "durq"
+
+
+def check_prefix(prefix: str) -> str:
+    """Return a valid key prefix or raise :class:`ConfigurationError`."""
+    if not _PREFIX.fullmatch(prefix):
+        raise ConfigurationError(
+            f"invalid Redis key prefix {prefix!r}: use 1-64 letters, digits, '_', '.' or '-'"
+        )
+    return prefix
+
+
+def _safe(value: str, what: str) -> str:
+    if _FORBIDDEN.intersection(value):
+        raise InvalidNameError(f"invalid {what} {value!r}")
+    return value
+
+
+def utc_day(ts: float) -> str:
+    """The UTC day of an epoch time, as used in daily counter keys."""
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d")
+
+
+class QueueKeys:
+    """The keys of one queue; all share the hash tag ``{queue}``."""
+
+    __slots__ = (
+        "active",
+        "archived",
+        "base",
+        "completed",
+        "name",
+        "notify",
+        "paused",
+        "pending",
+        "retry",
+        "scheduled",
+        "seq",
+        "stats",
+        "task_prefix",
+        "unique",
+    )
+
+    def __init__(self, prefix: str, queue: str) -> None:
+        self.name = _safe(check_queue(queue), "queue name")
+        self.base = f"{prefix}:{{{queue}}}"
+        self.pending = f"{self.base}:pending"
+        self.scheduled = f"{self.base}:scheduled"
+        self.retry = f"{self.base}:retry"
+        self.active = f"{self.base}:active"
+        self.completed = f"{self.base}:completed"
+        self.archived = f"{self.base}:archived"
+        self.paused = f"{self.base}:paused"
+        self.seq = f"{self.base}:seq"
+        self.unique = f"{self.base}:unique"
+        self.stats = f"{self.base}:stats"
+        self.notify = f"{self.base}:notify"
+        #: Scripts that discover task ids in a zset build the task key from this (same slot).
+        self.task_prefix = f"{self.base}:t:"
+
+    def task(self, task_id: str) -> str:
+        """The hash of one task."""
+        return self.task_prefix + _safe(check_task_id(task_id), "task id")
+
+    def stats_day(self, day: str) -> str:
+        """The daily counter hash for ``day`` (``YYYY-MM-DD``)."""
+        return f"{self.stats}:{day}"
+
+    def by_state(self, state: str) -> str:
+        """The zset that indexes tasks of ``state``."""
+        return {
+            "pending": self.pending,
+            "scheduled": self.scheduled,
+            "retry": self.retry,
+            "active": self.active,
+            "completed": self.completed,
+            "archived": self.archived,
+        }[state]
+
+
+class Keys:
+    """Key names under one prefix."""
+
+    def __init__(self, prefix: str = DEFAULT_PREFIX) -> None:
+        self.prefix = check_prefix(prefix)
+        self.schema = f"{prefix}:schema"
+        self.queues = f"{prefix}:queues"
+        self.paused = f"{prefix}:paused"
+        self.workers = f"{prefix}:workers"
+        #: Pattern of every queue's wake-up channel (PSUBSCRIBE); braces are literal in globs.
+        self.notify_pattern = f"{prefix}:{{*}}:notify"
+        self._queue = lru_cache(maxsize=1024)(self._make_queue)
+
+    def _make_queue(self, queue: str) -> QueueKeys:
+        return QueueKeys(self.prefix, queue)
+
+    def queue(self, queue: str) -> QueueKeys:
+        """The keys of ``queue`` (validated; cached)."""
+        return self._queue(queue)
+
+    def worker(self, worker_id: str) -> str:
+        """The record of one worker process."""
+        if not worker_id:
+            raise InvalidNameError("worker id must be a non-empty string")
+        escaped = _WORKER_UNSAFE.sub(lambda m: f"%{ord(m.group()):02X}", worker_id)
+        return f"{self.prefix}:worker:{escaped}"
+
+    def queue_of_channel(self, channel: str) -> str | None:
+        """The queue a wake-up channel belongs to, or ``None`` if it is not one of ours."""
+        head, tail = f"{self.prefix}:{{", "}:notify"
+        if channel.startswith(head) and channel.endswith(tail):
+            return channel[len(head) : -len(tail)]
+        return None

@@ -1,0 +1,55 @@
+"""The Lua scripts of ``scripts/``: read once, called by SHA (EVALSHA), reloaded on NOSCRIPT.
+
+Each operation is one file; ``_lib.lua`` (shared helpers) is prepended to each at load time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+#: One script per state change; the file name without ``.lua``.
+SCRIPT_NAMES = (
+    "enqueue",
+    "claim",
+    "extend",
+    "complete",
+    "retry",
+    "archive",
+    "requeue",
+    "promote",
+    "rescue",
+    "janitor",
+    "admin_run",
+    "admin_archive",
+    "admin_delete",
+    "admin_cancel",
+    "admin_run_all",
+    "admin_delete_all",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LuaScript:
+    """One operation's source (with the shared helpers) and its SHA1."""
+
+    name: str
+    source: bytes
+    sha: str
+
+
+def _read(name: str) -> str:
+    return (resources.files("durq.brokers.redis") / "scripts" / f"{name}.lua").read_text("utf-8")
+
+
+@cache
+def load_scripts() -> dict[str, LuaScript]:
+    """Every script by name, read from the package once per process."""
+    lib = _read("_lib")
+    out: dict[str, LuaScript] = {}
+    for name in SCRIPT_NAMES:
+        source = (lib + "\n" + _read(name)).encode("utf-8")
+        out[name] = LuaScript(name, source, hashlib.sha1(source, usedforsecurity=False).hexdigest())
+    return out

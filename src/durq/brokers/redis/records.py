@@ -1,0 +1,62 @@
+"""Decoding of task hashes (as HGETALL returns them) into :class:`~durq.task.TaskInfo`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from durq.clock import to_datetime
+from durq.states import TaskState
+from durq.task import TaskInfo
+
+
+def pairs(flat: Sequence[Any] | dict[Any, Any]) -> dict[str, bytes]:
+    """A flat ``[field, value, ...]`` reply (or an HGETALL dict) as ``{field: value}``."""
+    if isinstance(flat, dict):
+        return {_s(k): v for k, v in flat.items()}
+    return {_s(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def _opt_str(h: dict[str, bytes], name: str) -> str | None:
+    value = h.get(name)
+    return None if value is None else _s(value)
+
+
+def _opt_float(h: dict[str, bytes], name: str) -> float | None:
+    value = h.get(name)
+    return None if value is None or value == b"" else float(value)
+
+
+def task_info(queue: str, flat: Sequence[Any] | dict[Any, Any]) -> TaskInfo:
+    """Build the TaskInfo of one task hash of ``queue``."""
+    h = pairs(flat)
+    headers_raw = h.get("headers")
+    headers: dict[str, str] = json.loads(headers_raw) if headers_raw else {}
+    return TaskInfo(
+        id=_s(h["id"]),
+        queue=queue,
+        type=_s(h["type"]),
+        raw_payload=bytes(h["payload"]),
+        state=TaskState(_s(h["state"])),
+        max_retry=int(h["max_retry"]),
+        retried=int(h.get("retried", 0)),
+        last_error=_opt_str(h, "last_error"),
+        timeout=_opt_float(h, "timeout"),
+        deadline=to_datetime(_opt_float(h, "deadline")),
+        next_process_at=to_datetime(_opt_float(h, "npa")),
+        enqueued_at=to_datetime(_opt_float(h, "enqueued_at")),
+        completed_at=to_datetime(_opt_float(h, "completed_at")),
+        raw_result=bytes(h["result"]) if "result" in h else None,
+        retention=float(h.get("retention", 0.0)),
+        lost=int(h.get("lost", 0)),
+        headers=headers,
+        started_at=to_datetime(_opt_float(h, "started_at")),
+        lease_expires_at=to_datetime(_opt_float(h, "lease_expires_at")),
+        worker_id=_opt_str(h, "worker_id"),
+        cancel_requested=h.get("cancel") == b"1",
+    )

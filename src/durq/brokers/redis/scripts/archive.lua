@@ -1,0 +1,23 @@
+-- archive: give up on an active task (retries used up, SkipRetry, cancelled).
+--
+-- KEYS[1] task hash      KEYS[2] active zset      KEYS[3] archived zset
+-- KEYS[4] unique hash    KEYS[5] stats hash       KEYS[6] stats hash of the day
+-- ARGV[1] fencing token  ARGV[2] now              ARGV[3] error
+-- ARGV[4] "1" to count the attempt (retried + 1 and the counters)
+-- ARGV[5] TTL of the daily counters (s)
+-- Returns 1, or 0 (nothing changed) when the lease is no longer held.
+-- Complexity: O(log n).
+local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm')
+if cur[1] ~= 'active' or cur[2] ~= ARGV[1] then
+  return 0
+end
+redis.call('ZREM', KEYS[2], cur[3])
+free_unique(KEYS[4], KEYS[1])
+redis.call('HSET', KEYS[1], 'state', 'archived', 'last_error', ARGV[3], 'archived_at', ARGV[2])
+redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel')
+redis.call('ZADD', KEYS[3], ARGV[2], cur[3])
+if ARGV[4] == '1' then
+  redis.call('HINCRBY', KEYS[1], 'retried', 1)
+  count(KEYS[5], KEYS[6], ARGV[5], 1, 1)
+end
+return 1

@@ -1,0 +1,28 @@
+-- complete: the handler returned. Completed with its result for the retention, or deleted.
+--
+-- KEYS[1] task hash      KEYS[2] active zset      KEYS[3] completed zset
+-- KEYS[4] unique hash    KEYS[5] stats hash       KEYS[6] stats hash of the day
+-- ARGV[1] fencing token  ARGV[2] now              ARGV[3] retention ("0" = delete)
+-- ARGV[4] retention end  ARGV[5] "1" if a result follows    ARGV[6] result
+-- ARGV[7] TTL of the daily counters (s)
+-- Returns 1, or 0 (nothing changed) when the lease is no longer held.
+-- Complexity: O(log n).
+local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm')
+if cur[1] ~= 'active' or cur[2] ~= ARGV[1] then
+  return 0
+end
+redis.call('ZREM', KEYS[2], cur[3])
+free_unique(KEYS[4], KEYS[1])
+if tonumber(ARGV[3]) > 0 then
+  redis.call('HSET', KEYS[1], 'state', 'completed', 'completed_at', ARGV[2],
+    'expires_at', ARGV[4], 'retention', ARGV[3])
+  redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel', 'result')
+  if ARGV[5] == '1' then
+    redis.call('HSET', KEYS[1], 'result', ARGV[6])
+  end
+  redis.call('ZADD', KEYS[3], ARGV[4], cur[3])
+else
+  redis.call('DEL', KEYS[1])
+end
+count(KEYS[5], KEYS[6], ARGV[7], 1, 0)
+return 1
