@@ -1,0 +1,450 @@
+"""Periodic tasks (P1): schedules, entries and the registry an app keeps of them.
+
+A schedule is a cron expression in a time zone (parsed by ``croniter``) or ``@every <duration>``.
+Each tick is one task with the id ``periodic:<entry name>:<tick epoch>``: every scheduler
+computes the same id for the same tick, and the broker's task-id rule (E3) refuses all but the
+first enqueue. That is the whole coordination between schedulers; no locks, no leader.
+
+The scheduler service that enqueues due ticks is :mod:`durq.worker.periodic`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from durq import codec, durations, names
+from durq.errors import ConfigurationError, ValidationError
+from durq.options import Duration, EnqueueRequest
+
+if TYPE_CHECKING:
+    from durq.app import App, TaskDef
+    from durq.brokers.base import EnqueueParams
+
+MissedPolicy = Literal["skip", "run_once"]
+MISSED_POLICIES: tuple[str, ...] = ("skip", "run_once")
+
+#: Header names put on every periodic task (the handler sees them in ``ctx.headers``).
+HEADER_ENTRY = "durq-periodic"
+HEADER_TICK = "durq-periodic-tick"
+
+#: A late tick is still enqueued under ``missed="skip"`` when it is at most this old.
+DEFAULT_TOLERANCE = 60.0
+
+_EVERY = re.compile(r"^@every\s+(\S+)$")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def tick_task_id(entry_name: str, tick: float) -> str:
+    """The task id of one tick of an entry; the same on every scheduler."""
+    return f"periodic:{entry_name}:{int(tick)}"
+
+
+# -- schedules ----------------------------------------------------------------------------------
+
+
+class Schedule(Protocol):
+    """When an entry is due. Ticks are whole epoch seconds."""
+
+    @property
+    def spec(self) -> str:
+        """The schedule as written."""
+
+    def next_after(self, ts: float) -> float:
+        """The first tick strictly after ``ts``."""
+
+    def latest(self, ts: float) -> float | None:
+        """The last tick at or before ``ts`` (``None`` if there is none)."""
+
+
+@dataclass(frozen=True)
+class Every:
+    """``@every 30s``: ticks at whole multiples of the interval since the Unix epoch.
+
+    Anchoring at the epoch (not at process start) is what lets independent schedulers agree
+    on the ticks. Time zones do not apply."""
+
+    spec: str
+    interval: int
+
+    def next_after(self, ts: float) -> float:
+        return float((math.floor(ts / self.interval) + 1) * self.interval)
+
+    def latest(self, ts: float) -> float | None:
+        return float(math.floor(ts / self.interval) * self.interval)
+
+
+@dataclass(frozen=True)
+class Cron:
+    """A cron expression evaluated in a time zone, DST included (see ``docs/periodic.md``).
+
+    * Spring forward: a wall time that does not exist that day (02:30 in the skipped hour)
+      fires once, at the first instant after the gap (03:00).
+    * Fall back: an expression whose hour field is a wildcard (``0 * * * *``, ``*/10 * * * *``)
+      fires in both copies of the repeated hour, as real time passes. One with fixed hours
+      (``30 2 * * *``) fires once, in the first copy, like ISC cron.
+    """
+
+    spec: str
+    tz: ZoneInfo
+
+    @property
+    def _fixed_hours(self) -> bool:
+        fields = self.spec.split()
+        return not self.spec.startswith("@") and len(fields) >= 2 and not fields[1].startswith("*")
+
+    def _raw_next(self, ts: float) -> float:
+        from croniter import croniter
+
+        return float(croniter(self.spec, datetime.fromtimestamp(ts, self.tz)).get_next(float))
+
+    def _repeated_wall_time(self, ts: float) -> bool:
+        """``ts`` is the second copy of a wall time repeated when clocks fall back."""
+        local = datetime.fromtimestamp(ts, self.tz)
+        return local.fold == 1 and local.replace(fold=0).utcoffset() != local.utcoffset()
+
+    def next_after(self, ts: float) -> float:
+        tick = self._raw_next(ts)
+        while self._fixed_hours and self._repeated_wall_time(tick):
+            tick = self._raw_next(tick)
+        return tick
+
+    def latest(self, ts: float) -> float | None:
+        from croniter import croniter
+
+        # get_prev gives an anchor two ticks back; stepping forward with next_after keeps
+        # one source of truth for what the ticks are (the DST rules above).
+        it = croniter(self.spec, datetime.fromtimestamp(ts + 1, self.tz))
+        try:
+            anchor = float(it.get_prev(float))
+            anchor = float(it.get_prev(float))
+        except Exception:  # croniter gives up on expressions with no past tick
+            return None
+        prev: float | None = None
+        tick = anchor - 1
+        for _ in range(1000):
+            tick = self.next_after(tick)
+            if tick > ts:
+                return prev
+            prev = tick
+        return prev
+
+
+def resolve_tz(tz: str | ZoneInfo | None) -> ZoneInfo:
+    """A :class:`ZoneInfo` from a name (``None``: UTC); ConfigurationError for unknown names."""
+    if isinstance(tz, ZoneInfo):
+        return tz
+    name = tz or "UTC"
+    if not isinstance(name, str):
+        raise ConfigurationError(f"tz must be an IANA time zone name, got {tz!r}")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ConfigurationError(
+            f"unknown time zone {name!r}: use an IANA name such as 'Europe/Moscow' or 'UTC'"
+        ) from exc
+
+
+def parse_schedule(spec: str, tz: str | ZoneInfo | None = None) -> Schedule:
+    """Parse ``"*/5 * * * *"``, ``"@daily"`` or ``"@every 30s"``; ConfigurationError if invalid."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigurationError("a periodic schedule must be a non-empty cron expression")
+    spec = " ".join(spec.split())
+    zone = resolve_tz(tz)
+    every = _EVERY.match(spec)
+    if every:
+        try:
+            seconds = durations.parse(every.group(1))
+        except ValidationError as exc:
+            raise ConfigurationError(f"invalid schedule {spec!r}: {exc}") from None
+        if seconds < 1 or seconds != int(seconds):
+            raise ConfigurationError(
+                f"invalid schedule {spec!r}: @every needs a whole number of seconds >= 1"
+            )
+        return Every(spec, int(seconds))
+    if spec.startswith("@every"):
+        raise ConfigurationError(f"invalid schedule {spec!r}: write '@every 30s', '@every 5m'")
+    try:
+        from croniter import croniter
+    except ImportError as exc:  # pragma: no cover - croniter is in the periodic extra
+        raise ConfigurationError(
+            "cron schedules need croniter: pip install 'durq[periodic]'"
+        ) from exc
+    if spec.lower() == "@reboot" or not croniter.is_valid(spec):
+        raise ConfigurationError(
+            f"invalid cron expression {spec!r}: expected 5 fields "
+            "'minute hour day-of-month month day-of-week' (e.g. '*/5 * * * *'), "
+            "@hourly/@daily/@weekly/@monthly/@yearly, or '@every 30s'"
+        )
+    return Cron(spec, zone)
+
+
+def max_gap(schedule: Schedule, start: float, samples: int = 64) -> float:
+    """The longest time between consecutive ticks over the next ``samples`` ticks."""
+    if isinstance(schedule, Every):
+        return float(schedule.interval)
+    gap, tick = 0.0, schedule.next_after(start)
+    for _ in range(samples):
+        following = schedule.next_after(tick)
+        gap = max(gap, following - tick)
+        tick = following
+    return gap
+
+
+# -- entries ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeriodicEntry:
+    """One declared schedule: enqueue task ``type`` with ``payload`` at every tick."""
+
+    name: str
+    schedule: Schedule
+    type: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    #: ``None``: the task type's queue (or the app's default queue).
+    queue: str | None = None
+    missed: MissedPolicy = "skip"
+    tolerance: float = DEFAULT_TOLERANCE
+    #: How long a finished tick's task is kept; it is what refuses a late duplicate enqueue.
+    retention: float = 0.0
+    max_retry: int | None = None
+    timeout: float | None = None
+
+    @property
+    def spec(self) -> str:
+        return self.schedule.spec
+
+    @property
+    def tz(self) -> str:
+        return str(self.schedule.tz) if isinstance(self.schedule, Cron) else "UTC"
+
+    def task_id(self, tick: float) -> str:
+        return tick_task_id(self.name, tick)
+
+    def request(self, tick: float) -> EnqueueRequest:
+        """The enqueue request for one tick (pending now; id derived from the tick)."""
+        return EnqueueRequest(
+            self.type,
+            dict(self.payload),
+            queue=self.queue,
+            task_id=self.task_id(tick),
+            max_retry=self.max_retry,
+            timeout=self.timeout,
+            retention=self.retention,
+            headers={HEADER_ENTRY: self.name, HEADER_TICK: str(int(tick))},
+        )
+
+    def due(self, now: float, last: float | None) -> float | None:
+        """The tick to enqueue at ``now``, given the last tick already handled, or ``None``.
+
+        Only the latest due tick is ever a candidate, so a long outage or a clock jump
+        forward yields one enqueue, not a burst. ``skip`` drops it when it is older than
+        ``tolerance``; ``run_once`` enqueues it whatever its age (one catch-up)."""
+        latest = self.schedule.latest(now)
+        if latest is None or (last is not None and latest <= last):
+            return None
+        if self.missed == "skip" and now - latest > self.tolerance:
+            return None
+        return latest
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "schedule": self.spec,
+            "tz": self.tz,
+            "type": self.type,
+            "queue": self.queue,
+            "payload": self.payload,
+            "missed": self.missed,
+            "tolerance": self.tolerance,
+            "retention": self.retention,
+        }
+
+
+class PeriodicRegistry:
+    """The periodic entries of one app (``app.schedules``); use ``app.periodic`` and friends."""
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+        self._entries: dict[str, PeriodicEntry] = {}
+
+    def __iter__(self) -> Iterator[PeriodicEntry]:
+        return iter(list(self._entries.values()))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def get(self, name: str) -> PeriodicEntry:
+        """The entry called ``name``; ``KeyError`` if there is none."""
+        return self._entries[name]
+
+    def add(
+        self,
+        schedule: str,
+        type: str,
+        *,
+        payload: Any = None,
+        queue: str | None = None,
+        tz: str | ZoneInfo | None = None,
+        missed: str = "skip",
+        tolerance: Duration | None = None,
+        retention: Duration | None = None,
+        max_retry: int | None = None,
+        timeout: Duration | None = None,
+        name: str | None = None,
+    ) -> PeriodicEntry:
+        """Declare a schedule for task ``type``; everything is validated here, not at the tick.
+
+        ``name`` (default: the type) names the entry in task ids and ``durq periodic ls``;
+        keep it stable, since renaming it changes the ids of future ticks. ``retention``
+        defaults to the longest gap between ticks plus ``tolerance``."""
+        parsed = parse_schedule(schedule, tz)
+        try:
+            names.check_type(type)
+            entry_name = names.check_type(name or type)
+            if queue is not None:
+                names.check_queue(queue)
+        except ValidationError as exc:
+            raise ConfigurationError(f"periodic {schedule!r}: {exc}") from None
+        if entry_name in self._entries:
+            raise ConfigurationError(
+                f"periodic entry {entry_name!r} is declared twice: give each one a name="
+            )
+        if missed not in MISSED_POLICIES:
+            raise ConfigurationError(f"missed={missed!r} is not a policy: use 'skip' or 'run_once'")
+        try:
+            grace = durations.seconds(tolerance)
+            keep = durations.seconds(retention)
+            limit = durations.seconds(timeout)
+            data = codec.to_jsonable(payload if payload is not None else {})
+            codec.encode_payload(data, max_bytes=self._app.max_payload)
+        except ValidationError as exc:
+            raise ConfigurationError(f"periodic {entry_name!r}: {exc}") from None
+        grace = DEFAULT_TOLERANCE if grace is None else grace
+        if keep is None:
+            keep = max_gap(parsed, self._app.clock.now()) + grace
+        entry = PeriodicEntry(
+            name=entry_name,
+            schedule=parsed,
+            type=type,
+            payload=cast(dict[str, Any], data),
+            queue=queue,
+            missed=cast(MissedPolicy, missed),
+            tolerance=grace,
+            retention=keep,
+            max_retry=max_retry,
+            timeout=limit,
+        )
+        if type in self._app.tasks:
+            self.params(entry, 0.0)  # typed payloads are checked against the model now
+        self._entries[entry_name] = entry
+        return entry
+
+    def params(self, entry: PeriodicEntry, tick: float) -> EnqueueParams:
+        """Validated broker params for one tick (ConfigurationError if the entry is unusable)."""
+        try:
+            return self._app.params(entry.request(tick))
+        except ValidationError as exc:
+            raise ConfigurationError(f"periodic {entry.name!r}: {exc}") from None
+
+    def decorator(
+        self, schedule: str, *, type: str | None = None, **options: Any
+    ) -> Callable[[Any], TaskDef[Any, Any]]:
+        """``@app.periodic("*/5 * * * *", tz=...)``: register the handler (if it is not a task
+        yet) and a schedule for it. Task options (``max_retry``, ``timeout``, ``queue``…) go
+        to :meth:`durq.App.task`; the rest to :meth:`add`."""
+        from durq.app import TaskDef
+
+        schedule_keys = {"payload", "tz", "missed", "tolerance", "retention", "name", "queue"}
+        entry_options = {k: v for k, v in options.items() if k in schedule_keys}
+        task_options = {k: v for k, v in options.items() if k not in schedule_keys}
+        if "queue" in options:
+            task_options["queue"] = options["queue"]
+        # Fail on a bad schedule before registering anything.
+        parse_schedule(schedule, options.get("tz"))
+
+        def register(fn: Any) -> TaskDef[Any, Any]:
+            if isinstance(fn, TaskDef):
+                if task_options.keys() - {"queue"}:
+                    raise ConfigurationError(
+                        f"{fn.type!r} is already a task: give its options to @app.task"
+                    )
+                task_def: TaskDef[Any, Any] = fn
+            else:
+                task_type = str(type or getattr(fn, "__name__", ""))
+                task_def = self._app.task(task_type, **task_options)(fn)
+            try:
+                self.add(schedule, task_def.type, **entry_options)
+            except Exception:
+                if not isinstance(fn, TaskDef):  # leave no half-declared task behind
+                    self._app.tasks.pop(task_def.type, None)
+                raise
+            return task_def
+
+        return register
+
+    def load(self, source: str | Path | Mapping[str, Any]) -> list[PeriodicEntry]:
+        """Add entries from a TOML file (or its parsed mapping)::
+
+        [[periodic]]
+        cron = "*/5 * * * *"          # or schedule = "@every 30s"
+        type = "reports:refresh"
+        tz = "Europe/Moscow"
+        payload = { region = "eu" }
+        missed = "run_once"
+        """
+        if isinstance(source, Mapping):
+            data: Mapping[str, Any] = source
+            where = "periodic config"
+        else:
+            where = str(source)
+            try:
+                data = tomllib.loads(Path(source).read_text(encoding="utf-8"))
+            except OSError as exc:
+                raise ConfigurationError(f"cannot read {where}: {exc}") from exc
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigurationError(f"{where} is not valid TOML: {exc}") from exc
+        items = data.get("periodic", [])
+        if not isinstance(items, list):
+            raise ConfigurationError(f"{where}: 'periodic' must be an array of tables")
+        allowed = {
+            "cron", "schedule", "type", "payload", "queue", "tz", "missed", "tolerance",
+            "retention", "max_retry", "timeout", "name",
+        }  # fmt: skip
+        added = []
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise ConfigurationError(f"{where}: periodic[{i}] must be a table")
+            unknown = set(item) - allowed
+            if unknown:
+                raise ConfigurationError(
+                    f"{where}: periodic[{i}] has unknown keys {sorted(unknown)}"
+                )
+            options = dict(item)
+            spec = options.pop("cron", None) or options.pop("schedule", None)
+            task_type = options.pop("type", None)
+            if not spec or not task_type:
+                raise ConfigurationError(f"{where}: periodic[{i}] needs 'cron' and 'type'")
+            added.append(self.add(spec, task_type, **options))
+        return added
+
+
+def next_runs(entry: PeriodicEntry, now: float, count: int = 1) -> list[datetime]:
+    """The next ``count`` ticks after ``now`` as aware datetimes in the entry's zone."""
+    zone = entry.schedule.tz if isinstance(entry.schedule, Cron) else ZoneInfo("UTC")
+    out, tick = [], now
+    for _ in range(count):
+        tick = entry.schedule.next_after(tick)
+        out.append(datetime.fromtimestamp(tick, zone))
+    return out

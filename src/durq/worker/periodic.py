@@ -1,0 +1,114 @@
+"""The periodic scheduler service (P1): enqueues each due tick of the app's schedules.
+
+It keeps no state that matters: the last tick it handled per entry lives in memory only to
+avoid needless round trips. After a restart it simply tries the most recent due tick again;
+the tick's task id (``periodic:<entry>:<epoch>``) makes that enqueue idempotent, and the
+broker's :class:`~durq.errors.TaskIDConflictError` (E3) is the "already done" answer. Any
+number of these services, in any number of processes, enqueue each tick exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from durq.errors import ConfigurationError, TaskIDConflictError
+from durq.periodic import PeriodicEntry
+from durq.worker.service import PeriodicService
+
+if TYPE_CHECKING:
+    from durq.app import App
+    from durq.brokers.base import Broker
+
+log = logging.getLogger("durq.scheduler")
+
+
+class PeriodicScheduler(PeriodicService):
+    """Checks the app's periodic entries and enqueues due ticks.
+
+    It wakes at the next due tick, and at least every ``max_interval`` seconds so that a
+    jump of the wall clock is noticed promptly. ``broker``: the connection to enqueue on
+    (a worker passes its own); default: the app's broker for the running loop."""
+
+    name = "scheduler"
+
+    def __init__(
+        self,
+        app: App,
+        broker: Broker | None = None,
+        *,
+        max_interval: float = 1.0,
+        min_interval: float = 0.01,
+    ) -> None:
+        super().__init__(max_interval)
+        self.app = app
+        self.broker = broker
+        self.max_interval = max_interval
+        self.min_interval = min_interval
+        #: The last tick handled per entry name (enqueued, found enqueued, or skipped).
+        self.last: dict[str, float] = {}
+        #: Ticks this instance created (not those another scheduler created first).
+        self.enqueued = 0
+
+    async def _broker(self) -> Broker:
+        if self.broker is None:
+            self.broker = await self.app.broker()
+        return self.broker
+
+    async def tick(self) -> None:
+        now = self.app.clock.now()
+        try:
+            for entry in self.app.schedules:
+                await self.check(entry, now)
+        finally:
+            self._plan_wake(self.app.clock.now())
+
+    async def check(self, entry: PeriodicEntry, now: float) -> str | None:
+        """Enqueue ``entry``'s due tick, if any. Returns ``"enqueued"``, ``"exists"``,
+        ``"skipped"`` or ``None`` (nothing due)."""
+        last = self.last.get(entry.name)
+        latest = entry.schedule.latest(now)
+        if latest is None or (last is not None and latest <= last):
+            return None
+        tick = entry.due(now, last)
+        if tick is None:
+            # Only the skip policy drops a tick: it is older than the entry's tolerance.
+            self.last[entry.name] = latest
+            log.warning(
+                "periodic %s: tick %d missed by %.0fs (missed=skip); waiting for the next",
+                entry.name,
+                int(latest),
+                now - latest,
+            )
+            return "skipped"
+        try:
+            params = self.app.schedules.params(entry, tick)
+        except ConfigurationError:
+            # E.g. a payload that no longer fits the task's model: fail loudly, once a tick.
+            self.last[entry.name] = tick
+            log.exception("periodic %s: cannot enqueue tick %d", entry.name, int(tick))
+            return None
+        broker = await self._broker()
+        try:
+            # BrokerUnavailableError propagates: ``last`` is unchanged and the next round
+            # tries the same tick again (subject to the missed policy).
+            await broker.enqueue(params)
+        except TaskIDConflictError:
+            self.last[entry.name] = tick
+            return "exists"  # another scheduler (or this one before a restart) was first
+        self.last[entry.name] = tick
+        self.enqueued += 1
+        log.info(
+            "periodic %s: enqueued tick %d as task %s (late by %.2fs)",
+            entry.name,
+            int(tick),
+            params.id,
+            now - tick,
+        )
+        return "enqueued"
+
+    def _plan_wake(self, now: float) -> None:
+        # PeriodicService waits ``interval`` between ticks: aim it at the next due tick.
+        upcoming = [e.schedule.next_after(now) for e in self.app.schedules]
+        wait = min(upcoming, default=now + self.max_interval) - now
+        self.interval = min(self.max_interval, max(self.min_interval, wait))
