@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-from durq import backoff, durations
+from durq import backoff, durations, webhooks
 from durq.brokers import FullBroker, open_broker, resolve_url
 from durq.brokers.base import EnqueueOutcome, EnqueueParams
 from durq.clock import SYSTEM_CLOCK, Clock
@@ -18,6 +19,7 @@ from durq.errors import BrokerUnavailableError, ConfigurationError
 from durq.names import check_queue, check_type
 from durq.options import Duration, EnqueueRequest, Moment, TaskDefaults, build_params
 from durq.payloads import HandlerShape, inspect_handler, validate
+from durq.periodic import PeriodicEntry, PeriodicRegistry
 from durq.sync import SyncRunner
 from durq.task import TaskInfo
 
@@ -89,6 +91,7 @@ class App:
         clock: Clock = SYSTEM_CLOCK,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         default_queue: str = "default",
+        webhook_secret: str | None = None,
     ) -> None:
         self.clock = clock
         self.max_payload = max_payload
@@ -113,6 +116,10 @@ class App:
         )
         self._sync: SyncRunner | None = None
         self._inspector: Inspector | None = None
+        # -- periodic tasks and webhooks (durq.periodic, durq.webhooks) --
+        #: The periodic entries that schedulers of this app enqueue (P1).
+        self.schedules = PeriodicRegistry(self)
+        webhooks.install(self, webhook_secret)  # only with a secret (or DURQ_WEBHOOK_SECRET)
 
     # -- registry ---------------------------------------------------------------------------
 
@@ -150,6 +157,24 @@ class App:
             return task_def
 
         return decorator
+
+    # -- periodic tasks (durq.periodic) -------------------------------------------------------
+
+    def periodic(self, schedule: str, **options: Any) -> Callable[[Any], TaskDef[Any, Any]]:
+        """Run the decorated handler on a schedule: ``@app.periodic("*/5 * * * *",
+        tz="Europe/Moscow")`` or ``@app.periodic("@every 30s")``. Registers the task type
+        (``type=``, default the function name) unless given a task; see
+        :meth:`durq.periodic.PeriodicRegistry.decorator` for the options."""
+        return self.schedules.decorator(schedule, **options)
+
+    def add_periodic(self, schedule: str, type: str, **options: Any) -> PeriodicEntry:
+        """Declare a schedule for an existing task type (``payload=``, ``queue=``, ``tz=``,
+        ``missed="skip"|"run_once"``, ``name=``…); see :meth:`durq.periodic.PeriodicRegistry.add`."""
+        return self.schedules.add(schedule, type, **options)
+
+    def load_periodic(self, path: str | os.PathLike[str]) -> list[PeriodicEntry]:
+        """Declare the ``[[periodic]]`` entries of a TOML file."""
+        return self.schedules.load(os.fspath(path))
 
     # -- brokers ----------------------------------------------------------------------------
 
@@ -222,7 +247,7 @@ class App:
             for hook in self.header_hooks:
                 hook(headers)
             params = replace(params, headers=headers)
-        return params
+        return webhooks.prepare(params)  # a webhook header: valid URL, result kept to send
 
     async def enqueue(
         self,
@@ -240,6 +265,7 @@ class App:
         unique: Duration | None = None,
         headers: Mapping[str, str] | None = None,
         connection: Any = None,
+        webhook: str | None = None,
     ) -> TaskInfo:
         """Enqueue one task and return its :class:`TaskInfo` (E1).
 
@@ -247,7 +273,11 @@ class App:
         :class:`~durq.DuplicateTaskError` within a ``unique`` ttl (E4),
         :class:`~durq.PayloadError` for a bad payload (E6) and
         :class:`~durq.BrokerUnavailableError` when the broker cannot be reached (E7).
-        ``connection``: an open SQL connection whose transaction the task joins (E8)."""
+        ``connection``: an open SQL connection whose transaction the task joins (E8).
+        ``webhook``: an http(s) URL that receives the result or final error by signed POST
+        (see :mod:`durq.webhooks`); ValidationError for any other URL."""
+        if webhook is not None:
+            headers = webhooks.with_webhook(headers, webhook)
         request = EnqueueRequest(
             type.type if isinstance(type, TaskDef) else type,
             payload,

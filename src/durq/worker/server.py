@@ -23,6 +23,7 @@ from durq.worker.fetcher import Fetcher
 from durq.worker.heartbeat import Heartbeat
 from durq.worker.hooks import WorkerHooks
 from durq.worker.maintenance import Janitor, Promoter, Rescuer
+from durq.worker.periodic import PeriodicScheduler
 from durq.worker.service import PeriodicService
 
 if TYPE_CHECKING:
@@ -61,6 +62,8 @@ class Worker:
       default: every queue named by a registered task, weight 1.
     * ``strict``: empty higher-weight queues first instead of weighted picking (W8).
     * ``concurrency``: attempts at once (W2). ``shutdown_timeout``: grace for running tasks.
+    * ``scheduler``: also enqueue the app's periodic tasks (default ``True``; any number of
+      workers may do so, each tick is enqueued once).
     * ``lease_seconds``: how long a claim holds without a heartbeat; a dead worker's tasks
       run again after it (W1). ``max_lost``: worker losses before a task is archived.
     """
@@ -82,6 +85,7 @@ class Worker:
         max_lost: int = 3,
         hooks: Sequence[WorkerHooks] = (),
         services: Sequence[PeriodicService] = (),
+        scheduler: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1")
@@ -101,6 +105,8 @@ class Worker:
         self.max_lost = max_lost
         self.hooks = [*app.worker_hooks, *hooks]
         self.extra_services = list(services)
+        #: Run the periodic scheduler (P1) when the app has schedules; see durq.worker.periodic.
+        self.scheduler = scheduler
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.started_at = 0.0
         self.broker: FullBroker | None = None
@@ -147,6 +153,8 @@ class Worker:
             Janitor(broker, self.janitor_interval),
             *self.extra_services,
         ]
+        if self.scheduler and len(self.app.schedules):
+            self._services.append(PeriodicScheduler(self.app, broker))
         for service in self._services:
             service.start()
         self._fetcher = Fetcher(
