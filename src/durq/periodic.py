@@ -448,3 +448,66 @@ def next_runs(entry: PeriodicEntry, now: float, count: int = 1) -> list[datetime
         tick = entry.schedule.next_after(tick)
         out.append(datetime.fromtimestamp(tick, zone))
     return out
+
+
+@dataclass(frozen=True)
+class EntryStatus:
+    """One entry as ``durq periodic ls`` shows it."""
+
+    entry: PeriodicEntry
+    queue: str
+    next_run: datetime
+    #: The most recent tick found in the broker, its task id, when it was enqueued, its state.
+    last_tick: datetime | None = None
+    last_task_id: str | None = None
+    last_enqueued_at: datetime | None = None
+    last_state: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        def iso(dt: datetime | None) -> str | None:
+            return dt.isoformat() if dt else None
+
+        return {
+            **self.entry.to_dict(),
+            "queue": self.queue,
+            "next_run": iso(self.next_run),
+            "last_tick": iso(self.last_tick),
+            "last_task_id": self.last_task_id,
+            "last_enqueued_at": iso(self.last_enqueued_at),
+            "last_state": self.last_state,
+        }
+
+
+async def status(app: App, *, lookback: int = 2) -> list[EntryStatus]:
+    """Every entry of ``app`` with its next run and last enqueue.
+
+    The last enqueue is read from the broker: the task of one of the ``lookback`` most recent
+    ticks, found by its computed id. It is visible while that task exists (pending, running,
+    failed, or completed within the entry's retention)."""
+    from durq.errors import TaskNotFoundError
+
+    now = app.clock.now()
+    out = []
+    for entry in app.schedules:
+        queue = app.schedules.params(entry, 0.0).queue
+        zone = entry.schedule.tz if isinstance(entry.schedule, Cron) else ZoneInfo("UTC")
+        found: dict[str, Any] = {}
+        tick = entry.schedule.latest(now)
+        for _ in range(lookback):
+            if tick is None:
+                break
+            try:
+                info = await app.inspector.get_task_info(queue, entry.task_id(tick))
+            except TaskNotFoundError:
+                tick = entry.schedule.latest(tick - 1)
+                continue
+            found = {
+                "last_tick": datetime.fromtimestamp(tick, zone),
+                "last_task_id": info.id,
+                "last_enqueued_at": info.enqueued_at,
+                "last_state": info.state.value,
+            }
+            break
+        next_run = datetime.fromtimestamp(entry.schedule.next_after(now), zone)
+        out.append(EntryStatus(entry, queue, next_run, **found))
+    return out

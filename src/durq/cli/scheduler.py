@@ -1,0 +1,124 @@
+"""``durq scheduler APP`` (enqueue periodic tasks, no handlers) and ``durq periodic ls APP``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from typing import Annotated
+
+import typer
+
+from durq.app import App
+from durq.brokers import open_broker
+from durq.cli.common import BrokerOpt, JsonOpt, UsageFailure, console, fmt_time, print_json
+from durq.cli.worker import load_app
+from durq.observability.logging import setup_logging
+from durq.periodic import EntryStatus, status
+from durq.worker.periodic import PeriodicScheduler
+
+log = logging.getLogger("durq.cli")
+
+AppArg = Annotated[str, typer.Argument(metavar="APP", help="The app object as module:attribute.")]
+
+SCHEDULER_EPILOG = (
+    "Examples:\n\n"
+    "  durq scheduler myproject.tasks:app\n\n"
+    "Every 'durq worker' already runs a scheduler; any number may run at once, and each tick "
+    "is enqueued exactly once (its task id derives from the entry and the tick)."
+)
+
+
+def _load(app_path: str, broker: str | None) -> App:
+    application = load_app(app_path)
+    # --broker, then DURQ_BROKER_URL, override the broker the app was built with.
+    url = broker or os.environ.get("DURQ_BROKER_URL")
+    if url:
+        application.broker_url = url
+    open_broker(application.broker_url)  # an unknown scheme is a usage error, before any I/O
+    return application
+
+
+def scheduler_command(
+    app_path: AppArg,
+    broker: BrokerOpt = None,
+    log_format: Annotated[
+        str, typer.Option("--log-format", help="Log format: text or json.")
+    ] = "text",
+    log_level: Annotated[str, typer.Option("--log-level", help="Log level.")] = "INFO",
+) -> None:
+    """Enqueue APP's periodic tasks until SIGTERM/SIGINT (runs no handlers)."""
+    if log_format not in ("text", "json"):
+        raise UsageFailure(f"--log-format must be text or json, got {log_format!r}")
+    setup_logging(log_level.upper(), log_format)
+    application = _load(app_path, broker)
+    if not len(application.schedules):
+        raise UsageFailure(f"{app_path} declares no periodic tasks")
+    for entry in application.schedules:
+        log.info("periodic %s: %s (%s) -> %s", entry.name, entry.spec, entry.tz, entry.type)
+    asyncio.run(_run(application))
+
+
+async def _run(application: App) -> None:
+    broker = application.new_broker()
+    await broker.connect()
+    scheduler = PeriodicScheduler(application, broker)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    scheduler.start()
+    try:
+        await stop.wait()
+    finally:
+        await scheduler.stop()
+        await broker.close()
+        await application.close()
+        log.info("scheduler stopped")
+
+
+def ls_command(app_path: AppArg, broker: BrokerOpt = None, json_out: JsonOpt = False) -> None:
+    """List APP's periodic entries with their next run and last enqueue."""
+    application = _load(app_path, broker)
+
+    async def body() -> list[EntryStatus]:
+        try:
+            return await status(application)
+        finally:
+            await application.close()
+
+    rows = asyncio.run(body())
+    if json_out:
+        print_json([row.to_dict() for row in rows])
+        return
+    from rich.table import Table
+
+    table = Table(box=None)
+    for column in ("NAME", "SCHEDULE", "TZ", "TYPE", "QUEUE", "MISSED", "NEXT RUN", "LAST ENQUEUE"):
+        table.add_column(column)
+    for row in rows:
+        last = "-"
+        if row.last_task_id:
+            last = f"{fmt_time(row.last_enqueued_at)} UTC ({row.last_state})"
+        table.add_row(
+            row.entry.name,
+            row.entry.spec,
+            row.entry.tz,
+            row.entry.type,
+            row.queue,
+            row.entry.missed,
+            row.next_run.isoformat(),
+            last,
+        )
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``durq scheduler`` and ``durq periodic ls``."""
+    app.command("scheduler", epilog=SCHEDULER_EPILOG)(scheduler_command)
+    periodic = typer.Typer(
+        help="Periodic tasks: list the schedules of an app.", no_args_is_help=True
+    )
+    periodic.command("ls")(ls_command)
+    app.add_typer(periodic, name="periodic")
