@@ -1,0 +1,206 @@
+"""What only the SQLite broker promises: URLs, schema versions, file errors, its SQL, and
+in-process wake-up latency. Behaviour shared with other brokers lives in tests/conformance."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from durq.brokers import open_broker
+from durq.brokers.base import ClaimParams, EnqueueParams
+from durq.brokers.sqlite import SQLiteBroker
+from durq.brokers.sqlite.queries import MIGRATIONS, SCHEMA_VERSION, Q, parse_named
+from durq.clock import FakeClock
+from durq.errors import BrokerUnavailableError, ConfigurationError, SchemaError
+
+
+def task(task_id: str, queue: str = "default") -> EnqueueParams:
+    return EnqueueParams(id=task_id, queue=queue, type="t", payload=b"{}")
+
+
+def test_from_url_relative_and_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert SQLiteBroker.from_url("sqlite:///durq.sqlite3").path == str(tmp_path / "durq.sqlite3")
+    assert SQLiteBroker.from_url("sqlite:///sub/x.db").path == str(tmp_path / "sub" / "x.db")
+    assert SQLiteBroker.from_url("sqlite:////abs/x.db").path == "/abs/x.db"
+    assert isinstance(open_broker("sqlite:////abs/x.db"), SQLiteBroker)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["sqlite://host/x.db", "sqlite:///", "sqlite:///x.db?nope=1", "sqlite:///x.db?busy_timeout=x"],
+)
+def test_from_url_refuses_bad_urls(url: str) -> None:
+    with pytest.raises(ConfigurationError):
+        SQLiteBroker.from_url(url)
+
+
+async def test_connect_migrates_a_fresh_file(tmp_path: Path) -> None:
+    broker = SQLiteBroker(str(tmp_path / "x.db"))
+    await broker.connect()
+    assert await broker.migrate() == [m.name for m in MIGRATIONS]  # applied on connect
+    assert await broker.migrate() == []
+    await broker.close()
+    await broker.close()  # idempotent
+    again = SQLiteBroker(str(tmp_path / "x.db"))
+    assert await again.migrate() == []
+    await again.close()
+
+
+async def test_wal_mode_is_on(tmp_path: Path) -> None:
+    broker = SQLiteBroker(str(tmp_path / "x.db"))
+    await broker.connect()
+    await broker.close()
+    with sqlite3.connect(tmp_path / "x.db") as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+async def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    broker = SQLiteBroker(str(path))
+    await broker.connect()
+    await broker.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "INSERT INTO durq_schema_migrations VALUES (?, 'future.sql', 0)", (SCHEMA_VERSION + 1,)
+        )
+    newer = SQLiteBroker(str(path))
+    with pytest.raises(SchemaError, match="newer"):
+        await newer.connect()
+    with pytest.raises(SchemaError) as caught:
+        await newer.migrate()
+    assert caught.value.operation == "sqlite.migrate"
+    await newer.close()
+
+
+async def test_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "junk.db"
+    path.write_bytes(b"this is not a database\n" * 200)
+    broker = SQLiteBroker(str(path))
+    with pytest.raises(BrokerUnavailableError) as caught:
+        await broker.connect()
+    assert "not a usable SQLite database" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert caught.value.operation == "sqlite.connect"
+    assert isinstance(caught.value.__cause__, sqlite3.DatabaseError)
+    await broker.close()
+
+
+async def test_unreachable_path_is_unavailable(tmp_path: Path) -> None:
+    broker = SQLiteBroker(str(tmp_path / "missing-dir" / "x.db"))
+    with pytest.raises(BrokerUnavailableError) as caught:
+        await broker.enqueue(task("t"))
+    assert caught.value.operation == "sqlite.enqueue"
+    await broker.close()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
+async def test_read_only_file_is_unavailable(tmp_path: Path) -> None:
+    path = tmp_path / "ro.db"
+    sqlite3.connect(path).close()
+    path.chmod(0o444)
+    broker = SQLiteBroker(str(path))
+    with pytest.raises(BrokerUnavailableError):
+        await broker.connect()
+    await broker.close()
+
+
+async def test_busy_lock_becomes_unavailable(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    broker = SQLiteBroker(str(path), busy_timeout=0.1)
+    await broker.connect()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holding the write lock
+    try:
+        with pytest.raises(BrokerUnavailableError) as caught:
+            await broker.enqueue(task("t"))
+        assert caught.value.operation == "sqlite.enqueue"
+        assert "locked" in str(caught.value)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    await broker.enqueue(task("t"))  # nothing half-written: the id is free
+    await broker.close()
+
+
+def test_every_query_prepares_against_the_schema() -> None:
+    conn = sqlite3.connect(":memory:")
+    conn.execute(Q["migrations_table"])
+    for migration in MIGRATIONS:
+        for statement in migration.statements():
+            conn.execute(statement)
+    for name, sql in Q.items():
+        if sql.upper().startswith(("CREATE", "PRAGMA")):
+            continue
+        # EXPLAIN compiles without running.
+        names = dict.fromkeys(re.findall(r":([a-z_]+)", sql))
+        conn.execute(f"EXPLAIN {sql}", names)
+        assert sql, name
+
+
+def test_claim_uses_the_partial_index() -> None:
+    conn = sqlite3.connect(":memory:")
+    for migration in MIGRATIONS:
+        for statement in migration.statements():
+            conn.execute(statement)
+    names = dict.fromkeys(re.findall(r":([a-z_]+)", Q["claim"]))
+    plan = " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {Q['claim']}", names))
+    assert "durq_tasks_claimable" in plan
+    assert "TEMP B-TREE" not in plan  # the index order is the claim order
+
+
+def test_named_sql_parser() -> None:
+    text = "-- name: a\n-- a comment\nSELECT 1;\n\n-- name: b\nSELECT\n  2;\n"
+    assert parse_named(text) == {"a": "SELECT 1", "b": "SELECT\n  2"}
+    with pytest.raises(ValueError, match="twice"):
+        parse_named("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
+
+
+def test_schema_checks_states_and_names(tmp_path: Path) -> None:
+    conn = sqlite3.connect(":memory:")
+    for migration in MIGRATIONS:
+        for statement in migration.statements():
+            conn.execute(statement)
+    insert = (
+        "INSERT INTO durq_tasks (id, queue, type, payload, state, max_retry, next_process_at, "
+        "enqueued_at) VALUES (?, ?, 't', x'7b7d', ?, 0, 0, 0)"
+    )
+    conn.execute(insert, ("ok", "a:b-c.d_e", "pending"))
+    for bad in [("x", "q", "running"), ("y", "bad queue", "pending"), ("z", "q'", "pending")]:
+        with pytest.raises(sqlite3.IntegrityError):
+            conn.execute(insert, bad)
+
+
+async def test_in_process_wakeup_is_fast(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    # A slow poll interval proves the in-process registry, not polling, does the waking.
+    waiter = SQLiteBroker.from_url(url + "?poll_interval=5", clock=FakeClock())
+    client = SQLiteBroker.from_url(url, clock=FakeClock())
+    await waiter.connect()
+    await client.connect()
+    took = []
+    for i in range(5):
+        wait = asyncio.create_task(waiter.wait_for_work(["default"], timeout=10))
+        await asyncio.sleep(0.01)
+        start = time.perf_counter()
+        await client.enqueue(task(f"t{i}"))
+        assert await asyncio.wait_for(wait, 2)
+        took.append(time.perf_counter() - start)
+    assert sorted(took)[2] < 0.05, took
+    await waiter.close()
+    await client.close()
+
+
+async def test_claim_after_close_reopens(tmp_path: Path) -> None:
+    broker = SQLiteBroker(str(tmp_path / "x.db"), clock=FakeClock())
+    await broker.enqueue(task("t"))
+    await broker.close()
+    got = await broker.claim(ClaimParams(["default"], 5, "w", 30))
+    assert [lease.task.id for lease in got] == ["t"]
+    await broker.close()
