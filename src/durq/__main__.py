@@ -1,0 +1,6 @@
+"""``python -m durq``: the command line."""
+
+from durq.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""What every command shares: the ``--broker``/``--json`` options, running one coroutine per
+command on its own event loop, printing (rich for people, JSON for scripts) and turning errors
+into one line on stderr with the exit codes of SPEC (0 ok, 1 domain error, 2 usage error)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from durq.app import App
+from durq.brokers import open_broker, resolve_url
+from durq.errors import (
+    ConfigurationError,
+    DurqError,
+    TaskIDConflictError,
+    ValidationError,
+)
+
+T = TypeVar("T")
+
+EXIT_OK, EXIT_DOMAIN, EXIT_USAGE = 0, 1, 2
+
+BrokerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--broker",
+        "-b",
+        help="Broker URL: sqlite:///path, postgresql://..., redis://... "
+        "[default: $DURQ_BROKER_URL, else sqlite:///durq.sqlite3]",
+        show_default=False,
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+QueueOpt = Annotated[str, typer.Option("--queue", "-q", help="Queue name.")]
+
+#: Tables for people go to stdout; never wrap or colour when piped.
+console = Console(highlight=False)
+
+
+def make_table(title: str, caption: str | None = None) -> Table:
+    """A compact table (no vertical rules) that fits 80 columns when piped."""
+    return Table(
+        title=title,
+        title_justify="left",
+        caption=caption,
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+    )
+
+
+class UsageFailure(DurqError):
+    """Invalid command-line input (exit code 2)."""
+
+
+def load_app(spec: str, broker: str | None = None) -> App:
+    """Import ``module:attribute`` (the current directory first on ``sys.path``, as uvicorn
+    does) and check that it names a :class:`durq.App`.
+
+    ``broker``, else ``DURQ_BROKER_URL``, overrides the broker the app was built with."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageFailure(
+            f"APP must look like module:attribute (e.g. examples.quickstart:app), got {spec!r}"
+        )
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise UsageFailure(
+                f"cannot import {module_name!r}: no such module "
+                "(run from the directory that contains it, or set PYTHONPATH)"
+            ) from None
+        raise UsageFailure(f"cannot import {module_name!r}: {exc}") from None
+    except Exception as exc:  # the user's module failed while importing: say how, in one line
+        raise UsageFailure(
+            f"importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from None
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UsageFailure(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not isinstance(obj, App):
+        raise UsageFailure(f"{spec} is a {type(obj).__name__}, not a durq.App")
+    url = broker or os.environ.get("DURQ_BROKER_URL")
+    if url:
+        obj.broker_url = url
+    if obj.broker_url is not None:
+        open_broker(obj.broker_url)  # an unknown scheme is a usage error, before any I/O
+    return obj
+
+
+def make_app(broker: str | None) -> App:
+    """An App on ``broker`` (else ``DURQ_BROKER_URL``, else the SQLite default).
+
+    The broker is built once here so an unknown URL scheme is a usage error before any I/O."""
+    url = resolve_url(broker)
+    open_broker(url)  # validates the scheme (ConfigurationError) without connecting
+    return App(url)
+
+
+def run(broker: str | App | None, body: Callable[[App], Awaitable[T]]) -> T:
+    """Run ``body(app)`` on a fresh event loop (one per command), then close the broker.
+
+    ``broker`` is a URL (or ``None`` for the default), or an app loaded with ``--app``."""
+    app = broker if isinstance(broker, App) else make_app(broker)
+
+    async def main() -> T:
+        try:
+            return await body(app)
+        finally:
+            await app.close()
+
+    return asyncio.run(main())
+
+
+def print_json(data: Any) -> None:
+    """One JSON document on stdout."""
+    sys.stdout.write(json.dumps(data, indent=2, default=str, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def fmt_time(value: datetime | float | None) -> str:
+    """A moment for tables: local-free ISO seconds in UTC, ``-`` when absent."""
+    if value is None or value == 0:
+        return "-"
+    if not isinstance(value, datetime):
+        value = datetime.fromtimestamp(value, UTC)
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def fmt_age(seconds: float) -> str:
+    """``42s``, ``3m12s``, ``2h05m``: short ages for tables."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def one_line(text: str) -> str:
+    """Collapse a message to one line (SPEC: errors are one line, no traceback)."""
+    return " ".join(str(text).split())
+
+
+def describe_error(exc: BaseException) -> tuple[str, int]:
+    """The one-line message and the exit code for an error raised by a command."""
+    if isinstance(exc, TaskIDConflictError):
+        existing = exc.existing
+        if existing is not None:
+            return (
+                f"task id {existing.id!r} already exists in queue {existing.queue!r} "
+                f"(state {existing.state.value}, type {existing.type})",
+                EXIT_DOMAIN,
+            )
+        return exc.message, EXIT_DOMAIN
+    if isinstance(exc, ValidationError | ConfigurationError | UsageFailure):
+        return exc.message, EXIT_USAGE
+    if isinstance(exc, DurqError):
+        return exc.message, EXIT_DOMAIN
+    return f"{type(exc).__name__}: {exc}", EXIT_DOMAIN
+
+
+def fail(message: str, code: int = EXIT_DOMAIN) -> NoReturn:
+    """Print ``error: message`` (one line) on stderr and exit with ``code``."""
+    sys.stderr.write(f"error: {one_line(message)}\n")
+    sys.stderr.flush()
+    raise SystemExit(code)
+
+
+def parse_json_object(text: str | None, what: str = "--payload") -> dict[str, Any]:
+    """A JSON object from the command line; a usage error for anything else."""
+    if text is None or text == "":
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageFailure(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(value, dict):
+        raise UsageFailure(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value

@@ -1,0 +1,148 @@
+"""``durq queue ls|pause|unpause|run-all|delete-all``: queues and their sizes (I1, I3, I4)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from durq.app import App
+from durq.brokers.base import QueueStats
+from durq.cli.common import BrokerOpt, JsonOpt, console, fmt_age, make_table, print_json, run
+from durq.inspector import parse_state
+from durq.states import TaskState
+
+group = typer.Typer(
+    name="queue",
+    help="List, pause and resume queues.",
+    epilog=(
+        "Examples:\n\n"
+        "  durq queue ls\n\n"
+        "  durq queue pause emails      (workers take nothing from it; enqueue still works)\n\n"
+        "  durq queue unpause emails\n\n"
+        "  durq queue run-all emails --state archived"
+    ),
+    no_args_is_help=True,
+)
+
+QueueArg = Annotated[str, typer.Argument(metavar="QUEUE", help="Queue name.")]
+StateOpt = Annotated[str, typer.Option("--state", "-s", help="Which tasks of the queue.")]
+
+
+_SHORT = {
+    TaskState.PENDING: "pend",
+    TaskState.SCHEDULED: "sched",
+    TaskState.ACTIVE: "active",
+    TaskState.RETRY: "retry",
+    TaskState.ARCHIVED: "archiv",
+    TaskState.COMPLETED: "done",
+}
+
+
+def print_queues(queues: list[QueueStats]) -> None:
+    """Queues as one table: sizes per state, oldest pending age, counters."""
+    table = make_table("queues", caption="* paused; today/total: attempts processed/failed")
+    table.add_column("queue", style="bold", overflow="fold")
+    for state in TaskState:
+        table.add_column(_SHORT[state], justify="right")
+    table.add_column("oldest", justify="right")
+    table.add_column("today", justify="right")
+    table.add_column("total", justify="right")
+    for q in queues:
+        table.add_row(
+            f"{q.name}[red]*[/]" if q.paused else q.name,
+            *(str(q.sizes.get(state, 0)) for state in TaskState),
+            fmt_age(q.oldest_pending_age) if q.sizes.get(TaskState.PENDING) else "-",
+            f"{q.processed_today}/{q.failed_today}",
+            f"{q.processed_total}/{q.failed_total}",
+        )
+    console.print(table)
+
+
+@group.command("ls")
+def ls_command(broker: BrokerOpt = None, as_json: JsonOpt = False) -> None:
+    """List every known queue with its size per state."""
+
+    async def body(app: App) -> list[QueueStats]:
+        return await app.inspector.list_queues()
+
+    queues = run(broker, body)
+    if as_json:
+        print_json([q.to_dict() for q in queues])
+    elif not queues:
+        console.print("no queues yet (a queue appears when a task is enqueued into it)")
+    else:
+        print_queues(queues)
+
+
+@group.command("pause")
+def pause_command(queue: QueueArg, broker: BrokerOpt = None, as_json: JsonOpt = False) -> None:
+    """Pause a queue: workers take nothing from it; enqueue still works."""
+
+    async def body(app: App) -> None:
+        await app.inspector.pause_queue(queue)
+
+    run(broker, body)
+    if as_json:
+        print_json({"queue": queue, "paused": True})
+    else:
+        console.print(f"queue {queue} paused")
+
+
+@group.command("unpause")
+def unpause_command(queue: QueueArg, broker: BrokerOpt = None, as_json: JsonOpt = False) -> None:
+    """Resume a paused queue."""
+
+    async def body(app: App) -> None:
+        await app.inspector.unpause_queue(queue)
+
+    run(broker, body)
+    if as_json:
+        print_json({"queue": queue, "paused": False})
+    else:
+        console.print(f"queue {queue} resumed")
+
+
+@group.command("run-all")
+def run_all_command(
+    queue: QueueArg,
+    state: StateOpt = "archived",
+    broker: BrokerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make every scheduled, retry or archived task of a queue pending now."""
+    wanted = parse_state(state)
+
+    async def body(app: App) -> int:
+        return await app.inspector.run_all(queue, wanted)
+
+    count = run(broker, body)
+    if as_json:
+        print_json({"queue": queue, "state": wanted.value, "run": count})
+    else:
+        console.print(f"{count} {wanted.value} task(s) of {queue} queued to run")
+
+
+@group.command("delete-all")
+def delete_all_command(
+    queue: QueueArg,
+    state: StateOpt = "archived",
+    broker: BrokerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete every task of a queue in one state (not active)."""
+    wanted = parse_state(state)
+
+    async def body(app: App) -> int:
+        return await app.inspector.delete_all(queue, wanted)
+
+    count = run(broker, body)
+    if as_json:
+        print_json({"queue": queue, "state": wanted.value, "deleted": count})
+    else:
+        console.print(f"{count} {wanted.value} task(s) of {queue} deleted")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``durq queue ...``."""
+    app.add_typer(group)

@@ -1,0 +1,212 @@
+"""``durq task get|ls|run|delete|archive|cancel``: one task, or a queue's tasks by state (I2, I3)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from durq.app import App
+from durq.cli.common import (
+    BrokerOpt,
+    JsonOpt,
+    QueueOpt,
+    UsageFailure,
+    console,
+    fmt_time,
+    make_table,
+    print_json,
+    run,
+)
+from durq.inspector import parse_state
+from durq.task import TaskInfo
+
+group = typer.Typer(
+    name="task",
+    help="Look at and act on tasks.",
+    epilog=(
+        "Examples:\n\n"
+        "  durq task ls --queue default --state archived\n\n"
+        "  durq task get 3f2a... --queue default --json\n\n"
+        "  durq task run 3f2a... --queue default     (archived/retry/scheduled -> pending now)\n\n"
+        "  durq task cancel 3f2a... --queue default  (an active handler is cancelled)"
+    ),
+    no_args_is_help=True,
+)
+
+IdArg = Annotated[str, typer.Argument(metavar="ID", help="The task id.")]
+
+_STATE_STYLE = {
+    "pending": "cyan",
+    "scheduled": "blue",
+    "active": "yellow",
+    "retry": "magenta",
+    "archived": "red",
+    "completed": "green",
+}
+
+
+def styled_state(state: str) -> str:
+    """A state name coloured for tables."""
+    return f"[{_STATE_STYLE.get(state, 'white')}]{state}[/]"
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def print_task(info: TaskInfo, *, title: str | None = None) -> None:
+    """One task as a two-column table."""
+    data = info.to_dict()
+    table = Table(title=title or f"task {info.id}", show_header=False, title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    for key in (
+        "id", "queue", "type", "state", "retried", "max_retry", "last_error", "payload",
+        "result", "timeout", "deadline", "next_process_at", "enqueued_at", "started_at",
+        "completed_at", "retention", "worker_id",
+    ):  # fmt: skip
+        value = data.get(key)
+        if value is None or (value == {} and key != "payload"):
+            continue
+        if key == "state":
+            text = styled_state(str(value))
+        elif key in ("payload", "result"):
+            text = json.dumps(value, ensure_ascii=False, default=str)
+        else:
+            text = str(value)
+        table.add_row(key, text if key == "state" else escape(text))
+    console.print(table)
+
+
+def print_tasks(tasks: Sequence[TaskInfo], *, title: str) -> None:
+    """Several tasks as one table."""
+    table = make_table(title)
+    for name in ("id", "type", "state", "retried", "next / done at", "last error / result"):
+        table.add_column(name, overflow="fold")
+    for info in tasks:
+        state = info.state.value
+        when = info.completed_at if state == "completed" else info.next_process_at
+        try:
+            detail = info.last_error or ("" if info.raw_result is None else _short(info.result))
+        except ValueError:
+            detail = "(undecodable result)"
+        table.add_row(
+            info.id,
+            info.type,
+            styled_state(state),
+            f"{info.retried}/{info.max_retry}",
+            fmt_time(when),
+            escape(_short(detail)),
+        )
+    console.print(table)
+
+
+@group.command("get")
+def get_command(
+    task_id: IdArg, queue: QueueOpt = "default", broker: BrokerOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Show one task (exit 1 if there is no such task)."""
+
+    async def body(app: App) -> TaskInfo:
+        return await app.inspector.get_task_info(queue, task_id)
+
+    info = run(broker, body)
+    if as_json:
+        print_json(info.to_dict())
+    else:
+        print_task(info)
+
+
+@group.command("ls")
+def ls_command(
+    queue: QueueOpt = "default",
+    state: Annotated[
+        str,
+        typer.Option(
+            "--state", "-s", help="pending, scheduled, active, retry, archived or completed."
+        ),
+    ] = "pending",
+    limit: Annotated[int, typer.Option("--limit", help="Tasks per page (1..1000).")] = 50,
+    page: Annotated[int, typer.Option("--page", help="Page number, from 1.")] = 1,
+    broker: BrokerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the tasks of a queue in one state, oldest first."""
+    wanted = parse_state(state)
+    if page < 1:
+        raise UsageFailure("--page must be >= 1")
+
+    async def body(app: App) -> list[TaskInfo]:
+        return await app.inspector.list_tasks(queue, wanted, limit=limit, offset=(page - 1) * limit)
+
+    tasks = run(broker, body)
+    if as_json:
+        print_json([t.to_dict() for t in tasks])
+    elif not tasks:
+        console.print(f"no {wanted.value} tasks in queue {queue!r} (page {page})")
+    else:
+        print_tasks(tasks, title=f"{queue}: {wanted.value} (page {page}, {len(tasks)} shown)")
+
+
+def _act(
+    broker: str | None,
+    as_json: bool,
+    act: Callable[[App], Awaitable[TaskInfo]],
+    done: str,
+) -> None:
+    info = run(broker, act)
+    if as_json:
+        print_json(info.to_dict())
+    else:
+        console.print(f"task {info.id} {done}: now {styled_state(info.state.value)}")
+
+
+@group.command("run")
+def run_command(
+    task_id: IdArg, queue: QueueOpt = "default", broker: BrokerOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Make a scheduled, retry or archived task pending now."""
+    _act(broker, as_json, lambda app: app.inspector.run_task(queue, task_id), "queued to run")
+
+
+@group.command("archive")
+def archive_command(
+    task_id: IdArg, queue: QueueOpt = "default", broker: BrokerOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Archive a pending, scheduled or retry task."""
+    _act(broker, as_json, lambda app: app.inspector.archive_task(queue, task_id), "archived")
+
+
+@group.command("cancel")
+def cancel_command(
+    task_id: IdArg, queue: QueueOpt = "default", broker: BrokerOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Cancel a task; an active one's handler is cancelled by its worker."""
+    _act(broker, as_json, lambda app: app.inspector.cancel_task(queue, task_id), "cancelled")
+
+
+@group.command("delete")
+def delete_command(
+    task_id: IdArg, queue: QueueOpt = "default", broker: BrokerOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Delete a task that is not active (cancel an active one first)."""
+
+    async def body(app: App) -> None:
+        await app.inspector.delete_task(queue, task_id)
+
+    run(broker, body)
+    if as_json:
+        print_json({"id": task_id, "queue": queue, "deleted": True})
+    else:
+        console.print(f"task {task_id} deleted")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``durq task ...``."""
+    app.add_typer(group)

@@ -1,0 +1,113 @@
+"""``durq worker APP``: run the handlers of an app until SIGTERM/SIGINT (W7, H5)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from typing import Annotated
+
+import typer
+
+from durq import durations
+from durq.app import App
+from durq.cli.common import BrokerOpt, UsageFailure, fail
+from durq.cli.common import load_app as load_app  # re-exported: other commands import it here
+from durq.observability.logging import setup_logging
+from durq.worker.server import Worker, parse_queues
+
+log = logging.getLogger("durq.cli")
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+EPILOG = (
+    "Examples:\n\n"
+    "  durq worker examples.quickstart:app\n\n"
+    "  durq worker myproject.tasks:app --queues critical=6,default=3,low=1 --concurrency 20\n\n"
+    "  DURQ_BROKER_URL=postgresql://localhost/app durq worker myproject.tasks:app --strict\n\n"
+    "SIGTERM or Ctrl-C stops taking tasks, waits up to --shutdown-timeout for running ones and "
+    "hands the rest back as pending; a second signal stops at once."
+)
+
+
+def _start_metrics(app: App, port: int) -> None:
+    """Expose Prometheus metrics on ``port`` (the metrics module is optional)."""
+    try:
+        metrics = importlib.import_module("durq.observability.metrics")
+    except ImportError as exc:
+        fail(
+            f"--metrics-port needs durq.observability.metrics (pip install 'durq[metrics]'): {exc}"
+        )
+    serve = getattr(metrics, "serve", None)
+    if serve is None:
+        fail("--metrics-port: this durq has no durq.observability.metrics.serve(app, port)")
+    serve(app, port)
+
+
+def worker_command(
+    app_path: Annotated[
+        str, typer.Argument(metavar="APP", help="The app object as module:attribute.")
+    ],
+    broker: BrokerOpt = None,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", help="Tasks run at once.")
+    ] = 10,
+    queues: Annotated[
+        str | None,
+        typer.Option(
+            "--queues",
+            help="Queues and weights, e.g. critical=6,default=3,low=1 "
+            "[default: every queue of the app's tasks]",
+            show_default=False,
+        ),
+    ] = None,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Empty higher-weight queues first.")
+    ] = False,
+    shutdown_timeout: Annotated[
+        str,
+        typer.Option(
+            "--shutdown-timeout", help="Grace for running tasks at shutdown (seconds or 10s, 1m)."
+        ),
+    ] = "10",
+    metrics_port: Annotated[
+        int | None,
+        typer.Option("--metrics-port", help="Serve Prometheus metrics on this port."),
+    ] = None,
+    log_format: Annotated[
+        str, typer.Option("--log-format", help="Log format: text or json.")
+    ] = "text",
+    log_level: Annotated[str, typer.Option("--log-level", help="Log level.")] = "INFO",
+) -> None:
+    """Run a worker for APP's tasks until SIGTERM/SIGINT."""
+    if log_format not in ("text", "json"):
+        raise UsageFailure(f"--log-format must be text or json, got {log_format!r}")
+    if log_level.upper() not in _LEVELS:
+        raise UsageFailure(f"--log-level must be one of {', '.join(_LEVELS)}, got {log_level!r}")
+    grace = durations.parse(shutdown_timeout)
+    setup_logging(log_level.upper(), log_format)
+    application = load_app(app_path, broker)
+    if metrics_port is not None:
+        _start_metrics(application, metrics_port)  # before the worker copies the app's hooks
+    worker = application.worker(
+        queues=parse_queues(queues) if queues else None,
+        concurrency=concurrency,
+        strict=strict,
+        shutdown_timeout=grace,
+    )
+    if not application.tasks:
+        log.warning("%s registers no tasks: every task will wait for a handler", app_path)
+    log.info("tasks: %s", ", ".join(sorted(application.tasks)) or "(none)")
+    asyncio.run(_run(application, worker))
+
+
+async def _run(application: App, worker: Worker) -> None:
+    try:
+        await worker.run()
+    finally:
+        await application.close()
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``durq worker``."""
+    app.command("worker", epilog=EPILOG)(worker_command)

@@ -1,0 +1,1 @@
+"""Demos that show durq at work (``durq demo``)."""
