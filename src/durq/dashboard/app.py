@@ -1,0 +1,325 @@
+"""The dashboard ASGI app: admin API, HTML pages, static files, ``/metrics``.
+
+Use :func:`create_dashboard` to get the app, served by ``durq dash`` or mounted inside your own
+Starlette/FastAPI app under a prefix::
+
+    from starlette.routing import Mount
+    routes = [Mount("/admin/durq", app=create_dashboard(durq_app, token=os.environ["TOKEN"]))]
+
+Every link and redirect is relative to the mount point (the ASGI ``root_path``)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from durq.dashboard import security
+from durq.dashboard.api import AdminAPI
+from durq.dashboard.history import History
+from durq.dashboard.views import Views
+from durq.errors import (
+    BrokerUnavailableError,
+    DurqError,
+    InvalidStateError,
+    QueueNotFoundError,
+    SchemaError,
+    TaskNotFoundError,
+    ValidationError,
+)
+
+if TYPE_CHECKING:
+    from durq.app import App
+
+log = logging.getLogger("durq.dashboard")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+HERE = Path(__file__).parent
+
+
+@dataclass(frozen=True)
+class DashboardSettings:
+    """How the dashboard behaves; see :func:`create_dashboard`."""
+
+    read_only: bool = False
+    title: str = "durq"
+    #: ``None``: mark cookies Secure when the request came over https.
+    cookie_secure: bool | None = None
+    history_interval: float = 10.0
+    refresh_seconds: float = 5.0
+
+
+def route_path(scope: Scope) -> str:
+    """The request path below the mount point."""
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        rest = path[len(root) :]
+        if rest == "" or rest.startswith("/"):
+            return rest or "/"
+    return path
+
+
+def error_body(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
+#: How each durq error appears over HTTP.
+ERROR_STATUS: list[tuple[type[DurqError], int, str]] = [
+    (TaskNotFoundError, 404, "not_found"),
+    (QueueNotFoundError, 404, "not_found"),
+    (InvalidStateError, 409, "invalid_state"),
+    (ValidationError, 400, "bad_request"),
+    (BrokerUnavailableError, 503, "broker_unavailable"),
+    (SchemaError, 503, "broker_schema"),
+    (security.CSRFError, 403, "forbidden"),
+]
+
+
+def status_for(exc: DurqError) -> tuple[int, str]:
+    for kind, status, code in ERROR_STATUS:
+        if isinstance(exc, kind):
+            return status, code
+    return 500, "broker_error"
+
+
+class Dashboard:
+    """Holds what the endpoints share: the durq app, auth, settings, history, metrics."""
+
+    def __init__(self, app: App, auth: security.Auth, settings: DashboardSettings) -> None:
+        self.app = app
+        self.auth = auth
+        self.settings = settings
+        self.history = History(app, interval=settings.history_interval)
+        self.api = AdminAPI(self)
+        self.views = Views(self)
+        self._metrics: Any = None
+
+    # -- errors -----------------------------------------------------------------------------
+
+    def is_api(self, request: Request) -> bool:
+        path = route_path(request.scope)
+        return path.startswith("/api/") or path == "/api" or path == "/metrics"
+
+    async def on_durq_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, DurqError)
+        status, code = status_for(exc)
+        if status >= 500:
+            log.error("dashboard: %s", exc)
+        headers = {"retry-after": "5"} if status == 503 else None
+        if self.is_api(request):
+            return JSONResponse(error_body(code, exc.message), status, headers=headers)
+        return self.views.error_page(request, status, exc.message, headers=headers)
+
+    async def on_http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        message = exc.detail or "error"
+        headers = dict(exc.headers or {})
+        if self.is_api(request):
+            code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
+            return JSONResponse(error_body(code, message), exc.status_code, headers=headers)
+        return self.views.error_page(request, exc.status_code, message, headers=headers)
+
+    async def on_value_error(self, request: Request, exc: Exception) -> Response:
+        # Malformed input that reached a parser (a bad form body, a broken cookie).
+        if self.is_api(request):
+            return JSONResponse(error_body("bad_request", str(exc)), 400)
+        return self.views.error_page(request, 400, str(exc))
+
+    # -- metrics ----------------------------------------------------------------------------
+
+    async def metrics(self, request: Request) -> Response:
+        """Prometheus exposition of queue gauges read through the inspector."""
+        try:
+            from durq.observability.metrics import QueueCollector, exposition
+        except ImportError:
+            return JSONResponse(
+                error_body("unavailable", "install durq[metrics] for /metrics"), 404
+            )
+        if self._metrics is None:
+            self._metrics = QueueCollector(self.app)
+        await self._metrics.refresh()
+        body, content_type = exposition(self._metrics.registry)
+        return Response(body, media_type=content_type)
+
+
+class Guard:
+    """ASGI middleware: security headers, authentication, CSRF cookie, read-only mode."""
+
+    def __init__(self, inner: ASGIApp, dash: Dashboard) -> None:
+        self.inner = inner
+        #: The shared state, reachable for tests and the CLI (``guard.dash.history``).
+        self.dash = dash
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.inner(scope, receive, send)
+            return
+        dash = self.dash
+        request = Request(scope, receive)
+        path = route_path(scope)
+        method = scope["method"]
+        is_api = dash.is_api(request)
+        set_cookies: list[str] = []
+        secure = dash.settings.cookie_secure
+        if secure is None:
+            secure = scope.get("scheme") == "https"
+        cookie_path = scope.get("root_path") or "/"
+
+        csrf_cookie = request.cookies.get(security.CSRF_COOKIE)
+        if not csrf_cookie or len(csrf_cookie) > 64:
+            csrf_cookie = security.new_csrf_cookie()
+            set_cookies.append(
+                cookie_header(security.CSRF_COOKIE, csrf_cookie, cookie_path, secure)
+            )
+        state = scope.setdefault("state", {})
+        state["durq_csrf"] = dash.auth.csrf_token(csrf_cookie)
+        state["durq_cookie_path"] = cookie_path
+        state["durq_cookie_secure"] = secure
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {k.decode().lower() for k, _ in headers}
+                for name, value in security.SECURITY_HEADERS.items():
+                    if name not in present:
+                        headers.append((name.encode(), value.encode()))
+                for cookie in set_cookies:
+                    headers.append((b"set-cookie", cookie.encode()))
+                message["headers"] = headers
+            await send(message)
+
+        public = path == "/login" or path.startswith("/static/")
+        kind: str | None = "insecure"
+        if dash.auth.enabled:
+            if dash.auth.bearer(request):
+                kind = "bearer"
+            elif dash.auth.session(request, dash.app.clock.now()):
+                kind = "session"
+            else:
+                kind = None
+        state["durq_auth"] = kind
+        if kind is None and not public:
+            response = self.refuse(request, path, method, is_api)
+            await response(scope, receive, send_with_headers)
+            return
+
+        mutation = method not in security.SAFE_METHODS
+        if mutation and not public and path != "/logout":
+            if dash.settings.read_only:
+                response = self.forbidden(request, is_api, "the dashboard is read-only")
+                await response(scope, receive, send_with_headers)
+                return
+            # API calls from the browser send the token in a header; forms are checked by
+            # their view (the field is in the body).
+            if is_api and kind != "bearer":
+                submitted = request.headers.get(security.CSRF_HEADER)
+                if not dash.auth.csrf_ok(request, submitted):
+                    response = self.forbidden(request, is_api, "CSRF check failed")
+                    await response(scope, receive, send_with_headers)
+                    return
+        await self.inner(scope, receive, send_with_headers)
+
+    def refuse(self, request: Request, path: str, method: str, is_api: bool) -> Response:
+        if is_api:
+            return JSONResponse(
+                error_body("unauthorized", "authentication required: Authorization: Bearer"),
+                401,
+                headers={"www-authenticate": 'Bearer realm="durq"'},
+            )
+        if method in ("GET", "HEAD"):
+            root = request.scope.get("root_path", "")
+            target = path + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse(f"{root}/login?next={quote(target)}", 303)
+        return self.dash.views.error_page(request, 401, "please log in first")
+
+    def forbidden(self, request: Request, is_api: bool, message: str) -> Response:
+        if is_api:
+            return JSONResponse(error_body("forbidden", message), 403)
+        return self.dash.views.error_page(request, 403, message)
+
+
+def cookie_header(name: str, value: str, path: str, secure: bool, max_age: int | None = None) -> str:
+    parts = [f"{name}={value}", f"Path={path}", "HttpOnly", "SameSite=Strict"]
+    if max_age is not None:
+        parts.append(f"Max-Age={max_age}")
+    if secure:
+        parts.append("Secure")
+    return "; ".join(parts)
+
+
+def create_dashboard(
+    app: App,
+    *,
+    token: str | None = None,
+    insecure_no_auth: bool = False,
+    read_only: bool = False,
+    secret_key: str | bytes | None = None,
+    settings: DashboardSettings | None = None,
+) -> Guard:
+    """The dashboard and admin API for ``app`` as an ASGI app.
+
+    ``token`` is required unless ``insecure_no_auth=True`` (S2). ``read_only`` hides and
+    refuses every action. ``secret_key`` signs session cookies (default: derived from the
+    token). Mount it anywhere; it needs no lifespan events, but runs its history sampler
+    from the first request on, or from startup when served on its own."""
+    if token is None and not insecure_no_auth:
+        raise ValueError("create_dashboard needs a token, or insecure_no_auth=True")
+    if token is not None and insecure_no_auth:
+        raise ValueError("give a token or insecure_no_auth=True, not both")
+    if token is not None and len(token) < 8:
+        raise ValueError("the dashboard token must have at least 8 characters")
+    if settings is None:
+        settings = DashboardSettings(read_only=read_only)
+    elif read_only:
+        settings = DashboardSettings(**{**settings.__dict__, "read_only": True})
+    dash = Dashboard(app, security.Auth.create(token, secret_key), settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        dash.history.ensure_running()
+        try:
+            yield
+        finally:
+            await dash.history.stop()
+            await app.close()
+
+    routes = [
+        *dash.api.routes(),
+        *dash.views.routes(),
+        Route("/metrics", dash.metrics, methods=["GET"]),
+        Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    starlette = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            DurqError: dash.on_durq_error,
+            HTTPException: dash.on_http_error,
+            ValueError: dash.on_value_error,
+        },
+    )
+
+    async def sampled(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            # Mounted apps get no lifespan: start sampling with the first request.
+            dash.history.ensure_running()
+        await starlette(scope, receive, send)
+
+    return Guard(sampled, dash)

@@ -1,0 +1,369 @@
+"""HTML pages of the dashboard: Jinja2 templates with autoescape, plain forms for actions.
+
+Each action form carries the CSRF token and is confirmed in the browser (``data-confirm``);
+after it the browser is sent back with a notice (post/redirect/get)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode
+
+import jinja2
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+from starlette.templating import Jinja2Templates
+
+from durq.dashboard import security
+from durq.dashboard.api import DEFAULT_PAGE_SIZE, iso, paging, worker_json
+from durq.errors import ValidationError
+from durq.inspector import parse_state
+from durq.states import TaskState
+
+if TYPE_CHECKING:
+    from durq.dashboard.app import Dashboard
+
+STATES = list(TaskState)
+TASK_ACTIONS = ("run", "archive", "cancel", "delete")
+#: Which actions make sense in which state (the broker decides in the end).
+ACTIONS_BY_STATE: dict[TaskState, tuple[str, ...]] = {
+    TaskState.PENDING: ("archive", "delete"),
+    TaskState.SCHEDULED: ("run", "archive", "delete"),
+    TaskState.ACTIVE: ("cancel",),
+    TaskState.RETRY: ("run", "archive", "delete"),
+    TaskState.ARCHIVED: ("run", "delete"),
+    TaskState.COMPLETED: ("delete",),
+}
+BULK_BY_STATE: dict[TaskState, tuple[str, ...]] = {
+    TaskState.PENDING: ("delete_all",),
+    TaskState.SCHEDULED: ("run_all", "delete_all"),
+    TaskState.ACTIVE: (),
+    TaskState.RETRY: ("run_all", "delete_all"),
+    TaskState.ARCHIVED: ("run_all", "delete_all"),
+    TaskState.COMPLETED: ("delete_all",),
+}
+
+
+def age(seconds: float | None) -> str:
+    """``1h 02m``, ``3m 12s``, ``4s``, or ``-`` for nothing."""
+    if not seconds or seconds <= 0:
+        return "-"
+    s = int(seconds)
+    if s >= 86400:
+        return f"{s // 86400}d {s % 86400 // 3600:02d}h"
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s}s"
+
+
+def when(value: datetime | str | float | None) -> str:
+    """A timestamp as ``2024-05-01 12:00:03 UTC``."""
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, float | int):
+        value = datetime.fromtimestamp(value, UTC)
+    elif isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def make_templates() -> Jinja2Templates:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("durq.dashboard", "templates"),
+        autoescape=True,  # everything from the broker is user data
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters.update(age=age, when=when, pretty=pretty, urlpart=lambda v: quote(str(v), safe=""))
+    return Jinja2Templates(env=env)
+
+
+class Views:
+    """The HTML endpoints."""
+
+    def __init__(self, dash: Dashboard) -> None:
+        self.dash = dash
+        self.inspector = dash.app.inspector
+        self.templates = make_templates()
+
+    def routes(self) -> list[Route]:
+        q = "/queues/{queue}"
+        t = q + "/tasks/{task_id:path}"
+        return [
+            Route("/", self.overview, methods=["GET"]),
+            Route("/login", self.login_form, methods=["GET"]),
+            Route("/login", self.login, methods=["POST"]),
+            Route("/logout", self.logout, methods=["POST"]),
+            Route("/workers", self.workers, methods=["GET"]),
+            Route(q, self.queue, methods=["GET"]),
+            Route(q + "/search", self.search, methods=["GET"]),
+            Route(q + "/pause", self.queue_action("pause"), methods=["POST"]),
+            Route(q + "/unpause", self.queue_action("unpause"), methods=["POST"]),
+            Route(q + "/bulk/{action}", self.bulk, methods=["POST"]),
+            Route(t + "/action/{action}", self.task_action, methods=["POST"]),
+            Route(t, self.task, methods=["GET"]),
+        ]
+
+    # -- rendering --------------------------------------------------------------------------
+
+    def render(
+        self,
+        request: Request,
+        name: str,
+        context: Mapping[str, Any],
+        status: int = 200,
+        headers: Mapping[str, str] | None = None,
+    ) -> HTMLResponse:
+        state = request.scope.get("state", {})
+        base = {
+            "root": request.scope.get("root_path", ""),
+            "csrf": state.get("durq_csrf", ""),
+            "authed": state.get("durq_auth") in ("session", "bearer"),
+            "insecure": not self.dash.auth.enabled,
+            "read_only": self.dash.settings.read_only,
+            "title": self.dash.settings.title,
+            "refresh": self.dash.settings.refresh_seconds,
+            "notice": request.query_params.get("notice", "")[:300],
+            "nav": "",
+        }
+        response: HTMLResponse = self.templates.TemplateResponse(
+            request, name, {**base, **context}, status_code=status, headers=headers
+        )
+        return response
+
+    def error_page(
+        self,
+        request: Request,
+        status: int,
+        message: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> HTMLResponse:
+        return self.render(
+            request, "error.html", {"status": status, "message": message}, status, headers
+        )
+
+    def back(self, request: Request, path: str, notice: str) -> RedirectResponse:
+        root = request.scope.get("root_path", "")
+        sep = "&" if "?" in path else "?"
+        return RedirectResponse(f"{root}{path}{sep}{urlencode({'notice': notice})}", 303)
+
+    async def checked_form(self, request: Request) -> dict[str, str]:
+        """The submitted form, after the CSRF check (403 page otherwise)."""
+        form = await request.form()
+        data = {k: v for k, v in form.items() if isinstance(v, str)}
+        if not self.dash.auth.csrf_ok(request, data.get(security.CSRF_FIELD)):
+            raise security.CSRFError("the form expired or came from another site (CSRF check failed)")
+        return data
+
+    # -- pages ------------------------------------------------------------------------------
+
+    async def overview(self, request: Request) -> Response:
+        queues = await self.inspector.list_queues()
+        totals = {s.value: sum(q.sizes.get(s, 0) for q in queues) for s in STATES}
+        return self.render(
+            request,
+            "overview.html",
+            {
+                "nav": "queues",
+                "queues": queues,
+                "states": STATES,
+                "totals": totals,
+                "processed_today": sum(q.processed_today for q in queues),
+                "failed_today": sum(q.failed_today for q in queues),
+            },
+        )
+
+    async def queue(self, request: Request) -> Response:
+        name = request.path_params["queue"]
+        stats = await self.inspector.queue_stats(name)
+        raw_state = request.query_params.get("state") or TaskState.PENDING.value
+        state = parse_state(raw_state)
+        page, size = paging(request)
+        tasks = await self.inspector.list_tasks(
+            name, state, limit=size, offset=(page - 1) * size
+        )
+        total = stats.sizes.get(state, 0)
+        pages = max(1, -(-total // size))
+        return self.render(
+            request,
+            "queue.html",
+            {
+                "nav": "queues",
+                "queue": stats,
+                "states": STATES,
+                "state": state,
+                "tasks": tasks,
+                "page": page,
+                "pages": pages,
+                "page_size": size,
+                "default_page_size": DEFAULT_PAGE_SIZE,
+                "total": total,
+                "bulk": BULK_BY_STATE[state],
+            },
+        )
+
+    async def search(self, request: Request) -> Response:
+        name = request.path_params["queue"]
+        task_id = request.query_params.get("id", "").strip()
+        if not task_id:
+            return self.back(request, f"/queues/{quote(name)}", "enter a task id")
+        info = await self.inspector.get_task_info(name, task_id)
+        root = request.scope.get("root_path", "")
+        return RedirectResponse(
+            f"{root}/queues/{quote(name)}/tasks/{quote(info.id, safe='')}", 303
+        )
+
+    async def task(self, request: Request) -> Response:
+        info = await self.inspector.get_task_info(
+            request.path_params["queue"], request.path_params["task_id"]
+        )
+        data = info.to_dict()
+        return self.render(
+            request,
+            "task.html",
+            {
+                "nav": "queues",
+                "task": info,
+                "data": data,
+                "actions": ACTIONS_BY_STATE.get(info.state, ()),
+            },
+        )
+
+    async def workers(self, request: Request) -> Response:
+        workers = await self.inspector.list_workers()
+        now = self.dash.app.clock.now()
+        rows = [
+            {
+                **worker_json(w),
+                "uptime": age(now - w.started_at) if w.started_at else "-",
+                "seen": age(now - w.last_heartbeat) if w.last_heartbeat else "-",
+            }
+            for w in workers
+        ]
+        return self.render(request, "workers.html", {"nav": "workers", "workers": rows})
+
+    # -- login ------------------------------------------------------------------------------
+
+    async def login_form(self, request: Request) -> Response:
+        return self.render(
+            request, "login.html", {"next": _safe_next(request.query_params.get("next"))}
+        )
+
+    async def login(self, request: Request) -> Response:
+        form = await request.form()
+        data = {k: v for k, v in form.items() if isinstance(v, str)}
+        target = _safe_next(data.get("next"))
+        if not self.dash.auth.csrf_ok(request, data.get(security.CSRF_FIELD)):
+            return self.error_page(request, 403, "the login form expired; reload and try again")
+        if not self.dash.auth.enabled:
+            return self.back(request, target, "no login needed")
+        if not self.dash.auth.check_token(data.get("token")):
+            return self.render(
+                request, "login.html", {"next": target, "error": "wrong token"}, status=401
+            )
+        state = request.scope["state"]
+        root = request.scope.get("root_path", "")
+        response = RedirectResponse(root + target, 303)
+        from durq.dashboard.app import cookie_header
+
+        response.headers.append(
+            "set-cookie",
+            cookie_header(
+                security.SESSION_COOKIE,
+                self.dash.auth.new_session(self.dash.app.clock.now()),
+                state["durq_cookie_path"],
+                state["durq_cookie_secure"],
+                max_age=int(self.dash.auth.session_seconds),
+            ),
+        )
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        await self.checked_form(request)
+        state = request.scope["state"]
+        root = request.scope.get("root_path", "")
+        response = RedirectResponse(f"{root}/login", 303)
+        from durq.dashboard.app import cookie_header
+
+        response.headers.append(
+            "set-cookie",
+            cookie_header(
+                security.SESSION_COOKIE,
+                "",
+                state["durq_cookie_path"],
+                state["durq_cookie_secure"],
+                max_age=0,
+            ),
+        )
+        return response
+
+    # -- actions ----------------------------------------------------------------------------
+
+    def queue_action(self, action: str) -> Any:
+        async def endpoint(request: Request) -> Response:
+            await self.checked_form(request)
+            name = request.path_params["queue"]
+            await self.inspector.queue_stats(name)
+            if action == "pause":
+                await self.inspector.pause_queue(name)
+            else:
+                await self.inspector.unpause_queue(name)
+            return self.back(request, f"/queues/{quote(name)}", f"queue {name} {action}d")
+
+        return endpoint
+
+    async def bulk(self, request: Request) -> Response:
+        form = await self.checked_form(request)
+        name = request.path_params["queue"]
+        action = request.path_params["action"]
+        state = parse_state(form.get("state", ""))
+        if action == "run_all":
+            count = await self.inspector.run_all(name, state)
+            notice = f"{count} {state.value} task(s) queued to run now"
+        elif action == "delete_all":
+            count = await self.inspector.delete_all(name, state)
+            notice = f"{count} {state.value} task(s) deleted"
+        else:
+            raise ValidationError(f"unknown action {action!r}")
+        return self.back(request, f"/queues/{quote(name)}?state={state.value}", notice)
+
+    async def task_action(self, request: Request) -> Response:
+        await self.checked_form(request)
+        name = request.path_params["queue"]
+        task_id = request.path_params["task_id"]
+        action = request.path_params["action"]
+        if action not in TASK_ACTIONS:
+            raise ValidationError(f"unknown action {action!r}")
+        task_path = f"/queues/{quote(name)}/tasks/{quote(task_id, safe='')}"
+        if action == "delete":
+            info = await self.inspector.get_task_info(name, task_id)
+            await self.inspector.delete_task(name, task_id)
+            return self.back(
+                request, f"/queues/{quote(name)}?state={info.state.value}", "task deleted"
+            )
+        method = {
+            "run": self.inspector.run_task,
+            "archive": self.inspector.archive_task,
+            "cancel": self.inspector.cancel_task,
+        }[action]
+        info = await method(name, task_id)
+        verb = {"run": "queued to run now", "archive": "archived", "cancel": "cancelled"}
+        return self.back(request, task_path, f"task {verb[action]} (now {info.state.value})")
+
+
+def _safe_next(target: str | None) -> str:
+    """A local path to go back to after login: never another site."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+__all__ = ["Views", "age", "iso", "pretty", "when"]

@@ -1,0 +1,95 @@
+"""Health probes (O4): answered from a TTL-cached broker ping, never from business work.
+
+``/healthz`` (liveness) says the process and its event loop answer; ``/readyz`` (readiness)
+says the broker answered a ping within the last ``ttl`` seconds. Served by the worker's
+metrics server (:mod:`durq.observability.metrics`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from durq.errors import DurqError
+
+if TYPE_CHECKING:
+    from durq.app import App
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """The outcome of one broker ping."""
+
+    ok: bool
+    #: Why the broker is not ready; ``None`` when ok.
+    error: str | None
+    #: Monotonic time of the ping.
+    checked_at: float
+    #: Seconds the ping took.
+    latency: float
+
+
+class HealthProbe:
+    """Pings the broker at most once per ``ttl`` seconds; concurrent callers share one ping.
+
+    A ping that takes longer than ``timeout`` counts as a failure, so a hung broker makes
+    the probe answer "not ready" promptly instead of hanging the orchestrator's check."""
+
+    def __init__(
+        self,
+        app: App,
+        ttl: float = 5.0,
+        *,
+        timeout: float = 2.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.app = app
+        self.ttl = ttl
+        self.timeout = timeout
+        self._monotonic = monotonic
+        self._last: Health | None = None
+        self._lock: asyncio.Lock | None = None
+        #: How many pings were sent (tests check the cache with it).
+        self.pings = 0
+
+    @property
+    def last(self) -> Health | None:
+        """The cached result, whatever its age."""
+        return self._last
+
+    def _fresh(self) -> Health | None:
+        last = self._last
+        if last is not None and self._monotonic() - last.checked_at < self.ttl:
+            return last
+        return None
+
+    async def check(self) -> Health:
+        """The cached result if younger than ``ttl``, else a new ping."""
+        cached = self._fresh()
+        if cached is not None:
+            return cached
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            cached = self._fresh()
+            if cached is not None:
+                return cached
+            self._last = await self._ping()
+            return self._last
+
+    async def _ping(self) -> Health:
+        self.pings += 1
+        started = self._monotonic()
+        error: str | None = None
+        try:
+            await asyncio.wait_for(self.app.ping(), self.timeout)
+        except TimeoutError:
+            error = f"broker ping timed out after {self.timeout:g}s"
+        except DurqError as exc:
+            error = exc.message
+        except OSError as exc:  # a driver error that escaped the broker's wrapping
+            error = f"{type(exc).__name__}: {exc}"
+        finished = self._monotonic()
+        return Health(error is None, error, finished, finished - started)
