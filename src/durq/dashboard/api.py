@@ -127,9 +127,7 @@ class AdminAPI:
         state = state_param(request, TaskState.PENDING)
         page, size = paging(request)
         stats = await self.inspector.queue_stats(queue)
-        tasks = await self.inspector.list_tasks(
-            queue, state, limit=size, offset=(page - 1) * size
-        )
+        tasks = await self.inspector.list_tasks(queue, state, limit=size, offset=(page - 1) * size)
         return JSONResponse(
             {
                 "queue": queue,

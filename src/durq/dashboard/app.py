@@ -255,7 +255,9 @@ class Guard:
         return self.dash.views.error_page(request, 403, message)
 
 
-def cookie_header(name: str, value: str, path: str, secure: bool, max_age: int | None = None) -> str:
+def cookie_header(
+    name: str, value: str, path: str, secure: bool, max_age: int | None = None
+) -> str:
     parts = [f"{name}={value}", f"Path={path}", "HttpOnly", "SameSite=Strict"]
     if max_age is not None:
         parts.append(f"Max-Age={max_age}")

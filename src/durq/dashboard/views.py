@@ -160,7 +160,9 @@ class Views:
         form = await request.form()
         data = {k: v for k, v in form.items() if isinstance(v, str)}
         if not self.dash.auth.csrf_ok(request, data.get(security.CSRF_FIELD)):
-            raise security.CSRFError("the form expired or came from another site (CSRF check failed)")
+            raise security.CSRFError(
+                "the form expired or came from another site (CSRF check failed)"
+            )
         return data
 
     # -- pages ------------------------------------------------------------------------------
@@ -187,9 +189,7 @@ class Views:
         raw_state = request.query_params.get("state") or TaskState.PENDING.value
         state = parse_state(raw_state)
         page, size = paging(request)
-        tasks = await self.inspector.list_tasks(
-            name, state, limit=size, offset=(page - 1) * size
-        )
+        tasks = await self.inspector.list_tasks(name, state, limit=size, offset=(page - 1) * size)
         total = stats.sizes.get(state, 0)
         pages = max(1, -(-total // size))
         return self.render(
@@ -217,9 +217,7 @@ class Views:
             return self.back(request, f"/queues/{quote(name)}", "enter a task id")
         info = await self.inspector.get_task_info(name, task_id)
         root = request.scope.get("root_path", "")
-        return RedirectResponse(
-            f"{root}/queues/{quote(name)}/tasks/{quote(info.id, safe='')}", 303
-        )
+        return RedirectResponse(f"{root}/queues/{quote(name)}/tasks/{quote(info.id, safe='')}", 303)
 
     async def task(self, request: Request) -> Response:
         info = await self.inspector.get_task_info(

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -91,7 +92,9 @@ class TaskMetrics(WorkerHooks):
             "durq_worker_busy_slots", "Task slots running a handler now.", registry=registry
         )
         self.slots = Gauge(
-            "durq_worker_concurrency", "Task slots of the workers in this process.", registry=registry
+            "durq_worker_concurrency",
+            "Task slots of the workers in this process.",
+            registry=registry,
         )
 
     # -- WorkerHooks ------------------------------------------------------------------------
@@ -222,9 +225,7 @@ class QueueCollector(Collector):
         paused = GaugeMetricFamily(
             "durq_queue_paused", "1 when the queue is paused.", labels=["queue"]
         )
-        up = GaugeMetricFamily(
-            "durq_broker_up", "1 when the last read of the queues succeeded."
-        )
+        up = GaugeMetricFamily("durq_broker_up", "1 when the last read of the queues succeeded.")
         for q in self._queues:
             for state in TaskState:
                 size.add_metric([q.name, state.value], q.sizes.get(state, 0))
@@ -341,12 +342,75 @@ async def start_metrics_server(
     return server
 
 
+class MetricsThread:
+    """A :class:`MetricsServer` on its own event loop in a daemon thread, for callers that
+    have no loop yet (the ``durq worker`` command starts it before the worker's loop).
+
+    The thread's loop gets its own broker connection from the app (one per loop)."""
+
+    def __init__(self, app: App, port: int, host: str = "0.0.0.0") -> None:  # noqa: S104
+        self.server = MetricsServer(app, port, host)
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="durq-metrics", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def start(self) -> None:
+        """Start serving; raises here (e.g. the port is taken) if the server cannot start."""
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self.server.start())
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+            self._loop.close()
+            return
+        self._ready.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.run_until_complete(self._shutdown())
+            self._loop.close()
+
+    async def _shutdown(self) -> None:
+        await self.server.stop()
+        with contextlib.suppress(Exception):
+            await self.server.app.close()
+
+    def stop(self) -> None:
+        """Stop serving and join the thread."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+
+
+def serve(app: App, port: int, host: str = "0.0.0.0") -> MetricsThread:  # noqa: S104
+    """Install the metrics on ``app`` and serve ``/metrics``, ``/healthz``, ``/readyz`` on
+    ``port`` from a background thread, started before this returns. Call it before the
+    worker is created (the worker copies the app's hooks)."""
+    thread = MetricsThread(app, port, host)
+    thread.start()
+    return thread
+
+
 __all__ = [
     "MetricsServer",
+    "MetricsThread",
     "QueueCollector",
     "TaskMetrics",
     "exposition",
     "install",
     "installed",
+    "serve",
     "start_metrics_server",
 ]

@@ -68,7 +68,6 @@ class TracingHooks(WorkerHooks):
             yield
 
 
-
 def install(app: App, tracer_provider: Any = None) -> bool:
     """Propagate trace context through ``app``'s tasks; ``False`` without OpenTelemetry.
 
