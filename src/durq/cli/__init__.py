@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from durq.cli import common, demo, enqueue, migrate, queue, scheduler, task, worker, workers
+from durq.cli import common, dash, demo, enqueue, migrate, queue, scheduler, task, worker, workers
 from durq.errors import DurqError
 
 app = typer.Typer(
@@ -42,6 +42,7 @@ workers.register(app)
 migrate.register(app)
 demo.register(app)
 scheduler.register(app)
+dash.register(app)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
