@@ -71,9 +71,9 @@ class PostgresBroker(PostgresAdmin):
             pool_max=pool_max,
         )
         self._listener: Listener | None = None
-        # When each set of queues was last looked at by claim (monotonic), so a wake-up that
-        # arrives between an empty claim and the next wait is not missed.
-        self._claim_marks: dict[frozenset[str], float] = {}
+        # When each queue was last claimed from (monotonic): a wake-up that arrives between a
+        # short claim and the next wait makes that wait return at once (level-triggered).
+        self._claim_marks: dict[str, float] = {}
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> PostgresBroker:
@@ -274,7 +274,10 @@ class PostgresBroker(PostgresAdmin):
         queues = list(dict.fromkeys(params.queues))
         if not queues or params.limit <= 0:
             return []
-        self._claim_marks[frozenset(queues)] = time.monotonic()
+        mark = time.monotonic()
+        for queue in queues:
+            self._claim_marks[queue] = mark
+        self._listen().start()
         now = self._now()
         rows = await self._fetch(
             "claim",
@@ -383,7 +386,13 @@ class PostgresBroker(PostgresAdmin):
         row = await self._fetch_one(
             "requeue",
             "requeue",
-            {"queue": lease.queue, "id": lease.id, "token": lease.token, "channel": self._channel},
+            {
+                "queue": lease.queue,
+                "id": lease.id,
+                "token": lease.token,
+                "now": self._now(),
+                "channel": self._channel,
+            },
         )
         return bool(row and row["n"])
 
@@ -438,9 +447,13 @@ class PostgresBroker(PostgresAdmin):
         if not wanted:
             await asyncio.sleep(timeout)
             return False
+        return await self._listen().wait(wanted, timeout, self._claim_marks)
+
+    def _listen(self) -> Listener:
+        # One listening connection per broker instance, opened on first need (workers only).
         if self._listener is None:
             self._listener = Listener(self._dsn, self._channel, self._connect_kwargs())
-        return await self._listener.wait(wanted, timeout, self._claim_marks.get(wanted))
+        return self._listener
 
     async def register_worker(self, info: WorkerInfo) -> None:
         """Insert or refresh a worker's row (its heartbeat); also makes its queues known."""

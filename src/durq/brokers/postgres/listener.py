@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import psycopg
@@ -39,23 +38,32 @@ class Listener:
     def listening(self) -> bool:
         return self._listening.is_set()
 
-    def last_seen(self, queues: Iterable[str]) -> float:
-        """Monotonic time of the latest notification for any of ``queues`` (0: none)."""
-        return max((self._last_seen.get(q, 0.0) for q in queues), default=0.0)
-
-    async def wait(self, queues: frozenset[str], timeout: float, since: float | None) -> bool:
-        """Wait for a notification on ``queues``; ``True`` if one came (or may have been lost).
-
-        ``since``: when the caller last looked for work; a notification that arrived after
-        it (between that look and this wait) wakes the caller at once."""
+    def start(self) -> None:
+        """Start listening in the background (idempotent); claim calls it, so a worker is
+        usually listening before its first wait."""
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name=f"durq-listen:{self._channel}")
+
+    def _seen_since(self, queues: frozenset[str], marks: dict[str, float]) -> bool:
+        for queue in queues:
+            seen = self._last_seen.get(queue)
+            if seen is not None and seen >= marks.get(queue, 0.0):
+                return True
+        return False
+
+    async def wait(self, queues: frozenset[str], timeout: float, marks: dict[str, float]) -> bool:
+        """Wait for a notification on ``queues``; ``True`` if one came (or may have been lost).
+
+        Level-triggered: ``marks`` holds when each queue was last claimed from (monotonic); a
+        notification that arrived after that returns at once."""
+        if not self.listening:
+            self.start()
             # Until LISTEN runs nothing is heard: wait for it, then let the caller look again.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._listening.wait()
             return self._listening.is_set()
-        if since is not None and self.last_seen(queues) >= since:
+        if self._seen_since(queues, marks):
             return True
         event = asyncio.Event()
         waiter = (queues, event)

@@ -159,7 +159,7 @@ kept AS (
     UPDATE {schema}.tasks AS t
     SET state = 'completed', completed_at = %(now)s, result = x.result,
         retention = x.retention, expires_at = %(now)s + x.retention,
-        lease_token = NULL, lease_expires_at = NULL, worker_id = NULL,
+        lease_token = NULL, lease_expires_at = NULL,
         cancel_requested = false, unique_key = NULL, unique_until = NULL
     FROM x
     WHERE t.queue = x.queue AND t.id = x.id AND x.retention > 0
@@ -188,7 +188,7 @@ WITH r AS (
     UPDATE {schema}.tasks AS t
     SET state = 'retry', retried = t.retried + 1, last_error = %(error)s,
         next_process_at = %(next_process_at)s,
-        lease_token = NULL, lease_expires_at = NULL, worker_id = NULL, cancel_requested = false
+        lease_token = NULL, lease_expires_at = NULL, cancel_requested = false
     WHERE t.queue = %(queue)s AND t.id = %(id)s
       AND t.state = 'active' AND t.lease_token = %(token)s
     RETURNING t.queue
@@ -207,8 +207,8 @@ WITH a AS (
     UPDATE {schema}.tasks AS t
     SET state = 'archived',
         retried = t.retried + CASE WHEN %(count_attempt)s THEN 1 ELSE 0 END,
-        last_error = %(error)s, completed_at = %(now)s,
-        lease_token = NULL, lease_expires_at = NULL, worker_id = NULL, cancel_requested = false,
+        last_error = %(error)s,
+        lease_token = NULL, lease_expires_at = NULL, cancel_requested = false,
         unique_key = NULL, unique_until = NULL
     WHERE t.queue = %(queue)s AND t.id = %(id)s
       AND t.state = 'active' AND t.lease_token = %(token)s
@@ -223,11 +223,11 @@ counted AS (
 SELECT count(*) AS n FROM a;
 
 -- name: requeue
--- Graceful shutdown hands the task back (W7): no attempt counted; wake other workers.
+-- Graceful shutdown hands the task back (W7): due now, no attempt counted; wake workers.
 WITH r AS (
     UPDATE {schema}.tasks AS t
-    SET state = 'pending',
-        lease_token = NULL, lease_expires_at = NULL, worker_id = NULL, cancel_requested = false
+    SET state = 'pending', next_process_at = %(now)s,
+        lease_token = NULL, lease_expires_at = NULL, cancel_requested = false
     WHERE t.queue = %(queue)s AND t.id = %(id)s
       AND t.state = 'active' AND t.lease_token = %(token)s
     RETURNING t.queue
@@ -276,12 +276,10 @@ rescued AS (
                      THEN 'archived' ELSE 'retry' END,
         last_error = CASE WHEN t.lost + 1 >= %(max_lost)s
                           THEN 'worker lost' ELSE 'lease expired' END,
-        completed_at = CASE WHEN t.lost + 1 >= %(max_lost)s OR t.retried + 1 > t.max_retry
-                            THEN %(now)s ELSE t.completed_at END,
         unique_key = CASE WHEN t.lost + 1 >= %(max_lost)s OR t.retried + 1 > t.max_retry
                           THEN NULL ELSE t.unique_key END,
         next_process_at = %(now)s,
-        lease_token = NULL, lease_expires_at = NULL, worker_id = NULL, cancel_requested = false
+        lease_token = NULL, lease_expires_at = NULL, cancel_requested = false
     FROM expired
     WHERE t.queue = expired.queue AND t.id = expired.id
     RETURNING t.*
@@ -388,7 +386,7 @@ SELECT *
 FROM {schema}.tasks
 WHERE queue = %(queue)s AND state = %(state)s
   AND NOT (state = 'completed' AND expires_at <= %(now)s)
-ORDER BY seq
+ORDER BY next_process_at, seq
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: get_task
@@ -400,7 +398,7 @@ WHERE queue = %(queue)s AND id = %(id)s
 -- name: run_task
 WITH r AS (
     UPDATE {schema}.tasks AS t
-    SET state = 'pending', next_process_at = %(now)s, completed_at = NULL
+    SET state = 'pending', next_process_at = %(now)s, lost = 0, cancel_requested = false
     WHERE t.queue = %(queue)s AND t.id = %(id)s
       AND t.state IN ('scheduled', 'retry', 'archived')
     RETURNING t.*
@@ -412,14 +410,14 @@ SELECT r.* FROM r, woken;
 
 -- name: archive_task
 UPDATE {schema}.tasks AS t
-SET state = 'archived', completed_at = %(now)s, unique_key = NULL, unique_until = NULL
+SET state = 'archived', unique_key = NULL, unique_until = NULL
 WHERE t.queue = %(queue)s AND t.id = %(id)s
   AND t.state IN ('pending', 'scheduled', 'retry')
 RETURNING t.*;
 
 -- name: cancel_waiting_task
 UPDATE {schema}.tasks AS t
-SET state = 'archived', last_error = 'cancelled', completed_at = %(now)s,
+SET state = 'archived', last_error = 'cancelled',
     unique_key = NULL, unique_until = NULL
 WHERE t.queue = %(queue)s AND t.id = %(id)s
   AND t.state IN ('pending', 'scheduled', 'retry')
@@ -441,7 +439,7 @@ RETURNING id;
 -- name: run_all
 WITH r AS (
     UPDATE {schema}.tasks AS t
-    SET state = 'pending', next_process_at = %(now)s, completed_at = NULL
+    SET state = 'pending', next_process_at = %(now)s, lost = 0, cancel_requested = false
     WHERE t.queue = %(queue)s AND t.state = %(state)s
     RETURNING t.queue
 ),

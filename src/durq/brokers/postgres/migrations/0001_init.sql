@@ -68,7 +68,7 @@ CREATE INDEX tasks_leases ON {schema}.tasks (lease_expires_at) WHERE state = 'ac
 CREATE INDEX tasks_retention ON {schema}.tasks (expires_at) WHERE state = 'completed';
 
 -- The inspector: tasks of one queue in one state, oldest first.
-CREATE INDEX tasks_by_state ON {schema}.tasks (queue, state, seq);
+CREATE INDEX tasks_by_state ON {schema}.tasks (queue, state, next_process_at, seq);
 
 -- Counters for the inspector (I1), per queue and UTC day of the broker clock.
 CREATE TABLE {schema}.stats (
