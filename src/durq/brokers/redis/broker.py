@@ -45,6 +45,8 @@ PROMOTE_BOUND = 1000
 RESCUE_BOUND = 1000
 #: Wake-up listener: reconnect backoff bounds (seconds).
 _LISTEN_BACKOFF = (0.05, 2.0)
+#: How long the first claim waits for the wake-up subscription (seconds).
+_SUBSCRIBE_WAIT = 2.0
 #: Marker in the notified set: wake every waiter (after a (re)subscription).
 _ALL = "*"
 
@@ -61,6 +63,7 @@ class RedisBroker(RedisAdmin):
         self._notified: set[str] = set()
         self._wake = asyncio.Event()
         self._listener: asyncio.Task[None] | None = None
+        self._subscribed = asyncio.Event()
 
     # -- enqueue --------------------------------------------------------------------------
 
@@ -176,6 +179,11 @@ class RedisBroker(RedisAdmin):
     async def claim(self, params: ClaimParams) -> list[Lease]:
         """Fill up to ``limit`` leases from the queues in order: one script per queue."""
         leases: list[Lease] = []
+        await self._start_listener(before_claim=True)
+        # Level-triggered wake-ups: what was published before this claim started is covered
+        # by it; only notifications from now on make the next wait_for_work return at once.
+        self._notified.difference_update(params.queues)
+        self._notified.discard(_ALL)
         async with self._op("claim"):
             await self._ensure()
             for queue in dict.fromkeys(params.queues):
@@ -396,8 +404,7 @@ class RedisBroker(RedisAdmin):
         the first subscription. Right after (re)subscribing every waiter is woken once, since
         messages published while unsubscribed are gone. ``timeout`` bounds the wait."""
         wanted = set(queues)
-        if self._listener is None or self._listener.done():
-            self._listener = asyncio.create_task(self._listen(), name="durq-redis-wakeups")
+        await self._start_listener(before_claim=False)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout)
         while True:
@@ -417,15 +424,36 @@ class RedisBroker(RedisAdmin):
         self._notified.add(queue)
         self._wake.set()
 
+    async def _start_listener(self, *, before_claim: bool) -> None:
+        """Start the wake-up listener once. Before a claim, wait (briefly) until it is
+        subscribed, so every enqueue after the claim started is seen; otherwise messages
+        may have been missed and the first wait returns at once."""
+        if self._listener is not None and not self._listener.done():
+            return
+        self._subscribed = asyncio.Event()
+        self._listener = asyncio.create_task(self._listen(), name="durq-redis-wakeups")
+        if before_claim:
+            try:
+                await asyncio.wait_for(self._subscribed.wait(), _SUBSCRIBE_WAIT)
+                return
+            except TimeoutError:
+                pass
+        self._notify_local(_ALL)
+
     async def _listen(self) -> None:
         """Keep one PSUBSCRIBE open; reconnect with backoff after errors or a restart."""
         delay = _LISTEN_BACKOFF[0]
+        missed = False
         while True:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.psubscribe(self._keys.notify_pattern)
                 delay = _LISTEN_BACKOFF[0]
-                self._notify_local(_ALL)
+                if missed:
+                    # Messages published while we were not subscribed are gone: wake all.
+                    self._notify_local(_ALL)
+                    missed = False
+                self._subscribed.set()
                 while True:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if msg is None:
@@ -436,7 +464,10 @@ class RedisBroker(RedisAdmin):
                         if queue is not None:
                             self._notify_local(queue)
             except (rex.RedisError, OSError):
-                # The server went away; waiters fall back to their timeout meanwhile.
+                # The server went away; waiters fall back to their timeout meanwhile, and a
+                # claim waiting for the first subscription goes on (and fails on its own).
+                missed = True
+                self._subscribed.set()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _LISTEN_BACKOFF[1])
             finally:

@@ -88,6 +88,10 @@ class RedisCore:
         parts = urlsplit(url)
         if parts.scheme not in ("redis", "rediss", "unix"):
             raise ConfigurationError(f"not a Redis URL: {_redact(url)!r}")
+        if parts.scheme != "unix" and parts.path.strip("/") and not parts.path.strip("/").isdigit():
+            raise ConfigurationError(
+                f"invalid Redis URL {_redact(url)!r}: the path must be a database number"
+            )
         query = parse_qsl(parts.query, keep_blank_values=True)
         prefix = DEFAULT_PREFIX
         rest: list[tuple[str, str]] = []
@@ -111,7 +115,17 @@ class RedisCore:
         if self._ready:
             return
         async with self._op("connect"):
-            info = await self._redis.info("server")
+            try:
+                info = await self._redis.info("server")
+            except rex.ConnectionError as exc:
+                if "closed by server" not in str(exc):
+                    raise
+                # A server that hangs up on the first command is often not a Redis at all.
+                raise BrokerUnavailableError(
+                    f"Redis at {_redact(self._url)} closed the connection on the first "
+                    "command: is it down, or is this not a Redis server?",
+                    operation="redis.connect",
+                ) from exc
             version = str(info.get("redis_version", "0"))
             if _version(version) < MIN_REDIS_VERSION:
                 raise SchemaError(

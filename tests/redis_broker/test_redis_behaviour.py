@@ -1,0 +1,195 @@
+"""Redis-specific behaviour beyond the shared conformance suite: scripts by SHA with NOSCRIPT
+reload, one slot per script call, keys confined to the prefix, real (not spurious) wake-ups."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+import pytest
+
+from durq.brokers.base import ClaimParams, CompleteParams, EnqueueParams, WorkerInfo
+from durq.brokers.redis import RedisBroker
+from durq.brokers.redis.lua import LuaScript
+from durq.clock import FakeClock
+from durq.errors import QueueNotFoundError
+from durq.states import TaskState
+
+
+def task(task_id: str, queue: str = "default", **kw: Any) -> EnqueueParams:
+    return EnqueueParams(id=task_id, queue=queue, type="test:task", payload=b'{"n":1}', **kw)
+
+
+def claim_params(queues: list[str], limit: int = 10) -> ClaimParams:
+    return ClaimParams(queues=queues, limit=limit, worker_id="w1", lease_seconds=30)
+
+
+def unknown_to_server(broker: RedisBroker) -> None:
+    """Give every script a SHA the server has never seen, as after a restart or SCRIPT FLUSH."""
+    import hashlib
+    import uuid
+
+    fresh = {}
+    for name, s in broker._scripts.items():
+        source = s.source + f"\n-- {uuid.uuid4()}\n".encode()
+        fresh[name] = LuaScript(name, source, hashlib.sha1(source).hexdigest())
+    broker._scripts = fresh
+
+
+async def test_scripts_are_reloaded_on_noscript(rbroker: RedisBroker) -> None:
+    unknown_to_server(rbroker)
+    assert (await rbroker.enqueue(task("a"))).state is TaskState.PENDING
+    unknown_to_server(rbroker)
+    outcomes = await rbroker.enqueue_many([task("b"), task("c"), task("a")])
+    assert [o.created for o in outcomes] == [True, True, False]
+    unknown_to_server(rbroker)
+    leases = await rbroker.claim(claim_params(["default"]))
+    assert [lease.task.id for lease in leases] == ["a", "b", "c"]
+    unknown_to_server(rbroker)
+    assert await rbroker.complete_many([CompleteParams(x.ref) for x in leases]) == [True] * 3
+    unknown_to_server(rbroker)
+    assert (await rbroker.extend_leases([leases[0].ref], 30)).lost == {"a"}
+
+
+async def test_script_flush_on_a_private_server(private_redis) -> None:
+    server = private_redis()
+    broker = RedisBroker.from_url(server.url, clock=FakeClock())
+    await broker.enqueue(task("a"))
+    raw = broker._redis
+    await raw.script_flush()
+    await broker.enqueue(task("b"))
+    await raw.script_flush()
+    assert len(await broker.claim(claim_params(["default"]))) == 2
+    await broker.close()
+
+
+class SlotRecorder:
+    """Wraps evalsha (direct and pipelined) to record the KEYS of every script call."""
+
+    def __init__(self, broker: RedisBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[list[str]] = []
+        redis = broker._redis
+        original, original_pipeline = redis.evalsha, redis.pipeline
+
+        def record(args: tuple[Any, ...]) -> None:
+            n = int(args[1])
+            self.calls.append([k if isinstance(k, str) else k.decode() for k in args[2 : 2 + n]])
+
+        async def evalsha(*args: Any) -> Any:
+            record(args)
+            return await original(*args)
+
+        def pipeline(*a: Any, **k: Any) -> Any:
+            pipe = original_pipeline(*a, **k)
+            inner = pipe.evalsha
+
+            def pipe_evalsha(*args: Any) -> Any:
+                record(args)
+                return inner(*args)
+
+            pipe.evalsha = pipe_evalsha
+            return pipe
+
+        monkeypatch.setattr(redis, "evalsha", evalsha)
+        monkeypatch.setattr(redis, "pipeline", pipeline)
+
+
+async def test_every_script_call_touches_one_slot_under_the_prefix(
+    rbroker: RedisBroker, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from redis.crc import key_slot
+
+    rec = SlotRecorder(rbroker, monkeypatch)
+    await rbroker.enqueue_many([task("a", "q:1"), task("b", "q:1", unique_key="u", unique_ttl=9)])
+    await rbroker.enqueue(task("c", "other", process_at=clock.now() + 5))
+    clock.advance(10)
+    leases = await rbroker.claim(claim_params(["q:1", "other"]))
+    await rbroker.extend_leases([x.ref for x in leases], 30)
+    await rbroker.complete(CompleteParams(leases[0].ref, b"1", retention=5))
+    await rbroker.retry(dataclasses.replace(_retry(leases[1])))
+    await rbroker.requeue(leases[2].ref)
+    await rbroker.promote_due()
+    clock.advance(100)
+    await rbroker.rescue_expired(3)
+    await rbroker.delete_expired(10)
+    await rbroker.run_all("q:1", TaskState.RETRY)
+    await rbroker.archive_task("q:1", "b")
+    await rbroker.run_task("q:1", "b")
+    await rbroker.cancel_task("q:1", "b")
+    await rbroker.delete_task("q:1", "b")
+    await rbroker.delete_all("other", TaskState.PENDING)
+    assert len(rec.calls) >= 15
+    for keys in rec.calls:
+        assert keys, "every script receives its keys"
+        assert {key_slot(k.encode()) for k in keys} == {key_slot(keys[0].encode())}
+        assert all(k.startswith(f"{rbroker.prefix}:{{") for k in keys)
+    # Nothing at all was written outside the prefix.
+    mine = [k async for k in rbroker._redis.scan_iter(match=f"*{rbroker.prefix}*")]
+    assert mine and all(k.startswith(f"{rbroker.prefix}:".encode()) for k in mine)
+
+
+def _retry(lease: Any) -> Any:
+    from durq.brokers.base import RetryParams
+
+    return RetryParams(lease.ref, "boom", 0.0)
+
+
+async def test_a_claim_then_wait_is_woken_by_a_real_notification(
+    redis_url: str, clock: FakeClock
+) -> None:
+    waiter = RedisBroker.from_url(redis_url, clock=clock)
+    client = RedisBroker.from_url(redis_url, clock=clock)
+    try:
+        assert await waiter.claim(claim_params(["default"])) == []
+        # Level-triggered from the claim: no enqueue since, so the wait is not woken...
+        assert await waiter.wait_for_work(["default"], timeout=0.2) is False
+        # ...and an enqueue into another queue does not wake it either.
+        await client.enqueue(task("x", "elsewhere"))
+        assert await waiter.wait_for_work(["default"], timeout=0.2) is False
+        latencies = []
+        for i in range(20):
+            await waiter.claim(claim_params(["default"]))
+            waiting = asyncio.create_task(waiter.wait_for_work(["default"], timeout=5))
+            await asyncio.sleep(0.01)
+            start = time.perf_counter()
+            await client.enqueue(task(f"t{i}"))
+            assert await waiting
+            latencies.append(time.perf_counter() - start)
+            await waiter.claim(claim_params(["default"]))
+        latencies.sort()
+        assert latencies[len(latencies) // 2] < 0.05, latencies
+    finally:
+        await waiter.close()
+        await client.close()
+
+
+async def test_enqueue_between_claim_and_wait_is_not_missed(
+    redis_url: str, clock: FakeClock
+) -> None:
+    waiter = RedisBroker.from_url(redis_url, clock=clock)
+    client = RedisBroker.from_url(redis_url, clock=clock)
+    try:
+        await waiter.claim(claim_params(["default"]))
+        await client.enqueue(task("late"))
+        await asyncio.sleep(0.05)  # the notification arrives before anyone waits
+        start = time.monotonic()
+        assert await waiter.wait_for_work(["default"], timeout=5)
+        assert time.monotonic() - start < 0.5
+    finally:
+        await waiter.close()
+        await client.close()
+
+
+async def test_pause_of_unknown_queue_and_queues_known_by_workers(rbroker: RedisBroker) -> None:
+    with pytest.raises(QueueNotFoundError):
+        await rbroker.pause_queue("nope")
+    await rbroker.register_worker(
+        WorkerInfo(id="host:1", host="host", pid=1, queues={"mail": 1}, concurrency=2, started_at=0)
+    )
+    await rbroker.pause_queue("mail")
+    (stats,) = await rbroker.list_queues()
+    assert stats.name == "mail" and stats.paused
+    (worker,) = await rbroker.list_workers()
+    assert worker.queues == {"mail": 1}
