@@ -1,8 +1,8 @@
 """The README's 30-second tutorial.
 
-    durq worker examples.quickstart:app                      # one shell
-    durq enqueue email:send --payload '{"to": "a@b.c"}'       # another shell
-    durq task ls --queue default --state completed
+durq worker examples.quickstart:app                      # one shell
+durq enqueue email:send --payload '{"to": "a@b.c"}'       # another shell
+durq task ls --queue default --state completed
 """
 
 from __future__ import annotations

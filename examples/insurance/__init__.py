@@ -1,0 +1,1 @@
+"""The reference service: order insurance coverage through a durable task queue."""

@@ -1,0 +1,380 @@
+"""The HTTP API: ``POST /orders``, ``GET /orders/{id}``, ``GET /health``.
+
+Run as a monolith (the worker inside this process, ``INSURANCE_MONOLITH=1``, the default)::
+
+    uvicorn examples.insurance.api:create_app --factory --port 8000
+
+or split (``INSURANCE_MONOLITH=0``) next to ``durq worker examples.insurance.worker:app``.
+Only how the process is assembled changes; the handlers are the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import re
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException
+
+import durq
+from durq.web import Answer, already_accepted, enqueue_answer
+from durq.web.asgi import durq_lifespan, get_durq, to_response
+from examples.insurance.config import Settings
+from examples.insurance.health import HealthProbe
+from examples.insurance.logs import setup_logging
+from examples.insurance.store import NewOrder, Order
+from examples.insurance.tasks import COVERAGE_QUEUE, COVERAGE_TASK, Runtime, build
+
+log = logging.getLogger("insurance.api")
+
+_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")  # printable ASCII, no spaces
+_ORDER_ID = re.compile(r"^ord_[0-9a-f]{24}$")
+
+
+# -- the request and response bodies ---------------------------------------------------------
+
+
+class Item(BaseModel):
+    """One line of the order."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    sku: str = Field(pattern=r"^[A-Z0-9][A-Z0-9-]{0,31}$", examples=["A-1"])
+    qty: int = Field(ge=1, le=1000)
+
+
+class OrderIn(BaseModel):
+    """``{"items": [{"sku": "A-1", "qty": 2}]}``, as in the seed's command."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    items: list[Item] = Field(min_length=1, max_length=100)
+
+
+class OrderOut(BaseModel):
+    """An order as its owner sees it."""
+
+    order_id: str
+    status: str
+    items: list[dict[str, Any]]
+    policy_number: str | None
+    attempts: int
+    last_error: str | None
+    task_id: str
+    task_state: str | None
+    created_at: float
+    updated_at: float
+
+
+# -- errors: always JSON -------------------------------------------------------------------
+
+
+class ApiError(HTTPException):
+    """An error answer ``{"error": {"code", "message"}}``."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        details: Any = None,
+    ) -> None:
+        super().__init__(status, message, headers=headers)
+        self.code = code
+        self.details = details
+
+
+def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if details is not None:
+        error["details"] = details
+    return {"error": error}
+
+
+def _validation_details(exc: ValidationError | RequestValidationError) -> list[dict[str, Any]]:
+    return [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+        for e in exc.errors()
+    ]
+
+
+# -- identity and ids -------------------------------------------------------------------------
+
+
+def order_ids(customer: str, key: str | None) -> tuple[str, str]:
+    """``(order_id, task_id)``. With an Idempotency-Key both derive from (customer, key), so a
+    retried request names the same order and the same durq task (E3)."""
+    if key is None:
+        digest = uuid.uuid4().hex[:24]
+    else:
+        digest = hashlib.sha256(f"{customer}\0{key}".encode()).hexdigest()[:24]
+    order_id = f"ord_{digest}"
+    return order_id, f"coverage:{order_id}"
+
+
+def request_hash(order: OrderIn) -> str:
+    canonical = json.dumps(order.model_dump(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def order_out(order: Order, task_state: str | None) -> dict[str, Any]:
+    return OrderOut(
+        order_id=order.id,
+        status=order.status,
+        items=order.items,
+        policy_number=order.policy_number,
+        attempts=order.attempts,
+        last_error=order.last_error,
+        task_id=order.task_id,
+        task_state=task_state,
+        created_at=order.created_at,
+        updated_at=order.updated_at,
+    ).model_dump()
+
+
+# -- dependencies --------------------------------------------------------------------------
+
+
+def current_customer(request: Request) -> str:
+    """The customer behind the bearer token (the enqueue endpoint is a write)."""
+    tokens: dict[str, str] = request.app.state.tokens
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(
+            401,
+            "unauthorized",
+            "a bearer token is required",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    given = token.strip().encode()
+    for known, who in tokens.items():
+        if hmac.compare_digest(known.encode(), given):
+            return who
+    raise ApiError(
+        401,
+        "unauthorized",
+        "the bearer token is not valid",
+        headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+    )
+
+
+def current_runtime(request: Request) -> Runtime:
+    """The process's store and partner clients (installed by the lifespan)."""
+    rt: Runtime = request.app.state.runtime
+    return rt
+
+
+Customer = Annotated[str, Depends(current_customer)]
+Client = Annotated[durq.App, Depends(get_durq)]
+Rt = Annotated[Runtime, Depends(current_runtime)]
+
+
+# -- the app -------------------------------------------------------------------------------------
+
+
+def create_app(settings: Settings | None = None, *, configure_logging: bool = True) -> FastAPI:
+    """The API, with the worker inside when ``settings.monolith``."""
+    settings = settings or Settings.from_env()
+    if configure_logging:
+        setup_logging(settings.log_format, settings.log_level)
+    app, runtimes = build(settings)
+    tokens = dict(settings.tokens)
+    if not tokens:
+        token = secrets.token_urlsafe(16)
+        tokens[token] = "demo"
+        log.warning("INSURANCE_TOKENS is not set: customer 'demo' has token %s", token)
+    probe = HealthProbe(app, ttl=settings.health_ttl)
+
+    @contextlib.asynccontextmanager
+    async def resources(api: FastAPI) -> AsyncIterator[None]:
+        runtime = await runtimes.create()
+        runtimes.install(runtime)
+        api.state.runtime = runtime
+        try:
+            yield
+        finally:
+            await runtimes.close()
+
+    worker_options: dict[str, Any] | bool = False
+    if settings.monolith:
+        worker_options = {
+            "queues": [COVERAGE_QUEUE],
+            "concurrency": settings.concurrency,
+            "shutdown_timeout": settings.shutdown_timeout,
+            "poll_interval": settings.worker_poll,
+            "promote_interval": settings.worker_poll,
+        }
+    api = FastAPI(
+        title="Insurance coverage service",
+        version="1.0.0",
+        description="Orders whose insurance coverage is obtained by a durable background task.",
+        lifespan=durq_lifespan(app, worker=worker_options, inner=resources),
+    )
+    api.state.settings = settings
+    api.state.runtimes = runtimes
+    api.state.probe = probe
+    api.state.tokens = tokens
+
+    async def read_order(request: Request) -> OrderIn:
+        """The body, bounded in size, parsed and validated; 4xx before anything is saved."""
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > settings.max_body):
+            raise ApiError(413, "body_too_large", f"the body exceeds {settings.max_body} bytes")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > settings.max_body:
+                raise ApiError(413, "body_too_large", f"the body exceeds {settings.max_body} bytes")
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise ApiError(400, "malformed_json", "the body is not valid JSON") from None
+        try:
+            return OrderIn.model_validate(data)
+        except ValidationError as exc:
+            raise ApiError(
+                422, "invalid_order", "the order is not valid", details=_validation_details(exc)
+            ) from None
+
+    # -- routes ------------------------------------------------------------------------------
+
+    @api.post(
+        "/orders",
+        status_code=202,
+        responses={
+            200: {"description": "already accepted (same Idempotency-Key)"},
+            401: {"description": "no or bad token"},
+            409: {"description": "Idempotency-Key reused with another body"},
+            503: {"description": "the task broker is unavailable; nothing saved"},
+        },
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": OrderIn.model_json_schema()}},
+            }
+        },
+    )
+    async def create_order(request: Request, who: Customer, durq_app: Client, rt: Rt) -> Any:
+        """Save the order and queue its coverage task; answer 202 with ``Location``."""
+        key = request.headers.get("idempotency-key")
+        if key is not None and not _IDEMPOTENCY_KEY.fullmatch(key):
+            raise ApiError(
+                400, "invalid_idempotency_key", "Idempotency-Key: 1-200 printable characters"
+            )
+        body = await read_order(request)
+        order_id, task_id = order_ids(who, key)
+        location = f"/orders/{order_id}"
+        new = NewOrder(
+            id=order_id,
+            customer=who,
+            idempotency_key=key,
+            request_hash=request_hash(body),
+            items=[i.model_dump() for i in body.items],
+            task_id=task_id,
+        )
+
+        async def enqueue(connection: Any) -> Answer:
+            # The three-answer contract in one call (H1-H3).
+            return await enqueue_answer(
+                durq_app,
+                COVERAGE_TASK,
+                {"order_id": order_id},
+                task_id=task_id,
+                location=location,
+                connection=connection,
+                extra={"order_id": order_id},
+            )
+
+        created = await rt.store.create(new, enqueue)
+        fields = {"order_id": order_id, "customer": who, "task_id": task_id}
+        if created.existing is not None:
+            existing = created.existing
+            if existing.request_hash != new.request_hash:
+                raise ApiError(
+                    409,
+                    "idempotency_key_reused",
+                    "this Idempotency-Key was used for a different order",
+                )
+            log.info("order already accepted", extra=fields)
+            answer = already_accepted(
+                existing.task_id,
+                location=f"/orders/{existing.id}",
+                extra={"order_id": existing.id},
+            )
+            return to_response(answer)
+        assert created.answer is not None
+        status = created.answer.status_code
+        level = logging.ERROR if status >= 500 else logging.INFO
+        log.log(level, "order %s", created.answer.body.get("status", status), extra=fields)
+        return to_response(created.answer)
+
+    @api.get("/orders/{order_id}", response_model=OrderOut, responses={404: {}})
+    async def get_order(order_id: str, who: Customer, durq_app: Client, rt: Rt) -> Any:
+        """The order, for its owner only; anyone else gets 404 (an id is not a password)."""
+        order = (
+            await rt.store.get_for_customer(order_id, who) if _ORDER_ID.match(order_id) else None
+        )
+        if order is None:
+            raise ApiError(404, "not_found", "no such order")
+        task_state = None
+        with contextlib.suppress(durq.DurqError, TimeoutError):
+            info = await durq_app.inspector.get_task_info(COVERAGE_QUEUE, order.task_id)
+            task_state = info.state.value
+        return order_out(order, task_state)
+
+    @api.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        """Cached broker probe (never a business call) and the partners' breaker states."""
+        verdict, cached = await probe.check()
+        runtime_: Runtime | None = getattr(request.app.state, "runtime", None)
+        partners = {}
+        if runtime_ is not None:
+            partners = {
+                s.name: {
+                    "breaker": s.breaker.state,
+                    "opened": s.breaker.opened,
+                    "in_flight": s.bulkhead.in_use,
+                }
+                for s in runtime_.systems()
+            }
+        body = {
+            "status": "ok" if verdict.ok else "unavailable",
+            "broker": {"ok": verdict.ok, "error": verdict.error, "cached": cached},
+            "mode": "monolith" if settings.monolith else "split",
+            "partners": partners,
+        }
+        return JSONResponse(body, status_code=200 if verdict.ok else 503)
+
+    # -- error answers -------------------------------------------------------------------------
+
+    @api.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        if isinstance(exc, ApiError):
+            body = error_body(exc.code, str(exc.detail), exc.details)
+        else:
+            code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
+            body = error_body(code, str(exc.detail))
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @api.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        body = error_body("invalid_request", "the request is not valid", _validation_details(exc))
+        return JSONResponse(body, status_code=422)
+
+    return api

@@ -1,0 +1,240 @@
+"""The coverage task: the seed's scheduler loop, as a durq task.
+
+R-RES-ASYNC-1 step by step, and who does it:
+
+* "find due tasks with FOR UPDATE SKIP LOCKED LIMIT 50": the durq worker's claim;
+* "call the partner with a per-call deadline": :func:`coverage_attempt` via ``partners.py``;
+* "still pending: reschedule with min(2^n, 300) s": ``raise NotReady`` with the
+  ``capped_power_of_two`` retry policy (the broker keeps the time, not this process);
+* "after 20 attempts: FAILED + ERROR log": the handler marks the order FAILED on its last
+  attempt and durq archives the task with its ERROR alert line;
+* "success: COMPLETED and the business flow continues": the order becomes COVERED with
+  the policy number, and the task completes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from typing import Any
+
+from pydantic import BaseModel
+
+import durq
+from durq.backoff import RetryDelay
+from durq.brokers.base import CAP_TRANSACTIONAL_ENQUEUE
+from examples.insurance.config import Settings
+from examples.insurance.partners import (
+    CoverageItem,
+    InsurancePartner,
+    PartnerProtocolError,
+    PartnerSystem,
+    Warehouses,
+)
+from examples.insurance.resilience import (
+    Bulkhead,
+    CircuitBreaker,
+    SystemUnavailableError,
+    retry_briefly,
+)
+from examples.insurance.store import Order, OrderStore, open_store
+
+log = logging.getLogger("insurance.coverage")
+
+COVERAGE_TASK = "insurance:check_coverage"
+COVERAGE_QUEUE = "insurance"
+
+
+class CoveragePayload(BaseModel):
+    """The task's payload: only the order id; everything else is read from the order."""
+
+    order_id: str
+
+
+class PermanentFailure(Exception):
+    """Retrying cannot help (rejected by the partner, out of stock)."""
+
+
+class Runtime:
+    """What the API and the coverage task share in one process: the orders store and one
+    client (with breaker and bulkhead) per partner system."""
+
+    def __init__(self, settings: Settings, *, transactional: bool) -> None:
+        self.settings = settings
+        self.store: OrderStore = open_store(
+            settings.database_url, settings.database_schema, transactional=transactional
+        )
+        self.insurance = InsurancePartner(self._system("insurance", settings.partner_url))
+        self.warehouses = Warehouses(
+            {
+                name: self._system(f"warehouse:{name}", url)
+                for name, url in settings.warehouses.items()
+            },
+            fanout_timeout=settings.fanout_timeout,
+        )
+
+    def _system(self, name: str, url: str) -> PartnerSystem:
+        s = self.settings
+        return PartnerSystem(
+            name,
+            url,
+            call_timeout=s.call_timeout,
+            breaker=CircuitBreaker(name, failures=s.breaker_failures, reset=s.breaker_reset),
+            bulkhead=Bulkhead(name, s.bulkhead),
+        )
+
+    def systems(self) -> list[PartnerSystem]:
+        return [self.insurance.system, *self.warehouses.systems.values()]
+
+    async def open(self) -> None:
+        await self.store.open()
+
+    async def aclose(self) -> None:
+        await self.insurance.system.aclose()
+        await self.warehouses.aclose()
+        await self.store.close()
+
+
+class Runtimes:
+    """One :class:`Runtime` per event loop (HTTP clients and pools are bound to their loop).
+
+    In the monolith the API's lifespan installs it; a split worker creates it on first use."""
+
+    def __init__(self, settings: Settings, app: durq.App) -> None:
+        self.settings = settings
+        self.app = app
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def get(self) -> Runtime:
+        loop = asyncio.get_running_loop()
+        runtime = self._by_loop.get(loop)
+        if runtime is not None:
+            return runtime
+        async with self._lock.setdefault(loop, asyncio.Lock()):
+            runtime = self._by_loop.get(loop)
+            if runtime is None:
+                runtime = await self.create()
+                self._by_loop[loop] = runtime
+        return runtime
+
+    async def create(self) -> Runtime:
+        # Capabilities are declared as data: no connection needed, so the API starts (and
+        # answers 503) even while the broker is down.
+        transactional = CAP_TRANSACTIONAL_ENQUEUE in self.app.new_broker().capabilities
+        runtime = Runtime(self.settings, transactional=transactional)
+        await runtime.open()
+        return runtime
+
+    def install(self, runtime: Runtime) -> None:
+        self._by_loop[asyncio.get_running_loop()] = runtime
+
+    async def close(self) -> None:
+        runtime = self._by_loop.pop(asyncio.get_running_loop(), None)
+        if runtime is not None:
+            await runtime.aclose()
+
+
+def retry_policy(settings: Settings) -> str | RetryDelay:
+    """The seed's ``min(2**n, 300)`` s; base and cap come from the environment."""
+    if settings.backoff_base == 1.0 and settings.backoff_cap == 300.0:
+        return "capped_power_of_two"
+    base, cap = settings.backoff_base, settings.backoff_cap
+
+    def policy(retried: int, exc: BaseException) -> float:
+        return float(min(base * 2 ** min(retried, 62), cap))
+
+    return policy
+
+
+async def coverage_attempt(runtime: Runtime, order: Order) -> str:
+    """One attempt: availability (first time), submit (first time), then one status call.
+
+    Returns the policy number; raises ``durq.NotReady`` while the partner checks,
+    :class:`SystemUnavailableError` when a system is down, :class:`PermanentFailure` when
+    retrying cannot help."""
+    budget = runtime.settings.in_memory_wait
+    ref = order.external_ref
+    if ref is None:
+        needed: dict[str, int] = {}
+        for item in order.items:
+            needed[item["sku"]] = needed.get(item["sku"], 0) + int(item["qty"])
+        available = await runtime.warehouses.availability(list(needed))
+        if runtime.warehouses.systems:
+            short = [sku for sku, qty in needed.items() if available.get(sku, 0) < qty]
+            if short:
+                raise PermanentFailure(f"out of stock: {', '.join(sorted(short))}")
+        items = [CoverageItem(sku=i["sku"], qty=int(i["qty"])) for i in order.items]
+        ref = await retry_briefly(
+            lambda: runtime.insurance.request_coverage(order.id, items), budget=budget
+        )
+        await runtime.store.set_external_ref(order.id, ref)
+    status = await retry_briefly(lambda: runtime.insurance.coverage_status(ref), budget=budget)
+    if status.status == "pending":
+        raise durq.NotReady("coverage pending at the insurance partner")
+    if status.status == "rejected":
+        raise PermanentFailure(f"rejected by the insurance partner: {status.reason or 'no reason'}")
+    if not status.policy_number:
+        raise PartnerProtocolError("insurance: confirmed without a policy number")
+    return status.policy_number
+
+
+def register(app: durq.App, runtimes: Runtimes, settings: Settings) -> durq.TaskDef[Any, Any]:
+    """Register the coverage task on ``app``."""
+    timeout = settings.fanout_timeout + 2 * (settings.call_timeout + settings.in_memory_wait) + 5
+
+    @app.task(
+        COVERAGE_TASK,
+        queue=COVERAGE_QUEUE,
+        # max_retry counts retries: 20 attempts = the first one + 19 retries.
+        max_retry=settings.max_attempts - 1,
+        retry_delay=retry_policy(settings),
+        timeout=timeout,
+        retention=7 * 24 * 3600,
+    )
+    async def check_coverage(payload: CoveragePayload, ctx: durq.TaskContext) -> dict[str, Any]:
+        """Poll the insurance partner for one order until it is covered or given up."""
+        runtime = await runtimes.get()
+        store = runtime.store
+        fields = {"order_id": payload.order_id, "task_id": ctx.id, "attempt": ctx.attempt}
+        order = await store.get(payload.order_id)
+        if order is None:
+            raise durq.SkipRetry(f"order {payload.order_id} not found")
+        if order.status != "PENDING":  # at-least-once: a re-run after success changes nothing
+            return {"order_id": order.id, "status": order.status, "policy": order.policy_number}
+        last_attempt = ctx.retried >= ctx.max_retry
+        try:
+            policy = await coverage_attempt(runtime, order)
+        except PermanentFailure as exc:
+            await store.mark_failed(order.id, str(exc), ctx.attempt)
+            log.warning("order FAILED: %s", exc, extra=fields)
+            raise durq.SkipRetry(str(exc)) from None
+        except (durq.NotReady, SystemUnavailableError, PartnerProtocolError) as exc:
+            reason = exc.reason if isinstance(exc, durq.NotReady) else str(exc)
+            if last_attempt:
+                # durq archives the task after this raise and writes the ERROR alert line.
+                await store.mark_failed(
+                    order.id, f"gave up after {ctx.attempt} attempts: {reason}", ctx.attempt
+                )
+                log.warning("order FAILED after %d attempts: %s", ctx.attempt, reason, extra=fields)
+            else:
+                await store.record_attempt(order.id, ctx.attempt, reason)
+            raise
+        await store.mark_covered(order.id, policy, ctx.attempt)
+        log.info("order COVERED: policy %s", policy, extra=fields)
+        return {"order_id": order.id, "status": "COVERED", "policy": policy}
+
+    return check_coverage
+
+
+def build(settings: Settings, *, app: durq.App | None = None) -> tuple[durq.App, Runtimes]:
+    """The durq app with the coverage task, and the per-loop runtimes it uses."""
+    app = app or durq.App(settings.broker_url)
+    runtimes = Runtimes(settings, app)
+    register(app, runtimes, settings)
+    return app, runtimes
