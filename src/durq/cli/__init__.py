@@ -13,7 +13,19 @@ from typing import Any
 
 import typer
 
-from durq.cli import common, dash, demo, enqueue, migrate, queue, scheduler, task, worker, workers
+from durq.cli import (
+    bench,
+    common,
+    dash,
+    demo,
+    enqueue,
+    migrate,
+    queue,
+    scheduler,
+    task,
+    worker,
+    workers,
+)
 from durq.errors import DurqError
 
 app = typer.Typer(
@@ -41,6 +53,7 @@ queue.register(app)
 workers.register(app)
 migrate.register(app)
 demo.register(app)
+bench.register(app)
 scheduler.register(app)
 dash.register(app)
 
