@@ -85,12 +85,13 @@ def worker_command(
     if log_level.upper() not in _LEVELS:
         raise UsageFailure(f"--log-level must be one of {', '.join(_LEVELS)}, got {log_level!r}")
     grace = durations.parse(shutdown_timeout)
+    weights = parse_queues(queues) if queues else None  # cheap checks before importing APP
     setup_logging(log_level.upper(), log_format)
     application = load_app(app_path, broker)
     if metrics_port is not None:
         _start_metrics(application, metrics_port)  # before the worker copies the app's hooks
     worker = application.worker(
-        queues=parse_queues(queues) if queues else None,
+        queues=weights,
         concurrency=concurrency,
         strict=strict,
         shutdown_timeout=grace,

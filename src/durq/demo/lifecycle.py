@@ -111,8 +111,8 @@ async def _enqueue_all(demo: Demo) -> None:
     app, ids, say = demo.app, demo.ids, demo.say
     info = await app.enqueue("demo:greet", {"name": "Ada"}, task_id=ids["welcome"])
     say(f"enqueued [bold]{info.id}[/] (demo:greet): {_state(info.state.value)}")
-    info = await app.enqueue("demo:remind", {"who": "Grace"}, task_id=ids["reminder"], process_in=3)
-    say(f"enqueued [bold]{info.id}[/] (demo:remind, process_in=3s): {_state(info.state.value)}")
+    info = await app.enqueue("demo:remind", {"who": "Grace"}, task_id=ids["reminder"], process_in=2)
+    say(f"enqueued [bold]{info.id}[/] (demo:remind, process_in=2s): {_state(info.state.value)}")
     info = await app.enqueue("demo:poll_partner", {"ready_after": 3}, task_id=ids["partner"])
     say(f"enqueued [bold]{info.id}[/] (demo:poll_partner, NotReady until check 4)")
     info = await app.enqueue("demo:charge_card", {"amount": 42}, task_id=ids["charge"])

@@ -1,0 +1,173 @@
+"""The durq command line through a real subprocess: output, --json and exit codes (SPEC
+"Command line": 0 ok, 1 domain error, 2 usage error, one line on stderr, no traceback)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.cli.clikit import REPO, Cli, assert_one_line_error
+
+
+def test_enqueue_then_task_get_json_roundtrip(cli: Cli) -> None:
+    created = cli.ok(
+        "enqueue", "email:send", "--payload", '{"to": "a@b.c"}', "--task-id", "order-1",
+        "--max-retry", "3", "--timeout", "10s", "--retention", "24h", "--json",
+    ).json()  # fmt: skip
+    assert created["id"] == "order-1"
+    assert created["state"] == "pending"
+    assert created["payload"] == {"to": "a@b.c"}
+    assert (created["max_retry"], created["timeout"], created["retention"]) == (3, 10.0, 86400.0)
+
+    got = cli.ok("task", "get", "order-1", "--queue", "default", "--json").json()
+    assert got == created
+
+
+def test_enqueue_human_output_and_delay(cli: Cli) -> None:
+    result = cli.ok("enqueue", "report:build", "--queue", "low", "--process-in", "1h")
+    assert "scheduled" in result.out and "report:build" in result.out
+    at = cli.ok(
+        "enqueue", "report:build", "--process-at", "2099-01-01T00:00:00Z", "--json"
+    ).json()  # fmt: skip
+    assert at["state"] == "scheduled"
+    assert at["next_process_at"].startswith("2099-01-01T00:00:00")
+
+
+def test_task_id_conflict_exits_1_naming_the_existing_task(cli: Cli) -> None:
+    cli.ok("enqueue", "email:send", "--task-id", "order-7")
+    result = cli("enqueue", "email:send", "--task-id", "order-7", "--payload", '{"x": 1}')
+    assert_one_line_error(result, 1, "order-7", "pending")
+    assert result.out == ""
+    # Nothing changed: the first task keeps its (empty) payload.
+    assert cli.ok("task", "get", "order-7", "--json").json()["payload"] == {}
+
+
+def test_bad_payload_is_a_usage_error(cli: Cli) -> None:
+    assert_one_line_error(cli("enqueue", "email:send", "--payload", '{"to": '), 2, "--payload")
+    assert_one_line_error(cli("enqueue", "email:send", "--payload", "[1, 2]"), 2, "JSON object")
+    # Nothing was written.
+    assert cli.ok("queue", "ls", "--json").json() == []
+
+
+def test_usage_errors_exit_2(cli: Cli) -> None:
+    assert_one_line_error(cli("enqueue", "t", "--process-in", "5x"), 2, "duration")
+    assert_one_line_error(cli("enqueue", "t", "--timeout", "-3"), 2)
+    assert_one_line_error(cli("enqueue", "t", "--queue", "bad queue!"), 2, "queue name")
+    assert_one_line_error(cli("enqueue", "bad type!"), 2, "task type")
+    assert_one_line_error(cli("enqueue", "t", "--process-at", "tomorrow"), 2, "ISO 8601")
+    assert_one_line_error(cli("task", "ls", "--state", "sleeping"), 2, "unknown state")
+    assert_one_line_error(cli("task", "ls", "--limit", "many"), 2, "--limit")
+    assert_one_line_error(cli("task", "get"), 2, "ID")
+    assert_one_line_error(cli("no-such-command"), 2, "no-such-command")
+    assert_one_line_error(cli("worker", "x:app", "--queues", "a=x"), 2, "weight")
+
+
+def test_unknown_broker_scheme_exits_2(cli: Cli) -> None:
+    for args in (["queue", "ls"], ["enqueue", "t"], ["migrate"], ["workers"], ["demo"]):
+        assert_one_line_error(cli(*args, "--broker", "mysql://localhost/x"), 2, "mysql")
+
+
+def test_unreachable_or_corrupt_database_exits_1(cli: Cli, tmp_path: Path) -> None:
+    missing = f"sqlite:///{tmp_path / 'no' / 'such' / 'dir' / 'x.db'}"
+    assert_one_line_error(cli("queue", "ls", "--broker", missing), 1)
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database" * 100)
+    assert_one_line_error(cli("enqueue", "t", "--broker", f"sqlite:///{garbage}"), 1)
+
+
+def test_unknown_task_exits_1(cli: Cli) -> None:
+    cli.ok("enqueue", "t")  # the queue exists; the task does not
+    for verb in ("get", "run", "delete", "archive", "cancel"):
+        assert_one_line_error(cli("task", verb, "nope", "--queue", "default"), 1, "nope")
+
+
+def test_queue_pause_unpause_ls(cli: Cli) -> None:
+    cli.ok("enqueue", "t", "--queue", "emails")
+    cli.ok("enqueue", "t", "--queue", "emails", "--process-in", "1h")
+    assert cli.ok("queue", "pause", "emails", "--json").json() == {
+        "queue": "emails",
+        "paused": True,
+    }
+    (queue,) = cli.ok("queue", "ls", "--json").json()
+    assert queue["name"] == "emails" and queue["paused"] is True
+    assert queue["sizes"]["pending"] == 1 and queue["sizes"]["scheduled"] == 1
+    assert queue["size"] == 2
+    people = cli.ok("queue", "ls").out
+    assert "emails*" in people and "paused" in people
+
+    cli.ok("queue", "unpause", "emails")
+    assert cli.ok("queue", "ls", "--json").json()[0]["paused"] is False
+    assert_one_line_error(cli("queue", "pause", "bad name"), 2, "queue name")
+
+
+def test_task_ls_run_archive_delete_cancel(cli: Cli) -> None:
+    cli.ok("enqueue", "t", "--task-id", "later", "--process-in", "1h")
+    cli.ok("enqueue", "t", "--task-id", "now")
+
+    scheduled = cli.ok("task", "ls", "--queue", "default", "--state", "scheduled", "--json")
+    assert [t["id"] for t in scheduled.json()] == ["later"]
+    assert "later" in cli.ok("task", "ls", "--state", "scheduled").out
+
+    assert cli.ok("task", "run", "later", "--json").json()["state"] == "pending"
+    pending = cli.ok("task", "ls", "--state", "pending", "--json").json()
+    assert sorted(t["id"] for t in pending) == ["later", "now"]
+    # Pages: one task per page, in order.
+    page2 = cli.ok("task", "ls", "--state", "pending", "--limit", "1", "--page", "2", "--json")
+    assert len(page2.json()) == 1
+
+    assert cli.ok("task", "archive", "later", "--json").json()["state"] == "archived"
+    archived = cli.ok("task", "ls", "--state", "archived", "--json").json()
+    assert [t["id"] for t in archived] == ["later"]
+    # Archived cannot be archived again: a domain error.
+    assert_one_line_error(cli("task", "archive", "later"), 1)
+
+    cancelled = cli.ok("task", "cancel", "now", "--json").json()
+    assert cancelled["state"] == "archived" and cancelled["last_error"] == "cancelled"
+
+    assert cli.ok("task", "delete", "later", "--json").json()["deleted"] is True
+    assert_one_line_error(cli("task", "get", "later"), 1, "later")
+    assert "no pending tasks" in cli.ok("task", "ls").out
+
+
+def test_queue_run_all_and_delete_all(cli: Cli) -> None:
+    for i in range(3):
+        cli.ok("enqueue", "t", "--task-id", f"a{i}")
+        cli.ok("task", "archive", f"a{i}")
+    assert cli.ok("queue", "run-all", "default", "--state", "archived", "--json").json()["run"] == 3
+    deleted = cli.ok("queue", "delete-all", "default", "--state", "pending", "--json").json()
+    assert deleted["deleted"] == 3
+
+
+def test_migrate_and_workers(cli: Cli) -> None:
+    migrated = cli.ok("migrate", "--json").json()
+    assert migrated["broker"] == "sqlite"
+    assert isinstance(migrated["applied"], list)
+    again = cli.ok("migrate", "--json").json()
+    assert again["applied"] == []
+    assert "up to date" in cli.ok("migrate").out
+    assert cli.ok("workers", "--json").json() == []
+    assert "no live workers" in cli.ok("workers").out
+
+
+def test_help_has_examples(cli: Cli) -> None:
+    top = cli.ok("--help").out
+    for command in ("worker", "enqueue", "task", "queue", "workers", "migrate", "demo"):
+        assert command in top
+    assert "Examples" in cli.ok("enqueue", "--help").out
+    assert "Examples" in cli.ok("task", "--help").out
+    # A bare group shows its help.
+    assert "ls" in cli.ok("task").out
+
+
+def test_worker_app_errors_are_one_line(cli: Cli) -> None:
+    assert_one_line_error(cli("worker", "no_such_module:app"), 2, "no_such_module")
+    assert_one_line_error(cli("worker", "examples.quickstart", cwd=REPO), 2, "module:attribute")
+    assert_one_line_error(cli("worker", "examples.quickstart:missing", cwd=REPO), 2, "no attribute")
+    assert_one_line_error(
+        cli("worker", "examples.quickstart:SendEmail", cwd=REPO), 2, "not a durq.App"
+    )
+    broken = cli.tmp_path / "broken_app.py"
+    broken.write_text("raise RuntimeError('boom at import')\n")
+    assert_one_line_error(cli("worker", "broken_app:app"), 2, "boom at import")
+    assert_one_line_error(
+        cli("worker", "examples.quickstart:app", "--log-format", "xml", cwd=REPO), 2, "text or json"
+    )

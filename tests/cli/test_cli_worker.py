@@ -1,0 +1,102 @@
+"""``durq worker`` in a real process: tasks enqueued by ``durq enqueue`` from another process
+are processed, and SIGTERM during a long task hands it back as pending with ``retried``
+unchanged (W7)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import textwrap
+
+from tests.cli.clikit import REPO, Cli
+
+from durq.states import TaskState
+
+SLOW_APP = textwrap.dedent(
+    """
+    import asyncio
+    import durq
+
+    app = durq.App("sqlite:///ignored-because-DURQ_BROKER_URL-overrides.sqlite3")
+
+    @app.task("slow:sleep", max_retry=5)
+    async def sleep(payload: dict) -> None:
+        await asyncio.sleep(payload["seconds"])
+    """
+)
+
+
+def _stop(proc: subprocess.Popen[str], timeout: float = 10) -> tuple[int, str]:
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err
+
+
+def test_worker_processes_tasks_enqueued_from_another_process(cli: Cli) -> None:
+    worker = cli.spawn("worker", "examples.quickstart:app", "--concurrency", "4", cwd=REPO)
+    cli.ok(
+        "enqueue", "email:send", "--payload", '{"to": "a@b.c"}', "--task-id", "mail-1",
+        "--retention", "1h",
+    )  # fmt: skip
+    # --app gives the task its registered options: queue "low", retention 1h.
+    cli.ok("enqueue", "report:build", "--payload", '{"rows": 7}', "--task-id", "rep-1",
+           "--app", "examples.quickstart:app", cwd=REPO)  # fmt: skip
+
+    def done(task_id: str, queue: str) -> bool:
+        info = cli.task(task_id, queue)
+        return info is not None and info.state is TaskState.COMPLETED
+
+    cli.wait_for(lambda: done("mail-1", "default"), what="email:send completed")
+    cli.wait_for(lambda: done("rep-1", "low"), what="report:build completed")
+
+    mail = cli.ok("task", "get", "mail-1", "--json").json()
+    assert mail["result"] == {"sent_to": "a@b.c", "attempt": "1"}
+    assert cli.ok("task", "get", "rep-1", "--queue", "low", "--json").json()["result"] == {
+        "rows": 7
+    }
+    (info,) = cli.ok("workers", "--json").json()
+    assert info["pid"] == worker.pid
+    assert info["queues"] == {"default": 1, "low": 1}
+    assert info["concurrency"] == 4
+
+    code, err = _stop(worker)
+    assert code == 0, err
+    assert "email:send" in err  # the log names what it ran
+    assert cli.ok("workers", "--json").json() == []
+
+
+def test_sigterm_during_a_long_task_hands_it_back_as_pending(cli: Cli) -> None:
+    (cli.tmp_path / "slowapp.py").write_text(SLOW_APP)
+    # The worker imports slowapp from its working directory, like uvicorn.
+    worker = cli.spawn("worker", "slowapp:app", "--shutdown-timeout", "0.2", "--log-format", "json")
+    cli.ok("enqueue", "slow:sleep", "--payload", '{"seconds": 60}', "--task-id", "long-1")
+
+    def active() -> bool:
+        info = cli.task("long-1")
+        return info is not None and info.state is TaskState.ACTIVE
+
+    cli.wait_for(active, what="the long task to start")
+    code, err = _stop(worker)
+    assert code == 0, err
+    assert '"level": "WARNING"' in err and "handing unfinished tasks back" in err
+
+    info = cli.task("long-1")
+    assert info is not None
+    assert info.state is TaskState.PENDING
+    assert info.retried == 0
+    assert info.worker_id is None or info.lease_expires_at is None
+
+
+def test_second_worker_run_finishes_the_handed_back_task(cli: Cli) -> None:
+    (cli.tmp_path / "slowapp.py").write_text(SLOW_APP)
+    cli.ok("enqueue", "slow:sleep", "--payload", '{"seconds": 0.01}', "--task-id", "quick",
+           "--retention", "1h")  # fmt: skip
+    worker = cli.spawn("worker", "slowapp:app", "--queues", "default=1", "--strict")
+
+    def completed() -> bool:
+        info = cli.task("quick")
+        return info is not None and info.state is TaskState.COMPLETED
+
+    cli.wait_for(completed, what="the task to complete")
+    code, err = _stop(worker)
+    assert code == 0, err
