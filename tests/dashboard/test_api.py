@@ -1,0 +1,136 @@
+"""The admin HTTP API (I1-I5) and its error mapping: 4xx JSON for bad input, never a 500."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+import durq
+from durq.dashboard import create_dashboard
+from durq.states import TaskState
+
+
+async def test_queues_and_one_queue(app: durq.App, api: httpx.AsyncClient) -> None:
+    await app.enqueue("email:send", {"to": "a@b.c"})
+    await app.enqueue("email:send", {"to": "d@e.f"}, queue="low", process_in=60)
+    r = await api.get("/api/queues")
+    assert r.status_code == 200
+    by_name = {q["name"]: q for q in r.json()["queues"]}
+    assert by_name["default"]["sizes"]["pending"] == 1
+    assert by_name["low"]["sizes"]["scheduled"] == 1
+    assert by_name["default"]["paused"] is False
+    r = await api.get("/api/queues/low")
+    assert r.status_code == 200 and r.json()["size"] == 1
+
+
+async def test_tasks_paginated(app: durq.App, api: httpx.AsyncClient) -> None:
+    ids = [(await app.enqueue("email:send", {"n": i})).id for i in range(5)]
+    r = await api.get("/api/queues/default/tasks", params={"state": "pending", "page_size": 2})
+    body = r.json()
+    assert r.status_code == 200
+    assert body["total"] == 5 and body["page"] == 1 and len(body["tasks"]) == 2
+    seen = [t["id"] for t in body["tasks"]]
+    for page in (2, 3):
+        r = await api.get(
+            "/api/queues/default/tasks", params={"state": "pending", "page_size": 2, "page": page}
+        )
+        seen += [t["id"] for t in r.json()["tasks"]]
+    assert sorted(seen) == sorted(ids)
+    r = await api.get("/api/queues/default/tasks", params={"state": "archived"})
+    assert r.json()["tasks"] == [] and r.json()["total"] == 0
+
+
+async def test_one_task_and_actions(app: durq.App, api: httpx.AsyncClient) -> None:
+    info = await app.enqueue("email:send", {"to": "x"}, process_in=3600, task_id="order/1")
+    r = await api.get("/api/queues/default/tasks/order/1")
+    assert r.status_code == 200
+    assert r.json()["payload"] == {"to": "x"} and r.json()["state"] == "scheduled"
+
+    r = await api.post("/api/queues/default/tasks/order/1/archive")
+    assert r.status_code == 200 and r.json()["state"] == "archived"
+    r = await api.post("/api/queues/default/tasks/order/1/run")
+    assert r.status_code == 200 and r.json()["state"] == "pending"
+    # pending cannot be "run" again: a 409, not a 500
+    r = await api.post("/api/queues/default/tasks/order/1/run")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "invalid_state"
+    r = await api.delete(f"/api/queues/default/tasks/{info.id}")
+    assert r.status_code == 204
+    r = await api.get(f"/api/queues/default/tasks/{info.id}")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+async def test_bulk_and_pause(app: durq.App, api: httpx.AsyncClient) -> None:
+    for i in range(3):
+        await app.enqueue("email:send", {"n": i}, process_in=3600)
+    r = await api.post("/api/queues/default/tasks:run_all", params={"state": "scheduled"})
+    assert r.status_code == 200 and r.json()["count"] == 3
+    stats = await app.inspector.queue_stats("default")
+    assert stats.sizes[TaskState.PENDING] == 3
+    r = await api.post("/api/queues/default/tasks:delete_all", params={"state": "pending"})
+    assert r.json()["count"] == 3
+    r = await api.post("/api/queues/default/tasks:run_all", params={"state": "pending"})
+    assert r.status_code == 409
+    r = await api.post("/api/queues/default/tasks:run_all")
+    assert r.status_code == 400
+
+    r = await api.post("/api/queues/default/pause")
+    assert r.status_code == 200 and r.json()["paused"] is True
+    r = await api.post("/api/queues/default/unpause")
+    assert r.json()["paused"] is False
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "status"),
+    [
+        ("GET", "/api/queues/nope", 404),
+        ("GET", "/api/queues/nope/tasks", 404),
+        ("POST", "/api/queues/nope/pause", 404),
+        ("GET", "/api/queues/default/tasks/missing", 404),
+        ("POST", "/api/queues/default/tasks/missing/cancel", 404),
+        ("GET", "/api/queues/bad%20name", 400),
+        ("GET", "/api/queues/default/tasks?state=bogus", 400),
+        ("GET", "/api/queues/default/tasks?page=0", 400),
+        ("GET", "/api/queues/default/tasks?page=abc", 400),
+        ("GET", "/api/queues/default/tasks?page_size=100000", 400),
+        ("GET", "/api/queues/default/tasks?page=99999999999999999999999", 400),
+        ("PUT", "/api/queues", 405),
+        ("DELETE", "/api/queues/default", 405),
+        ("GET", "/api/queues/default/pause", 405),
+        ("GET", "/api/nothing-here", 404),
+    ],
+)
+async def test_bad_input_is_a_json_4xx(
+    app: durq.App, api: httpx.AsyncClient, method: str, url: str, status: int
+) -> None:
+    await app.enqueue("email:send", {})
+    r = await api.request(method, url)
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    assert set(r.json()["error"]) == {"code", "message"}
+
+
+async def test_workers(app: durq.App, api: httpx.AsyncClient) -> None:
+    async with app.worker(concurrency=3) as worker:
+        r = await api.get("/api/workers")
+        workers = r.json()["workers"]
+        assert [w["id"] for w in workers] == [worker.id]
+        assert workers[0]["concurrency"] == 3 and workers[0]["started_at"]
+
+
+async def test_broker_unavailable_is_503() -> None:
+    app = durq.App("sqlite:////nonexistent/dir/durq.sqlite3")
+    dash = create_dashboard(app, token="t" * 16)
+    transport = httpx.ASGITransport(app=dash)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        r = await c.get("/api/queues", headers={"Authorization": "Bearer " + "t" * 16})
+        assert r.status_code == 503 and r.headers["retry-after"]
+        assert r.json()["error"]["code"] == "broker_unavailable"
+        r = await c.get("/", headers={"Authorization": "Bearer " + "t" * 16})
+        assert r.status_code == 503 and "Broker unavailable" in r.text
+
+
+async def test_openapi_lists_every_route(api: httpx.AsyncClient) -> None:
+    doc = (await api.get("/api/openapi.json")).json()
+    assert doc["openapi"].startswith("3.")
+    assert "/api/queues/{queue}/tasks/{task_id}/run" in doc["paths"]
+    assert "/api/workers" in doc["paths"]

@@ -1,0 +1,74 @@
+"""The HTML pages and their actions, driven over HTTP (the browser tests drive the same)."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+import durq
+from durq.dashboard.views import age
+
+from .test_security import csrf_of
+
+
+async def test_overview_queue_task_and_workers_pages(
+    app: durq.App, api: httpx.AsyncClient
+) -> None:
+    info = await app.enqueue("email:send", {"to": "a@b.c", "n": 1}, task_id="order-7")
+    await app.enqueue("email:send", {}, queue="low", process_in=600)
+    r = await api.get("/")
+    assert r.status_code == 200
+    assert 'data-queue="default"' in r.text and 'data-queue="low"' in r.text
+    r = await api.get("/queues/default")
+    assert r.status_code == 200 and "order-7" in r.text and "Pause queue" in r.text
+    r = await api.get("/queues/default/tasks/order-7")
+    assert r.status_code == 200
+    assert '&#34;to&#34;: &#34;a@b.c&#34;' in r.text  # pretty-printed, escaped JSON
+    assert "Archive" in r.text and info.id in r.text
+    r = await api.get("/workers")
+    assert r.status_code == 200 and "No worker" in r.text
+
+
+async def test_search_by_id(app: durq.App, api: httpx.AsyncClient) -> None:
+    await app.enqueue("email:send", {}, task_id="find/me")
+    r = await api.get("/queues/default/search", params={"id": "find/me"})
+    assert r.status_code == 303 and r.headers["location"] == "/queues/default/tasks/find%2Fme"
+    assert (await api.get(r.headers["location"])).status_code == 200
+    r = await api.get("/queues/default/search", params={"id": "nope"})
+    assert r.status_code == 404 and "no task" in r.text
+
+
+async def test_pagination_links(app: durq.App, api: httpx.AsyncClient) -> None:
+    for i in range(5):
+        await app.enqueue("email:send", {"n": i})
+    r = await api.get("/queues/default", params={"page_size": 2})
+    assert "page 1 of 3" in r.text and 'rel="next"' in r.text
+    r = await api.get("/queues/default", params={"page_size": 2, "page": 3})
+    assert "page 3 of 3" in r.text and 'rel="prev"' in r.text
+    r = await api.get("/queues/default", params={"page": "x"})
+    assert r.status_code == 400 and "page must be an integer" in r.text
+
+
+async def test_actions_from_forms(app: durq.App, api: httpx.AsyncClient) -> None:
+    await app.enqueue("email:send", {}, task_id="a1", process_in=600)
+    page = await api.get("/queues/default/tasks/a1")
+    token = csrf_of(page.text)
+    r = await api.post("/queues/default/tasks/a1/action/archive", data={"csrf_token": token})
+    assert r.status_code == 303 and "notice=" in r.headers["location"]
+    assert (await app.inspector.get_task_info("default", "a1")).state.value == "archived"
+    r = await api.post("/queues/default/tasks/a1/action/run", data={"csrf_token": token})
+    assert (await app.inspector.get_task_info("default", "a1")).state.value == "pending"
+    r = await api.post("/queues/default/tasks/a1/action/run", data={"csrf_token": token})
+    assert r.status_code == 409 and "cannot run" in r.text
+    r = await api.post("/queues/default/tasks/a1/action/explode", data={"csrf_token": token})
+    assert r.status_code == 400
+    r = await api.post("/queues/default/bulk/delete_all", data={"csrf_token": token, "state": "pending"})
+    assert r.status_code == 303
+    follow = await api.get(r.headers["location"])
+    assert re.search(r"1 pending task\(s\) deleted", follow.text)
+
+
+def test_age_format() -> None:
+    assert age(0) == "-" and age(5) == "5s" and age(75) == "1m 15s"
+    assert age(3700) == "1h 01m" and age(90000) == "1d 01h"
