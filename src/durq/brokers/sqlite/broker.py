@@ -178,11 +178,14 @@ class SQLiteBroker(SQLiteAdmin):
         now = self._clock.now()
         if params.limit <= 0:
             return []
+        queues = list(dict.fromkeys(params.queues))  # keep order, drop repeats
+        # Notifications up to here are answered by this claim; later ones stay for the wait.
+        self._mailbox.take(queues)
 
         def body(conn: Conn) -> list[Lease]:
             paused = {row[0] for row in conn.execute(Q["paused_queues"])}
             leases: list[Lease] = []
-            for queue in dict.fromkeys(params.queues):  # keep order, drop repeats
+            for queue in queues:
                 if queue in paused:
                     continue
                 rows = conn.execute(
@@ -202,7 +205,23 @@ class SQLiteBroker(SQLiteAdmin):
                     break
             return leases
 
-        return await self._write("sqlite.claim", body)
+        def run(conn: Conn) -> list[Lease]:
+            version = _data_version(conn)  # before the claim reads: later commits stay news
+            if any(
+                conn.execute(Q["any_claimable"], {"queue": q, "now": now}).fetchone()[0]
+                for q in queues
+            ):
+                leases = transaction(conn, body)
+            else:
+                leases = []
+            if len(leases) < params.limit:
+                self._seen_version = version
+            return leases
+
+        leases = await self._call("sqlite.claim", run)
+        if len(leases) >= params.limit:
+            self._mailbox.post(frozenset(queues))  # a full claim may have left work behind
+        return leases
 
     async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
         """Push every held lease's expiry in one transaction; report lost ones and cancels."""
@@ -374,13 +393,21 @@ class SQLiteBroker(SQLiteAdmin):
 
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Wait for an enqueue into ``queues``: at once for this process (shared registry),
-        within ``poll_interval`` for other processes (``PRAGMA data_version`` changes)."""
+        within ``poll_interval`` for other processes (``PRAGMA data_version`` changes).
+
+        Level-triggered: work announced since this broker's last claim returns at once."""
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout)
         waiter = wakeup.Waiter(loop, queues)
-        wakeup.add(self._key, waiter)  # before reading the version: nothing slips between
+        self._mailbox.park(waiter)  # before looking: nothing slips between
         try:
-            deadline = loop.time() + max(0.0, timeout)
+            if self._mailbox.take(queues):
+                return True
             version = await self._call("sqlite.wait_for_work", _data_version)
+            if self._seen_version is not None and version != self._seen_version:
+                self._seen_version = version  # another connection committed since we looked
+                return True
+            self._seen_version = version
             while True:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -388,13 +415,16 @@ class SQLiteBroker(SQLiteAdmin):
                 try:
                     async with asyncio.timeout(min(self._poll_interval, remaining)):
                         await waiter.event.wait()
+                    self._mailbox.take(queues)
                     return True
                 except TimeoutError:
                     pass
-                if await self._call("sqlite.wait_for_work", _data_version) != version:
+                version = await self._call("sqlite.wait_for_work", _data_version)
+                if version != self._seen_version:
+                    self._seen_version = version
                     return True
         finally:
-            wakeup.remove(self._key, waiter)
+            self._mailbox.unpark(waiter)
 
     # ------------------------------------------------------------------ workers
 

@@ -12,10 +12,11 @@ import asyncio
 import json
 import os
 import sqlite3
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from durq.brokers.sqlite import wakeup
 from durq.brokers.sqlite.queries import MIGRATIONS, SCHEMA_VERSION, Q
@@ -108,7 +109,13 @@ class SQLiteBase:
         self._poll_interval = poll_interval
         # Key of the in-process wake-up registry: every broker on this file shares it.
         self._key = os.path.realpath(self.path)
+        self._mailbox = wakeup.register(self._key)
+        # data_version when this broker last looked for work (claim or wake-up): a change
+        # since then means another connection committed, maybe an enqueue.
+        self._seen_version: int | None = None
         self._executor: ThreadPoolExecutor | None = None
+        # The sync face may call from several threads: one executor, hence one connection.
+        self._executor_lock = threading.Lock()
         # Touched only from the database thread.
         self._conn: Conn | None = None
         self._applied: list[str] = []
@@ -120,10 +127,14 @@ class SQLiteBase:
 
     async def _call(self, operation: str, fn: Callable[[Conn], T]) -> T:
         """Run ``fn(connection)`` on the database thread, opening the connection if needed."""
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durq-sqlite")
+        executor = self._executor
+        if executor is None:
+            with self._executor_lock:
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(1, thread_name_prefix="durq-sqlite")
+                executor = self._executor
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._job, operation, fn)
+        return await loop.run_in_executor(executor, self._job, operation, fn)
 
     async def _write(self, operation: str, fn: Callable[[Conn], T]) -> T:
         """``fn`` inside one ``BEGIN IMMEDIATE`` transaction."""
@@ -253,7 +264,8 @@ class SQLiteBase:
 
     async def close(self) -> None:
         """Close the connection and stop the database thread (idempotent)."""
-        executor, self._executor = self._executor, None
+        with self._executor_lock:
+            executor, self._executor = self._executor, None
         if executor is None:
             return
         loop = asyncio.get_running_loop()
@@ -268,7 +280,7 @@ class SQLiteBase:
 
     # ------------------------------------------------------------------ helpers for subclasses
 
-    def _notify(self, queues: Any = None) -> None:
+    def _notify(self, queues: Iterable[str]) -> None:
         """Wake idle waiters of this process on this file (called after a commit)."""
         wakeup.notify(self._key, queues)
 

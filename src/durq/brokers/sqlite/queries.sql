@@ -59,6 +59,16 @@ ON CONFLICT (name) DO NOTHING;
 -- name: paused_queues
 SELECT name FROM durq_queues WHERE paused = 1;
 
+-- name: any_claimable
+-- A read before taking the write lock: idle workers polling empty queues never contend
+-- with writers (WAL readers do not block).
+SELECT EXISTS (
+    SELECT 1 FROM durq_tasks
+    WHERE queue = :queue
+      AND state IN ('pending', 'scheduled', 'retry')
+      AND next_process_at <= :now
+);
+
 -- name: claim
 -- Due claimable rows of one queue (partial index durq_tasks_claimable), oldest first, each
 -- given a fresh random fencing token. Runs inside BEGIN IMMEDIATE: no other connection can

@@ -1,15 +1,20 @@
 """In-process wake-ups: an enqueue wakes every idle waiter on the same database file at once.
 
 Several broker instances of one process (an app's client and its worker, or several workers)
-may point at the same file; they share this registry, keyed by the file's absolute path.
-Notifications come from the broker's database thread after a commit, so waking goes through
+may point at the same file; each has a :class:`Mailbox`, registered under the file's real
+path. Notifications come from whichever thread committed, so waking goes through
 ``loop.call_soon_threadsafe``. Other processes are noticed by polling ``PRAGMA data_version``.
+
+Wake-ups are level-triggered: a notification that arrives while nobody waits is kept in the
+mailbox until the broker's next claim of that queue, so an enqueue that lands between a claim
+that came back short and the next wait is never slept through.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Iterable
 
 
@@ -30,32 +35,58 @@ class Waiter:
             pass
 
 
+class Mailbox:
+    """One broker's wake-ups: queues notified since its last claim, and its parked waiters."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: set[str] = set()
+        self._waiters: set[Waiter] = set()
+
+    def post(self, queues: frozenset[str]) -> None:
+        """Work may be claimable in ``queues``: remember it and wake matching waiters."""
+        with self._lock:
+            self._pending |= queues
+            targets = [w for w in self._waiters if not w.queues.isdisjoint(queues)]
+        for waiter in targets:
+            waiter.wake()
+
+    def take(self, queues: Iterable[str]) -> bool:
+        """Consume the notifications for ``queues``; ``True`` if there were any."""
+        wanted = set(queues)
+        with self._lock:
+            hit = not self._pending.isdisjoint(wanted)
+            self._pending -= wanted
+        return hit
+
+    def park(self, waiter: Waiter) -> None:
+        with self._lock:
+            self._waiters.add(waiter)
+
+    def unpark(self, waiter: Waiter) -> None:
+        with self._lock:
+            self._waiters.discard(waiter)
+
+
 _lock = threading.Lock()
-_waiters: dict[str, set[Waiter]] = {}
+# Weak: a broker that is dropped without close() leaves nothing behind.
+_boxes: dict[str, weakref.WeakSet[Mailbox]] = {}
 
 
-def add(key: str, waiter: Waiter) -> None:
-    """Register a waiter before reading any state, so no notification slips between."""
+def register(key: str) -> Mailbox:
+    """A new mailbox for a broker on the file ``key``."""
+    box = Mailbox()
     with _lock:
-        _waiters.setdefault(key, set()).add(waiter)
+        _boxes.setdefault(key, weakref.WeakSet()).add(box)
+    return box
 
 
-def remove(key: str, waiter: Waiter) -> None:
-    """Forget a waiter (always, in a ``finally``)."""
+def notify(key: str, queues: Iterable[str]) -> None:
+    """Tell every broker of this process on ``key`` that ``queues`` may have work."""
+    wanted = frozenset(queues)
+    if not wanted:
+        return
     with _lock:
-        group = _waiters.get(key)
-        if group is not None:
-            group.discard(waiter)
-            if not group:
-                del _waiters[key]
-
-
-def notify(key: str, queues: Iterable[str] | None = None) -> None:
-    """Wake the waiters on ``key`` serving any of ``queues`` (all of them when ``None``)."""
-    wanted = None if queues is None else frozenset(queues)
-    with _lock:
-        targets = [
-            w for w in _waiters.get(key, ()) if wanted is None or not wanted.isdisjoint(w.queues)
-        ]
-    for waiter in targets:
-        waiter.wake()
+        boxes = list(_boxes.get(key, ()))
+    for box in boxes:
+        box.post(wanted)
