@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 from typing import Annotated
 
 import typer
 
 from durq.app import App
-from durq.brokers import open_broker
-from durq.cli.common import BrokerOpt, JsonOpt, UsageFailure, console, fmt_time, print_json
-from durq.cli.worker import load_app
+from durq.cli.common import (
+    BrokerOpt,
+    JsonOpt,
+    UsageFailure,
+    console,
+    fmt_time,
+    load_app,
+    print_json,
+)
 from durq.observability.logging import setup_logging
 from durq.periodic import EntryStatus, status
 from durq.worker.periodic import PeriodicScheduler
@@ -31,13 +36,8 @@ SCHEDULER_EPILOG = (
 
 
 def _load(app_path: str, broker: str | None) -> App:
-    application = load_app(app_path)
     # --broker, then DURQ_BROKER_URL, override the broker the app was built with.
-    url = broker or os.environ.get("DURQ_BROKER_URL")
-    if url:
-        application.broker_url = url
-    open_broker(application.broker_url)  # an unknown scheme is a usage error, before any I/O
-    return application
+    return load_app(app_path, broker)
 
 
 def scheduler_command(
