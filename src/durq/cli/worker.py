@@ -78,6 +78,9 @@ def worker_command(
         str, typer.Option("--log-format", help="Log format: text or json.")
     ] = "text",
     log_level: Annotated[str, typer.Option("--log-level", help="Log level.")] = "INFO",
+    no_scheduler: Annotated[
+        bool, typer.Option("--no-scheduler", help="Do not enqueue APP's periodic tasks.")
+    ] = False,
 ) -> None:
     """Run a worker for APP's tasks until SIGTERM/SIGINT."""
     if log_format not in ("text", "json"):
@@ -95,6 +98,7 @@ def worker_command(
         concurrency=concurrency,
         strict=strict,
         shutdown_timeout=grace,
+        scheduler=not no_scheduler,  # periodic tasks (durq.worker.periodic)
     )
     if not application.tasks:
         log.warning("%s registers no tasks: every task will wait for a handler", app_path)
