@@ -22,6 +22,18 @@ def _s(value: bytes | str) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
+def _chunks(h: dict[str, bytes], tag: str) -> bytes | None:
+    """Join a value stored as ``<tag>:0``, ``<tag>:1``, ... (see scripts/_lib.lua)."""
+    if f"{tag}:0" not in h:
+        return None
+    parts: list[bytes] = []
+    n = 0
+    while (part := h.get(f"{tag}:{n}")) is not None:
+        parts.append(bytes(part))
+        n += 1
+    return b"".join(parts)
+
+
 def _opt_str(h: dict[str, bytes], name: str) -> str | None:
     value = h.get(name)
     return None if value is None else _s(value)
@@ -35,13 +47,13 @@ def _opt_float(h: dict[str, bytes], name: str) -> float | None:
 def task_info(queue: str, flat: Sequence[Any] | dict[Any, Any]) -> TaskInfo:
     """Build the TaskInfo of one task hash of ``queue``."""
     h = pairs(flat)
-    headers_raw = h.get("headers")
+    headers_raw = _chunks(h, "h")
     headers: dict[str, str] = json.loads(headers_raw) if headers_raw else {}
     return TaskInfo(
         id=_s(h["id"]),
         queue=queue,
         type=_s(h["type"]),
-        raw_payload=bytes(h["payload"]),
+        raw_payload=_chunks(h, "p") or b"",
         state=TaskState(_s(h["state"])),
         max_retry=int(h["max_retry"]),
         retried=int(h.get("retried", 0)),
@@ -51,7 +63,7 @@ def task_info(queue: str, flat: Sequence[Any] | dict[Any, Any]) -> TaskInfo:
         next_process_at=to_datetime(_opt_float(h, "npa")),
         enqueued_at=to_datetime(_opt_float(h, "enqueued_at")),
         completed_at=to_datetime(_opt_float(h, "completed_at")),
-        raw_result=bytes(h["result"]) if "result" in h else None,
+        raw_result=_chunks(h, "r"),
         retention=float(h.get("retention", 0.0)),
         lost=int(h.get("lost", 0)),
         headers=headers,

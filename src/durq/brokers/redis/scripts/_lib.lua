@@ -5,7 +5,8 @@
 --     only compares them (tonumber) and stores the strings unchanged, so no precision is lost;
 --   * every state zset member is "<16 hex digits of the enqueue sequence><task id>", so equal
 --     scores sort in enqueue order; the task hash keeps its member in field "m";
---   * replies never carry Lua numbers that are not integers (Redis would truncate them).
+--   * replies never carry Lua numbers that are not integers (Redis would truncate them);
+--   * payload, headers and result are stored in chunks "<tag>:0", "<tag>:1", ... (see below).
 
 -- The task id inside a zset member.
 local function member_id(m)
@@ -55,4 +56,22 @@ local function forward_due(src, pending, task_prefix, now, bound)
     end
   end
   return moved
+end
+
+-- A hash field value longer than 64 bytes (hash-max-listpack-value) turns the whole task hash
+-- from a compact listpack into a hashtable, about three times the memory. So payload ("p"),
+-- headers ("h") and result ("r") are stored as 64-byte chunks while the hash stays within the
+-- listpack entry limit; larger values are kept whole (the hash is a hashtable anyway then).
+local CHUNK = 64
+local MAX_CHUNKED = CHUNK * 200
+local function set_chunked(key, tag, value)
+  if #value <= CHUNK or #value > MAX_CHUNKED then
+    redis.call('HSET', key, tag .. ':0', value)
+    return
+  end
+  local n = 0
+  for i = 1, #value, CHUNK do
+    redis.call('HSET', key, tag .. ':' .. n, string.sub(value, i, i + CHUNK - 1))
+    n = n + 1
+  end
 end

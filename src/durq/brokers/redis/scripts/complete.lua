@@ -16,9 +16,9 @@ free_unique(KEYS[4], KEYS[1])
 if tonumber(ARGV[3]) > 0 then
   redis.call('HSET', KEYS[1], 'state', 'completed', 'completed_at', ARGV[2],
     'expires_at', ARGV[4], 'retention', ARGV[3])
-  redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel', 'result')
+  redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel')
   if ARGV[5] == '1' then
-    redis.call('HSET', KEYS[1], 'result', ARGV[6])
+    set_chunked(KEYS[1], 'r', ARGV[6])
   end
   redis.call('ZADD', KEYS[3], ARGV[4], cur[3])
 else

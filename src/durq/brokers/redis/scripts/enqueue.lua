@@ -37,15 +37,17 @@ end
 local seq = redis.call('INCR', KEYS[6])
 local m = string.format('%016x', seq) .. id
 local fields = {
-  'id', id, 'type', ARGV[3], 'payload', ARGV[4], 'state', ARGV[9],
-  'max_retry', ARGV[5], 'retried', '0', 'npa', ARGV[8], 'enqueued_at', ARGV[1],
-  'retention', ARGV[10], 'm', m,
+  'id', id, 'type', ARGV[3], 'state', ARGV[9], 'max_retry', ARGV[5], 'npa', ARGV[8],
+  'enqueued_at', ARGV[1], 'm', m,
 }
+-- Defaults (retried 0, retention 0, no timeout...) are not stored: smaller hashes.
+if tonumber(ARGV[10]) > 0 then table.insert(fields, 'retention'); table.insert(fields, ARGV[10]) end
 if ARGV[6] ~= '' then table.insert(fields, 'timeout'); table.insert(fields, ARGV[6]) end
 if ARGV[7] ~= '' then table.insert(fields, 'deadline'); table.insert(fields, ARGV[7]) end
 if ARGV[11] ~= '' then table.insert(fields, 'unique_key'); table.insert(fields, ARGV[11]) end
-if ARGV[13] ~= '' then table.insert(fields, 'headers'); table.insert(fields, ARGV[13]) end
 redis.call('HSET', KEYS[1], unpack(fields))
+set_chunked(KEYS[1], 'p', ARGV[4])
+if ARGV[13] ~= '' then set_chunked(KEYS[1], 'h', ARGV[13]) end
 
 if ARGV[9] == 'pending' then
   redis.call('ZADD', KEYS[2], ARGV[8], m)
