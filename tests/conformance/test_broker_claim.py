@@ -150,7 +150,7 @@ _CLAIMER = textwrap.dedent(
 async def test_W10_worker_processes_never_share_a_task(make_broker, broker_url: str) -> None:
     # Real time: the child processes use the system clock too.
     broker = await make_broker(fake_clock=False)
-    total = 200
+    total = 400
     await broker.enqueue_many([params(f"t{i:03}") for i in range(total)])
     procs = [
         await asyncio.create_subprocess_exec(
