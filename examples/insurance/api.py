@@ -223,6 +223,7 @@ def create_app(settings: Settings | None = None, *, configure_logging: bool = Tr
         version="1.0.0",
         description="Orders whose insurance coverage is obtained by a durable background task.",
         lifespan=durq_lifespan(app, worker=worker_options, inner=resources),
+        redirect_slashes=False,
     )
     api.state.settings = settings
     api.state.runtimes = runtimes

@@ -125,7 +125,8 @@ WAREHOUSES = ("north", "south", "east")
 
 def create_app(config: SimConfig | None = None) -> FastAPI:
     """The simulator as an ASGI app (one state per app)."""
-    state = _State(config=config or SimConfig())
+    initial = config or SimConfig()
+    state = _State(config=initial)
     if state.config.seed is not None:
         state.rng.seed(state.config.seed)
     api = FastAPI(
@@ -244,9 +245,16 @@ def create_app(config: SimConfig | None = None) -> FastAPI:
         )
 
     @api.post("/_sim/reset", response_model=SimStats, tags=["simulator"])
-    async def reset() -> SimStats:
-        """Zero the counters (requests are kept)."""
+    async def reset(forget: bool = False) -> SimStats:
+        """Zero the counters; with ``forget=true`` also restore the start-up knobs and drop
+        every coverage request."""
         state.calls = state.failed = state.max_in_flight = 0
+        if forget:
+            state.config = initial
+            state.requests.clear()
+            state.by_order.clear()
+            if initial.seed is not None:
+                state.rng.seed(initial.seed)
         return await stats()
 
     @api.exception_handler(HTTPException)
