@@ -12,9 +12,7 @@ from durq.dashboard.views import age
 from .test_security import csrf_of
 
 
-async def test_overview_queue_task_and_workers_pages(
-    app: durq.App, api: httpx.AsyncClient
-) -> None:
+async def test_overview_queue_task_and_workers_pages(app: durq.App, api: httpx.AsyncClient) -> None:
     info = await app.enqueue("email:send", {"to": "a@b.c", "n": 1}, task_id="order-7")
     await app.enqueue("email:send", {}, queue="low", process_in=600)
     r = await api.get("/")
@@ -24,7 +22,7 @@ async def test_overview_queue_task_and_workers_pages(
     assert r.status_code == 200 and "order-7" in r.text and "Pause queue" in r.text
     r = await api.get("/queues/default/tasks/order-7")
     assert r.status_code == 200
-    assert '&#34;to&#34;: &#34;a@b.c&#34;' in r.text  # pretty-printed, escaped JSON
+    assert "&#34;to&#34;: &#34;a@b.c&#34;" in r.text  # pretty-printed, escaped JSON
     assert "Archive" in r.text and info.id in r.text
     r = await api.get("/workers")
     assert r.status_code == 200 and "No worker" in r.text
@@ -63,7 +61,9 @@ async def test_actions_from_forms(app: durq.App, api: httpx.AsyncClient) -> None
     assert r.status_code == 409 and "cannot run" in r.text
     r = await api.post("/queues/default/tasks/a1/action/explode", data={"csrf_token": token})
     assert r.status_code == 400
-    r = await api.post("/queues/default/bulk/delete_all", data={"csrf_token": token, "state": "pending"})
+    r = await api.post(
+        "/queues/default/bulk/delete_all", data={"csrf_token": token, "state": "pending"}
+    )
     assert r.status_code == 303
     follow = await api.get(r.headers["location"])
     assert re.search(r"1 pending task\(s\) deleted", follow.text)

@@ -4,7 +4,6 @@
 (function () {
   "use strict";
   const meta = (name) => (document.querySelector(`meta[name="${name}"]`) || {}).content || "";
-  const root = meta("durq-root");
   const refresh = Math.max(2, parseFloat(meta("durq-refresh")) || 5) * 1000;
   const SVG = "http://www.w3.org/2000/svg";
 
@@ -99,6 +98,7 @@
     svg.appendChild(el("polyline", { points: path("processed"), class: "line-ok" }));
     svg.appendChild(el("polyline", { points: path("failed"), class: "line-bad" }));
     const lastPoint = points[points.length - 1];
+    svg.appendChild(el("circle", { cx: x(now), cy: y(lastPoint.processed), r: 3, class: "dot-ok" }));
     const title = el("title", {}, `now: ${lastPoint.processed}/min processed, ${lastPoint.failed}/min failed`);
     svg.appendChild(title);
     chart.appendChild(svg);

@@ -1,0 +1,252 @@
+"""The dashboard in a real browser (Debian's Chromium, headless) over uvicorn on loopback,
+with a real SQLite broker and a worker running: log in, list queues, open a task, retry an
+archived task and see it run, pause a queue, and be refused without credentials.
+
+Screenshots go to ``test-artifacts/`` (not committed). Without ``/usr/bin/chromium`` the
+tests skip, except under ``CI=true`` where that is a failure."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+import durq
+from durq.dashboard import DashboardSettings, create_dashboard
+from durq.inspector import Inspector
+
+from .conftest import TOKEN
+from .live import LiveServer
+
+T = TypeVar("T")
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def _require_browser() -> Any:
+    reason = None
+    if not Path(CHROMIUM).exists():
+        reason = f"{CHROMIUM} is missing (apt-get install chromium)"
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        reason = reason or "playwright is not installed (pip install -e '.[dev]')"
+        sync_playwright = None
+    if reason is not None:
+        if IN_CI:
+            pytest.fail(f"browser tests cannot run: {reason} (required when CI=true)")
+        pytest.skip(reason)
+    return sync_playwright
+
+
+def run_async(main: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine on a fresh loop in a thread: Playwright's sync API owns this thread's."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(main())).result()  # type: ignore[arg-type]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+class WorkerThread:
+    """A durq worker on its own event loop, like ``durq worker`` next to the dashboard."""
+
+    def __init__(self, app: durq.App) -> None:
+        self.app = app
+        self.started = threading.Event()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    async def _main(self) -> None:
+        async with self.app.worker(concurrency=2, poll_interval=0.1, promote_interval=0.2):
+            self.started.set()
+            while not self.stopping.is_set():
+                await asyncio.sleep(0.05)
+        await self.app.close()
+
+    def __enter__(self) -> WorkerThread:
+        self.thread.start()
+        assert self.started.wait(10), "worker did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.thread.join(15)
+
+
+@dataclass
+class Env:
+    app: durq.App
+    url: str
+    attempts: list[int]
+
+    def call(self, make: Callable[[Inspector], Awaitable[T]]) -> T:
+        """Ask the inspector from a fresh loop in a thread (Playwright owns this thread's)."""
+
+        async def main() -> T:
+            try:
+                return await make(self.app.inspector)
+            finally:
+                await self.app.close()
+
+        return run_async(main)
+
+    def state(self, queue: str, task_id: str) -> str:
+        async def get(inspector: Inspector) -> str:
+            return (await inspector.get_task_info(queue, task_id)).state.value
+
+        return self.call(get)
+
+    def paused(self, queue: str) -> bool:
+        async def get(inspector: Inspector) -> bool:
+            return (await inspector.queue_stats(queue)).paused
+
+        return self.call(get)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    app = durq.App(f"sqlite:///{tmp_path / 'durq.sqlite3'}")
+    attempts: list[int] = []
+
+    @app.task("email:send", queue="default", retention=3600)
+    async def send(payload: dict) -> dict:
+        return {"sent_to": payload.get("to")}
+
+    @app.task("report:build", queue="reports", max_retry=0, retention=3600)
+    def build(payload: dict) -> dict:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise RuntimeError("partner API timed out")
+        return {"pages": 3}
+
+    async def seed() -> None:
+        await (await app.broker()).migrate()
+        await app.enqueue("report:build", {"month": "2024-05"}, task_id="report-may")
+        for i in range(3):
+            await app.enqueue("email:send", {"to": f"user{i}@example.com"}, process_in=3600)
+        await app.close()
+
+    run_async(seed)
+    settings = DashboardSettings(history_interval=0.5, refresh_seconds=2)
+    with LiveServer(create_dashboard(app, token=TOKEN, settings=settings)) as server:
+        with WorkerThread(app):
+            e = Env(app, server.url, attempts)
+            wait_for(lambda: e.state("reports", "report-may") == "archived")
+            yield e
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_playwright = _require_browser()
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any, env: Env) -> Iterator[Any]:
+    """A fresh browser context (no cookies) per test."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    pg.set_default_timeout(10_000)
+    errors: list[str] = []
+    pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    pg.on("dialog", lambda d: d.accept())  # every action asks for confirmation
+    yield pg
+    context.close()
+    # CSP violations and script errors show up on the console (pages answered with 4xx on
+    # purpose show up too, as "Failed to load resource")
+    assert not [e for e in errors if "Failed to load resource" not in e], errors
+
+
+def shot(page: Any, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)
+
+
+def log_in(page: Any, env: Env) -> None:
+    page.goto(env.url + "/")
+    page.fill("#token", TOKEN)
+    page.click("button[type=submit]")
+    page.wait_for_url(env.url + "/")
+
+
+def test_refuses_access_without_credentials(page: Any, env: Env) -> None:
+    response = page.request.get(env.url + "/api/queues")
+    assert response.status == 401
+    page.goto(env.url + "/queues/reports")
+    assert "/login" in page.url
+    shot(page, "login")
+    page.fill("#token", "not-the-token")
+    page.click("button[type=submit]")
+    assert page.locator(".error").inner_text() == "wrong token"
+    page.goto(env.url + "/workers")
+    assert "/login" in page.url
+
+
+def test_lists_queues_and_draws_the_chart(page: Any, env: Env) -> None:
+    log_in(page, env)
+    rows = page.locator("table#queues tbody tr")
+    names = sorted(rows.nth(i).get_attribute("data-queue") for i in range(rows.count()))
+    assert names == ["default", "reports"]
+    assert page.locator('tr[data-queue="default"] [data-field="scheduled"]').inner_text() == "3"
+    page.wait_for_selector("#chart svg polyline.line-ok", state="attached")
+    shot(page, "overview")
+    page.set_viewport_size({"width": 390, "height": 800})
+    shot(page, "overview-mobile")
+
+
+def test_retry_an_archived_task_and_see_it_run(page: Any, env: Env) -> None:
+    log_in(page, env)
+    page.click('a[href="/queues/reports"]')
+    page.click('.tabs a[data-state="archived"]')
+    page.click("text=report-may")
+    assert page.locator("#task-state").text_content() == "archived"
+    assert "partner API timed out" in page.locator("#last-error").inner_text()
+    assert '"month": "2024-05"' in page.locator("#payload").inner_text()
+    shot(page, "task-archived")
+    page.click("#action-run")  # confirmed by the dialog handler
+    assert "queued to run now" in page.locator(".notice").inner_text()
+    wait_for(lambda: env.state("reports", "report-may") == "completed")
+    page.reload()
+    assert page.locator("#task-state").text_content() == "completed"
+    assert '"pages": 3' in page.locator("#result").inner_text()
+    assert len(env.attempts) == 2
+    shot(page, "task-completed")
+
+
+def test_pause_a_queue_and_see_workers(page: Any, env: Env) -> None:
+    log_in(page, env)
+    page.goto(env.url + "/queues/default?state=scheduled")
+    assert page.locator("table.tasks tbody tr").count() == 3
+    page.click("#pause")
+    assert "paused" in page.locator(".notice").inner_text()
+    assert page.locator(".crumbs .badge.paused").is_visible()
+    assert env.paused("default")
+    shot(page, "queue-paused")
+    page.fill("input[name=id]", "no-such-task")
+    page.click("form.search button")
+    assert "404" in page.locator("h1").inner_text()
+    page.goto(env.url + "/workers")
+    assert page.locator("table.workers tbody tr").count() == 1
+    shot(page, "workers")
