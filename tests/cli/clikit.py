@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,11 @@ class Cli:
             timeout=timeout,
         )
         return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    def many(self, *commands: Sequence[str], cwd: Path | None = None) -> list[Result]:
+        """Run independent commands at the same time (the error tests need no ordering)."""
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            return list(pool.map(lambda args: self(*args, cwd=cwd), commands))
 
     def ok(self, *args: str, cwd: Path | None = None) -> Result:
         result = self(*args, cwd=cwd)

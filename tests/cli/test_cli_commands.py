@@ -49,21 +49,27 @@ def test_bad_payload_is_a_usage_error(cli: Cli) -> None:
 
 
 def test_usage_errors_exit_2(cli: Cli) -> None:
-    assert_one_line_error(cli("enqueue", "t", "--process-in", "5x"), 2, "duration")
-    assert_one_line_error(cli("enqueue", "t", "--timeout", "-3"), 2)
-    assert_one_line_error(cli("enqueue", "t", "--queue", "bad queue!"), 2, "queue name")
-    assert_one_line_error(cli("enqueue", "bad type!"), 2, "task type")
-    assert_one_line_error(cli("enqueue", "t", "--process-at", "tomorrow"), 2, "ISO 8601")
-    assert_one_line_error(cli("task", "ls", "--state", "sleeping"), 2, "unknown state")
-    assert_one_line_error(cli("task", "ls", "--limit", "many"), 2, "--limit")
-    assert_one_line_error(cli("task", "get"), 2, "ID")
-    assert_one_line_error(cli("no-such-command"), 2, "no-such-command")
-    assert_one_line_error(cli("worker", "x:app", "--queues", "a=x"), 2, "weight")
+    cases = [
+        (["enqueue", "t", "--process-in", "5x"], "duration"),
+        (["enqueue", "t", "--timeout", "-3"], "--timeout"),
+        (["enqueue", "t", "--queue", "bad queue!"], "queue name"),
+        (["enqueue", "bad type!"], "task type"),
+        (["enqueue", "t", "--process-at", "tomorrow"], "ISO 8601"),
+        (["task", "ls", "--state", "sleeping"], "unknown state"),
+        (["task", "ls", "--limit", "many"], "--limit"),
+        (["task", "get"], "ID"),
+        (["no-such-command"], "no-such-command"),
+        (["worker", "x:app", "--queues", "a=x"], "weight"),
+    ]
+    results = cli.many(*(args for args, _ in cases))
+    for (_, fragment), result in zip(cases, results, strict=True):
+        assert_one_line_error(result, 2, fragment)
 
 
 def test_unknown_broker_scheme_exits_2(cli: Cli) -> None:
-    for args in (["queue", "ls"], ["enqueue", "t"], ["migrate"], ["workers"], ["demo"]):
-        assert_one_line_error(cli(*args, "--broker", "mysql://localhost/x"), 2, "mysql")
+    commands = [["queue", "ls"], ["enqueue", "t"], ["migrate"], ["workers"], ["demo"]]
+    for result in cli.many(*([*c, "--broker", "mysql://localhost/x"] for c in commands)):
+        assert_one_line_error(result, 2, "mysql")
 
 
 def test_unreachable_or_corrupt_database_exits_1(cli: Cli, tmp_path: Path) -> None:
@@ -76,8 +82,9 @@ def test_unreachable_or_corrupt_database_exits_1(cli: Cli, tmp_path: Path) -> No
 
 def test_unknown_task_exits_1(cli: Cli) -> None:
     cli.ok("enqueue", "t")  # the queue exists; the task does not
-    for verb in ("get", "run", "delete", "archive", "cancel"):
-        assert_one_line_error(cli("task", verb, "nope", "--queue", "default"), 1, "nope")
+    verbs = ("get", "run", "delete", "archive", "cancel")
+    for result in cli.many(*(["task", verb, "nope", "--queue", "default"] for verb in verbs)):
+        assert_one_line_error(result, 1, "nope")
 
 
 def test_queue_pause_unpause_ls(cli: Cli) -> None:

@@ -47,11 +47,12 @@ def _duration(text: str | None, flag: str) -> float | None:
     if text is None:
         return None
     try:
-        return durations.parse(text)
+        value = durations.parse(text)
     except ValueError:
-        raise UsageFailure(
-            f"{flag}: invalid duration {text!r} (examples: 30, 30s, 5m, 1h30m, 2d)"
-        ) from None
+        value = -1.0
+    if value < 0:
+        raise UsageFailure(f"{flag}: invalid duration {text!r} (examples: 30, 30s, 5m, 1h30m, 2d)")
+    return value
 
 
 def enqueue_command(
