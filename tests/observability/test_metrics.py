@@ -1,0 +1,166 @@
+"""O1: counters and histogram from a real worker, queue gauges, the metrics server."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+import durq
+from durq.observability import metrics
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+async def run_until_settled(app: durq.App, count: int) -> None:
+    done = asyncio.Event()
+    seen: list[str] = []
+
+    class Done(durq.WorkerHooks):
+        def task_finished(self, task: durq.TaskInfo, outcome: str, duration: float) -> None:
+            seen.append(outcome)
+            if len(seen) >= count:
+                done.set()
+
+    async with app.worker(concurrency=4, poll_interval=0.05, hooks=[Done()]):
+        await asyncio.wait_for(done.wait(), 10)
+
+
+async def test_task_counters_from_a_real_worker(app: durq.App) -> None:
+    m = metrics.install(app)
+    assert metrics.install(app) is m  # idempotent
+
+    @app.task("ok:job")
+    async def ok(payload: dict) -> None:
+        return None
+
+    @app.task("bad:job", max_retry=1, retry_delay=lambda n, e: 0.0)
+    async def bad(payload: dict) -> None:
+        raise RuntimeError("nope")
+
+    await app.enqueue("ok:job", {})
+    await app.enqueue("ok:job", {"n": 2})
+    await app.enqueue("bad:job", {})
+    await run_until_settled(app, 4)  # 2 ok, bad: retry then archived
+
+    body, content_type = metrics.exposition(m.registry)
+    assert content_type.startswith("text/plain")
+    got = samples(body.decode())
+    ok_l = (("queue", "default"), ("type", "ok:job"))
+    bad_l = (("queue", "default"), ("type", "bad:job"))
+    assert got[("durq_tasks_enqueued_total", ok_l)] == 2
+    assert got[("durq_tasks_enqueued_total", bad_l)] == 1
+    assert got[("durq_tasks_processed_total", ok_l)] == 2
+    assert got[("durq_tasks_completed_total", ok_l)] == 2
+    assert got[("durq_tasks_processed_total", bad_l)] == 2
+    assert got[("durq_tasks_failed_total", bad_l)] == 2
+    assert got[("durq_tasks_retried_total", bad_l)] == 1
+    assert got[("durq_tasks_archived_total", bad_l)] == 1
+    count_key = (
+        "durq_task_duration_seconds_count",
+        tuple(sorted((*ok_l, ("outcome", "completed")))),
+    )
+    assert got[count_key] == 2
+    assert got[("durq_worker_busy_slots", ())] == 0
+    assert got[("durq_worker_concurrency", ())] == 4
+
+
+async def test_enqueue_many_and_sync_face_are_counted(app: durq.App) -> None:
+    m = metrics.install(app)
+    outcomes = await app.enqueue_many(
+        [durq.EnqueueRequest("a:b", {}, task_id="x"), durq.EnqueueRequest("a:b", {}, task_id="x")]
+    )
+    assert [o.created for o in outcomes] == [True, False]
+    got = samples(metrics.exposition(m.registry)[0].decode())
+    assert got[("durq_tasks_enqueued_total", (("queue", "default"), ("type", "a:b")))] == 1
+
+
+async def test_queue_collector_is_cached(app: durq.App) -> None:
+    now = [100.0]
+    collector = metrics.QueueCollector(app, ttl=5, monotonic=lambda: now[0])
+    await app.enqueue("a:b", {})
+    await collector.refresh()
+    await app.enqueue("a:b", {}, queue="low", process_in=60)
+    await collector.refresh()  # within the ttl: the old snapshot
+    got = samples(metrics.exposition(collector.registry)[0].decode())
+    assert got[("durq_queue_size", (("queue", "default"), ("state", "pending")))] == 1
+    assert ("durq_queue_size", (("queue", "low"), ("state", "scheduled"))) not in got
+    assert got[("durq_broker_up", ())] == 1
+    now[0] += 6
+    await collector.refresh()
+    got = samples(metrics.exposition(collector.registry)[0].decode())
+    assert got[("durq_queue_size", (("queue", "low"), ("state", "scheduled")))] == 1
+    assert got[("durq_queue_paused", (("queue", "low"),))] == 0
+    assert ("durq_queue_oldest_pending_age_seconds", (("queue", "default"),)) in got
+
+
+async def test_metrics_server_serves_metrics_and_probes(app: durq.App) -> None:
+    await app.enqueue("a:b", {})
+    server = await metrics.start_metrics_server(0, app, host="127.0.0.1")
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        async with httpx.AsyncClient(base_url=base) as c:
+            r = await c.get("/metrics")
+            assert r.status_code == 200
+            assert 'durq_queue_size{queue="default",state="pending"} 1.0' in r.text
+            assert "# TYPE durq_tasks_processed_total counter" in r.text
+            assert (await c.get("/healthz")).text == "ok\n"
+            assert (await c.get("/readyz")).status_code == 200
+            assert (await c.get("/nope")).status_code == 404
+            assert (await c.post("/metrics")).status_code == 405
+    finally:
+        await server.stop()
+
+
+async def test_readyz_is_503_when_the_broker_is_down() -> None:
+    app = durq.App("sqlite:////nonexistent/dir/durq.sqlite3")
+    server = await metrics.start_metrics_server(0, app, host="127.0.0.1")
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as c:
+            r = await c.get("/readyz")
+            assert r.status_code == 503 and "not ready" in r.text
+            assert (await c.get("/healthz")).status_code == 200
+            r = await c.get("/metrics")
+            assert "durq_broker_up 0.0" in r.text
+    finally:
+        await server.stop()
+
+
+def test_serve_runs_in_a_thread_for_the_worker_command(tmp_path) -> None:
+    app = durq.App(f"sqlite:///{tmp_path / 'durq.sqlite3'}")
+    app.run_sync(lambda: _migrate(app))
+    thread = metrics.serve(app, 0, host="127.0.0.1")
+    try:
+        assert metrics.installed(app) is not None
+        assert any(isinstance(h, metrics.TaskMetrics) for h in app.worker_hooks)
+        with urllib.request.urlopen(f"http://127.0.0.1:{thread.port}/readyz") as r:
+            assert r.status == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{thread.port}/metrics") as r:
+            assert b"durq_broker_up 1.0" in r.read()
+    finally:
+        thread.stop()
+        app.close_sync()
+
+
+async def _migrate(app: durq.App) -> None:
+    await (await app.broker()).migrate()
+
+
+async def test_dashboard_exposes_queue_metrics(app: durq.App) -> None:
+    from durq.dashboard import create_dashboard
+
+    await app.enqueue("a:b", {})
+    dash = create_dashboard(app, token="metrics-token-1")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=dash), base_url="http://t") as c:
+        assert (await c.get("/metrics")).status_code == 401
+        r = await c.get("/metrics", headers={"Authorization": "Bearer metrics-token-1"})
+        assert r.status_code == 200
+        assert 'durq_queue_size{queue="default",state="pending"} 1.0' in r.text
