@@ -80,8 +80,9 @@ def render(text: str, schema: str) -> bytes:
     return composed.as_bytes(None)
 
 
+@cache
 def render_all(schema: str) -> dict[str, bytes]:
-    """Every named query for one schema."""
+    """Every named query for one schema (rendered once per schema; treat as read-only)."""
     return {name: render(text, schema) for name, text in raw_queries().items()}
 
 
