@@ -202,7 +202,7 @@ class Warehouses:
                         task = group.create_task(self._stock(name, sku))
                         pending[task] = self.systems[name].name
         except TimeoutError:
-            slow = {system for task, system in pending.items() if not task.done()}
+            slow = {s for t, s in pending.items() if not t.done() or t.cancelled()}
             raise SystemUnavailableError(
                 sorted(slow), f"no answer within the {self.fanout_timeout:g}s fan-out deadline"
             ) from None
