@@ -1,0 +1,40 @@
+"""The admin API goes through the inspector only, so it works the same on every broker."""
+
+from __future__ import annotations
+
+import httpx
+
+import durq
+from durq.dashboard import create_dashboard
+
+from .conftest import BEARER, TOKEN
+
+
+async def test_api_round_trip(broker_url: str) -> None:
+    app = durq.App(broker_url)
+    try:
+        fresh = app.new_broker()  # migrate before connecting (a SQL broker checks its schema)
+        await fresh.migrate()
+        await fresh.close()
+        info = await app.enqueue("email:send", {"to": "x"}, process_in=600, task_id="rt-1")
+        dash = create_dashboard(app, token=TOKEN)
+        transport = httpx.ASGITransport(app=dash)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=BEARER) as c:
+            queues = (await c.get("/api/queues")).json()["queues"]
+            assert [q["sizes"]["scheduled"] for q in queues if q["name"] == "default"] == [1]
+            page = (await c.get("/api/queues/default/tasks", params={"state": "scheduled"})).json()
+            assert [t["id"] for t in page["tasks"]] == [info.id]
+            assert (await c.post("/api/queues/default/tasks/rt-1/archive")).json()["state"] == (
+                "archived"
+            )
+            assert (await c.post("/api/queues/default/tasks/rt-1/run")).json()["state"] == (
+                "pending"
+            )
+            assert (await c.post("/api/queues/default/tasks/rt-1/run")).status_code == 409
+            assert (await c.post("/api/queues/default/pause")).json()["paused"] is True
+            assert (await c.get("/api/queues/default/tasks/nope")).status_code == 404
+            assert (await c.get("/api/queues/none-such")).status_code == 404
+            assert (await c.get("/queues/default/tasks/rt-1")).status_code == 200
+            assert (await c.delete("/api/queues/default/tasks/rt-1")).status_code == 204
+    finally:
+        await app.close()
