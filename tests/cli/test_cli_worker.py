@@ -7,7 +7,9 @@ from __future__ import annotations
 import signal
 import subprocess
 import textwrap
+import time
 
+import pytest
 from tests.cli.clikit import REPO, Cli
 
 from durq.states import TaskState
@@ -15,6 +17,8 @@ from durq.states import TaskState
 SLOW_APP = textwrap.dedent(
     """
     import asyncio
+    import time
+
     import durq
 
     app = durq.App("sqlite:///ignored-because-DURQ_BROKER_URL-overrides.sqlite3")
@@ -22,6 +26,10 @@ SLOW_APP = textwrap.dedent(
     @app.task("slow:sleep", max_retry=5)
     async def sleep(payload: dict) -> None:
         await asyncio.sleep(payload["seconds"])
+
+    @app.task("slow:block", max_retry=5)
+    def block(payload: dict) -> None:
+        time.sleep(payload["seconds"])  # a sync handler: a thread that cannot be cancelled
     """
 )
 
@@ -65,18 +73,22 @@ def test_worker_processes_tasks_enqueued_from_another_process(cli: Cli) -> None:
     assert cli.ok("workers", "--json").json() == []
 
 
-def test_sigterm_during_a_long_task_hands_it_back_as_pending(cli: Cli) -> None:
+@pytest.mark.parametrize("task_type", ["slow:sleep", "slow:block"])
+def test_sigterm_during_a_long_task_hands_it_back_as_pending(cli: Cli, task_type: str) -> None:
     (cli.tmp_path / "slowapp.py").write_text(SLOW_APP)
     # The worker imports slowapp from its working directory, like uvicorn.
     worker = cli.spawn("worker", "slowapp:app", "--shutdown-timeout", "0.2", "--log-format", "json")
-    cli.ok("enqueue", "slow:sleep", "--payload", '{"seconds": 60}', "--task-id", "long-1")
+    cli.ok("enqueue", task_type, "--payload", '{"seconds": 60}', "--task-id", "long-1")
 
     def active() -> bool:
         info = cli.task("long-1")
         return info is not None and info.state is TaskState.ACTIVE
 
     cli.wait_for(active, what="the long task to start")
+    started = time.monotonic()
     code, err = _stop(worker)
+    # Promptly, even when a sync handler's thread is still sleeping.
+    assert time.monotonic() - started < 5
     assert code == 0, err
     assert '"level": "WARNING"' in err and "handing unfinished tasks back" in err
 
@@ -87,7 +99,7 @@ def test_sigterm_during_a_long_task_hands_it_back_as_pending(cli: Cli) -> None:
     assert info.worker_id is None or info.lease_expires_at is None
 
 
-def test_second_worker_run_finishes_the_handed_back_task(cli: Cli) -> None:
+def test_worker_with_explicit_strict_queues(cli: Cli) -> None:
     (cli.tmp_path / "slowapp.py").write_text(SLOW_APP)
     cli.ok("enqueue", "slow:sleep", "--payload", '{"seconds": 0.01}', "--task-id", "quick",
            "--retention", "1h")  # fmt: skip

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import os
+import sys
+import threading
 from typing import Annotated
 
 import typer
@@ -104,6 +107,7 @@ def worker_command(
         log.warning("%s registers no tasks: every task will wait for a handler", app_path)
     log.info("tasks: %s", ", ".join(sorted(application.tasks)) or "(none)")
     asyncio.run(_run(application, worker))
+    _exit_past_stuck_threads()
 
 
 async def _run(application: App, worker: Worker) -> None:
@@ -111,6 +115,21 @@ async def _run(application: App, worker: Worker) -> None:
         await worker.run()
     finally:
         await application.close()
+
+
+def _exit_past_stuck_threads() -> None:
+    """Sync handlers cannot be cancelled: after a graceful stop their tasks are already handed
+    back, so do not let interpreter exit wait (join) for their threads."""
+    stuck = [t for t in threading.enumerate() if t.name.startswith("durq-task") and t.is_alive()]
+    if not stuck:
+        return
+    log.warning(
+        "exiting with %d sync handler(s) still running; their tasks were handed back", len(stuck)
+    )
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def register(app: typer.Typer) -> None:
