@@ -1,0 +1,181 @@
+"""Monolith or split, SQLite or PostgreSQL: the same service, assembled differently (H5, E8)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from examples.insurance.config import Settings
+from examples.insurance.store import NewOrder, PostgresOrderStore
+
+import durq
+from conftest import PG_DSN, broker_url_for, drop_isolated, require_server, unique_name
+from durq.brokers import open_broker
+from insurance.kit import ITEMS, ROOT, Service, Sim, counts
+
+
+def worker_env(settings: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "DURQ_BROKER_URL": settings.broker_url,
+            "INSURANCE_DATABASE_URL": settings.database_url,
+            "INSURANCE_DATABASE_SCHEMA": settings.database_schema,
+            "INSURANCE_PARTNER_URL": settings.partner_url,
+            "INSURANCE_WAREHOUSES": ",".join(f"{k}={v}" for k, v in settings.warehouses.items()),
+            "INSURANCE_BACKOFF_BASE": str(settings.backoff_base),
+            "INSURANCE_BACKOFF_CAP": str(settings.backoff_cap),
+            "INSURANCE_WORKER_POLL": str(settings.worker_poll),
+            "INSURANCE_SHUTDOWN_TIMEOUT": "2",
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    return env
+
+
+@pytest.fixture
+def split_worker(settings: Settings) -> Iterator[Any]:
+    """Start a separate worker process; stopped with SIGTERM (graceful) at teardown."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(command: list[str], settings: Settings = settings) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(command, cwd=ROOT, env=worker_env(settings))
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        assert proc.wait(timeout=15) == 0  # a graceful stop exits cleanly
+
+
+def test_split_api_and_python_worker(
+    start_service: Any, settings: Settings, sim: Sim, split_worker: Any
+) -> None:
+    service: Service = start_service(settings.with_(monolith=False))
+    assert service.anon.get("/health").json()["mode"] == "split"
+    location = service.alice.post("/orders", json=ITEMS).headers["Location"]
+    # No worker in the API process: the order waits in the broker.
+    assert service.order(location)["task_state"] == "pending"
+    split_worker([sys.executable, "-m", "examples.insurance.worker"])
+    assert service.wait_status(location, "COVERED", timeout=20)["policy_number"]
+
+
+def test_split_api_and_durq_worker_cli(
+    start_service: Any, settings: Settings, sim: Sim, split_worker: Any
+) -> None:
+    durq_bin = shutil.which("durq", path=str(Path(sys.executable).parent))
+    if durq_bin is None:
+        pytest.skip("the durq console script is not installed in this environment")
+    service: Service = start_service(settings.with_(monolith=False))
+    location = service.alice.post("/orders", json=ITEMS).headers["Location"]
+    split_worker([durq_bin, "worker", "examples.insurance.worker:app", "--queues", "insurance"])
+    assert service.wait_status(location, "COVERED", timeout=20)["policy_number"]
+
+
+# -- PostgreSQL: the order and its task in one transaction ---------------------------------
+
+
+@pytest.fixture
+def pg_settings(settings: Settings, tmp_path: Path) -> Iterator[Settings]:
+    require_server("postgres")
+    pytest.importorskip("durq.brokers.postgres", reason="the PostgreSQL broker is not installed")
+    broker_url = broker_url_for("postgres", tmp_path)
+    schema = unique_name("insurance_test")
+    migrate(broker_url)  # as `durq migrate` does before a deploy
+    yield settings.with_(broker_url=broker_url, database_url=PG_DSN, database_schema=schema)
+    drop_isolated("postgres", broker_url)
+    drop_isolated("postgres", f"{PG_DSN}?schema={schema}")
+
+
+def migrate(url: str) -> None:
+    async def run() -> None:
+        broker = open_broker(url)
+        try:
+            await broker.migrate()
+        finally:
+            await broker.close()
+
+    asyncio.run(run())
+
+
+def pg_counts(settings: Settings) -> tuple[int, int]:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(PG_DSN) as conn:
+        query = sql.SQL("SELECT count(*) FROM {}.orders").format(
+            sql.Identifier(settings.database_schema)
+        )
+        orders = conn.execute(query).fetchone()[0]
+    app = durq.App(settings.broker_url)
+    try:
+        queues = app.run_sync(lambda: app.inspector.list_queues())
+    finally:
+        app.close_sync()
+    return int(orders), sum(q.size for q in queues if q.name == "insurance")
+
+
+def test_postgres_flow_in_one_transaction(
+    start_service: Any, pg_settings: Settings, sim: Sim
+) -> None:
+    service: Service = start_service(pg_settings)
+    assert service.app.state.runtime.store.transactional is True
+    first = service.alice.post("/orders", json=ITEMS, headers={"Idempotency-Key": "pg-1"})
+    assert first.status_code == 202
+    again = service.alice.post("/orders", json=ITEMS, headers={"Idempotency-Key": "pg-1"})
+    assert again.status_code == 200 and again.json()["task_id"] == first.json()["task_id"]
+    assert service.wait_status(first.headers["Location"], "COVERED")["policy_number"]
+    assert pg_counts(pg_settings) == (1, 1)
+
+
+async def test_postgres_rollback_leaves_neither_order_nor_task(pg_settings: Settings) -> None:
+    app = durq.App(pg_settings.broker_url)
+    store = PostgresOrderStore(PG_DSN, pg_settings.database_schema, transactional=True)
+    await store.open()
+    try:
+        order = NewOrder(
+            id="ord_" + "0" * 24,
+            customer="alice",
+            idempotency_key="k",
+            request_hash="h",
+            items=[{"sku": "A-1", "qty": 1}],
+            task_id="coverage:ord_" + "0" * 24,
+        )
+
+        async def enqueue_then_fail(connection: Any) -> Any:
+            assert connection is not None  # the task joins the order's transaction (E8)
+            await app.enqueue(
+                "insurance:check_coverage",
+                {"order_id": order.id},
+                queue="insurance",
+                task_id=order.task_id,
+                connection=connection,
+            )
+            raise RuntimeError("the handler failed after the enqueue")
+
+        with pytest.raises(RuntimeError):
+            await store.create(order, enqueue_then_fail)
+        assert await store.count() == 0
+        with pytest.raises(durq.TaskNotFoundError):
+            await app.inspector.get_task_info("insurance", order.task_id)
+    finally:
+        await store.close()
+        await app.close()
+
+
+def test_503_when_postgres_is_unreachable(start_service: Any, settings: Settings, sim: Sim) -> None:
+    pytest.importorskip("durq.brokers.postgres", reason="the PostgreSQL broker is not installed")
+    down = settings.with_(broker_url="postgresql://postgres@127.0.0.1:1/test", monolith=False)
+    service: Service = start_service(down)
+    answer = service.alice.post("/orders", json=ITEMS)
+    assert answer.status_code == 503 and answer.headers["Retry-After"]
+    assert counts(settings)[0] == 0  # the order was compensated away
