@@ -9,7 +9,7 @@
 -- Returns a list of <HGETALL of each rescued task as it is now>.
 -- Complexity: O(k log n) for k rescued tasks.
 local now, max_lost = ARGV[1], tonumber(ARGV[3])
-local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[4]))
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
 local out = {}
 local retried_any = false
 for _, m in ipairs(expired) do
