@@ -44,7 +44,8 @@ class Cli:
             "COLUMNS": "200",  # tables on one line each, whatever the test runner's terminal
             "PYTHONUNBUFFERED": "1",
         }
-        self.env.pop("DURQ_DEBUG", None)
+        for name in ("DURQ_DEBUG", "DURQ_APP"):
+            self.env.pop(name, None)
         self._procs: list[subprocess.Popen[str]] = []
 
     def __call__(self, *args: str, cwd: Path | None = None, timeout: float = 30) -> Result:

@@ -170,7 +170,7 @@ def test_worker_app_errors_are_one_line(cli: Cli) -> None:
     assert_one_line_error(cli("worker", "examples.quickstart", cwd=REPO), 2, "module:attribute")
     assert_one_line_error(cli("worker", "examples.quickstart:missing", cwd=REPO), 2, "no attribute")
     assert_one_line_error(
-        cli("worker", "examples.quickstart:SendEmail", cwd=REPO), 2, "not a durq.App"
+        cli("worker", "examples.quickstart:send_email", cwd=REPO), 2, "not a durq.App"
     )
     broken = cli.tmp_path / "broken_app.py"
     broken.write_text("raise RuntimeError('boom at import')\n")

@@ -49,6 +49,13 @@ def test_worker_processes_tasks_enqueued_from_another_process(cli: Cli) -> None:
     # --app gives the task its registered options: queue "low", retention 1h.
     cli.ok("enqueue", "report:build", "--payload", '{"rows": 7}', "--task-id", "rep-1",
            "--app", "examples.quickstart:app", cwd=REPO)  # fmt: skip
+    # The README's way: DURQ_APP instead of --app.
+    cli.env["DURQ_APP"] = "examples.quickstart:app"
+    cli.ok("enqueue", "email:send", "--payload", '{"to": "c@d.e"}', "--task-id", "welcome-1",
+           cwd=REPO)  # fmt: skip
+    conflict = cli("enqueue", "email:send", "--task-id", "welcome-1", cwd=REPO)
+    assert conflict.code == 1 and "welcome-1" in conflict.err
+    del cli.env["DURQ_APP"]
 
     def done(task_id: str, queue: str) -> bool:
         info = cli.task(task_id, queue)
@@ -56,9 +63,10 @@ def test_worker_processes_tasks_enqueued_from_another_process(cli: Cli) -> None:
 
     cli.wait_for(lambda: done("mail-1", "default"), what="email:send completed")
     cli.wait_for(lambda: done("rep-1", "low"), what="report:build completed")
+    cli.wait_for(lambda: done("welcome-1", "default"), what="welcome-1 completed")
 
     mail = cli.ok("task", "get", "mail-1", "--json").json()
-    assert mail["result"] == {"sent_to": "a@b.c", "attempt": "1"}
+    assert mail["result"] == {"sent": True}
     assert cli.ok("task", "get", "rep-1", "--queue", "low", "--json").json()["result"] == {
         "rows": 7
     }

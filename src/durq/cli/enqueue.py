@@ -87,6 +87,7 @@ def enqueue_command(
         str | None,
         typer.Option(
             "--app",
+            envvar="DURQ_APP",
             metavar="APP",
             help="Use this app's task options (queue, retries, retention, payload model), "
             "as module:attribute.",
