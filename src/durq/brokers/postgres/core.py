@@ -181,7 +181,10 @@ class PostgresBase:
                 min_size=self._pool_min,
                 max_size=self._pool_max,
                 timeout=self._connect_timeout,
-                reconnect_timeout=3600.0,
+                # psycopg_pool's reconnect backoff doubles without a cap: a long attempt
+                # would leave us minutes behind a server that is back. Give up early
+                # instead; the next call that needs a connection starts a fresh attempt.
+                reconnect_timeout=max(10.0, 2 * self._connect_timeout),
                 open=False,
                 name=f"durq:{self._schema}",
             )
