@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Self
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
@@ -81,7 +81,7 @@ class RedisCore:
         self._known_queues: set[str] = set()
 
     @classmethod
-    def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Any:
+    def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
         """Build from ``redis://host:port/db?prefix=durq`` (also ``rediss://``, ``unix://``).
 
         ``prefix`` is durq's; every other query parameter goes to redis-py."""
