@@ -41,6 +41,12 @@ def test_task_id_conflict_exits_1_naming_the_existing_task(cli: Cli) -> None:
     assert cli.ok("task", "get", "order-7", "--json").json()["payload"] == {}
 
 
+def test_unique_duplicate_exits_1_naming_the_first_task(cli: Cli) -> None:
+    first = cli.ok("enqueue", "t", "--payload", '{"a": 1}', "--unique", "1h", "--json").json()
+    result = cli("enqueue", "t", "--payload", '{"a": 1}', "--unique", "1h")
+    assert_one_line_error(result, 1, first["id"])
+
+
 def test_bad_payload_is_a_usage_error(cli: Cli) -> None:
     assert_one_line_error(cli("enqueue", "email:send", "--payload", '{"to": '), 2, "--payload")
     assert_one_line_error(cli("enqueue", "email:send", "--payload", "[1, 2]"), 2, "JSON object")

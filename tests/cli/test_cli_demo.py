@@ -10,9 +10,9 @@ from tests.cli.clikit import Cli
 def test_demo_runs_to_the_end_and_shows_the_outcomes(cli: Cli) -> None:
     # A first run: each run has its own task ids, so `make demo` can be run again on the
     # same SQLite file; the checks below are about the second run.
-    assert cli("demo", timeout=30).code == 0
+    assert cli("demo", "--lifecycle", timeout=30).code == 0
     started = time.monotonic()
-    result = cli("demo", timeout=30)
+    result = cli("demo", "--lifecycle", timeout=30)
     elapsed = time.monotonic() - started
     assert result.code == 0, result.err
     assert elapsed < 15

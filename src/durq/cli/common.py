@@ -22,6 +22,7 @@ from durq.app import App
 from durq.brokers import open_broker, resolve_url
 from durq.errors import (
     ConfigurationError,
+    DuplicateTaskError,
     DurqError,
     TaskIDConflictError,
     ValidationError,
@@ -172,6 +173,8 @@ def describe_error(exc: BaseException) -> tuple[str, int]:
                 EXIT_DOMAIN,
             )
         return exc.message, EXIT_DOMAIN
+    if isinstance(exc, DuplicateTaskError) and exc.existing_id:
+        return f"{exc.message} (existing task {exc.existing_id})", EXIT_DOMAIN
     if isinstance(exc, ValidationError | ConfigurationError | UsageFailure):
         return exc.message, EXIT_USAGE
     if isinstance(exc, DurqError):
