@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import time
 
+import psycopg
 import pytest
-from tests.conftest import PG_DSN, require_server
+from psycopg import sql
+from tests.conftest import PG_DSN, require_server, unique_name
 
 from durq.brokers import open_broker
 from durq.brokers.base import EnqueueParams
 from durq.brokers.postgres import PostgresBroker
-from durq.errors import BrokerUnavailableError, ConfigurationError
+from durq.errors import BrokerError, BrokerUnavailableError, ConfigurationError
 
 
 def task(task_id: str) -> EnqueueParams:
@@ -67,3 +69,34 @@ def test_url_parsing_strips_our_options() -> None:
     )
     assert dsn == "postgresql://u@h:5433/db?sslmode=disable&connect_timeout=7"
     assert options == {"schema": "s1", "pool_max": 3, "connect_timeout": 7.0}
+
+
+async def test_missing_privileges_are_a_broker_error(pg, schema: str) -> None:
+    """A role without rights on the schema gets a typed error naming the operation."""
+    role = unique_name("durq_noperm")
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        conn.execute(
+            sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                sql.Identifier(schema), sql.Identifier(role)
+            )
+        )
+        conn.execute(
+            sql.SQL("GRANT SELECT ON {}.schema_migrations TO {}").format(
+                sql.Identifier(schema), sql.Identifier(role)
+            )
+        )
+    try:
+        url = PG_DSN.replace("postgres@", f"{role}@", 1) + f"?schema={schema}"
+        broker = PostgresBroker.from_url(url)
+        try:
+            await broker.connect()  # the version check is allowed
+            with pytest.raises(BrokerError, match="permission denied") as caught:
+                await broker.enqueue(task("a"))
+            assert caught.value.operation == "postgres.enqueue"
+        finally:
+            await broker.close()
+    finally:
+        with psycopg.connect(PG_DSN, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
