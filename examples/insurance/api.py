@@ -40,6 +40,8 @@ log = logging.getLogger("insurance.api")
 
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")  # printable ASCII, no spaces
 _ORDER_ID = re.compile(r"^ord_[0-9a-f]{24}$")
+#: The seed's command, as a client sends it.
+ITEMS_EXAMPLE = '{"items": [{"sku": "A-1", "qty": 2}]}'
 
 
 # -- the request and response bodies ---------------------------------------------------------

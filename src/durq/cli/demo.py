@@ -13,26 +13,69 @@ from durq.cli.common import BrokerOpt, console, fail
 EPILOG = (
     "Examples:\n\n"
     "  durq demo\n\n"
-    "  durq demo --broker sqlite:////tmp/demo.sqlite3\n\n"
-    "Runs a worker and a producer in this process for a few seconds, prints each task's "
-    "states and ends with how to inspect them with the CLI."
+    "  durq demo --port 8080\n\n"
+    "  durq demo --lifecycle --broker sqlite:////tmp/demo.sqlite3\n\n"
+    "Without --lifecycle: the reference insurance service (examples/insurance) with its "
+    "partner simulator and an in-process worker, served until Ctrl-C. With --lifecycle: "
+    "a worker and a producer run for a few seconds and print each task's states."
 )
 
 
 def demo_command(
     broker: BrokerOpt = None,
-    port: Annotated[
-        int, typer.Option("--port", help="Port of the web demo (unused by this lifecycle demo).")
-    ] = 8000,
+    port: Annotated[int, typer.Option("--port", help="Port of the web demo's API.")] = 8000,
+    lifecycle_only: Annotated[
+        bool,
+        typer.Option("--lifecycle", help="Run the short task-lifecycle demo instead and exit."),
+    ] = False,
 ) -> None:
-    """Show the task lifecycle: success, delay, NotReady polling, archive, task-id conflict."""
+    """Run the reference insurance service until Ctrl-C (or, with --lifecycle, show the task
+    lifecycle: success, delay, NotReady polling, archive, task-id conflict)."""
     from durq.demo import lifecycle
 
     url = resolve_url(broker)
     open_broker(url)  # an unknown scheme is a usage error before anything starts
+    if not lifecycle_only:
+        _web_demo(url, port)
+        return
     ok = asyncio.run(lifecycle.run(url, console=console, broker_flag=broker or ""))
     if not ok:
         fail("the demo did not end as expected")
+
+
+def _web_demo(url: str, port: int) -> None:
+    """The reference service (examples/insurance), which lives in the source tree."""
+    import os
+    import sys
+    from pathlib import Path
+
+    import durq
+
+    root = Path(durq.__file__).resolve().parents[2]  # src/durq -> the repository root
+    for candidate in (Path.cwd(), root):
+        if (candidate / "examples" / "insurance").is_dir() and str(candidate) not in sys.path:
+            sys.path.insert(0, str(candidate))
+    try:
+        from examples.insurance import demo
+        from examples.insurance.config import Settings, default_database_url
+    except ImportError as exc:
+        fail(
+            f"the web demo needs the durq source tree (examples/insurance): {exc}; "
+            "try `durq demo --lifecycle`"
+        )
+    settings = Settings.from_env()
+    if url != settings.broker_url:
+        database = os.environ.get("INSURANCE_DATABASE_URL") or default_database_url(url)
+        settings = settings.with_(broker_url=url, database_url=database)
+    try:
+        asyncio.run(demo.serve(port, out=_say, settings=settings))
+    except OSError as exc:
+        fail(f"cannot serve the demo on port {port}: {exc}")
+
+
+def _say(text: str) -> None:
+    # Plain print: the banner holds JSON and shell quoting that markup would mangle.
+    print(text, flush=True)
 
 
 def register(app: typer.Typer) -> None:
