@@ -1,0 +1,121 @@
+"""A real worker process for the chaos scenarios: ``python chaos_worker.py URL LEDGER_DIR [opts]``.
+
+Every handler appends ``start``/``end``/``cancel`` lines (task id, attempt, pid, wall time) to
+``LEDGER_DIR/ledger-<pid>.log``, opened with ``O_APPEND`` and written with one ``write(2)`` per
+line, so a line is either whole in the file or absent, and a SIGKILL cannot take back a line
+that was written. The broker never sees the ledger: the checker compares the two.
+
+``--ack-first`` is the negative control: it reports the task completed *before* running the
+handler (the classic visibility-timeout bug), so a kill loses the tasks in flight."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import durq
+from durq.brokers.base import CompleteParams, Lease
+from durq.worker.executor import Executor
+from durq.worker.server import Worker
+
+QUEUE = "chaos"
+OTHER_QUEUE = "chaos_other"
+
+parser = argparse.ArgumentParser()
+parser.add_argument("url")
+parser.add_argument("ledger")
+parser.add_argument("--lease", type=float, default=4.0)
+parser.add_argument("--concurrency", type=int, default=8)
+parser.add_argument("--rescue", type=float, default=1.0)
+parser.add_argument("--grace", type=float, default=10.0)
+parser.add_argument("--max-lost", type=int, default=3)
+parser.add_argument("--poll", type=float, default=0.5)
+parser.add_argument("--ack-first", action="store_true")
+args = parser.parse_args()
+
+app = durq.App(args.url)
+_fd = os.open(
+    Path(args.ledger) / f"ledger-{os.getpid()}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+)
+
+
+def ledger(kind: str, ctx: durq.TaskContext) -> None:
+    os.write(_fd, f"{kind} {ctx.id} {ctx.retried} {os.getpid()} {time.time():.6f}\n".encode())
+
+
+async def _run(ctx: durq.TaskContext, seconds: float) -> dict[str, Any]:
+    ledger("start", ctx)
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        ledger("cancel", ctx)
+        raise
+    ledger("end", ctx)
+    return {"pid": os.getpid()}
+
+
+@app.task("chaos:work", queue=QUEUE, max_retry=25)
+async def work(payload: dict[str, Any], ctx: durq.TaskContext) -> dict[str, Any]:
+    return await _run(ctx, float(payload.get("ms", 10)) / 1000)
+
+
+@app.task("chaos:other", queue=OTHER_QUEUE, max_retry=25)
+async def other(payload: dict[str, Any], ctx: durq.TaskContext) -> dict[str, Any]:
+    return await _run(ctx, float(payload.get("ms", 10)) / 1000)
+
+
+@app.task("chaos:sync", queue=QUEUE, max_retry=25)
+def sync_work(payload: dict[str, Any], ctx: durq.TaskContext) -> dict[str, Any]:
+    ledger("start", ctx)
+    time.sleep(float(payload.get("ms", 10)) / 1000)
+    ledger("end", ctx)
+    return {"pid": os.getpid()}
+
+
+@app.task("chaos:poison", queue=QUEUE, max_retry=25)
+async def poison(payload: dict[str, Any], ctx: durq.TaskContext) -> None:
+    ledger("start", ctx)
+    os.kill(os.getpid(), signal.SIGKILL)  # takes its whole worker process down, every time
+
+
+if args.ack_first:
+    _original = Executor._run_and_settle
+
+    async def _ack_then_run(self: Executor, lease: Lease) -> str:
+        # Deliberately wrong: acknowledge first, work second. A crash in between loses the task.
+        await self.broker.complete(CompleteParams(lease.ref, None, lease.task.retention))
+        return await _original(self, lease)
+
+    Executor._run_and_settle = _ack_then_run  # type: ignore[method-assign]
+
+
+class ChaosWorker(Worker):
+    async def start(self) -> None:
+        await super().start()
+        (Path(args.ledger) / f"ready-{os.getpid()}").touch()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+    )
+    worker = ChaosWorker(
+        app,
+        queues={QUEUE: 1, OTHER_QUEUE: 1},
+        concurrency=args.concurrency,
+        lease_seconds=args.lease,
+        rescue_interval=args.rescue,
+        shutdown_timeout=args.grace,
+        max_lost=args.max_lost,
+        poll_interval=args.poll,
+        promote_interval=0.2,
+        scheduler=False,
+    )
+    asyncio.run(worker.run())

@@ -1,0 +1,191 @@
+"""Kill storms: real worker processes SIGKILLed at random while they work, and (PostgreSQL,
+Redis) a crash of the broker server itself. The ledger must show every task done, none lost,
+no two live runs of one task at once, and each re-run explained by a kill.
+
+Short forms run in ``make test``; the full forms (``-m chaos``) are the figures of
+docs/guarantees.md."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from chaos.harness import (
+    Cluster,
+    Report,
+    ThrowawayPostgres,
+    ThrowawayRedis,
+    check,
+    enqueue_work,
+    final_states,
+    storm,
+)
+
+import durq
+
+LEASE = "4"
+
+
+async def migrate(url: str) -> None:
+    app = durq.App(url)
+    broker = app.new_broker()
+    await broker.migrate()
+    await broker.close()
+
+
+async def run_storm(
+    url: str,
+    make_cluster: Callable[..., Cluster],
+    *,
+    tasks: int,
+    workers: int,
+    concurrency: int,
+    kill_every: float,
+    timeout: float,
+    ms: int = 20,
+    during: dict[float, object] | None = None,
+) -> Report:
+    await migrate(url)
+    ids = await enqueue_work(url, tasks, ms=ms)
+    cluster = make_cluster(
+        url, workers, "--lease", LEASE, "--concurrency", str(concurrency), "--rescue", "1"
+    )
+    cluster.start_all()
+    await cluster.wait_ready()
+    took = await storm(cluster, url, tasks, kill_every=kill_every, timeout=timeout, during=during)
+    cluster.stop()
+    report = check(
+        ids, cluster.runs(), await final_states(url), deaths=cluster.deaths,
+        kills=cluster.kills, restarts=cluster.restarts,
+    )
+    report.extra["seconds"] = round(took, 1)
+    return report
+
+
+def assert_sound(report: Report) -> None:
+    assert not report.lost, f"lost: {report.lost[:10]}"
+    assert not report.unexpected, report.unexpected[:10]
+    assert not report.overlaps, f"overlapping runs: {report.overlaps[:10]}"
+    assert not report.unexplained_duplicates, report.unexplained_duplicates[:10]
+    assert report.torn_lines == 0
+    assert report.all_completed, report.final_states
+
+
+# -- SQLite -------------------------------------------------------------------------------------
+
+
+async def sqlite_storm(
+    tmp_path: Path, clusters, record, *, tasks: int, timeout: float, kill_every: float, ms: int
+) -> None:
+    db = tmp_path / "storm.sqlite3"
+    url = f"sqlite:///{db}"
+    report = await run_storm(
+        url, clusters, tasks=tasks, workers=2, concurrency=8, kill_every=kill_every,
+        timeout=timeout, ms=ms,
+    )
+    with sqlite3.connect(db) as conn:
+        integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
+    report.extra["integrity"] = integrity
+    record(report)
+    assert integrity == "ok"
+    assert_sound(report)
+    assert report.kills >= 1
+
+
+async def test_sqlite_storm_short(tmp_path, clusters, record) -> None:
+    await sqlite_storm(
+        tmp_path, clusters, record, tasks=1500, timeout=60, kill_every=1.0, ms=20
+    )
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(330)
+async def test_sqlite_storm_full(tmp_path, clusters, record) -> None:
+    await sqlite_storm(
+        tmp_path, clusters, record, tasks=10_000, timeout=280, kill_every=3.0, ms=20
+    )
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------
+
+
+async def pg_storm(
+    clusters, record, server: ThrowawayPostgres, *, tasks: int, timeout: float, crash_at: float
+) -> None:
+    report = await run_storm(
+        server.dsn, clusters, tasks=tasks, workers=4, concurrency=8, kill_every=2.0,
+        timeout=timeout, during={crash_at: lambda: server.restart_immediate(1.0)},
+    )
+    report.extra["server_restarts"] = 1
+    record(report)
+    assert_sound(report)
+
+
+async def test_postgres_storm_short(clusters, record, throwaway_pg) -> None:
+    await pg_storm(clusters, record, throwaway_pg(), tasks=800, timeout=90, crash_at=3.0)
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(330)
+async def test_postgres_storm_full(clusters, record, throwaway_pg) -> None:
+    await pg_storm(clusters, record, throwaway_pg(), tasks=20_000, timeout=280, crash_at=20.0)
+
+
+# -- Redis --------------------------------------------------------------------------------------
+
+
+async def redis_storm(
+    clusters, record, server: ThrowawayRedis, *, tasks: int, timeout: float, crash_at: float
+) -> None:
+    url = f"{server.url}?prefix=storm"
+    report = await run_storm(
+        url, clusters, tasks=tasks, workers=4, concurrency=8, kill_every=2.0, timeout=timeout,
+        during={crash_at: lambda: server.crash_and_restart(1.0)},
+    )
+    report.extra["server_restarts"] = 1
+    record(report)
+    assert_sound(report)
+
+
+async def test_redis_storm_short(clusters, record, throwaway_redis) -> None:
+    server = throwaway_redis("--appendonly", "yes", "--appendfsync", "everysec")
+    await redis_storm(clusters, record, server, tasks=800, timeout=90, crash_at=3.0)
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(330)
+async def test_redis_storm_full(clusters, record, throwaway_redis) -> None:
+    server = throwaway_redis("--appendonly", "yes", "--appendfsync", "everysec")
+    await redis_storm(clusters, record, server, tasks=20_000, timeout=280, crash_at=20.0)
+
+
+# -- the negative control -----------------------------------------------------------------------
+
+
+async def test_checker_sees_losses_when_ack_comes_first(tmp_path, clusters, record) -> None:
+    """Proof that the checker can see a loss: workers that acknowledge before running lose
+    the tasks in flight when they are killed."""
+    url = f"sqlite:///{tmp_path / 'broken.sqlite3'}"
+    await migrate(url)
+    ids = await enqueue_work(url, 200, ms=300)
+    cluster = clusters(url, 1, "--lease", LEASE, "--concurrency", "8", "--ack-first")
+    cluster.start_all()
+    await cluster.wait_ready()
+    await asyncio.sleep(1.0)
+    cluster.kill(0)
+    cluster.start(0)
+    try:
+        from chaos.harness import wait_done
+
+        await wait_done(url, len(ids), timeout=60)
+    finally:
+        cluster.stop()
+    report = check(
+        ids, cluster.runs(), await final_states(url), deaths=cluster.deaths, kills=cluster.kills
+    )
+    record(report)
+    assert report.lost, "the checker missed the tasks the broken worker lost"
+    assert not report.ok
