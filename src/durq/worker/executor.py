@@ -91,12 +91,18 @@ class Executor:
         for hook in self.hooks:
             hook.busy_changed(len(self.running), self.concurrency)
 
-    def cancel(self, task_id: str, reason: str) -> None:
-        """Cancel running attempts of ``task_id`` for ``reason`` (lost, cancelled, shutdown)."""
+    def cancel(self, task_id: str, reason: str) -> bool:
+        """Cancel running attempts of ``task_id`` for ``reason`` (lost, cancelled, shutdown).
+
+        An attempt whose handler already returned is being settled and is left alone: a
+        heartbeat racing with its ack reports it "lost" although it is simply done."""
+        hit = False
         for (_, tid), running in list(self.running.items()):
             if tid == task_id and running.reason is None and not running.settling:
                 running.reason = reason
                 running.task.cancel()
+                hit = True
+        return hit
 
     def cancel_all(self, reason: str) -> None:
         for running in list(self.running.values()):

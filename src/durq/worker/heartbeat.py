@@ -36,9 +36,9 @@ class Heartbeat(PeriodicService):
         if leases:
             report = await self.broker.extend_leases(leases, self.lease_seconds)
             for task_id in report.lost:
-                log.warning("lease of task %s was lost; cancelling its handler", task_id)
-                self.executor.cancel(task_id, LOST)
+                if self.executor.cancel(task_id, LOST):
+                    log.warning("lease of task %s was lost; cancelling its handler", task_id)
             for task_id in report.cancel:
-                log.info("task %s: cancellation requested", task_id)
-                self.executor.cancel(task_id, CANCELLED)
+                if self.executor.cancel(task_id, CANCELLED):
+                    log.info("task %s: cancellation requested", task_id)
         await self.broker.register_worker(self.worker_info())
