@@ -98,6 +98,8 @@ class App:
         self.default_queue = check_queue(default_queue)
         self.tasks: dict[str, TaskDef[Any, Any]] = {}
         self.header_hooks: list[HeaderHook] = []
+        #: Called with every task this app created (not with refused ones), e.g. metrics.
+        self.enqueue_hooks: list[Callable[[TaskInfo], None]] = []
         #: Hooks every worker of this app runs around tasks (metrics, tracing).
         self.worker_hooks: list[WorkerHooks] = []
         if broker is None or isinstance(broker, str):
@@ -294,7 +296,12 @@ class App:
         )
         params = self.params(request)
         broker = await self.broker()
-        return await broker.enqueue(params, connection=connection)
+        return self._created(await broker.enqueue(params, connection=connection))
+
+    def _created(self, info: TaskInfo) -> TaskInfo:
+        for hook in self.enqueue_hooks:
+            hook(info)
+        return info
 
     async def enqueue_many(
         self, requests: Iterable[EnqueueRequest], *, connection: Any = None
@@ -305,7 +312,11 @@ class App:
         duplicate) is reported in its outcome and does not stop the others."""
         params = [self.params(r) for r in requests]
         broker = await self.broker()
-        return await broker.enqueue_many(params, connection=connection)
+        outcomes = await broker.enqueue_many(params, connection=connection)
+        for outcome in outcomes:
+            if outcome.info is not None:
+                self._created(outcome.info)
+        return outcomes
 
     # -- the sync face (E10) ------------------------------------------------------------------
 
@@ -342,7 +353,7 @@ class App:
         name = type.type if isinstance(type, TaskDef) else type
         params = self.params(EnqueueRequest(name, payload, **options))
         result: TaskInfo = enqueue_in(params, connection)
-        return result
+        return self._created(result)
 
     def run_sync(self, make: Callable[[], Awaitable[R]]) -> R:
         """Run ``make()`` (a coroutine using this app) on the sync face's loop."""

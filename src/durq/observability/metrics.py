@@ -1,8 +1,7 @@
 """Prometheus metrics (O1). Needs ``durq[metrics]`` (prometheus-client).
 
 * :func:`install` adds counters and the duration histogram to an app: a worker hook counts
-  what workers do; a thin wrapper around ``app.enqueue``/``enqueue_many`` counts what this
-  process enqueues.
+  what workers do; an ``app.enqueue_hooks`` entry counts the tasks this process created.
 * :class:`QueueCollector` exports queue sizes and oldest-pending ages read through the
   inspector, cached for a few seconds so scrapes never load the broker.
 * :func:`start_metrics_server` serves ``/metrics``, ``/healthz`` and ``/readyz`` on a port,
@@ -14,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import threading
 import time
@@ -138,37 +136,13 @@ def install(app: App, registry: CollectorRegistry | None = None) -> TaskMetrics:
     metrics = TaskMetrics(registry if registry is not None else CollectorRegistry())
     _installed[app] = metrics
     app.worker_hooks.append(metrics)
-    _wrap_enqueue(app, metrics)
+    app.enqueue_hooks.append(metrics.count_enqueued)
     return metrics
 
 
 def installed(app: App) -> TaskMetrics | None:
     """The metrics :func:`install` added to ``app``, if any."""
     return _installed.get(app)
-
-
-def _wrap_enqueue(app: App, metrics: TaskMetrics) -> None:
-    # Count only tasks the broker created, with their real queue and type; the sync face
-    # and TaskDef.enqueue go through these methods too.
-    enqueue = app.enqueue
-    enqueue_many = app.enqueue_many
-
-    @functools.wraps(enqueue)
-    async def counted_enqueue(*args: Any, **kwargs: Any) -> TaskInfo:
-        info = await enqueue(*args, **kwargs)
-        metrics.count_enqueued(info)
-        return info
-
-    @functools.wraps(enqueue_many)
-    async def counted_enqueue_many(*args: Any, **kwargs: Any) -> Any:
-        outcomes = await enqueue_many(*args, **kwargs)
-        for outcome in outcomes:
-            if outcome.info is not None:
-                metrics.count_enqueued(outcome.info)
-        return outcomes
-
-    app.enqueue = counted_enqueue  # type: ignore[method-assign]
-    app.enqueue_many = counted_enqueue_many  # type: ignore[method-assign]
 
 
 class QueueCollector(Collector):
