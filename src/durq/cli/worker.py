@@ -53,34 +53,46 @@ def worker_command(
     ],
     broker: BrokerOpt = None,
     concurrency: Annotated[
-        int, typer.Option("--concurrency", "-c", help="Tasks run at once.")
+        int,
+        typer.Option("--concurrency", "-c", envvar="DURQ_CONCURRENCY", help="Tasks run at once."),
     ] = 10,
     queues: Annotated[
         str | None,
         typer.Option(
             "--queues",
+            envvar="DURQ_QUEUES",
             help="Queues and weights, e.g. critical=6,default=3,low=1 "
             "[default: every queue of the app's tasks]",
             show_default=False,
         ),
     ] = None,
     strict: Annotated[
-        bool, typer.Option("--strict", help="Empty higher-weight queues first.")
+        bool,
+        typer.Option("--strict", envvar="DURQ_STRICT", help="Empty higher-weight queues first."),
     ] = False,
     shutdown_timeout: Annotated[
         str,
         typer.Option(
-            "--shutdown-timeout", help="Grace for running tasks at shutdown (seconds or 10s, 1m)."
+            "--shutdown-timeout",
+            envvar="DURQ_SHUTDOWN_TIMEOUT",
+            help="Grace for running tasks at shutdown (seconds or 10s, 1m).",
         ),
     ] = "10",
     metrics_port: Annotated[
         int | None,
-        typer.Option("--metrics-port", help="Serve Prometheus metrics on this port."),
+        typer.Option(
+            "--metrics-port",
+            envvar="DURQ_METRICS_PORT",
+            help="Serve Prometheus metrics on this port.",
+        ),
     ] = None,
     log_format: Annotated[
-        str, typer.Option("--log-format", help="Log format: text or json.")
+        str,
+        typer.Option("--log-format", envvar="DURQ_LOG_FORMAT", help="Log format: text or json."),
     ] = "text",
-    log_level: Annotated[str, typer.Option("--log-level", help="Log level.")] = "INFO",
+    log_level: Annotated[
+        str, typer.Option("--log-level", envvar="DURQ_LOG_LEVEL", help="Log level.")
+    ] = "INFO",
     no_scheduler: Annotated[
         bool, typer.Option("--no-scheduler", help="Do not enqueue APP's periodic tasks.")
     ] = False,
