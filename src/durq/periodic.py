@@ -119,22 +119,27 @@ class Cron:
     def latest(self, ts: float) -> float | None:
         from croniter import croniter
 
-        # get_prev gives an anchor two ticks back; stepping forward with next_after keeps
-        # one source of truth for what the ticks are (the DST rules above).
+        # Walk back with croniter to the last valid tick at or before ts (past repeats of the
+        # fall-back hour that next_after skips), then forward with next_after: one source of
+        # truth for what the ticks are.
         it = croniter(self.spec, datetime.fromtimestamp(ts + 1, self.tz))
+        anchor: float | None = None
         try:
-            anchor = float(it.get_prev(float))
-            anchor = float(it.get_prev(float))
+            for _ in range(100):
+                candidate = float(it.get_prev(float))
+                if candidate <= ts and not (
+                    self._fixed_hours and self._repeated_wall_time(candidate)
+                ):
+                    anchor = candidate
+                    break
         except Exception:  # croniter gives up on expressions with no past tick
             return None
-        prev: float | None = None
-        tick = anchor - 1
-        for _ in range(1000):
-            tick = self.next_after(tick)
-            if tick > ts:
-                return prev
-            prev = tick
-        return prev
+        if anchor is None:
+            return None
+        tick = self.next_after(anchor)
+        while tick <= ts:
+            anchor, tick = tick, self.next_after(tick)
+        return anchor
 
 
 def resolve_tz(tz: str | ZoneInfo | None) -> ZoneInfo:
