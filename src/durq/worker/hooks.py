@@ -29,3 +29,6 @@ class WorkerHooks:
 
     def busy_changed(self, busy: int, concurrency: int) -> None:
         """The number of busy slots changed."""
+
+    async def drain(self) -> None:
+        """Finish work the hook started (e.g. enqueues) before the worker closes its broker."""

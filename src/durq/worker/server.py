@@ -191,6 +191,9 @@ class Worker:
                     self._executor.cancel_all(SHUTDOWN)
                     await self._executor.drain(None)
                 await self._executor.close()
+            # Hooks may still be enqueueing follow-up work (webhook deliveries): let them finish.
+            for hook in self.hooks:
+                await hook.drain()
             for service in reversed(self._services):
                 await service.stop()
             if self.broker is not None:
