@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from examples.insurance.config import Settings
 from examples.insurance.store import NewOrder, PostgresOrderStore
+from tests.conftest import PG_DSN, broker_url_for, drop_isolated, require_server, unique_name
 
 import durq
-from conftest import PG_DSN, broker_url_for, drop_isolated, require_server, unique_name
 from durq.brokers import open_broker
 from insurance.kit import ITEMS, ROOT, Service, Sim, counts
 
