@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -380,12 +381,14 @@ async def storm(
     kill_every: float,
     timeout: float,
     during: dict[float, object] | None = None,
-) -> float:
+) -> tuple[float, int]:
     """Kill a random worker every ``kill_every`` seconds (and restart it) until ``count`` tasks
-    are completed. ``during`` maps seconds-into-the-run to callables run once (server crash)."""
+    are completed. ``during`` maps seconds-into-the-run to callables run once (server crash).
+    Returns the seconds it took and how many of those callables ran."""
     done = asyncio.create_task(wait_done(url, count, timeout=timeout))
     start = time.monotonic()
     actions = dict(sorted((during or {}).items()))
+    performed = 0
     try:
         while not done.done():
             await asyncio.wait({done}, timeout=kill_every)
@@ -397,7 +400,8 @@ async def storm(
             for at in [a for a in actions if a <= elapsed]:
                 action = actions.pop(at)
                 await asyncio.to_thread(action)  # type: ignore[arg-type]
-        return done.result()
+                performed += 1
+        return done.result(), performed
     finally:
         if not done.done():
             done.cancel()
@@ -438,17 +442,18 @@ class ThrowawayPostgres:
     """A private PostgreSQL cluster in a temp dir on its own port; ``restart_immediate`` is a
     crash (no checkpoint, recovery from WAL on start). Runs as ``postgres`` when we are root."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self) -> None:
         bin_dir = _pg_bin()
         if bin_dir is None:
             raise RuntimeError("PostgreSQL server binaries are not installed")
         self.bin = bin_dir
-        self.dir = base / "pgdata"
+        # Not under pytest's tmp_path: the postgres user must be able to reach it.
+        self.base = Path(tempfile.mkdtemp(prefix="durq-chaos-pg-"))
+        self.dir = self.base / "pgdata"
         self.port = free_port()
         self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        base.mkdir(parents=True, exist_ok=True)
         if self.as_user:
-            shutil.chown(base, "postgres")
+            shutil.chown(self.base, "postgres")
         self._run(
             "initdb", "-D", str(self.dir), "-U", "postgres", "--auth=trust", "-E", "UTF8",
             "--no-sync",
@@ -491,6 +496,7 @@ class ThrowawayPostgres:
             self.stop("immediate")
         except subprocess.CalledProcessError:
             pass
+        shutil.rmtree(self.base, ignore_errors=True)
 
 
 class ThrowawayRedis:

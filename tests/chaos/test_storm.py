@@ -55,13 +55,16 @@ async def run_storm(
     )
     cluster.start_all()
     await cluster.wait_ready()
-    took = await storm(cluster, url, tasks, kill_every=kill_every, timeout=timeout, during=during)
+    took, performed = await storm(
+        cluster, url, tasks, kill_every=kill_every, timeout=timeout, during=during
+    )
     cluster.stop()
     report = check(
         ids, cluster.runs(), await final_states(url), deaths=cluster.deaths,
         kills=cluster.kills, restarts=cluster.restarts,
     )
     report.extra["seconds"] = round(took, 1)
+    report.extra["server_restarts"] = performed
     return report
 
 
@@ -113,53 +116,69 @@ async def test_sqlite_storm_full(tmp_path, clusters, record) -> None:
 
 
 async def pg_storm(
-    clusters, record, server: ThrowawayPostgres, *, tasks: int, timeout: float, crash_at: float
+    clusters,
+    record,
+    server: ThrowawayPostgres,
+    *,
+    tasks: int,
+    timeout: float,
+    crash_at: float,
+    ms: int = 50,
 ) -> None:
     report = await run_storm(
         server.dsn, clusters, tasks=tasks, workers=4, concurrency=8, kill_every=2.0,
-        timeout=timeout, during={crash_at: lambda: server.restart_immediate(1.0)},
+        timeout=timeout, ms=ms, during={crash_at: lambda: server.restart_immediate(1.0)},
     )
-    report.extra["server_restarts"] = 1
     record(report)
     assert_sound(report)
+    assert report.extra["server_restarts"] == 1, "the run ended before the server crash"
+    assert report.kills >= 2
 
 
 async def test_postgres_storm_short(clusters, record, throwaway_pg) -> None:
-    await pg_storm(clusters, record, throwaway_pg(), tasks=800, timeout=90, crash_at=3.0)
+    await pg_storm(clusters, record, throwaway_pg(), tasks=1500, timeout=90, crash_at=2.5)
 
 
 @pytest.mark.chaos
 @pytest.mark.timeout(330)
 async def test_postgres_storm_full(clusters, record, throwaway_pg) -> None:
-    await pg_storm(clusters, record, throwaway_pg(), tasks=20_000, timeout=280, crash_at=20.0)
+    await pg_storm(clusters, record, throwaway_pg(), tasks=20_000, timeout=280, crash_at=9.0)
 
 
 # -- Redis --------------------------------------------------------------------------------------
 
 
 async def redis_storm(
-    clusters, record, server: ThrowawayRedis, *, tasks: int, timeout: float, crash_at: float
+    clusters,
+    record,
+    server: ThrowawayRedis,
+    *,
+    tasks: int,
+    timeout: float,
+    crash_at: float,
+    ms: int = 50,
 ) -> None:
     url = f"{server.url}?prefix=storm"
     report = await run_storm(
         url, clusters, tasks=tasks, workers=4, concurrency=8, kill_every=2.0, timeout=timeout,
-        during={crash_at: lambda: server.crash_and_restart(1.0)},
+        ms=ms, during={crash_at: lambda: server.crash_and_restart(1.0)},
     )
-    report.extra["server_restarts"] = 1
     record(report)
     assert_sound(report)
+    assert report.extra["server_restarts"] == 1, "the run ended before the server crash"
+    assert report.kills >= 2
 
 
 async def test_redis_storm_short(clusters, record, throwaway_redis) -> None:
     server = throwaway_redis("--appendonly", "yes", "--appendfsync", "everysec")
-    await redis_storm(clusters, record, server, tasks=800, timeout=90, crash_at=3.0)
+    await redis_storm(clusters, record, server, tasks=1500, timeout=90, crash_at=2.5)
 
 
 @pytest.mark.chaos
 @pytest.mark.timeout(330)
 async def test_redis_storm_full(clusters, record, throwaway_redis) -> None:
     server = throwaway_redis("--appendonly", "yes", "--appendfsync", "everysec")
-    await redis_storm(clusters, record, server, tasks=20_000, timeout=280, crash_at=20.0)
+    await redis_storm(clusters, record, server, tasks=20_000, timeout=280, crash_at=9.0)
 
 
 # -- the negative control -----------------------------------------------------------------------
