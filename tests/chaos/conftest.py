@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from chaos.harness import Cluster, Report, ThrowawayPostgres, ThrowawayRedis
 
+from chaos.harness import Cluster, Report, ThrowawayPostgres, ThrowawayRedis
 
 
 @pytest.fixture
@@ -97,5 +97,3 @@ def record(request: pytest.FixtureRequest) -> Callable[[Report], None]:
                 fh.write(json.dumps(row) + "\n")
 
     return emit
-
-

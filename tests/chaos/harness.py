@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import shutil
@@ -30,7 +31,6 @@ from pathlib import Path
 import durq
 from durq.brokers import open_broker
 from durq.options import EnqueueRequest
-from durq.states import TaskState
 
 WORKER = Path(__file__).with_name("chaos_worker.py")
 QUEUE = "chaos"
@@ -138,7 +138,7 @@ def percentile(values: Sequence[float], pct: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, int(round(pct / 100 * len(ordered) + 0.5)) - 1))
+    index = min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered) + 0.5) - 1))
     return ordered[index]
 
 
@@ -172,13 +172,15 @@ def check(
             duplicated += 1
         if sum(r.how == "end" for r in task_runs) > 1:
             completed_twice += 1
-        for before, after in zip(task_runs, task_runs[1:], strict=False):
+        for before, after in itertools.pairwise(task_runs):
             # A second start is explained only by the first run's process dying (SIGKILL,
             # a poison pill) while it ran or before its outcome reached the broker, or by a
             # hand-back (cancel at shutdown).
             died = deaths.get(before.pid)
             died_after_end = (
-                before.how == "end" and died is not None and before.stop is not None
+                before.how == "end"
+                and died is not None
+                and before.stop is not None
                 and died[1] >= before.stop
             )
             if before.how not in ("killed", "cancel", "exited") and not died_after_end:
@@ -225,7 +227,7 @@ class Cluster:
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def start(self, slot: int, *extra: str) -> subprocess.Popen[bytes]:
-        log = open(self.dir / f"worker-{slot}.stderr", "ab")  # noqa: SIM115 - child owns it
+        log = open(self.dir / f"worker-{slot}.stderr", "ab")
         proc = subprocess.Popen(
             [sys.executable, str(WORKER), self.url, str(self.dir), *self.worker_args, *extra],
             stdout=subprocess.DEVNULL,
@@ -455,7 +457,14 @@ class ThrowawayPostgres:
         if self.as_user:
             shutil.chown(self.base, "postgres")
         self._run(
-            "initdb", "-D", str(self.dir), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+            "initdb",
+            "-D",
+            str(self.dir),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
             "--no-sync",
         )
         with open(self.dir / "postgresql.conf", "a") as conf:
@@ -520,8 +529,18 @@ class ThrowawayRedis:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
-             str(self.dir), "--save", "", *self.config],
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.dir),
+                "--save",
+                "",
+                *self.config,
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

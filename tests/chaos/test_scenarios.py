@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+import durq
 from chaos.harness import (
     QUEUE,
     Cluster,
@@ -22,8 +24,6 @@ from chaos.harness import (
     wait_done,
 )
 from chaos.test_storm import migrate
-
-import durq
 from durq.brokers import open_broker
 from durq.options import EnqueueRequest
 from durq.states import TaskState
@@ -168,7 +168,12 @@ async def test_poison_pill_full(broker_url, clusters, record) -> None:
 
 
 async def due_during_outage(
-    url: str, crash: Callable[[], None], restart: Callable[[], None], clusters, record, *,
+    url: str,
+    crash: Callable[[], None],
+    restart: Callable[[], None],
+    clusters,
+    record,
+    *,
     tasks: int,
 ) -> None:
     await migrate(url)
@@ -176,8 +181,9 @@ async def due_during_outage(
     ids = [f"s{i:05d}" for i in range(tasks)]
     outcomes = await app.enqueue_many(
         [
-            EnqueueRequest("chaos:work", {"ms": 5}, queue=QUEUE, task_id=t, process_in=2.5,
-                           retention=3600)
+            EnqueueRequest(
+                "chaos:work", {"ms": 5}, queue=QUEUE, task_id=t, process_in=2.5, retention=3600
+            )
             for t in ids
         ]
     )

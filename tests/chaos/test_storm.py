@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+import durq
 from chaos.harness import (
     Cluster,
     Report,
@@ -23,8 +25,6 @@ from chaos.harness import (
     final_states,
     storm,
 )
-
-import durq
 
 LEASE = "4"
 
@@ -60,8 +60,12 @@ async def run_storm(
     )
     cluster.stop()
     report = check(
-        ids, cluster.runs(), await final_states(url), deaths=cluster.deaths,
-        kills=cluster.kills, restarts=cluster.restarts,
+        ids,
+        cluster.runs(),
+        await final_states(url),
+        deaths=cluster.deaths,
+        kills=cluster.kills,
+        restarts=cluster.restarts,
     )
     report.extra["seconds"] = round(took, 1)
     report.extra["server_restarts"] = performed
@@ -86,8 +90,14 @@ async def sqlite_storm(
     db = tmp_path / "storm.sqlite3"
     url = f"sqlite:///{db}"
     report = await run_storm(
-        url, clusters, tasks=tasks, workers=2, concurrency=8, kill_every=kill_every,
-        timeout=timeout, ms=ms,
+        url,
+        clusters,
+        tasks=tasks,
+        workers=2,
+        concurrency=8,
+        kill_every=kill_every,
+        timeout=timeout,
+        ms=ms,
     )
     with sqlite3.connect(db) as conn:
         integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
@@ -99,17 +109,13 @@ async def sqlite_storm(
 
 
 async def test_sqlite_storm_short(tmp_path, clusters, record) -> None:
-    await sqlite_storm(
-        tmp_path, clusters, record, tasks=1500, timeout=60, kill_every=1.0, ms=20
-    )
+    await sqlite_storm(tmp_path, clusters, record, tasks=1500, timeout=60, kill_every=1.0, ms=20)
 
 
 @pytest.mark.chaos
 @pytest.mark.timeout(330)
 async def test_sqlite_storm_full(tmp_path, clusters, record) -> None:
-    await sqlite_storm(
-        tmp_path, clusters, record, tasks=10_000, timeout=280, kill_every=3.0, ms=20
-    )
+    await sqlite_storm(tmp_path, clusters, record, tasks=10_000, timeout=280, kill_every=3.0, ms=20)
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------------
@@ -126,8 +132,15 @@ async def pg_storm(
     ms: int = 50,
 ) -> None:
     report = await run_storm(
-        server.dsn, clusters, tasks=tasks, workers=4, concurrency=8, kill_every=2.0,
-        timeout=timeout, ms=ms, during={crash_at: lambda: server.restart_immediate(1.0)},
+        server.dsn,
+        clusters,
+        tasks=tasks,
+        workers=4,
+        concurrency=8,
+        kill_every=2.0,
+        timeout=timeout,
+        ms=ms,
+        during={crash_at: lambda: server.restart_immediate(1.0)},
     )
     record(report)
     assert_sound(report)
@@ -160,8 +173,15 @@ async def redis_storm(
 ) -> None:
     url = f"{server.url}?prefix=storm"
     report = await run_storm(
-        url, clusters, tasks=tasks, workers=4, concurrency=8, kill_every=2.0, timeout=timeout,
-        ms=ms, during={crash_at: lambda: server.crash_and_restart(1.0)},
+        url,
+        clusters,
+        tasks=tasks,
+        workers=4,
+        concurrency=8,
+        kill_every=2.0,
+        timeout=timeout,
+        ms=ms,
+        during={crash_at: lambda: server.crash_and_restart(1.0)},
     )
     record(report)
     assert_sound(report)
