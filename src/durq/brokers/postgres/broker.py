@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -36,7 +37,10 @@ from durq.brokers.postgres.listener import Listener
 from durq.brokers.postgres.rows import EnqueuePlan, Row, enqueue_plan, row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import BrokerUnavailableError, ConfigurationError, SchemaError
+from durq.states import TaskState
 from durq.task import TaskInfo
+
+log = logging.getLogger("durq.brokers.postgres")
 
 # Statements of the maintenance calls touch at most this many rows each, so none of them holds
 # locks on a large part of a big table; the calls loop until the work is done.
@@ -231,12 +235,17 @@ class PostgresBroker(PostgresAdmin):
         """Create many tasks with one multi-row insert; one outcome per item (E9)."""
         if not items:
             return []
-        plan = enqueue_plan(items, self._now(), self._channel)
         result: list[EnqueueOutcome]
         if connection is None:
+            # Autocommit: each statement commits at once; notify after the commit (see the
+            # `enqueue` query for why not inside it).
+            plan = enqueue_plan(items, self._now(), None)
             async with self._connection("enqueue") as conn:
                 result = await self._drive(conn, plan)
+                await self._notify_created(conn, result)
             return result
+        # The caller's transaction: the notification must wait for *its* commit.
+        plan = enqueue_plan(items, self._now(), self._channel)
         if isinstance(connection, psycopg.AsyncConnection):
             async with self._errors("enqueue"):
                 result = await self._drive(connection, plan)
@@ -248,6 +257,19 @@ class PostgresBroker(PostgresAdmin):
             "connection must be a psycopg Connection or AsyncConnection, "
             f"not {type(connection).__name__}"
         )
+
+    async def _notify_created(self, conn: AsyncConn, outcomes: list[EnqueueOutcome]) -> None:
+        queues = sorted(
+            {o.info.queue for o in outcomes if o.info and o.info.state is TaskState.PENDING}
+        )
+        if not queues:
+            return
+        try:
+            await conn.execute(self._q["notify"], {"channel": self._channel, "queues": queues})
+        except psycopg.Error as exc:
+            # The tasks are committed: never report them as not written. Workers find them
+            # on their next bounded wait.
+            log.warning("NOTIFY after enqueue failed (workers will poll): %s", exc)
 
     def enqueue_sync_in(
         self, params: EnqueueParams, connection: psycopg.Connection[Any]

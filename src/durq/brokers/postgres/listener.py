@@ -32,6 +32,7 @@ class Listener:
         self._waiters: set[tuple[frozenset[str], asyncio.Event]] = set()
         self._last_seen: dict[str, float] = {}
         self._listening = asyncio.Event()
+        self._listen_started = 0.0
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -46,8 +47,14 @@ class Listener:
 
     def _seen_since(self, queues: frozenset[str], marks: dict[str, float]) -> bool:
         for queue in queues:
+            mark = marks.get(queue)
+            if mark is None:  # never claimed from here: nothing to compare with
+                continue
+            # LISTEN (re)started after that claim: a notification may have been missed.
+            if self._listen_started >= mark:
+                return True
             seen = self._last_seen.get(queue)
-            if seen is not None and seen >= marks.get(queue, 0.0):
+            if seen is not None and seen >= mark:
                 return True
         return False
 
@@ -99,6 +106,7 @@ class Listener:
                         await conn.execute(
                             sql.SQL("LISTEN {}").format(sql.Identifier(self._channel))
                         )
+                        self._listen_started = time.monotonic()
                         self._listening.set()
                         self._wake(None)  # anything sent before LISTEN ran is lost: look again
                         backoff = _BACKOFF_START

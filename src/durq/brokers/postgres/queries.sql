@@ -39,8 +39,11 @@ SELECT 1 AS ok;
 -- name: enqueue
 -- Insert a batch in one statement. ON CONFLICT DO NOTHING covers both the primary key (E3)
 -- and the unique-key index (E4); the rows not returned were refused and are looked up next.
--- The same statement records the queues and wakes listeners of queues that got pending work
--- (delivered when the surrounding transaction commits, so a rollback wakes nobody).
+-- The same statement records the queues. With a channel it also wakes listeners of queues
+-- that got pending work, delivered when the surrounding transaction commits (a rollback wakes
+-- nobody): used inside a caller's transaction (E8). Without one (NULL) the broker notifies
+-- after its own commit (`notify`), because a NOTIFY inside a writing transaction serialises
+-- every such commit in the cluster behind one lock, WAL flush included.
 WITH x AS (
     SELECT *
     FROM unnest(
@@ -71,8 +74,14 @@ known AS (
 woken AS (
     SELECT count(pg_notify(%(channel)s, q.queue)) AS n
     FROM (SELECT DISTINCT queue FROM ins WHERE state = 'pending') AS q
+    WHERE %(channel)s::text IS NOT NULL
 )
 SELECT ins.* FROM ins, woken;
+
+-- name: notify
+-- Wake listeners of these queues, in a transaction of its own that writes nothing (so no
+-- WAL flush happens while it holds the notification lock).
+SELECT count(pg_notify(%(channel)s, q)) AS n FROM unnest(%(queues)s::text[]) AS q;
 
 -- name: enqueue_conflicts
 -- Why each refused item was refused: the row holding its task id, or the row holding its

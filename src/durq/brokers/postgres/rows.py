@@ -58,8 +58,11 @@ def _f(value: float | None) -> float | None:
     return None if value is None else float(value)
 
 
-def insert_params(items: Sequence[EnqueueParams], now: float, channel: str) -> dict[str, Any]:
-    """Column arrays for the ``enqueue`` statement (one multi-row insert)."""
+def insert_params(
+    items: Sequence[EnqueueParams], now: float, channel: str | None
+) -> dict[str, Any]:
+    """Column arrays for the ``enqueue`` statement (one multi-row insert); ``channel``: notify
+    in the same statement (``None``: the caller notifies after commit)."""
     states: list[str] = []
     next_at: list[float] = []
     for p in items:
@@ -98,7 +101,7 @@ def _key_is_stale(row: Row, now: float) -> bool:
     return row["unique_until"] is not None and row["unique_until"] <= now
 
 
-def enqueue_plan(items: Sequence[EnqueueParams], now: float, channel: str) -> EnqueuePlan:
+def enqueue_plan(items: Sequence[EnqueueParams], now: float, channel: str | None) -> EnqueuePlan:
     """Create ``items``; the database's constraints decide every refusal (E3, E4, E9).
 
     Round: insert everything left with ON CONFLICT DO NOTHING; for the refused items read the
