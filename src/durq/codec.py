@@ -67,7 +67,11 @@ def decode(raw: bytes | str | None) -> Any:
         return None
     if isinstance(raw, bytes | bytearray | memoryview):
         raw = bytes(raw).decode("utf-8")  # UnicodeDecodeError is a ValueError
-    return json.loads(raw, parse_constant=_reject_constant)
+    try:
+        return json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError as exc:
+        # Deeply nested arrays exhaust the parser's stack: bad data, not a passing failure.
+        raise ValueError("JSON is nested too deeply") from exc
 
 
 def _reject_constant(name: str) -> Any:
