@@ -21,6 +21,7 @@ from durq.brokers.base import ArchiveParams, Broker, CompleteParams, Lease, Leas
 from durq.errors import BrokerUnavailableError, NotReady, PayloadError, SkipRetry
 from durq.payloads import build
 from durq.task import TaskContext, TaskInfo
+from durq.worker.acker import Acker
 from durq.worker.hooks import WorkerHooks
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ class Executor:
         self.hooks = hooks
         self.running: dict[tuple[str, str], Running] = {}
         self.slot_freed = asyncio.Event()
+        self.acker = Acker(broker)
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="durq-task")
 
     @property
@@ -171,7 +173,7 @@ class Executor:
             return await self._failed(lease, task_def, message, exc)
         retention = task.retention
         params = CompleteParams(lease.ref, encoded, retention)
-        if await self._report(self.broker.complete, params, task):
+        if await self._report(self.acker.complete, params, task):
             log.info("task %s completed", task.id, extra=_extra(task))
             return "completed"
         return "lost"
@@ -182,6 +184,13 @@ class Executor:
             running.settling = True
 
     async def _call(self, task_def: TaskDef[Any, Any], task: TaskInfo) -> Any:
+        if len(task.raw_payload) > self.app.max_payload:
+            # Only storage written behind the client's back gets here (enqueue refuses it);
+            # decoding it could cost seconds and memory on every attempt.
+            raise _Undecodable(
+                f"payload decode error: {len(task.raw_payload)} bytes, "
+                f"over the limit of {self.app.max_payload}"
+            )
         try:
             data = task.payload
         except ValueError as exc:
