@@ -1,0 +1,59 @@
+"""The acker batches concurrent acks into one round trip and sends a lone ack at once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from durq.brokers.base import CompleteParams, LeaseRef
+from durq.errors import BrokerUnavailableError
+from durq.worker.acker import Acker
+
+
+class RecordingBroker:
+    """Records complete_many batches; the first call is slow so others pile up behind it."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.batches: list[list[str]] = []
+        self.fail = fail
+        self.release = asyncio.Event()
+
+    async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
+        self.batches.append([p.lease.id for p in items])
+        if len(self.batches) == 1:
+            await self.release.wait()
+        if self.fail:
+            raise BrokerUnavailableError(operation="test.complete_many")
+        return [p.lease.token == "ok" for p in items]
+
+
+def params(task_id: str, token: str = "ok") -> CompleteParams:
+    return CompleteParams(LeaseRef("default", task_id, token))
+
+
+async def test_concurrent_acks_ride_one_round_trip() -> None:
+    broker = RecordingBroker()
+    acker = Acker(broker)  # type: ignore[arg-type]
+    first = asyncio.create_task(acker.complete(params("a")))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    rest = [asyncio.create_task(acker.complete(params(t, tok))) for t, tok in
+            [("b", "ok"), ("c", "stale"), ("d", "ok")]]
+    await asyncio.sleep(0)
+    broker.release.set()
+    assert await first is True
+    assert [await r for r in rest] == [True, False, True]
+    assert broker.batches == [["a"], ["b", "c", "d"]]
+
+
+async def test_lone_ack_is_not_delayed_and_errors_reach_the_caller() -> None:
+    broker = RecordingBroker(fail=True)
+    broker.release.set()
+    acker = Acker(broker)  # type: ignore[arg-type]
+    try:
+        await acker.complete(params("a"))
+    except BrokerUnavailableError:
+        pass
+    else:
+        raise AssertionError("the broker error must reach the caller")
+    assert broker.batches == [["a"]]
