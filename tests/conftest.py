@@ -8,10 +8,14 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+
+import durq
+from apptools import START, AppFactory
+from durq.clock import FakeClock
 
 PG_DSN = os.environ.get("DURQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("DURQ_TEST_REDIS", "redis://127.0.0.1:6379/0")
@@ -85,3 +89,36 @@ def broker_url(broker_kind: str, tmp_path: Path) -> Iterator[str]:
     url = broker_url_for(broker_kind, tmp_path)
     yield url
     drop_isolated(broker_kind, url)
+
+
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START)
+
+
+@pytest.fixture
+async def make_app(broker_url: str, clock: FakeClock) -> AsyncIterator[AppFactory]:
+    """Build apps on the same isolated, migrated storage (one per process), closed at teardown."""
+    apps: list[durq.App] = []
+    migrated = False
+
+    async def factory(*, fake_clock: bool = True, **options: object) -> durq.App:
+        nonlocal migrated
+        app = (
+            durq.App(broker_url, clock=clock, **options)
+            if fake_clock
+            else durq.App(broker_url, **options)
+        )  # type: ignore[arg-type]
+        if not migrated:
+            migrator = app.new_broker()
+            await migrator.migrate()
+            await migrator.close()
+            migrated = True
+        apps.append(app)
+        return app
+
+    yield factory
+    for app in apps:
+        await app.close()

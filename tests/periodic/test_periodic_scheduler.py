@@ -8,12 +8,12 @@ from collections import Counter
 from typing import Any
 
 import durq
+from apptools import START, AppFactory
 from durq.brokers.base import ClaimParams, CompleteParams
 from durq.clock import FakeClock
 from durq.periodic import HEADER_ENTRY, HEADER_TICK, status
 from durq.states import TaskState
 from durq.worker.periodic import PeriodicScheduler
-from periodic.conftest import START, AppFactory
 
 
 def declare(app: durq.App, **options: Any) -> None:

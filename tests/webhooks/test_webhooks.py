@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from apptools import AppFactory
 from durq import webhooks
 from durq.backoff import fixed
 from durq.errors import ValidationError
 from durq.states import TaskState
 from durq.webhooks import WebhookVerificationError, sign, verify
-from webhooks.conftest import AppFactory
 
 SECRET = "whsec_test_0123456789"
 FAST = {"poll_interval": 0.1, "promote_interval": 0.05, "shutdown_timeout": 5.0}
