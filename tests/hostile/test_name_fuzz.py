@@ -1,0 +1,220 @@
+"""Queue names, task types and task ids fuzzed with hypothesis on every broker (S3).
+
+Each name is either refused with :class:`InvalidNameError` or round-trips exactly; nothing
+changes the SQL catalog (no table created or dropped, in our schema or elsewhere) and every
+Redis key stays under the broker's prefix. The client checks names at the edge; the same
+names are also sent to the broker directly (as a buggy or hostile client would), where the
+storage's own checks must hold."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tests.conftest import PG_DSN, drop_isolated, require_server, unique_name
+
+import durq
+from chaos.harness import ThrowawayRedis
+from durq import names
+from durq.brokers import FullBroker, open_broker
+from durq.brokers.base import EnqueueParams
+from durq.errors import DurqError, InvalidNameError, TaskNotFoundError
+
+NASTY = [*list("'\";-{}*?[]\\ \t\n\r\x00%_:.$`|&/<>@+=#,()!~^"), "é", "日", "🙂", "\u202e", "ß"]
+SAMPLES = [
+    "'; DROP TABLE tasks; --",
+    "x'); DELETE FROM durq_tasks; --",
+    "a--b",
+    "q;",
+    "{q}",
+    "a{b}c",
+    "*",
+    "a*",
+    "q\x00",
+    "\x00",
+    "a" * 100,
+    "a" * 101,
+    "a" * 10_000,
+    "durq:{other}:t:x",
+    "..",
+    "-lead",
+    "default",
+    "ok.name:with-parts_1",
+    "Ünïcödé",
+    "",
+]
+name_strategy = st.one_of(
+    st.sampled_from(SAMPLES),
+    st.text(alphabet=st.sampled_from(NASTY + list("aZ09")), min_size=0, max_size=24),
+    st.text(min_size=0, max_size=40),
+    st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,30}", fullmatch=True),
+)
+
+
+@pytest.fixture(params=["sqlite", "postgres", "redis"])
+def fuzz_target(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[str, str, object]]:
+    """(kind, url, private) — Redis runs on a private server so that *every* key is ours."""
+    kind = str(request.param)
+    if kind == "sqlite":
+        yield kind, f"sqlite:///{tmp_path / 'fuzz.sqlite3'}", None
+    elif kind == "postgres":
+        require_server("postgres")
+        url = f"{PG_DSN}?schema={unique_name('durq_fuzz')}"
+        yield kind, url, None
+        drop_isolated("postgres", url)
+    else:
+        try:
+            server = ThrowawayRedis(tmp_path / "redis")
+        except RuntimeError as exc:
+            pytest.skip(str(exc))
+        try:
+            yield kind, f"{server.url}?prefix=fuzz", server
+        finally:
+            server.close()
+
+
+def catalog(kind: str, url: str, server: object) -> object:
+    """Everything an injection could change outside our rows."""
+    if kind == "sqlite":
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            return sorted(conn.execute("SELECT type, name, sql FROM sqlite_master").fetchall())
+    if kind == "postgres":
+        import psycopg
+
+        schema = url.split("schema=", 1)[1]
+        with psycopg.connect(PG_DSN) as conn:
+            ours = conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+                "ORDER BY 1",
+                (schema,),
+            ).fetchall()
+            public = conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' "
+                "ORDER BY 1"
+            ).fetchall()
+            return ours, public
+    import redis
+
+    assert isinstance(server, ThrowawayRedis)
+    client = redis.Redis(port=server.port)
+    try:
+        keys = [k.decode("utf-8", "replace") for k in client.scan_iter(count=1000)]
+    finally:
+        client.close()
+    return sorted(keys)
+
+
+class Loop:
+    """One event loop for all examples of a test (hypothesis calls a sync function)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, coro):  # type: ignore[no-untyped-def]
+        return self.loop.run_until_complete(coro)
+
+    def close(self) -> None:
+        self.loop.close()
+
+
+def valid(name: str) -> bool:
+    try:
+        names.check_queue(name)
+    except InvalidNameError:
+        return False
+    return True
+
+
+def valid_id(task_id: str) -> bool:
+    try:
+        names.check_task_id(task_id)
+    except InvalidNameError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(240)
+def test_names_refused_or_round_trip(fuzz_target: tuple[str, str, object]) -> None:
+    kind, url, server = fuzz_target
+    loop = Loop()
+    app = durq.App(url)
+    broker: FullBroker = open_broker(url)
+    loop.run(broker.migrate())
+    loop.run(broker.connect())
+    loop.run(app.enqueue("fuzz:seed", {}, queue="seed"))  # every table/key family exists
+    before = catalog(kind, url, server)
+    seen: set[tuple[str, str]] = set()
+
+    @settings(
+        max_examples=120,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        database=None,
+    )
+    @given(queue=name_strategy, type_=name_strategy, task_id=name_strategy)
+    def client_side(queue: str, type_: str, task_id: str) -> None:
+        expected_ok = valid(queue) and valid(type_) and valid_id(task_id)
+        if (queue, task_id) in seen:
+            return
+        try:
+            info = loop.run(app.enqueue(type_, {"q": queue}, queue=queue, task_id=task_id))
+        except InvalidNameError:
+            assert not expected_ok
+            return
+        assert expected_ok, (queue, type_, task_id)
+        seen.add((queue, task_id))
+        assert (info.queue, info.type, info.id) == (queue, type_, task_id)
+        got = loop.run(app.inspector.get_task_info(queue, task_id))
+        assert (got.queue, got.type, got.id, got.payload) == (queue, type_, task_id, {"q": queue})
+
+    @settings(
+        max_examples=120,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        database=None,
+    )
+    @given(queue=name_strategy, type_=name_strategy, task_id=name_strategy)
+    def broker_side(queue: str, type_: str, task_id: str) -> None:
+        """Past the client's checks: the broker refuses with a durq error or round-trips."""
+        if (queue, task_id) in seen:
+            return
+        params = EnqueueParams(id=task_id, queue=queue, type=type_, payload=b"{}")
+        try:
+            info = loop.run(broker.enqueue(params))
+        except DurqError:
+            pass  # InvalidNameError, or the storage's CHECK reported as a durq error
+        else:
+            seen.add((queue, task_id))
+            assert (info.queue, info.type, info.id) == (queue, type_, task_id)
+            try:
+                got = loop.run(broker.get_task(queue, task_id))
+            except (InvalidNameError, TaskNotFoundError) as exc:
+                raise AssertionError(f"stored but not readable: {queue!r} {task_id!r}") from exc
+            assert (got.queue, got.type, got.id) == (queue, type_, task_id)
+        for call in (broker.queue_stats(queue), broker.pause_queue(queue)):
+            try:
+                loop.run(call)
+            except DurqError:
+                pass
+
+    try:
+        client_side()
+        broker_side()
+        after = catalog(kind, url, server)
+    finally:
+        loop.run(broker.close())
+        loop.run(app.close())
+        loop.close()
+    if kind == "redis":
+        assert all(k.startswith("fuzz:") for k in after), [
+            k for k in after if not k.startswith("fuzz:")
+        ]
+    else:
+        assert after == before
