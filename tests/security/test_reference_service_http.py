@@ -1,0 +1,96 @@
+"""The reference service's HTTP surface, attacker's view (gaps left by tests/insurance):
+every route without credentials, markup in inputs never reflected as HTML, no permissive
+CORS, and the HTML pages (FastAPI's docs) served with a Content-Security-Policy or not at all.
+
+The service authenticates with a bearer token, never a cookie, so a cross-site request cannot
+carry credentials: a foreign Origin gets 401 like any other anonymous caller."""
+
+from __future__ import annotations
+
+import pytest
+
+from insurance.conftest import make_settings, settings, sim, sim_server, start_service  # noqa: F401
+from insurance.kit import ALICE, Service
+
+EVIL = "<script>alert(1)</script>"
+ROUTES = [("POST", "/orders"), ("GET", "/orders/ord_000000000000000000000000")]
+
+
+@pytest.fixture
+def svc(start_service, settings) -> Service:  # noqa: F811
+    return start_service(settings)
+
+
+def test_every_order_route_is_401_without_credentials_even_from_a_foreign_origin(
+    svc: Service,
+) -> None:
+    for method, path in ROUTES:
+        for headers in ({}, {"Origin": "https://evil.example"}, {"Cookie": "session=1"}):
+            r = svc.anon.request(method, path, json={"items": []}, headers=headers)
+            assert r.status_code == 401, (method, path, headers)
+            assert r.headers["content-type"].startswith("application/json")
+            assert "access-control-allow-origin" not in r.headers
+
+
+def test_no_permissive_cors_preflight(svc: Service) -> None:
+    r = svc.anon.options(
+        "/orders",
+        headers={
+            "Origin": "https://evil.example",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type",
+        },
+    )
+    assert "access-control-allow-origin" not in r.headers
+    assert "access-control-allow-credentials" not in r.headers
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"items": [{"sku": EVIL, "qty": 1}]},
+        {"items": [{"sku": "A-1", "qty": EVIL}]},
+        {EVIL: 1},
+        {"items": EVIL},
+    ],
+)
+def test_markup_in_input_is_never_reflected_as_html(svc: Service, body: dict) -> None:
+    r = svc.alice.post("/orders", json=body)
+    assert 400 <= r.status_code < 500
+    assert r.headers["content-type"].startswith("application/json")
+    # Whatever the error echoes is JSON-encoded data, never markup a browser would render.
+    assert r.json()["error"]["code"]
+
+
+def test_markup_in_path_and_headers_is_not_reflected(svc: Service) -> None:
+    r = svc.alice.get(f"/orders/{EVIL}")
+    assert r.status_code == 404
+    assert r.headers["content-type"].startswith("application/json")
+    assert EVIL not in r.text
+    r = svc.alice.post(
+        "/orders", json={"items": [{"sku": "A-1", "qty": 1}]}, headers={"Idempotency-Key": EVIL}
+    )
+    assert r.status_code in (202, 400)
+    assert r.headers["content-type"].startswith("application/json")
+
+
+def test_html_pages_have_a_csp_or_do_not_exist(svc: Service) -> None:
+    """FastAPI serves /docs and /redoc as HTML loading scripts; they must carry a CSP, or
+    be switched off. Every other answer is JSON."""
+    for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        r = svc.anon.get(path)
+        if r.status_code == 200 and r.headers.get("content-type", "").startswith("text/html"):
+            assert "content-security-policy" in r.headers, f"{path} is HTML without a CSP"
+    for path in ("/health", "/openapi.json"):
+        r = svc.anon.get(path)
+        if r.status_code == 200:
+            assert r.headers["content-type"].startswith("application/json"), path
+
+
+def test_authenticated_owner_sees_json_only(svc: Service) -> None:
+    r = svc.alice.post("/orders", json={"items": [{"sku": "A-1", "qty": 1}]})
+    assert r.status_code == 202
+    status = svc.alice.get(r.headers["Location"])
+    assert status.status_code == 200
+    assert status.headers["content-type"].startswith("application/json")
+    assert ALICE not in status.text  # the token never echoes back
