@@ -226,6 +226,10 @@ def create_app(settings: Settings | None = None, *, configure_logging: bool = Tr
         description="Orders whose insurance coverage is obtained by a durable background task.",
         lifespan=durq_lifespan(app, worker=worker_options, inner=resources),
         redirect_slashes=False,
+        # A JSON API: no HTML pages (Swagger UI would load CDN scripts without a CSP);
+        # the schema stays at /openapi.json.
+        docs_url=None,
+        redoc_url=None,
     )
     api.state.settings = settings
     api.state.runtimes = runtimes
