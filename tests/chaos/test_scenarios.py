@@ -83,7 +83,7 @@ async def test_graceful_shutdown_short(tmp_path, clusters, record, grace) -> Non
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("grace", [15.0, 0.3])
 async def test_graceful_shutdown_full(broker_url, clusters, record, grace) -> None:
-    await graceful(broker_url, clusters, record, grace=grace, tasks=2000, ms=2000)
+    await graceful(broker_url, clusters, record, grace=grace, tasks=400, ms=1000)
 
 
 # -- tasks three times longer than the lease run exactly once (heartbeats, W1) -----------------------
