@@ -3,6 +3,7 @@
 from durq.app import App, TaskDef
 from durq.backoff import capped_power_of_two, exponential, fixed
 from durq.brokers.base import EnqueueOutcome, QueueStats, WorkerInfo
+from durq.continuations import Then
 from durq.errors import (
     BrokerUnavailableError,
     DuplicateTaskError,
@@ -44,6 +45,7 @@ __all__ = [
     "TaskInfo",
     "TaskNotFoundError",
     "TaskState",
+    "Then",
     "Worker",
     "WorkerHooks",
     "WorkerInfo",

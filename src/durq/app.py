@@ -10,12 +10,12 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-from durq import backoff, durations, webhooks
+from durq import backoff, continuations, durations, webhooks
 from durq.brokers import FullBroker, open_broker, resolve_url
-from durq.brokers.base import EnqueueOutcome, EnqueueParams
+from durq.brokers.base import CAP_CROSS_QUEUE_FOLLOW_UPS, EnqueueOutcome, EnqueueParams
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.codec import DEFAULT_MAX_PAYLOAD
-from durq.errors import BrokerUnavailableError, ConfigurationError
+from durq.errors import BrokerUnavailableError, ConfigurationError, ValidationError
 from durq.names import check_queue, check_type
 from durq.options import Duration, EnqueueRequest, Moment, TaskDefaults, build_params
 from durq.payloads import HandlerShape, inspect_handler, validate
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+_THEN_FIELDS = ("type", "queue", "on_archived", "max_retry", "timeout", "retention")
 
 #: Called with the headers of every new task, e.g. to inject trace context (O2).
 HeaderHook = Callable[[dict[str, str]], None]
@@ -249,7 +251,38 @@ class App:
             for hook in self.header_hooks:
                 hook(headers)
             params = replace(params, headers=headers)
+        params = self._with_then(params, request.then)
         return webhooks.prepare(params)  # a webhook header: valid URL, result kept to send
+
+    def _with_then(self, params: EnqueueParams, then: Any) -> EnqueueParams:
+        """Resolve ``then=`` into the ``durq-then`` header, or check one given as a header."""
+        if then is not None:
+            header = continuations.resolve(then, params.queue, self)
+            return replace(params, headers={**params.headers, continuations.HEADER: header})
+        if continuations.HEADER in params.headers:
+            try:
+                spec = continuations.spec_of(params.headers)
+            except ValueError as exc:
+                raise ValidationError(str(exc)) from None
+            assert spec is not None
+            header = continuations.resolve(
+                continuations.Then(**{k: v for k, v in spec.items() if k in _THEN_FIELDS}),
+                params.queue,
+                self,
+            )
+            return replace(params, headers={**params.headers, continuations.HEADER: header})
+        return params
+
+    @staticmethod
+    def _check_follow_up_queue(broker: FullBroker, params: EnqueueParams) -> None:
+        if CAP_CROSS_QUEUE_FOLLOW_UPS in broker.capabilities:
+            return
+        spec = continuations.spec_of(params.headers)
+        if spec is not None and spec["queue"] != params.queue:
+            raise ValidationError(
+                f"the {broker.name} broker cannot create a follow-up in another queue "
+                f"atomically: Then(queue=...) must be {params.queue!r}"
+            )  # a webhook header: valid URL, result kept to send
 
     async def enqueue(
         self,
@@ -268,6 +301,7 @@ class App:
         headers: Mapping[str, str] | None = None,
         connection: Any = None,
         webhook: str | None = None,
+        then: continuations.Then | str | None = None,
     ) -> TaskInfo:
         """Enqueue one task and return its :class:`TaskInfo` (E1).
 
@@ -277,7 +311,9 @@ class App:
         :class:`~durq.BrokerUnavailableError` when the broker cannot be reached (E7).
         ``connection``: an open SQL connection whose transaction the task joins (E8).
         ``webhook``: an http(s) URL that receives the result or final error by signed POST
-        (see :mod:`durq.webhooks`); ValidationError for any other URL."""
+        (see :mod:`durq.webhooks`); ValidationError for any other URL.
+        ``then``: a follow-up task (:class:`durq.Then` or a task type) enqueued atomically
+        with this task's completion (see :mod:`durq.continuations`)."""
         if webhook is not None:
             headers = webhooks.with_webhook(headers, webhook)
         request = EnqueueRequest(
@@ -293,9 +329,11 @@ class App:
             retention=retention,
             unique=unique,
             headers=headers or {},
+            then=then,
         )
         params = self.params(request)
         broker = await self.broker()
+        self._check_follow_up_queue(broker, params)
         return self._created(await broker.enqueue(params, connection=connection))
 
     def _created(self, info: TaskInfo) -> TaskInfo:
@@ -312,6 +350,8 @@ class App:
         duplicate) is reported in its outcome and does not stop the others."""
         params = [self.params(r) for r in requests]
         broker = await self.broker()
+        for p in params:
+            self._check_follow_up_queue(broker, p)
         outcomes = await broker.enqueue_many(params, connection=connection)
         for outcome in outcomes:
             if outcome.info is not None:

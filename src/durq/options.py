@@ -34,6 +34,8 @@ class EnqueueRequest:
     retention: Duration | None = None
     unique: Duration | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    #: A continuation: a :class:`durq.Then` or a task type (see :mod:`durq.continuations`).
+    then: Any = None
 
 
 @dataclass(frozen=True)

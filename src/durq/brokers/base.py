@@ -17,6 +17,11 @@ Contract notes that every backend honours (the conformance suite checks each):
 * Counters for the inspector (I1): ``complete`` adds one processed; ``retry``, ``archive``
   (when it counts an attempt) and ``rescue_expired`` add one processed and one failed, per
   queue and per UTC day of the broker clock.
+* Follow-ups (continuations) of ``complete``/``archive`` are created in the same atomic
+  step as the outcome, and never when the lease is lost; a follow-up whose task id exists is
+  skipped without failing the outcome. Tasks archived by ``rescue_expired`` or the inspector
+  (``archive_task``, ``cancel_task``) create the follow-ups their ``durq-then`` header asks
+  for (:func:`durq.continuations.build`), in the same transaction on SQL brokers.
 * ``list_workers`` shows workers whose last heartbeat is younger than 60 s.
 * Backend failures to reach the server raise :class:`~durq.errors.BrokerUnavailableError`
   with ``operation`` set (``"sqlite.claim"``), never a driver exception.
@@ -35,6 +40,13 @@ from durq.task import TaskInfo
 # Capability names a backend may declare; conformance tests that need one skip by name.
 CAP_TRANSACTIONAL_ENQUEUE = "transactional_enqueue"
 CAP_CROSS_PROCESS_NOTIFY = "cross_process_notify"
+#: ``CompleteParams.follow_ups`` / ``ArchiveParams.follow_ups`` are written atomically with
+#: the outcome (both or neither). Every broker has it.
+CAP_ATOMIC_FOLLOW_UPS = "atomic_follow_ups"
+#: ... also when a follow-up goes to another queue than its task. The SQL brokers have it;
+#: Redis has it on a single node (its client today), where one script may touch the keys of
+#: two queues; a Redis Cluster would refuse such a script (two hash slots).
+CAP_CROSS_QUEUE_FOLLOW_UPS = "cross_queue_follow_ups"
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +128,9 @@ class CompleteParams:
     lease: LeaseRef
     result: bytes | None = None
     retention: float = 0.0
+    #: Tasks to create in the same atomic step, only if the lease is held (continuations).
+    #: One whose id exists already is skipped; the completion still succeeds.
+    follow_ups: tuple[EnqueueParams, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +149,8 @@ class ArchiveParams:
     lease: LeaseRef
     error: str
     count_attempt: bool = True
+    #: As :attr:`CompleteParams.follow_ups`.
+    follow_ups: tuple[EnqueueParams, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

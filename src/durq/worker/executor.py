@@ -16,8 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from durq import codec
-from durq.brokers.base import ArchiveParams, Broker, CompleteParams, Lease, LeaseRef, RetryParams
+from durq import codec, continuations
+from durq.brokers.base import (
+    ArchiveParams,
+    Broker,
+    CompleteParams,
+    EnqueueParams,
+    Lease,
+    LeaseRef,
+    RetryParams,
+)
 from durq.errors import BrokerUnavailableError, NotReady, PayloadError, SkipRetry
 from durq.payloads import build
 from durq.task import TaskContext, TaskInfo
@@ -172,7 +180,8 @@ class Executor:
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             return await self._failed(lease, task_def, message, exc)
         retention = task.retention
-        params = CompleteParams(lease.ref, encoded, retention)
+        follow_ups = self._follow_ups(task, continuations.COMPLETED, result=encoded)
+        params = CompleteParams(lease.ref, encoded, retention, follow_ups)
         if await self._report(self.acker.complete, params, task):
             log.info("task %s completed", task.id, extra=_extra(task))
             return "completed"
@@ -273,7 +282,9 @@ class Executor:
 
     async def _archive(self, lease: Lease, error: str, *, alert: bool) -> str:
         task = lease.task
-        if not await self._report(self.broker.archive, ArchiveParams(lease.ref, error), task):
+        follow_ups = self._follow_ups(task, continuations.ARCHIVED, error=error)
+        params = ArchiveParams(lease.ref, error, follow_ups=follow_ups)
+        if not await self._report(self.broker.archive, params, task):
             return "lost"
         if alert:
             # The alert line of W4: one ERROR with everything an on-call engineer needs.
@@ -298,7 +309,10 @@ class Executor:
                 return "requeued"
             return "lost"
         if reason == CANCELLED:
-            params = ArchiveParams(lease.ref, "cancelled", count_attempt=False)
+            follow_ups = self._follow_ups(task, continuations.ARCHIVED, error="cancelled")
+            params = ArchiveParams(
+                lease.ref, "cancelled", count_attempt=False, follow_ups=follow_ups
+            )
             if await self._report(self.broker.archive, params, task):
                 log.info("task %s cancelled", task.id, extra=_extra(task))
                 return "archived"
@@ -308,6 +322,20 @@ class Executor:
                 "task %s: lease lost to another worker; result dropped", task.id, extra=_extra(task)
             )
         return "lost"
+
+    def _follow_ups(
+        self, task: TaskInfo, outcome: str, *, result: bytes | None = None, error: str = ""
+    ) -> tuple[EnqueueParams, ...]:
+        """The continuations this outcome creates (sent with it, so created atomically)."""
+        if continuations.HEADER not in task.headers:
+            return ()
+        try:
+            return continuations.build(
+                task, outcome, result=result, error=error, max_payload=self.app.max_payload
+            )
+        except ValueError as exc:  # a malformed header must not block the outcome
+            log.error("task %s: no follow-up: %s", task.id, exc, extra=_extra(task))
+            return ()
 
     async def _report(self, call: Callable[[Any], Any], params: Any, task: TaskInfo) -> bool:
         """Send an outcome to the broker, retrying through short outages.

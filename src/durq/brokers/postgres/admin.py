@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from durq.brokers.base import QueueStats, WorkerInfo
+from durq import continuations
+from durq.brokers.base import EnqueueParams, QueueStats, WorkerInfo
 from durq.brokers.postgres.core import PostgresBase, utc_day
 from durq.brokers.postgres.rows import Row, row_to_info
 from durq.errors import InvalidStateError, QueueNotFoundError, TaskNotFoundError
@@ -96,6 +97,12 @@ class PostgresAdmin(PostgresBase):
             {"queue": queue, "id": task_id, "now": self._now(), "channel": self._channel},
         )
 
+    async def _task_archive(self, method: str, query: str, queue: str, task_id: str) -> Row | None:
+        """Archive a waiting task and create the follow-up it asks for, in one transaction."""
+        params = {"queue": queue, "id": task_id, "now": self._now(), "channel": self._channel}
+        rows = await self._write_with_follow_ups(method, query, params, _archived_follow_ups)
+        return rows[0] if rows else None
+
     async def run_task(self, queue: str, task_id: str) -> TaskInfo:
         """scheduled/retry/archived -> pending now; InvalidStateError from other states."""
         row = await self._task_change("run_task", "run_task", queue, task_id)
@@ -105,7 +112,7 @@ class PostgresAdmin(PostgresBase):
 
     async def archive_task(self, queue: str, task_id: str) -> TaskInfo:
         """pending/scheduled/retry -> archived; InvalidStateError from other states."""
-        row = await self._task_change("archive_task", "archive_task", queue, task_id)
+        row = await self._task_archive("archive_task", "archive_task", queue, task_id)
         if row is None:
             raise await self._refuse(queue, task_id, "archive")
         return row_to_info(row)
@@ -119,7 +126,7 @@ class PostgresAdmin(PostgresBase):
     async def cancel_task(self, queue: str, task_id: str) -> TaskInfo:
         """Active: flag it so its worker cancels the handler and archives it "cancelled".
         pending/scheduled/retry: archived "cancelled" at once. Finished: InvalidStateError."""
-        row = await self._task_change("cancel_task", "cancel_waiting_task", queue, task_id)
+        row = await self._task_archive("cancel_task", "cancel_waiting_task", queue, task_id)
         if row is None:
             row = await self._task_change("cancel_task", "cancel_active_task", queue, task_id)
         if row is None:
@@ -185,3 +192,13 @@ class PostgresAdmin(PostgresBase):
             )
             for r in rows
         ]
+
+
+def _archived_follow_ups(rows: list[Row]) -> list[EnqueueParams]:
+    """The continuations of the archived rows among ``rows`` (inspector archive/cancel)."""
+    return [
+        f
+        for r in rows
+        if r["state"] == TaskState.ARCHIVED.value
+        for f in continuations.for_archived(row_to_info(r))
+    ]

@@ -16,8 +16,11 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from durq import continuations
 from durq.brokers.base import (
+    CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
+    CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_TRANSACTIONAL_ENQUEUE,
     ArchiveParams,
     ClaimParams,
@@ -54,7 +57,14 @@ class PostgresBroker(PostgresAdmin):
     ``pool_min``/``pool_max`` size the pool; other parameters go to libpq)."""
 
     name = "postgres"
-    capabilities = frozenset({CAP_TRANSACTIONAL_ENQUEUE, CAP_CROSS_PROCESS_NOTIFY})
+    capabilities = frozenset(
+        {
+            CAP_TRANSACTIONAL_ENQUEUE,
+            CAP_CROSS_PROCESS_NOTIFY,
+            CAP_ATOMIC_FOLLOW_UPS,
+            CAP_CROSS_QUEUE_FOLLOW_UPS,
+        }
+    )
 
     def __init__(
         self,
@@ -188,18 +198,6 @@ class PostgresBroker(PostgresAdmin):
 
     # ------------------------------------------------------------------ enqueue
 
-    async def _drive(self, conn: psycopg.AsyncConnection[Any], plan: EnqueuePlan) -> Any:
-        # Runs the sans-IO plan's statements on one connection (ours or the caller's).
-        async with conn.cursor(row_factory=dict_row) as cur:
-            try:
-                name, params = next(plan)
-                while True:
-                    await cur.execute(self._q[name], params)
-                    rows: list[Row] = await cur.fetchall() if cur.description else []
-                    name, params = plan.send(rows)
-            except StopIteration as stop:
-                return stop.value
-
     def _drive_sync(self, conn: psycopg.Connection[Any], plan: EnqueuePlan) -> Any:
         with conn.cursor(row_factory=dict_row) as cur:
             try:
@@ -257,19 +255,6 @@ class PostgresBroker(PostgresAdmin):
             "connection must be a psycopg Connection or AsyncConnection, "
             f"not {type(connection).__name__}"
         )
-
-    async def _notify_created(self, conn: AsyncConn, outcomes: list[EnqueueOutcome]) -> None:
-        queues = sorted(
-            {o.info.queue for o in outcomes if o.info and o.info.state is TaskState.PENDING}
-        )
-        if not queues:
-            return
-        try:
-            await conn.execute(self._q["notify"], {"channel": self._channel, "queues": queues})
-        except psycopg.Error as exc:
-            # The tasks are committed: never report them as not written. Workers find them
-            # on their next bounded wait.
-            log.warning("NOTIFY after enqueue failed (workers will poll): %s", exc)
 
     def enqueue_sync_in(
         self, params: EnqueueParams, connection: psycopg.Connection[Any]
@@ -346,19 +331,30 @@ class PostgresBroker(PostgresAdmin):
         if not items:
             return []
         now = self._now()
-        rows = await self._fetch(
-            "complete",
-            "complete",
-            {
-                "queues": [i.lease.queue for i in items],
-                "ids": [i.lease.id for i in items],
-                "tokens": [i.lease.token for i in items],
-                "results": [None if i.result is None else bytes(i.result) for i in items],
-                "retentions": [float(i.retention) for i in items],
-                "now": now,
-                "day": utc_day(now),
-            },
-        )
+        params = {
+            "queues": [i.lease.queue for i in items],
+            "ids": [i.lease.id for i in items],
+            "tokens": [i.lease.token for i in items],
+            "results": [None if i.result is None else bytes(i.result) for i in items],
+            "retentions": [float(i.retention) for i in items],
+            "now": now,
+            "day": utc_day(now),
+        }
+        if any(i.follow_ups for i in items):
+            # Continuations: the follow-ups of the leases still held, in the same transaction.
+            def follow_ups(rows: list[Row]) -> list[EnqueueParams]:
+                held = {(r["queue"], r["id"]) for r in rows}
+                out: list[EnqueueParams] = []
+                for item in items:
+                    key = (item.lease.queue, item.lease.id)
+                    if key in held:
+                        held.discard(key)
+                        out.extend(item.follow_ups)
+                return out
+
+            rows = await self._write_with_follow_ups("complete", "complete", params, follow_ups)
+        else:
+            rows = await self._fetch("complete", "complete", params)
         done = {(r["queue"], r["id"]) for r in rows}
         answers: list[bool] = []
         for item in items:
@@ -388,20 +384,25 @@ class PostgresBroker(PostgresAdmin):
     async def archive(self, params: ArchiveParams) -> bool:
         """Give up on the task; ``False`` if the lease is no longer held."""
         now = self._now()
-        row = await self._fetch_one(
-            "archive",
-            "archive",
-            {
-                "queue": params.lease.queue,
-                "id": params.lease.id,
-                "token": params.lease.token,
-                "error": params.error,
-                "count_attempt": params.count_attempt,
-                "now": now,
-                "day": utc_day(now),
-            },
-        )
-        return bool(row and row["n"])
+        values = {
+            "queue": params.lease.queue,
+            "id": params.lease.id,
+            "token": params.lease.token,
+            "error": params.error,
+            "count_attempt": params.count_attempt,
+            "now": now,
+            "day": utc_day(now),
+        }
+        if params.follow_ups:
+            rows = await self._write_with_follow_ups(
+                "archive",
+                "archive",
+                values,
+                lambda rows: params.follow_ups if rows and rows[0]["n"] else (),
+            )
+        else:
+            rows = await self._fetch("archive", "archive", values)
+        return bool(rows and rows[0]["n"])
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Hand an active task back as pending without counting an attempt (W7)."""
@@ -440,10 +441,12 @@ class PostgresBroker(PostgresAdmin):
         rescued: list[TaskInfo] = []
         while True:
             now = self._now()
-            rows = await self._fetch(
+            # Archived rows create the follow-ups they ask for, in the same transaction.
+            rows = await self._write_with_follow_ups(
                 "rescue_expired",
                 "rescue_expired",
                 {"now": now, "day": utc_day(now), "max_lost": max_lost, "limit": _BATCH},
+                archived_follow_ups,
             )
             rescued.extend(row_to_info(r) for r in rows)
             if len(rows) < _BATCH:
@@ -499,6 +502,16 @@ class PostgresBroker(PostgresAdmin):
     async def unregister_worker(self, worker_id: str) -> None:
         """Remove a worker's row at shutdown."""
         await self._fetch("unregister_worker", "unregister_worker", {"id": worker_id})
+
+
+def archived_follow_ups(rows: list[Row]) -> list[EnqueueParams]:
+    """The continuations of the archived rows among ``rows`` (rescuer, inspector)."""
+    return [
+        f
+        for r in rows
+        if r["state"] == TaskState.ARCHIVED.value
+        for f in continuations.for_archived(row_to_info(r))
+    ]
 
 
 def _unwrap(outcome: EnqueueOutcome) -> TaskInfo:

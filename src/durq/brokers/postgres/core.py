@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, date, datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -15,10 +16,12 @@ import psycopg
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from durq.brokers.base import EnqueueOutcome, EnqueueParams
 from durq.brokers.postgres import sql as queries
-from durq.brokers.postgres.rows import Row
+from durq.brokers.postgres.rows import EnqueuePlan, Row, enqueue_plan
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import BrokerError, BrokerUnavailableError, ConfigurationError, SchemaError
+from durq.states import TaskState
 
 DEFAULT_SCHEMA = "durq"
 #: Seconds to wait for a connection (TCP connect, or a free pooled connection) before
@@ -30,6 +33,7 @@ _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _OWN_PARAMS = ("schema", "pool_min", "pool_max")
 
 AsyncConn = psycopg.AsyncConnection[DictRow]
+log = logging.getLogger("durq.brokers.postgres")
 
 
 def channel_for(schema: str) -> str:
@@ -206,6 +210,52 @@ class PostgresBase:
 
     async def _ensure_connected(self, method: str) -> AsyncConnectionPool[AsyncConn]:
         raise NotImplementedError  # provided by the broker
+
+    async def _drive(self, conn: psycopg.AsyncConnection[Any], plan: EnqueuePlan) -> Any:
+        # Runs the sans-IO plan's statements on one connection (ours or the caller's).
+        async with conn.cursor(row_factory=dict_row) as cur:
+            try:
+                name, params = next(plan)
+                while True:
+                    await cur.execute(self._q[name], params)
+                    rows: list[Row] = await cur.fetchall() if cur.description else []
+                    name, params = plan.send(rows)
+            except StopIteration as stop:
+                return stop.value
+
+    async def _notify_created(self, conn: AsyncConn, outcomes: list[EnqueueOutcome]) -> None:
+        queues = sorted(
+            {o.info.queue for o in outcomes if o.info and o.info.state is TaskState.PENDING}
+        )
+        if not queues:
+            return
+        try:
+            await conn.execute(self._q["notify"], {"channel": self._channel, "queues": queues})
+        except psycopg.Error as exc:
+            # The tasks are committed: never report them as not written. Workers find them
+            # on their next bounded wait.
+            log.warning("NOTIFY after enqueue failed (workers will poll): %s", exc)
+
+    async def _write_with_follow_ups(
+        self,
+        method: str,
+        query: str,
+        params: dict[str, Any],
+        follow_ups: Callable[[list[Row]], Sequence[EnqueueParams]],
+    ) -> list[Row]:
+        """Run one named statement and create the follow-ups its rows call for, in one
+        transaction (continuations); notify after the commit. Follow-ups whose id exists are
+        skipped (the enqueue plan reports them as conflicts; nothing is raised)."""
+        async with self._connection(method) as conn:
+            async with conn.transaction():
+                cur = await conn.execute(self._q[query], params)
+                rows: list[Row] = await cur.fetchall() if cur.description else []
+                extra = follow_ups(rows)
+                created: list[EnqueueOutcome] = []
+                if extra:
+                    created = await self._drive(conn, enqueue_plan(extra, self._now(), None))
+            await self._notify_created(conn, created)
+        return rows
 
     async def _fetch(self, method: str, query: str, params: dict[str, Any]) -> list[Row]:
         """Run one named query on a pooled connection; its rows (empty if none)."""

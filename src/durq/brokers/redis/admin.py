@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -46,6 +47,9 @@ class RedisAdmin(RedisCore):
             k.archived,
             k.unique,
         ]
+
+    async def _archived_follow_ups(self, infos: Sequence[TaskInfo]) -> None:
+        """Create the continuations of tasks archived outside a worker; the broker does it."""
 
     def _admin_reply(self, queue: str, task_id: str, reply: list[Any]) -> TaskInfo | None:
         tag = reply[0].decode()
@@ -170,6 +174,7 @@ class RedisAdmin(RedisCore):
             )
         info = self._admin_reply(queue, task_id, reply)
         assert info is not None
+        await self._archived_follow_ups([info])
         return info
 
     async def delete_task(self, queue: str, task_id: str) -> None:
@@ -192,6 +197,8 @@ class RedisAdmin(RedisCore):
             )
         info = self._admin_reply(queue, task_id, reply)
         assert info is not None
+        if info.state is TaskState.ARCHIVED:
+            await self._archived_follow_ups([info])
         return info
 
     async def run_all(self, queue: str, state: TaskState) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import secrets
 from collections import defaultdict
 from collections.abc import Sequence
@@ -14,8 +15,11 @@ from typing import Any
 
 from redis import exceptions as rex
 
+from durq import continuations
 from durq.brokers.base import (
+    CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
+    CAP_CROSS_QUEUE_FOLLOW_UPS,
     ArchiveParams,
     ClaimParams,
     CompleteParams,
@@ -34,10 +38,13 @@ from durq.clock import to_datetime
 from durq.errors import (
     BrokerError,
     DuplicateTaskError,
+    DurqError,
     TaskIDConflictError,
 )
 from durq.states import TaskState
 from durq.task import TaskInfo
+
+log = logging.getLogger("durq.brokers.redis")
 
 #: Due scheduled/retry tasks forwarded per queue per promote call (and at least per claim).
 PROMOTE_BOUND = 1000
@@ -56,7 +63,11 @@ _Call = tuple[str, Sequence[str], Sequence[Scalar]]
 class RedisBroker(RedisAdmin):
     """durq on Redis >= 6.2: ``RedisBroker.from_url("redis://host:6379/0?prefix=durq")``."""
 
-    capabilities = frozenset({CAP_CROSS_PROCESS_NOTIFY})
+    #: Cross-queue follow-ups: one script touches two queues' hash slots, which a single
+    #: node (this client) allows and a Redis Cluster would refuse. See docs/brokers/redis.md.
+    capabilities = frozenset(
+        {CAP_CROSS_PROCESS_NOTIFY, CAP_ATOMIC_FOLLOW_UPS, CAP_CROSS_QUEUE_FOLLOW_UPS}
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -235,9 +246,24 @@ class RedisBroker(RedisAdmin):
             cancel.update(i.decode() for i in cancel_ids)
         return LeaseReport(lost=frozenset(lost), cancel=frozenset(cancel))
 
+    def _with_follow_ups(
+        self, call: _Call, follow_ups: Sequence[EnqueueParams], now: float
+    ) -> _Call:
+        """Append each follow-up's enqueue keys and arguments to a complete/archive call: the
+        script creates them in the same atomic step (continuations)."""
+        if not follow_ups:
+            return call
+        name, keys, args = call
+        keys, args = list(keys), list(args)
+        for p in follow_ups:
+            (_, more_keys, more_args), _ = self._enqueue_call(p, now)
+            keys.extend(more_keys)
+            args.extend(more_args)
+        return name, keys, args
+
     def _complete_call(self, p: CompleteParams, now: float) -> _Call:
         k = self._keys.queue(p.lease.queue)
-        return (
+        call: _Call = (
             "complete",
             [
                 k.task(p.lease.id),
@@ -257,12 +283,16 @@ class RedisBroker(RedisAdmin):
                 DAY_TTL,
             ],
         )
+        return self._with_follow_ups(call, p.follow_ups, now)
 
     async def complete(self, params: CompleteParams) -> bool:
-        """Completed (kept for its retention) or deleted; False if the lease is lost."""
+        """Completed (kept for its retention) or deleted; False if the lease is lost.
+        Its follow-ups are created by the same script."""
         call = self._complete_call(params, self._clock.now())
         async with self._op("complete"):
             await self._ensure()
+            if params.follow_ups:
+                await self._remember_queues([p.queue for p in params.follow_ups])
             return bool(await self._eval(*call))
 
     async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
@@ -272,6 +302,9 @@ class RedisBroker(RedisAdmin):
         now = self._clock.now()
         async with self._op("complete_many"):
             await self._ensure()
+            follow_queues = [f.queue for p in items for f in p.follow_ups]
+            if follow_queues:
+                await self._remember_queues(follow_queues)
             replies = await self._eval_many([self._complete_call(p, now) for p in items])
         return [bool(r) for r in replies]
 
@@ -299,28 +332,30 @@ class RedisBroker(RedisAdmin):
         """archived with ``error``; False if the lease is lost."""
         now = self._clock.now()
         k = self._keys.queue(params.lease.queue)
+        call: _Call = (
+            "archive",
+            [
+                k.task(params.lease.id),
+                k.active,
+                k.archived,
+                k.unique,
+                k.stats,
+                k.stats_day(utc_day(now)),
+            ],
+            [
+                params.lease.token,
+                now,
+                params.error,
+                "1" if params.count_attempt else "0",
+                DAY_TTL,
+            ],
+        )
+        call = self._with_follow_ups(call, params.follow_ups, now)
         async with self._op("archive"):
             await self._ensure()
-            return bool(
-                await self._eval(
-                    "archive",
-                    [
-                        k.task(params.lease.id),
-                        k.active,
-                        k.archived,
-                        k.unique,
-                        k.stats,
-                        k.stats_day(utc_day(now)),
-                    ],
-                    [
-                        params.lease.token,
-                        now,
-                        params.error,
-                        "1" if params.count_attempt else "0",
-                        DAY_TTL,
-                    ],
-                )
-            )
+            if params.follow_ups:
+                await self._remember_queues([p.queue for p in params.follow_ups])
+            return bool(await self._eval(*call))
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Hand an active task back as pending without counting an attempt (W7)."""
@@ -375,7 +410,28 @@ class RedisBroker(RedisAdmin):
                     )
                 )
             replies = await self._eval_many(calls)
-        return [task_info(q, row) for q, rows in zip(queues, replies, strict=True) for row in rows]
+        rescued = [
+            task_info(q, row) for q, rows in zip(queues, replies, strict=True) for row in rows
+        ]
+        await self._archived_follow_ups([t for t in rescued if t.state is TaskState.ARCHIVED])
+        return rescued
+
+    async def _archived_follow_ups(self, infos: Sequence[TaskInfo]) -> None:
+        """Continuations of tasks archived by the rescuer or the inspector. Unlike a worker's
+        outcome this is a second step after the archive script (it would have to compose the
+        payload in Lua): idempotent by the follow-up's id, but lost if this process dies or
+        the server goes away in between (logged)."""
+        follow_ups = [f for info in infos for f in continuations.for_archived(info)]
+        if not follow_ups:
+            return
+        try:
+            await self.enqueue_many(follow_ups)  # conflicts are reported, not raised
+        except DurqError as exc:
+            log.error(
+                "continuations of archived tasks %s not created: %s",
+                ", ".join(f.id for f in follow_ups),
+                exc,
+            )
 
     async def delete_expired(self, limit: int) -> int:
         """Janitor: delete up to ``limit`` completed tasks past their retention."""

@@ -160,9 +160,15 @@ class SQLiteAdmin(SQLiteBase):
             ).fetchone()
             if row is None:
                 raise self._refuse(self._existing(conn, queue, task_id, now), action)
-            return row_to_info(row)
+            info = row_to_info(row)
+            woken.update(self._archived_follow_ups(conn, info, now))
+            return info
 
-        return await self._write(operation, body)
+        woken: set[str] = set()
+        info = await self._write(operation, body)
+        if woken:
+            self._notify(woken)
+        return info
 
     async def delete_task(self, queue: str, task_id: str) -> None:
         """Delete a task in any state but active (InvalidStateError: cancel it first)."""
@@ -189,10 +195,16 @@ class SQLiteAdmin(SQLiteBase):
             if state is TaskState.ACTIVE:
                 return row_to_info(conn.execute(Q["request_cancel"], params).fetchone())
             if state in (TaskState.PENDING, TaskState.SCHEDULED, TaskState.RETRY):
-                return row_to_info(conn.execute(Q["archive_task"], params).fetchone())
+                info = row_to_info(conn.execute(Q["archive_task"], params).fetchone())
+                woken.update(self._archived_follow_ups(conn, info, now))
+                return info
             raise self._refuse(row, "cancel")
 
-        return await self._write("sqlite.cancel_task", body)
+        woken: set[str] = set()
+        info = await self._write("sqlite.cancel_task", body)
+        if woken:
+            self._notify(woken)
+        return info
 
     async def run_all(self, queue: str, state: TaskState) -> int:
         """Run every task of ``state`` (scheduled, retry, archived) now; returns how many."""

@@ -13,7 +13,9 @@ from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from durq.brokers.base import (
+    CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
+    CAP_CROSS_QUEUE_FOLLOW_UPS,
     ArchiveParams,
     ClaimParams,
     CompleteParams,
@@ -37,6 +39,7 @@ from durq.brokers.sqlite.connection import (
 from durq.brokers.sqlite.queries import Q
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import ConfigurationError, DuplicateTaskError, TaskIDConflictError
+from durq.states import TaskState
 from durq.task import TaskInfo
 
 #: Expired leases handled per ``rescue_expired`` call, so one call never holds the lock long.
@@ -51,7 +54,9 @@ class SQLiteBroker(SQLiteAdmin):
     name = "sqlite"
     #: Other processes are noticed by polling ``PRAGMA data_version``. E8 (joining the
     #: caller's connection) is not offered: the connection lives on the database thread.
-    capabilities: frozenset[str] = frozenset({CAP_CROSS_PROCESS_NOTIFY})
+    capabilities: frozenset[str] = frozenset(
+        {CAP_CROSS_PROCESS_NOTIFY, CAP_ATOMIC_FOLLOW_UPS, CAP_CROSS_QUEUE_FOLLOW_UPS}
+    )
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
@@ -83,50 +88,6 @@ class SQLiteBroker(SQLiteAdmin):
         return cls(path, clock=clock, busy_timeout=busy, poll_interval=poll)
 
     # ------------------------------------------------------------------ enqueue
-
-    def _insert(self, conn: Conn, p: EnqueueParams, now: float) -> TaskInfo:
-        """Create one task or raise its conflict; a refusal writes nothing of its own."""
-        key = {"queue": p.queue, "id": p.id, "now": now}
-        conn.execute(Q["drop_expired_completed"], key)
-        existing = self._get_row(conn, p.queue, p.id, now)
-        if existing is not None:
-            raise TaskIDConflictError(
-                f"task {p.id!r} already exists in queue {p.queue!r} ({existing['state']})",
-                existing=row_to_info(existing),
-            )
-        if p.unique_key is not None:
-            unique = {"unique_key": p.unique_key, "now": now}
-            conn.execute(Q["release_stale_unique"], unique)
-            holder = conn.execute(Q["find_unique"], unique).fetchone()
-            if holder is not None:
-                raise DuplicateTaskError(
-                    f"an identical task {holder['id']!r} is already queued",
-                    existing_id=holder["id"],
-                )
-        scheduled = p.process_at is not None and p.process_at > now
-        row = conn.execute(
-            Q["insert_task"],
-            {
-                "id": p.id,
-                "queue": p.queue,
-                "type": p.type,
-                "payload": p.payload,
-                "state": "scheduled" if scheduled else "pending",
-                "max_retry": p.max_retry,
-                "timeout": p.timeout,
-                "deadline": p.deadline,
-                "next_process_at": p.process_at if scheduled else now,
-                "now": now,
-                "retention": p.retention,
-                "headers": json.dumps(p.headers, separators=(",", ":"), sort_keys=True),
-                "unique_key": p.unique_key,
-                "unique_until": None
-                if p.unique_key is None or p.unique_ttl is None
-                else now + p.unique_ttl,
-            },
-        ).fetchone()
-        conn.execute(Q["ensure_queue"], {"queue": p.queue, "now": now})
-        return row_to_info(row)
 
     async def enqueue(self, params: EnqueueParams, *, connection: Any = None) -> TaskInfo:
         """Create one task, atomically checking task id (E3) and uniqueness (E4)."""
@@ -250,7 +211,7 @@ class SQLiteBroker(SQLiteAdmin):
 
         return await self._write("sqlite.extend_leases", body)
 
-    def _complete(self, conn: Conn, p: CompleteParams, now: float) -> bool:
+    def _complete(self, conn: Conn, p: CompleteParams, now: float, woken: set[str]) -> bool:
         ref = {"queue": p.lease.queue, "id": p.lease.id, "token": p.lease.token}
         if p.retention > 0:
             cursor = conn.execute(
@@ -262,21 +223,32 @@ class SQLiteBroker(SQLiteAdmin):
         if cursor.rowcount != 1:
             return False
         self._bump(conn, p.lease.queue, now, failed=False)
+        if p.follow_ups:
+            woken.update(self._insert_follow_ups(conn, p.follow_ups, now))
         return True
 
     async def complete(self, params: CompleteParams) -> bool:
-        """Completed (kept ``retention`` s with its result) or deleted; fenced by the token."""
+        """Completed (kept ``retention`` s with its result) or deleted; fenced by the token.
+        Its follow-ups are created in the same transaction."""
         now = self._clock.now()
-        return await self._write("sqlite.complete", lambda c: self._complete(c, params, now))
+        woken: set[str] = set()
+        done = await self._write("sqlite.complete", lambda c: self._complete(c, params, now, woken))
+        if woken:
+            self._notify(woken)
+        return done
 
     async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
         """``complete`` for several tasks in one transaction."""
         if not items:
             return []
         now = self._clock.now()
-        return await self._write(
-            "sqlite.complete_many", lambda c: [self._complete(c, p, now) for p in items]
+        woken: set[str] = set()
+        done = await self._write(
+            "sqlite.complete_many", lambda c: [self._complete(c, p, now, woken) for p in items]
         )
+        if woken:
+            self._notify(woken)
+        return done
 
     async def retry(self, params: RetryParams) -> bool:
         """State retry until ``next_process_at``, ``retried`` + 1; fenced by the token."""
@@ -308,6 +280,7 @@ class SQLiteBroker(SQLiteAdmin):
         """State archived with the error; fenced by the token."""
         now = self._clock.now()
         lease = params.lease
+        woken: set[str] = set()
 
         def body(conn: Conn) -> bool:
             cursor = conn.execute(
@@ -324,9 +297,14 @@ class SQLiteBroker(SQLiteAdmin):
                 return False
             if params.count_attempt:
                 self._bump(conn, lease.queue, now, failed=True)
+            if params.follow_ups:
+                woken.update(self._insert_follow_ups(conn, params.follow_ups, now))
             return True
 
-        return await self._write("sqlite.archive", body)
+        done = await self._write("sqlite.archive", body)
+        if woken:
+            self._notify(woken)
+        return done
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Back to pending without counting an attempt (graceful shutdown, W7)."""
@@ -356,6 +334,7 @@ class SQLiteBroker(SQLiteAdmin):
         """Expired leases -> retry due now ("lease expired"), or archived when the worker was
         lost ``max_lost`` times ("worker lost") or the retries are used up."""
         now = self._clock.now()
+        woken: set[str] = set()
 
         def body(conn: Conn) -> list[TaskInfo]:
             rescued: list[TaskInfo] = []
@@ -373,12 +352,15 @@ class SQLiteBroker(SQLiteAdmin):
                 else:
                     new = conn.execute(Q["rescue_retry"], {**ref, "now": now}).fetchone()
                 self._bump(conn, row["queue"], now, failed=True)
-                rescued.append(row_to_info(new))
+                info = row_to_info(new)
+                if info.state is TaskState.ARCHIVED:
+                    woken.update(self._archived_follow_ups(conn, info, now))
+                rescued.append(info)
             return rescued
 
         rescued = await self._write("sqlite.rescue_expired", body)
         if rescued:
-            self._notify({t.queue for t in rescued})
+            self._notify({t.queue for t in rescued} | woken)
         return rescued
 
     async def delete_expired(self, limit: int) -> int:

@@ -18,15 +18,26 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import TypeVar
 
+from durq import continuations
+from durq.brokers.base import EnqueueParams
 from durq.brokers.sqlite import wakeup
 from durq.brokers.sqlite.queries import MIGRATIONS, SCHEMA_VERSION, Q
 from durq.clock import SYSTEM_CLOCK, Clock, to_datetime
-from durq.errors import BrokerError, BrokerUnavailableError, DurqError, SchemaError
+from durq.errors import (
+    BrokerError,
+    BrokerUnavailableError,
+    DuplicateTaskError,
+    DurqError,
+    SchemaError,
+    TaskIDConflictError,
+)
 from durq.states import TaskState
 from durq.task import TaskInfo
 
 T = TypeVar("T")
 Conn = sqlite3.Connection
+#: What statements run on: our connection, or a cursor on a caller's connection (E8).
+Exec = sqlite3.Connection | sqlite3.Cursor
 
 #: How long a writer waits for another connection's write lock before giving up.
 DEFAULT_BUSY_TIMEOUT = 5.0
@@ -284,10 +295,74 @@ class SQLiteBase:
         """Wake idle waiters of this process on this file (called after a commit)."""
         wakeup.notify(self._key, queues)
 
+    def _insert(self, conn: Exec, p: EnqueueParams, now: float) -> TaskInfo:
+        """Create one task or raise its conflict; a refusal writes nothing of its own."""
+        key = {"queue": p.queue, "id": p.id, "now": now}
+        conn.execute(Q["drop_expired_completed"], key)
+        existing = self._get_row(conn, p.queue, p.id, now)
+        if existing is not None:
+            raise TaskIDConflictError(
+                f"task {p.id!r} already exists in queue {p.queue!r} ({existing['state']})",
+                existing=row_to_info(existing),
+            )
+        if p.unique_key is not None:
+            unique = {"unique_key": p.unique_key, "now": now}
+            conn.execute(Q["release_stale_unique"], unique)
+            holder = conn.execute(Q["find_unique"], unique).fetchone()
+            if holder is not None:
+                raise DuplicateTaskError(
+                    f"an identical task {holder['id']!r} is already queued",
+                    existing_id=holder["id"],
+                )
+        scheduled = p.process_at is not None and p.process_at > now
+        row = conn.execute(
+            Q["insert_task"],
+            {
+                "id": p.id,
+                "queue": p.queue,
+                "type": p.type,
+                "payload": p.payload,
+                "state": "scheduled" if scheduled else "pending",
+                "max_retry": p.max_retry,
+                "timeout": p.timeout,
+                "deadline": p.deadline,
+                "next_process_at": p.process_at if scheduled else now,
+                "now": now,
+                "retention": p.retention,
+                "headers": json.dumps(p.headers, separators=(",", ":"), sort_keys=True),
+                "unique_key": p.unique_key,
+                "unique_until": None
+                if p.unique_key is None or p.unique_ttl is None
+                else now + p.unique_ttl,
+            },
+        ).fetchone()
+        conn.execute(Q["ensure_queue"], {"queue": p.queue, "now": now})
+        return row_to_info(row)
+
+    def _insert_follow_ups(
+        self, conn: Exec, follow_ups: Iterable[EnqueueParams], now: float
+    ) -> set[str]:
+        """Create continuation tasks inside the caller's transaction; a follow-up whose id
+        (or unique key) is taken is skipped. Returns the queues that got pending work."""
+        queues: set[str] = set()
+        for p in follow_ups:
+            try:
+                info = self._insert(conn, p, now)
+            except (TaskIDConflictError, DuplicateTaskError):
+                continue  # created by an earlier outcome of the same task
+            if info.state is TaskState.PENDING:
+                queues.add(p.queue)
+        return queues
+
+    def _archived_follow_ups(self, conn: Conn, info: TaskInfo, now: float) -> set[str]:
+        """Follow-ups of a task archived outside a worker (rescuer, inspector)."""
+        follow_ups = continuations.for_archived(info)
+        return self._insert_follow_ups(conn, follow_ups, now) if follow_ups else set()
+
     def _bump(self, conn: Conn, queue: str, now: float, *, failed: bool) -> None:
         conn.execute(Q["bump_stats"], {"queue": queue, "day": utc_day(now), "failed": int(failed)})
 
-    def _get_row(self, conn: Conn, queue: str, task_id: str, now: float) -> sqlite3.Row | None:
+    def _get_row(self, conn: Exec, queue: str, task_id: str, now: float) -> sqlite3.Row | None:
         row: sqlite3.Row | None = conn.execute(
             Q["get_task"], {"queue": queue, "id": task_id, "now": now}
         ).fetchone()

@@ -75,3 +75,72 @@ local function set_chunked(key, tag, value)
     n = n + 1
   end
 end
+
+-- Create one task: the body of enqueue.lua, shared with the continuations of complete.lua
+-- and archive.lua. Its 6 keys are k[ko+1..ko+6] and its 14 arguments a[ao+1..ao+14], laid
+-- out as KEYS/ARGV of enqueue.lua (see there).
+-- Returns {"ok"} | {"conflict", <HGETALL of the existing task>} | {"duplicate", <task id>}.
+local function enqueue_task(k, ko, a, ao)
+  local now = tonumber(a[ao + 1])
+  local id = a[ao + 2]
+  local task_key = k[ko + 1]
+
+  if redis.call('EXISTS', task_key) == 1 then
+    local cur = redis.call('HMGET', task_key, 'state', 'expires_at', 'm')
+    -- A completed task past its retention counts as gone even before the janitor runs.
+    if cur[1] == 'completed' and cur[2] and tonumber(cur[2]) <= now then
+      redis.call('ZREM', k[ko + 4], cur[3])
+      redis.call('DEL', task_key)
+    else
+      return {'conflict', redis.call('HGETALL', task_key)}
+    end
+  end
+
+  local unique = a[ao + 11]
+  if unique ~= '' then
+    local owner = redis.call('HGET', k[ko + 5], unique)
+    if owner then
+      local sep = string.find(owner, '|', 1, true)
+      if sep and tonumber(string.sub(owner, sep + 1)) > now then
+        return {'duplicate', string.sub(owner, 1, sep - 1)}
+      end
+    end
+    redis.call('HSET', k[ko + 5], unique, id .. '|' .. a[ao + 12])
+  end
+
+  local seq = redis.call('INCR', k[ko + 6])
+  local m = string.format('%016x', seq) .. id
+  local state, npa = a[ao + 9], a[ao + 8]
+  local fields = {
+    'id', id, 'type', a[ao + 3], 'state', state, 'max_retry', a[ao + 5], 'npa', npa,
+    'enqueued_at', a[ao + 1], 'm', m,
+  }
+  -- Defaults (retried 0, retention 0, no timeout...) are not stored: smaller hashes.
+  if tonumber(a[ao + 10]) > 0 then
+    table.insert(fields, 'retention'); table.insert(fields, a[ao + 10])
+  end
+  if a[ao + 6] ~= '' then table.insert(fields, 'timeout'); table.insert(fields, a[ao + 6]) end
+  if a[ao + 7] ~= '' then table.insert(fields, 'deadline'); table.insert(fields, a[ao + 7]) end
+  if unique ~= '' then table.insert(fields, 'unique_key'); table.insert(fields, unique) end
+  redis.call('HSET', task_key, unpack(fields))
+  set_chunked(task_key, 'p', a[ao + 4])
+  if a[ao + 13] ~= '' then set_chunked(task_key, 'h', a[ao + 13]) end
+
+  if state == 'pending' then
+    redis.call('ZADD', k[ko + 2], npa, m)
+    redis.call('PUBLISH', a[ao + 14], '1')
+  else
+    redis.call('ZADD', k[ko + 3], npa, m)
+  end
+  return {'ok'}
+end
+
+-- Create the follow-ups (continuations) passed after a script's own keys and arguments:
+-- groups of 6 KEYS from index nk + 1 and of 14 ARGV from index na + 1, as enqueue_task
+-- takes them. A follow-up whose id or unique key is taken is skipped.
+local function enqueue_follow_ups(nk, na)
+  local n = (#KEYS - nk) / 6
+  for i = 0, n - 1 do
+    enqueue_task(KEYS, nk + 6 * i, ARGV, na + 14 * i)
+  end
+end

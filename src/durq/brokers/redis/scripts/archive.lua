@@ -5,6 +5,8 @@
 -- ARGV[1] fencing token  ARGV[2] now              ARGV[3] error
 -- ARGV[4] "1" to count the attempt (retried + 1 and the counters)
 -- ARGV[5] TTL of the daily counters (s)
+-- Then, per follow-up (continuation) i = 0, 1, ...: KEYS[7+6i .. 12+6i] and
+-- ARGV[6+14i .. 19+14i] as KEYS and ARGV of enqueue.lua (see complete.lua).
 -- Returns 1, or 0 (nothing changed) when the lease is no longer held.
 -- Complexity: O(log n).
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm')
@@ -20,4 +22,5 @@ if ARGV[4] == '1' then
   redis.call('HINCRBY', KEYS[1], 'retried', 1)
   count(KEYS[5], KEYS[6], ARGV[5], 1, 1)
 end
+enqueue_follow_ups(6, 5)
 return 1

@@ -5,6 +5,10 @@
 -- ARGV[1] fencing token  ARGV[2] now              ARGV[3] retention ("0" = delete)
 -- ARGV[4] retention end  ARGV[5] "1" if a result follows    ARGV[6] result
 -- ARGV[7] TTL of the daily counters (s)
+-- Then, per follow-up (continuation) i = 0, 1, ...: KEYS[7+6i .. 12+6i] and
+-- ARGV[8+14i .. 21+14i] as KEYS and ARGV of enqueue.lua. Created only if the lease is held;
+-- one whose id is taken is skipped. Keys of another queue are another hash slot: atomic on
+-- a single node, refused by a Redis Cluster.
 -- Returns 1, or 0 (nothing changed) when the lease is no longer held.
 -- Complexity: O(log n).
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm')
@@ -25,4 +29,5 @@ else
   redis.call('DEL', KEYS[1])
 end
 count(KEYS[5], KEYS[6], ARGV[7], 1, 0)
+enqueue_follow_ups(6, 7)
 return 1
