@@ -44,7 +44,7 @@ async def graceful(
     cluster = clusters(url, 2, "--lease", "4", "--concurrency", "8", "--grace", str(grace))
     cluster.start_all()
     await cluster.wait_ready()
-    await asyncio.sleep(1.0)  # every slot busy
+    await asyncio.sleep(ms / 1000 * 1.5)  # every slot busy, mid-task
     began = time.monotonic()
     codes = await asyncio.to_thread(cluster.terminate_all, grace + 20)
     stopped_in = time.monotonic() - began

@@ -228,3 +228,25 @@ async def test_checker_sees_losses_when_ack_comes_first(tmp_path, clusters, reco
     record(report)
     assert report.lost, "the checker missed the tasks the broken worker lost"
     assert not report.ok
+
+
+async def test_checker_sees_losses_of_a_redis_without_persistence(
+    clusters, record, throwaway_redis
+) -> None:
+    """The second negative control: a Redis with neither AOF nor snapshots, killed with -9,
+    forgets every acknowledged enqueue; the checker reports them lost."""
+    server = throwaway_redis("--appendonly", "no")
+    url = f"{server.url}?prefix=nopersist"
+    await migrate(url)
+    ids = await enqueue_work(url, 300, ms=5)
+    server.crash_and_restart(0.2)
+    await migrate(url)
+    cluster = clusters(url, 1, "--lease", LEASE, "--concurrency", "8")
+    cluster.start_all()
+    await cluster.wait_ready()
+    await asyncio.sleep(1.0)
+    cluster.stop()
+    report = check(ids, cluster.runs(), await final_states(url), deaths=cluster.deaths)
+    record(report)
+    assert len(report.lost) == len(ids)
+    assert not report.ok
