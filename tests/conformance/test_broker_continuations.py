@@ -8,8 +8,8 @@ import json
 
 import pytest
 from brokerkit import LEASE, A, X, claim, params, picture, put, snapshot
-from conformance.conftest import requires
 
+from conformance.conftest import requires
 from durq import continuations
 from durq.brokers import FullBroker
 from durq.brokers.base import (
@@ -186,5 +186,3 @@ def test_follow_up_ids_stay_within_the_limit() -> None:
     long_id = "x" * 200
     assert len(continuations.follow_up_id(long_id)) <= 200
     assert continuations.follow_up_id(long_id) != continuations.follow_up_id("y" * 200)
-
-

@@ -1,6 +1,7 @@
 """A real worker process for the kill and signal tests: ``python worker_process.py URL MARKER``.
 
-Its ``sleepy`` task writes MARKER (``start <id> <pid>``) when it starts and sleeps long."""
+Its ``sleepy`` task writes MARKER (``start <id> <pid>``) when it starts and sleeps long; its
+``returns`` task writes ``return <id> <pid>`` and returns at once."""
 
 from __future__ import annotations
 
@@ -23,9 +24,21 @@ async def sleepy(payload: dict[str, object], ctx: durq.TaskContext) -> dict[str,
     return {"slept": payload.get("seconds")}
 
 
+@app.task("test:returns", queue="kill")
+def returns(payload: dict[str, object], ctx: durq.TaskContext) -> dict[str, object]:
+    # The kill test SIGKILLs this process as soon as it reads the line: right after the
+    # handler returns, around the moment the worker records the completion.
+    with open(marker, "a") as fh:
+        fh.write(f"return {ctx.id} {os.getpid()} {ctx.retried}\n")
+    return {"n": payload.get("n")}
+
+
 if __name__ == "__main__":
     worker = app.worker(
-        queues=["kill"], concurrency=2, lease_seconds=lease, shutdown_timeout=1.0,
+        queues=["kill"],
+        concurrency=2,
+        lease_seconds=lease,
+        shutdown_timeout=1.0,
         poll_interval=0.2,
     )
     asyncio.run(worker.run())
