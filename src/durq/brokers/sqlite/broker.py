@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -211,7 +212,9 @@ class SQLiteBroker(SQLiteAdmin):
 
         return await self._write("sqlite.extend_leases", body)
 
-    def _complete(self, conn: Conn, p: CompleteParams, now: float, woken: set[str]) -> bool:
+    def _complete(
+        self, conn: Conn, p: CompleteParams, now: float, woken: set[str], *, bump: bool = True
+    ) -> bool:
         ref = {"queue": p.lease.queue, "id": p.lease.id, "token": p.lease.token}
         if p.retention > 0:
             cursor = conn.execute(
@@ -222,7 +225,8 @@ class SQLiteBroker(SQLiteAdmin):
             cursor = conn.execute(Q["complete_delete"], ref)
         if cursor.rowcount != 1:
             return False
-        self._bump(conn, p.lease.queue, now, failed=False)
+        if bump:
+            self._bump(conn, p.lease.queue, now, failed=False)
         if p.follow_ups:
             woken.update(self._insert_follow_ups(conn, p.follow_ups, now))
         return True
@@ -243,9 +247,16 @@ class SQLiteBroker(SQLiteAdmin):
             return []
         now = self._clock.now()
         woken: set[str] = set()
-        done = await self._write(
-            "sqlite.complete_many", lambda c: [self._complete(c, p, now, woken) for p in items]
-        )
+
+        def body(conn: Conn) -> list[bool]:
+            done = [self._complete(conn, p, now, woken, bump=False) for p in items]
+            # One counter update per queue for the batch, not one per task.
+            per_queue = Counter(p.lease.queue for p, ok in zip(items, done, strict=True) if ok)
+            for queue, count in per_queue.items():
+                self._bump(conn, queue, now, failed=False, count=count)
+            return done
+
+        done = await self._write("sqlite.complete_many", body)
         if woken:
             self._notify(woken)
         return done

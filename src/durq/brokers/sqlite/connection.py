@@ -359,8 +359,12 @@ class SQLiteBase:
         follow_ups = continuations.for_archived(info)
         return self._insert_follow_ups(conn, follow_ups, now) if follow_ups else set()
 
-    def _bump(self, conn: Conn, queue: str, now: float, *, failed: bool) -> None:
-        conn.execute(Q["bump_stats"], {"queue": queue, "day": utc_day(now), "failed": int(failed)})
+    def _bump(self, conn: Conn, queue: str, now: float, *, failed: bool, count: int = 1) -> None:
+        """Add ``count`` processed (and as many failed, if ``failed``) to today's counters."""
+        conn.execute(
+            Q["bump_stats"],
+            {"queue": queue, "day": utc_day(now), "processed": count, "failed": count * failed},
+        )
 
     def _get_row(self, conn: Exec, queue: str, task_id: str, now: float) -> sqlite3.Row | None:
         row: sqlite3.Row | None = conn.execute(

@@ -129,9 +129,9 @@ SET state = 'pending', next_process_at = :now, lease_token = NULL, lease_expires
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
 
 -- name: bump_stats
-INSERT INTO durq_stats (queue, day, processed, failed) VALUES (:queue, :day, 1, :failed)
+INSERT INTO durq_stats (queue, day, processed, failed) VALUES (:queue, :day, :processed, :failed)
 ON CONFLICT (queue, day) DO UPDATE
-SET processed = processed + 1, failed = failed + excluded.failed;
+SET processed = processed + excluded.processed, failed = failed + excluded.failed;
 
 -- name: promote_due
 UPDATE durq_tasks SET state = 'pending'
