@@ -34,6 +34,8 @@ from durq.bench.tasks import (
     ENQUEUE_QUEUE,
     LATENCY,
     LATENCY_QUEUE,
+    LOCAL_LATENCY,
+    LOCAL_LATENCY_QUEUE,
     NOOP,
     PROCESS_QUEUE,
     build_app,
@@ -238,6 +240,7 @@ async def _measure(isolated: Isolated, options: BenchOptions, bar: _Bar) -> dict
             process_s = await _process(app, worker, n, bar)
             latencies = await _latency(app, worker, options, bar)
             failed = worker.failed
+        local = await _latency_in_process(app, options, bar)
     finally:
         await app.close()
     return {
@@ -254,6 +257,8 @@ async def _measure(isolated: Isolated, options: BenchOptions, bar: _Bar) -> dict
         "processed_verified": n,
         "failed": failed,
         "latency_ms": latency_summary(latencies),
+        #: The same probes into an idle worker running in the producer's process (monolith).
+        "latency_in_process_ms": latency_summary(local),
         "latency_tasks": options.latency_tasks,
         "latency_rate": options.latency_rate,
         "seconds": {
@@ -333,20 +338,48 @@ async def _latency(
         return []
     bar.phase("latency", m)
     await asyncio.sleep(0.3)  # let the worker go idle: it now waits for work
+    await _send_probes(app, LATENCY, options, bar)
+    interval = 1.0 / options.latency_rate
+    await worker.wait_for("latency_done", m * interval + 60)
+    return await _probe_results(app, LATENCY_QUEUE, m)
+
+
+async def _send_probes(app: App, task_type: str, options: BenchOptions, bar: _Bar) -> None:
     interval = 1.0 / options.latency_rate
     started = time.perf_counter()
-    for i in range(m):
+    for i in range(options.latency_tasks):
         delay = started + i * interval - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        await app.enqueue(LATENCY, {"t": time.time()})
+        await app.enqueue(task_type, {"t": time.time()})
         bar.update(i + 1)
-    await worker.wait_for("latency_done", m * interval + 60)
+
+
+async def _latency_in_process(app: App, options: BenchOptions, bar: _Bar) -> list[float]:
+    """Pickup latency of a worker inside this process: the in-process wake-up path."""
+    m = options.latency_tasks
+    if m == 0:
+        return []
+    bar.phase("latency (in-process worker)", m)
+    worker = app.worker(queues=[LOCAL_LATENCY_QUEUE], concurrency=options.concurrency)
+    async with worker:
+        await asyncio.sleep(0.3)  # idle: the fetcher waits for work
+        await _send_probes(app, LOCAL_LATENCY, options, bar)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            stats = await app.inspector.queue_stats(LOCAL_LATENCY_QUEUE)
+            if stats.sizes.get(TaskState.COMPLETED, 0) >= m:
+                break
+            await asyncio.sleep(0.05)
+    return await _probe_results(app, LOCAL_LATENCY_QUEUE, m)
+
+
+async def _probe_results(app: App, queue: str, m: int) -> list[float]:
     values: list[float] = []
     offset = 0
     while True:
         page = await app.inspector.list_tasks(
-            LATENCY_QUEUE, TaskState.COMPLETED, limit=1000, offset=offset
+            queue, TaskState.COMPLETED, limit=1000, offset=offset
         )
         values.extend(float(t.result["latency"]) for t in page)
         if len(page) < 1000:

@@ -21,6 +21,10 @@ LATENCY_QUEUE = "bench_latency"
 NOOP = "bench:noop"
 LATENCY = "bench:latency"
 
+#: Probes for a worker inside the producer's process (the monolith layout).
+LOCAL_LATENCY_QUEUE = "bench_latency_local"
+LOCAL_LATENCY = "bench:latency_local"
+
 #: Completed latency probes are kept this long so their results can be read back.
 LATENCY_RETENTION = 3600.0
 
@@ -43,4 +47,7 @@ def build_app(broker: str | FullBroker) -> App:
     application.task(LATENCY, queue=LATENCY_QUEUE, max_retry=0, retention=LATENCY_RETENTION)(
         latency
     )
+    application.task(
+        LOCAL_LATENCY, queue=LOCAL_LATENCY_QUEUE, max_retry=0, retention=LATENCY_RETENTION
+    )(latency)
     return application

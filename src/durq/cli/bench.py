@@ -89,6 +89,11 @@ def _table(result: dict[str, Any]) -> Table:
             f"pickup latency ({result['latency_tasks']} at {result['latency_rate']:g}/s)",
             f"p50 {lat['p50']:.2f} · p95 {lat['p95']:.2f} · p99 {lat['p99']:.2f} ms",
         )
+        local = result["latency_in_process_ms"]
+        table.add_row(
+            "pickup latency, in-process worker",
+            f"p50 {local['p50']:.2f} · p95 {local['p95']:.2f} · p99 {local['p99']:.2f} ms",
+        )
     machine = result["machine"]
     table.caption = (
         f"{machine['cpu_count']} CPUs · Python {machine['python']} · {machine['platform']}"
