@@ -136,6 +136,7 @@ class Worker:
         self.started_at = self.app.clock.now()
         broker = self.broker = self.app.new_broker()
         await broker.connect()
+        await self._warn_if_not_durable(broker)
         await broker.register_worker(self.info())
         self._executor = Executor(
             self.app, broker, concurrency=self.concurrency, worker_id=self.id, hooks=self.hooks
@@ -174,6 +175,25 @@ class Worker:
             self.concurrency,
             broker.name,
         )
+
+    async def _warn_if_not_durable(self, broker: FullBroker) -> None:
+        """One WARNING line when the broker's server could lose acknowledged tasks
+        (docs/guarantees.md); brokers that can tell offer ``durability_warnings()``."""
+        check = getattr(broker, "durability_warnings", None)
+        if check is None:
+            return
+        try:
+            problems: list[str] = await check()
+        except Exception as exc:  # a check must never stop a worker from starting
+            log.debug("durability check failed: %s", exc)
+            return
+        if problems:
+            log.warning(
+                "%s broker may lose acknowledged tasks on a server crash: %s "
+                "(see docs/guarantees.md)",
+                broker.name,
+                "; ".join(problems),
+            )
 
     async def stop(self, timeout: float | None = None) -> None:
         """Graceful stop (W7): no new tasks, wait up to ``timeout`` (default

@@ -159,6 +159,37 @@ class RedisCore:
         async with self._op("ping"):
             await self._redis.ping()
 
+    async def durability_warnings(self) -> list[str]:
+        """Server settings that can lose acknowledged tasks (docs/guarantees.md): no AOF,
+        ``appendfsync no``, or an evicting ``maxmemory-policy``. The worker logs them once at
+        start. Empty when the server is durable, or when it refuses ``CONFIG GET`` (managed
+        services often do)."""
+        try:
+            async with self._op("config_get"):
+                raw: dict[Any, Any] = await self._redis.config_get("maxmemory-policy")
+                raw.update(await self._redis.config_get("append*"))
+        except BrokerError:
+            return []
+        config = {_text(k): _text(v) for k, v in raw.items()}
+        problems = []
+        policy = config.get("maxmemory-policy")
+        if policy is not None and policy != "noeviction":
+            problems.append(
+                f"maxmemory-policy is {policy!r}: under memory pressure Redis deletes task "
+                "keys silently (set noeviction)"
+            )
+        if config.get("appendonly") == "no":
+            problems.append(
+                "appendonly is 'no': a restart loses every task since the last snapshot "
+                "(set appendonly yes with appendfsync everysec or always)"
+            )
+        elif config.get("appendfsync") == "no":
+            problems.append(
+                "appendfsync is 'no': a crash can lose many seconds of writes "
+                "(set everysec or always)"
+            )
+        return problems
+
     async def close(self) -> None:
         """Close every connection of the pool (idempotent)."""
         self._ready = False
@@ -266,3 +297,7 @@ def _redact(url: str) -> str:
         netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
         return urlunsplit(parts._replace(netloc=netloc))
     return url
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
