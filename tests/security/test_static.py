@@ -203,9 +203,10 @@ def test_sql_files_take_values_only_as_parameters(path: Path) -> None:
     code = _code(path.read_text(encoding="utf-8"))
     assert set(BRACES.findall(code)) <= {"schema"}, BRACES.findall(code)
     if "postgres" in path.parts:
-        # psycopg placeholders only; a bare % would be a format hole.
-        stray = re.findall(r"%(?!\(\w+\)s|%)", code)
-        assert not stray, f"{path.name}: a % that is not a %(name)s placeholder"
+        # psycopg placeholders only (%(name)s, or %(name)b for binary); a bare % would be a
+        # format hole.
+        stray = re.findall(r"%(?!\(\w+\)[sb]|%)", code)
+        assert not stray, f"{path.name}: a % that is not a %(name)s or %(name)b placeholder"
     else:
         assert "%(" not in code and "%s" not in code
 

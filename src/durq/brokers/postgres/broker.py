@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from durq import continuations
@@ -37,7 +37,18 @@ from durq.brokers.postgres import sql as queries
 from durq.brokers.postgres.admin import PostgresAdmin
 from durq.brokers.postgres.core import AsyncConn, PostgresBase, utc_day
 from durq.brokers.postgres.listener import Listener
-from durq.brokers.postgres.rows import EnqueuePlan, Row, enqueue_plan, row_to_info
+from durq.brokers.postgres.rows import (
+    CLAIM_NEXT_AT,
+    CLAIM_QUEUE,
+    CLAIM_SEQ,
+    CLAIM_TOKEN,
+    EnqueuePlan,
+    Row,
+    Times,
+    claimed_info,
+    enqueue_plan,
+    row_to_info,
+)
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import BrokerUnavailableError, ConfigurationError, SchemaError
 from durq.states import TaskState
@@ -155,6 +166,7 @@ class PostgresBroker(PostgresAdmin):
         listener, self._listener = self._listener, None
         if listener is not None:
             await listener.close()
+        await self._notifier.flush()  # wake-ups for enqueues already committed
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
@@ -240,7 +252,7 @@ class PostgresBroker(PostgresAdmin):
             plan = enqueue_plan(items, self._now(), None)
             async with self._connection("enqueue") as conn:
                 result = await self._drive(conn, plan)
-                await self._notify_created(conn, result)
+            self._notify_created(result)
             return result
         # The caller's transaction: the notification must wait for *its* commit.
         plan = enqueue_plan(items, self._now(), self._channel)
@@ -286,20 +298,33 @@ class PostgresBroker(PostgresAdmin):
             self._claim_marks[queue] = mark
         self._listen().start()
         now = self._now()
-        rows = await self._fetch(
-            "claim",
-            "claim",
-            {
-                "queues": queues,
-                "limit": params.limit,
-                "now": now,
-                "lease_until": now + params.lease_seconds,
-                "worker_id": params.worker_id,
-            },
-        )
-        order = {q: i for i, q in enumerate(queues)}
-        rows.sort(key=lambda r: (order[r["queue"]], r["next_process_at"], r["seq"]))
-        return [Lease(task=row_to_info(r), token=r["lease_token"]) for r in rows]
+        lease_until = now + params.lease_seconds
+        async with self._connection("claim") as conn:
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(
+                self._q["claim"],
+                {
+                    "queues": queues,
+                    "limit": params.limit,
+                    "now": now,
+                    "lease_until": lease_until,
+                    "worker_id": params.worker_id,
+                },
+            )
+            rows = await cur.fetchall()
+        if not rows:
+            return []
+        if len(rows) > 1:
+            # UPDATE … RETURNING has no order: restore queue order, then due time, then seq.
+            order = {q: i for i, q in enumerate(queues)}
+            rows.sort(key=lambda r: (order[r[CLAIM_QUEUE]], r[CLAIM_NEXT_AT], r[CLAIM_SEQ]))
+        times = Times()
+        started, expires = times(now), times(lease_until)
+        worker = params.worker_id
+        return [
+            Lease(task=claimed_info(r, started, expires, worker, times), token=r[CLAIM_TOKEN])
+            for r in rows
+        ]
 
     async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
         """Heartbeat: push the expiry of every held lease; report lost ones and cancel asks."""

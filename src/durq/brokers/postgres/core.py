@@ -18,9 +18,16 @@ from psycopg_pool import AsyncConnectionPool
 
 from durq.brokers.base import EnqueueOutcome, EnqueueParams
 from durq.brokers.postgres import sql as queries
+from durq.brokers.postgres.notifier import Notifier
 from durq.brokers.postgres.rows import EnqueuePlan, Row, enqueue_plan
 from durq.clock import SYSTEM_CLOCK, Clock
-from durq.errors import BrokerError, BrokerUnavailableError, ConfigurationError, SchemaError
+from durq.errors import (
+    BrokerError,
+    BrokerUnavailableError,
+    ConfigurationError,
+    InvalidNameError,
+    SchemaError,
+)
 from durq.states import TaskState
 
 DEFAULT_SCHEMA = "durq"
@@ -77,6 +84,7 @@ class PostgresBase:
         self._channel = channel_for(schema)
         self._q = queries.render_all(schema)
         self._pool: AsyncConnectionPool[AsyncConn] | None = None
+        self._notifier = Notifier(self._send_notify)
         self._open_lock = asyncio.Lock()
 
     @staticmethod
@@ -136,6 +144,11 @@ class PostgresBase:
                 f"({exc})",
                 operation=op,
             )
+        if isinstance(exc, psycopg.errors.CheckViolation | psycopg.DataError):
+            # The schema's CHECKs (names, ids) or a value PostgreSQL cannot store (NUL in
+            # text): a caller that skipped durq.names, refused like at the edge.
+            detail = getattr(exc.diag, "constraint_name", None) or str(exc).splitlines()[0]
+            return InvalidNameError(f"PostgreSQL refused {op}: {detail}", operation=op)
         if isinstance(exc, psycopg.errors.InsufficientPrivilege):
             return BrokerError(f"PostgreSQL refused {op}: permission denied ({exc})", operation=op)
         if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | OSError):
@@ -223,18 +236,16 @@ class PostgresBase:
             except StopIteration as stop:
                 return stop.value
 
-    async def _notify_created(self, conn: AsyncConn, outcomes: list[EnqueueOutcome]) -> None:
-        queues = sorted(
-            {o.info.queue for o in outcomes if o.info and o.info.state is TaskState.PENDING}
-        )
-        if not queues:
-            return
-        try:
+    def _notify_created(self, outcomes: list[EnqueueOutcome]) -> None:
+        """Wake listeners of the queues that got pending tasks; call after the commit. The
+        notifier sends it in the background (see ``notifier.py``)."""
+        queues = {o.info.queue for o in outcomes if o.info and o.info.state is TaskState.PENDING}
+        if queues:
+            self._notifier.add(queues)
+
+    async def _send_notify(self, queues: list[str]) -> None:
+        async with self._connection("notify") as conn:
             await conn.execute(self._q["notify"], {"channel": self._channel, "queues": queues})
-        except psycopg.Error as exc:
-            # The tasks are committed: never report them as not written. Workers find them
-            # on their next bounded wait.
-            log.warning("NOTIFY after enqueue failed (workers will poll): %s", exc)
 
     async def _write_with_follow_ups(
         self,
@@ -254,7 +265,7 @@ class PostgresBase:
                 created: list[EnqueueOutcome] = []
                 if extra:
                     created = await self._drive(conn, enqueue_plan(extra, self._now(), None))
-            await self._notify_created(conn, created)
+        self._notify_created(created)
         return rows
 
     async def _fetch(self, method: str, query: str, params: dict[str, Any]) -> list[Row]:

@@ -39,6 +39,8 @@ SELECT 1 AS ok;
 -- name: enqueue
 -- Insert a batch in one statement. ON CONFLICT DO NOTHING covers both the primary key (E3)
 -- and the unique-key index (E4); the rows not returned were refused and are looked up next.
+-- The arrays arrive in binary (%(x)b). The answer is one row: how many were inserted and,
+-- only when some were refused, which ones (the client already knows every inserted column).
 -- The same statement records the queues. With a channel it also wakes listeners of queues
 -- that got pending work, delivered when the surrounding transaction commits (a rollback wakes
 -- nobody): used inside a caller's transaction (E8). Without one (NULL) the broker notifies
@@ -47,10 +49,10 @@ SELECT 1 AS ok;
 WITH x AS (
     SELECT *
     FROM unnest(
-        %(queues)s::text[], %(ids)s::text[], %(types)s::text[], %(payloads)s::bytea[],
-        %(states)s::text[], %(max_retries)s::integer[], %(timeouts)s::float8[],
-        %(deadlines)s::float8[], %(next_process_ats)s::float8[], %(retentions)s::float8[],
-        %(unique_keys)s::text[], %(unique_untils)s::float8[], %(headers)s::text[]
+        %(queues)b::text[], %(ids)b::text[], %(types)b::text[], %(payloads)b::bytea[],
+        %(states)b::text[], %(max_retries)b::integer[], %(timeouts)b::float8[],
+        %(deadlines)b::float8[], %(next_process_ats)b::float8[], %(retentions)b::float8[],
+        %(unique_keys)b::text[], %(unique_untils)b::float8[], %(headers)b::text[]
     ) WITH ORDINALITY AS x(queue, id, type, payload, state, max_retry, timeout, deadline,
                            next_process_at, retention, unique_key, unique_until, headers, ord)
 ),
@@ -64,7 +66,7 @@ ins AS (
     FROM x
     ORDER BY ord
     ON CONFLICT DO NOTHING
-    RETURNING t.*
+    RETURNING t.queue, t.id, t.state
 ),
 known AS (
     INSERT INTO {schema}.queues (name)
@@ -76,29 +78,57 @@ woken AS (
     FROM (SELECT DISTINCT queue FROM ins WHERE state = 'pending') AS q
     WHERE %(channel)s::text IS NOT NULL
 )
-SELECT ins.* FROM ins, woken;
+SELECT count(ins.id) AS n,
+       CASE WHEN count(ins.id) < %(n)s THEN array_agg(ins.queue) END AS queues,
+       CASE WHEN count(ins.id) < %(n)s THEN array_agg(ins.id) END AS ids
+FROM woken LEFT JOIN ins ON true;
+
+-- name: enqueue_one
+-- `enqueue` for a single task with plain parameters: one item is the common call, and it
+-- skips building and unpacking thirteen one-element arrays. Same rules, same answer row.
+WITH ins AS (
+    INSERT INTO {schema}.tasks AS t (
+        queue, id, type, payload, state, max_retry, timeout, deadline, next_process_at,
+        enqueued_at, retention, unique_key, unique_until, headers
+    )
+    VALUES (%(queue)s, %(id)s, %(type)s, %(payload)s, %(state)s, %(max_retry)s, %(timeout)s,
+            %(deadline)s, %(next_process_at)s, %(now)s, %(retention)s, %(unique_key)s,
+            %(unique_until)s, %(headers)s::jsonb)
+    ON CONFLICT DO NOTHING
+    RETURNING t.queue, t.state
+),
+known AS (
+    INSERT INTO {schema}.queues (name) VALUES (%(queue)s)
+    ON CONFLICT DO NOTHING
+),
+woken AS (
+    SELECT count(pg_notify(%(channel)s, ins.queue)) AS n
+    FROM ins
+    WHERE ins.state = 'pending' AND %(channel)s::text IS NOT NULL
+)
+SELECT count(ins.queue) AS n FROM woken LEFT JOIN ins ON true;
 
 -- name: notify
 -- Wake listeners of these queues, in a transaction of its own that writes nothing (so no
 -- WAL flush happens while it holds the notification lock).
-SELECT count(pg_notify(%(channel)s, q)) AS n FROM unnest(%(queues)s::text[]) AS q;
+SELECT count(pg_notify(%(channel)s, q)) AS n FROM unnest(%(queues)b::text[]) AS q;
 
 -- name: enqueue_conflicts
 -- Why each refused item was refused: the row holding its task id, or the row holding its
 -- unique key. Read after the refusal, never before the insert (no read-then-write race).
 SELECT 'id' AS via, t.*
 FROM {schema}.tasks AS t
-JOIN unnest(%(queues)s::text[], %(ids)s::text[]) AS x(queue, id)
+JOIN unnest(%(queues)b::text[], %(ids)b::text[]) AS x(queue, id)
   ON t.queue = x.queue AND t.id = x.id
 UNION ALL
 SELECT 'key' AS via, t.*
 FROM {schema}.tasks AS t
-WHERE t.unique_key = ANY(%(keys)s::text[]);
+WHERE t.unique_key = ANY(%(keys)b::text[]);
 
 -- name: enqueue_drop_stale_ids
 -- A completed task past its retention counts as gone (E3): delete it so the id is free.
 DELETE FROM {schema}.tasks AS t
-USING unnest(%(queues)s::text[], %(ids)s::text[]) AS x(queue, id)
+USING unnest(%(queues)b::text[], %(ids)b::text[]) AS x(queue, id)
 WHERE t.queue = x.queue AND t.id = x.id
   AND t.state = 'completed' AND t.expires_at <= %(now)s;
 
@@ -106,7 +136,7 @@ WHERE t.queue = x.queue AND t.id = x.id
 -- Release unique keys whose ttl passed (or whose task finished) so the index accepts them.
 UPDATE {schema}.tasks
 SET unique_key = NULL, unique_until = NULL
-WHERE unique_key = ANY(%(keys)s::text[])
+WHERE unique_key = ANY(%(keys)b::text[])
   AND (unique_until <= %(now)s OR state IN ('completed', 'archived'));
 
 -- ---------------------------------------------------------------- claim and leases
@@ -118,7 +148,7 @@ WHERE unique_key = ANY(%(keys)s::text[])
 -- Due scheduled/retry rows are taken directly: no forwarding step is needed to claim them.
 WITH due AS (
     SELECT c.queue, c.id
-    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)
+    FROM unnest(%(queues)b::text[]) WITH ORDINALITY AS q(name, ord)
     CROSS JOIN LATERAL (
         SELECT t.queue, t.id, t.next_process_at, t.seq
         FROM {schema}.tasks AS t
@@ -144,13 +174,15 @@ SET state = 'active',
     cancel_requested = false
 FROM due
 WHERE t.queue = due.queue AND t.id = due.id
-RETURNING t.*;
+RETURNING t.id, t.queue, t.type, t.payload, t.max_retry, t.retried, t.last_error, t.timeout,
+          t.deadline, t.next_process_at, t.enqueued_at, t.retention, t.lost, t.headers::text,
+          t.lease_token, t.seq;
 
 -- name: extend_leases
 -- Heartbeat for many leases at once; the rows not returned are leases no longer held.
 UPDATE {schema}.tasks AS t
 SET lease_expires_at = %(lease_until)s
-FROM unnest(%(queues)s::text[], %(ids)s::text[], %(tokens)s::text[]) AS x(queue, id, token)
+FROM unnest(%(queues)b::text[], %(ids)b::text[], %(tokens)b::text[]) AS x(queue, id, token)
 WHERE t.queue = x.queue AND t.id = x.id
   AND t.state = 'active' AND t.lease_token = x.token
 RETURNING t.queue, t.id, t.cancel_requested;
@@ -160,8 +192,8 @@ RETURNING t.queue, t.id, t.cancel_requested;
 -- else delete it; count each as processed. Fenced by state and lease token.
 WITH x AS (
     SELECT *
-    FROM unnest(%(queues)s::text[], %(ids)s::text[], %(tokens)s::text[],
-                %(results)s::bytea[], %(retentions)s::float8[])
+    FROM unnest(%(queues)b::text[], %(ids)b::text[], %(tokens)b::text[],
+                %(results)b::bytea[], %(retentions)b::float8[])
          AS x(queue, id, token, result, retention)
 ),
 kept AS (
@@ -331,7 +363,7 @@ WITH w AS (
         last_heartbeat = excluded.last_heartbeat, active = excluded.active
 )
 INSERT INTO {schema}.queues (name)
-SELECT unnest(%(queue_names)s::text[])
+SELECT unnest(%(queue_names)b::text[])
 ON CONFLICT DO NOTHING;
 
 -- name: unregister_worker

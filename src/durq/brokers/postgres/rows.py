@@ -6,8 +6,10 @@ connection (E8) alike."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Generator, Sequence
+from datetime import datetime
 from typing import Any
 
 from durq.brokers.base import EnqueueOutcome, EnqueueParams
@@ -25,32 +27,161 @@ EnqueuePlan = Generator[Step, list[Row], list[EnqueueOutcome]]
 # progress unless another client keeps taking the same id at the same moment.
 _MAX_ROUNDS = 4
 
+_FIELDS = tuple(f.name for f in dataclasses.fields(TaskInfo))
+# TaskInfo is a frozen dataclass: its __init__ sets each of its ~20 fields through
+# object.__setattr__, which costs more than the rest of decoding a claimed row. When it is a
+# plain dataclass (a __dict__, no __post_init__) the hot paths fill the __dict__ at once; the
+# result is the same object the constructor builds (tests/postgres/test_pg_rows.py checks).
+_DIRECT = (
+    "__slots__" not in TaskInfo.__dict__
+    and not hasattr(TaskInfo, "__post_init__")
+    and "__init__" in TaskInfo.__dict__
+)
 
-def row_to_info(row: Row) -> TaskInfo:
+
+def make_info(values: dict[str, Any]) -> TaskInfo:
+    """A TaskInfo from a dict holding every one of its fields."""
+    if _DIRECT:
+        info = object.__new__(TaskInfo)
+        info.__dict__.update(values)
+        return info
+    return TaskInfo(**values)
+
+
+class Times:
+    """Epoch seconds to aware UTC datetimes, remembering each value within one call (rows of
+    one claim or one bulk enqueue share their enqueue, start and lease times)."""
+
+    __slots__ = ("_seen",)
+
+    def __init__(self) -> None:
+        self._seen: dict[float, datetime | None] = {}
+
+    def __call__(self, ts: float | None) -> datetime | None:
+        if ts is None:
+            return None
+        dt = self._seen.get(ts)
+        if dt is None:
+            dt = self._seen[ts] = to_datetime(ts)
+        return dt
+
+
+def _headers(raw: Any) -> dict[str, str]:
+    # Read as text (not jsonb) so the common empty object costs nothing to decode.
+    if raw is None or raw == "{}":
+        return {}
+    return dict(json.loads(raw) if isinstance(raw, str) else raw)
+
+
+def row_to_info(row: Row, times: Times | None = None) -> TaskInfo:
     """A task row (``SELECT t.*``) as the user sees it."""
+    at = times or to_datetime
     result = row["result"]
-    return TaskInfo(
-        id=row["id"],
-        queue=row["queue"],
-        type=row["type"],
-        raw_payload=bytes(row["payload"]),
-        state=TaskState(row["state"]),
-        max_retry=row["max_retry"],
-        retried=row["retried"],
-        last_error=row["last_error"],
-        timeout=row["timeout"],
-        deadline=to_datetime(row["deadline"]),
-        next_process_at=to_datetime(row["next_process_at"]),
-        enqueued_at=to_datetime(row["enqueued_at"]),
-        completed_at=to_datetime(row["completed_at"]),
-        raw_result=None if result is None else bytes(result),
-        retention=row["retention"],
-        lost=row["lost"],
-        headers=dict(row["headers"] or {}),
-        started_at=to_datetime(row["started_at"]),
-        lease_expires_at=to_datetime(row["lease_expires_at"]),
-        worker_id=row["worker_id"],
-        cancel_requested=row["cancel_requested"],
+    return make_info(
+        {
+            "id": row["id"],
+            "queue": row["queue"],
+            "type": row["type"],
+            "raw_payload": bytes(row["payload"]),
+            "state": TaskState(row["state"]),
+            "max_retry": row["max_retry"],
+            "retried": row["retried"],
+            "last_error": row["last_error"],
+            "timeout": row["timeout"],
+            "deadline": at(row["deadline"]),
+            "next_process_at": at(row["next_process_at"]),
+            "enqueued_at": at(row["enqueued_at"]),
+            "completed_at": at(row["completed_at"]),
+            "raw_result": None if result is None else bytes(result),
+            "retention": row["retention"],
+            "lost": row["lost"],
+            "headers": _headers(row["headers"]),
+            "started_at": at(row["started_at"]),
+            "lease_expires_at": at(row["lease_expires_at"]),
+            "worker_id": row["worker_id"],
+            "cancel_requested": row["cancel_requested"],
+        }
+    )
+
+
+#: The columns ``claim`` returns, in order (see :func:`claimed_info`).
+CLAIM_COLUMNS = (
+    "id", "queue", "type", "payload", "max_retry", "retried", "last_error", "timeout",
+    "deadline", "next_process_at", "enqueued_at", "retention", "lost", "headers",
+    "lease_token", "seq",
+)  # fmt: skip
+CLAIM_QUEUE, CLAIM_NEXT_AT, CLAIM_TOKEN, CLAIM_SEQ = (
+    CLAIM_COLUMNS.index(c) for c in ("queue", "next_process_at", "lease_token", "seq")
+)
+
+
+def claimed_info(
+    row: tuple[Any, ...],
+    started: datetime | None,
+    lease_until: datetime | None,
+    worker_id: str,
+    times: Times,
+) -> TaskInfo:
+    """A claimed row (``CLAIM_COLUMNS``, a tuple) as the active task the handler gets; the
+    fields the claim itself set are passed in rather than decoded once per row."""
+    (task_id, queue, type_, payload, max_retry, retried, last_error, timeout, deadline,
+     next_at, enqueued_at, retention, lost, headers, _token, _seq) = row  # fmt: skip
+    return make_info(
+        {
+            "id": task_id,
+            "queue": queue,
+            "type": type_,
+            "raw_payload": bytes(payload),
+            "state": TaskState.ACTIVE,
+            "max_retry": max_retry,
+            "retried": retried,
+            "last_error": last_error,
+            "timeout": timeout,
+            "deadline": times(deadline),
+            "next_process_at": times(next_at),
+            "enqueued_at": times(enqueued_at),
+            "completed_at": None,
+            "raw_result": None,
+            "retention": retention,
+            "lost": lost,
+            "headers": _headers(headers),
+            "started_at": started,
+            "lease_expires_at": lease_until,
+            "worker_id": worker_id,
+            "cancel_requested": False,
+        }
+    )
+
+
+def created_info(
+    p: EnqueueParams, state: TaskState, next_at: float, now: float, times: Times
+) -> TaskInfo:
+    """The TaskInfo of a row the enqueue statement just inserted from ``p``: every column is
+    known from the params, so the statement returns none of them."""
+    return make_info(
+        {
+            "id": p.id,
+            "queue": p.queue,
+            "type": p.type,
+            "raw_payload": bytes(p.payload),
+            "state": state,
+            "max_retry": int(p.max_retry),
+            "retried": 0,
+            "last_error": None,
+            "timeout": _f(p.timeout),
+            "deadline": times(_f(p.deadline)),
+            "next_process_at": times(next_at),
+            "enqueued_at": times(now),
+            "completed_at": None,
+            "raw_result": None,
+            "retention": float(p.retention),
+            "lost": 0,
+            "headers": dict(p.headers),
+            "started_at": None,
+            "lease_expires_at": None,
+            "worker_id": None,
+            "cancel_requested": False,
+        }
     )
 
 
@@ -58,37 +189,79 @@ def _f(value: float | None) -> float | None:
     return None if value is None else float(value)
 
 
+def _schedule(p: EnqueueParams, now: float) -> tuple[TaskState, float]:
+    """The state and ready time a new task starts with."""
+    if p.process_at is None:
+        return TaskState.PENDING, float(now)
+    at = float(p.process_at)
+    return (TaskState.PENDING if at <= now else TaskState.SCHEDULED), at
+
+
+def _headers_json(headers: dict[str, str]) -> str:
+    return json.dumps(dict(headers)) if headers else "{}"
+
+
 def insert_params(
     items: Sequence[EnqueueParams], now: float, channel: str | None
 ) -> dict[str, Any]:
     """Column arrays for the ``enqueue`` statement (one multi-row insert); ``channel``: notify
-    in the same statement (``None``: the caller notifies after commit)."""
-    states: list[str] = []
-    next_at: list[float] = []
-    for p in items:
-        due = p.process_at is None or p.process_at <= now
-        states.append(TaskState.PENDING.value if due else TaskState.SCHEDULED.value)
-        next_at.append(float(now if p.process_at is None else p.process_at))
+    in the same statement (``None``: the caller notifies after commit). The arrays are sent in
+    binary (``%(x)b`` in the statement): dumping them as text costs several times more."""
+    schedule = [_schedule(p, now) for p in items]
     return {
+        "n": len(items),
         "queues": [p.queue for p in items],
         "ids": [p.id for p in items],
         "types": [p.type for p in items],
         "payloads": [bytes(p.payload) for p in items],
-        "states": states,
+        "states": [state.value for state, _ in schedule],
         "max_retries": [int(p.max_retry) for p in items],
         "timeouts": [_f(p.timeout) for p in items],
         "deadlines": [_f(p.deadline) for p in items],
-        "next_process_ats": next_at,
+        "next_process_ats": [at for _, at in schedule],
         "retentions": [float(p.retention) for p in items],
         "unique_keys": [p.unique_key for p in items],
         "unique_untils": [
             None if p.unique_key is None or p.unique_ttl is None else float(now + p.unique_ttl)
             for p in items
         ],
-        "headers": [json.dumps(dict(p.headers)) for p in items],
+        "headers": [_headers_json(p.headers) for p in items],
         "now": float(now),
         "channel": channel,
     }
+
+
+def insert_one_params(p: EnqueueParams, now: float, channel: str | None) -> dict[str, Any]:
+    """Parameters of the ``enqueue_one`` statement (one task, plain values)."""
+    state, next_at = _schedule(p, now)
+    return {
+        "queue": p.queue,
+        "id": p.id,
+        "type": p.type,
+        "payload": bytes(p.payload),
+        "state": state.value,
+        "max_retry": int(p.max_retry),
+        "timeout": _f(p.timeout),
+        "deadline": _f(p.deadline),
+        "next_process_at": next_at,
+        "retention": float(p.retention),
+        "unique_key": p.unique_key,
+        "unique_until": (
+            None if p.unique_key is None or p.unique_ttl is None else float(now + p.unique_ttl)
+        ),
+        "headers": _headers_json(p.headers),
+        "now": float(now),
+        "channel": channel,
+    }
+
+
+def inserted_keys(rows: list[Row], batch: Sequence[EnqueueParams]) -> set[tuple[str, str]] | None:
+    """Which items of ``batch`` the ``enqueue`` statement inserted: ``None`` means all of them
+    (the statement names the inserted rows only when some were refused)."""
+    row: Row = rows[0] if rows else {"n": 0}
+    if row["n"] == len(batch):
+        return None
+    return set(zip(row.get("queues") or (), row.get("ids") or (), strict=True))
 
 
 def _id_is_stale(row: Row, now: float) -> bool:
@@ -113,15 +286,24 @@ def enqueue_plan(items: Sequence[EnqueueParams], now: float, channel: str | None
         if not todo:
             break
         batch = [items[i] for i in todo]
-        inserted = yield ("enqueue", insert_params(batch, now, channel))
-        created: dict[tuple[str, str], Row] = {(r["queue"], r["id"]): r for r in inserted}
+        if len(batch) == 1:
+            inserted = yield ("enqueue_one", insert_one_params(batch[0], now, channel))
+        else:
+            inserted = yield ("enqueue", insert_params(batch, now, channel))
+        created = inserted_keys(inserted, batch)
+        times = Times()
         refused: list[int] = []
         for i in todo:
-            row = created.pop((items[i].queue, items[i].id), None)
-            if row is not None:
-                outcomes[i] = EnqueueOutcome(items[i], info=row_to_info(row))
-            else:
-                refused.append(i)
+            p = items[i]
+            if created is not None:
+                key = (p.queue, p.id)
+                if key not in created:
+                    refused.append(i)
+                    continue
+                # The same id twice in one batch: the first is inserted, the second refused.
+                created.discard(key)
+            state, next_at = _schedule(p, now)
+            outcomes[i] = EnqueueOutcome(p, info=created_info(p, state, next_at, now, times))
         if not refused:
             todo = []
             break
