@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sqlite3
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Self
@@ -17,6 +19,7 @@ from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
+    CAP_TRANSACTIONAL_ENQUEUE,
     ArchiveParams,
     ClaimParams,
     CompleteParams,
@@ -34,12 +37,14 @@ from durq.brokers.sqlite.connection import (
     DEFAULT_BUSY_TIMEOUT,
     DEFAULT_POLL_INTERVAL,
     Conn,
+    Exec,
     row_to_info,
+    schema_version,
     transaction,
 )
-from durq.brokers.sqlite.queries import Q
+from durq.brokers.sqlite.queries import SCHEMA_VERSION, Q
 from durq.clock import SYSTEM_CLOCK, Clock
-from durq.errors import ConfigurationError, DuplicateTaskError, TaskIDConflictError
+from durq.errors import ConfigurationError, DuplicateTaskError, SchemaError, TaskIDConflictError
 from durq.states import TaskState
 from durq.task import TaskInfo
 
@@ -53,10 +58,15 @@ class SQLiteBroker(SQLiteAdmin):
     """Broker and Admin on one SQLite file (WAL mode, one database thread per instance)."""
 
     name = "sqlite"
-    #: Other processes are noticed by polling ``PRAGMA data_version``. E8 (joining the
-    #: caller's connection) is not offered: the connection lives on the database thread.
+    #: Other processes are noticed by polling ``PRAGMA data_version``. E8 joins a caller's
+    #: ``sqlite3.Connection`` on the same file (see :meth:`enqueue_sync_in`).
     capabilities: frozenset[str] = frozenset(
-        {CAP_CROSS_PROCESS_NOTIFY, CAP_ATOMIC_FOLLOW_UPS, CAP_CROSS_QUEUE_FOLLOW_UPS}
+        {
+            CAP_CROSS_PROCESS_NOTIFY,
+            CAP_ATOMIC_FOLLOW_UPS,
+            CAP_CROSS_QUEUE_FOLLOW_UPS,
+            CAP_TRANSACTIONAL_ENQUEUE,
+        }
     )
 
     @classmethod
@@ -91,8 +101,13 @@ class SQLiteBroker(SQLiteAdmin):
     # ------------------------------------------------------------------ enqueue
 
     async def enqueue(self, params: EnqueueParams, *, connection: Any = None) -> TaskInfo:
-        """Create one task, atomically checking task id (E3) and uniqueness (E4)."""
-        self._no_connection(connection)
+        """Create one task, atomically checking task id (E3) and uniqueness (E4).
+
+        ``connection``: the caller's ``sqlite3.Connection`` on this broker's file; the task
+        is written in its open transaction and exists only if the caller commits (E8)."""
+        if connection is not None:
+            await self.connect()  # migrates a fresh file before the caller's statements
+            return self.enqueue_sync_in(params, connection)
         now = self._clock.now()
 
         def run(conn: Conn) -> TaskInfo:
@@ -105,33 +120,97 @@ class SQLiteBroker(SQLiteAdmin):
     async def enqueue_many(
         self, items: Sequence[EnqueueParams], *, connection: Any = None
     ) -> list[EnqueueOutcome]:
-        """All items in one transaction; a refused item does not undo the others (E9)."""
-        self._no_connection(connection)
+        """All items in one transaction; a refused item does not undo the others (E9).
+
+        ``connection``: as in :meth:`enqueue`, all items join the caller's transaction."""
+        if not items:
+            return []
+        if connection is not None:
+            await self.connect()
+            return self.enqueue_many_sync_in(items, connection)
         now = self._clock.now()
 
-        def body(conn: Conn) -> list[EnqueueOutcome]:
-            outcomes: list[EnqueueOutcome] = []
-            for p in items:
-                try:
-                    outcomes.append(EnqueueOutcome(p, info=self._insert(conn, p, now)))
-                except (TaskIDConflictError, DuplicateTaskError) as exc:
-                    outcomes.append(EnqueueOutcome(p, error=exc))
-            return outcomes
-
         def run(conn: Conn) -> list[EnqueueOutcome]:
-            outcomes = transaction(conn, body)
+            outcomes = transaction(conn, lambda c: self._insert_many(c, items, now))
             self._notify({o.params.queue for o in outcomes if o.created})
             return outcomes
 
-        if not items:
-            return []
         return await self._call("sqlite.enqueue_many", run)
 
-    def _no_connection(self, connection: Any) -> None:
-        if connection is not None:
+    def _insert_many(
+        self, conn: Exec, items: Sequence[EnqueueParams], now: float
+    ) -> list[EnqueueOutcome]:
+        outcomes: list[EnqueueOutcome] = []
+        for p in items:
+            try:
+                outcomes.append(EnqueueOutcome(p, info=self._insert(conn, p, now)))
+            except (TaskIDConflictError, DuplicateTaskError) as exc:
+                outcomes.append(EnqueueOutcome(p, error=exc))
+        return outcomes
+
+    # ------------------------------------------------------------------ E8: the caller's connection
+
+    def enqueue_sync_in(self, params: EnqueueParams, connection: sqlite3.Connection) -> TaskInfo:
+        """Create one task inside the caller's open sqlite3 transaction (E8); no commit.
+
+        Runs on the calling thread (a sqlite3 connection belongs to its thread). Workers
+        notice the task once the caller commits, through ``PRAGMA data_version`` polling
+        (within the broker's ``poll_interval``): there is no commit hook to wake them."""
+        (outcome,) = self.enqueue_many_sync_in([params], connection)
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.info is not None
+        return outcome.info
+
+    def enqueue_many_sync_in(
+        self, items: Sequence[EnqueueParams], connection: sqlite3.Connection
+    ) -> list[EnqueueOutcome]:
+        """``enqueue_many`` inside the caller's open sqlite3 transaction (E8); no commit."""
+        if not items:
+            return []
+        cursor = self._caller_cursor(connection)
+        try:
+            return self._insert_many(cursor, items, self._clock.now())
+        except sqlite3.Error as exc:
+            raise self._wrap(exc, "sqlite.enqueue") from exc
+        finally:
+            cursor.close()
+
+    def _caller_cursor(self, connection: Any) -> sqlite3.Cursor:
+        """A cursor on the caller's connection, after checking it can hold our rows: the
+        broker's own file, at our schema version, with a transaction to join."""
+        if not isinstance(connection, sqlite3.Connection):
             raise ConfigurationError(
-                "the SQLite broker cannot join a caller's connection (transactional enqueue)"
+                "connection must be a sqlite3.Connection on the broker's file, "
+                f"not {type(connection).__name__}"
             )
+        try:
+            cursor = connection.cursor()
+            cursor.row_factory = sqlite3.Row
+            files = {row["name"]: row["file"] for row in cursor.execute(Q["database_list"])}
+            path = files.get("main") or ""
+            if not path or os.path.realpath(path) != self._key:
+                raise ConfigurationError(
+                    f"the connection has {path or 'an in-memory database'!r} open, not the "
+                    f"broker's file {self.path!r}: transactional enqueue needs both in one file"
+                )
+            if schema_version(cursor) != SCHEMA_VERSION:
+                raise SchemaError(
+                    f"{self.path} has no durq tables at this version: open the broker once "
+                    "(it migrates) or run `durq migrate` before enqueueing in a transaction",
+                    operation="sqlite.enqueue",
+                )
+        except sqlite3.Error as exc:
+            raise self._wrap(exc, "sqlite.enqueue") from exc
+        autocommit = getattr(connection, "autocommit", None) is True  # Python 3.12+
+        if not connection.in_transaction and (connection.isolation_level is None or autocommit):
+            cursor.close()
+            # In autocommit mode each statement would commit alone: nothing to join.
+            raise ConfigurationError(
+                "the connection is in autocommit mode with no open transaction: "
+                "execute BEGIN first (E8 writes inside the caller's transaction)"
+            )
+        return cursor
 
     # ------------------------------------------------------------------ claim and leases
 

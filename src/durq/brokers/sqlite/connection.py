@@ -215,14 +215,14 @@ class SQLiteBase:
 
     def _migrate(self, conn: Conn, operation: str) -> list[str]:
         """Apply the missing migrations in one immediate transaction (safe across processes)."""
-        current = _schema_version(conn)
+        current = schema_version(conn)
         self._check_version(current, operation)
         if current == SCHEMA_VERSION:
             return []
 
         def apply(c: Conn) -> list[str]:
             c.execute(Q["migrations_table"])
-            version = _schema_version(c)  # another process may have migrated meanwhile
+            version = schema_version(c)  # another process may have migrated meanwhile
             self._check_version(version, operation)
             done: list[str] = []
             for migration in MIGRATIONS:
@@ -373,7 +373,7 @@ class SQLiteBase:
         return row
 
 
-def _schema_version(conn: Conn) -> int:
+def schema_version(conn: Exec) -> int:
     """The applied schema version; 0 for a file without durq tables."""
     if not conn.execute(Q["has_migrations_table"]).fetchone()[0]:
         return 0

@@ -26,6 +26,10 @@ PRAGMA data_version;
 
 -- ---------------------------------------------------------------- enqueue
 
+-- name: database_list
+-- Which file a caller's connection has open (E8 joins it only on the broker's own file).
+PRAGMA database_list;
+
 -- name: drop_expired_completed
 -- E3: a completed task past its retention counts as gone; free its id before the check.
 DELETE FROM durq_tasks
