@@ -66,11 +66,31 @@ async def test_script_flush_on_a_private_server(private_redis) -> None:
 
 
 class SlotRecorder:
-    """Wraps evalsha (direct and pipelined) to record the KEYS of every script call."""
+    """Wraps evalsha (the pipelined connection, and redis-py's direct and pipelined calls) to
+    record the KEYS of every script call."""
 
     def __init__(self, broker: RedisBroker, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[list[str]] = []
         redis = broker._redis
+        wire = broker._wire
+        if wire is not None:
+            wire_call, wire_call_many = wire.call, wire.call_many
+
+            def record_command(command: Any) -> None:
+                if command[0] == "EVALSHA":
+                    record(tuple(command[1:]))
+
+            async def call(command: Any) -> Any:
+                record_command(command)
+                return await wire_call(command)
+
+            async def call_many(commands: Any) -> Any:
+                for command in commands:
+                    record_command(command)
+                return await wire_call_many(commands)
+
+            monkeypatch.setattr(wire, "call", call)
+            monkeypatch.setattr(wire, "call_many", call_many)
         original, original_pipeline = redis.evalsha, redis.pipeline
 
         def record(args: tuple[Any, ...]) -> None:

@@ -15,6 +15,7 @@ from redis.backoff import ExponentialBackoff
 
 from durq.brokers.redis.keys import DEFAULT_PREFIX, Keys
 from durq.brokers.redis.lua import LuaScript, load_scripts
+from durq.brokers.redis.wire import Wire, endpoint_of, error, is_error
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import (
     BrokerError,
@@ -77,6 +78,10 @@ class RedisCore:
             )
         except ValueError as exc:
             raise ConfigurationError(f"invalid Redis URL {_redact(url)!r}: {exc}") from exc
+        # Script calls (the hot path) go over one pipelined connection; redis-py keeps the
+        # rest (connect checks, the inspector's reads, pub/sub) and TLS, see wire.py.
+        endpoint = endpoint_of(self._redis)
+        self._wire: Wire | None = None if endpoint is None else Wire(endpoint)
         self._ready = False
         self._known_queues: set[str] = set()
 
@@ -193,6 +198,8 @@ class RedisCore:
     async def close(self) -> None:
         """Close every connection of the pool (idempotent)."""
         self._ready = False
+        if self._wire is not None:
+            self._wire.close()
         try:
             await self._redis.aclose()
         except (rex.RedisError, OSError):  # closing a dead connection is not an error
@@ -232,6 +239,29 @@ class RedisCore:
         """Run one script by SHA, loading it first if the server does not know it (NOSCRIPT:
         a restart without persistence of the script cache, SCRIPT FLUSH, a failover)."""
         script = self._scripts[name]
+        if self._wire is None:
+            return await self._eval_redis_py(script, keys, args)
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        reply = await self._wire.call(command)
+        if is_error(reply):
+            exc = error(reply)
+            if not isinstance(exc, rex.NoScriptError):
+                raise exc
+            await self._load_script(script)
+            reply = await self._wire.call(command)
+            if is_error(reply):
+                raise error(reply)
+        return reply
+
+    async def _load_script(self, script: LuaScript) -> None:
+        assert self._wire is not None
+        reply = await self._wire.call(("SCRIPT", "LOAD", script.source))
+        if is_error(reply):
+            raise error(reply)
+
+    async def _eval_redis_py(
+        self, script: LuaScript, keys: Sequence[str], args: Sequence[Scalar]
+    ) -> Any:
         argv = [_arg(a) for a in args]
         try:
             return await self._redis.evalsha(script.sha, len(keys), *keys, *argv)  # type: ignore[misc]
@@ -245,6 +275,33 @@ class RedisCore:
         """Run several scripts in one round trip (a pipeline without MULTI: each script is
         atomic on its own). Calls refused with NOSCRIPT did nothing, so they are re-run once
         after loading their scripts."""
+        if self._wire is None:
+            return await self._eval_many_redis_py(calls)
+        scripts = self._scripts
+        commands = [
+            ("EVALSHA", scripts[name].sha, len(keys), *keys, *args) for name, keys, args in calls
+        ]
+        results = await self._wire.call_many(commands)
+        missing: list[int] = []
+        for i, reply in enumerate(results):
+            if is_error(reply):
+                exc = error(reply)
+                if not isinstance(exc, rex.NoScriptError):
+                    raise exc
+                missing.append(i)
+        if missing:
+            for name in {calls[i][0] for i in missing}:
+                await self._load_script(scripts[name])
+            again = await self._wire.call_many([commands[i] for i in missing])
+            for i, reply in zip(missing, again, strict=True):
+                if is_error(reply):
+                    raise error(reply)
+                results[i] = reply
+        return results
+
+    async def _eval_many_redis_py(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Scalar]]]
+    ) -> list[Any]:
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         for attempt in range(2):

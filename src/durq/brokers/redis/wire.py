@@ -1,0 +1,322 @@
+"""A lean, pipelined Redis connection for the broker's script calls.
+
+redis-py's asyncio client spends about 100 µs of Python per command (pool checkout, retry
+wrapper, health check, an ``asyncio.timeout`` per read, stream reader); a script call on a
+local server takes a fraction of that. This connection is one socket per broker object and
+event loop, written to by every caller at once: each command is packed with hiredis and
+written straight to the transport, its reply future queued; replies come back in order and
+are parsed by hiredis in ``data_received``. Concurrent callers therefore share round trips
+(automatic pipelining) and a call costs a few microseconds of Python.
+
+Semantics kept from the redis-py path it replaces:
+
+* connect timeout and socket timeout (a command without a reply in ``socket_timeout`` closes
+  the connection and fails every waiting call with a timeout, so replies never shift);
+* a call that meets a refused or dropped connection is retried twice with a 50-500 ms
+  backoff (the server may have run a script whose reply was lost: see docs/brokers/redis.md);
+* AUTH (password or ACL user) and SELECT on connect; error replies become redis-py's
+  exception classes, which :meth:`RedisCore._op` maps onto durq's errors.
+
+Only plain TCP and Unix sockets use it; TLS URLs keep redis-py's connection (see
+:func:`endpoint_of`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import hiredis
+import redis.asyncio as aioredis
+from redis import exceptions as rex
+
+#: Retries of a call that met a refused or dropped connection, and their backoff (seconds).
+RETRIES = 2
+_BACKOFF = (0.05, 0.5)
+
+Command = tuple[str | bytes | int | float, ...]
+
+#: hiredis packs a command tuple into RESP (floats as ``repr``: full precision); its stub
+#: types the argument as a one-element tuple, hence the cast.
+_pack = cast(Callable[[Command], bytes], hiredis.pack_command)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where and how to connect: taken from the redis-py client built from the URL."""
+
+    host: str | None
+    port: int
+    path: str | None
+    db: int
+    username: str | None
+    password: str | None
+    connect_timeout: float
+    socket_timeout: float
+
+
+def endpoint_of(client: aioredis.Redis) -> Endpoint | None:
+    """The endpoint of a redis-py client, or ``None`` when it needs more than this connection
+    offers (TLS, a custom connection class): such brokers keep redis-py for every call."""
+    pool = client.connection_pool
+    kwargs: dict[str, Any] = pool.connection_kwargs
+    if pool.connection_class is aioredis.UnixDomainSocketConnection:
+        host, path = None, str(kwargs["path"])
+    elif pool.connection_class is aioredis.Connection:
+        host, path = str(kwargs.get("host", "localhost")), None
+    else:
+        return None
+    if kwargs.get("credential_provider") is not None:
+        return None
+    socket_timeout = kwargs.get("socket_timeout") or 5.0
+    return Endpoint(
+        host=host,
+        port=int(kwargs.get("port", 6379)),
+        path=path,
+        db=int(kwargs.get("db", 0) or 0),
+        username=kwargs.get("username"),
+        password=kwargs.get("password"),
+        connect_timeout=float(kwargs.get("socket_connect_timeout") or socket_timeout),
+        socket_timeout=float(socket_timeout),
+    )
+
+
+class _ReplyError(Exception):
+    """What hiredis returns for an error reply; turned into redis-py's class by :func:`error`."""
+
+
+def error(reply: _ReplyError) -> rex.RedisError:
+    """The redis-py exception for an error reply (the classes ``RedisCore._op`` maps)."""
+    text = str(reply)
+    code = text.split(" ", 1)[0]
+    if code == "NOSCRIPT":
+        return rex.NoScriptError(text)
+    if code == "LOADING":
+        return rex.BusyLoadingError(text)
+    if code in ("WRONGPASS", "NOAUTH") or "invalid password" in text:
+        return rex.AuthenticationError(text)
+    if code == "NOPERM":
+        return rex.NoPermissionError(text)
+    return rex.ResponseError(text)
+
+
+class _Batch:
+    """Collects the replies of several commands written together."""
+
+    __slots__ = ("future", "left", "replies")
+
+    def __init__(self, future: asyncio.Future[list[Any]], n: int) -> None:
+        self.future = future
+        self.left = n
+        self.replies: list[Any] = []
+
+    def add(self, reply: Any) -> bool:
+        """Take one reply; ``True`` when it was the last one."""
+        self.replies.append(reply)
+        self.left -= 1
+        if self.left:
+            return False
+        if not self.future.done():
+            self.future.set_result(self.replies)
+        return True
+
+
+class _Protocol(asyncio.Protocol):
+    """One socket: commands out in order, replies matched to their waiters in order."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, socket_timeout: float) -> None:
+        self._loop = loop
+        self._timeout = socket_timeout
+        self._reader = hiredis.Reader(replyError=_ReplyError)
+        self._waiters: deque[asyncio.Future[Any] | _Batch] = deque()
+        self._sent: deque[float] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def send(self, data: bytes, waiter: asyncio.Future[Any] | _Batch) -> None:
+        if self.closed or self.transport is None or self.transport.is_closing():
+            raise rex.ConnectionError("connection to Redis closed")
+        self.transport.write(data)
+        self._waiters.append(waiter)
+        self._sent.append(self._loop.time())
+        if self._timer is None:
+            self._timer = self._loop.call_later(self._timeout, self._check_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        reader = self._reader
+        reader.feed(data)
+        waiters, sent = self._waiters, self._sent
+        while True:
+            try:
+                reply = reader.gets()
+            except hiredis.ProtocolError as exc:
+                self._abort(rex.InvalidResponse(f"not a Redis reply: {exc}"))
+                return
+            if reply is False:
+                return
+            if not waiters:  # an unsolicited reply: the stream cannot be trusted any more
+                self._abort(rex.InvalidResponse("unexpected reply"))
+                return
+            waiter = waiters[0]
+            if type(waiter) is _Batch:
+                if not waiter.add(reply):
+                    continue  # more replies of this batch to come
+            elif not waiter.done():  # type: ignore[union-attr]
+                waiter.set_result(reply)  # type: ignore[union-attr]
+            waiters.popleft()
+            sent.popleft()
+
+    def _check_timeout(self) -> None:
+        self._timer = None
+        if not self._sent:
+            return
+        due = self._sent[0] + self._timeout
+        if due <= self._loop.time():
+            self._abort(rex.TimeoutError("Timeout reading from Redis"))
+        else:
+            self._timer = self._loop.call_at(due, self._check_timeout)
+
+    def _abort(self, exc: Exception) -> None:
+        self._fail(exc)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _fail(self, exc: Exception) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        waiters, self._waiters = self._waiters, deque()
+        self._sent.clear()
+        for waiter in waiters:
+            future = waiter.future if type(waiter) is _Batch else waiter
+            if not future.done():  # type: ignore[union-attr]
+                future.set_exception(exc)  # type: ignore[union-attr]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(rex.ConnectionError(f"connection to Redis lost: {exc or 'closed'}"))
+
+    def close(self) -> None:
+        self._fail(rex.ConnectionError("connection closed by the client"))
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Wire:
+    """The pipelined connection of one broker object (reconnects on demand)."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self._endpoint = endpoint
+        self._proto: _Protocol | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._connecting: asyncio.Lock | None = None
+
+    async def _connection(self) -> _Protocol:
+        proto = self._proto
+        loop = asyncio.get_running_loop()
+        if proto is not None and not proto.closed and self._loop is loop:
+            return proto
+        if self._loop is not loop:
+            self._connecting = None  # a lock of another (finished) loop is of no use
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            proto = self._proto
+            if proto is not None and not proto.closed and self._loop is loop:
+                return proto
+            proto = await self._open(loop)
+            self._proto, self._loop = proto, loop
+            return proto
+
+    async def _open(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
+        ep = self._endpoint
+        proto = _Protocol(loop, ep.socket_timeout)
+        try:
+            if ep.path is not None:
+                connect = loop.create_unix_connection(lambda: proto, ep.path)
+            else:
+                connect = loop.create_connection(lambda: proto, ep.host or "localhost", ep.port)
+            async with asyncio.timeout(ep.connect_timeout):
+                await connect
+        except TimeoutError as exc:
+            raise rex.TimeoutError("Timeout connecting to Redis") from exc
+        except OSError as exc:
+            raise rex.ConnectionError(f"cannot connect to Redis: {exc}") from exc
+        handshake: list[Command] = []
+        if ep.password is not None:
+            if ep.username:
+                handshake.append(("AUTH", ep.username, ep.password))
+            else:
+                handshake.append(("AUTH", ep.password))
+        if ep.db:
+            handshake.append(("SELECT", ep.db))
+        if handshake:
+            try:
+                for reply in await self._send_many(proto, loop, handshake):
+                    if isinstance(reply, _ReplyError):
+                        raise error(reply)
+            except BaseException:
+                proto.close()
+                raise
+        return proto
+
+    @staticmethod
+    async def _send_many(
+        proto: _Protocol, loop: asyncio.AbstractEventLoop, commands: Sequence[Command]
+    ) -> list[Any]:
+        future: asyncio.Future[list[Any]] = loop.create_future()
+        proto.send(b"".join([_pack(c) for c in commands]), _Batch(future, len(commands)))
+        return await future
+
+    async def call(self, command: Command) -> Any:
+        """One command; its reply (error replies come back as values: see :func:`error`)."""
+        data = _pack(command)
+        for attempt in range(RETRIES + 1):
+            try:
+                proto = await self._connection()
+                future: asyncio.Future[Any] = proto._loop.create_future()
+                proto.send(data, future)
+                return await future
+            except rex.ConnectionError:
+                if attempt == RETRIES:
+                    raise
+                await asyncio.sleep(min(_BACKOFF[1], _BACKOFF[0] * 2**attempt))
+        raise AssertionError("unreachable")
+
+    async def call_many(self, commands: Sequence[Command]) -> list[Any]:
+        """Several commands in one write; their replies in order (errors as values)."""
+        if not commands:
+            return []
+        data = b"".join([_pack(c) for c in commands])
+        for attempt in range(RETRIES + 1):
+            try:
+                proto = await self._connection()
+                future: asyncio.Future[list[Any]] = proto._loop.create_future()
+                proto.send(data, _Batch(future, len(commands)))
+                return await future
+            except rex.ConnectionError:
+                if attempt == RETRIES:
+                    raise
+                await asyncio.sleep(min(_BACKOFF[1], _BACKOFF[0] * 2**attempt))
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Close the socket; waiting calls fail with a connection error."""
+        proto, self._proto = self._proto, None
+        if proto is not None:
+            with contextlib.suppress(Exception):
+                proto.close()
+
+
+def is_error(reply: Any) -> bool:
+    """Whether a reply of :meth:`Wire.call` is an error reply."""
+    return isinstance(reply, _ReplyError)
