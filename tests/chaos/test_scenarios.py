@@ -76,7 +76,7 @@ async def graceful(
 
 @pytest.mark.parametrize("grace", [10.0, 0.3])
 async def test_graceful_shutdown_short(tmp_path, clusters, record, grace) -> None:
-    await graceful(sqlite_url(tmp_path), clusters, record, grace=grace, tasks=200, ms=1500)
+    await graceful(sqlite_url(tmp_path), clusters, record, grace=grace, tasks=48, ms=1200)
 
 
 @pytest.mark.chaos
