@@ -189,12 +189,15 @@ def _f(value: float | None) -> float | None:
     return None if value is None else float(value)
 
 
+_PENDING, _SCHEDULED = TaskState.PENDING, TaskState.SCHEDULED
+
+
 def _schedule(p: EnqueueParams, now: float) -> tuple[TaskState, float]:
     """The state and ready time a new task starts with."""
     if p.process_at is None:
-        return TaskState.PENDING, float(now)
+        return _PENDING, now
     at = float(p.process_at)
-    return (TaskState.PENDING if at <= now else TaskState.SCHEDULED), at
+    return (_PENDING if at <= now else _SCHEDULED), at
 
 
 def _headers_json(headers: dict[str, str]) -> str:
@@ -202,12 +205,17 @@ def _headers_json(headers: dict[str, str]) -> str:
 
 
 def insert_params(
-    items: Sequence[EnqueueParams], now: float, channel: str | None
+    items: Sequence[EnqueueParams],
+    now: float,
+    channel: str | None,
+    schedule: Sequence[tuple[TaskState, float]] | None = None,
 ) -> dict[str, Any]:
     """Column arrays for the ``enqueue`` statement (one multi-row insert); ``channel``: notify
     in the same statement (``None``: the caller notifies after commit). The arrays are sent in
-    binary (``%(x)b`` in the statement): dumping them as text costs several times more."""
-    schedule = [_schedule(p, now) for p in items]
+    binary (``%(x)b`` in the statement): dumping them as text costs several times more.
+    ``schedule``: each item's ``_schedule`` when the caller has it already."""
+    if schedule is None:
+        schedule = [_schedule(p, now) for p in items]
     return {
         "n": len(items),
         "queues": [p.queue for p in items],
@@ -280,21 +288,22 @@ def enqueue_plan(items: Sequence[EnqueueParams], now: float, channel: str | None
     Round: insert everything left with ON CONFLICT DO NOTHING; for the refused items read the
     rows that hold their id or key; a holder that no longer counts (completed past retention,
     key past its ttl) is removed by a conditional statement and the item is tried again."""
+    now = float(now)
     outcomes: list[EnqueueOutcome | None] = [None] * len(items)
     todo = list(range(len(items)))
     for _ in range(_MAX_ROUNDS):
         if not todo:
             break
         batch = [items[i] for i in todo]
+        schedule = [_schedule(p, now) for p in batch]
         if len(batch) == 1:
             inserted = yield ("enqueue_one", insert_one_params(batch[0], now, channel))
         else:
-            inserted = yield ("enqueue", insert_params(batch, now, channel))
+            inserted = yield ("enqueue", insert_params(batch, now, channel, schedule))
         created = inserted_keys(inserted, batch)
         times = Times()
         refused: list[int] = []
-        for i in todo:
-            p = items[i]
+        for i, p, (state, next_at) in zip(todo, batch, schedule, strict=True):
             if created is not None:
                 key = (p.queue, p.id)
                 if key not in created:
@@ -302,7 +311,6 @@ def enqueue_plan(items: Sequence[EnqueueParams], now: float, channel: str | None
                     continue
                 # The same id twice in one batch: the first is inserted, the second refused.
                 created.discard(key)
-            state, next_at = _schedule(p, now)
             outcomes[i] = EnqueueOutcome(p, info=created_info(p, state, next_at, now, times))
         if not refused:
             todo = []
