@@ -31,7 +31,15 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_THEN_FIELDS = ("type", "queue", "on_archived", "max_retry", "timeout", "retention")
+_THEN_FIELDS = (
+    "type",
+    "queue",
+    "on_archived",
+    "on_completed",
+    "max_retry",
+    "timeout",
+    "retention",
+)
 
 #: Called with the headers of every new task, e.g. to inject trace context (O2).
 HeaderHook = Callable[[dict[str, str]], None]

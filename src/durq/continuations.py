@@ -50,11 +50,12 @@ class Then:
     follow-up type is registered with in the enqueuing app (else: the task's own queue,
     25 retries, no timeout, deleted on completion). ``on_archived``: also run it when the
     task is archived (retries used up, SkipRetry, cancelled, worker lost), with ``"error"``
-    in place of ``"result"``."""
+    in place of ``"result"``; ``on_completed=False`` with it: only then (a failure handler)."""
 
     type: str
     queue: str | None = None
     on_archived: bool = False
+    on_completed: bool = True
     max_retry: int | None = None
     timeout: Duration | None = None
     retention: Duration | None = None
@@ -87,10 +88,13 @@ def resolve(then: Then | str, task_queue: str, app: App) -> str:
         retention = defaults.retention if defaults is not None else 0.0
     if retention < 0:
         raise ValidationError("Then.retention must be >= 0")
+    if not then.on_completed and not then.on_archived:
+        raise ValidationError("Then runs on completion, on archiving, or both: not on neither")
     spec = {
         "type": task_type,
         "queue": names.check_queue(queue),
         "on_archived": bool(then.on_archived),
+        "on_completed": bool(then.on_completed),
         "max_retry": max_retry,
         "timeout": timeout,
         "retention": retention,
@@ -131,7 +135,11 @@ def build(
     ``max_payload`` loses the result, then the original payload (``"omitted"`` says which):
     the follow-up still runs and can read them from the task while it is retained."""
     spec = spec_of(task.headers)
-    if spec is None or (outcome == ARCHIVED and not spec.get("on_archived")):
+    if spec is None:
+        return ()
+    if outcome == ARCHIVED and not spec.get("on_archived"):
+        return ()
+    if outcome == COMPLETED and not spec.get("on_completed", True):
         return ()
     body: dict[str, Any] = {
         "task": {"id": task.id, "queue": task.queue, "type": task.type, "state": outcome},

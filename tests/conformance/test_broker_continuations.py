@@ -186,3 +186,23 @@ def test_follow_up_ids_stay_within_the_limit() -> None:
     long_id = "x" * 200
     assert len(continuations.follow_up_id(long_id)) <= 200
     assert continuations.follow_up_id(long_id) != continuations.follow_up_id("y" * 200)
+
+
+def test_on_completed_false_is_a_failure_handler() -> None:
+    from durq.task import TaskInfo
+
+    header = then_header(on_archived=True)
+    spec = json.loads(header[continuations.HEADER])
+    spec["on_completed"] = False
+    task = TaskInfo(
+        id="t",
+        queue="default",
+        type="test:task",
+        raw_payload=b"{}",
+        state=A,
+        max_retry=0,
+        headers={continuations.HEADER: json.dumps(spec)},
+    )
+    assert continuations.build(task, continuations.COMPLETED, result=b"1") == ()
+    (follow_up,) = continuations.build(task, continuations.ARCHIVED, error="boom")
+    assert follow_up.id == "then:t"

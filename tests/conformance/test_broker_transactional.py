@@ -19,7 +19,12 @@ import durq
 from conformance.conftest import requires
 from durq.brokers import FullBroker
 from durq.brokers.base import CAP_TRANSACTIONAL_ENQUEUE
-from durq.errors import ConfigurationError, QueueNotFoundError, TaskIDConflictError
+from durq.errors import (
+    ConfigurationError,
+    QueueNotFoundError,
+    SchemaError,
+    TaskIDConflictError,
+)
 from durq.states import TaskState
 
 
@@ -170,6 +175,13 @@ async def test_E8_sqlite_refuses_another_file_or_no_transaction(
     with pytest.raises(ConfigurationError, match=r"sqlite3\.Connection"):
         await broker.enqueue(params("y"), connection=object())
     assert await pending(broker) == ["x"]
+    # A file without the durq tables: a clear SchemaError, no attempt to migrate (that would
+    # wait for the write lock the caller may hold).
+    bare = sqlite3.connect(tmp_path / "bare.db")
+    broker_on_bare = type(broker)(str(tmp_path / "bare.db"))
+    with pytest.raises(SchemaError, match="durq migrate"):
+        broker_on_bare.enqueue_sync_in(params("z"), bare)  # type: ignore[attr-defined]
+    bare.close()
 
 
 async def test_E8_sqlite_waiters_notice_the_commit(broker: FullBroker, make_broker: Any) -> None:

@@ -106,7 +106,7 @@ class SQLiteBroker(SQLiteAdmin):
         ``connection``: the caller's ``sqlite3.Connection`` on this broker's file; the task
         is written in its open transaction and exists only if the caller commits (E8)."""
         if connection is not None:
-            await self.connect()  # migrates a fresh file before the caller's statements
+            # Not self.connect(): migrating needs the write lock the caller may hold.
             return self.enqueue_sync_in(params, connection)
         now = self._clock.now()
 
@@ -126,7 +126,6 @@ class SQLiteBroker(SQLiteAdmin):
         if not items:
             return []
         if connection is not None:
-            await self.connect()
             return self.enqueue_many_sync_in(items, connection)
         now = self._clock.now()
 
@@ -153,9 +152,12 @@ class SQLiteBroker(SQLiteAdmin):
     def enqueue_sync_in(self, params: EnqueueParams, connection: sqlite3.Connection) -> TaskInfo:
         """Create one task inside the caller's open sqlite3 transaction (E8); no commit.
 
-        Runs on the calling thread (a sqlite3 connection belongs to its thread). Workers
-        notice the task once the caller commits, through ``PRAGMA data_version`` polling
-        (within the broker's ``poll_interval``): there is no commit hook to wake them."""
+        Runs on the calling thread (a sqlite3 connection belongs to its thread). The durq
+        tables must exist (open the broker once, or ``durq migrate``): migrating here would
+        need the write lock the caller's transaction may hold, so a missing schema raises
+        SchemaError. Workers notice the task once the caller commits, through
+        ``PRAGMA data_version`` polling (within the broker's ``poll_interval``): sqlite3 has
+        no commit hook to wake them at once."""
         (outcome,) = self.enqueue_many_sync_in([params], connection)
         if outcome.error is not None:
             raise outcome.error
