@@ -34,7 +34,7 @@ from examples.insurance.config import Settings
 from examples.insurance.health import HealthProbe
 from examples.insurance.logs import setup_logging
 from examples.insurance.store import NewOrder, Order
-from examples.insurance.tasks import COVERAGE_QUEUE, COVERAGE_TASK, Runtime, build
+from examples.insurance.tasks import COVERAGE_QUEUE, COVERAGE_TASK, FINALIZE, Runtime, build
 
 log = logging.getLogger("insurance.api")
 
@@ -305,6 +305,7 @@ def create_app(settings: Settings | None = None, *, configure_logging: bool = Tr
                 task_id=task_id,
                 location=location,
                 connection=connection,
+                then=FINALIZE,  # archived by any path -> the order becomes FAILED
                 extra={"order_id": order_id},
             )
 

@@ -154,10 +154,13 @@ def parse_pairs(raw: str, what: str) -> dict[str, str]:
 
 
 def default_database_url(broker_url: str) -> str:
-    """Orders live next to the tasks when the broker is PostgreSQL (one transaction for
-    both); otherwise in the service's own SQLite file."""
+    """Orders live next to the tasks when the broker is SQL (one transaction for both): in
+    its PostgreSQL database, or in its SQLite file; with Redis, in the service's own SQLite
+    file."""
     parts = urlsplit(broker_url)
     if parts.scheme in ("postgresql", "postgres"):
         query = {k: v[-1] for k, v in parse_qs(parts.query).items() if k != "schema"}
         return urlunsplit(parts._replace(query=urlencode(query)))
+    if parts.scheme == "sqlite":
+        return urlunsplit(parts._replace(query=""))  # the broker's own file
     return "sqlite:///insurance.sqlite3"

@@ -5,8 +5,11 @@ the task in the queue, answer 202):
 
 * **PostgreSQL broker** (``transactional_enqueue``): the order row and the durq task are
   written in *one* transaction on one connection; a rollback leaves neither.
-* **Any other broker** (SQLite, Redis): save, then enqueue, with a compensation instead of
-  an outbox: the order is committed first (so the task, which a worker may start within
+* **SQLite broker, orders in the broker's file** (the default): the same, on one sqlite3
+  connection: ``BEGIN IMMEDIATE``, insert the order, enqueue on that connection (E8),
+  ``COMMIT``.
+* **Any other pairing** (Redis, or orders in another file than the broker's): save, then
+  enqueue, with a compensation instead of an outbox: the order is committed first (so the task, which a worker may start within
   milliseconds, always finds it), then the task is enqueued; if the enqueue fails the order
   is deleted again and the client gets 503. A crash between the two leaves a PENDING order
   without a task; the client's retry with the same Idempotency-Key finds the order and
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import sqlite3
 import time
@@ -143,20 +147,26 @@ async def save_then_enqueue(store: Any, order: NewOrder, enqueue: Enqueue) -> Cr
 # -- SQLite -----------------------------------------------------------------------------------
 
 
+def sqlite_path(url: str) -> str:
+    """The file of a ``sqlite:///…`` URL (query options dropped)."""
+    parts = urlsplit(url)
+    return unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+
+
 class SQLiteOrderStore:
-    """Orders in the service's own SQLite file; sqlite3 calls run in threads."""
+    """Orders in a SQLite file; sqlite3 calls run in threads.
 
-    transactional = False
+    ``transactional``: the file is also the SQLite broker's, so an order and its task are
+    written in one transaction (E8)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, transactional: bool = False) -> None:
         self.path = path
+        self.transactional = transactional
         self.q = load_queries("sqlite")
 
     @classmethod
-    def from_url(cls, url: str) -> SQLiteOrderStore:
-        parts = urlsplit(url)
-        path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
-        return cls(path)
+    def from_url(cls, url: str, *, transactional: bool = False) -> SQLiteOrderStore:
+        return cls(sqlite_path(url), transactional=transactional)
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
@@ -202,7 +212,46 @@ class SQLiteOrderStore:
         return None
 
     async def create(self, order: NewOrder, enqueue: Enqueue) -> Created:
-        return await save_then_enqueue(self, order, enqueue)
+        if not self.transactional:
+            return await save_then_enqueue(self, order, enqueue)
+        conn = await asyncio.to_thread(self._connect)
+        try:
+            # BEGIN IMMEDIATE (waiting for the write lock) in a thread, never on the loop.
+            existing = await asyncio.to_thread(self._begin_and_insert, conn, order)
+            if existing is not None:
+                conn.execute("ROLLBACK")
+                return Created(answer=None, existing=existing)
+            try:
+                # E8: the task row is written on this connection, in this transaction (we hold
+                # the write lock, so this does not wait): both exist after COMMIT, neither
+                # after ROLLBACK.
+                answer = await enqueue(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            if answer.status_code != 202:
+                conn.execute("ROLLBACK")
+                return Created(answer=answer)
+            await asyncio.to_thread(conn.execute, "COMMIT")
+            return Created(answer=answer)
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            conn.close()
+
+    def _begin_and_insert(self, conn: sqlite3.Connection, order: NewOrder) -> Order | None:
+        """Open the transaction and insert ``order``, or return the order already saved under
+        its Idempotency-Key (the write lock serialises two requests with one key)."""
+        conn.execute("BEGIN IMMEDIATE")
+        if order.idempotency_key is not None:
+            row = conn.execute(
+                self.q["find_by_key"],
+                {"customer": order.customer, "idempotency_key": order.idempotency_key},
+            ).fetchone()
+            if row is not None:
+                return Order.from_row(row)
+        conn.execute(self.q["insert_order"], _params(order, time.time()))
+        return None
 
     async def insert_or_get(self, order: NewOrder) -> Order | None:
         """Insert ``order``, or return the order already saved under its Idempotency-Key."""
@@ -417,11 +466,22 @@ class _Rollback(Exception):
         self.answer = answer
 
 
-def open_store(database_url: str, schema: str, *, transactional: bool) -> OrderStore:
-    """The store for ``database_url`` (``sqlite:///…`` or ``postgresql://…``)."""
+def open_store(
+    database_url: str, schema: str, *, transactional: bool, broker_url: str | None = None
+) -> OrderStore:
+    """The store for ``database_url`` (``sqlite:///…`` or ``postgresql://…``).
+
+    ``transactional``: the broker can join the store's transactions (E8); on SQLite only
+    when the orders live in the broker's own file (``broker_url``)."""
     scheme = urlsplit(database_url).scheme
     if scheme in ("postgresql", "postgres"):
         return PostgresOrderStore(database_url, schema, transactional=transactional)
     if scheme == "sqlite":
-        return SQLiteOrderStore.from_url(database_url)
+        same_file = (
+            broker_url is not None
+            and urlsplit(broker_url).scheme == "sqlite"
+            and os.path.realpath(sqlite_path(broker_url))
+            == os.path.realpath(sqlite_path(database_url))
+        )
+        return SQLiteOrderStore.from_url(database_url, transactional=transactional and same_file)
     raise ValueError(f"unsupported INSURANCE_DATABASE_URL scheme {scheme!r}")

@@ -10,11 +10,18 @@ R-RES-ASYNC-1 step by step, and who does it:
   attempt and durq archives the task with its ERROR alert line;
 * "success: COMPLETED and the business flow continues": the order becomes COVERED with
   the policy number, and the task completes.
+
+However the coverage task ends up archived (retries used up, the rescuer's "worker lost"
+after repeated crashes, an operator's archive or cancel), its continuation
+``insurance:finalize`` marks a still-PENDING order FAILED. durq creates that follow-up in
+the same transaction (or Lua script) that archives the task, so no order stays PENDING
+behind an archived task.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import weakref
 from typing import Any
@@ -44,6 +51,9 @@ log = logging.getLogger("insurance.coverage")
 
 COVERAGE_TASK = "insurance:check_coverage"
 COVERAGE_QUEUE = "insurance"
+FINALIZE_TASK = "insurance:finalize"
+#: The coverage task's continuation: only when it is archived (a failure handler).
+FINALIZE = durq.Then(FINALIZE_TASK, queue=COVERAGE_QUEUE, on_archived=True, on_completed=False)
 
 
 class CoveragePayload(BaseModel):
@@ -63,7 +73,10 @@ class Runtime:
     def __init__(self, settings: Settings, *, transactional: bool) -> None:
         self.settings = settings
         self.store: OrderStore = open_store(
-            settings.database_url, settings.database_schema, transactional=transactional
+            settings.database_url,
+            settings.database_schema,
+            transactional=transactional,
+            broker_url=settings.broker_url,
         )
         self.insurance = InsurancePartner(self._system("insurance", settings.partner_url))
         self.warehouses = Warehouses(
@@ -129,6 +142,12 @@ class Runtimes:
         transactional = CAP_TRANSACTIONAL_ENQUEUE in self.app.new_broker().capabilities
         runtime = Runtime(self.settings, transactional=transactional)
         await runtime.open()
+        if runtime.store.transactional:
+            # The task is written inside the order's transaction, into durq's tables: make
+            # sure they exist first (connecting migrates an embedded SQLite broker). A broker
+            # that is down now answers 503 per request later.
+            with contextlib.suppress(durq.BrokerUnavailableError):
+                await self.app.broker()
         return runtime
 
     def install(self, runtime: Runtime) -> None:
@@ -228,6 +247,27 @@ def register(app: durq.App, runtimes: Runtimes, settings: Settings) -> durq.Task
         await store.mark_covered(order.id, policy, ctx.attempt)
         log.info("order COVERED: policy %s", policy, extra=fields)
         return {"order_id": order.id, "status": "COVERED", "policy": policy}
+
+    @app.task(FINALIZE_TASK, queue=COVERAGE_QUEUE, max_retry=50, retention=7 * 24 * 3600)
+    async def finalize(payload: dict[str, Any]) -> dict[str, Any]:
+        """The coverage task was archived: its order is FAILED, whoever archived it."""
+        task = payload["task"]
+        order_id = (payload.get("payload") or {}).get("order_id")
+        runtime = await runtimes.get()
+        order = await runtime.store.get(order_id) if isinstance(order_id, str) else None
+        if order is None or order.status != "PENDING":
+            # Already final: the handler marks FAILED itself on its last attempt.
+            return {"order_id": order_id, "status": order.status if order else None}
+        error = payload.get("error") or "archived"
+        await runtime.store.mark_failed(
+            order.id, f"coverage task {task['id']} archived: {error}", order.attempts
+        )
+        log.warning(
+            "order FAILED: coverage task archived (%s)",
+            error,
+            extra={"order_id": order.id, "task_id": task["id"]},
+        )
+        return {"order_id": order.id, "status": "FAILED"}
 
     return check_coverage
 

@@ -36,7 +36,8 @@ def sim(sim_server: Sim) -> Sim:
 def make_settings(directory: Path, sim: Sim) -> Settings:
     return Settings(
         broker_url=f"sqlite:///{directory / 'durq.sqlite3'}",
-        database_url=f"sqlite:///{directory / 'orders.sqlite3'}",
+        # Orders in the broker's file: one transaction for an order and its task (E8).
+        database_url=f"sqlite:///{directory / 'durq.sqlite3'}",
         tokens={ALICE: "alice", BOB: "bob"},
         partner_url=sim.url,
         warehouses={"north": sim.url, "south": sim.url},

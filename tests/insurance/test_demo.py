@@ -6,6 +6,7 @@ import re
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -76,4 +77,10 @@ def test_durq_demo_serves_the_service_until_ctrl_c(tmp_path: Path) -> None:
             reader.join(5)
     assert code == 0, proc.stderr.read() if proc.stderr else ""
     assert "demo stopped" in "".join(lines)
-    assert (tmp_path / "durq.sqlite3").exists() and (tmp_path / "insurance.sqlite3").exists()
+    # Orders and tasks share the broker's file: one transaction writes both (E8).
+    assert (tmp_path / "durq.sqlite3").exists() and not (tmp_path / "insurance.sqlite3").exists()
+    conn = sqlite3.connect(tmp_path / "durq.sqlite3")
+    try:
+        assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] >= 1
+    finally:
+        conn.close()
