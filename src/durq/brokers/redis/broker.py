@@ -32,7 +32,7 @@ from durq.brokers.base import (
 )
 from durq.brokers.redis.admin import RedisAdmin
 from durq.brokers.redis.core import DAY_TTL, Scalar
-from durq.brokers.redis.keys import utc_day
+from durq.brokers.redis.keys import QueueKeys, utc_day
 from durq.brokers.redis.records import task_info
 from durq.clock import to_datetime
 from durq.errors import (
@@ -48,6 +48,8 @@ log = logging.getLogger("durq.brokers.redis")
 
 #: Due scheduled/retry tasks forwarded per queue per promote call (and at least per claim).
 PROMOTE_BOUND = 1000
+#: Tasks per enqueue_many script call: bounds how long one call holds the server.
+ENQUEUE_CHUNK = 500
 #: Expired leases recovered per queue per rescue call.
 RESCUE_BOUND = 1000
 #: Wake-up listener: reconnect backoff bounds (seconds).
@@ -78,32 +80,30 @@ class RedisBroker(RedisAdmin):
 
     # -- enqueue --------------------------------------------------------------------------
 
-    def _enqueue_call(self, p: EnqueueParams, now: float) -> tuple[_Call, TaskInfo]:
-        k = self._keys.queue(p.queue)
+    def _enqueue_fields(
+        self, p: EnqueueParams, k: QueueKeys, now: float
+    ) -> tuple[list[Scalar], TaskInfo]:
+        """The 12 per-task arguments of enqueue.lua / enqueue_many.lua, and the TaskInfo the
+        task will have if it is created (built from the params: the script returns no row)."""
         npa = now if p.process_at is None else p.process_at
         state = TaskState.PENDING if npa <= now else TaskState.SCHEDULED
         unique = p.unique_key or ""
-        unique_until = now + (p.unique_ttl or 0.0) if unique else ""
-        call: _Call = (
-            "enqueue",
-            [k.task(p.id), k.pending, k.scheduled, k.completed, k.unique, k.seq],
-            [
-                now,
-                p.id,
-                p.type,
-                p.payload,
-                p.max_retry,
-                "" if p.timeout is None else float(p.timeout),
-                "" if p.deadline is None else float(p.deadline),
-                float(npa),
-                state.value,
-                float(p.retention),
-                unique,
-                unique_until,
-                json.dumps(p.headers) if p.headers else "",
-                k.notify,
-            ],
-        )
+        headers = p.headers
+        fields: list[Scalar] = [
+            p.id,
+            p.type,
+            p.payload,
+            p.max_retry,
+            "" if p.timeout is None else float(p.timeout),
+            "" if p.deadline is None else float(p.deadline),
+            float(npa),
+            state.value,
+            float(p.retention),
+            unique,
+            now + (p.unique_ttl or 0.0) if unique else "",
+            json.dumps(headers) if headers else "",
+        ]
+        enqueued_at = to_datetime(now)
         info = TaskInfo(
             id=p.id,
             queue=p.queue,
@@ -112,21 +112,31 @@ class RedisBroker(RedisAdmin):
             state=state,
             max_retry=p.max_retry,
             timeout=p.timeout,
-            deadline=to_datetime(p.deadline),
-            next_process_at=to_datetime(npa),
-            enqueued_at=to_datetime(now),
+            deadline=None if p.deadline is None else to_datetime(p.deadline),
+            next_process_at=enqueued_at if npa == now else to_datetime(npa),
+            enqueued_at=enqueued_at,
             retention=p.retention,
-            headers=dict(p.headers),
+            headers=dict(headers),
+        )
+        return fields, info
+
+    def _enqueue_call(self, p: EnqueueParams, now: float) -> tuple[_Call, TaskInfo]:
+        """One enqueue.lua call (also the layout of a follow-up in complete/archive)."""
+        k = self._keys.queue(p.queue)
+        fields, info = self._enqueue_fields(p, k, now)
+        call: _Call = (
+            "enqueue",
+            [k.task(p.id), k.pending, k.scheduled, k.completed, k.unique, k.seq],
+            [now, k.notify, *fields],
         )
         return call, info
 
-    def _enqueue_outcome(
-        self, p: EnqueueParams, info: TaskInfo, reply: list[Any]
-    ) -> EnqueueOutcome:
-        tag = reply[0].decode()
-        if tag == "ok":
+    @staticmethod
+    def _enqueue_outcome(p: EnqueueParams, info: TaskInfo, reply: Any) -> EnqueueOutcome:
+        if reply == 1:
             return EnqueueOutcome(p, info=info)
-        if tag == "conflict":
+        tag = reply[0]
+        if tag == b"conflict":
             existing = task_info(p.queue, reply[1])
             return EnqueueOutcome(
                 p,
@@ -154,36 +164,70 @@ class RedisBroker(RedisAdmin):
             )
 
     async def enqueue(self, params: EnqueueParams, *, connection: Any = None) -> TaskInfo:
-        """Create one task: one script checks the id (E3) and uniqueness (E4) and writes it."""
-        self._no_connection(connection)
+        """Create one task: one script checks the id (E3) and uniqueness (E4) and writes it.
+
+        The hot path of one-by-one enqueue: no context manager, the reply is 1 on success
+        and the TaskInfo comes from the params."""
+        if connection is not None:
+            self._no_connection(connection)
         now = self._clock.now()
         call, info = self._enqueue_call(params, now)
-        async with self._op("enqueue"):
-            await self._ensure()
-            await self._remember_queues([params.queue])
+        try:
+            if not self._ready:
+                await self.connect()
+            if params.queue not in self._known_queues:
+                await self._remember_queues([params.queue])
             reply = await self._eval(*call)
-        outcome = self._enqueue_outcome(params, info, reply)
-        if outcome.error is not None:
-            raise outcome.error
+        except Exception as exc:
+            mapped = self._mapped(exc, "enqueue")
+            if mapped is exc:
+                raise
+            raise mapped from exc
+        if reply != 1:
+            error = self._enqueue_outcome(params, info, reply).error
+            assert error is not None
+            raise error
         return info
 
     async def enqueue_many(
         self, items: Sequence[EnqueueParams], *, connection: Any = None
     ) -> list[EnqueueOutcome]:
-        """One pipeline of enqueue scripts: one round trip, one outcome per item (E9)."""
+        """One round trip: per queue, one enqueue_many script per chunk of up to
+        ``ENQUEUE_CHUNK`` items, all chunks in one pipeline; one outcome per item (E9)."""
         self._no_connection(connection)
         if not items:
             return []
         now = self._clock.now()
-        prepared = [self._enqueue_call(p, now) for p in items]
+        by_queue: dict[str, list[int]] = defaultdict(list)
+        for i, p in enumerate(items):
+            by_queue[p.queue].append(i)
+        infos: list[TaskInfo | None] = [None] * len(items)
+        calls: list[_Call] = []
+        chunks: list[list[int]] = []
+        for queue, indexes in by_queue.items():
+            k = self._keys.queue(queue)
+            for first in range(0, len(indexes), ENQUEUE_CHUNK):
+                chunk = indexes[first : first + ENQUEUE_CHUNK]
+                keys = [k.pending, k.scheduled, k.completed, k.unique, k.seq]
+                args: list[Scalar] = [now, k.notify]
+                for i in chunk:
+                    p = items[i]
+                    keys.append(k.task(p.id))
+                    fields, infos[i] = self._enqueue_fields(p, k, now)
+                    args += fields
+                calls.append(("enqueue_many", keys, args))
+                chunks.append(chunk)
         async with self._op("enqueue_many"):
             await self._ensure()
-            await self._remember_queues([p.queue for p in items])
-            replies = await self._eval_many([call for call, _ in prepared])
-        return [
-            self._enqueue_outcome(p, info, reply)
-            for p, (_, info), reply in zip(items, prepared, replies, strict=True)
-        ]
+            await self._remember_queues(list(by_queue))
+            replies = await self._eval_many(calls)
+        outcomes: list[EnqueueOutcome | None] = [None] * len(items)
+        for chunk, reply in zip(chunks, replies, strict=True):
+            for i, item_reply in zip(chunk, reply, strict=True):
+                info = infos[i]
+                assert info is not None
+                outcomes[i] = self._enqueue_outcome(items[i], info, item_reply)
+        return [o for o in outcomes if o is not None]
 
     # -- claim and leases -----------------------------------------------------------------
 

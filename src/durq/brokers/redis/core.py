@@ -210,30 +210,42 @@ class RedisCore:
     @asynccontextmanager
     async def _op(self, op: str) -> AsyncIterator[None]:
         """Map redis-py and socket errors of one broker call onto durq's errors."""
-        operation = f"redis.{op}"
         try:
             yield
-        except DurqError:
-            raise
-        except (rex.AuthenticationError, rex.AuthorizationError, rex.NoPermissionError) as exc:
-            raise BrokerError(
+        except Exception as exc:
+            mapped = self._mapped(exc, op)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+
+    def _mapped(self, exc: Exception, op: str) -> Exception:
+        """The durq error for a failure of broker call ``op`` (``exc`` itself when it is
+        already durq's or not a driver/socket error)."""
+        operation = f"redis.{op}"
+        if isinstance(exc, DurqError):
+            return exc
+        if isinstance(
+            exc, (rex.AuthenticationError, rex.AuthorizationError, rex.NoPermissionError)
+        ):
+            return BrokerError(
                 f"Redis at {_redact(self._url)} refused the credentials: {exc}", operation=operation
-            ) from exc
-        except rex.BusyLoadingError as exc:
-            raise BrokerUnavailableError(
+            )
+        if isinstance(exc, rex.BusyLoadingError):
+            return BrokerUnavailableError(
                 f"Redis at {_redact(self._url)} is loading its data set", operation=operation
-            ) from exc
-        except (TimeoutError, rex.ConnectionError, rex.TimeoutError, OSError) as exc:
-            raise BrokerUnavailableError(
+            )
+        if isinstance(exc, (TimeoutError, rex.ConnectionError, rex.TimeoutError, OSError)):
+            return BrokerUnavailableError(
                 f"Redis at {_redact(self._url)} is unavailable: {exc}", operation=operation
-            ) from exc
-        except rex.InvalidResponse as exc:
-            raise BrokerError(
+            )
+        if isinstance(exc, rex.InvalidResponse):
+            return BrokerError(
                 f"the server at {_redact(self._url)} does not speak the Redis protocol: {exc}",
                 operation=operation,
-            ) from exc
-        except rex.RedisError as exc:
-            raise BrokerError(f"Redis refused {operation}: {exc}", operation=operation) from exc
+            )
+        if isinstance(exc, rex.RedisError):
+            return BrokerError(f"Redis refused {operation}: {exc}", operation=operation)
+        return exc
 
     async def _eval(self, name: str, keys: Sequence[str], args: Sequence[Scalar]) -> Any:
         """Run one script by SHA, loading it first if the server does not know it (NOSCRIPT:

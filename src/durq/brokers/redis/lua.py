@@ -13,6 +13,7 @@ from importlib import resources
 #: One script per state change; the file name without ``.lua``.
 SCRIPT_NAMES = (
     "enqueue",
+    "enqueue_many",
     "claim",
     "extend",
     "complete",

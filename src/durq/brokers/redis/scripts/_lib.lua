@@ -76,71 +76,96 @@ local function set_chunked(key, tag, value)
   end
 end
 
--- Create one task: the body of enqueue.lua, shared with the continuations of complete.lua
--- and archive.lua. Its 6 keys are k[ko+1..ko+6] and its 14 arguments a[ao+1..ao+14], laid
--- out as KEYS/ARGV of enqueue.lua (see there).
--- Returns {"ok"} | {"conflict", <HGETALL of the existing task>} | {"duplicate", <task id>}.
-local function enqueue_task(k, ko, a, ao)
-  local now = tonumber(a[ao + 1])
-  local id = a[ao + 2]
-  local task_key = k[ko + 1]
+-- Append `value` to the HSET field list `f` (n entries so far) as "<tag>:0", "<tag>:1", ...
+-- chunks, like set_chunked, so a task is written with one HSET. Returns the new length.
+local function add_chunked(f, n, tag, value)
+  if #value <= CHUNK or #value > MAX_CHUNKED then
+    f[n + 1] = tag .. ':0'
+    f[n + 2] = value
+    return n + 2
+  end
+  local c = 0
+  for i = 1, #value, CHUNK do
+    f[n + 1] = tag .. ':' .. c
+    f[n + 2] = string.sub(value, i, i + CHUNK - 1)
+    n = n + 2
+    c = c + 1
+  end
+  return n
+end
+
+-- Create one task: the body of enqueue.lua and enqueue_many.lua, shared with the
+-- continuations of complete.lua and archive.lua. `qk` is the queue's keys at qk[qo+1..qo+5]:
+-- pending, scheduled, completed, unique hash, sequence counter. The task's 12 fields are
+-- a[ao+1..ao+12]: id, type, payload, max_retry, timeout (""), deadline (""),
+-- next_process_at, state (pending | scheduled), retention, unique key (""),
+-- unique lock expiry (""), headers JSON ("").
+-- Returns 1 | {"conflict", <HGETALL of the existing task>} | {"duplicate", <task id>}, and
+-- whether the task is pending now (the caller publishes the wake-up).
+local function enqueue_task(task_key, qk, qo, now_s, a, ao)
+  local now = tonumber(now_s)
+  local id = a[ao + 1]
 
   if redis.call('EXISTS', task_key) == 1 then
     local cur = redis.call('HMGET', task_key, 'state', 'expires_at', 'm')
     -- A completed task past its retention counts as gone even before the janitor runs.
     if cur[1] == 'completed' and cur[2] and tonumber(cur[2]) <= now then
-      redis.call('ZREM', k[ko + 4], cur[3])
+      redis.call('ZREM', qk[qo + 3], cur[3])
       redis.call('DEL', task_key)
     else
-      return {'conflict', redis.call('HGETALL', task_key)}
+      return {'conflict', redis.call('HGETALL', task_key)}, false
     end
   end
 
-  local unique = a[ao + 11]
+  local unique = a[ao + 10]
   if unique ~= '' then
-    local owner = redis.call('HGET', k[ko + 5], unique)
+    local owner = redis.call('HGET', qk[qo + 4], unique)
     if owner then
       local sep = string.find(owner, '|', 1, true)
       if sep and tonumber(string.sub(owner, sep + 1)) > now then
-        return {'duplicate', string.sub(owner, 1, sep - 1)}
+        return {'duplicate', string.sub(owner, 1, sep - 1)}, false
       end
     end
-    redis.call('HSET', k[ko + 5], unique, id .. '|' .. a[ao + 12])
+    redis.call('HSET', qk[qo + 4], unique, id .. '|' .. a[ao + 11])
   end
 
-  local seq = redis.call('INCR', k[ko + 6])
+  local seq = redis.call('INCR', qk[qo + 5])
   local m = string.format('%016x', seq) .. id
-  local state, npa = a[ao + 9], a[ao + 8]
-  local fields = {
-    'id', id, 'type', a[ao + 3], 'state', state, 'max_retry', a[ao + 5], 'npa', npa,
-    'enqueued_at', a[ao + 1], 'm', m,
+  local state, npa = a[ao + 8], a[ao + 7]
+  local f = {
+    'id', id, 'type', a[ao + 2], 'state', state, 'max_retry', a[ao + 4], 'npa', npa,
+    'enqueued_at', now_s, 'm', m,
   }
+  local n = 14
   -- Defaults (retried 0, retention 0, no timeout...) are not stored: smaller hashes.
-  if tonumber(a[ao + 10]) > 0 then
-    table.insert(fields, 'retention'); table.insert(fields, a[ao + 10])
+  if a[ao + 9] ~= '0' and tonumber(a[ao + 9]) > 0 then
+    f[n + 1] = 'retention'; f[n + 2] = a[ao + 9]; n = n + 2
   end
-  if a[ao + 6] ~= '' then table.insert(fields, 'timeout'); table.insert(fields, a[ao + 6]) end
-  if a[ao + 7] ~= '' then table.insert(fields, 'deadline'); table.insert(fields, a[ao + 7]) end
-  if unique ~= '' then table.insert(fields, 'unique_key'); table.insert(fields, unique) end
-  redis.call('HSET', task_key, unpack(fields))
-  set_chunked(task_key, 'p', a[ao + 4])
-  if a[ao + 13] ~= '' then set_chunked(task_key, 'h', a[ao + 13]) end
+  if a[ao + 5] ~= '' then f[n + 1] = 'timeout'; f[n + 2] = a[ao + 5]; n = n + 2 end
+  if a[ao + 6] ~= '' then f[n + 1] = 'deadline'; f[n + 2] = a[ao + 6]; n = n + 2 end
+  if unique ~= '' then f[n + 1] = 'unique_key'; f[n + 2] = unique; n = n + 2 end
+  n = add_chunked(f, n, 'p', a[ao + 3])
+  if a[ao + 12] ~= '' then n = add_chunked(f, n, 'h', a[ao + 12]) end
+  redis.call('HSET', task_key, unpack(f, 1, n))
 
   if state == 'pending' then
-    redis.call('ZADD', k[ko + 2], npa, m)
-    redis.call('PUBLISH', a[ao + 14], '1')
-  else
-    redis.call('ZADD', k[ko + 3], npa, m)
+    redis.call('ZADD', qk[qo + 1], npa, m)
+    return 1, true
   end
-  return {'ok'}
+  redis.call('ZADD', qk[qo + 2], npa, m)
+  return 1, false
 end
 
 -- Create the follow-ups (continuations) passed after a script's own keys and arguments:
--- groups of 6 KEYS from index nk + 1 and of 14 ARGV from index na + 1, as enqueue_task
--- takes them. A follow-up whose id or unique key is taken is skipped.
+-- groups of 6 KEYS from index nk + 1 and of 14 ARGV from index na + 1, laid out as KEYS and
+-- ARGV of enqueue.lua. A follow-up whose id or unique key is taken is skipped.
 local function enqueue_follow_ups(nk, na)
   local n = (#KEYS - nk) / 6
   for i = 0, n - 1 do
-    enqueue_task(KEYS, nk + 6 * i, ARGV, na + 14 * i)
+    local ko, ao = nk + 6 * i, na + 14 * i
+    local _, pending = enqueue_task(KEYS[ko + 1], KEYS, ko + 1, ARGV[ao + 1], ARGV, ao + 2)
+    if pending then
+      redis.call('PUBLISH', ARGV[ao + 2], '1')
+    end
   end
 end
