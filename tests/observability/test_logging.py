@@ -1,0 +1,62 @@
+"""O3: every log line about a task carries its id, type, queue and attempt; JSON on request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+import durq
+from durq.observability.logging import setup_logging
+
+
+@pytest.fixture(autouse=True)
+def restore_logging():
+    logger = logging.getLogger("durq")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
+async def test_O3_json_lines_carry_task_fields(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    setup_logging("INFO", "json")
+    app = durq.App(f"sqlite:///{tmp_path / 'logs.sqlite3'}")
+    finished = asyncio.Event()
+
+    @app.task("mail:send", max_retry=1, retry_delay=durq.fixed(0.01))
+    async def send(payload: dict[str, str], ctx: durq.TaskContext) -> None:
+        if ctx.attempt == 1:
+            raise ConnectionError("smtp down")
+        finished.set()
+
+    async with app.worker(poll_interval=0.05, promote_interval=0.05):
+        info = await send.enqueue({"to": "a@b.c"})
+        await asyncio.wait_for(finished.wait(), 10)
+        await asyncio.sleep(0.1)
+    await app.close()
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line]
+    about_task = [line for line in lines if line.get("task_id") == info.id]
+    assert {line["level"] for line in about_task} >= {"WARNING", "INFO"}
+    for line in about_task:
+        assert line["task_type"] == "mail:send" and line["queue"] == "default"
+        assert line["attempt"] in (1, 2)
+    assert [line["attempt"] for line in about_task if "retry" in line["message"]] == [1]
+
+
+def test_O3_text_format_appends_task_fields() -> None:
+    from durq.observability.logging import TextFormatter
+
+    record = logging.LogRecord("durq.worker", logging.INFO, __file__, 1, "task done", (), None)
+    record.task_id, record.task_type, record.queue, record.attempt = "t1", "a:b", "q", 2
+    assert TextFormatter().format(record).endswith("[task_id=t1 task_type=a:b queue=q attempt=2]")
+
+
+def test_O3_unknown_format_is_refused() -> None:
+    with pytest.raises(ValueError):
+        setup_logging("INFO", "yaml")
+
