@@ -237,14 +237,19 @@ class Wire:
             self._proto, self._loop = proto, loop
             return proto
 
-    async def _open(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
+    async def _open(
+        self, loop: asyncio.AbstractEventLoop, proto: _Protocol | None = None
+    ) -> _Protocol:
+        """Connect ``proto`` (a fresh command protocol by default), then AUTH and SELECT."""
         ep = self._endpoint
-        proto = _Protocol(loop, ep.socket_timeout)
+        if proto is None:
+            proto = _Protocol(loop, ep.socket_timeout)
         try:
             if ep.path is not None:
                 connect = loop.create_unix_connection(lambda: proto, ep.path)
             else:
-                connect = loop.create_connection(lambda: proto, ep.host or "localhost", ep.port)
+                host = ep.host or "localhost"
+                connect = loop.create_connection(lambda: proto, host, ep.port)
             async with asyncio.timeout(ep.connect_timeout):
                 await connect
         except TimeoutError as exc:
@@ -309,12 +314,111 @@ class Wire:
                 await asyncio.sleep(min(_BACKOFF[1], _BACKOFF[0] * 2**attempt))
         raise AssertionError("unreachable")
 
+    async def subscriber(self, on_message: Callable[[bytes], None]) -> Subscriber:
+        """A new connection for SUBSCRIBE (wake-ups): ``on_message(channel)`` is called from
+        the event loop for every message, without a task switch."""
+        loop = asyncio.get_running_loop()
+        proto = Subscriber(loop, self._endpoint.socket_timeout, on_message)
+        await self._open(loop, proto)
+        return proto
+
     def close(self) -> None:
         """Close the socket; waiting calls fail with a connection error."""
         proto, self._proto = self._proto, None
         if proto is not None:
             with contextlib.suppress(Exception):
                 proto.close()
+
+
+class Subscriber(_Protocol):
+    """A connection in subscribed mode (RESP2): message pushes go to ``on_message``,
+    subscribe confirmations and PING answers to the calls waiting for them."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        socket_timeout: float,
+        on_message: Callable[[bytes], None],
+    ) -> None:
+        super().__init__(loop, socket_timeout)
+        self._on_message = on_message
+        self._subscribing = False
+        #: Channels whose confirmation is awaited, each with the future of its SUBSCRIBE.
+        self._confirm: dict[bytes, asyncio.Future[None]] = {}
+        self._pongs: deque[asyncio.Future[None]] = deque()
+        self.lost: asyncio.Future[None] = loop.create_future()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._subscribing:  # the handshake's replies
+            super().data_received(data)
+            return
+        reader = self._reader
+        reader.feed(data)
+        while True:
+            try:
+                reply = reader.gets()
+            except hiredis.ProtocolError as exc:
+                self._abort(rex.InvalidResponse(f"not a Redis reply: {exc}"))
+                return
+            if reply is False:
+                return
+            if not isinstance(reply, list) or not reply:
+                self._abort(rex.InvalidResponse(f"unexpected reply in subscribed mode: {reply!r}"))
+                return
+            kind = reply[0]
+            if kind == b"message":
+                self._on_message(reply[1])
+            elif kind == b"subscribe":
+                future = self._confirm.pop(reply[1], None)
+                if future is not None and not future.done():
+                    future.set_result(None)
+            elif kind == b"pong" and self._pongs:
+                future = self._pongs.popleft()
+                if not future.done():
+                    future.set_result(None)
+
+    async def subscribe(self, channels: Sequence[str]) -> None:
+        """SUBSCRIBE to ``channels``; returns once the server confirmed every one."""
+        if self.closed or self.transport is None or self.transport.is_closing():
+            raise rex.ConnectionError("subscription connection closed")
+        self._subscribing = True
+        futures = []
+        for channel in channels:
+            future = self._confirm.get(channel.encode())
+            if future is None:
+                future = self._loop.create_future()
+                self._confirm[channel.encode()] = future
+            futures.append(future)
+        self.transport.write(_pack(("SUBSCRIBE", *channels)))
+        async with asyncio.timeout(self._timeout):
+            for future in futures:
+                await future
+
+    async def watch(self, ping_every: float) -> None:
+        """Return when the connection is lost; PING every ``ping_every`` s so a peer that
+        went silent is noticed (raises TimeoutError when a PING is not answered)."""
+        while True:
+            try:
+                await asyncio.wait_for(asyncio.shield(self.lost), ping_every)
+                return
+            except TimeoutError:
+                pass
+            if self.closed or self.transport is None or self.transport.is_closing():
+                return
+            pong: asyncio.Future[None] = self._loop.create_future()
+            self._pongs.append(pong)
+            self.transport.write(_pack(("PING",)))
+            await asyncio.wait_for(pong, self._timeout)
+
+    def _fail(self, exc: Exception) -> None:
+        super()._fail(exc)
+        for future in [*self._confirm.values(), *self._pongs]:
+            if not future.done():
+                future.set_exception(exc)
+        self._confirm.clear()
+        self._pongs.clear()
+        if not self.lost.done():
+            self.lost.set_result(None)
 
 
 def is_error(reply: Any) -> bool:
