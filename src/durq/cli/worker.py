@@ -96,6 +96,14 @@ def worker_command(
     no_scheduler: Annotated[
         bool, typer.Option("--no-scheduler", help="Do not enqueue APP's periodic tasks.")
     ] = False,
+    wait_for_broker: Annotated[
+        str,
+        typer.Option(
+            "--wait-for-broker",
+            envvar="DURQ_WAIT_FOR_BROKER",
+            help="Keep retrying this long if the broker is down at start (e.g. 2m); 0: fail.",
+        ),
+    ] = "0",
 ) -> None:
     """Run a worker for APP's tasks until SIGTERM/SIGINT."""
     if log_format not in ("text", "json"):
@@ -103,6 +111,7 @@ def worker_command(
     if log_level.upper() not in _LEVELS:
         raise UsageFailure(f"--log-level must be one of {', '.join(_LEVELS)}, got {log_level!r}")
     grace = durations.parse(shutdown_timeout)
+    patience = durations.parse(wait_for_broker)
     weights = parse_queues(queues) if queues else None  # cheap checks before importing APP
     setup_logging(log_level.upper(), log_format)
     application = load_app(app_path, broker)
@@ -118,13 +127,13 @@ def worker_command(
     if not application.tasks:
         log.warning("%s registers no tasks: every task will wait for a handler", app_path)
     log.info("tasks: %s", ", ".join(sorted(application.tasks)) or "(none)")
-    asyncio.run(_run(application, worker))
+    asyncio.run(_run(application, worker, patience))
     _exit_past_stuck_threads()
 
 
-async def _run(application: App, worker: Worker) -> None:
+async def _run(application: App, worker: Worker, wait_for_broker: float) -> None:
     try:
-        await worker.run()
+        await worker.run(wait_for_broker=wait_for_broker)
     finally:
         await application.close()
 

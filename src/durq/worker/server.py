@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from durq import names
 from durq.brokers.base import WorkerInfo
-from durq.errors import ConfigurationError
+from durq.errors import BrokerUnavailableError, ConfigurationError
 from durq.worker.executor import SHUTDOWN, Executor
 from durq.worker.fetcher import Fetcher
 from durq.worker.heartbeat import Heartbeat
@@ -240,14 +240,22 @@ class Worker:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def run(self, *, install_signal_handlers: bool = True) -> None:
-        """Run until SIGTERM/SIGINT (first: graceful; second: at once) or :meth:`stop`."""
-        await self.start()
+    async def run(
+        self, *, install_signal_handlers: bool = True, wait_for_broker: float = 0.0
+    ) -> None:
+        """Run until SIGTERM/SIGINT (first: graceful; second: at once) or :meth:`stop`.
+
+        ``wait_for_broker``: seconds to keep retrying (with capped backoff) while the broker
+        is unreachable at start, e.g. a worker deployed before its database; 0 fails at once."""
         loop = asyncio.get_running_loop()
         signals = (signal.SIGTERM, signal.SIGINT)
         stop_task: list[asyncio.Task[None]] = []
+        give_up = asyncio.Event()
 
         def on_signal(sig: signal.Signals) -> None:
+            if not self.started_at:  # still waiting for the broker: just leave
+                give_up.set()
+                return
             if stop_task:
                 log.warning("second %s: stopping at once", sig.name)
                 self.stop_now()
@@ -261,6 +269,8 @@ class Worker:
             for sig in signals:
                 loop.add_signal_handler(sig, on_signal, sig)
         try:
+            if not await self._start_when_reachable(wait_for_broker, give_up):
+                return
             await self._stopped.wait()
             if stop_task:
                 await stop_task[0]
@@ -268,3 +278,24 @@ class Worker:
             if install_signal_handlers:
                 for sig in signals:
                     loop.remove_signal_handler(sig)
+
+    async def _start_when_reachable(self, patience: float, give_up: asyncio.Event) -> bool:
+        deadline = asyncio.get_running_loop().time() + patience
+        delay = 0.5
+        while True:
+            try:
+                await self.start()
+                return True
+            except BrokerUnavailableError as exc:
+                self.started_at = 0.0
+                if self.broker is not None:
+                    await self.broker.close()
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    raise
+                log.warning("broker unavailable (%s); retrying in %.1fs", exc, min(delay, left))
+                try:
+                    await asyncio.wait_for(give_up.wait(), min(delay, left))
+                    return False
+                except TimeoutError:
+                    delay = min(delay * 2, 10.0)

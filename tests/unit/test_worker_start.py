@@ -1,0 +1,40 @@
+"""A worker started before its broker is reachable waits for it (``wait_for_broker``)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+import durq
+
+
+async def test_worker_waits_for_the_broker_then_runs(tmp_path: Path) -> None:
+    home = tmp_path / "not-yet"
+    app = durq.App(f"sqlite:///{home / 'durq.sqlite3'}")
+    ran = asyncio.Event()
+
+    @app.task("t:job")
+    async def job(payload: dict[str, int]) -> None:
+        ran.set()
+
+    worker = app.worker(poll_interval=0.05)
+    running = asyncio.create_task(
+        worker.run(install_signal_handlers=False, wait_for_broker=30)
+    )
+    await asyncio.sleep(0.8)  # at least one failed attempt
+    assert not running.done()
+    home.mkdir()  # the broker becomes reachable
+    await job.enqueue({})
+    await asyncio.wait_for(ran.wait(), 15)
+    await worker.stop()
+    await running
+    await app.close()
+
+
+async def test_worker_without_patience_fails_at_once(tmp_path: Path) -> None:
+    app = durq.App(f"sqlite:///{tmp_path / 'missing' / 'durq.sqlite3'}")
+    worker = app.worker()
+    with pytest.raises(durq.BrokerUnavailableError):
+        await asyncio.wait_for(worker.run(install_signal_handlers=False), 10)
