@@ -131,6 +131,8 @@ class App:
         # -- periodic tasks and webhooks (durq.periodic, durq.webhooks) --
         #: The periodic entries that schedulers of this app enqueue (P1).
         self.schedules = PeriodicRegistry(self)
+        #: Options of the webhook deliveries this app's tasks ask for (set by install).
+        self.webhook_options = webhooks.DEFAULT_OPTIONS
         webhooks.install(self, webhook_secret)  # only with a secret (or DURQ_WEBHOOK_SECRET)
 
     # -- registry ---------------------------------------------------------------------------
@@ -260,7 +262,8 @@ class App:
                 hook(headers)
             params = replace(params, headers=headers)
         params = self._with_then(params, request.then)
-        return webhooks.prepare(params)  # a webhook header: valid URL, result kept to send
+        # A webhook header: valid URL, delivery options recorded with the task.
+        return webhooks.prepare(params, self.webhook_options)
 
     def _with_then(self, params: EnqueueParams, then: Any) -> EnqueueParams:
         """Resolve ``then=`` into the ``durq-then`` header, or check one given as a header."""
@@ -290,7 +293,14 @@ class App:
             raise ValidationError(
                 f"the {broker.name} broker cannot create a follow-up in another queue "
                 f"atomically: Then(queue=...) must be {params.queue!r}"
-            )  # a webhook header: valid URL, result kept to send
+            )
+        if webhooks.HEADER_URL in params.headers:
+            hook_queue = webhooks.options_of(params.headers).get("queue")
+            if hook_queue is not None and hook_queue != params.queue:
+                raise ValidationError(
+                    f"the {broker.name} broker cannot create a webhook delivery in another "
+                    f"queue atomically: install(queue=...) must be None or {params.queue!r}"
+                )
 
     async def enqueue(
         self,

@@ -16,17 +16,21 @@ rule and skipped. Its payload::
 
 :func:`build` is a pure function of the finished task, so workers and brokers (for outcomes
 decided outside a worker: the rescuer, the inspector's archive and cancel) compose the same
-follow-up.
+follow-up. :func:`follow_ups` adds the built-in one: the signed webhook delivery
+(``durq:webhook``, id ``webhook:<event>:<task id>``, see :mod:`durq.webhooks`) of a task
+enqueued with ``webhook=``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from durq import codec, durations, names
+from durq import codec, durations, names, webhooks
 from durq.brokers.base import EnqueueParams
 from durq.errors import ValidationError
 
@@ -38,8 +42,10 @@ if TYPE_CHECKING:
 #: Header of the parent task holding the resolved follow-up (canonical JSON).
 HEADER = "durq-then"
 #: Header of the follow-up naming the task it follows.
-PARENT_HEADER = "durq-then-of"
+PARENT_HEADER = webhooks.PARENT_HEADER
 COMPLETED, ARCHIVED = "completed", "archived"
+
+log = logging.getLogger("durq.continuations")
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,15 +170,64 @@ def build(
     )
 
 
+def wanted(task: TaskInfo) -> bool:
+    """Whether ``task`` may create follow-ups at all (cheap: the hot path asks every task)."""
+    headers = task.headers
+    return HEADER in headers or webhooks.HEADER_URL in headers
+
+
+def follow_ups(
+    task: TaskInfo,
+    outcome: str,
+    *,
+    result: bytes | None = None,
+    error: str | None = None,
+    retried: int | None = None,
+    now: float | None = None,
+    max_payload: int = codec.DEFAULT_MAX_PAYLOAD,
+) -> tuple[EnqueueParams, ...]:
+    """Every follow-up of ``outcome``: the ``then=`` continuation and the webhook delivery.
+
+    When ``task`` is the claimed copy (a worker's outcome), ``retried`` is its attempt count
+    after the outcome and ``now`` the outcome's time (the webhook event reports both). A
+    malformed header costs only its own follow-up (logged), never the other or the outcome."""
+    out: list[EnqueueParams] = []
+    # Stored headers are data: whatever decoding one raises loses only that follow-up.
+    if HEADER in task.headers:
+        try:
+            out.extend(build(task, outcome, result=result, error=error, max_payload=max_payload))
+        except Exception as exc:
+            log.error("task %s: no follow-up: %s", task.id, exc, extra=_extra(task))
+    if webhooks.HEADER_URL in task.headers:
+        done = now is not None and outcome == COMPLETED
+        try:
+            hook = webhooks.delivery(
+                task,
+                outcome,
+                result=result,
+                error=error,
+                retried=retried,
+                completed_at=datetime.fromtimestamp(now, UTC) if done and now else None,
+                max_payload=max_payload,
+            )
+        except Exception as exc:
+            log.error("task %s: no webhook delivery: %s", task.id, exc, extra=_extra(task))
+        else:
+            if hook is not None:
+                out.append(hook)
+    return tuple(out)
+
+
 def for_archived(task: TaskInfo) -> tuple[EnqueueParams, ...]:
-    """Follow-ups of a task archived outside a worker (rescuer, inspector); a malformed
-    header gives none rather than blocking the archive."""
-    if HEADER not in task.headers:
+    """Follow-ups (continuation, webhook delivery) of a task archived outside a worker
+    (rescuer, inspector); a malformed header gives none rather than blocking the archive."""
+    if not wanted(task):
         return ()
-    try:
-        return build(task, ARCHIVED, error=task.last_error or "archived")
-    except ValueError:
-        return ()
+    return follow_ups(task, ARCHIVED, error=task.last_error or "archived")
+
+
+def _extra(task: TaskInfo) -> dict[str, Any]:
+    return {"task_id": task.id, "task_type": task.type, "queue": task.queue}
 
 
 def _json_or_none(raw: bytes | None) -> Any:

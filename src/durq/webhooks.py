@@ -1,65 +1,86 @@
 """Signed webhooks: deliver a task's result (or final error) by HTTP POST.
 
 ``await app.enqueue("report:build", {...}, webhook="https://partner.example/hooks/durq")``
-stores the URL in the task's headers (``durq-webhook``). When a worker finishes the task
-(completed, or archived after its last attempt), :class:`WebhookHooks` enqueues a durable
-``durq:webhook`` task whose handler POSTs a JSON event with ``httpx``; that task has its own
-retries and backoff, and its id derives from the original task, so it is created once.
+stores the URL in the task's headers (``durq-webhook``). When the task finishes (completed,
+or archived: retries used up, SkipRetry, cancelled, worker lost, archived by an operator), a
+durable ``durq:webhook`` task is created *in the same atomic step* as the outcome: it is a
+built-in continuation, one more entry of ``CompleteParams``/``ArchiveParams.follow_ups``
+(see :mod:`durq.continuations`), composed by :func:`delivery`. Its handler POSTs a JSON event
+with ``httpx``; it has its own retries and backoff, and its id derives from the original task
+and the event, so there is at most one delivery per event.
 
 Each request carries ``Durq-Timestamp`` (epoch seconds) and
 ``Durq-Signature: v1=<hex HMAC-SHA256 of "<timestamp>.<body>">`` signed with the app's secret
 (``App(webhook_secret=...)`` or ``DURQ_WEBHOOK_SECRET``). Receivers check both with
 :func:`verify`.
 
-Not atomic with completion: a worker that dies between completing the task and enqueuing
-the delivery loses that delivery (see ``docs/periodic.md``).
+The delivery options (``install(..., queue=, max_retry=, timeout=, retention=)``) of the
+enqueuing app are resolved at enqueue into the header ``durq-webhook-options``, so whoever
+records the outcome (a worker, the rescuer, the inspector) creates the same delivery task.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import json
-import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from durq import backoff, codec
-from durq.errors import (
-    BrokerUnavailableError,
-    ConfigurationError,
-    DurqError,
-    PayloadError,
-    TaskIDConflictError,
-    TaskNotFoundError,
-    ValidationError,
-)
-from durq.options import EnqueueRequest
-from durq.worker.hooks import WorkerHooks
+from durq import backoff, codec, names
+from durq.brokers.base import EnqueueParams
+from durq.errors import ConfigurationError, DurqError, ValidationError
 
 if TYPE_CHECKING:
     from durq.app import App
-    from durq.brokers.base import EnqueueParams
     from durq.task import TaskContext, TaskInfo
-
-log = logging.getLogger("durq.webhooks")
 
 #: The task type that delivers webhooks.
 TASK_TYPE = "durq:webhook"
 #: Header of the original task that holds the URL.
 HEADER_URL = "durq-webhook"
+#: Header of the original task with the delivery task's options, resolved at enqueue (JSON).
+HEADER_OPTIONS = "durq-webhook-options"
+#: Header of the delivery task naming the task it reports on (as continuations do).
+PARENT_HEADER = "durq-then-of"
 SIGNATURE_HEADER = "Durq-Signature"
 TIMESTAMP_HEADER = "Durq-Timestamp"
 DELIVERY_HEADER = "Durq-Delivery"
 EVENT_HEADER = "Durq-Event"
 SECRET_ENV = "DURQ_WEBHOOK_SECRET"  # noqa: S105 - the variable's name, not a secret
 
-#: Outcomes of a worker attempt that end a task, and the event name each one delivers.
+#: Final outcomes of a task, and the event name each one delivers.
 EVENTS = {"completed": "task.completed", "archived": "task.archived"}
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookOptions:
+    """Options of the ``durq:webhook`` delivery tasks an app's enqueues ask for.
+
+    ``queue``: None delivers from the finished task's own queue. ``timeout`` is the HTTP
+    timeout; the delivery task's own timeout is twice that."""
+
+    queue: str | None = None
+    max_retry: int = 10
+    timeout: float = 10.0
+    retention: float = 86400.0
+
+    def header(self) -> str:
+        """The ``durq-webhook-options`` header value: the delivery task's options."""
+        spec = {
+            "queue": self.queue,
+            "max_retry": self.max_retry,
+            "timeout": self.timeout * 2,
+            "retention": self.retention,
+        }
+        return json.dumps(spec, separators=(",", ":"), sort_keys=True)
+
+
+DEFAULT_OPTIONS = WebhookOptions()
 
 
 class WebhookVerificationError(DurqError, ValueError):
@@ -163,107 +184,118 @@ def verify(
 # -- delivery -----------------------------------------------------------------------------------
 
 
-def event_body(task: TaskInfo, event: str) -> dict[str, Any]:
-    """The JSON event for a finished task (the webhook's body)."""
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def event_body(
+    task: TaskInfo,
+    event: str,
+    *,
+    result: bytes | None = None,
+    error: str | None = None,
+    retried: int | None = None,
+    completed_at: datetime | None = None,
+) -> dict[str, Any]:
+    """The JSON event for ``task`` finished with ``event`` (the webhook's body).
+
+    ``task`` may be the task as claimed (a worker's outcome, not yet recorded): the keywords
+    give what the outcome changes: the result or final error, the attempt count, the time."""
     body: dict[str, Any] = {
         "event": event,
         "task": {
             "id": task.id,
             "queue": task.queue,
             "type": task.type,
-            "state": task.state.value,
-            "retried": task.retried,
-            "enqueued_at": task.enqueued_at.isoformat() if task.enqueued_at else None,
-            "completed_at": task.completed_at.isoformat() if task.completed_at else None,
+            "state": event.removeprefix("task."),
+            "retried": task.retried if retried is None else retried,
+            "enqueued_at": _iso(task.enqueued_at),
+            "completed_at": _iso(completed_at or task.completed_at),
         },
     }
     if event == EVENTS["completed"]:
+        raw = task.raw_result if result is None else result
         try:
-            body["result"] = task.result
+            body["result"] = codec.decode(raw) if raw is not None else None
         except ValueError:
-            body["result"] = None
+            body["result"] = None  # undecodable stored data: the event is still delivered
     else:
-        body["error"] = task.last_error
+        body["error"] = task.last_error if error is None else error
     return body
 
 
-class WebhookHooks(WorkerHooks):
-    """Enqueues the delivery task when a worker finishes a task that asked for a webhook.
-
-    Runs after the broker recorded the outcome; the enqueue is a separate step (not atomic)."""
-
-    def __init__(self, app: App, queue: str | None = None) -> None:
-        self.app = app
-        self.queue = queue
-        self._pending: set[asyncio.Task[None]] = set()
-
-    def task_finished(self, task: TaskInfo, outcome: str, duration: float) -> None:
-        url = task.headers.get(HEADER_URL)
-        event = EVENTS.get(outcome)
-        if not url or event is None or task.type == TASK_TYPE:
-            return
-        job = asyncio.get_running_loop().create_task(self._enqueue(task, event, url))
-        self._pending.add(job)  # hold a reference until it is done
-        job.add_done_callback(self._pending.discard)
-
-    async def drain(self) -> None:
-        """Wait for deliveries being enqueued (tests, orderly shutdown)."""
-        while self._pending:
-            await asyncio.gather(*list(self._pending), return_exceptions=True)
-
-    async def _enqueue(self, task: TaskInfo, event: str, url: str) -> None:
-        for delay in (0.1, 0.5, 2.0, None):
-            try:
-                await self._enqueue_once(task, event, url)
-                return
-            except BrokerUnavailableError as exc:
-                if delay is None:
-                    log.error("webhook for task %s lost: broker unavailable (%s)", task.id, exc)
-                    return
-                await asyncio.sleep(delay)
-            except Exception:
-                log.exception("webhook for task %s could not be enqueued", task.id)
-                return
-
-    async def _enqueue_once(self, task: TaskInfo, event: str, url: str) -> None:
-        broker = await self.app.broker()
-        try:
-            # The stored task carries the result (completed) or the final error (archived).
-            finished = await broker.get_task(task.queue, task.id)
-        except TaskNotFoundError:
-            finished = task  # deleted already (retention 0 and no result kept)
-        body = event_body(finished, event)
-        payload = {"url": url, "body": body}
-        try:
-            codec.encode_payload(payload, max_bytes=self.app.max_payload)
-        except PayloadError:
-            body.pop("result", None)
-            body["result_omitted"] = "too large"
-        request = EnqueueRequest(
-            TASK_TYPE,
-            payload,
-            queue=self.queue or task.queue,
-            task_id=delivery_task_id(task.id, event.removeprefix("task.")),
-        )
-        try:
-            await broker.enqueue(self.app.params(request))
-        except TaskIDConflictError:
-            pass  # already enqueued for this event
+def options_of(headers: Mapping[str, str]) -> dict[str, Any]:
+    """The delivery options a task's headers ask for (defaults for tasks without the header);
+    ValueError when the header is malformed."""
+    raw = headers.get(HEADER_OPTIONS)
+    if raw is None:
+        return json.loads(DEFAULT_OPTIONS.header())  # type: ignore[no-any-return]
+    spec = json.loads(raw)
+    if not isinstance(spec, dict):
+        raise ValueError(f"malformed {HEADER_OPTIONS} header: {raw!r}")
+    return spec
 
 
-#: A task with a webhook keeps its result at least this long, so the hook can read it.
-MIN_RETENTION = 300.0
+def delivery(
+    task: TaskInfo,
+    outcome: str,
+    *,
+    result: bytes | None = None,
+    error: str | None = None,
+    retried: int | None = None,
+    completed_at: datetime | None = None,
+    max_payload: int = codec.DEFAULT_MAX_PAYLOAD,
+) -> EnqueueParams | None:
+    """The ``durq:webhook`` task that delivers ``outcome`` (``"completed"``/``"archived"``)
+    of ``task``, or ``None`` when it asked for no webhook (or is itself a delivery).
+
+    A pure function of the finished task, like :func:`durq.continuations.build`: the worker
+    sends it with the outcome, and brokers compose it for archives decided outside a worker.
+    Its id ``webhook:<event>:<task id>`` makes it one delivery per event. A result that
+    would make the payload exceed ``max_payload`` is dropped (``"result_omitted"``).
+    Raises ValueError (ValidationError) for a malformed URL or options header."""
+    url = task.headers.get(HEADER_URL)
+    event = EVENTS.get(outcome)
+    if url is None or event is None or task.type == TASK_TYPE:
+        return None
+    check_url(url)
+    spec = options_of(task.headers)
+    body = event_body(
+        task, event, result=result, error=error, retried=retried, completed_at=completed_at
+    )
+    payload = _encode({"url": url, "body": body})
+    if len(payload) > max_payload:
+        body.pop("result", None)
+        body["result_omitted"] = "too large"
+        if isinstance(body.get("error"), str):
+            body["error"] = body["error"][:2048]  # a final error is a line, not a document
+        payload = _encode({"url": url, "body": body})
+    timeout = spec.get("timeout")
+    return EnqueueParams(
+        id=delivery_task_id(task.id, outcome),
+        queue=names.check_queue(spec.get("queue") or task.queue),
+        type=TASK_TYPE,
+        payload=payload,
+        max_retry=int(spec.get("max_retry", DEFAULT_OPTIONS.max_retry)),
+        timeout=float(timeout) if timeout else None,
+        retention=float(spec.get("retention") or 0.0),
+        headers={PARENT_HEADER: task.id},
+    )
 
 
-def prepare(params: EnqueueParams) -> EnqueueParams:
-    """Validate a task's webhook header and keep its result long enough to be delivered."""
+def _encode(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def prepare(params: EnqueueParams, options: WebhookOptions = DEFAULT_OPTIONS) -> EnqueueParams:
+    """Validate a task's webhook header and record the delivery options with it (so any
+    process recording its outcome, even without the app, creates the same delivery)."""
     url = params.headers.get(HEADER_URL)
     if url is None:
         return params
     check_url(url)
-    if params.retention < MIN_RETENTION:
-        params = replace(params, retention=MIN_RETENTION)
-    return params
+    headers = {**params.headers, HEADER_OPTIONS: options.header()}
+    return replace(params, headers=headers)
 
 
 def resolve_secret(secret: str | None) -> str | None:
@@ -281,11 +313,21 @@ def install(
     retry_delay: str | backoff.RetryDelay | None = None,
     retention: float = 86400.0,
 ) -> bool:
-    """Enable webhook delivery on ``app``: register ``durq:webhook`` and the worker hook.
+    """Set ``app``'s delivery options and register the ``durq:webhook`` handler.
 
-    ``App(webhook_secret=...)`` calls this; without a secret (argument or
-    ``DURQ_WEBHOOK_SECRET``) nothing is installed and ``False`` is returned. Call it again to
-    change options. Deliveries go to the finished task's queue unless ``queue`` is given."""
+    ``App(webhook_secret=...)`` calls this. The options (``queue``, ``max_retry``,
+    ``timeout``, ``retention``) are always recorded: tasks this app enqueues carry them, and
+    the delivery task is created with them when the task finishes. The handler, which signs
+    and POSTs, is registered only with a secret (argument or ``DURQ_WEBHOOK_SECRET``); without
+    one ``False`` is returned. Call it again to change options. Deliveries go to the finished
+    task's queue unless ``queue`` is given."""
+    if queue is not None:
+        names.check_queue(queue)
+    if not isinstance(max_retry, int) or isinstance(max_retry, bool) or max_retry < 0:
+        raise ConfigurationError(f"max_retry must be an integer >= 0, got {max_retry!r}")
+    if timeout <= 0 or retention < 0:
+        raise ConfigurationError("webhook timeout must be > 0 and retention >= 0")
+    app.webhook_options = WebhookOptions(queue, max_retry, float(timeout), float(retention))
     key = resolve_secret(secret)
     if key is None:
         return False
@@ -295,7 +337,6 @@ def install(
         raise ConfigurationError("webhooks need httpx: pip install 'durq[web]'") from exc
 
     app.tasks.pop(TASK_TYPE, None)
-    app.worker_hooks[:] = [h for h in app.worker_hooks if not isinstance(h, WebhookHooks)]
 
     async def deliver(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
         url = check_url(payload.get("url"))
@@ -325,5 +366,4 @@ def install(
         retention=retention,
         retry_delay=retry_delay,
     )(deliver)
-    app.worker_hooks.append(WebhookHooks(app, queue))
     return True

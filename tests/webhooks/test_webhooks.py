@@ -4,71 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from webhook_receiver import SECRET, Receiver, wait_event
 
 from apptools import AppFactory
-from durq import webhooks
+from conformance.apps import wait_for_state
+from durq import EnqueueRequest, webhooks
 from durq.backoff import fixed
 from durq.errors import ValidationError
 from durq.states import TaskState
 from durq.webhooks import WebhookVerificationError, sign, verify
 
-SECRET = "whsec_test_0123456789"
 FAST = {"poll_interval": 0.1, "promote_interval": 0.05, "shutdown_timeout": 5.0}
-
-
-# -- a real receiver on loopback ----------------------------------------------------------------
-
-
-@dataclass
-class Receiver:
-    """Answers 500 to the first ``fail`` requests, then 200; records every request."""
-
-    fail: int = 0
-    requests: list[tuple[bytes, dict[str, str]]] = field(default_factory=list)
-    url: str = ""
-    got: threading.Event = field(default_factory=threading.Event)
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    state = Receiver()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            state.requests.append((body, dict(self.headers.items())))
-            failing = len(state.requests) <= state.fail
-            self.send_response(500 if failing else 200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            if not failing:
-                state.got.set()
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/durq"
-    yield state
-    server.shutdown()
-    server.server_close()
-
-
-async def wait_event(event: threading.Event, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not event.is_set():
-        assert time.monotonic() < deadline, "no successful delivery in time"
-        await asyncio.sleep(0.02)
 
 
 # -- signing and verification (no broker) -------------------------------------------------------
@@ -132,8 +81,27 @@ async def test_enqueue_validates_and_stores_the_webhook(make_app: AppFactory) ->
     assert all(q.size == 0 for q in await app.inspector.list_queues())  # nothing written
     info = await app.enqueue("report:build", {}, webhook="https://partner.example/in")
     assert info.headers["durq-webhook"] == "https://partner.example/in"
-    # The result must outlive completion long enough for the hook to read it.
-    assert info.retention >= webhooks.MIN_RETENTION
+    # The delivery options travel with the task: whoever records its outcome (a worker, the
+    # rescuer, the inspector) creates the delivery task with them, in the same atomic step.
+    assert json.loads(info.headers[webhooks.HEADER_OPTIONS]) == {
+        "queue": None,
+        "max_retry": 10,
+        "timeout": 20.0,
+        "retention": 86400.0,
+    }
+    # The result rides in the delivery's payload: the task keeps its own retention.
+    assert info.retention == 0
+    webhooks.install(app, None, queue="hooks", max_retry=3, timeout=2, retention=60)
+    (outcome,) = await app.enqueue_many(
+        [EnqueueRequest("report:build", {}, headers={"durq-webhook": "https://p.example/x"})]
+    )
+    assert outcome.info is not None
+    assert json.loads(outcome.info.headers[webhooks.HEADER_OPTIONS]) == {
+        "queue": "hooks",
+        "max_retry": 3,
+        "timeout": 4.0,
+        "retention": 60.0,
+    }
 
 
 async def test_delivery_retries_until_the_receiver_accepts(
@@ -171,28 +139,35 @@ async def test_delivery_retries_until_the_receiver_accepts(
 
 async def test_final_error_is_delivered_once(make_app: AppFactory, receiver: Receiver) -> None:
     app = await make_app(fake_clock=False, webhook_secret=SECRET)
+    runs: list[int] = []
 
     @app.task("charge:card", queue="billing", max_retry=0)
     def charge(payload: dict[str, Any]) -> None:
+        runs.append(1)
         raise RuntimeError("card declined")
 
     async with app.worker(**FAST):
         info = await charge.enqueue({}, webhook=receiver.url)
         await wait_event(receiver.got)
         archived = await app.inspector.get_task_info("billing", info.id)
-        # A second enqueue of the same delivery (a hook that ran twice) is refused by its id.
-        hooks = next(h for h in app.worker_hooks if isinstance(h, webhooks.WebhookHooks))
-        await hooks._enqueue_once(archived, "task.archived", receiver.url)
+        # Archived a second time (an operator reran it): the delivery of that event exists
+        # already, so the second archive creates none (one delivery per event).
+        await app.inspector.run_task("billing", info.id)
+        while len(runs) < 2:
+            await asyncio.sleep(0.02)
+        await wait_for_state(app, "billing", info.id, TaskState.ARCHIVED)
         await asyncio.sleep(0.3)
     assert archived.state is TaskState.ARCHIVED
     assert len(receiver.requests) == 1
     event = verify(*receiver.requests[0], SECRET)
     assert event["event"] == "task.archived"
     assert event["error"] == "RuntimeError: card declined"
+    assert event["task"]["state"] == "archived" and event["task"]["retried"] == 1
     assert "result" not in event
     delivery_id = webhooks.delivery_task_id(info.id, "archived")
     delivery = await app.inspector.get_task_info("billing", delivery_id)
     assert delivery.state is TaskState.COMPLETED
+    assert delivery.headers["durq-then-of"] == info.id
 
 
 async def test_without_a_secret_nothing_is_installed(
@@ -201,10 +176,12 @@ async def test_without_a_secret_nothing_is_installed(
     monkeypatch.delenv(webhooks.SECRET_ENV, raising=False)
     app = await make_app()
     assert webhooks.TASK_TYPE not in app.tasks
-    assert not any(isinstance(h, webhooks.WebhookHooks) for h in app.worker_hooks)
+    assert app.worker_hooks == []  # delivery is a continuation, not a worker hook
+    assert webhooks.install(app, None, max_retry=2) is False
+    assert webhooks.TASK_TYPE not in app.tasks and app.webhook_options.max_retry == 2
     monkeypatch.setenv(webhooks.SECRET_ENV, SECRET)
     app2 = await make_app()
     assert webhooks.TASK_TYPE in app2.tasks
-    assert sum(isinstance(h, webhooks.WebhookHooks) for h in app2.worker_hooks) == 1
-    webhooks.install(app2, "other")  # reinstalling replaces, never duplicates
-    assert sum(isinstance(h, webhooks.WebhookHooks) for h in app2.worker_hooks) == 1
+    assert webhooks.install(app2, "other", max_retry=4)  # reinstalling replaces the handler
+    assert app2.tasks[webhooks.TASK_TYPE].defaults.max_retry == 4
+    assert app2.worker_hooks == []

@@ -315,7 +315,9 @@ class Executor:
                 return "requeued"
             return "lost"
         if reason == CANCELLED:
-            follow_ups = self._follow_ups(task, continuations.ARCHIVED, error="cancelled")
+            follow_ups = self._follow_ups(
+                task, continuations.ARCHIVED, error="cancelled", counted=False
+            )
             params = ArchiveParams(
                 lease.ref, "cancelled", count_attempt=False, follow_ups=follow_ups
             )
@@ -330,18 +332,28 @@ class Executor:
         return "lost"
 
     def _follow_ups(
-        self, task: TaskInfo, outcome: str, *, result: bytes | None = None, error: str = ""
+        self,
+        task: TaskInfo,
+        outcome: str,
+        *,
+        result: bytes | None = None,
+        error: str = "",
+        counted: bool = True,
     ) -> tuple[EnqueueParams, ...]:
-        """The continuations this outcome creates (sent with it, so created atomically)."""
-        if continuations.HEADER not in task.headers:
+        """The continuation and webhook delivery this outcome creates (sent with it, so
+        created atomically); ``counted``: an archive that counts the attempt."""
+        if not continuations.wanted(task):
             return ()
-        try:
-            return continuations.build(
-                task, outcome, result=result, error=error, max_payload=self.app.max_payload
-            )
-        except ValueError as exc:  # a malformed header must not block the outcome
-            log.error("task %s: no follow-up: %s", task.id, exc, extra=_extra(task))
-            return ()
+        archived_counted = counted and outcome == continuations.ARCHIVED
+        return continuations.follow_ups(
+            task,
+            outcome,
+            result=result,
+            error=error,
+            retried=task.retried + 1 if archived_counted else task.retried,
+            now=self.app.clock.now(),
+            max_payload=self.app.max_payload,
+        )
 
     async def _report(self, call: Callable[[Any], Any], params: Any, task: TaskInfo) -> bool:
         """Send an outcome to the broker, retrying through short outages.

@@ -211,7 +211,7 @@ class Worker:
                     self._executor.cancel_all(SHUTDOWN)
                     await self._executor.drain(None)
                 await self._executor.close()
-            # Hooks may still be enqueueing follow-up work (webhook deliveries): let them finish.
+            # Hooks may have work in flight (WorkerHooks.drain): let it finish first.
             for hook in self.hooks:
                 await hook.drain()
             for service in reversed(self._services):
