@@ -11,10 +11,11 @@ from webhook_receiver import SECRET, Receiver, wait_event
 
 from apptools import AppFactory
 from conformance.apps import wait_for_state
-from durq import EnqueueRequest, webhooks
+from durq import EnqueueRequest, continuations, webhooks
 from durq.backoff import fixed
 from durq.errors import ValidationError
 from durq.states import TaskState
+from durq.task import TaskInfo
 from durq.webhooks import WebhookVerificationError, sign, verify
 
 FAST = {"poll_interval": 0.1, "promote_interval": 0.05, "shutdown_timeout": 5.0}
@@ -185,3 +186,60 @@ async def test_without_a_secret_nothing_is_installed(
     assert webhooks.install(app2, "other", max_retry=4)  # reinstalling replaces the handler
     assert app2.tasks[webhooks.TASK_TYPE].defaults.max_retry == 4
     assert app2.worker_hooks == []
+
+
+# -- the delivery as a follow-up (pure functions, no broker) ------------------------------------
+
+
+def _finished(headers: dict[str, str], **fields: Any) -> TaskInfo:
+    return TaskInfo(
+        id="t1",
+        queue="default",
+        type="report:build",
+        raw_payload=b'{"id":1}',
+        state=TaskState.ACTIVE,
+        max_retry=3,
+        headers=headers,
+        **fields,
+    )
+
+
+def test_delivery_rides_with_the_continuation() -> None:
+    then = json.dumps({"type": "next:step", "queue": "default", "on_archived": True})
+    task = _finished({"durq-webhook": "https://p.example/in", "durq-then": then})
+    made = continuations.follow_ups(task, "completed", result=b'{"rows":2}', now=1_800_000_000)
+    assert [p.id for p in made] == ["then:t1", "webhook:completed:t1"]
+    hook = made[1]
+    assert hook.type == webhooks.TASK_TYPE and hook.max_retry == 10 and hook.timeout == 20
+    body = json.loads(hook.payload)["body"]
+    assert body["result"] == {"rows": 2}
+    assert body["task"]["completed_at"].startswith("2027-01-15")
+    # Archived: the error, and the attempt the archive counts.
+    (_, hook) = continuations.follow_ups(task, "archived", error="boom", retried=1)
+    assert hook.id == "webhook:archived:t1"
+    assert json.loads(hook.payload)["body"]["error"] == "boom"
+    assert json.loads(hook.payload)["body"]["task"]["retried"] == 1
+
+
+def test_a_malformed_header_costs_only_its_own_follow_up() -> None:
+    then = json.dumps({"type": "next:step", "queue": "default"})
+    bad_options = {"durq-webhook": "https://p.example/in", "durq-webhook-options": "[1"}
+    made = continuations.follow_ups(_finished({**bad_options, "durq-then": then}), "completed")
+    assert [p.id for p in made] == ["then:t1"]
+    made = continuations.follow_ups(
+        _finished({"durq-webhook": "https://p.example/in", "durq-then": "{"}), "completed"
+    )
+    assert [p.id for p in made] == ["webhook:completed:t1"]
+    bad_url = _finished({"durq-webhook": "file:///etc/passwd"})
+    assert continuations.for_archived(bad_url) == ()
+
+
+def test_an_oversized_result_is_omitted_and_deliveries_have_no_delivery() -> None:
+    task = _finished({"durq-webhook": "https://p.example/in"})
+    big = json.dumps({"blob": "x" * 5000}).encode()
+    (hook,) = continuations.follow_ups(task, "completed", result=big, max_payload=2000)
+    body = json.loads(hook.payload)["body"]
+    assert "result" not in body and body["result_omitted"] == "too large"
+    assert len(hook.payload) < 2000
+    delivery = _finished({"durq-webhook": "https://p.example/in"}).replace(type="durq:webhook")
+    assert continuations.follow_ups(delivery, "archived", error="x") == ()
