@@ -29,7 +29,14 @@ def check_task_id(task_id: str) -> str:
     return _check(task_id, "task id", _TASK_ID, TASK_ID_MAX)
 
 
+# Names seen valid before; queues and types repeat on every enqueue, so check each once.
+_known: set[tuple[str, str]] = set()
+_KNOWN_MAX = 10_000
+
+
 def _check(value: object, what: str, pattern: re.Pattern[str], limit: int) -> str:
+    if (what, value) in _known:
+        return value  # type: ignore[return-value]
     if not isinstance(value, str) or not value:
         raise InvalidNameError(f"{what} must be a non-empty string")
     if len(value) > limit:
@@ -38,6 +45,8 @@ def _check(value: object, what: str, pattern: re.Pattern[str], limit: int) -> st
         raise InvalidNameError(
             f"invalid {what} {value!r}: use letters, digits and {_allowed(pattern)}"
         )
+    if what != "task id" and len(_known) < _KNOWN_MAX:
+        _known.add((what, value))
     return value
 
 

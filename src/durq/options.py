@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import uuid
+import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -49,6 +50,35 @@ class TaskDefaults:
     unique: float | None = None
 
 
+class _RandomIds:
+    """128-bit random hex ids, drawing random bytes a page at a time: ``os.urandom`` is a
+    system call, and bulk enqueue made one per task."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool = b""
+        self._at = 0
+
+    def __call__(self) -> str:
+        with self._lock:
+            if self._at + 16 > len(self._pool):
+                self._pool, self._at = os.urandom(4096), 0
+            start = self._at
+            self._at += 16
+        return self._pool[start : start + 16].hex()
+
+
+    def reset(self) -> None:
+        self._lock = threading.Lock()
+        self._pool, self._at = b"", 0
+
+
+#: A new task id (32 hex digits, as random as ``uuid4().hex``).
+new_task_id = _RandomIds()
+# A forked child (gunicorn, prefork) must not hand out its parent's unused ids.
+os.register_at_fork(after_in_child=new_task_id.reset)
+
+
 def epoch(moment: Moment | None, what: str) -> float | None:
     """A moment as epoch seconds; naive datetimes are taken as UTC."""
     if moment is None:
@@ -73,7 +103,7 @@ def build_params(
     """Validate every option at the edge and encode the payload (E5, E6, S3)."""
     queue = names.check_queue(defaults.queue if request.queue is None else request.queue)
     task_type = names.check_type(request.type)
-    task_id = uuid.uuid4().hex if request.task_id is None else names.check_task_id(request.task_id)
+    task_id = new_task_id() if request.task_id is None else names.check_task_id(request.task_id)
     if request.process_in is not None and request.process_at is not None:
         raise ValidationError("give process_in or process_at, not both")
     process_at = epoch(request.process_at, "process_at")
