@@ -313,7 +313,7 @@ class RedisBroker(RedisAdmin):
             args.extend(more_args)
         return name, keys, args
 
-    def _complete_call(self, p: CompleteParams, now: float) -> _Call:
+    def _complete_call(self, p: CompleteParams, now: float, day: str | None = None) -> _Call:
         k = self._keys.queue(p.lease.queue)
         call: _Call = (
             "complete",
@@ -323,7 +323,7 @@ class RedisBroker(RedisAdmin):
                 k.completed,
                 k.unique,
                 k.stats,
-                k.stats_day(utc_day(now)),
+                k.stats_day(day or utc_day(now)),
             ],
             [
                 p.lease.token,
@@ -357,7 +357,8 @@ class RedisBroker(RedisAdmin):
             follow_queues = [f.queue for p in items for f in p.follow_ups]
             if follow_queues:
                 await self._remember_queues(follow_queues)
-            replies = await self._eval_many([self._complete_call(p, now) for p in items])
+            day = utc_day(now)  # once per batch, not per task
+            replies = await self._eval_many([self._complete_call(p, now, day) for p in items])
         return [bool(r) for r in replies]
 
     async def retry(self, params: RetryParams) -> bool:
