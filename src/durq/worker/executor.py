@@ -74,13 +74,18 @@ class Executor:
         self.worker_id = worker_id
         self.hooks = hooks
         self.running: dict[tuple[str, str], Running] = {}
+        #: Attempts in ``running`` whose handler returned (waiting for their ack).
+        self._settling = 0
         self.slot_freed = asyncio.Event()
         self.acker = Acker(broker)
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="durq-task")
 
     @property
     def free_slots(self) -> int:
-        return self.concurrency - len(self.running)
+        # A slot is a running handler. An attempt whose handler returned and which is only
+        # waiting for its ack frees its slot at once, so the next claim overlaps the ack
+        # round trip instead of waiting for it (its lease is still heartbeated until then).
+        return self.concurrency - (len(self.running) - self._settling)
 
     def leases(self) -> list[LeaseRef]:
         return [r.lease.ref for r in self.running.values()]
@@ -93,13 +98,16 @@ class Executor:
         self._busy_changed()
 
     def _release(self, key: tuple[str, str]) -> None:
-        self.running.pop(key, None)
-        self.slot_freed.set()
-        self._busy_changed()
+        running = self.running.pop(key, None)
+        if running is not None and running.settling:
+            self._settling -= 1
+        else:
+            self.slot_freed.set()
+            self._busy_changed()
 
     def _busy_changed(self) -> None:
         for hook in self.hooks:
-            hook.busy_changed(len(self.running), self.concurrency)
+            hook.busy_changed(len(self.running) - self._settling, self.concurrency)
 
     def cancel(self, task_id: str, reason: str) -> bool:
         """Cancel running attempts of ``task_id`` for ``reason`` (lost, cancelled, shutdown).
@@ -190,8 +198,11 @@ class Executor:
 
     def _mark_settling(self, task: TaskInfo) -> None:
         running = self.running.get((task.queue, task.id))
-        if running is not None and running.reason is None:
+        if running is not None and running.reason is None and not running.settling:
             running.settling = True
+            self._settling += 1
+            self.slot_freed.set()
+            self._busy_changed()
 
     async def _call(self, task_def: TaskDef[Any, Any], task: TaskInfo) -> Any:
         if len(task.raw_payload) > self.app.max_payload:
