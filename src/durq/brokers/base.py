@@ -20,8 +20,9 @@ Contract notes that every backend honours (the conformance suite checks each):
 * Follow-ups (continuations) of ``complete``/``archive`` are created in the same atomic
   step as the outcome, and never when the lease is lost; a follow-up whose task id exists is
   skipped without failing the outcome. Tasks archived by ``rescue_expired`` or the inspector
-  (``archive_task``, ``cancel_task``) create the follow-ups their ``durq-then`` header asks
-  for (:func:`durq.continuations.build`), in the same transaction on SQL brokers.
+  (``archive_task``, ``cancel_task``) create the follow-ups their headers ask for
+  (``durq-then`` and ``durq-webhook``, see :func:`durq.continuations.for_archived`), in the
+  same transaction on SQL brokers.
 * ``list_workers`` shows workers whose last heartbeat is younger than 60 s.
 * Backend failures to reach the server raise :class:`~durq.errors.BrokerUnavailableError`
   with ``operation`` set (``"sqlite.claim"``), never a driver exception.
