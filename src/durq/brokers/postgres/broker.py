@@ -159,7 +159,9 @@ class PostgresBroker(PostgresAdmin):
             conn = await self._direct_connection(method)
             async with conn:
                 await self._check_schema(conn, method)
-        return await self._open_pool(method)
+        pool = await self._open_pool(method)
+        await self._sync_clock(method)
+        return pool
 
     async def close(self) -> None:
         """Release every connection (idempotent)."""
@@ -507,6 +509,7 @@ class PostgresBroker(PostgresAdmin):
 
     async def register_worker(self, info: WorkerInfo) -> None:
         """Insert or refresh a worker's row (its heartbeat); also makes its queues known."""
+        await self._sync_clock("register_worker")  # rides the heartbeat, once a minute
         await self._fetch(
             "register_worker",
             "register_worker",

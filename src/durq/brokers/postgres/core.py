@@ -20,7 +20,7 @@ from durq.brokers.base import EnqueueOutcome, EnqueueParams
 from durq.brokers.postgres import sql as queries
 from durq.brokers.postgres.notifier import Notifier
 from durq.brokers.postgres.rows import EnqueuePlan, Row, enqueue_plan
-from durq.clock import SYSTEM_CLOCK, Clock
+from durq.clock import SYSTEM_CLOCK, Clock, server_clock_for
 from durq.errors import (
     BrokerError,
     BrokerUnavailableError,
@@ -77,7 +77,9 @@ class PostgresBase:
             )
         self._dsn = dsn
         self._schema = schema
-        self._clock = clock
+        self._clock: Clock = clock
+        #: Set when the real clock is used: times then come from the server (W1).
+        self._server_clock = server_clock_for(clock)
         self._connect_timeout = connect_timeout
         self._pool_min = pool_min
         self._pool_max = max(pool_max, pool_min, 1)
@@ -132,6 +134,19 @@ class PostgresBase:
 
     def _now(self) -> float:
         return self._clock.now()
+
+    async def _sync_clock(self, method: str) -> None:
+        """Measure the server clock's offset (at connect, then every minute or so)."""
+        server = self._server_clock
+        if server is None or not server.due:
+            return
+
+        async def read() -> float:
+            row = await self._fetch_one(method, "server_time", {})
+            return float(row["now"]) if row else server.now()
+
+        await server.sync(read)
+        self._clock = server
 
     # ------------------------------------------------------------------ errors
 

@@ -34,6 +34,10 @@ SELECT coalesce(max(version), 0) AS version FROM {schema}.schema_migrations;
 -- name: ping
 SELECT 1 AS ok;
 
+-- name: server_time
+-- The server's clock: leases and due times of every worker share one time line.
+SELECT extract(epoch FROM clock_timestamp())::float8 AS now;
+
 -- ---------------------------------------------------------------- enqueue (E3, E4, E9)
 
 -- name: enqueue
