@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PG_DSN, REDIS_URL, require_server
+from servers import PG_DSN, REDIS_URL, require_server
 
 KEYS = {
     "enqueue_per_s",

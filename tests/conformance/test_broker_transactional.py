@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from brokerkit import claim_ids, params
-from tests.conftest import PG_DSN
 
 import durq
 from conformance.conftest import requires
@@ -26,6 +25,7 @@ from durq.errors import (
     TaskIDConflictError,
 )
 from durq.states import TaskState
+from servers import PG_DSN
 
 
 @pytest.fixture(autouse=True)

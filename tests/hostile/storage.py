@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from tests.conftest import PG_DSN, REDIS_URL
+from servers import PG_DSN, REDIS_URL
 
 
 def write_payload(kind: str, url: str, queue: str, task_id: str, raw: bytes) -> None:

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.conftest import PG_DSN, drop_isolated, require_server, unique_name
 
 import durq
 from chaos.harness import ThrowawayRedis
@@ -24,6 +23,7 @@ from durq import names
 from durq.brokers import FullBroker, open_broker
 from durq.brokers.base import EnqueueParams
 from durq.errors import DurqError, InvalidNameError, TaskNotFoundError
+from servers import PG_DSN, drop_isolated, require_server, unique_name
 
 NASTY = [*list("'\";-{}*?[]\\ \t\n\r\x00%_:.$`|&/<>@+=#,()!~^"), "é", "日", "🙂", "\u202e", "ß"]
 SAMPLES = [

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from examples.insurance.config import Settings
 from examples.insurance.store import NewOrder, PostgresOrderStore
-from tests.conftest import PG_DSN, broker_url_for, drop_isolated, require_server, unique_name
 
 import durq
 from durq.brokers import open_broker
 from insurance.kit import ITEMS, ROOT, Service, Sim, counts
+from servers import PG_DSN, broker_url_for, drop_isolated, require_server, unique_name
 
 
 def worker_env(settings: Settings) -> dict[str, str]:

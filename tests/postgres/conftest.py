@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import psycopg
 import pytest
 from psycopg import sql
-from tests.conftest import PG_DSN, require_server, unique_name
 
 from durq.brokers.postgres import PostgresBroker
 from durq.clock import FakeClock
+from servers import PG_DSN, require_server, unique_name
 
 
 def drop_schema(schema: str) -> None:

@@ -7,12 +7,12 @@ import time
 import psycopg
 import pytest
 from psycopg import sql
-from tests.conftest import PG_DSN, require_server, unique_name
 
 from durq.brokers import open_broker
 from durq.brokers.base import EnqueueParams
 from durq.brokers.postgres import PostgresBroker
 from durq.errors import BrokerError, BrokerUnavailableError, ConfigurationError
+from servers import PG_DSN, require_server, unique_name
 
 
 def task(task_id: str) -> EnqueueParams:

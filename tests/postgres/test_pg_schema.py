@@ -10,12 +10,12 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import sql
-from tests.conftest import PG_DSN
 
 from durq.brokers.postgres import PostgresBroker
 from durq.brokers.postgres import sql as queries
 from durq.errors import SchemaError
 from durq.task import TaskInfo
+from servers import PG_DSN
 
 SNAPSHOT = Path(__file__).with_name("schema_snapshot.txt")
 

@@ -7,7 +7,6 @@ import json
 
 import psycopg
 import pytest
-from tests.conftest import PG_DSN
 
 from durq.brokers.base import EnqueueParams
 from durq.brokers.postgres import PostgresBroker
@@ -18,6 +17,7 @@ from durq.errors import (
     TaskNotFoundError,
 )
 from durq.states import TaskState
+from servers import PG_DSN
 
 
 def task(task_id: str, **options: object) -> EnqueueParams:

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tests.conftest import broker_url_for, drop_isolated
 
 from durq.brokers.redis import RedisBroker
 from durq.clock import FakeClock
+from servers import broker_url_for, drop_isolated
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ async def test_very_large_payloads_are_stored_whole(rbroker: RedisBroker) -> Non
 
 
 async def test_memory_benchmark_reports_and_cleans_up() -> None:
-    from tests.conftest import REDIS_URL, require_server
+    from servers import REDIS_URL, require_server
 
     require_server("redis")
     figures = await measure(REDIS_URL, 500, 200)

@@ -44,7 +44,7 @@ def test_injected_test_clocks_stay_in_charge() -> None:
 
 @pytest.mark.parametrize("kind", ["postgres"])
 async def test_a_skewed_host_writes_server_times(kind: str, tmp_path) -> None:
-    from conftest import broker_url_for, drop_isolated
+    from servers import broker_url_for, drop_isolated
 
     url = broker_url_for(kind, tmp_path)
     broker = open_broker(url, clock=SkewedClock())
