@@ -42,7 +42,7 @@ def test_injected_test_clocks_stay_in_charge() -> None:
     assert isinstance(server_clock_for(SystemClock()), ServerClock)
 
 
-@pytest.mark.parametrize("kind", ["postgres"])
+@pytest.mark.parametrize("kind", ["postgres", "redis"])
 async def test_a_skewed_host_writes_server_times(kind: str, tmp_path) -> None:
     from servers import broker_url_for, drop_isolated
 

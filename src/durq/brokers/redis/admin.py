@@ -291,6 +291,7 @@ class RedisAdmin(RedisCore):
         """Insert or refresh a worker's record (its heartbeat); makes its queues known."""
         async with self._op("register_worker"):
             await self._ensure()
+            await self._sync_clock()  # rides the heartbeat, once a minute
             now = self._clock.now()
             data = asdict(info)
             data["last_heartbeat"] = now

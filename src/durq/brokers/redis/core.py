@@ -16,7 +16,7 @@ from redis.backoff import ExponentialBackoff
 from durq.brokers.redis.keys import DEFAULT_PREFIX, Keys
 from durq.brokers.redis.lua import LuaScript, load_scripts
 from durq.brokers.redis.wire import Wire, endpoint_of, error, is_error
-from durq.clock import SYSTEM_CLOCK, Clock
+from durq.clock import SYSTEM_CLOCK, Clock, server_clock_for
 from durq.errors import (
     BrokerError,
     BrokerUnavailableError,
@@ -58,7 +58,9 @@ class RedisCore:
         socket_timeout: float = SOCKET_TIMEOUT,
     ) -> None:
         self._url = url
-        self._clock = clock
+        self._clock: Clock = clock
+        #: Set when the real clock is used: times then come from the server's TIME (W1).
+        self._server_clock = server_clock_for(clock)
         self._keys = Keys(prefix)
         self._scripts: dict[str, LuaScript] = load_scripts()
         # Reconnects after a restart happen in the pool; a call that hits a refused or dropped
@@ -146,7 +148,22 @@ class RedisCore:
                     f"this durq uses {SCHEMA_VERSION}",
                     operation="redis.connect",
                 )
+        await self._sync_clock()
         self._ready = True
+
+    async def _sync_clock(self) -> None:
+        """Measure the offset of the server's ``TIME`` (at connect, then about once a minute)."""
+        server = self._server_clock
+        if server is None or not server.due:
+            return
+
+        async def read() -> float:
+            async with self._op("time"):
+                seconds, micros = await self._redis.time()
+            return float(seconds) + float(micros) / 1e6
+
+        await server.sync(read)
+        self._clock = server
 
     async def _ensure(self) -> None:
         if not self._ready:
