@@ -27,13 +27,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from durq.web import Answer
 
 SQL_DIR = Path(__file__).with_name("sql")
 _BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_T = TypeVar("_T")
 
 
 def load_queries(dialect: str) -> dict[str, str]:
@@ -123,6 +124,53 @@ def _params(order: NewOrder, now: float) -> dict[str, Any]:
     }
 
 
+def _key_params(order: NewOrder) -> dict[str, Any]:
+    """The parameters of ``find_by_key``: the order saved under this Idempotency-Key."""
+    return {"customer": order.customer, "idempotency_key": order.idempotency_key}
+
+
+class _OrderQueries:
+    """The single-statement reads and writes, the same on both databases: each dialect gives
+    ``_one`` (a row as an :class:`Order`) and ``_write`` (the rows changed)."""
+
+    async def _one(self, name: str, params: dict[str, Any]) -> Order | None:
+        raise NotImplementedError
+
+    async def _write(self, name: str, params: dict[str, Any]) -> int:
+        raise NotImplementedError
+
+    async def delete(self, order_id: str) -> None:
+        await self._write("delete_order", {"id": order_id})
+
+    async def get_for_customer(self, order_id: str, customer: str) -> Order | None:
+        return await self._one("get_for_customer", {"id": order_id, "customer": customer})
+
+    async def get(self, order_id: str) -> Order | None:
+        return await self._one("get", {"id": order_id})
+
+    async def set_external_ref(self, order_id: str, ref: str) -> None:
+        await self._write(
+            "set_external_ref", {"id": order_id, "external_ref": ref, "now": time.time()}
+        )
+
+    async def record_attempt(self, order_id: str, attempts: int, error: str | None) -> None:
+        params = {"id": order_id, "attempts": attempts, "last_error": error, "now": time.time()}
+        await self._write("record_attempt", params)
+
+    async def mark_covered(self, order_id: str, policy: str, attempts: int) -> bool:
+        params = {
+            "id": order_id,
+            "policy_number": policy,
+            "attempts": attempts,
+            "now": time.time(),
+        }
+        return await self._write("mark_covered", params) == 1
+
+    async def mark_failed(self, order_id: str, error: str, attempts: int) -> bool:
+        params = {"id": order_id, "last_error": error, "attempts": attempts, "now": time.time()}
+        return await self._write("mark_failed", params) == 1
+
+
 async def save_then_enqueue(store: Any, order: NewOrder, enqueue: Enqueue) -> Created:
     """Commit the order, then enqueue its task; delete the order if the enqueue fails."""
     existing: Order | None = await store.insert_or_get(order)
@@ -153,7 +201,7 @@ def sqlite_path(url: str) -> str:
     return unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
 
 
-class SQLiteOrderStore:
+class SQLiteOrderStore(_OrderQueries):
     """Orders in a SQLite file; sqlite3 calls run in threads.
 
     ``transactional``: the file is also the SQLite broker's, so an order and its task are
@@ -177,36 +225,30 @@ class SQLiteOrderStore:
         conn.execute("PRAGMA synchronous=NORMAL")
         return conn
 
-    async def _write(self, name: str, params: dict[str, Any]) -> int:
-        def run() -> int:
+    async def _in_thread(self, use: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``use`` on a fresh connection in a thread (sqlite3 blocks), then close it."""
+
+        def run() -> _T:
             conn = self._connect()
             try:
-                return conn.execute(self.q[name], params).rowcount
+                return use(conn)
             finally:
                 conn.close()
 
         return await asyncio.to_thread(run)
+
+    async def _write(self, name: str, params: dict[str, Any]) -> int:
+        return await self._in_thread(lambda conn: conn.execute(self.q[name], params).rowcount)
 
     async def _one(self, name: str, params: dict[str, Any]) -> Order | None:
-        def run() -> Order | None:
-            conn = self._connect()
-            try:
-                row = conn.execute(self.q[name], params).fetchone()
-                return Order.from_row(row) if row is not None else None
-            finally:
-                conn.close()
+        def one(conn: sqlite3.Connection) -> Order | None:
+            row = conn.execute(self.q[name], params).fetchone()
+            return Order.from_row(row) if row is not None else None
 
-        return await asyncio.to_thread(run)
+        return await self._in_thread(one)
 
     async def open(self) -> None:
-        def run() -> None:
-            conn = self._connect()
-            try:
-                conn.executescript(self.q["create_schema"])
-            finally:
-                conn.close()
-
-        await asyncio.to_thread(run)
+        await self._in_thread(lambda conn: conn.executescript(self.q["create_schema"]))
 
     async def close(self) -> None:
         return None
@@ -243,11 +285,11 @@ class SQLiteOrderStore:
         """Open the transaction and insert ``order``, or return the order already saved under
         its Idempotency-Key (the write lock serialises two requests with one key)."""
         conn.execute("BEGIN IMMEDIATE")
+        return self._find_or_insert(conn, order)
+
+    def _find_or_insert(self, conn: sqlite3.Connection, order: NewOrder) -> Order | None:
         if order.idempotency_key is not None:
-            row = conn.execute(
-                self.q["find_by_key"],
-                {"customer": order.customer, "idempotency_key": order.idempotency_key},
-            ).fetchone()
+            row = conn.execute(self.q["find_by_key"], _key_params(order)).fetchone()
             if row is not None:
                 return Order.from_row(row)
         conn.execute(self.q["insert_order"], _params(order, time.time()))
@@ -256,75 +298,27 @@ class SQLiteOrderStore:
     async def insert_or_get(self, order: NewOrder) -> Order | None:
         """Insert ``order``, or return the order already saved under its Idempotency-Key."""
 
-        def run() -> Order | None:
-            conn = self._connect()
+        def insert(conn: sqlite3.Connection) -> Order | None:
+            # BEGIN IMMEDIATE takes the write lock now: two requests with one
+            # Idempotency-Key are serialised, so the lookup cannot race the insert.
+            conn.execute("BEGIN IMMEDIATE")
             try:
-                # BEGIN IMMEDIATE takes the write lock now: two requests with one
-                # Idempotency-Key are serialised, so the lookup cannot race the insert.
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    if order.idempotency_key is not None:
-                        row = conn.execute(
-                            self.q["find_by_key"],
-                            {"customer": order.customer, "idempotency_key": order.idempotency_key},
-                        ).fetchone()
-                        if row is not None:
-                            return Order.from_row(row)
-                    conn.execute(self.q["insert_order"], _params(order, time.time()))
-                finally:
-                    conn.execute("COMMIT")
-                return None
+                return self._find_or_insert(conn, order)
             finally:
-                conn.close()
+                conn.execute("COMMIT")
 
-        return await asyncio.to_thread(run)
-
-    async def delete(self, order_id: str) -> None:
-        await self._write("delete_order", {"id": order_id})
-
-    async def get_for_customer(self, order_id: str, customer: str) -> Order | None:
-        return await self._one("get_for_customer", {"id": order_id, "customer": customer})
-
-    async def get(self, order_id: str) -> Order | None:
-        return await self._one("get", {"id": order_id})
-
-    async def set_external_ref(self, order_id: str, ref: str) -> None:
-        await self._write(
-            "set_external_ref", {"id": order_id, "external_ref": ref, "now": time.time()}
-        )
-
-    async def record_attempt(self, order_id: str, attempts: int, error: str | None) -> None:
-        params = {"id": order_id, "attempts": attempts, "last_error": error, "now": time.time()}
-        await self._write("record_attempt", params)
-
-    async def mark_covered(self, order_id: str, policy: str, attempts: int) -> bool:
-        params = {
-            "id": order_id,
-            "policy_number": policy,
-            "attempts": attempts,
-            "now": time.time(),
-        }
-        return await self._write("mark_covered", params) == 1
-
-    async def mark_failed(self, order_id: str, error: str, attempts: int) -> bool:
-        params = {"id": order_id, "last_error": error, "attempts": attempts, "now": time.time()}
-        return await self._write("mark_failed", params) == 1
+        return await self._in_thread(insert)
 
     async def count(self) -> int:
-        def run() -> int:
-            conn = self._connect()
-            try:
-                return int(conn.execute(self.q["count_orders"]).fetchone()[0])
-            finally:
-                conn.close()
-
-        return await asyncio.to_thread(run)
+        return await self._in_thread(
+            lambda conn: int(conn.execute(self.q["count_orders"]).fetchone()[0])
+        )
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------------
 
 
-class PostgresOrderStore:
+class PostgresOrderStore(_OrderQueries):
     """Orders in PostgreSQL; with a PostgreSQL broker the task joins the order's transaction."""
 
     def __init__(self, dsn: str, schema: str, *, transactional: bool) -> None:
@@ -363,10 +357,9 @@ class PostgresOrderStore:
         async with self._pool.connection() as conn:
             try:
                 async with conn.transaction():
-                    existing = await self._find(conn, order)
+                    existing = await self._find_or_insert(conn, order)
                     if existing is not None:
                         return Created(answer=None, existing=existing)
-                    await conn.execute(self.q["insert_order"], _params(order, time.time()))
                     # E8: the task row is written on this connection, in this transaction:
                     # both exist after COMMIT, neither after ROLLBACK.
                     answer = await enqueue(conn)
@@ -385,12 +378,16 @@ class PostgresOrderStore:
     async def _find(self, conn: Any, order: NewOrder) -> Order | None:
         if order.idempotency_key is None:
             return None
-        cur = await conn.execute(
-            self.q["find_by_key"],
-            {"customer": order.customer, "idempotency_key": order.idempotency_key},
-        )
+        cur = await conn.execute(self.q["find_by_key"], _key_params(order))
         row = await cur.fetchone()
         return Order.from_row(row) if row is not None else None
+
+    async def _find_or_insert(self, conn: Any, order: NewOrder) -> Order | None:
+        """Insert ``order`` in the open transaction, or return the one saved under its key."""
+        existing = await self._find(conn, order)
+        if existing is None:
+            await conn.execute(self.q["insert_order"], _params(order, time.time()))
+        return existing
 
     async def insert_or_get(self, order: NewOrder) -> Order | None:
         import psycopg
@@ -398,19 +395,12 @@ class PostgresOrderStore:
         async with self._pool.connection() as conn:
             try:
                 async with conn.transaction():
-                    existing = await self._find(conn, order)
-                    if existing is not None:
-                        return existing
-                    await conn.execute(self.q["insert_order"], _params(order, time.time()))
-                    return None
+                    return await self._find_or_insert(conn, order)
             except psycopg.errors.UniqueViolation:
                 existing = await self._find(conn, order)
                 if existing is None:
                     raise
                 return existing
-
-    async def delete(self, order_id: str) -> None:
-        await self._write("delete_order", {"id": order_id})
 
     async def _one(self, name: str, params: dict[str, Any]) -> Order | None:
         async with self._pool.connection() as conn:
@@ -422,34 +412,6 @@ class PostgresOrderStore:
         async with self._pool.connection() as conn:
             cur = await conn.execute(self.q[name], params)
             return int(cur.rowcount)
-
-    async def get_for_customer(self, order_id: str, customer: str) -> Order | None:
-        return await self._one("get_for_customer", {"id": order_id, "customer": customer})
-
-    async def get(self, order_id: str) -> Order | None:
-        return await self._one("get", {"id": order_id})
-
-    async def set_external_ref(self, order_id: str, ref: str) -> None:
-        await self._write(
-            "set_external_ref", {"id": order_id, "external_ref": ref, "now": time.time()}
-        )
-
-    async def record_attempt(self, order_id: str, attempts: int, error: str | None) -> None:
-        params = {"id": order_id, "attempts": attempts, "last_error": error, "now": time.time()}
-        await self._write("record_attempt", params)
-
-    async def mark_covered(self, order_id: str, policy: str, attempts: int) -> bool:
-        params = {
-            "id": order_id,
-            "policy_number": policy,
-            "attempts": attempts,
-            "now": time.time(),
-        }
-        return await self._write("mark_covered", params) == 1
-
-    async def mark_failed(self, order_id: str, error: str, attempts: int) -> bool:
-        params = {"id": order_id, "last_error": error, "attempts": attempts, "now": time.time()}
-        return await self._write("mark_failed", params) == 1
 
     async def count(self) -> int:
         async with self._pool.connection() as conn:
