@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 import typer
@@ -75,32 +76,53 @@ def ls_command(broker: BrokerOpt = None, as_json: JsonOpt = False) -> None:
         print_queues(queues)
 
 
-@group.command("pause")
-def pause_command(queue: QueueArg, broker: BrokerOpt = None, as_json: JsonOpt = False) -> None:
-    """Pause a queue: workers take nothing from it; enqueue still works."""
-
+def _set_paused(queue: str, paused: bool, broker: str | None, as_json: bool) -> None:
     async def body(app: App) -> None:
-        await app.inspector.pause_queue(queue)
+        if paused:
+            await app.inspector.pause_queue(queue)
+        else:
+            await app.inspector.unpause_queue(queue)
 
     run(broker, body)
     if as_json:
-        print_json({"queue": queue, "paused": True})
+        print_json({"queue": queue, "paused": paused})
     else:
-        console.print(f"queue {queue} paused")
+        console.print(f"queue {queue} {'paused' if paused else 'resumed'}")
+
+
+@group.command("pause")
+def pause_command(queue: QueueArg, broker: BrokerOpt = None, as_json: JsonOpt = False) -> None:
+    """Pause a queue: workers take nothing from it; enqueue still works."""
+    _set_paused(queue, True, broker, as_json)
 
 
 @group.command("unpause")
 def unpause_command(queue: QueueArg, broker: BrokerOpt = None, as_json: JsonOpt = False) -> None:
     """Resume a paused queue."""
+    _set_paused(queue, False, broker, as_json)
 
-    async def body(app: App) -> None:
-        await app.inspector.unpause_queue(queue)
 
-    run(broker, body)
+def _bulk(
+    broker: str | None,
+    as_json: bool,
+    queue: str,
+    state: str,
+    act: Callable[[App, TaskState], Awaitable[int]],
+    *,
+    key: str,
+    done: str,
+) -> None:
+    """Run a whole-queue action on the tasks in ``state`` and report how many it touched."""
+    wanted = parse_state(state)
+
+    async def body(app: App) -> int:
+        return await act(app, wanted)
+
+    count = run(broker, body)
     if as_json:
-        print_json({"queue": queue, "paused": False})
+        print_json({"queue": queue, "state": wanted.value, key: count})
     else:
-        console.print(f"queue {queue} resumed")
+        console.print(f"{count} {wanted.value} task(s) of {queue} {done}")
 
 
 @group.command("run-all")
@@ -111,16 +133,15 @@ def run_all_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Make every scheduled, retry or archived task of a queue pending now."""
-    wanted = parse_state(state)
-
-    async def body(app: App) -> int:
-        return await app.inspector.run_all(queue, wanted)
-
-    count = run(broker, body)
-    if as_json:
-        print_json({"queue": queue, "state": wanted.value, "run": count})
-    else:
-        console.print(f"{count} {wanted.value} task(s) of {queue} queued to run")
+    _bulk(
+        broker,
+        as_json,
+        queue,
+        state,
+        lambda app, wanted: app.inspector.run_all(queue, wanted),
+        key="run",
+        done="queued to run",
+    )
 
 
 @group.command("delete-all")
@@ -131,16 +152,15 @@ def delete_all_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Delete every task of a queue in one state (not active)."""
-    wanted = parse_state(state)
-
-    async def body(app: App) -> int:
-        return await app.inspector.delete_all(queue, wanted)
-
-    count = run(broker, body)
-    if as_json:
-        print_json({"queue": queue, "state": wanted.value, "deleted": count})
-    else:
-        console.print(f"{count} {wanted.value} task(s) of {queue} deleted")
+    _bulk(
+        broker,
+        as_json,
+        queue,
+        state,
+        lambda app, wanted: app.inspector.delete_all(queue, wanted),
+        key="deleted",
+        done="deleted",
+    )
 
 
 def register(app: typer.Typer) -> None:
