@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,19 +15,26 @@ TASK_FIELDS = ("task_id", "task_type", "queue", "attempt")
 
 
 class TextFormatter(logging.Formatter):
-    """``time level logger message [task_id=… type=… queue=… attempt=…]``."""
+    """``time level logger message [task_id=… type=… queue=… attempt=…]``.
 
-    def __init__(self) -> None:
+    ``fields``: the ``extra=`` keys written out when present (a service adds its own)."""
+
+    def __init__(self, fields: Sequence[str] = TASK_FIELDS) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        self.fields = tuple(fields)
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
-        fields = [f"{k}={getattr(record, k)}" for k in TASK_FIELDS if hasattr(record, k)]
+        fields = [f"{k}={getattr(record, k)}" for k in self.fields if hasattr(record, k)]
         return f"{line} [{' '.join(fields)}]" if fields else line
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line."""
+    """One JSON object per line: ts, level, logger, message and the ``fields`` present."""
+
+    def __init__(self, fields: Sequence[str] = TASK_FIELDS) -> None:
+        super().__init__()
+        self.fields = tuple(fields)
 
     def format(self, record: logging.LogRecord) -> str:
         data: dict[str, Any] = {
@@ -35,7 +43,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for key in TASK_FIELDS:
+        for key in self.fields:
             if hasattr(record, key):
                 data[key] = getattr(record, key)
         if record.exc_info:
