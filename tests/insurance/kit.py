@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # examples/ lives at the repository root
@@ -16,6 +17,8 @@ if str(ROOT) not in sys.path:  # examples/ lives at the repository root
 
 from examples.insurance.config import Settings  # noqa: E402
 from examples.insurance.serve import BackgroundServer  # noqa: E402
+from examples.insurance.store import NewOrder  # noqa: E402
+from examples.insurance.tasks import COVERAGE_QUEUE  # noqa: E402
 
 ALICE, BOB = "tok-alice", "tok-bob"
 
@@ -78,11 +81,26 @@ class Service:
 ITEMS = {"items": [{"sku": "A-1", "qty": 2}]}
 
 
+def inspector_call(settings: Settings, call: Callable[[Any], Any]) -> Any:
+    """``call(app.inspector)`` on a fresh client of the service's broker, from sync code."""
+    import durq
+
+    app = durq.App(settings.broker_url)
+    try:
+        return app.run_sync(lambda: call(app.inspector))
+    finally:
+        app.close_sync()
+
+
+def coverage_tasks(settings: Settings) -> int:
+    """The durq tasks in the coverage queue, in every state."""
+    queues = inspector_call(settings, lambda inspector: inspector.list_queues())
+    return sum(q.size for q in queues if q.name == COVERAGE_QUEUE)
+
+
 def counts(target: Settings | Service) -> tuple[int, int]:
     """(orders saved, durq tasks in the coverage queue), read straight from storage."""
     import sqlite3
-
-    import durq
 
     settings = target.settings if isinstance(target, Service) else target
     path = settings.database_url.removeprefix("sqlite:///")
@@ -94,10 +112,46 @@ def counts(target: Settings | Service) -> tuple[int, int]:
             conn.close()
     except sqlite3.OperationalError:
         orders = 0
-    app = durq.App(settings.broker_url)
-    try:
-        queues = app.run_sync(lambda: app.inspector.list_queues())
-    finally:
-        app.close_sync()
-    tasks = sum(q.size for q in queues if q.name == "insurance")
-    return int(orders), tasks
+    return int(orders), coverage_tasks(settings)
+
+
+def post_twice_with_one_key(service: Service, key: str) -> None:
+    """The same order posted twice with one Idempotency-Key: 202, then 200 for the same task,
+    and the order ends COVERED (H1, H2)."""
+    first = service.alice.post("/orders", json=ITEMS, headers={"Idempotency-Key": key})
+    assert first.status_code == 202
+    again = service.alice.post("/orders", json=ITEMS, headers={"Idempotency-Key": key})
+    assert again.status_code == 200 and again.json()["task_id"] == first.json()["task_id"]
+    assert service.wait_status(first.headers["Location"], "COVERED")["policy_number"]
+
+
+async def check_rollback_leaves_neither(app: Any, store: Any) -> None:
+    """E8: an enqueue that joined the order's transaction, then a failure: after the rollback
+    neither the order nor its task exists. ``store`` is open and transactional."""
+    import durq
+
+    order = NewOrder(
+        id="ord_" + "0" * 24,
+        customer="alice",
+        idempotency_key="k",
+        request_hash="h",
+        items=[{"sku": "A-1", "qty": 1}],
+        task_id="coverage:ord_" + "0" * 24,
+    )
+
+    async def enqueue_then_fail(connection: Any) -> Any:
+        assert connection is not None  # the task joins the order's transaction (E8)
+        await app.enqueue(
+            "insurance:check_coverage",
+            {"order_id": order.id},
+            queue=COVERAGE_QUEUE,
+            task_id=order.task_id,
+            connection=connection,
+        )
+        raise RuntimeError("the handler failed after the enqueue")
+
+    with pytest.raises(RuntimeError):
+        await store.create(order, enqueue_then_fail)
+    assert await store.count() == 0
+    with pytest.raises(durq.TaskNotFoundError):
+        await app.inspector.get_task_info(COVERAGE_QUEUE, order.task_id)

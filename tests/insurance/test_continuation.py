@@ -8,28 +8,25 @@ from typing import Any
 
 import pytest
 from examples.insurance.config import Settings
-from examples.insurance.store import NewOrder, SQLiteOrderStore, open_store
+from examples.insurance.store import SQLiteOrderStore, open_store
 from examples.insurance.tasks import COVERAGE_QUEUE, FINALIZE_TASK
 
 import durq
-from insurance.kit import ITEMS, Service, Sim, counts, wait_for
-
-
-def inspector_call(settings: Settings, call: Any) -> Any:
-    app = durq.App(settings.broker_url)
-    try:
-        return app.run_sync(lambda: call(app.inspector))
-    finally:
-        app.close_sync()
+from insurance.kit import (
+    ITEMS,
+    Service,
+    Sim,
+    check_rollback_leaves_neither,
+    counts,
+    inspector_call,
+    post_twice_with_one_key,
+    wait_for,
+)
 
 
 def test_sqlite_order_and_task_in_one_transaction(service: Service, sim: Sim) -> None:
     assert service.app.state.runtime.store.transactional is True
-    first = service.alice.post("/orders", json=ITEMS, headers={"Idempotency-Key": "one-tx"})
-    assert first.status_code == 202
-    again = service.alice.post("/orders", json=ITEMS, headers={"Idempotency-Key": "one-tx"})
-    assert again.status_code == 200 and again.json()["task_id"] == first.json()["task_id"]
-    assert service.wait_status(first.headers["Location"], "COVERED")["policy_number"]
+    post_twice_with_one_key(service, "one-tx")
     assert counts(service) == (1, 1)
 
 
@@ -41,32 +38,8 @@ async def test_sqlite_rollback_leaves_neither_order_nor_task(settings: Settings)
     assert isinstance(store, SQLiteOrderStore) and store.transactional
     await store.open()
     await app.broker()  # the durq tables exist before a transaction writes into them
-    order = NewOrder(
-        id="ord_" + "0" * 24,
-        customer="alice",
-        idempotency_key="k",
-        request_hash="h",
-        items=[{"sku": "A-1", "qty": 1}],
-        task_id="coverage:ord_" + "0" * 24,
-    )
-
-    async def enqueue_then_fail(connection: Any) -> Any:
-        assert connection is not None  # the task joins the order's transaction (E8)
-        await app.enqueue(
-            "insurance:check_coverage",
-            {"order_id": order.id},
-            queue=COVERAGE_QUEUE,
-            task_id=order.task_id,
-            connection=connection,
-        )
-        raise RuntimeError("the handler failed after the enqueue")
-
     try:
-        with pytest.raises(RuntimeError):
-            await store.create(order, enqueue_then_fail)
-        assert await store.count() == 0
-        with pytest.raises(durq.TaskNotFoundError):
-            await app.inspector.get_task_info(COVERAGE_QUEUE, order.task_id)
+        await check_rollback_leaves_neither(app, store)
     finally:
         await store.close()
         await app.close()
@@ -82,15 +55,23 @@ def test_orders_in_another_file_save_then_enqueue(
     assert service.wait_status(location, "COVERED")["policy_number"]
 
 
-def test_task_archived_by_the_inspector_marks_the_order_failed(
+def order_waiting_in_retry(
     start_service: Any, settings: Settings, sim: Sim
-) -> None:
-    # The partner keeps answering "pending" and the next poll is far away: the task waits.
+) -> tuple[Service, str, str]:
+    """An order whose coverage task sits in retry: the partner keeps answering "pending" and
+    the next poll is far away. Returns the service, the order's location and the task id."""
     sim.configure(pending_polls=1000)
     service: Service = start_service(settings.with_(backoff_base=60.0, backoff_cap=60.0))
     answer = service.alice.post("/orders", json=ITEMS)
     location, task_id = answer.headers["Location"], answer.json()["task_id"]
     wait_for(lambda: service.order(location)["task_state"] == "retry")
+    return service, location, task_id
+
+
+def test_task_archived_by_the_inspector_marks_the_order_failed(
+    start_service: Any, settings: Settings, sim: Sim
+) -> None:
+    service, location, task_id = order_waiting_in_retry(start_service, settings, sim)
     assert service.order(location)["status"] == "PENDING"
     inspector_call(settings, lambda i: i.archive_task(COVERAGE_QUEUE, task_id))
     order = service.wait_status(location, "FAILED")
@@ -102,11 +83,7 @@ def test_task_archived_by_the_inspector_marks_the_order_failed(
 def test_task_cancelled_by_the_inspector_marks_the_order_failed(
     start_service: Any, settings: Settings, sim: Sim
 ) -> None:
-    sim.configure(pending_polls=1000)
-    service: Service = start_service(settings.with_(backoff_base=60.0, backoff_cap=60.0))
-    answer = service.alice.post("/orders", json=ITEMS)
-    location, task_id = answer.headers["Location"], answer.json()["task_id"]
-    wait_for(lambda: service.order(location)["task_state"] == "retry")
+    service, location, task_id = order_waiting_in_retry(start_service, settings, sim)
     inspector_call(settings, lambda i: i.cancel_task(COVERAGE_QUEUE, task_id))
     order = service.wait_status(location, "FAILED")
     assert "cancelled" in order["last_error"]

@@ -13,11 +13,20 @@ from typing import Any
 
 import pytest
 from examples.insurance.config import Settings
-from examples.insurance.store import NewOrder, PostgresOrderStore
+from examples.insurance.store import PostgresOrderStore
 
 import durq
 from durq.brokers import open_broker
-from insurance.kit import ITEMS, ROOT, Service, Sim, counts
+from insurance.kit import (
+    ITEMS,
+    ROOT,
+    Service,
+    Sim,
+    check_rollback_leaves_neither,
+    counts,
+    coverage_tasks,
+    post_twice_with_one_key,
+)
 from servers import PG_DSN, broker_url_for, drop_isolated, require_server, unique_name
 
 
@@ -116,12 +125,7 @@ def pg_counts(settings: Settings) -> tuple[int, int]:
             sql.Identifier(settings.database_schema)
         )
         orders = conn.execute(query).fetchone()[0]
-    app = durq.App(settings.broker_url)
-    try:
-        queues = app.run_sync(lambda: app.inspector.list_queues())
-    finally:
-        app.close_sync()
-    return int(orders), sum(q.size for q in queues if q.name == "insurance")
+    return int(orders), coverage_tasks(settings)
 
 
 def test_postgres_flow_in_one_transaction(
@@ -129,11 +133,7 @@ def test_postgres_flow_in_one_transaction(
 ) -> None:
     service: Service = start_service(pg_settings)
     assert service.app.state.runtime.store.transactional is True
-    first = service.alice.post("/orders", json=ITEMS, headers={"Idempotency-Key": "pg-1"})
-    assert first.status_code == 202
-    again = service.alice.post("/orders", json=ITEMS, headers={"Idempotency-Key": "pg-1"})
-    assert again.status_code == 200 and again.json()["task_id"] == first.json()["task_id"]
-    assert service.wait_status(first.headers["Location"], "COVERED")["policy_number"]
+    post_twice_with_one_key(service, "pg-1")
     assert pg_counts(pg_settings) == (1, 1)
 
 
@@ -142,31 +142,7 @@ async def test_postgres_rollback_leaves_neither_order_nor_task(pg_settings: Sett
     store = PostgresOrderStore(PG_DSN, pg_settings.database_schema, transactional=True)
     await store.open()
     try:
-        order = NewOrder(
-            id="ord_" + "0" * 24,
-            customer="alice",
-            idempotency_key="k",
-            request_hash="h",
-            items=[{"sku": "A-1", "qty": 1}],
-            task_id="coverage:ord_" + "0" * 24,
-        )
-
-        async def enqueue_then_fail(connection: Any) -> Any:
-            assert connection is not None  # the task joins the order's transaction (E8)
-            await app.enqueue(
-                "insurance:check_coverage",
-                {"order_id": order.id},
-                queue="insurance",
-                task_id=order.task_id,
-                connection=connection,
-            )
-            raise RuntimeError("the handler failed after the enqueue")
-
-        with pytest.raises(RuntimeError):
-            await store.create(order, enqueue_then_fail)
-        assert await store.count() == 0
-        with pytest.raises(durq.TaskNotFoundError):
-            await app.inspector.get_task_info("insurance", order.task_id)
+        await check_rollback_leaves_neither(app, store)
     finally:
         await store.close()
         await app.close()
