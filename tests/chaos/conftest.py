@@ -11,58 +11,59 @@ import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
 from chaos.harness import Cluster, Report, ThrowawayPostgres, ThrowawayRedis
 
+T = TypeVar("T")
+
+
+def made_and_closed(
+    make: Callable[..., T], close: Callable[[T], None]
+) -> Iterator[Callable[..., T]]:
+    """A fixture body: hand the test ``make``, then ``close`` everything it made, in order."""
+    made: list[T] = []
+
+    def tracked(*args: Any, **kwargs: Any) -> T:
+        item = make(*args, **kwargs)
+        made.append(item)
+        return item
+
+    yield tracked
+    for item in made:
+        close(item)
+
 
 @pytest.fixture
 def clusters(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
-    made: list[Cluster] = []
-
     def make(url: str, size: int, *args: str, name: str = "ledger") -> Cluster:
-        cluster = Cluster(url, tmp_path / name, size, *args)
-        made.append(cluster)
-        return cluster
+        return Cluster(url, tmp_path / name, size, *args)
 
-    yield make
-    for cluster in made:
-        cluster.stop()
+    yield from made_and_closed(make, Cluster.stop)
 
 
 @pytest.fixture
 def throwaway_pg(tmp_path: Path) -> Iterator[Callable[[], ThrowawayPostgres]]:
-    servers: list[ThrowawayPostgres] = []
-
     def make() -> ThrowawayPostgres:
         try:
-            server = ThrowawayPostgres()
+            return ThrowawayPostgres()
         except (RuntimeError, FileNotFoundError, subprocess.CalledProcessError) as exc:
             pytest.skip(f"cannot create a private PostgreSQL cluster: {exc}")
-        servers.append(server)
-        return server
 
-    yield make
-    for server in servers:
-        server.close()
+    yield from made_and_closed(make, ThrowawayPostgres.close)
 
 
 @pytest.fixture
 def throwaway_redis(tmp_path: Path) -> Iterator[Callable[..., ThrowawayRedis]]:
-    servers: list[ThrowawayRedis] = []
-
     def make(*config: str, name: str = "r") -> ThrowawayRedis:
         try:
-            server = ThrowawayRedis(tmp_path / name, *config)
+            return ThrowawayRedis(tmp_path / name, *config)
         except RuntimeError as exc:
             pytest.skip(str(exc))
-        servers.append(server)
-        return server
 
-    yield make
-    for server in servers:
-        server.close()
+    yield from made_and_closed(make, ThrowawayRedis.close)
 
 
 @pytest.fixture

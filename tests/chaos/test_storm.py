@@ -11,6 +11,7 @@ import asyncio
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,21 +119,23 @@ async def test_sqlite_storm_full(tmp_path, clusters, record) -> None:
     await sqlite_storm(tmp_path, clusters, record, tasks=10_000, timeout=280, kill_every=3.0, ms=20)
 
 
-# -- PostgreSQL ---------------------------------------------------------------------------------
+# -- a storm with a crash of the broker server (PostgreSQL, Redis) ------------------------------
 
 
-async def pg_storm(
+async def server_storm(
     clusters,
     record,
-    server: ThrowawayPostgres,
+    url: str,
+    crash: Callable[[], object],
     *,
     tasks: int,
     timeout: float,
     crash_at: float,
     ms: int = 50,
 ) -> None:
+    """Kill workers every 2 s and, ``crash_at`` seconds in, ``crash`` the broker server."""
     report = await run_storm(
-        server.dsn,
+        url,
         clusters,
         tasks=tasks,
         workers=4,
@@ -140,12 +143,21 @@ async def pg_storm(
         kill_every=2.0,
         timeout=timeout,
         ms=ms,
-        during={crash_at: lambda: server.restart_immediate(1.0)},
+        during={crash_at: crash},
     )
     record(report)
     assert_sound(report)
     assert report.extra["server_restarts"] == 1, "the run ended before the server crash"
     assert report.kills >= 2
+
+
+async def pg_storm(clusters, record, server: ThrowawayPostgres, **sizes: Any) -> None:
+    await server_storm(clusters, record, server.dsn, lambda: server.restart_immediate(1.0), **sizes)
+
+
+async def redis_storm(clusters, record, server: ThrowawayRedis, **sizes: Any) -> None:
+    url = f"{server.url}?prefix=storm"
+    await server_storm(clusters, record, url, lambda: server.crash_and_restart(1.0), **sizes)
 
 
 async def test_postgres_storm_short(clusters, record, throwaway_pg) -> None:
@@ -156,37 +168,6 @@ async def test_postgres_storm_short(clusters, record, throwaway_pg) -> None:
 @pytest.mark.timeout(330)
 async def test_postgres_storm_full(clusters, record, throwaway_pg) -> None:
     await pg_storm(clusters, record, throwaway_pg(), tasks=20_000, timeout=280, crash_at=9.0)
-
-
-# -- Redis --------------------------------------------------------------------------------------
-
-
-async def redis_storm(
-    clusters,
-    record,
-    server: ThrowawayRedis,
-    *,
-    tasks: int,
-    timeout: float,
-    crash_at: float,
-    ms: int = 50,
-) -> None:
-    url = f"{server.url}?prefix=storm"
-    report = await run_storm(
-        url,
-        clusters,
-        tasks=tasks,
-        workers=4,
-        concurrency=8,
-        kill_every=2.0,
-        timeout=timeout,
-        ms=ms,
-        during={crash_at: lambda: server.crash_and_restart(1.0)},
-    )
-    record(report)
-    assert_sound(report)
-    assert report.extra["server_restarts"] == 1, "the run ended before the server crash"
-    assert report.kills >= 2
 
 
 async def test_redis_storm_short(clusters, record, throwaway_redis) -> None:
