@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -54,6 +54,20 @@ name_strategy = st.one_of(
     st.text(min_size=0, max_size=40),
     st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,30}", fullmatch=True),
 )
+
+
+def fuzz_names(test: Callable[[str, str, str], None]) -> Callable[[], None]:
+    """``@settings`` + ``@given``: both sides of the test draw the same names, same budget."""
+    budget = settings(
+        max_examples=120,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        database=None,
+    )
+    draw: Callable[[], None] = given(
+        queue=name_strategy, type_=name_strategy, task_id=name_strategy
+    )(test)
+    return budget(draw)
 
 
 @pytest.fixture(params=["sqlite", "postgres", "redis"])
@@ -152,13 +166,7 @@ def test_names_refused_or_round_trip(fuzz_target: tuple[str, str, object]) -> No
     before = catalog(kind, url, server)
     seen: set[tuple[str, str]] = set()
 
-    @settings(
-        max_examples=120,
-        deadline=None,
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-        database=None,
-    )
-    @given(queue=name_strategy, type_=name_strategy, task_id=name_strategy)
+    @fuzz_names
     def client_side(queue: str, type_: str, task_id: str) -> None:
         expected_ok = valid(queue) and valid(type_) and valid_id(task_id)
         if (queue, task_id) in seen:
@@ -174,13 +182,7 @@ def test_names_refused_or_round_trip(fuzz_target: tuple[str, str, object]) -> No
         got = loop.run(app.inspector.get_task_info(queue, task_id))
         assert (got.queue, got.type, got.id, got.payload) == (queue, type_, task_id, {"q": queue})
 
-    @settings(
-        max_examples=120,
-        deadline=None,
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-        database=None,
-    )
-    @given(queue=name_strategy, type_=name_strategy, task_id=name_strategy)
+    @fuzz_names
     def broker_side(queue: str, type_: str, task_id: str) -> None:
         """Past the client's checks: the broker refuses with a durq error or round-trips."""
         if (queue, task_id) in seen:
