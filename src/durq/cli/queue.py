@@ -10,7 +10,7 @@ import typer
 from durq.app import App
 from durq.brokers.base import QueueStats
 from durq.cli.common import BrokerOpt, JsonOpt, console, fmt_age, make_table, print_json, run
-from durq.inspector import parse_state
+from durq.inspector import Inspector, parse_state
 from durq.states import TaskState
 
 group = typer.Typer(
@@ -103,11 +103,11 @@ def unpause_command(queue: QueueArg, broker: BrokerOpt = None, as_json: JsonOpt 
 
 
 def _bulk(
-    broker: str | None,
-    as_json: bool,
+    act: Callable[[Inspector, str, TaskState], Awaitable[int]],
     queue: str,
     state: str,
-    act: Callable[[App, TaskState], Awaitable[int]],
+    broker: str | None,
+    as_json: bool,
     *,
     key: str,
     done: str,
@@ -116,7 +116,7 @@ def _bulk(
     wanted = parse_state(state)
 
     async def body(app: App) -> int:
-        return await act(app, wanted)
+        return await act(app.inspector, queue, wanted)
 
     count = run(broker, body)
     if as_json:
@@ -133,15 +133,7 @@ def run_all_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Make every scheduled, retry or archived task of a queue pending now."""
-    _bulk(
-        broker,
-        as_json,
-        queue,
-        state,
-        lambda app, wanted: app.inspector.run_all(queue, wanted),
-        key="run",
-        done="queued to run",
-    )
+    _bulk(Inspector.run_all, queue, state, broker, as_json, key="run", done="queued to run")
 
 
 @group.command("delete-all")
@@ -152,15 +144,7 @@ def delete_all_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Delete every task of a queue in one state (not active)."""
-    _bulk(
-        broker,
-        as_json,
-        queue,
-        state,
-        lambda app, wanted: app.inspector.delete_all(queue, wanted),
-        key="deleted",
-        done="deleted",
-    )
+    _bulk(Inspector.delete_all, queue, state, broker, as_json, key="deleted", done="deleted")
 
 
 def register(app: typer.Typer) -> None:
