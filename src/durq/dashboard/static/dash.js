@@ -104,7 +104,14 @@
     chart.appendChild(svg);
   }
   async function refreshChart() {
-    try { draw(await getJSON(chart.dataset.source)); } catch (err) { /* next tick */ }
+    try {
+      const history = await getJSON(chart.dataset.source);
+      draw(history);
+      // No points yet (a fresh dashboard): look again after one sample, not a full refresh.
+      if (!(history.points || []).length) {
+        setTimeout(refreshChart, Math.max(500, history.interval * 1000));
+      }
+    } catch (err) { /* next tick */ }
   }
   if (chart) { refreshChart(); setInterval(refreshChart, Math.max(refresh, 10000)); }
 })();
