@@ -27,8 +27,6 @@ def broker_url(broker_kind: str, tmp_path: Path) -> Iterator[str]:
     drop_isolated(broker_kind, url)
 
 
-
-
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock(START)

@@ -67,7 +67,6 @@ class _RandomIds:
             self._at += 16
         return self._pool[start : start + 16].hex()
 
-
     def reset(self) -> None:
         self._lock = threading.Lock()
         self._pool, self._at = b"", 0

@@ -164,9 +164,7 @@ async def test_E7_unreachable_broker_raises_promptly(broker_kind: str, tmp_path:
 async def test_E9_bulk_enqueue_reports_each_item(app: durq.App) -> None:
     await app.enqueue("x:y", {"n": 0}, task_id="taken")
     await app.enqueue("x:u", {"n": 1}, unique=3600)
-    requests = [
-        durq.EnqueueRequest("x:y", {"n": i}, task_id=f"bulk-{i}") for i in range(50)
-    ] + [
+    requests = [durq.EnqueueRequest("x:y", {"n": i}, task_id=f"bulk-{i}") for i in range(50)] + [
         durq.EnqueueRequest("x:y", {"n": 0}, task_id="taken"),
         durq.EnqueueRequest("x:u", {"n": 1}, unique=3600),
         durq.EnqueueRequest("x:y", {"n": 99}, process_in=3600, task_id="later"),

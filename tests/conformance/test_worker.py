@@ -164,9 +164,7 @@ def test_W4_named_policies() -> None:
         assert 0 < durq.exponential(n) <= 3600
 
 
-async def test_W5_skip_retry_and_not_ready(
-    app: durq.App, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_W5_skip_retry_and_not_ready(app: durq.App, caplog: pytest.LogCaptureFixture) -> None:
     polls = Counter[str]()
 
     @app.task("partner:poll", max_retry=10, retry_delay=durq.fixed(0.05), retention=60)
@@ -251,9 +249,7 @@ async def test_W7_graceful_shutdown_hands_back_unfinished_tasks(app: durq.App) -
     assert done.state is TaskState.COMPLETED and done.result == "finished in grace"
 
 
-async def test_W7_sigterm_on_a_real_process(
-    app: durq.App, broker_url: str, tmp_path: Path
-) -> None:
+async def test_W7_sigterm_on_a_real_process(app: durq.App, broker_url: str, tmp_path: Path) -> None:
     marker = tmp_path / "marker.txt"
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "worker_process.py"), broker_url, str(marker)],
@@ -331,9 +327,7 @@ async def test_W9_unknown_type_is_retried_with_a_clear_error(app: durq.App) -> N
     assert retry.last_error == 'no handler for type "not:deployed"' and retry.retried == 1
 
 
-async def test_W10_two_workers_never_run_a_task_twice(
-    app: durq.App, broker_url: str
-) -> None:
+async def test_W10_two_workers_never_run_a_task_twice(app: durq.App, broker_url: str) -> None:
     runs = Counter[str]()
     live: set[str] = set()
     overlaps: list[str] = []

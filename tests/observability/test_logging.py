@@ -59,4 +59,3 @@ def test_O3_text_format_appends_task_fields() -> None:
 def test_O3_unknown_format_is_refused() -> None:
     with pytest.raises(ValueError):
         setup_logging("INFO", "yaml")
-

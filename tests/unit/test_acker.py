@@ -37,8 +37,10 @@ async def test_concurrent_acks_ride_one_round_trip() -> None:
     first = asyncio.create_task(acker.complete(params("a")))
     await asyncio.sleep(0)
     await asyncio.sleep(0)
-    rest = [asyncio.create_task(acker.complete(params(t, tok))) for t, tok in
-            [("b", "ok"), ("c", "stale"), ("d", "ok")]]
+    rest = [
+        asyncio.create_task(acker.complete(params(t, tok)))
+        for t, tok in [("b", "ok"), ("c", "stale"), ("d", "ok")]
+    ]
     await asyncio.sleep(0)
     broker.release.set()
     assert await first is True

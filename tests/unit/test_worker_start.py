@@ -20,9 +20,7 @@ async def test_worker_waits_for_the_broker_then_runs(tmp_path: Path) -> None:
         ran.set()
 
     worker = app.worker(poll_interval=0.05)
-    running = asyncio.create_task(
-        worker.run(install_signal_handlers=False, wait_for_broker=30)
-    )
+    running = asyncio.create_task(worker.run(install_signal_handlers=False, wait_for_broker=30))
     await asyncio.sleep(0.8)  # at least one failed attempt
     assert not running.done()
     home.mkdir()  # the broker becomes reachable

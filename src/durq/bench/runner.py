@@ -378,9 +378,7 @@ async def _probe_results(app: App, queue: str, m: int) -> list[float]:
     values: list[float] = []
     offset = 0
     while True:
-        page = await app.inspector.list_tasks(
-            queue, TaskState.COMPLETED, limit=1000, offset=offset
-        )
+        page = await app.inspector.list_tasks(queue, TaskState.COMPLETED, limit=1000, offset=offset)
         values.extend(float(t.result["latency"]) for t in page)
         if len(page) < 1000:
             break
