@@ -18,13 +18,14 @@ demo: $(STAMP)
 	$(BIN)/durq demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests examples benchmarks
+	$(BIN)/ruff format --check src tests examples benchmarks
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -m "not chaos" $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests examples benchmarks
+	$(BIN)/ruff format --check src tests examples benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
