@@ -45,7 +45,7 @@ def banner(api_url: str, sim_url: str, broker_url: str, token: str, key: str) ->
         [
             "durq demo: the insurance coverage service (examples/insurance), monolith",
             f"API: {api_url}",
-            f"partner simulator: {sim_url} (OpenAPI at {sim_url}/docs)",
+            f"partner simulator: {sim_url} (OpenAPI at {sim_url}/openapi.json)",
             f"broker: {broker_url}",
             "customer: demo",
             f"token: {token}",
