@@ -132,6 +132,26 @@ async def test_W3_deadline_cancels_the_handler(app: durq.App) -> None:
     assert archived.last_error == "deadline exceeded"
 
 
+async def test_W3_handler_own_timeout_error_is_an_ordinary_failure(app: durq.App) -> None:
+    # A TimeoutError from the handler's own I/O (socket.timeout, asyncio.wait_for) is not the
+    # task's timeout firing: it fails the attempt like any error, with its own message.
+    @app.task("io:timeout", max_retry=0)
+    async def flaky(payload: dict[str, Any]) -> None:
+        raise TimeoutError("partner did not answer")
+
+    @app.task("io:timeout_with_budget", max_retry=0, timeout=30)
+    async def flaky2(payload: dict[str, Any]) -> None:
+        raise TimeoutError("partner did not answer")
+
+    async with app.worker(**FAST):
+        one = await flaky.enqueue({})
+        two = await flaky2.enqueue({})
+        a = await wait_for_state(app, "default", one.id, TaskState.ARCHIVED, timeout=5)
+        b = await wait_for_state(app, "default", two.id, TaskState.ARCHIVED, timeout=5)
+    assert a.last_error == "TimeoutError: partner did not answer"
+    assert b.last_error == "TimeoutError: partner did not answer"
+
+
 async def test_W4_retries_with_backoff_then_archives_with_alert(
     app: durq.App, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -176,7 +176,7 @@ class Executor:
             raise
         except SkipRetry as exc:
             return await self._archive(lease, exc.reason, alert=False)
-        except TimeoutError:
+        except _TimedOut:
             return await self._failed(lease, task_def, self._timeout_message(task), None)
         except _Undecodable as exc:
             return await self._archive(lease, str(exc), alert=True)
@@ -234,8 +234,16 @@ class Executor:
                 stack.enter_context(hook.around(task))
             if budget is None:  # most tasks: skip the timeout machinery on the hot path
                 return await self._invoke(task_def, args)
-            async with asyncio.timeout(budget):
-                return await self._invoke(task_def, args)
+            scope = asyncio.timeout(budget)
+            try:
+                async with scope:
+                    return await self._invoke(task_def, args)
+            except TimeoutError:
+                # Only our own budget is W3; a TimeoutError of the handler's own I/O is an
+                # ordinary failure with its own message.
+                if scope.expired():
+                    raise _TimedOut from None
+                raise
 
     async def _invoke(self, task_def: TaskDef[Any, Any], args: list[Any]) -> Any:
         if task_def.is_async:
@@ -267,7 +275,9 @@ class Executor:
         return min(limits) if limits else None
 
     def _timeout_message(self, task: TaskInfo) -> str:
-        if task.deadline is not None and task.deadline.timestamp() <= self.app.clock.now():
+        if not task.timeout or (
+            task.deadline is not None and task.deadline.timestamp() <= self.app.clock.now()
+        ):
             return "deadline exceeded"
         return f"timeout after {task.timeout:g}s"
 
@@ -390,6 +400,10 @@ class Executor:
                 )
             return held
         return False
+
+
+class _TimedOut(Exception):
+    """The attempt's budget (timeout or deadline) ran out and its handler was cancelled."""
 
 
 class _Undecodable(Exception):
