@@ -85,3 +85,23 @@ async def test_W1_rescue_counts_processed_and_failed(broker: FullBroker, clock: 
     await broker.rescue_expired(3)
     stats = await broker.queue_stats("default")
     assert (stats.processed_today, stats.failed_today) == (1, 1)
+
+
+async def test_W1_running_a_worker_lost_task_gives_it_max_lost_chances_again(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    # The inspector's run (one task or all) starts the poison-pill count afresh on every
+    # backend: otherwise one more lost lease would archive the task again at once.
+    for task_id in ("one", "all"):
+        await broker.enqueue(params(task_id, max_retry=25))
+        await claim(broker)
+        clock.advance(LEASE + 1)
+        (task,) = await broker.rescue_expired(1)
+        assert (task.state, task.lost) == (X, 1)
+    assert (await broker.run_task("default", "one")).lost == 0
+    assert await broker.run_all("default", X) == 1
+    assert (await broker.get_task("default", "all")).lost == 0
+    await claim(broker, limit=2)
+    clock.advance(LEASE + 1)
+    rescued = await broker.rescue_expired(2)
+    assert sorted((t.id, t.state, t.lost) for t in rescued) == [("all", R, 1), ("one", R, 1)]

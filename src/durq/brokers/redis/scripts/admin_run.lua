@@ -16,7 +16,8 @@ if cur[1] ~= 'scheduled' and cur[1] ~= 'retry' and cur[1] ~= 'archived' then
 end
 redis.call('ZREM', zsets[cur[1]], cur[2])
 redis.call('HSET', KEYS[1], 'state', 'pending', 'npa', ARGV[1])
-redis.call('HDEL', KEYS[1], 'archived_at')
+-- A fresh start for the poison-pill count, as on the SQL brokers (lost 0 is not stored).
+redis.call('HDEL', KEYS[1], 'archived_at', 'lost', 'cancel')
 redis.call('ZADD', KEYS[2], ARGV[1], cur[2])
 redis.call('PUBLISH', ARGV[2], '1')
 return {'ok', redis.call('HGETALL', KEYS[1])}

@@ -11,7 +11,7 @@ for _, m in ipairs(batch) do
   redis.call('ZREM', KEYS[1], m)
   local key = ARGV[2] .. member_id(m)
   redis.call('HSET', key, 'state', 'pending', 'npa', ARGV[1])
-  redis.call('HDEL', key, 'archived_at')
+  redis.call('HDEL', key, 'archived_at', 'lost', 'cancel')  -- lost 0: a fresh poison-pill count
   redis.call('ZADD', KEYS[2], ARGV[1], m)
 end
 if #batch > 0 then
