@@ -134,7 +134,7 @@ class RedisAdmin(RedisCore):
                 return []
             pipe = self._redis.pipeline(transaction=False)
             for m in members:
-                pipe.hgetall(k.task_prefix + m[16:].decode())
+                pipe.hgetall(k.task(m[16:].decode()))
             rows = await pipe.execute()
             return [task_info(queue, row) for row in rows if row]
 
