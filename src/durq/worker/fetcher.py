@@ -93,6 +93,12 @@ class Fetcher:
                 log.warning("cannot claim tasks (%s); retrying in %.1fs", exc, delay)
                 await self._sleep(delay)
                 continue
+            except Exception:  # a dead fetcher would leave a live worker that takes nothing
+                failures += 1
+                delay = min(0.1 * 2**failures, 5.0)
+                log.exception("claim failed; retrying in %.1fs", delay)
+                await self._sleep(delay)
+                continue
             for lease in leases:
                 self.executor.submit(lease)
             if len(leases) < free and not self._stop.is_set():
