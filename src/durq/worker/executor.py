@@ -11,7 +11,7 @@ import contextvars
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -109,13 +109,17 @@ class Executor:
         for hook in self.hooks:
             hook.busy_changed(len(self.running) - self._settling, self.concurrency)
 
-    def cancel(self, task_id: str, reason: str) -> bool:
+    def cancel(self, task_id: str, reason: str, *, tokens: Collection[str] | None = None) -> bool:
         """Cancel running attempts of ``task_id`` for ``reason`` (lost, cancelled, shutdown).
 
+        ``tokens``: only attempts holding one of these leases (a heartbeat's answer is about
+        the leases it sent, not about a later claim of the same task by this worker).
         An attempt whose handler already returned is being settled and is left alone: a
         heartbeat racing with its ack reports it "lost" although it is simply done."""
         hit = False
         for (_, tid), running in list(self.running.items()):
+            if tokens is not None and running.lease.token not in tokens:
+                continue
             if tid == task_id and running.reason is None and not running.settling:
                 running.reason = reason
                 running.task.cancel()

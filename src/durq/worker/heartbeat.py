@@ -35,10 +35,13 @@ class Heartbeat(PeriodicService):
         leases = self.executor.leases()
         if leases:
             report = await self.broker.extend_leases(leases, self.lease_seconds)
+            # The report names task ids: act only on the attempts whose leases were sent.
+            # One that ended meanwhile may have been retried and claimed again by this worker.
+            sent = {ref.token for ref in leases}
             for task_id in report.lost:
-                if self.executor.cancel(task_id, LOST):
+                if self.executor.cancel(task_id, LOST, tokens=sent):
                     log.warning("lease of task %s was lost; cancelling its handler", task_id)
             for task_id in report.cancel:
-                if self.executor.cancel(task_id, CANCELLED):
+                if self.executor.cancel(task_id, CANCELLED, tokens=sent):
                     log.info("task %s: cancellation requested", task_id)
         await self.broker.register_worker(self.worker_info())
