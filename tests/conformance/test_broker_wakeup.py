@@ -107,3 +107,17 @@ async def test_W11_enqueue_from_another_process_wakes(make_broker, broker_url: s
     start = time.monotonic()
     assert await asyncio.wait_for(task, BOUND)
     assert time.monotonic() - start < BOUND
+
+
+async def test_W11_unpause_wakes(make_broker, clock: FakeClock) -> None:
+    # A paused queue's pending tasks become claimable when it is resumed: its idle workers
+    # must learn it then, not at the end of their wait.
+    waiter, admin = await make_broker(), await make_broker()
+    await admin.enqueue(params("t"))
+    await admin.pause_queue("default")
+    for _ in range(10):  # settle: the enqueue's wake-up and any first-wait one are spent
+        assert await claim(waiter) == []
+        if not await waiter.wait_for_work(["default"], timeout=0.2):
+            break
+    woken, took = await woken_by(waiter, ["default"], lambda: admin.unpause_queue("default"))
+    assert woken and took < BOUND

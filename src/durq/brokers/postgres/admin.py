@@ -161,7 +161,9 @@ class PostgresAdmin(PostgresBase):
         return count
 
     async def _set_paused(self, method: str, queue: str, paused: bool) -> None:
-        row = await self._fetch_one(method, "set_paused", {"queue": queue, "paused": paused})
+        row = await self._fetch_one(
+            method, "set_paused", {"queue": queue, "paused": paused, "channel": self._channel}
+        )
         if row is None:
             raise QueueNotFoundError(f"no queue named {queue!r}")
 

@@ -377,7 +377,14 @@ DELETE FROM {schema}.workers WHERE id = %(id)s;
 SELECT * FROM {schema}.workers WHERE last_heartbeat > %(since)s ORDER BY started_at, id;
 
 -- name: set_paused
-UPDATE {schema}.queues SET paused = %(paused)s WHERE name = %(queue)s RETURNING name;
+-- Unpausing wakes the queue's idle workers: its waiting tasks are claimable again.
+WITH s AS (
+    UPDATE {schema}.queues SET paused = %(paused)s WHERE name = %(queue)s RETURNING name
+),
+woken AS (
+    SELECT count(pg_notify(%(channel)s, s.name)) AS n FROM s WHERE NOT %(paused)s
+)
+SELECT s.name FROM s, woken;
 
 -- name: queue_exists
 SELECT 1 AS ok FROM {schema}.queues WHERE name = %(queue)s;
