@@ -55,11 +55,11 @@ async def test_a_new_claim_of_the_same_task_is_not_cancelled_as_lost(tmp_path: P
     await asyncio.sleep(0)
 
     async def first_attempt_ends_and_task_is_claimed_again() -> None:
-        running = executor.running[("default", "t1")]
+        (running,) = executor.running.values()
         running.task.cancel()  # the first attempt ends (how does not matter here)
         await asyncio.wait([running.task])
         await asyncio.sleep(0)
-        assert ("default", "t1") not in executor.running
+        assert not executor.running
         executor.submit(_lease("token-2"))
         await asyncio.sleep(0)
 
@@ -72,9 +72,50 @@ async def test_a_new_claim_of_the_same_task_is_not_cancelled_as_lost(tmp_path: P
         worker_info=lambda: None,  # type: ignore[arg-type,return-value]
     )
     await heartbeat.tick()
-    second = executor.running[("default", "t1")]
+    (second,) = executor.running.values()
     assert second.lease.token == "token-2"
     assert second.reason is None and not second.task.cancelled()
     release.set()
     await executor.drain(5)
+    await executor.close()
+
+
+class _AckBroker:
+    async def complete_many(self, params: list[Any]) -> list[bool]:
+        return [True for _ in params]
+
+
+async def test_an_ended_attempt_does_not_untrack_a_new_claim_of_its_task(tmp_path: Path) -> None:
+    # The task is claimed again in the same loop turn its first attempt ends: the old
+    # attempt's release must not drop the new one (unheartbeated, undrained at shutdown).
+    app = durq.App(f"sqlite:///{tmp_path / 'durq.sqlite3'}")
+    release = asyncio.Event()
+
+    @app.task("t:wait")
+    async def wait(payload: dict[str, Any], ctx: durq.TaskContext) -> None:
+        if ctx.retried:
+            await release.wait()
+
+    loop = asyncio.get_running_loop()
+    second = Lease(_lease("token-2").task.replace(retried=1), "token-2")
+
+    class ClaimsAgain(durq.WorkerHooks):
+        def task_finished(self, task: TaskInfo, outcome: str, duration: float) -> None:
+            if task.retried == 0:
+                loop.call_soon(executor.submit, second)
+
+    executor = Executor(
+        app,
+        _AckBroker(),  # type: ignore[arg-type]
+        concurrency=2,
+        worker_id="w",
+        hooks=[ClaimsAgain()],
+    )
+    executor.submit(_lease("token-1"))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert [r.lease.token for r in executor.running.values()] == ["token-2"]
+    assert executor.free_slots == 1  # the first attempt's slot came back
+    release.set()
+    assert await executor.drain(5)
     await executor.close()

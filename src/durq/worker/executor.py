@@ -73,7 +73,9 @@ class Executor:
         self.concurrency = concurrency
         self.worker_id = worker_id
         self.hooks = hooks
-        self.running: dict[tuple[str, str], Running] = {}
+        #: Keyed by lease, not task: a task may be claimed again before its last attempt's
+        #: done-callback ran (a retry due at once), and the two must not share an entry.
+        self.running: dict[LeaseRef, Running] = {}
         #: Attempts in ``running`` whose handler returned (waiting for their ack).
         self._settling = 0
         self.slot_freed = asyncio.Event()
@@ -91,13 +93,13 @@ class Executor:
         return [r.lease.ref for r in self.running.values()]
 
     def submit(self, lease: Lease) -> None:
-        key = (lease.task.queue, lease.task.id)
+        key = lease.ref
         task = asyncio.create_task(self._attempt(lease), name=f"durq-task-{lease.task.id}")
         self.running[key] = Running(lease, task)
         task.add_done_callback(lambda _t: self._release(key))
         self._busy_changed()
 
-    def _release(self, key: tuple[str, str]) -> None:
+    def _release(self, key: LeaseRef) -> None:
         running = self.running.pop(key, None)
         if running is not None and running.settling:
             self._settling -= 1
@@ -117,10 +119,10 @@ class Executor:
         An attempt whose handler already returned is being settled and is left alone: a
         heartbeat racing with its ack reports it "lost" although it is simply done."""
         hit = False
-        for (_, tid), running in list(self.running.items()):
+        for ref, running in list(self.running.items()):
             if tokens is not None and running.lease.token not in tokens:
                 continue
-            if tid == task_id and running.reason is None and not running.settling:
+            if ref.id == task_id and running.reason is None and not running.settling:
                 running.reason = reason
                 running.task.cancel()
                 hit = True
@@ -147,7 +149,7 @@ class Executor:
 
     async def _attempt(self, lease: Lease) -> None:
         task = lease.task
-        key = (task.queue, task.id)
+        key = lease.ref
         started = time.perf_counter()
         for hook in self.hooks:
             hook.task_started(task)
@@ -169,12 +171,12 @@ class Executor:
         task_def = self.app.tasks.get(task.type)
         try:
             if task_def is None:
-                self._mark_settling(task)
+                self._mark_settling(lease)
                 raise _NoHandler(f'no handler for type "{task.type}"')
             try:
                 result = await self._call(task_def, task)
             finally:
-                self._mark_settling(task)
+                self._mark_settling(lease)
             encoded = codec.encode_result(result)
         except asyncio.CancelledError:
             raise
@@ -200,8 +202,8 @@ class Executor:
             return "completed"
         return "lost"
 
-    def _mark_settling(self, task: TaskInfo) -> None:
-        running = self.running.get((task.queue, task.id))
+    def _mark_settling(self, lease: Lease) -> None:
+        running = self.running.get(lease.ref)
         if running is not None and running.reason is None and not running.settling:
             running.settling = True
             self._settling += 1
