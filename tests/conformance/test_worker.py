@@ -152,6 +152,23 @@ async def test_W3_handler_own_timeout_error_is_an_ordinary_failure(app: durq.App
     assert b.last_error == "TimeoutError: partner did not answer"
 
 
+async def test_W3_cancelled_error_raised_by_the_handler_is_an_ordinary_failure(
+    app: durq.App,
+) -> None:
+    # Awaiting a future that something else cancelled raises CancelledError in the handler
+    # although nobody cancelled the attempt: it fails like any error, it is not left active.
+    @app.task("io:cancelled", max_retry=0)
+    async def fragile(payload: dict[str, Any]) -> None:
+        inner = asyncio.get_running_loop().create_future()
+        inner.cancel()
+        await inner
+
+    async with app.worker(**FAST):
+        info = await fragile.enqueue({})
+        archived = await wait_for_state(app, "default", info.id, TaskState.ARCHIVED, timeout=5)
+    assert archived.last_error == "CancelledError"
+
+
 async def test_W4_retries_with_backoff_then_archives_with_alert(
     app: durq.App, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -178,8 +178,13 @@ class Executor:
             finally:
                 self._mark_settling(lease)
             encoded = codec.encode_result(result)
-        except asyncio.CancelledError:
-            raise
+        except asyncio.CancelledError as exc:
+            current = asyncio.current_task()
+            if current is None or current.cancelling():
+                raise  # this attempt was cancelled (lost, cancelled, shutdown)
+            # Raised by the handler itself (it awaited something cancelled elsewhere): an
+            # ordinary failure, not an attempt left active until its lease expires.
+            return await self._failed(lease, task_def, "CancelledError", exc)
         except SkipRetry as exc:
             return await self._archive(lease, exc.reason, alert=False)
         except _TimedOut:
