@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
@@ -127,6 +128,8 @@ class App:
             weakref.WeakKeyDictionary()
         )
         self._sync: SyncRunner | None = None
+        # WSGI servers call the sync face from many threads at once: start one runner only.
+        self._sync_lock = threading.Lock()
         self._inspector: Inspector | None = None
         # -- periodic tasks and webhooks (durq.periodic, durq.webhooks) --
         #: The periodic entries that schedulers of this app enqueue (P1).
@@ -379,11 +382,12 @@ class App:
     # -- the sync face (E10) ------------------------------------------------------------------
 
     def _runner(self) -> SyncRunner:
-        if self._sync is None:
-            if self.broker_url is None:
-                raise ConfigurationError("the sync API needs an app built from a broker URL")
-            self._sync = SyncRunner()
-        return self._sync
+        with self._sync_lock:
+            if self._sync is None:
+                if self.broker_url is None:
+                    raise ConfigurationError("the sync API needs an app built from a broker URL")
+                self._sync = SyncRunner()
+            return self._sync
 
     def enqueue_sync(
         self, type: str | TaskDef[Any, Any], payload: Any = None, **options: Any
