@@ -178,3 +178,27 @@ async def test_worker_without_scheduler_enqueues_nothing(make_app: AppFactory) -
     assert await app.inspector.list_tasks("default", TaskState.PENDING) == []
     stats = await app.inspector.list_queues()
     assert all(q.processed_total == 0 for q in stats)
+
+
+async def test_a_tick_refused_as_duplicate_does_not_stall_the_scheduler(
+    make_app: AppFactory, clock: FakeClock
+) -> None:
+    # A task type registered with unique= refuses a tick while the last one is queued (E4):
+    # that tick is handled (not retried every round), and later entries still run.
+    app = await make_app()
+
+    @app.task("job:deduped", queue="cron", unique=3600)
+    async def deduped(payload: dict[str, Any]) -> None: ...
+
+    app.add_periodic("@every 60s", "job:deduped", queue="cron")
+    app.add_periodic("@every 60s", "job:minutely", queue="cron")
+    scheduler = PeriodicScheduler(app)
+    await scheduler.tick()
+    clock.advance(60)
+    await scheduler.tick()  # job:deduped's tick is a duplicate of the queued one
+    assert await scheduler.check(app.schedules.get("job:deduped"), clock.now()) is None
+    ids = await ids_in(app)
+    assert [i for i in ids if i.startswith("periodic:job:minutely:")] == [
+        f"periodic:job:minutely:{int(START)}",
+        f"periodic:job:minutely:{int(START) + 60}",
+    ]

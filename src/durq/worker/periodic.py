@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from durq.errors import ConfigurationError, TaskIDConflictError
+from durq.errors import ConfigurationError, DuplicateTaskError, TaskIDConflictError
 from durq.periodic import PeriodicEntry
 from durq.worker.service import PeriodicService
 
@@ -65,7 +65,7 @@ class PeriodicScheduler(PeriodicService):
 
     async def check(self, entry: PeriodicEntry, now: float) -> str | None:
         """Enqueue ``entry``'s due tick, if any. Returns ``"enqueued"``, ``"exists"``,
-        ``"skipped"`` or ``None`` (nothing due)."""
+        ``"duplicate"``, ``"skipped"`` or ``None`` (nothing due)."""
         last = self.last.get(entry.name)
         latest = entry.schedule.latest(now)
         if latest is None or (last is not None and latest <= last):
@@ -96,6 +96,16 @@ class PeriodicScheduler(PeriodicService):
         except TaskIDConflictError:
             self.last[entry.name] = tick
             return "exists"  # another scheduler (or this one before a restart) was first
+        except DuplicateTaskError:
+            # The task type is unique= and an earlier tick is still queued (E4): this tick is
+            # refused for good; retrying it every round would stall the entries after it.
+            self.last[entry.name] = tick
+            log.warning(
+                "periodic %s: tick %d refused: an identical task is still queued (unique)",
+                entry.name,
+                int(tick),
+            )
+            return "duplicate"
         self.last[entry.name] = tick
         self.enqueued += 1
         log.info(
