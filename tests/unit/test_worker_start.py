@@ -36,3 +36,27 @@ async def test_worker_without_patience_fails_at_once(tmp_path: Path) -> None:
     worker = app.worker()
     with pytest.raises(durq.BrokerUnavailableError):
         await asyncio.wait_for(worker.run(install_signal_handlers=False), 10)
+
+
+async def test_a_second_stop_waits_for_the_first(tmp_path: Path) -> None:
+    # A lifespan exit racing a signal's stop: each caller returns once the worker is stopped.
+    app = durq.App(f"sqlite:///{tmp_path / 'durq.sqlite3'}")
+    started, finish = asyncio.Event(), asyncio.Event()
+
+    @app.task("t:slow")
+    async def slow(payload: dict[str, int]) -> None:
+        started.set()
+        await finish.wait()
+
+    worker = app.worker(poll_interval=0.05, shutdown_timeout=5)
+    await worker.start()
+    await slow.enqueue({})
+    await asyncio.wait_for(started.wait(), 10)
+    first = asyncio.create_task(worker.stop())
+    await asyncio.sleep(0.05)
+    second = asyncio.create_task(worker.stop())
+    await asyncio.sleep(0.1)
+    assert not second.done(), "stop() returned while the first stop was still draining"
+    finish.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 10)
+    await app.close()

@@ -198,7 +198,8 @@ class Worker:
     async def stop(self, timeout: float | None = None) -> None:
         """Graceful stop (W7): no new tasks, wait up to ``timeout`` (default
         ``shutdown_timeout``), then cancel the rest and hand them back as pending."""
-        if self._stopping:
+        if self._stopping:  # e.g. a lifespan exit racing a signal: return once stopped
+            await self._stopped.wait()
             return
         self._stopping = True
         grace = self.shutdown_timeout if timeout is None else timeout
