@@ -16,7 +16,7 @@ from durq.brokers import FullBroker, open_broker, resolve_url
 from durq.brokers.base import CAP_CROSS_QUEUE_FOLLOW_UPS, EnqueueOutcome, EnqueueParams
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.codec import DEFAULT_MAX_PAYLOAD
-from durq.errors import BrokerUnavailableError, ConfigurationError, ValidationError
+from durq.errors import ConfigurationError, ValidationError
 from durq.names import check_queue, check_type
 from durq.options import Duration, EnqueueRequest, Moment, TaskDefaults, build_params
 from durq.payloads import HandlerShape, inspect_handler, validate
@@ -440,8 +440,4 @@ class App:
 
     async def ping(self) -> None:
         """Raise :class:`BrokerUnavailableError` unless the broker answers."""
-        try:
-            broker = await self.broker()
-        except BrokerUnavailableError:
-            raise
-        await broker.ping()
+        await (await self.broker()).ping()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Mapping
@@ -87,6 +88,8 @@ def epoch(moment: Moment | None, what: str) -> float | None:
             moment = moment.replace(tzinfo=UTC)
         return moment.timestamp()
     if isinstance(moment, int | float) and not isinstance(moment, bool):
+        if not math.isfinite(moment):
+            raise ValidationError(f"{what} must be a finite time, got {moment!r}")
         return float(moment)
     raise ValidationError(f"{what} must be a datetime or epoch seconds, got {moment!r}")
 

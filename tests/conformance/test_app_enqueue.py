@@ -211,3 +211,11 @@ async def test_S3_invalid_names_are_refused(app: durq.App) -> None:
         await app.enqueue("bad type", {})
     with pytest.raises(durq.InvalidNameError):
         await app.enqueue("x:y", {}, task_id="has space")
+
+
+async def test_E2_non_finite_times_are_refused(app: durq.App) -> None:
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(durq.DurqError):
+            await app.enqueue("x:y", {}, process_at=bad)
+        with pytest.raises(durq.DurqError):
+            await app.enqueue("x:y", {}, deadline=bad)

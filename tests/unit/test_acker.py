@@ -59,3 +59,20 @@ async def test_lone_ack_is_not_delayed_and_errors_reach_the_caller() -> None:
     else:
         raise AssertionError("the broker error must reach the caller")
     assert broker.batches == [["a"]]
+
+
+class ShortAnswerBroker:
+    async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
+        return [True] * (len(items) - 1)  # a broker bug: one answer missing
+
+
+async def test_a_wrong_number_of_answers_fails_the_callers_instead_of_hanging() -> None:
+    from durq.errors import BrokerError
+
+    acker = Acker(ShortAnswerBroker())  # type: ignore[arg-type]
+    try:
+        await asyncio.wait_for(acker.complete(params("a")), 5)
+    except BrokerError:
+        pass
+    else:
+        raise AssertionError("the caller must get the error")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from durq.brokers.base import Broker, CompleteParams
+from durq.errors import BrokerError
 
 
 class Acker:
@@ -33,6 +34,11 @@ class Acker:
             del self._waiting[: self.max_batch]
             try:
                 held = await self.broker.complete_many([params for params, _ in batch])
+                if len(held) != len(batch):  # a broker bug must not leave callers waiting
+                    raise BrokerError(
+                        f"complete_many answered {len(held)} results for {len(batch)} tasks",
+                        operation="acker.complete_many",
+                    )
             except Exception as exc:  # each caller decides whether to retry
                 for _, future in batch:
                     if not future.done():
