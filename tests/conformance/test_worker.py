@@ -445,3 +445,16 @@ async def test_hostile_payload_is_archived_and_the_queue_goes_on(app: durq.App) 
         await wait_until(lambda: _async(done["ok"] == 5))
     assert archived.last_error is not None and "decode" in archived.last_error
     assert len(good) == 5
+
+
+async def test_W4_huge_error_messages_are_clipped(app: durq.App) -> None:
+    @app.task("flaky:huge", max_retry=0)
+    async def huge(payload: dict[str, Any]) -> None:
+        raise RuntimeError("x" * 100_000)
+
+    async with app.worker(**FAST):
+        info = await huge.enqueue({})
+        archived = await wait_for_state(app, "default", info.id, TaskState.ARCHIVED)
+    assert archived.last_error is not None
+    assert archived.last_error.startswith("RuntimeError: xxx")
+    assert len(archived.last_error) <= 4096 and "100014 characters" in archived.last_error

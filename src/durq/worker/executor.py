@@ -41,6 +41,16 @@ log = logging.getLogger("durq.worker")
 SHUTDOWN, CANCELLED, LOST = "shutdown", "cancelled", "lost"
 # Delays between attempts to report an outcome while the broker is unreachable.
 _ACK_DELAYS = (0.05, 0.2, 0.5, 1.0, 2.0, 4.0)
+#: Longest ``last_error`` stored: an exception may carry a whole response body, and the error
+#: also travels in follow-up and webhook payloads, which have a size limit.
+MAX_ERROR = 4096
+
+
+def clip_error(error: str) -> str:
+    """``error`` cut to :data:`MAX_ERROR` characters, saying so."""
+    if len(error) <= MAX_ERROR:
+        return error
+    return error[: MAX_ERROR - 30] + f"… ({len(error)} characters)"
 
 
 class _NoHandler(Exception):
@@ -299,6 +309,7 @@ class Executor:
         error: str,
         exc: BaseException | None,
     ) -> str:
+        error = clip_error(error)
         task = lease.task
         past_deadline = (
             task.deadline is not None and task.deadline.timestamp() <= self.app.clock.now()
@@ -319,6 +330,7 @@ class Executor:
         return "retry"
 
     async def _archive(self, lease: Lease, error: str, *, alert: bool) -> str:
+        error = clip_error(error)
         task = lease.task
         follow_ups = self._follow_ups(task, continuations.ARCHIVED, error=error)
         params = ArchiveParams(lease.ref, error, follow_ups=follow_ups)
