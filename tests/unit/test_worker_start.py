@@ -60,3 +60,25 @@ async def test_a_second_stop_waits_for_the_first(tmp_path: Path) -> None:
     finish.set()
     await asyncio.wait_for(asyncio.gather(first, second), 10)
     await app.close()
+
+
+async def test_sigterm_while_starting_stops_the_worker_once_started(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    app = durq.App(f"sqlite:///{tmp_path / 'durq.sqlite3'}")
+    worker = app.worker(poll_interval=0.05)
+    start = worker.start
+
+    async def start_while_signalled() -> None:
+        # run() has installed its handlers by now; the signal lands while start() connects.
+        os.kill(os.getpid(), signal.SIGTERM)
+        await start()
+
+    worker.start = start_while_signalled  # type: ignore[method-assign]
+    await asyncio.wait_for(worker.run(), 10)
+    assert worker._stopped.is_set()
+    assert all(not t.get_name().startswith("durq-") for t in asyncio.all_tasks() if not t.done()), (
+        "no worker service may outlive run()"
+    )
+    await app.close()

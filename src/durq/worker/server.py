@@ -252,9 +252,10 @@ class Worker:
         signals = (signal.SIGTERM, signal.SIGINT)
         stop_task: list[asyncio.Task[None]] = []
         give_up = asyncio.Event()
+        running = False
 
         def on_signal(sig: signal.Signals) -> None:
-            if not self.started_at:  # still waiting for the broker: just leave
+            if not running:  # still starting or waiting for the broker: stop once started
                 give_up.set()
                 return
             if stop_task:
@@ -272,6 +273,10 @@ class Worker:
         try:
             if not await self._start_when_reachable(wait_for_broker, give_up):
                 return
+            if give_up.is_set():  # a signal came while start() was connecting
+                await self.stop()
+                return
+            running = True
             await self._stopped.wait()
             if stop_task:
                 await stop_task[0]
