@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -152,54 +152,68 @@ class RedisAdmin(RedisCore):
             raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
         return info
 
-    async def run_task(self, queue: str, task_id: str) -> TaskInfo:
-        """scheduled/retry/archived -> pending now."""
+    async def _task_script(
+        self, method: str, script: str, queue: str, task_id: str, extra: list[Any]
+    ) -> TaskInfo | None:
+        """Run one inspector script on one task; its reply as the task after the change."""
         k = self._keys.queue(queue)
-        async with self._op("run_task"):
+        async with self._op(method):
             await self._ensure()
             reply = await self._eval(
-                "admin_run", self._task_keys(k, task_id), [self._clock.now(), k.notify]
+                script, self._task_keys(k, task_id), [self._clock.now(), *extra]
             )
-        info = self._admin_reply(queue, task_id, reply)
+        return self._admin_reply(queue, task_id, reply)
+
+    async def run_task(self, queue: str, task_id: str) -> TaskInfo:
+        """scheduled/retry/archived -> pending now."""
+        notify = self._keys.queue(queue).notify
+        info = await self._task_script("run_task", "admin_run", queue, task_id, [notify])
         assert info is not None
         return info
 
     async def archive_task(self, queue: str, task_id: str) -> TaskInfo:
         """pending/scheduled/retry -> archived."""
-        k = self._keys.queue(queue)
-        async with self._op("archive_task"):
-            await self._ensure()
-            reply = await self._eval(
-                "admin_archive", self._task_keys(k, task_id), [self._clock.now(), ""]
-            )
-        info = self._admin_reply(queue, task_id, reply)
+        info = await self._task_script("archive_task", "admin_archive", queue, task_id, [""])
         assert info is not None
         await self._archived_follow_ups([info])
         return info
 
     async def delete_task(self, queue: str, task_id: str) -> None:
         """Delete a task in any state but active."""
-        k = self._keys.queue(queue)
-        async with self._op("delete_task"):
-            await self._ensure()
-            reply = await self._eval(
-                "admin_delete", self._task_keys(k, task_id), [self._clock.now()]
-            )
-        self._admin_reply(queue, task_id, reply)
+        await self._task_script("delete_task", "admin_delete", queue, task_id, [])
 
     async def cancel_task(self, queue: str, task_id: str) -> TaskInfo:
         """Active: flag it for its worker (W12). pending/scheduled/retry: archived now."""
-        k = self._keys.queue(queue)
-        async with self._op("cancel_task"):
-            await self._ensure()
-            reply = await self._eval(
-                "admin_cancel", self._task_keys(k, task_id), [self._clock.now()]
-            )
-        info = self._admin_reply(queue, task_id, reply)
+        info = await self._task_script("cancel_task", "admin_cancel", queue, task_id, [])
         assert info is not None
         if info.state is TaskState.ARCHIVED:
             await self._archived_follow_ups([info])
         return info
+
+    async def _in_batches(
+        self,
+        method: str,
+        queue: str,
+        script: str,
+        keys: Callable[[QueueKeys], list[str]],
+        extra: Callable[[QueueKeys], list[Any]],
+    ) -> int:
+        """Run a bulk script until it touches fewer than BATCH tasks; how many in all.
+
+        Batches keep each script short, so one "run all" never blocks Redis for long."""
+        async with self._op(method):
+            await self._ensure()
+            k = await self._known(queue)
+            total = 0
+            while True:
+                n = int(
+                    await self._eval(
+                        script, keys(k), [self._clock.now(), k.task_prefix, BATCH, *extra(k)]
+                    )
+                )
+                total += n
+                if n < BATCH:
+                    return total
 
     async def run_all(self, queue: str, state: TaskState) -> int:
         """Run every task of ``state`` (scheduled, retry, archived) now."""
@@ -208,42 +222,26 @@ class RedisAdmin(RedisCore):
             raise InvalidStateError(
                 f"cannot run {state.value} tasks: only scheduled, retry, archived"
             )
-        async with self._op("run_all"):
-            await self._ensure()
-            k = await self._known(queue)
-            total = 0
-            while True:
-                n = int(
-                    await self._eval(
-                        "admin_run_all",
-                        [k.by_state(state.value), k.pending],
-                        [self._clock.now(), k.task_prefix, BATCH, k.notify],
-                    )
-                )
-                total += n
-                if n < BATCH:
-                    return total
+        return await self._in_batches(
+            "run_all",
+            queue,
+            "admin_run_all",
+            lambda k: [k.by_state(state.value), k.pending],
+            lambda k: [k.notify],
+        )
 
     async def delete_all(self, queue: str, state: TaskState) -> int:
         """Delete every task of ``state`` (not active)."""
         state = TaskState(state)
         if state is TaskState.ACTIVE:
             raise InvalidStateError("cannot delete active tasks: cancel them first")
-        async with self._op("delete_all"):
-            await self._ensure()
-            k = await self._known(queue)
-            total = 0
-            while True:
-                n = int(
-                    await self._eval(
-                        "admin_delete_all",
-                        [k.by_state(state.value), k.unique],
-                        [self._clock.now(), k.task_prefix, BATCH],
-                    )
-                )
-                total += n
-                if n < BATCH:
-                    return total
+        return await self._in_batches(
+            "delete_all",
+            queue,
+            "admin_delete_all",
+            lambda k: [k.by_state(state.value), k.unique],
+            lambda k: [],
+        )
 
     async def pause_queue(self, queue: str) -> None:
         """Stop handing out tasks of ``queue`` (the claim script reads P:{Q}:paused)."""
