@@ -6,7 +6,10 @@ with a visible reason, except under ``CI=true`` where a missing server is a fail
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -69,3 +72,85 @@ def drop_isolated(kind: str, url: str) -> None:
                 client.delete(*keys)
         finally:
             client.close()
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 30.0) -> None:
+    """Return once something accepts connections on ``port``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {port}")
+
+
+class PrivateRedis:
+    """A redis-server of a test's own, in ``data_dir`` on its own port; never the shared one.
+
+    Started on construction; ``kill`` is SIGKILL (no shutdown save, like a crash)."""
+
+    def __init__(self, data_dir: Path, *config: str, port: int | None = None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed")
+        self.binary = binary
+        self.dir = data_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.config = list(config)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
+        self.proc = subprocess.Popen(
+            [self.binary, *args, "--save", "", *self.config],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_port(self.port)
+        # With AOF the server accepts connections while it loads; wait until it answers.
+        import redis
+
+        client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 30
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return
+                except redis.exceptions.BusyLoadingError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+                except redis.exceptions.AuthenticationError:
+                    return  # started with --requirepass: it answers, that is enough
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        """SIGKILL (idempotent)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+    def crash_and_restart(self, down_for: float = 1.0) -> None:
+        self.kill()
+        time.sleep(down_for)
+        self.start()
+
+    close = kill

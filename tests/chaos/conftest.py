@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from chaos.harness import Cluster, Report, ThrowawayPostgres, ThrowawayRedis
+from chaos.harness import Cluster, Report, ThrowawayPostgres
+from servers import PrivateRedis
 
 T = TypeVar("T")
 
@@ -56,14 +57,14 @@ def throwaway_pg(tmp_path: Path) -> Iterator[Callable[[], ThrowawayPostgres]]:
 
 
 @pytest.fixture
-def throwaway_redis(tmp_path: Path) -> Iterator[Callable[..., ThrowawayRedis]]:
-    def make(*config: str, name: str = "r") -> ThrowawayRedis:
+def throwaway_redis(tmp_path: Path) -> Iterator[Callable[..., PrivateRedis]]:
+    def make(*config: str, name: str = "r") -> PrivateRedis:
         try:
-            return ThrowawayRedis(tmp_path / name, *config)
+            return PrivateRedis(tmp_path / name, *config)
         except RuntimeError as exc:
             pytest.skip(str(exc))
 
-    yield from made_and_closed(make, ThrowawayRedis.close)
+    yield from made_and_closed(make, PrivateRedis.close)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@
 * :func:`check` compares the runs with the task ids the test enqueued and the broker's final
   state: lost, unexpected, duplicated (and whether each duplicate is explained by a kill, a
   shutdown hand-back or a worker loss), overlapping live runs, recovery latency after kills.
-* :class:`ThrowawayPostgres` and :class:`ThrowawayRedis` are private servers in a temp dir on
+* :class:`ThrowawayPostgres` and :class:`servers.PrivateRedis` are private servers in a temp dir on
   their own port, for scenarios that crash the server itself (never the shared ones).
 """
 
@@ -18,7 +18,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 import durq
 from durq.brokers import open_broker
 from durq.options import EnqueueRequest
+from servers import free_port, wait_port
 
 WORKER = Path(__file__).with_name("chaos_worker.py")
 QUEUE = "chaos"
@@ -412,23 +412,6 @@ async def storm(
 # -- throw-away servers ---------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_port(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on {port}")
-
-
 def _pg_bin() -> Path | None:
     root = Path("/usr/lib/postgresql")
     if not root.exists():
@@ -490,7 +473,7 @@ class ThrowawayPostgres:
 
     def start(self) -> None:
         self._run("pg_ctl", "-D", str(self.dir), "-l", str(self.dir / "log"), "-w", "start")
-        _wait_port(self.port)
+        wait_port(self.port)
 
     def stop(self, mode: str = "fast") -> None:
         self._run("pg_ctl", "-D", str(self.dir), "-m", mode, "-w", "stop")
@@ -506,71 +489,3 @@ class ThrowawayPostgres:
         except subprocess.CalledProcessError:
             pass
         shutil.rmtree(self.base, ignore_errors=True)
-
-
-class ThrowawayRedis:
-    """A private redis-server in a temp dir on its own port; ``crash`` is SIGKILL."""
-
-    def __init__(self, base: Path, *config: str) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed")
-        self.binary = binary
-        self.dir = base / "redis"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.config = list(config)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(self.dir),
-                "--save",
-                "",
-                *self.config,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        _wait_port(self.port)
-        # With AOF, the server accepts connections while it loads; wait until it answers.
-        import redis
-
-        client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.exceptions.BusyLoadingError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        client.close()
-
-    def crash(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-
-    def crash_and_restart(self, down_for: float = 1.0) -> None:
-        self.crash()
-        time.sleep(down_for)
-        self.start()
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()

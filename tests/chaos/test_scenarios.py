@@ -16,7 +16,6 @@ from chaos.harness import (
     QUEUE,
     Cluster,
     ThrowawayPostgres,
-    ThrowawayRedis,
     check,
     enqueue_work,
     final_states,
@@ -27,6 +26,7 @@ from chaos.test_storm import migrate
 from durq.brokers import open_broker
 from durq.options import EnqueueRequest
 from durq.states import TaskState
+from servers import PrivateRedis
 
 
 def sqlite_url(tmp_path: Path) -> str:
@@ -215,9 +215,9 @@ async def due_during_outage(
 
 
 async def test_due_during_redis_outage_short(clusters, record, throwaway_redis) -> None:
-    server: ThrowawayRedis = throwaway_redis("--appendonly", "yes", "--appendfsync", "everysec")
+    server: PrivateRedis = throwaway_redis("--appendonly", "yes", "--appendfsync", "everysec")
     await due_during_outage(
-        f"{server.url}?prefix=due", server.crash, server.start, clusters, record, tasks=200
+        f"{server.url}?prefix=due", server.kill, server.start, clusters, record, tasks=200
     )
 
 
@@ -233,7 +233,7 @@ async def test_due_during_postgres_outage_full(clusters, record, throwaway_pg) -
 @pytest.mark.chaos
 @pytest.mark.timeout(300)
 async def test_due_during_redis_outage_full(clusters, record, throwaway_redis) -> None:
-    server: ThrowawayRedis = throwaway_redis("--appendonly", "yes", "--appendfsync", "everysec")
+    server: PrivateRedis = throwaway_redis("--appendonly", "yes", "--appendfsync", "everysec")
     await due_during_outage(
-        f"{server.url}?prefix=due", server.crash, server.start, clusters, record, tasks=2000
+        f"{server.url}?prefix=due", server.kill, server.start, clusters, record, tasks=2000
     )

@@ -20,12 +20,12 @@ from chaos.harness import (
     Cluster,
     Report,
     ThrowawayPostgres,
-    ThrowawayRedis,
     check,
     enqueue_work,
     final_states,
     storm,
 )
+from servers import PrivateRedis
 
 LEASE = "4"
 
@@ -155,7 +155,7 @@ async def pg_storm(clusters, record, server: ThrowawayPostgres, **sizes: Any) ->
     await server_storm(clusters, record, server.dsn, lambda: server.restart_immediate(1.0), **sizes)
 
 
-async def redis_storm(clusters, record, server: ThrowawayRedis, **sizes: Any) -> None:
+async def redis_storm(clusters, record, server: PrivateRedis, **sizes: Any) -> None:
     url = f"{server.url}?prefix=storm"
     await server_storm(clusters, record, url, lambda: server.crash_and_restart(1.0), **sizes)
 

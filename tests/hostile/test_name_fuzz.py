@@ -18,12 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import durq
-from chaos.harness import ThrowawayRedis
 from durq import names
 from durq.brokers import FullBroker, open_broker
 from durq.brokers.base import EnqueueParams
 from durq.errors import DurqError, InvalidNameError, TaskNotFoundError
-from servers import PG_DSN, drop_isolated, require_server, unique_name
+from servers import PG_DSN, PrivateRedis, drop_isolated, require_server, unique_name
 
 NASTY = [*list("'\";-{}*?[]\\ \t\n\r\x00%_:.$`|&/<>@+=#,()!~^"), "é", "日", "🙂", "\u202e", "ß"]
 SAMPLES = [
@@ -85,7 +84,7 @@ def fuzz_target(
         drop_isolated("postgres", url)
     else:
         try:
-            server = ThrowawayRedis(tmp_path / "redis")
+            server = PrivateRedis(tmp_path / "redis")
         except RuntimeError as exc:
             pytest.skip(str(exc))
         try:
@@ -116,7 +115,7 @@ def catalog(kind: str, url: str, server: object) -> object:
             return ours, public
     import redis
 
-    assert isinstance(server, ThrowawayRedis)
+    assert isinstance(server, PrivateRedis)
     client = redis.Redis(port=server.port)
     try:
         keys = [k.decode("utf-8", "replace") for k in client.scan_iter(count=1000)]

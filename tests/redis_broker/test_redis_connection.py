@@ -7,13 +7,13 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from tests.redis_broker.conftest import free_port
 
 from durq.brokers import open_broker
 from durq.brokers.base import EnqueueParams
 from durq.brokers.redis import RedisBroker
 from durq.brokers.redis.core import _version
 from durq.errors import BrokerError, BrokerUnavailableError, ConfigurationError, SchemaError
+from servers import free_port
 
 PROMPT = 4.0
 
