@@ -5,10 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -18,7 +15,7 @@ from typing import Any
 import pytest
 
 import durq
-from conformance.apps import FAST, wait_for_state, wait_until
+from conformance.apps import FAST, signal_on_marker, wait_for_state, wait_until, worker_process
 from durq.states import TaskState
 
 HERE = Path(__file__).parent
@@ -33,19 +30,9 @@ async def test_W1_killed_worker_task_runs_again_after_lease(
     app: durq.App, broker_url: str, tmp_path: Path
 ) -> None:
     marker = tmp_path / "marker.txt"
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE / "worker_process.py"), broker_url, str(marker), "1.5"],
-        env={**os.environ, "PYTHONPATH": str(HERE.parent.parent / "src")},
-    )
-    try:
+    with worker_process(broker_url, marker, lease=1.5) as proc:
         info = await app.enqueue("test:sleepy", {"seconds": 60}, queue="kill", retention=60)
-        await wait_until(lambda: _async(marker.exists()), timeout=20)
-        await wait_for_state(app, "kill", info.id, TaskState.ACTIVE)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        await signal_on_marker(proc, marker, "start", signal.SIGKILL)
     # The task stays active until its lease expires, then the rescuer of any worker retries it.
     ran = asyncio.Event()
 
@@ -288,18 +275,9 @@ async def test_W7_graceful_shutdown_hands_back_unfinished_tasks(app: durq.App) -
 
 async def test_W7_sigterm_on_a_real_process(app: durq.App, broker_url: str, tmp_path: Path) -> None:
     marker = tmp_path / "marker.txt"
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE / "worker_process.py"), broker_url, str(marker)],
-        env={**os.environ, "PYTHONPATH": str(HERE.parent.parent / "src")},
-    )
-    try:
+    with worker_process(broker_url, marker) as proc:
         info = await app.enqueue("test:sleepy", {"seconds": 60}, queue="kill")
-        await wait_until(lambda: _async(marker.exists()), timeout=20)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        assert await signal_on_marker(proc, marker, "start", signal.SIGTERM) == 0
     back = await app.inspector.get_task_info("kill", info.id)
     assert back.state is TaskState.PENDING and back.retried == 0
 

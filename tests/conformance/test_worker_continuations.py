@@ -4,18 +4,20 @@ and its result (or error), and survives a worker killed around the completion.""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import durq
-from conformance.apps import FAST, wait_for_state, wait_until
+from conformance.apps import (
+    FAST,
+    exists,
+    signal_on_marker,
+    wait_for_state,
+    worker_process,
+)
 from durq.errors import InvalidNameError, ValidationError
 from durq.states import TaskState
 
@@ -105,48 +107,18 @@ async def test_then_is_validated_at_enqueue(app: durq.App) -> None:
     assert '"queue":"q2"' in outcome.info.headers["durq-then"]
 
 
-def _marker_lines(marker: Path) -> list[list[str]]:
-    if not marker.exists():
-        return []
-    return [line.split() for line in marker.read_text().splitlines() if line.strip()]
-
-
-def _spawn(broker_url: str, marker: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, str(HERE / "worker_process.py"), broker_url, str(marker), "1.5"],
-        env={**os.environ, "PYTHONPATH": str(HERE.parent.parent / "src")},
-    )
-
-
-async def _exists(app: durq.App, queue: str, task_id: str) -> bool:
-    try:
-        await app.inspector.get_task_info(queue, task_id)
-        return True
-    except durq.TaskNotFoundError:
-        return False
-
-
 async def test_continuation_survives_a_worker_killed_right_after_the_handler(
     app: durq.App, broker_url: str, tmp_path: Path
 ) -> None:
     """SIGKILL the moment the handler returned: whatever instant the kill lands in, the parent
     is completed exactly when its follow-up exists; after recovery both exist, once."""
     marker = tmp_path / "marker.txt"
-    proc = _spawn(broker_url, marker)
     then = durq.Then("test:after", queue="after", retention=60)
-    try:
+    with worker_process(broker_url, marker, lease=1.5) as proc:
         info = await app.enqueue("test:returns", {"n": 5}, queue="kill", retention=60, then=then)
-        deadline = time.monotonic() + 20
-        while not any(line[0] == "return" for line in _marker_lines(marker)):
-            assert time.monotonic() < deadline, "the worker never ran the task"
-            await asyncio.sleep(0.002)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        await signal_on_marker(proc, marker, "return", signal.SIGKILL)
     parent = await app.inspector.get_task_info("kill", info.id)
-    follow_up = await _exists(app, "after", f"then:{info.id}")
+    follow_up = await exists(app, "after", f"then:{info.id}")
     assert parent.state in (TaskState.ACTIVE, TaskState.COMPLETED)
     assert follow_up == (parent.state is TaskState.COMPLETED), parent  # both or neither
 
@@ -171,20 +143,13 @@ async def test_continuation_created_once_after_a_kill_mid_run(
     app: durq.App, broker_url: str, tmp_path: Path
 ) -> None:
     marker = tmp_path / "marker.txt"
-    proc = _spawn(broker_url, marker)
     then = durq.Then("test:after", queue="after", retention=60)
-    try:
+    with worker_process(broker_url, marker, lease=1.5) as proc:
         info = await app.enqueue(
             "test:sleepy", {"seconds": 60}, queue="kill", retention=60, then=then
         )
-        await wait_until(lambda: _true(bool(_marker_lines(marker))), timeout=20)
-        await wait_for_state(app, "kill", info.id, TaskState.ACTIVE)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert not await _exists(app, "after", f"then:{info.id}")
+        await signal_on_marker(proc, marker, "start", signal.SIGKILL)
+    assert not await exists(app, "after", f"then:{info.id}")
     runs: list[dict[str, Any]] = []
 
     @app.task("test:sleepy", queue="kill", retention=60)
@@ -202,7 +167,3 @@ async def test_continuation_created_once_after_a_kill_mid_run(
     assert len(runs) == 1 and runs[0]["result"] == "second life"
     parent = await app.inspector.get_task_info("kill", info.id)
     assert parent.retried == 1 and parent.last_error == "lease expired"
-
-
-async def _true(value: bool) -> bool:
-    return value

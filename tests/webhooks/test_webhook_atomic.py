@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,34 +16,19 @@ from webhook_receiver import SECRET, Receiver, wait_event
 
 import durq
 from apptools import AppFactory
-from conformance.apps import wait_for_state
+from conformance.apps import exists, signal_on_marker, wait_for_state, worker_process
 from conformance.brokerkit import LEASE, claim
 from durq import webhooks
 from durq.clock import FakeClock
 from durq.states import TaskState
 from durq.webhooks import verify
 
-WORKER = Path(__file__).parent.parent / "conformance" / "worker_process.py"
 FAST = {
     "poll_interval": 0.1,
     "promote_interval": 0.05,
     "rescue_interval": 0.2,
     "shutdown_timeout": 5.0,
 }
-
-
-async def _exists(app: durq.App, queue: str, task_id: str) -> bool:
-    try:
-        await app.inspector.get_task_info(queue, task_id)
-        return True
-    except durq.TaskNotFoundError:
-        return False
-
-
-def _marker_lines(marker: Path) -> list[list[str]]:
-    if not marker.exists():
-        return []
-    return [line.split() for line in marker.read_text().splitlines() if line.strip()]
 
 
 async def test_delivery_survives_a_worker_killed_right_after_the_handler(
@@ -58,26 +40,14 @@ async def test_delivery_survives_a_worker_killed_right_after_the_handler(
     delivery needs none, only sending it does."""
     app = await make_app(fake_clock=False, webhook_secret=SECRET)
     marker = tmp_path / "marker.txt"
-    proc = subprocess.Popen(
-        [sys.executable, str(WORKER), broker_url, str(marker), "1.5"],
-        env={**os.environ, "PYTHONPATH": str(WORKER.parent.parent.parent / "src")},
-    )
-    try:
+    with worker_process(broker_url, marker, lease=1.5) as proc:
         info = await app.enqueue(
             "test:returns", {"n": 5}, queue="kill", retention=60, webhook=receiver.url
         )
-        deadline = time.monotonic() + 20
-        while not any(line[0] == "return" for line in _marker_lines(marker)):
-            assert time.monotonic() < deadline, "the worker never ran the task"
-            await asyncio.sleep(0.002)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        await signal_on_marker(proc, marker, "return", signal.SIGKILL)
     delivery_id = webhooks.delivery_task_id(info.id, "completed")
     parent = await app.inspector.get_task_info("kill", info.id)
-    delivery = await _exists(app, "kill", delivery_id)
+    delivery = await exists(app, "kill", delivery_id)
     assert parent.state in (TaskState.ACTIVE, TaskState.COMPLETED)
     assert delivery == (parent.state is TaskState.COMPLETED), parent  # both or neither
     assert not receiver.requests
