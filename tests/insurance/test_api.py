@@ -24,6 +24,7 @@ def key() -> str:
 
 
 def test_post_answers_202_with_location_then_200_already_accepted(service: Service) -> None:
+    """H1, H2 through real HTTP: a retried request creates nothing and gets 200."""
     before = counts(service)
     k = key()
     first = service.alice.post("/orders", json=ITEMS, headers={"Idempotency-Key": k})
@@ -89,6 +90,7 @@ def test_401_without_a_valid_token(service: Service, headers: dict[str, str], co
 
 
 def test_status_only_for_the_owner(service: Service) -> None:
+    """H4: status is decided by owning the order; a task id opens nothing."""
     created = service.alice.post("/orders", json=ITEMS)
     location = created.headers["Location"]
     assert service.alice.get(location).status_code == 200
@@ -104,6 +106,7 @@ def test_status_only_for_the_owner(service: Service) -> None:
     "path", ["/orders/ord_ffffffffffffffffffffffff", "/orders/nope", "/orders/..%2f"]
 )
 def test_unknown_order_is_404_json(service: Service, path: str) -> None:
+    """H3: a status request for an unknown order is 404, never "pending"."""
     answer = service.alice.get(path)
     assert answer.status_code == 404
     assert answer.json()["error"]["code"] == "not_found"
@@ -174,6 +177,7 @@ def test_bad_idempotency_key_is_400(service: Service) -> None:
 def test_503_with_retry_after_when_the_broker_is_down(
     start_service: Any, settings: Settings, tmp_path: Path
 ) -> None:
+    """H3: broker down is 503 with Retry-After, and nothing stays half-done."""
     # A broker that cannot be opened (its directory does not exist), the API split from the
     # worker: the API still starts and answers, and saves nothing.
     down = settings.with_(

@@ -32,6 +32,7 @@ def make_app(url: str) -> tuple[durq.App, threading.Event]:
 
 
 def test_starlette_monolith_answers_202_then_200_and_runs_the_task(tmp_path: Path) -> None:
+    """H1, H2, H5: 202 with Location, then 200 already_accepted; the worker runs in-process."""
     app, ran = make_app(f"sqlite:///{tmp_path / 'q.sqlite3'}")
 
     async def create(request: Request) -> JSONResponse:
@@ -65,6 +66,7 @@ def test_starlette_monolith_answers_202_then_200_and_runs_the_task(tmp_path: Pat
 
 
 def test_fastapi_dependency_and_503_when_the_broker_is_down(tmp_path: Path) -> None:
+    """H3: the broker is down, so 503 with Retry-After and a JSON error."""
     app, _ = make_app(f"sqlite:///{tmp_path / 'missing' / 'q.sqlite3'}")
     api = FastAPI(lifespan=durq_lifespan(app))  # split: no worker here
 
@@ -89,6 +91,7 @@ async def test_delayed_task_answer_says_when(tmp_path: Path) -> None:
 
 
 def test_duplicate_by_content_is_already_accepted() -> None:
+    """H2: a duplicate by content is answered like a repeated task id."""
     answer = answer_for_error(durq.DuplicateTaskError(existing_id="t-1"))
     assert answer == Answer(200, {"status": "already_accepted", "task_id": "t-1"}, {})
     assert answer_for_error(ValueError("other")) is None

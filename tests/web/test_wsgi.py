@@ -16,6 +16,7 @@ from durq.web.wsgi import BackgroundWorker, enqueue_response, init_app, wsgi_res
 
 
 def test_flask_monolith_202_200_and_the_worker_thread(tmp_path: Path) -> None:
+    """H1, H2, H5 through the sync face: 202, then 200 already_accepted; a worker thread."""
     flask = pytest.importorskip("flask")
     app = durq.App(f"sqlite:///{tmp_path / 'q.sqlite3'}")
     ran = threading.Event()
@@ -55,6 +56,7 @@ def test_flask_monolith_202_200_and_the_worker_thread(tmp_path: Path) -> None:
 
 
 def test_sync_enqueue_503_when_the_broker_is_down(tmp_path: Path) -> None:
+    """H3 through the sync face: 503 with Retry-After and a JSON error."""
     app = durq.App(f"sqlite:///{tmp_path / 'missing' / 'q.sqlite3'}")
     try:
         body, status, headers = enqueue_response(app, "mail:send", {"to": "x"})
