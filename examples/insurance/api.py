@@ -40,7 +40,7 @@ log = logging.getLogger("insurance.api")
 
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")  # printable ASCII, no spaces
 _ORDER_ID = re.compile(r"^ord_[0-9a-f]{24}$")
-#: The seed's command, as a client sends it.
+#: The order command, as a client sends it.
 ITEMS_EXAMPLE = '{"items": [{"sku": "A-1", "qty": 2}]}'
 
 
@@ -57,7 +57,7 @@ class Item(BaseModel):
 
 
 class OrderIn(BaseModel):
-    """``{"items": [{"sku": "A-1", "qty": 2}]}``, as in the seed's command."""
+    """``{"items": [{"sku": "A-1", "qty": 2}]}``, as a client sends it."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 

@@ -1,6 +1,6 @@
-"""Configuration from the environment (the guide's "Configuration" chapter).
+"""Configuration from the environment.
 
-Every knob the resilience rules name is an ``INSURANCE_*`` variable with a safe default;
+Every knob of the service is an ``INSURANCE_*`` variable with a safe default;
 ``DURQ_BROKER_URL`` picks the broker as everywhere in durq. :meth:`Settings.from_env` is the
 only place that reads ``os.environ``; tests build ``Settings`` directly.
 """
@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 from durq.brokers import resolve_url
 
-#: The in-process wait bound of R-RES-ASYNC-2: anything longer belongs in the task queue.
+#: The bound on waits inside a process: anything longer belongs in the task queue.
 IN_MEMORY_WAIT_LIMIT = 2.0
 
 
@@ -42,10 +42,10 @@ class Settings:
     warehouses: Mapping[str, str] = field(default_factory=dict)
     #: Seed: "after 20 attempts the task is FAILED".
     max_attempts: int = 20
-    #: Backoff ``min(base * 2**n, cap)`` s; the seed's policy is base 1, cap 300.
+    #: Backoff ``min(base * 2**n, cap)`` s; the default is base 1, cap 300.
     backoff_base: float = 1.0
     backoff_cap: float = 300.0
-    #: Per-call deadline for every outbound HTTP call (R-RES-ASYNC-3).
+    #: Per-call deadline for every outbound HTTP call.
     call_timeout: float = 5.0
     #: One overall deadline for the warehouse fan-out (rule 3).
     fanout_timeout: float = 8.0

@@ -1,4 +1,4 @@
-"""Health probe with a TTL cache (the guide's "Health checks" chapter, durq O4).
+"""Health probe with a TTL cache.
 
 The probe pings the broker (one cheap round trip), never does business work, and caches the
 verdict for ``ttl`` seconds so a load balancer polling every second costs one ping per ttl.

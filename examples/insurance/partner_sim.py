@@ -1,6 +1,6 @@
 """A small, real partner simulator: the insurance partner and the warehouses, over HTTP.
 
-The insurance partner works like the seed's: it *accepts* a coverage request ("we are
+The insurance partner works like a real one that answers later: it *accepts* a coverage request ("we are
 checking, ask again later"), answers ``pending`` to the next ``pending_polls`` status calls,
 then ``confirmed`` with a policy number. Knobs (``PUT /_sim/config``): latency, pending
 answers before success, error rate, an outage switch, warehouses that are down, SKUs that are

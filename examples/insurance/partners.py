@@ -4,9 +4,9 @@
   simulator publishes it at ``/openapi.json``); ``tests/insurance/test_partner_contract.py``
   checks every model here against the published schema, so a drift fails a test.
 * One ``httpx.AsyncClient`` per partner system (per-system isolation), each with its own
-  circuit breaker and bulkhead; every call has its own deadline (R-RES-ASYNC-3).
+  circuit breaker and bulkhead; every call has its own deadline.
 * The warehouse fan-out runs under one overall deadline and its error names the systems that
-  did not answer (seed rule 3).
+  did not answer.
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ class Warehouses:
         """Units per SKU across every warehouse, asked concurrently under one deadline.
 
         Raises :class:`SystemUnavailableError` naming the warehouse(s) that failed or did
-        not answer in time; no call outlives the deadline (R-RES-ASYNC-3)."""
+        not answer in time; no call outlives the deadline."""
         if not self.systems:
             return {}
         pending: dict[asyncio.Task[StockLevel], str] = {}

@@ -20,7 +20,7 @@ T = TypeVar("T")
 
 
 class SystemUnavailableError(Exception):
-    """An external system could not be used; ``systems`` names which (seed rule 3)."""
+    """An external system could not be used; ``systems`` names which."""
 
     def __init__(self, systems: str | list[str], reason: str) -> None:
         self.systems = [systems] if isinstance(systems, str) else sorted(systems)
@@ -127,7 +127,7 @@ async def retry_briefly(
     first_delay: float = 0.1,
 ) -> T:
     """Retry ``call`` on :class:`SystemUnavailableError` while the *total* in-process wait
-    stays within ``budget`` (R-RES-ASYNC-2: below 2 s; anything longer is the task queue's
+    stays within ``budget`` (below 2 s; anything longer is the task queue's
     backoff). An open circuit is never retried here."""
     if budget >= IN_MEMORY_WAIT_LIMIT:
         raise ValueError("in-memory retry must wait less than 2 s in total")

@@ -1,7 +1,7 @@
 """The orders table, on SQLite or PostgreSQL, and how an order and its task are saved.
 
-``create`` is the heart of the handler side (R-RES-ASYNC-1: save the business record, put
-the task in the queue, answer 202):
+``create`` is the heart of the handler side (save the business record, put the task
+in the queue, answer 202):
 
 * **PostgreSQL broker** (``transactional_enqueue``): the order row and the durq task are
   written in *one* transaction on one connection; a rollback leaves neither.

@@ -1,6 +1,6 @@
-"""The coverage task: the seed's scheduler loop, as a durq task.
+"""The coverage task: polling the insurance partner, as a durq task.
 
-R-RES-ASYNC-1 step by step, and who does it:
+The polling loop step by step, and who does it:
 
 * "find due tasks with FOR UPDATE SKIP LOCKED LIMIT 50": the durq worker's claim;
 * "call the partner with a per-call deadline": :func:`coverage_attempt` via ``partners.py``;
@@ -160,7 +160,8 @@ class Runtimes:
 
 
 def retry_policy(settings: Settings) -> str | RetryDelay:
-    """The seed's ``min(2**n, 300)`` s; base and cap come from the environment."""
+    """``min(base * 2**n, cap)`` s (by default ``min(2**n, 300)``); base and cap come from
+    the environment."""
     if settings.backoff_base == 1.0 and settings.backoff_cap == 300.0:
         return "capped_power_of_two"
     base, cap = settings.backoff_base, settings.backoff_cap

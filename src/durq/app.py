@@ -42,7 +42,7 @@ _THEN_FIELDS = (
     "retention",
 )
 
-#: Called with the headers of every new task, e.g. to inject trace context (O2).
+#: Called with the headers of every new task, e.g. to inject trace context.
 HeaderHook = Callable[[dict[str, str]], None]
 
 
@@ -92,7 +92,7 @@ class App:
     """A durq application: register handlers with :meth:`task`, enqueue with :meth:`enqueue`.
 
     ``broker`` is a URL (``sqlite:///durq.sqlite3``, ``postgresql://…``, ``redis://…``) or a
-    broker object; without it ``DURQ_BROKER_URL`` or the SQLite default is used (O5). The
+    broker object; without it ``DURQ_BROKER_URL`` or the SQLite default is used. The
     same app object serves web handlers (enqueue) and workers (``durq worker module:app``)."""
 
     def __init__(
@@ -132,7 +132,7 @@ class App:
         self._sync_lock = threading.Lock()
         self._inspector: Inspector | None = None
         # -- periodic tasks and webhooks (durq.periodic, durq.webhooks) --
-        #: The periodic entries that schedulers of this app enqueue (P1).
+        #: The periodic entries that schedulers of this app enqueue.
         self.schedules = PeriodicRegistry(self)
         #: Options of the webhook deliveries this app's tasks ask for (set by install).
         self.webhook_options = webhooks.DEFAULT_OPTIONS
@@ -244,7 +244,7 @@ class App:
     # -- enqueue ----------------------------------------------------------------------------
 
     def params(self, request: EnqueueRequest) -> EnqueueParams:
-        """Validate a request into broker params, without touching the broker (E6)."""
+        """Validate a request into broker params, without touching the broker."""
         task_def = self.tasks.get(request.type)
         if task_def is not None:
             defaults = task_def.defaults
@@ -324,13 +324,13 @@ class App:
         webhook: str | None = None,
         then: continuations.Then | str | None = None,
     ) -> TaskInfo:
-        """Enqueue one task and return its :class:`TaskInfo` (E1).
+        """Enqueue one task and return its :class:`TaskInfo`.
 
-        Raises :class:`~durq.TaskIDConflictError` when ``task_id`` exists (E3),
-        :class:`~durq.DuplicateTaskError` within a ``unique`` ttl (E4),
-        :class:`~durq.PayloadError` for a bad payload (E6) and
-        :class:`~durq.BrokerUnavailableError` when the broker cannot be reached (E7).
-        ``connection``: an open SQL connection whose transaction the task joins (E8).
+        Raises :class:`~durq.TaskIDConflictError` when ``task_id`` exists,
+        :class:`~durq.DuplicateTaskError` within a ``unique`` ttl,
+        :class:`~durq.PayloadError` for a bad payload and
+        :class:`~durq.BrokerUnavailableError` when the broker cannot be reached.
+        ``connection``: an open SQL connection whose transaction the task joins.
         ``webhook``: an http(s) URL that receives the result or final error by signed POST
         (see :mod:`durq.webhooks`); ValidationError for any other URL.
         ``then``: a follow-up task (:class:`durq.Then` or a task type) enqueued atomically
@@ -365,7 +365,7 @@ class App:
     async def enqueue_many(
         self, requests: Iterable[EnqueueRequest], *, connection: Any = None
     ) -> list[EnqueueOutcome]:
-        """Enqueue many tasks in one round trip; one outcome per request, in order (E9).
+        """Enqueue many tasks in one round trip; one outcome per request, in order.
 
         Every request is validated before anything is written; a refused item (conflict,
         duplicate) is reported in its outcome and does not stop the others."""
@@ -379,7 +379,7 @@ class App:
                 self._created(outcome.info)
         return outcomes
 
-    # -- the sync face (E10) ------------------------------------------------------------------
+    # -- the sync face ------------------------------------------------------------------------
 
     def _runner(self) -> SyncRunner:
         with self._sync_lock:
@@ -425,7 +425,7 @@ class App:
 
     @property
     def inspector(self) -> Inspector:
-        """The admin facade (I1-I5) used by the CLI and the dashboard."""
+        """The admin facade used by the CLI and the dashboard."""
         if self._inspector is None:
             from durq.inspector import Inspector
 

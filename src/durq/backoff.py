@@ -1,4 +1,4 @@
-"""Retry delay policies (W4). A policy maps ``(retried, exc)`` to seconds."""
+"""Retry delay policies. A policy maps ``(retried, exc)`` to seconds."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def exponential(
 
 
 def capped_power_of_two(retried: int, exc: BaseException | None = None) -> float:
-    """The seed's policy: ``min(2**n, 300)`` seconds, without jitter."""
+    """``min(2**n, 300)`` seconds, without jitter: the classic polling schedule."""
     return float(min(2 ** min(retried, 62), 300))
 
 

@@ -1,4 +1,4 @@
-"""The inspector: the admin facade (I1-I5) that the CLI and the dashboard use.
+"""The inspector: the admin facade that the CLI and the dashboard use.
 
 It validates names and states at the edge and goes through the broker's Admin seam only."""
 
@@ -38,17 +38,17 @@ class Inspector:
         return await self._app.broker()
 
     async def list_queues(self) -> list[QueueStats]:
-        """Every known queue with sizes per state and counters (I1)."""
+        """Every known queue with sizes per state and counters."""
         return await (await self._admin()).list_queues()
 
     async def queue_stats(self, queue: str) -> QueueStats:
-        """One queue (I1); QueueNotFoundError if unknown."""
+        """One queue; QueueNotFoundError if unknown."""
         return await (await self._admin()).queue_stats(check_queue(queue))
 
     async def list_tasks(
         self, queue: str, state: TaskState | str, *, limit: int = 50, offset: int = 0
     ) -> list[TaskInfo]:
-        """Tasks of ``queue`` in ``state``, a page at a time (I2)."""
+        """Tasks of ``queue`` in ``state``, a page at a time."""
         if limit < 1 or limit > 1000 or offset < 0:
             raise ValidationError("limit must be 1..1000 and offset >= 0")
         admin = await self._admin()
@@ -57,41 +57,41 @@ class Inspector:
         )
 
     async def get_task_info(self, queue: str, task_id: str) -> TaskInfo:
-        """One task by id (I2); TaskNotFoundError if absent."""
+        """One task by id; TaskNotFoundError if absent."""
         return await (await self._admin()).get_task(check_queue(queue), check_task_id(task_id))
 
     async def run_task(self, queue: str, task_id: str) -> TaskInfo:
-        """Make a scheduled, retry or archived task pending now (I3)."""
+        """Make a scheduled, retry or archived task pending now."""
         return await (await self._admin()).run_task(check_queue(queue), check_task_id(task_id))
 
     async def archive_task(self, queue: str, task_id: str) -> TaskInfo:
-        """Archive a waiting task (I3)."""
+        """Archive a waiting task."""
         return await (await self._admin()).archive_task(check_queue(queue), check_task_id(task_id))
 
     async def delete_task(self, queue: str, task_id: str) -> None:
-        """Delete a task that is not active (I3)."""
+        """Delete a task that is not active."""
         await (await self._admin()).delete_task(check_queue(queue), check_task_id(task_id))
 
     async def cancel_task(self, queue: str, task_id: str) -> TaskInfo:
-        """Cancel a task: an active one's handler is cancelled by its worker (I3, W12)."""
+        """Cancel a task: an active one's handler is cancelled by its worker."""
         return await (await self._admin()).cancel_task(check_queue(queue), check_task_id(task_id))
 
     async def run_all(self, queue: str, state: TaskState | str) -> int:
-        """Run every scheduled, retry or archived task of a queue now (I3)."""
+        """Run every scheduled, retry or archived task of a queue now."""
         return await (await self._admin()).run_all(check_queue(queue), parse_state(state))
 
     async def delete_all(self, queue: str, state: TaskState | str) -> int:
-        """Delete every task of a queue in a state other than active (I3)."""
+        """Delete every task of a queue in a state other than active."""
         return await (await self._admin()).delete_all(check_queue(queue), parse_state(state))
 
     async def pause_queue(self, queue: str) -> None:
-        """Pause a queue: workers take nothing from it; enqueue still works (I4)."""
+        """Pause a queue: workers take nothing from it; enqueue still works."""
         await (await self._admin()).pause_queue(check_queue(queue))
 
     async def unpause_queue(self, queue: str) -> None:
-        """Resume a paused queue (I4)."""
+        """Resume a paused queue."""
         await (await self._admin()).unpause_queue(check_queue(queue))
 
     async def list_workers(self) -> list[WorkerInfo]:
-        """Live worker processes (I5)."""
+        """Live worker processes."""
         return await (await self._admin()).list_workers()

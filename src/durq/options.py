@@ -20,7 +20,7 @@ Moment = datetime | float | int
 
 @dataclass(frozen=True)
 class EnqueueRequest:
-    """One task to enqueue, for :meth:`durq.App.enqueue_many` (E9).
+    """One task to enqueue, for :meth:`durq.App.enqueue_many`.
 
     Every field but ``type`` and ``payload`` defaults to the task's registered options."""
 
@@ -102,7 +102,7 @@ def build_params(
     payload_json: Any,
     max_payload: int,
 ) -> EnqueueParams:
-    """Validate every option at the edge and encode the payload (E5, E6, S3)."""
+    """Validate every option at the edge and encode the payload."""
     queue = names.check_queue(defaults.queue if request.queue is None else request.queue)
     task_type = names.check_type(request.type)
     task_id = new_task_id() if request.task_id is None else names.check_task_id(request.task_id)

@@ -1,8 +1,8 @@
-"""Periodic tasks (P1): schedules, entries and the registry an app keeps of them.
+"""Periodic tasks: schedules, entries and the registry an app keeps of them.
 
 A schedule is a cron expression in a time zone (parsed by ``croniter``) or ``@every <duration>``.
 Each tick is one task with the id ``periodic:<entry name>:<tick epoch>``: every scheduler
-computes the same id for the same tick, and the broker's task-id rule (E3) refuses all but the
+computes the same id for the same tick, and the broker's task-id rule refuses all but the
 first enqueue. That is the whole coordination between schedulers; no locks, no leader.
 
 The scheduler service that enqueues due ticks is :mod:`durq.worker.periodic`.

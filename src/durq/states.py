@@ -36,7 +36,7 @@ class TaskState(StrEnum):
         return self.value
 
 
-#: The events of SPEC's table, as ``(from, event) -> to``.
+#: The allowed moves of a task, as ``(from, event) -> to``.
 TRANSITIONS: dict[tuple[TaskState, str], TaskState] = {
     (TaskState.SCHEDULED, "due"): TaskState.PENDING,
     (TaskState.RETRY, "due"): TaskState.PENDING,

@@ -14,7 +14,7 @@ from durq.states import TaskState
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """A snapshot of one task, as the broker stored it at the time of the call (E1).
+    """A snapshot of one task, as the broker stored it at the time of the call.
 
     ``payload`` and ``result`` are decoded from their stored JSON on first access, so a task
     with an undecodable payload can still be listed and inspected (``raw_payload``)."""
@@ -34,7 +34,7 @@ class TaskInfo:
     completed_at: datetime | None = None
     raw_result: bytes | None = None
     retention: float = 0.0
-    #: How often a worker died while holding this task (poison-pill guard, W1).
+    #: How often a worker died while holding this task (poison-pill guard).
     lost: int = 0
     #: Trace context and other metadata carried from the enqueuer to the handler.
     headers: dict[str, str] = field(default_factory=dict)
@@ -42,7 +42,7 @@ class TaskInfo:
     started_at: datetime | None = None
     lease_expires_at: datetime | None = None
     worker_id: str | None = None
-    #: Set when the inspector asked an active task to be cancelled (W12).
+    #: Set when the inspector asked an active task to be cancelled.
     cancel_requested: bool = False
 
     @cached_property
@@ -52,7 +52,7 @@ class TaskInfo:
 
     @cached_property
     def result(self) -> Any:
-        """The handler's return value, while the completed task is retained (W6)."""
+        """The handler's return value, while the completed task is retained."""
         return codec.decode(self.raw_result)
 
     def replace(self, **changes: Any) -> TaskInfo:

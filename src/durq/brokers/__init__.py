@@ -15,7 +15,7 @@ __all__ = ["DEFAULT_URL", "Admin", "Broker", "FullBroker", "open_broker", "resol
 
 
 def resolve_url(url: str | None = None) -> str:
-    """The broker URL: the argument, else ``DURQ_BROKER_URL``, else the SQLite default (O5)."""
+    """The broker URL: the argument, else ``DURQ_BROKER_URL``, else the SQLite default."""
     return url or os.environ.get("DURQ_BROKER_URL") or DEFAULT_URL
 
 

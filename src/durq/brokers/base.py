@@ -72,7 +72,7 @@ class EnqueueParams:
 
 @dataclass(frozen=True, slots=True)
 class EnqueueOutcome:
-    """What happened to one item of a bulk enqueue (E9): created, or refused with a reason."""
+    """What happened to one item of a bulk enqueue: created, or refused with a reason."""
 
     params: EnqueueParams
     info: TaskInfo | None = None
@@ -156,7 +156,7 @@ class ArchiveParams:
 
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
-    """A worker process as the inspector shows it (I5)."""
+    """A worker process as the inspector shows it."""
 
     id: str
     host: str
@@ -171,7 +171,7 @@ class WorkerInfo:
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
-    """One queue as the inspector shows it (I1)."""
+    """One queue as the inspector shows it."""
 
     name: str
     paused: bool

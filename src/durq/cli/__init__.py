@@ -1,7 +1,7 @@
 """The ``durq`` command line.
 
 Each command group lives in its own module and registers itself on :data:`app` with one line
-below; :func:`main` runs the app and maps errors to SPEC's exit codes (0 ok, 1 domain error,
+below; :func:`main` runs the app and maps errors to durq's exit codes (0 ok, 1 domain error,
 2 usage error), always as one line on stderr and without a traceback."""
 
 from __future__ import annotations

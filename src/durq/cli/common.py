@@ -1,6 +1,6 @@
 """What every command shares: the ``--broker``/``--json`` options, running one coroutine per
 command on its own event loop, printing (rich for people, JSON for scripts) and turning errors
-into one line on stderr with the exit codes of SPEC (0 ok, 1 domain error, 2 usage error)."""
+into one line on stderr with durq's exit codes (0 ok, 1 domain error, 2 usage error)."""
 
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def fmt_age(seconds: float) -> str:
 
 
 def one_line(text: str) -> str:
-    """Collapse a message to one line (SPEC: errors are one line, no traceback)."""
+    """Collapse a message to one line (errors are one line, no traceback)."""
     return " ".join(str(text).split())
 
 

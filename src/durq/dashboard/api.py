@@ -1,4 +1,4 @@
-"""The admin HTTP API (I1-I5): JSON over the inspector, described by :mod:`.openapi`."""
+"""The admin HTTP API: JSON over the inspector, described by :mod:`.openapi`."""
 
 from __future__ import annotations
 

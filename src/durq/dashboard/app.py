@@ -277,7 +277,7 @@ def create_dashboard(
 ) -> Guard:
     """The dashboard and admin API for ``app`` as an ASGI app.
 
-    ``token`` is required unless ``insecure_no_auth=True`` (S2). ``read_only`` hides and
+    ``token`` is required unless ``insecure_no_auth=True``. ``read_only`` hides and
     refuses every action. ``secret_key`` signs session cookies (default: derived from the
     token). Mount it anywhere; it needs no lifespan events, but runs its history sampler
     from the first request on, or from startup when served on its own."""

@@ -221,11 +221,11 @@ def openapi_document(root_path: str = "") -> dict[str, Any]:
     bulk_errors = {**_MUTATION_ERRORS, **not_found_queue, "409": _error("State not allowed")}
     paths: dict[str, Any] = {
         "/api/queues": {
-            "get": _op("Every queue (I1)", _json(_ref("QueueList"), "Queues"), _COMMON_ERRORS)
+            "get": _op("Every queue", _json(_ref("QueueList"), "Queues"), _COMMON_ERRORS)
         },
         "/api/queues/{queue}": {
             "get": _op(
-                "One queue (I1)",
+                "One queue",
                 _json(_ref("Queue"), "The queue"),
                 {**_COMMON_ERRORS, **not_found_queue},
                 [_QUEUE_PARAM],
@@ -233,7 +233,7 @@ def openapi_document(root_path: str = "") -> dict[str, Any]:
         },
         "/api/queues/{queue}/pause": {
             "post": _op(
-                "Pause a queue (I4)",
+                "Pause a queue",
                 _json(_ref("Queue"), "The paused queue"),
                 {**_MUTATION_ERRORS, **not_found_queue},
                 [_QUEUE_PARAM],
@@ -241,7 +241,7 @@ def openapi_document(root_path: str = "") -> dict[str, Any]:
         },
         "/api/queues/{queue}/unpause": {
             "post": _op(
-                "Resume a queue (I4)",
+                "Resume a queue",
                 _json(_ref("Queue"), "The resumed queue"),
                 {**_MUTATION_ERRORS, **not_found_queue},
                 [_QUEUE_PARAM],
@@ -249,7 +249,7 @@ def openapi_document(root_path: str = "") -> dict[str, Any]:
         },
         "/api/queues/{queue}/tasks": {
             "get": _op(
-                "Tasks of a queue in one state, a page at a time (I2)",
+                "Tasks of a queue in one state, a page at a time",
                 _json(_ref("TaskPage"), "One page"),
                 {**_COMMON_ERRORS, **not_found_queue},
                 [
@@ -272,7 +272,7 @@ def openapi_document(root_path: str = "") -> dict[str, Any]:
         },
         "/api/queues/{queue}/tasks:run_all": {
             "post": _op(
-                "Run every scheduled, retry or archived task of the state now (I3)",
+                "Run every scheduled, retry or archived task of the state now",
                 _json(_ref("BulkResult"), "How many tasks moved"),
                 bulk_errors,
                 [_QUEUE_PARAM, _state_param(True)],
@@ -280,7 +280,7 @@ def openapi_document(root_path: str = "") -> dict[str, Any]:
         },
         "/api/queues/{queue}/tasks:delete_all": {
             "post": _op(
-                "Delete every task of the state (not active) (I3)",
+                "Delete every task of the state (not active)",
                 _json(_ref("BulkResult"), "How many tasks were deleted"),
                 bulk_errors,
                 [_QUEUE_PARAM, _state_param(True)],
@@ -296,13 +296,13 @@ def openapi_document(root_path: str = "") -> dict[str, Any]:
         },
         "/api/queues/{queue}/tasks/{task_id}": {
             "get": _op(
-                "One task (I2)",
+                "One task",
                 _json(_ref("Task"), "The task"),
                 {**_COMMON_ERRORS, "404": _error("Unknown queue or task")},
                 [_QUEUE_PARAM, _TASK_PARAM],
             ),
             "delete": _op(
-                "Delete a task that is not active (I3)",
+                "Delete a task that is not active",
                 {"description": "Deleted"},
                 {
                     **_MUTATION_ERRORS,
@@ -313,15 +313,15 @@ def openapi_document(root_path: str = "") -> dict[str, Any]:
                 ok_status="204",
             ),
         },
-        "/api/queues/{queue}/tasks/{task_id}/run": _task_action("run", "Run a task now (I3)"),
+        "/api/queues/{queue}/tasks/{task_id}/run": _task_action("run", "Run a task now"),
         "/api/queues/{queue}/tasks/{task_id}/archive": _task_action(
-            "archive", "Archive a waiting task (I3)"
+            "archive", "Archive a waiting task"
         ),
         "/api/queues/{queue}/tasks/{task_id}/cancel": _task_action(
-            "cancel", "Cancel a task; an active one's handler is cancelled (I3)"
+            "cancel", "Cancel a task; an active one's handler is cancelled"
         ),
         "/api/workers": {
-            "get": _op("Live workers (I5)", _json(_ref("WorkerList"), "Workers"), _COMMON_ERRORS)
+            "get": _op("Live workers", _json(_ref("WorkerList"), "Workers"), _COMMON_ERRORS)
         },
         "/api/history": {
             "get": _op(

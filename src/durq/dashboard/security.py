@@ -1,4 +1,4 @@
-"""Authentication, CSRF protection and security headers for the dashboard (S2).
+"""Authentication, CSRF protection and security headers for the dashboard.
 
 * API clients send ``Authorization: Bearer <token>``. A bearer token is not an ambient
   credential (a browser never adds it by itself), so such requests need no CSRF token.

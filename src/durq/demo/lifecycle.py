@@ -1,5 +1,5 @@
 """The lifecycle demo: one process runs a worker and a producer on the same broker and shows
-each task moving through its states (SPEC's table): a success with a result, a delayed task,
+each task moving through its states: a success with a result, a delayed task,
 a task that polls a partner with ``NotReady``, one that exhausts its retries and is archived,
 and an idempotent enqueue refused by its task id."""
 

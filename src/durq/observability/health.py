@@ -1,4 +1,4 @@
-"""Health probes (O4): answered from a TTL-cached broker ping, never from business work.
+"""Health probes: answered from a TTL-cached broker ping, never from business work.
 
 ``/healthz`` (liveness) says the process and its event loop answer; ``/readyz`` (readiness)
 says the broker answered a ping within the last ``ttl`` seconds. Served by the worker's

@@ -1,4 +1,4 @@
-"""Log set-up (O3): every line about a task carries its id, type, queue and attempt; JSON is
+"""Log set-up: every line about a task carries its id, type, queue and attempt; JSON is
 one flag away (``--log-format json``)."""
 
 from __future__ import annotations

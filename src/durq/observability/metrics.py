@@ -1,4 +1,4 @@
-"""Prometheus metrics (O1). Needs ``durq[metrics]`` (prometheus-client).
+"""Prometheus metrics. Needs ``durq[metrics]`` (prometheus-client).
 
 * :func:`install` adds counters and the duration histogram to an app: a worker hook counts
   what workers do; an ``app.enqueue_hooks`` entry counts the tasks this process created.

@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing (O2): the enqueuing span's context travels in the task's headers
+"""OpenTelemetry tracing: the enqueuing span's context travels in the task's headers
 (W3C ``traceparent``/``tracestate``) and the handler runs in a child span
 ``durq.task <type>``.
 

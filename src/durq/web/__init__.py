@@ -1,6 +1,6 @@
-"""The web contract (H1-H3) as one call in a handler, for any framework.
+"""The web contract as one call in a handler, for any framework.
 
-An async endpoint has three answers (the asynq lesson, SPEC H1-H3):
+An endpoint that hands work to a background task has three answers:
 
 * ``202 Accepted`` with ``Location`` and ``{"status": "queued", "task_id", "queue"}``: the
   intent is saved in the broker;
@@ -48,7 +48,7 @@ DEFAULT_RETRY_AFTER = 5
 #: Where the status of the accepted work lives: a fixed path, or built from the task.
 Location = str | Callable[["TaskInfo"], str] | None
 
-#: The errors an enqueue answers itself (H2, H3); anything else is the caller's to handle.
+#: The errors an enqueue answers itself; anything else is the caller's to handle.
 CONTRACT_ERRORS = (TaskIDConflictError, DuplicateTaskError, BrokerUnavailableError)
 
 
@@ -87,7 +87,7 @@ def _location(location: Location, info: TaskInfo | None) -> str | None:
 def queued(
     info: TaskInfo, *, location: Location = None, extra: Mapping[str, Any] | None = None
 ) -> Answer:
-    """H1: ``202`` with ``Location`` and ``{"status": "queued", "task_id", "queue"}``.
+    """``202`` with ``Location`` and ``{"status": "queued", "task_id", "queue"}``.
 
     A delayed task also carries ``process_at`` (its time lives in the broker: "not earlier
     than", not "exactly at")."""
@@ -109,7 +109,7 @@ def already_accepted(
     state: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> Answer:
-    """H2: ``200`` with ``{"status": "already_accepted", "task_id"}``: the work was started
+    """``200`` with ``{"status": "already_accepted", "task_id"}``: the work was started
     by an earlier request; a repeated POST is safe."""
     body: dict[str, Any] = {"status": "already_accepted", "task_id": task_id}
     if state is not None:
@@ -123,7 +123,7 @@ def unavailable(
     *,
     retry_after: int = DEFAULT_RETRY_AFTER,
 ) -> Answer:
-    """H3: ``503`` with ``Retry-After`` and a JSON error; nothing was written."""
+    """``503`` with ``Retry-After`` and a JSON error; nothing was written."""
     return Answer(
         503,
         {"error": {"code": "broker_unavailable", "message": message}},
@@ -166,7 +166,7 @@ async def enqueue_answer(
     extra: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> Answer:
-    """Enqueue and return the contract answer (H1-H3); options as :meth:`durq.App.enqueue`.
+    """Enqueue and return the contract answer; options as :meth:`durq.App.enqueue`.
 
     Validation errors (:class:`~durq.PayloadError`, invalid names) are raised, not answered:
     they are the caller's bug or the client's bad input, which the handler maps to 4xx."""

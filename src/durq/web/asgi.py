@@ -4,7 +4,7 @@ dependency that hands handlers the app's client.
 ::
 
     durq_app = durq.App()
-    api = FastAPI(lifespan=durq_lifespan(durq_app, worker=True))   # monolith (H5)
+    api = FastAPI(lifespan=durq_lifespan(durq_app, worker=True))   # monolith
 
     @api.post("/reports")
     async def create(body: ReportIn, app: durq.App = Depends(get_durq)):
@@ -62,7 +62,7 @@ async def enqueue_response(
     extra: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> JSONResponse:
-    """Enqueue and answer 202 queued · 200 already_accepted · 503 (H1-H3) in one call.
+    """Enqueue and answer 202 queued · 200 already_accepted · 503 in one call.
 
     Options as :meth:`durq.App.enqueue` (``task_id``, ``queue``, ``process_in``,
     ``connection``…)."""
@@ -76,7 +76,7 @@ async def enqueue_response(
 async def run_worker(app: App, **options: Any) -> AsyncIterator[Worker]:
     """Run a worker of ``app`` on the current loop for the duration of the block (monolith).
 
-    Leaving the block stops it gracefully (W7): no new claims, running tasks get
+    Leaving the block stops it gracefully: no new claims, running tasks get
     ``shutdown_timeout`` seconds, the rest go back to pending without losing an attempt."""
     worker = app.worker(**options)
     await worker.start()
@@ -93,7 +93,7 @@ def durq_lifespan(
     inner: Lifespan | None = None,
 ) -> Lifespan:
     """A Starlette/FastAPI ``lifespan`` that opens ``app``'s client and, with ``worker``, runs
-    the durq worker inside the web process (H5).
+    the durq worker inside the web process.
 
     ``worker`` is ``True`` or a mapping of :class:`~durq.Worker` options. ``inner``: the
     service's own lifespan, run inside ours (its resources exist while tasks run).

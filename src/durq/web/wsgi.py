@@ -5,7 +5,7 @@ for the monolith.
 
     durq_app = durq.App()
     flask_app = Flask(__name__)
-    init_app(flask_app, durq_app, worker=True)        # monolith (H5); False: split
+    init_app(flask_app, durq_app, worker=True)        # monolith; False: split
 
     @flask_app.post("/reports")
     def create():
@@ -89,7 +89,7 @@ def enqueue_response(
     extra: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> tuple[str, int, dict[str, str]]:
-    """Enqueue (blocking) and answer 202 · 200 already_accepted · 503 (H1-H3) as a Flask
+    """Enqueue (blocking) and answer 202 · 200 already_accepted · 503 as a Flask
     triple. With ``connection=`` a sync psycopg connection, the task joins its transaction."""
     answer = enqueue_answer_sync(
         app, type, payload, location=location, retry_after=retry_after, extra=extra, **options
@@ -100,7 +100,7 @@ def enqueue_response(
 class BackgroundWorker:
     """A durq worker on its own thread and event loop, inside a WSGI process (monolith).
 
-    ``start()`` returns once the worker takes tasks; ``stop()`` is graceful (W7)."""
+    ``start()`` returns once the worker takes tasks; ``stop()`` is graceful."""
 
     def __init__(self, app: App, **options: Any) -> None:
         self.app = app

@@ -1,4 +1,4 @@
-"""The worker process: wires the services and owns their start/stop order (W7, H5).
+"""The worker process: wires the services and owns their start/stop order.
 
 Start: connect, register, heartbeat, rescuer, promoter, janitor, then the fetcher.
 Stop: the fetcher first (no new claims), wait up to ``shutdown_timeout`` for running tasks,
@@ -60,12 +60,12 @@ class Worker:
 
     * ``queues``: ``{"critical": 6, "default": 3, "low": 1}`` or ``"critical=6,default=3"``;
       default: every queue named by a registered task, weight 1.
-    * ``strict``: empty higher-weight queues first instead of weighted picking (W8).
-    * ``concurrency``: attempts at once (W2). ``shutdown_timeout``: grace for running tasks.
+    * ``strict``: empty higher-weight queues first instead of weighted picking.
+    * ``concurrency``: attempts at once. ``shutdown_timeout``: grace for running tasks.
     * ``scheduler``: also enqueue the app's periodic tasks (default ``True``; any number of
       workers may do so, each tick is enqueued once).
     * ``lease_seconds``: how long a claim holds without a heartbeat; a dead worker's tasks
-      run again after it (W1). ``max_lost``: worker losses before a task is archived.
+      run again after it. ``max_lost``: worker losses before a task is archived.
     """
 
     def __init__(
@@ -105,7 +105,7 @@ class Worker:
         self.max_lost = max_lost
         self.hooks = [*app.worker_hooks, *hooks]
         self.extra_services = list(services)
-        #: Run the periodic scheduler (P1) when the app has schedules; see durq.worker.periodic.
+        #: Run the periodic scheduler when the app has schedules; see durq.worker.periodic.
         self.scheduler = scheduler
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.started_at = 0.0
@@ -117,7 +117,7 @@ class Worker:
         self._stopping = False
 
     def info(self) -> WorkerInfo:
-        """This worker as the inspector shows it (I5)."""
+        """This worker as the inspector shows it."""
         return WorkerInfo(
             id=self.id,
             host=socket.gethostname(),
@@ -196,7 +196,7 @@ class Worker:
             )
 
     async def stop(self, timeout: float | None = None) -> None:
-        """Graceful stop (W7): no new tasks, wait up to ``timeout`` (default
+        """Graceful stop: no new tasks, wait up to ``timeout`` (default
         ``shutdown_timeout``), then cancel the rest and hand them back as pending."""
         if self._stopping:  # e.g. a lifespan exit racing a signal: return once stopped
             await self._stopped.wait()
