@@ -1,4 +1,4 @@
-"""The README's Python blocks run as written, so the README cannot rot.
+"""The Python blocks of the README and the guides run as written, so they cannot rot.
 
 A block whose first line is ``# name.py`` starts a new script, run as ``__main__`` in an empty
 directory on the default SQLite broker; a block without that line continues the script before
@@ -20,13 +20,14 @@ import pytest
 import durq
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+#: Documents whose Python blocks are complete scripts (or continue the script before them).
+RUNNABLE = ["README.md", "docs/web.md"]
 BLOCK = re.compile(r"^```python\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 SCRIPT_NAME = re.compile(r"^# ([\w/.-]+\.py)$")
 
 
-def blocks() -> list[str]:
-    return BLOCK.findall(README.read_text(encoding="utf-8"))
+def blocks(doc: str) -> list[str]:
+    return BLOCK.findall((ROOT / doc).read_text(encoding="utf-8"))
 
 
 def load_file(path: Path) -> dict[str, Any]:
@@ -48,24 +49,28 @@ def run_block(source: str, name: str, namespace: dict[str, Any], loop: Any) -> N
         loop.run_until_complete(result)
 
 
-def test_the_readme_has_python_blocks() -> None:
-    assert blocks()
-    assert SCRIPT_NAME.match(blocks()[0].splitlines()[0]), "the first block must name its file"
+@pytest.mark.parametrize("doc", RUNNABLE)
+def test_the_first_block_names_its_script(doc: str) -> None:
+    assert blocks(doc)
+    assert SCRIPT_NAME.match(blocks(doc)[0].splitlines()[0]), "the first block must name its file"
 
 
-def test_python_blocks_run_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("doc", RUNNABLE)
+def test_python_blocks_run_as_written(
+    doc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("DURQ_BROKER_URL", raising=False)
     monkeypatch.delenv("DURQ_WEBHOOK_SECRET", raising=False)
     scripts: list[tuple[str, dict[str, Any]]] = []
     loop = asyncio.new_event_loop()
     try:
-        for number, source in enumerate(blocks(), 1):
+        for number, source in enumerate(blocks(doc), 1):
             named = SCRIPT_NAME.match(source.splitlines()[0])
             if named:
                 scripts.append((named.group(1), {"__name__": "__main__"}))
             name, namespace = scripts[-1]
-            run_block(source, f"README.md block {number} ({name})", namespace, loop)
+            run_block(source, f"{doc} block {number} ({name})", namespace, loop)
         for name, namespace in scripts:
             for app in apps_in(namespace):
                 # A schedule whose type no handler serves retries forever ("no handler").
@@ -87,5 +92,5 @@ def same_tasks_as_the_file(name: str, namespace: dict[str, Any]) -> None:
     assert shown, name
     for task_type, defaults in shown.items():
         assert real.get(task_type) == defaults, (
-            f"README's {name} differs from the file: {task_type}"
+            f"{name} as shown differs from the file: {task_type}"
         )
