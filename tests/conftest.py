@@ -12,7 +12,7 @@ from apptools import START, AppFactory
 from durq.clock import FakeClock
 from servers import PG_DSN, REDIS_URL, broker_url_for, drop_isolated, require_server, unique_name  # noqa: F401 - old imports
 
-BROKER_KINDS = ["sqlite", "postgres", "redis"]
+BROKER_KINDS = ["sqlite", "postgres", "redis", "memory"]
 
 
 @pytest.fixture(params=BROKER_KINDS)

@@ -43,9 +43,12 @@ def unique_name(prefix: str = "t") -> str:
 
 
 def broker_url_for(kind: str, tmp_path: Path) -> str:
-    """A fresh, isolated broker URL: a temp file, a PostgreSQL schema or a Redis key prefix."""
+    """A fresh, isolated broker URL: a temp file, a PostgreSQL schema, a Redis key prefix or
+    an in-memory name."""
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'durq.sqlite3'}"
+    if kind == "memory":
+        return f"memory://{unique_name('durq_test')}"
     require_server(kind)
     if kind == "postgres":
         return f"{PG_DSN}?schema={unique_name('durq_test')}"

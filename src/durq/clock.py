@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
+
+from durq import durations
 
 
 class Clock(Protocol):
@@ -30,11 +32,18 @@ class FakeClock:
     def now(self) -> float:
         return self._now
 
-    def advance(self, seconds: float) -> None:
-        self._now += seconds
+    def advance(self, by: float | str | timedelta) -> None:
+        """Move forward by seconds, a ``timedelta`` or a duration such as ``"10m"``."""
+        if isinstance(by, timedelta):
+            self._now += by.total_seconds()
+        elif isinstance(by, str):
+            self._now += durations.parse(by)
+        else:  # a number, negative too (a clock stepped back)
+            self._now += float(by)
 
-    def set(self, when: float) -> None:
-        self._now = when
+    def set(self, when: float | datetime) -> None:
+        """Jump to epoch seconds or an aware ``datetime``."""
+        self._now = when.timestamp() if isinstance(when, datetime) else float(when)
 
 
 class ServerClock:

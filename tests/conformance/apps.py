@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import durq
+from conformance.conftest import requires
+from durq.brokers import open_broker
+from durq.brokers.base import CAP_MULTI_PROCESS
 from durq.states import TaskState
 
 #: Short intervals so tests wait on real events, not on tickers.
@@ -62,7 +65,10 @@ WORKER_PROCESS = Path(__file__).parent / "worker_process.py"
 def worker_process(
     broker_url: str, marker: Path, lease: float = 30.0
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A real worker process (``worker_process.py``) that writes ``marker``; killed at exit."""
+    """A real worker process (``worker_process.py``) that writes ``marker``; killed at exit.
+
+    Skips the test on a broker whose tasks another process cannot see (``memory://``)."""
+    requires(open_broker(broker_url), CAP_MULTI_PROCESS)
     proc = subprocess.Popen(
         [sys.executable, str(WORKER_PROCESS), broker_url, str(marker), str(lease)],
         env={**os.environ, "PYTHONPATH": str(WORKER_PROCESS.parent.parent.parent / "src")},

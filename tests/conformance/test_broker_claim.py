@@ -11,8 +11,9 @@ from datetime import UTC, datetime
 
 from brokerkit import LEASE, A, C, P, R, X, claim, claim_ids, params, picture, put, snapshot
 
+from conformance.conftest import requires
 from durq.brokers import FullBroker
-from durq.brokers.base import ClaimParams
+from durq.brokers.base import CAP_MULTI_PROCESS, ClaimParams
 from durq.clock import FakeClock
 
 
@@ -150,6 +151,7 @@ _CLAIMER = textwrap.dedent(
 async def test_W10_worker_processes_never_share_a_task(make_broker, broker_url: str) -> None:
     # Real time: the child processes use the system clock too.
     broker = await make_broker(fake_clock=False)
+    requires(broker, CAP_MULTI_PROCESS)
     total = 400
     await broker.enqueue_many([params(f"t{i:03}") for i in range(total)])
     procs = [

@@ -30,6 +30,12 @@ def write_payload(kind: str, url: str, queue: str, task_id: str, raw: bytes) -> 
                 (raw, queue, task_id),
             )
             assert cur.rowcount == 1
+    elif kind == "memory":
+        from durq.brokers.memory.store import store_for
+
+        store = store_for(url.removeprefix("memory://"))
+        with store.lock:
+            store.tasks[(queue, task_id)].payload = raw
     else:
         import redis
 

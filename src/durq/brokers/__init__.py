@@ -24,7 +24,8 @@ def open_broker(url: str | None = None, *, clock: Clock = SYSTEM_CLOCK) -> FullB
 
     Schemes: ``sqlite:///relative.db``, ``sqlite:////abs/path.db``; ``postgresql://`` (also
     ``postgres://``) with an optional ``?schema=`` (default ``durq``); ``redis://``,
-    ``rediss://``, ``unix://`` with an optional ``?prefix=`` (default ``durq``)."""
+    ``rediss://``, ``unix://`` with an optional ``?prefix=`` (default ``durq``); ``memory://``
+    or ``memory://name`` (tasks kept in this process, shared by the brokers on one name)."""
     url = resolve_url(url)
     scheme = urlsplit(url).scheme.lower()
     if scheme == "sqlite":
@@ -47,7 +48,11 @@ def open_broker(url: str | None = None, *, clock: Clock = SYSTEM_CLOCK) -> FullB
                 "the Redis broker needs redis-py: pip install 'durq[redis]'"
             ) from exc
         return RedisBroker.from_url(url, clock=clock)
+    if scheme == "memory":
+        from durq.brokers.memory import MemoryBroker
+
+        return MemoryBroker.from_url(url, clock=clock)
     raise ConfigurationError(
         f"unknown broker URL scheme {scheme!r} in {url!r}: "
-        "use sqlite:///path, postgresql://... or redis://..."
+        "use sqlite:///path, postgresql://..., redis://... or memory://"
     )

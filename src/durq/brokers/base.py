@@ -48,6 +48,8 @@ CAP_ATOMIC_FOLLOW_UPS = "atomic_follow_ups"
 #: Redis has it on a single node (its client today), where one script may touch the keys of
 #: two queues; a Redis Cluster would refuse such a script (two hash slots).
 CAP_CROSS_QUEUE_FOLLOW_UPS = "cross_queue_follow_ups"
+#: Brokers in other processes (workers, the CLI) see the same tasks. All but ``memory://``.
+CAP_MULTI_PROCESS = "multi_process"
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
+    CAP_MULTI_PROCESS,
     CAP_TRANSACTIONAL_ENQUEUE,
     ArchiveParams,
     ClaimParams,
@@ -70,6 +71,7 @@ class PostgresBroker(PostgresAdmin):
     name = "postgres"
     capabilities = frozenset(
         {
+            CAP_MULTI_PROCESS,
             CAP_TRANSACTIONAL_ENQUEUE,
             CAP_CROSS_PROCESS_NOTIFY,
             CAP_ATOMIC_FOLLOW_UPS,

@@ -20,6 +20,7 @@ from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
+    CAP_MULTI_PROCESS,
     ArchiveParams,
     ClaimParams,
     CompleteParams,
@@ -71,7 +72,12 @@ class RedisBroker(RedisAdmin):
     #: Cross-queue follow-ups: one script touches two queues' hash slots, which a single
     #: node (this client) allows and a Redis Cluster would refuse. See docs/brokers/redis.md.
     capabilities = frozenset(
-        {CAP_CROSS_PROCESS_NOTIFY, CAP_ATOMIC_FOLLOW_UPS, CAP_CROSS_QUEUE_FOLLOW_UPS}
+        {
+            CAP_MULTI_PROCESS,
+            CAP_CROSS_PROCESS_NOTIFY,
+            CAP_ATOMIC_FOLLOW_UPS,
+            CAP_CROSS_QUEUE_FOLLOW_UPS,
+        }
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -19,6 +19,7 @@ from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
+    CAP_MULTI_PROCESS,
     CAP_TRANSACTIONAL_ENQUEUE,
     ArchiveParams,
     ClaimParams,
@@ -62,6 +63,7 @@ class SQLiteBroker(SQLiteAdmin):
     #: ``sqlite3.Connection`` on the same file (see :meth:`enqueue_sync_in`).
     capabilities: frozenset[str] = frozenset(
         {
+            CAP_MULTI_PROCESS,
             CAP_CROSS_PROCESS_NOTIFY,
             CAP_ATOMIC_FOLLOW_UPS,
             CAP_CROSS_QUEUE_FOLLOW_UPS,

@@ -1,0 +1,278 @@
+"""The in-memory storage: tasks, queues, counters and workers of one ``memory://`` name.
+
+Plain dicts behind one lock. Every operation is synchronous and short, so brokers on
+several event loops and threads of one process (an app's client, its workers, the sync
+face) share a store safely; nothing awaits while holding the lock."""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import threading
+import weakref
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from durq.brokers.base import EnqueueParams, WorkerInfo
+from durq.brokers.sqlite.wakeup import Mailbox
+from durq.clock import to_datetime
+from durq.errors import DuplicateTaskError, TaskIDConflictError
+from durq.states import TaskState
+from durq.task import TaskInfo
+
+P, S, A, R, X, C = (
+    TaskState.PENDING,
+    TaskState.SCHEDULED,
+    TaskState.ACTIVE,
+    TaskState.RETRY,
+    TaskState.ARCHIVED,
+    TaskState.COMPLETED,
+)
+#: States a claim may take a task from (when due).
+WAITING = frozenset({P, S, R})
+
+
+def utc_day(ts: float) -> str:
+    """The UTC day of an epoch time: the key of the daily counters."""
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d")
+
+
+@dataclass(slots=True, eq=False)
+class Row:
+    """One stored task; ``info()`` is what leaves the store."""
+
+    id: str
+    queue: str
+    type: str
+    payload: bytes
+    state: TaskState
+    max_retry: int
+    seq: int
+    next_process_at: float
+    enqueued_at: float
+    timeout: float | None = None
+    deadline: float | None = None
+    retention: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+    retried: int = 0
+    last_error: str | None = None
+    completed_at: float | None = None
+    expires_at: float | None = None
+    result: bytes | None = None
+    lost: int = 0
+    started_at: float | None = None
+    lease_token: str | None = None
+    lease_expires_at: float | None = None
+    worker_id: str | None = None
+    cancel_requested: bool = False
+    unique_key: str | None = None
+    unique_until: float | None = None
+
+    def info(self) -> TaskInfo:
+        return TaskInfo(
+            id=self.id,
+            queue=self.queue,
+            type=self.type,
+            raw_payload=self.payload,
+            state=self.state,
+            max_retry=self.max_retry,
+            retried=self.retried,
+            last_error=self.last_error,
+            timeout=self.timeout,
+            deadline=to_datetime(self.deadline),
+            next_process_at=to_datetime(self.next_process_at),
+            enqueued_at=to_datetime(self.enqueued_at),
+            completed_at=to_datetime(self.completed_at),
+            raw_result=self.result,
+            retention=self.retention,
+            lost=self.lost,
+            headers=dict(self.headers),
+            started_at=to_datetime(self.started_at),
+            lease_expires_at=to_datetime(self.lease_expires_at),
+            worker_id=self.worker_id,
+            cancel_requested=self.cancel_requested,
+        )
+
+    def gone(self, now: float) -> bool:
+        """A completed task past its retention counts as gone (E3) before the janitor runs."""
+        return self.state is C and self.expires_at is not None and self.expires_at <= now
+
+    def holds(self, token: str) -> bool:
+        return self.state is A and self.lease_token == token
+
+    def due(self, now: float) -> bool:
+        return self.state in WAITING and self.next_process_at <= now
+
+    def end_lease(self) -> None:
+        self.lease_token = None
+        self.lease_expires_at = None
+        self.cancel_requested = False
+
+
+@dataclass(slots=True)
+class Queue:
+    name: str
+    created_at: float
+    paused: bool = False
+    #: Tasks of the queue that a claim may take once due (pending, scheduled, retry).
+    waiting: dict[str, Row] = field(default_factory=dict)
+
+
+class Store:
+    """The tasks of one ``memory://`` name, shared by every broker on it in this process."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lock = threading.Lock()
+        self.tasks: dict[tuple[str, str], Row] = {}
+        self.queues: dict[str, Queue] = {}
+        self.unique: dict[str, Row] = {}
+        #: ``(queue, day) -> [processed, failed]``.
+        self.stats: dict[tuple[str, str], list[int]] = {}
+        self.workers: dict[str, WorkerInfo] = {}
+        self._seq = itertools.count(1)
+        self._mailboxes: weakref.WeakSet[Mailbox] = weakref.WeakSet()
+
+    # -- wake-ups ------------------------------------------------------------------------------
+
+    def mailbox(self) -> Mailbox:
+        box = Mailbox()
+        with self.lock:
+            self._mailboxes.add(box)
+        return box
+
+    def notify(self, queues: Iterable[str]) -> None:
+        """Wake waiters of every broker on this store (call without holding the lock)."""
+        wanted = frozenset(queues)
+        if not wanted:
+            return
+        with self.lock:
+            boxes = list(self._mailboxes)
+        for box in boxes:
+            box.post(wanted)
+
+    # -- rows (callers hold the lock) ------------------------------------------------------------
+
+    def queue(self, name: str, now: float) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            queue = self.queues[name] = Queue(name, now)
+        return queue
+
+    def get(self, queue: str, task_id: str, now: float) -> Row | None:
+        row = self.tasks.get((queue, task_id))
+        return None if row is None or row.gone(now) else row
+
+    def move(self, row: Row, state: TaskState) -> None:
+        """Change a row's state, keeping the queue's index of waiting rows right."""
+        waiting = self.queues[row.queue].waiting
+        if state in WAITING:
+            waiting[row.id] = row
+        else:
+            waiting.pop(row.id, None)
+        row.state = state
+        if state in (C, X):
+            self.release_unique(row)
+
+    def release_unique(self, row: Row) -> None:
+        if row.unique_key is not None and self.unique.get(row.unique_key) is row:
+            del self.unique[row.unique_key]
+        row.unique_key = row.unique_until = None
+
+    def delete(self, row: Row) -> None:
+        self.release_unique(row)
+        self.queues[row.queue].waiting.pop(row.id, None)
+        del self.tasks[(row.queue, row.id)]
+
+    def insert(self, p: EnqueueParams, now: float) -> Row:
+        """Create one task, or raise its conflict (E3) or duplicate (E4) writing nothing."""
+        existing = self.tasks.get((p.queue, p.id))
+        if existing is not None:
+            if not existing.gone(now):
+                raise TaskIDConflictError(
+                    f"task {p.id!r} already exists in queue {p.queue!r} ({existing.state})",
+                    existing=existing.info(),
+                )
+            self.delete(existing)
+        if p.unique_key is not None:
+            holder = self.unique.get(p.unique_key)
+            if (
+                holder is not None
+                and holder.unique_until is not None
+                and holder.unique_until <= now
+            ):
+                self.release_unique(holder)
+                holder = None
+            if holder is not None:
+                raise DuplicateTaskError(
+                    f"an identical task {holder.id!r} is already queued", existing_id=holder.id
+                )
+        scheduled = p.process_at is not None and p.process_at > now
+        row = Row(
+            id=p.id,
+            queue=p.queue,
+            type=p.type,
+            payload=bytes(p.payload),
+            state=S if scheduled else P,
+            max_retry=p.max_retry,
+            seq=next(self._seq),
+            next_process_at=p.process_at if scheduled and p.process_at is not None else now,
+            enqueued_at=now,
+            timeout=p.timeout,
+            deadline=p.deadline,
+            retention=p.retention,
+            headers=dict(p.headers),
+        )
+        if p.unique_key is not None:
+            row.unique_key = p.unique_key
+            row.unique_until = None if p.unique_ttl is None else now + p.unique_ttl
+            self.unique[p.unique_key] = row
+        self.tasks[(p.queue, p.id)] = row
+        self.queue(p.queue, now).waiting[row.id] = row
+        return row
+
+    def insert_follow_ups(self, follow_ups: Iterable[EnqueueParams], now: float) -> set[str]:
+        """Create follow-up tasks; one whose id or unique key is taken is skipped. Returns
+        the queues that got pending work."""
+        woken: set[str] = set()
+        for p in follow_ups:
+            try:
+                row = self.insert(p, now)
+            except (TaskIDConflictError, DuplicateTaskError):
+                continue  # created by an earlier outcome of the same task
+            if row.state is P:
+                woken.add(p.queue)
+        return woken
+
+    def lease(self, row: Row, now: float, lease_seconds: float, worker_id: str) -> str:
+        self.move(row, A)
+        row.lease_token = secrets.token_hex(16)
+        row.lease_expires_at = now + lease_seconds
+        row.worker_id = worker_id
+        row.started_at = now
+        row.cancel_requested = False
+        return row.lease_token
+
+    def bump(self, queue: str, now: float, *, failed: bool, count: int = 1) -> None:
+        counters = self.stats.setdefault((queue, utc_day(now)), [0, 0])
+        counters[0] += count
+        if failed:
+            counters[1] += count
+
+    def rows(self, queue: str) -> Iterator[Row]:
+        return (row for (q, _), row in self.tasks.items() if q == queue)
+
+
+_lock = threading.Lock()
+# Weak: a name's tasks live as long as a broker on it does (an app keeps its brokers).
+_stores: weakref.WeakValueDictionary[str, Store] = weakref.WeakValueDictionary()
+
+
+def store_for(name: str) -> Store:
+    """The store of ``memory://name`` in this process, created when first asked for."""
+    with _lock:
+        store = _stores.get(name)
+        if store is None:
+            store = _stores[name] = Store(name)
+        return store
