@@ -25,6 +25,16 @@ from durq.worker.hooks import WorkerHooks
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # ``durq.testing`` without an import of its own, loaded only when a test asks for it.
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module("durq.testing")
+    raise AttributeError(f"module 'durq' has no attribute {name!r}")
+
+
 __all__ = [
     "App",
     "BrokerUnavailableError",

@@ -234,6 +234,34 @@ class App:
             self._sync.close()
             self._sync = None
 
+    @property
+    def broker_target(self) -> str | FullBroker:
+        """What the app opens brokers on: its URL, or the broker object it was given."""
+        if self._given is not None:
+            return self._given
+        assert self.broker_url is not None
+        return self.broker_url
+
+    def rebind(
+        self, broker: str | FullBroker | None = None, *, clock: Clock | None = None
+    ) -> dict[asyncio.AbstractEventLoop, FullBroker]:
+        """Point the app at another broker (URL or object; ``None`` keeps it) and clock; the
+        testing kit uses it.
+
+        The sync face is closed (call this outside it). Brokers opened on event loops before
+        are forgotten and returned by loop, for the caller to close the one of its own loop."""
+        self.close_sync()
+        dropped = {loop: b for loop, b in self._brokers.items() if b is not self._given}
+        self._brokers = weakref.WeakKeyDictionary()
+        self._locks = weakref.WeakKeyDictionary()
+        if isinstance(broker, str):
+            self.broker_url, self._given = resolve_url(broker), None
+        elif broker is not None:
+            self.broker_url, self._given = getattr(broker, "url", None), broker
+        if clock is not None:
+            self.clock = clock
+        return dropped
+
     async def __aenter__(self) -> App:
         await self.broker()
         return self

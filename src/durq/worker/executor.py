@@ -153,6 +153,10 @@ class Executor:
         return not pending
 
     async def close(self) -> None:
+        self.close_threads()
+
+    def close_threads(self) -> None:
+        """Let the threads of sync handlers go (they finish what runs; nothing new starts)."""
         self._threads.shutdown(wait=False, cancel_futures=True)
 
     # -- one attempt ------------------------------------------------------------------------

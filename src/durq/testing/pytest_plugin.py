@@ -1,0 +1,77 @@
+"""The pytest plugin of the testing kit, registered as ``durq`` (entry point ``pytest11``).
+
+Fixtures, each fresh per test (nothing is shared between tests):
+
+* ``durq_app``: a :class:`durq.App` on its own in-memory broker with a fake clock. With
+  ``durq_app = "package.module:app"`` in the pytest configuration, it is *your* app,
+  pointed at a fresh in-memory broker for the test and given back its own afterwards.
+* ``durq_worker``: a :class:`~durq.testing.TestWorker` on ``durq_app``. It starts on the
+  test's event loop at its first ``await``, so it works under pytest-asyncio (any mode) and
+  anyio alike.
+* ``durq_worker_sync``: a :class:`~durq.testing.SyncTestWorker` on ``durq_app``, for sync
+  (WSGI, Django) tests.
+* ``durq_clock``: the fake clock of ``durq_app`` and its workers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+
+import pytest
+
+import durq
+from durq.clock import FakeClock
+from durq.errors import ConfigurationError
+from durq.testing.driver import SyncTestWorker, TestWorker, in_memory
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "durq_app",
+        "module:attribute of the durq.App that the durq_app fixture points at a fresh "
+        "in-memory broker for each test (default: a new, empty App)",
+        default="",
+    )
+
+
+def load_app(spec: str) -> durq.App:
+    """The ``durq.App`` named by ``package.module:attribute``."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"durq_app must be module:attribute, not {spec!r}")
+    app = getattr(importlib.import_module(module_name), attribute)
+    if not isinstance(app, durq.App):
+        raise ConfigurationError(f"{spec} is a {type(app).__name__}, not a durq.App")
+    return app
+
+
+@pytest.fixture
+def durq_app(request: pytest.FixtureRequest) -> Iterator[durq.App]:
+    """A durq App on a fresh in-memory broker and a fake clock, for this test only."""
+    spec = str(request.config.getini("durq_app") or "")
+    app = load_app(spec) if spec else durq.App("memory://")
+    with in_memory(app) as bound:
+        yield bound
+
+
+@pytest.fixture
+def durq_clock(durq_app: durq.App) -> FakeClock:
+    """The fake clock of ``durq_app``: move it to make scheduled tasks and retries due."""
+    assert isinstance(durq_app.clock, FakeClock)
+    return durq_app.clock
+
+
+@pytest.fixture
+def durq_worker(durq_app: durq.App) -> Iterator[TestWorker]:
+    """A test worker on ``durq_app``; ``await durq_worker.drain()`` runs what is due."""
+    worker = TestWorker(durq_app)
+    yield worker
+    worker.close_nowait()
+
+
+@pytest.fixture
+def durq_worker_sync(durq_app: durq.App) -> Iterator[SyncTestWorker]:
+    """The blocking test worker on ``durq_app``, for WSGI and Django tests."""
+    with SyncTestWorker(durq_app) as worker:
+        yield worker
