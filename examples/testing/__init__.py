@@ -1,0 +1,1 @@
+"""A small service and its tests, shown in docs/testing.md."""
