@@ -29,9 +29,9 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> object:
     # ``durq.testing`` without an import of its own, loaded only when a test asks for it.
     if name == "testing":
-        import importlib
+        import durq.testing
 
-        return importlib.import_module("durq.testing")
+        return durq.testing
     raise AttributeError(f"module 'durq' has no attribute {name!r}")
 
 

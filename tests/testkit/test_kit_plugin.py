@@ -128,4 +128,4 @@ def test_a_bad_app_setting_is_one_clear_error(pytester: pytest.Pytester) -> None
     pytester.makepyfile(test_bad="def test_it(durq_app):\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*durq_app must be module:attribute*"])
+    result.stdout.fnmatch_lines(["*APP must look like module:attribute*"])

@@ -15,14 +15,13 @@ Fixtures, each fresh per test (nothing is shared between tests):
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 
 import pytest
 
 import durq
+from durq.cli.common import load_app
 from durq.clock import FakeClock
-from durq.errors import ConfigurationError
 from durq.testing.driver import SyncTestWorker, TestWorker, in_memory
 
 
@@ -33,17 +32,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "in-memory broker for each test (default: a new, empty App)",
         default="",
     )
-
-
-def load_app(spec: str) -> durq.App:
-    """The ``durq.App`` named by ``package.module:attribute``."""
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise ConfigurationError(f"durq_app must be module:attribute, not {spec!r}")
-    app = getattr(importlib.import_module(module_name), attribute)
-    if not isinstance(app, durq.App):
-        raise ConfigurationError(f"{spec} is a {type(app).__name__}, not a durq.App")
-    return app
 
 
 @pytest.fixture
