@@ -120,7 +120,9 @@ class MemoryBroker:
 
     def _no_connection(self, connection: Any) -> None:
         if connection is not None:
-            raise ConfigurationError("the memory broker has no connection to join (E8)")
+            raise ConfigurationError(
+                "the memory broker has no transaction to join: enqueue without connection="
+            )
 
     # -- claim and leases ------------------------------------------------------------------------
 
