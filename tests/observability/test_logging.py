@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ def restore_logging():
 async def test_O3_json_lines_carry_task_fields(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    setup_logging("INFO", "json")
+    setup_logging("DEBUG", "json")  # a completed task is logged at DEBUG
     app = durq.App(f"sqlite:///{tmp_path / 'logs.sqlite3'}")
     finished = asyncio.Event()
 
@@ -41,11 +42,39 @@ async def test_O3_json_lines_carry_task_fields(
     await app.close()
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line]
     about_task = [line for line in lines if line.get("task_id") == info.id]
-    assert {line["level"] for line in about_task} >= {"WARNING", "INFO"}
+    assert {line["level"] for line in about_task} >= {"WARNING", "DEBUG"}
     for line in about_task:
         assert line["task_type"] == "mail:send" and line["queue"] == "default"
         assert line["attempt"] in (1, 2)
     assert [line["attempt"] for line in about_task if "retry" in line["message"]] == [1]
+
+
+async def test_O3_completed_tasks_are_counted_in_a_summary_line_not_one_line_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    setup_logging("INFO", "json")
+    app = durq.App(f"sqlite:///{tmp_path / 'logs.sqlite3'}")
+    done: list[int] = []
+
+    @app.task("count:one", max_retry=0)
+    async def one(payload: dict[str, int]) -> None:
+        if payload["n"] == 3:
+            raise ValueError("three")
+        done.append(payload["n"])
+
+    worker = app.worker(poll_interval=0.05, summary_interval=3600)
+    async with worker:
+        for n in range(4):
+            await one.enqueue({"n": n})
+        while len(done) < 3:
+            await asyncio.sleep(0.01)
+    await app.close()  # the worker's stop logs the last (partial) period
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line]
+    assert not [line for line in lines if "completed" in line["message"] and "task_id" in line]
+    (summary,) = [line for line in lines if "task(s) in the last" in line["message"]]
+    assert summary["level"] == "INFO"
+    assert re.search(r": 4 task\(s\) in the last \d+s: completed=3 archived=1$", summary["message"])
+    assert worker.id in summary["message"]
 
 
 def test_O3_text_format_appends_task_fields() -> None:

@@ -3,12 +3,22 @@ one flag away (``--log-format json``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
+import time
+from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
+
+from durq.task import TaskInfo
+from durq.worker.hooks import OUTCOMES, WorkerHooks
+from durq.worker.service import PeriodicService
+
+summary_log = logging.getLogger("durq.worker")
+_NOTHING = contextlib.nullcontext()
 
 #: ``extra=`` keys durq puts on task log records.
 TASK_FIELDS = ("task_id", "task_type", "queue", "attempt")
@@ -61,3 +71,60 @@ def setup_logging(level: str | int = "INFO", fmt: str = "text") -> None:
     logger.handlers[:] = [handler]
     logger.setLevel(level if isinstance(level, int) else level.upper())
     logger.propagate = False
+
+
+class TaskSummary(WorkerHooks):
+    """Counts attempt outcomes and logs one INFO line about them every ``interval`` seconds.
+
+    The worker logs each completed task at DEBUG only: a formatted line per task costs more
+    than a no-op task itself. Failures, retries and archives keep their own lines."""
+
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self.counts: Counter[str] = Counter()
+        self._since = time.monotonic()
+
+    def task_finished(self, task: TaskInfo, outcome: str, duration: float) -> None:
+        self.counts[outcome] += 1
+
+    def around(self, task: TaskInfo) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
+        return _NOTHING  # cheaper than the base class's generator, entered once per task
+
+    def flush(self) -> None:
+        """Log the counts since the last line (nothing when there were none) and reset them."""
+        now = time.monotonic()
+        if self.counts:
+            total = sum(self.counts.values())
+            parts = " ".join(f"{k}={self.counts[k]}" for k in OUTCOMES if self.counts[k])
+            summary_log.info(
+                "worker %s: %d task(s) in the last %.0fs: %s",
+                self.worker_id,
+                total,
+                now - self._since,
+                parts,
+            )
+            self.counts.clear()
+        self._since = now
+
+    def service(self, interval: float) -> PeriodicService:
+        """The worker service that calls :meth:`flush` every ``interval`` seconds."""
+        return _SummaryService(self, interval)
+
+
+class _SummaryService(PeriodicService):
+    name = "summary"
+
+    def __init__(self, summary: TaskSummary, interval: float) -> None:
+        super().__init__(interval)
+        self.summary = summary
+        self._first = True
+
+    async def tick(self) -> None:
+        if self._first:  # the service's loop ticks once at start: nothing to say yet
+            self._first = False
+            return
+        self.summary.flush()
+
+    async def stop(self) -> None:
+        await super().stop()
+        self.summary.flush()  # the last partial interval

@@ -216,8 +216,10 @@ class Executor:
         follow_ups = self._follow_ups(task, continuations.COMPLETED, result=encoded)
         params = CompleteParams(lease.ref, encoded, retention, follow_ups)
         if await self._report(self.acker.complete, params, task):
-            if log.isEnabledFor(logging.INFO):  # the common path: build no record when off
-                log.info("task %s completed", task.id, extra=_extra(task))
+            # DEBUG: a line per task costs more than a small task; a periodic INFO summary
+            # (durq.observability.logging.TaskSummary) counts them instead.
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("task %s completed", task.id, extra=_extra(task))
             return "completed"
         return "lost"
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from durq import names
 from durq.brokers.base import WorkerInfo
 from durq.errors import BrokerUnavailableError, ConfigurationError
+from durq.observability.logging import TaskSummary
 from durq.worker.executor import SHUTDOWN, Executor
 from durq.worker.fetcher import Fetcher
 from durq.worker.heartbeat import Heartbeat
@@ -66,6 +67,8 @@ class Worker:
       workers may do so, each tick is enqueued once).
     * ``lease_seconds``: how long a claim holds without a heartbeat; a dead worker's tasks
       run again after it. ``max_lost``: worker losses before a task is archived.
+    * ``summary_interval``: seconds between INFO lines counting the outcomes of the period
+      (each completed task is logged at DEBUG only); ``None`` for none.
     """
 
     def __init__(
@@ -86,6 +89,7 @@ class Worker:
         hooks: Sequence[WorkerHooks] = (),
         services: Sequence[PeriodicService] = (),
         scheduler: bool = True,
+        summary_interval: float | None = 60.0,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1")
@@ -107,6 +111,7 @@ class Worker:
         self.extra_services = list(services)
         #: Run the periodic scheduler when the app has schedules; see durq.worker.periodic.
         self.scheduler = scheduler
+        self.summary_interval = summary_interval
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.started_at = 0.0
         self.broker: FullBroker | None = None
@@ -138,8 +143,14 @@ class Worker:
         await broker.connect()
         await self._warn_if_not_durable(broker)
         await broker.register_worker(self.info())
+        hooks = list(self.hooks)
+        summary: list[PeriodicService] = []
+        if self.summary_interval:
+            counts = TaskSummary(self.id)
+            hooks.append(counts)
+            summary.append(counts.service(self.summary_interval))
         self._executor = Executor(
-            self.app, broker, concurrency=self.concurrency, worker_id=self.id, hooks=self.hooks
+            self.app, broker, concurrency=self.concurrency, worker_id=self.id, hooks=hooks
         )
         self._services = [
             Heartbeat(
@@ -153,6 +164,7 @@ class Worker:
             Promoter(broker, self.promote_interval),
             Janitor(broker, self.janitor_interval),
             *self.extra_services,
+            *summary,
         ]
         if self.scheduler and len(self.app.schedules):
             self._services.append(PeriodicScheduler(self.app, broker))
