@@ -67,6 +67,17 @@ def throwaway_redis(tmp_path: Path) -> Iterator[Callable[..., PrivateRedis]]:
     yield from made_and_closed(make, PrivateRedis.close)
 
 
+_kill_lines: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The re-run window of every scenario that killed workers, on each broker."""
+    if _kill_lines:
+        terminalreporter.section("tasks run again per SIGKILL")
+        for line in _kill_lines:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture
 def record(request: pytest.FixtureRequest) -> Callable[[Report], None]:
     """Print a scenario's figures and append them to ``$DURQ_CHAOS_REPORT``."""
@@ -74,6 +85,12 @@ def record(request: pytest.FixtureRequest) -> Callable[[Report], None]:
     def emit(report: Report) -> None:
         line = f"\n[{request.node.name}] {report.summary()}"
         print(line)
+        if report.kills:
+            _kill_lines.append(
+                f"{request.node.name}: {report.kills} kills, re-runs per kill max "
+                f"{report.max_reruns_per_kill}, completed twice per kill max "
+                f"{report.max_duplicates_per_kill} mean {report.duplicates_per_kill:.2f}"
+            )
         target = os.environ.get("DURQ_CHAOS_REPORT")
         if target:
             row = {
@@ -86,6 +103,9 @@ def record(request: pytest.FixtureRequest) -> Callable[[Report], None]:
                 "unexpected": len(report.unexpected),
                 "duplicated": report.duplicated,
                 "completed_twice": report.completed_twice,
+                "max_reruns_per_kill": report.max_reruns_per_kill,
+                "max_duplicates_per_kill": report.max_duplicates_per_kill,
+                "duplicates_per_kill": round(report.duplicates_per_kill, 2),
                 "unexplained": len(report.unexplained_duplicates),
                 "overlaps": len(report.overlaps),
                 "final": report.final_states,

@@ -98,7 +98,25 @@ class Report:
     kills: int = 0
     restarts: int = 0
     torn_lines: int = 0
+    #: Killed pid -> tasks run again because of that kill: the handlers it was running, and
+    #: those that had returned but whose completion had not reached the broker.
+    reruns_by_kill: dict[int, int] = field(default_factory=dict)
+    #: Killed pid -> of those, the tasks whose handler had returned (completed twice).
+    duplicates_by_kill: dict[int, int] = field(default_factory=dict)
     extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def max_reruns_per_kill(self) -> int:
+        return max(self.reruns_by_kill.values(), default=0)
+
+    @property
+    def max_duplicates_per_kill(self) -> int:
+        return max(self.duplicates_by_kill.values(), default=0)
+
+    @property
+    def duplicates_per_kill(self) -> float:
+        """Completed-twice tasks caused by kills, per kill."""
+        return sum(self.duplicates_by_kill.values()) / self.kills if self.kills else 0.0
 
     @property
     def recovery_p99(self) -> float:
@@ -130,7 +148,9 @@ class Report:
             f"unexplained {len(self.unexplained_duplicates)}) overlaps={len(self.overlaps)} "
             f"final={self.final_states} recovery: n={len(rec)} "
             f"p50={percentile(rec, 50):.2f}s p99={percentile(rec, 99):.2f}s "
-            f"max={max(rec, default=0.0):.2f}s {self.extra or ''}"
+            f"max={max(rec, default=0.0):.2f}s per kill: re-runs max {self.max_reruns_per_kill}, "
+            f"completed twice max {self.max_duplicates_per_kill} "
+            f"mean {self.duplicates_per_kill:.2f} {self.extra or ''}"
         )
 
 
@@ -166,6 +186,8 @@ def check(
     unexplained: list[str] = []
     overlaps: list[str] = []
     recovery: list[float] = []
+    reruns: dict[int, int] = defaultdict(int)
+    twice: dict[int, int] = defaultdict(int)
     for task_id, task_runs in by_task.items():
         task_runs.sort(key=lambda r: r.start)
         if len(task_runs) > 1:
@@ -185,6 +207,14 @@ def check(
             )
             if before.how not in ("killed", "cancel", "exited") and not died_after_end:
                 unexplained.append(task_id)
+            if (
+                died is not None
+                and died[0] == "killed"
+                and (before.how == "killed" or died_after_end)
+            ):
+                reruns[before.pid] += 1
+                if died_after_end:
+                    twice[before.pid] += 1
             stop = before.stop if before.stop is not None else float("inf")
             if after.start < stop:
                 overlaps.append(task_id)
@@ -204,6 +234,8 @@ def check(
         kills=kills,
         restarts=restarts,
         torn_lines=torn,
+        reruns_by_kill=dict(reruns),
+        duplicates_by_kill=dict(twice),
     )
 
 

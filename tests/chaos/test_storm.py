@@ -73,8 +73,10 @@ async def run_storm(
     return report
 
 
-def assert_sound(report: Report) -> None:
+def assert_sound(report: Report, concurrency: int) -> None:
     assert not report.lost, f"lost: {report.lost[:10]}"
+    # The re-run window: a kill re-runs at most the worker's concurrency (docs/guarantees.md).
+    assert report.max_reruns_per_kill <= concurrency, report.reruns_by_kill
     assert not report.unexpected, report.unexpected[:10]
     assert not report.overlaps, f"overlapping runs: {report.overlaps[:10]}"
     assert not report.unexplained_duplicates, report.unexplained_duplicates[:10]
@@ -105,7 +107,7 @@ async def sqlite_storm(
     report.extra["integrity"] = integrity
     record(report)
     assert integrity == "ok"
-    assert_sound(report)
+    assert_sound(report, 8)
     assert report.kills >= 1
 
 
@@ -146,7 +148,7 @@ async def server_storm(
         during={crash_at: crash},
     )
     record(report)
-    assert_sound(report)
+    assert_sound(report, 8)
     assert report.extra["server_restarts"] == 1, "the run ended before the server crash"
     assert report.kills >= 2
 

@@ -94,10 +94,10 @@ class Executor:
 
     @property
     def free_slots(self) -> int:
-        # A slot is a running handler. An attempt whose handler returned and which is only
-        # waiting for its ack frees its slot at once, so the next claim overlaps the ack
-        # round trip instead of waiting for it (its lease is still heartbeated until then).
-        return self.concurrency - (len(self.running) - self._settling)
+        # A slot is a lease this worker holds: a running handler, or one that returned and
+        # whose outcome is not yet acknowledged. Counting the latter bounds what a SIGKILL
+        # makes run again to ``concurrency`` tasks (docs/guarantees.md).
+        return self.concurrency - len(self.running)
 
     def leases(self) -> list[LeaseRef]:
         return [r.lease.ref for r in self.running.values()]
@@ -111,10 +111,10 @@ class Executor:
 
     def _release(self, key: LeaseRef) -> None:
         running = self.running.pop(key, None)
+        self.slot_freed.set()
         if running is not None and running.settling:
             self._settling -= 1
         else:
-            self.slot_freed.set()
             self._busy_changed()
 
     def _busy_changed(self) -> None:
@@ -228,7 +228,6 @@ class Executor:
         if running is not None and running.reason is None and not running.settling:
             running.settling = True
             self._settling += 1
-            self.slot_freed.set()
             self._busy_changed()
 
     async def _call(self, task_def: TaskDef[Any, Any], task: TaskInfo) -> Any:
