@@ -18,6 +18,15 @@ from durq.cli.common import BrokerOpt, UsageFailure, fail
 from durq.cli.common import load_app as load_app  # re-exported: other commands import it here
 from durq.observability.logging import setup_logging
 from durq.worker.server import Worker, parse_queues
+from durq.worker.service import PeriodicService
+from durq.worker.supervisor import (
+    MULTIPROC_ENV,
+    OrphanWatch,
+    Supervisor,
+    resolve_processes,
+    supervised_child,
+    this_interpreter,
+)
 
 log = logging.getLogger("durq.cli")
 
@@ -28,6 +37,7 @@ EPILOG = (
     "  durq worker examples.quickstart:app\n\n"
     "  durq worker myproject.tasks:app --queues critical=6,default=3,low=1 --concurrency 20\n\n"
     "  DURQ_BROKER_URL=postgresql://localhost/app durq worker myproject.tasks:app --strict\n\n"
+    "  durq worker myproject.tasks:app --processes auto   # one worker process per CPU\n\n"
     "SIGTERM or Ctrl-C stops taking tasks, waits up to --shutdown-timeout for running ones and "
     "hands the rest back as pending; a second signal stops at once."
 )
@@ -104,17 +114,50 @@ def worker_command(
             help="Keep retrying this long if the broker is down at start (e.g. 2m); 0: fail.",
         ),
     ] = "0",
+    processes: Annotated[
+        str,
+        typer.Option(
+            "--processes",
+            envvar="DURQ_PROCESSES",
+            help="Worker processes under one supervisor, each with --concurrency slots; "
+            "auto: one per CPU.",
+        ),
+    ] = "1",
 ) -> None:
     """Run a worker for APP's tasks until SIGTERM/SIGINT."""
     if log_format not in ("text", "json"):
         raise UsageFailure(f"--log-format must be text or json, got {log_format!r}")
     if log_level.upper() not in _LEVELS:
         raise UsageFailure(f"--log-level must be one of {', '.join(_LEVELS)}, got {log_level!r}")
+    try:
+        count = resolve_processes(processes)
+    except ValueError:
+        raise UsageFailure(
+            f"--processes must be a positive integer or auto, got {processes!r}"
+        ) from None
     grace = durations.parse(shutdown_timeout)
     patience = durations.parse(wait_for_broker)
     weights = parse_queues(queues) if queues else None  # cheap checks before importing APP
     setup_logging(log_level.upper(), log_format)
+    if count > 1:
+        child = [*this_interpreter(), "worker", app_path, "--concurrency", str(concurrency)]
+        child += ["--shutdown-timeout", shutdown_timeout, "--wait-for-broker", wait_for_broker]
+        child += ["--log-format", log_format, "--log-level", log_level, "--processes", "1"]
+        child += (["--broker", broker] if broker else []) + (["--queues", queues] if queues else [])
+        child += (["--strict"] if strict else []) + (["--no-scheduler"] if no_scheduler else [])
+        supervised_app = load_app(app_path, broker) if metrics_port is not None else None
+        supervisor = Supervisor(child, count, app=supervised_app, metrics_port=metrics_port)
+        code = asyncio.run(_supervise(supervisor, supervised_app))
+        raise typer.Exit(code)
     application = load_app(app_path, broker)
+    services: list[PeriodicService] = []
+    parent = supervised_child()
+    if parent is not None:
+        services.append(OrphanWatch(parent))
+        if os.environ.get(MULTIPROC_ENV):  # the supervisor serves what this process counts
+            from durq.observability.metrics import install
+
+            install(application)
     if metrics_port is not None:
         _start_metrics(application, metrics_port)  # before the worker copies the app's hooks
     worker = application.worker(
@@ -123,12 +166,21 @@ def worker_command(
         strict=strict,
         shutdown_timeout=grace,
         scheduler=not no_scheduler,  # periodic tasks (durq.worker.periodic)
+        services=services,
     )
     if not application.tasks:
         log.warning("%s registers no tasks: every task will wait for a handler", app_path)
     log.info("tasks: %s", ", ".join(sorted(application.tasks)) or "(none)")
     asyncio.run(_run(application, worker, patience))
     _exit_past_stuck_threads()
+
+
+async def _supervise(supervisor: Supervisor, app: App | None) -> int:
+    try:
+        return await supervisor.run()
+    finally:
+        if app is not None:
+            await app.close()
 
 
 async def _run(application: App, worker: Worker, wait_for_broker: float) -> None:

@@ -4,8 +4,9 @@
   what workers do; an ``app.enqueue_hooks`` entry counts the tasks this process created.
 * :class:`QueueCollector` exports queue sizes and oldest-pending ages read through the
   inspector, cached for a few seconds so scrapes never load the broker.
-* :func:`start_metrics_server` serves ``/metrics``, ``/healthz`` and ``/readyz`` on a port,
-  from the worker's own event loop (``durq worker --metrics-port``).
+* :func:`start_metrics_server` serves ``/metrics``, ``/healthz`` and ``/readyz`` on a port
+  (prometheus-client's exposition app behind uvicorn) from the caller's event loop;
+  :func:`serve` does it from a thread (``durq worker --metrics-port``).
 
 Names and labels are listed in ``docs/observability.md``."""
 
@@ -14,16 +15,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+import uvicorn
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from durq.errors import DurqError
 from durq.observability.health import HealthProbe
@@ -86,13 +94,19 @@ class TaskMetrics(WorkerHooks):
             buckets=DURATION_BUCKETS,
             registry=registry,
         )
+        # livesum: under a supervisor (prometheus-client's multiprocess mode) the sum over
+        # the worker processes alive; ignored in a single process.
         self.busy = Gauge(
-            "durq_worker_busy_slots", "Task slots running a handler now.", registry=registry
+            "durq_worker_busy_slots",
+            "Task slots running a handler now.",
+            registry=registry,
+            multiprocess_mode="livesum",
         )
         self.slots = Gauge(
             "durq_worker_concurrency",
             "Task slots of the workers in this process.",
             registry=registry,
+            multiprocess_mode="livesum",
         )
 
     # -- WorkerHooks ------------------------------------------------------------------------
@@ -217,9 +231,43 @@ def exposition(*registries: CollectorRegistry) -> tuple[bytes, str]:
     return b"".join(generate_latest(r) for r in registries), CONTENT_TYPE_LATEST
 
 
+class _Union(Collector):
+    """The metrics of several registries, exposed as one."""
+
+    def __init__(self, registries: Sequence[CollectorRegistry]) -> None:
+        self.registries = registries
+
+    def collect(self) -> Iterator[Metric]:
+        for registry in self.registries:
+            yield from registry.collect()
+
+
+class _Exposition:
+    """prometheus-client's ASGI exposition app, after a (cached) read of the queue gauges."""
+
+    def __init__(self, registry: CollectorRegistry, queues: QueueCollector) -> None:
+        self.app = make_asgi_app(registry)
+        self.queues = queues
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.queues.refresh()  # at most one broker read per ttl, however many scrapes
+        await self.app(scope, receive, send)
+
+
+class _QuietUvicorn(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # SIGTERM/SIGINT belong to the worker (graceful drain), not to this server
+
+
 class MetricsServer:
-    """A small HTTP/1.1 server on the worker's event loop: ``/metrics``, ``/healthz``,
-    ``/readyz``. It runs on the loop so it can await the inspector and the health probe."""
+    """``/metrics`` (prometheus-client's exposition app), ``/healthz`` and ``/readyz``,
+    served by uvicorn on the caller's event loop, so it can await the inspector and the
+    health probe.
+
+    ``registries``: what ``/metrics`` exposes besides the queue gauges; default the task
+    metrics :func:`install` adds to ``app`` (a supervisor passes the collector that reads
+    its worker processes' files instead)."""
 
     def __init__(
         self,
@@ -229,28 +277,69 @@ class MetricsServer:
         *,
         probe: HealthProbe | None = None,
         queue_ttl: float = 5.0,
+        registries: Sequence[CollectorRegistry] | None = None,
     ) -> None:
         self.app = app
         self.host = host
         self.port = port
-        self.metrics = install(app)
+        if registries is None:
+            registries = [install(app).registry]
         self.queues = QueueCollector(app, ttl=queue_ttl)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Union([*registries, self.queues.registry]))
         self.probe = probe or HealthProbe(app)
-        self._server: asyncio.Server | None = None
+        self._server: _QuietUvicorn | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def asgi(self) -> Starlette:
+        """The ASGI app that answers the three paths."""
+
+        async def healthz(request: Request) -> PlainTextResponse:
+            return PlainTextResponse("ok\n")
+
+        async def readyz(request: Request) -> PlainTextResponse:
+            health = await self.probe.check()
+            if health.ok:
+                return PlainTextResponse("ready\n")
+            return PlainTextResponse(f"not ready: {health.error}\n", status_code=503)
+
+        return Starlette(
+            routes=[
+                Route("/metrics", _Exposition(self.registry, self.queues), methods=["GET", "HEAD"]),
+                Route("/healthz", healthz, methods=["GET", "HEAD"]),
+                Route("/readyz", readyz, methods=["GET", "HEAD"]),
+            ]
+        )
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
-        sockets = self._server.sockets
-        if sockets:
-            self.port = sockets[0].getsockname()[1]  # the real port when 0 was asked
+        # Bound here, so a taken port raises at once and port 0 tells its real number.
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+        except OSError:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.asgi(), lifespan="off", log_config=None, access_log=False, log_level="warning"
+        )
+        server = self._server = _QuietUvicorn(config)
+        self._task = asyncio.create_task(server.serve(sockets=[sock]), name="durq-metrics")
+        while not server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("the metrics server stopped while starting")
+            await asyncio.sleep(0.005)
         log.info("metrics and health on http://%s:%d/metrics", self.host, self.port)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
             with contextlib.suppress(Exception):
-                await self._server.wait_closed()
-            self._server = None
+                await self._task
+        self._server = self._task = None
 
     async def __aenter__(self) -> MetricsServer:
         await self.start()
@@ -258,47 +347,6 @@ class MetricsServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            line = await asyncio.wait_for(reader.readline(), 5)
-            # Drain the headers; the body (none expected) is ignored.
-            while True:
-                header = await asyncio.wait_for(reader.readline(), 5)
-                if header in (b"\r\n", b"\n", b""):
-                    break
-            method, _, rest = line.decode("latin-1").partition(" ")
-            path = rest.split(" ", 1)[0].split("?", 1)[0]
-            status, content_type, body = await self._answer(method, path)
-            head = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + (b"" if method == "HEAD" else body))
-            await writer.drain()
-        except (TimeoutError, ConnectionError, UnicodeDecodeError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    async def _answer(self, method: str, path: str) -> tuple[str, str, bytes]:
-        text = "text/plain; charset=utf-8"
-        if method not in ("GET", "HEAD"):
-            return "405 Method Not Allowed", text, b"method not allowed\n"
-        if path == "/metrics":
-            await self.queues.refresh()
-            body, content_type = exposition(self.metrics.registry, self.queues.registry)
-            return "200 OK", content_type, body
-        if path == "/healthz":
-            return "200 OK", text, b"ok\n"
-        if path == "/readyz":
-            health = await self.probe.check()
-            if health.ok:
-                return "200 OK", text, b"ready\n"
-            return "503 Service Unavailable", text, f"not ready: {health.error}\n".encode()
-        return "404 Not Found", text, b"not found\n"
 
 
 async def start_metrics_server(

@@ -1,0 +1,218 @@
+"""``durq worker --processes N``: one supervisor, N worker processes.
+
+A durq worker runs on one event loop, so it uses one core. The supervisor starts ``N`` copies
+of the worker command as child processes (each with its own ``concurrency``), restarts one
+that exits or crashes with a capped exponential backoff, passes the first SIGTERM/SIGINT to
+every child once (each drains gracefully, as a lone worker does) and a second one too (each
+stops at once), and serves one metrics endpoint for all of them.
+
+Metrics: the children run in prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``
+set to a private temporary directory): each writes its counters to files there, and the
+supervisor's ``/metrics`` reads them all (``MultiProcessCollector``), beside the queue gauges
+and health probes it answers itself.
+
+Children run in their own session, so Ctrl-C in a terminal reaches only the supervisor (which
+passes it on once); a child whose supervisor died (SIGKILL) notices it is orphaned within a
+second and stops gracefully (:class:`OrphanWatch`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from durq.worker.service import PeriodicService
+
+if TYPE_CHECKING:
+    from durq.app import App
+    from durq.observability.metrics import MetricsServer
+
+log = logging.getLogger("durq.supervisor")
+
+#: Set in a child's environment: the supervisor's pid (the child watches it).
+SUPERVISOR_ENV = "DURQ_SUPERVISOR_PID"
+#: prometheus-client's switch to its multiprocess mode.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def resolve_processes(value: str) -> int:
+    """``"auto"`` (the CPU count) or a positive integer; ``ValueError`` otherwise."""
+    if value == "auto":
+        return os.cpu_count() or 1
+    count = int(value)
+    if count < 1:
+        raise ValueError(f"must be >= 1, got {count}")
+    return count
+
+
+class Supervisor:
+    """Keeps ``processes`` copies of ``command`` running until SIGTERM/SIGINT.
+
+    ``command``: the child's argv (a ``durq worker`` without ``--processes``).
+    ``metrics_port``: serve ``/metrics``, ``/healthz``, ``/readyz`` for all children (needs
+    ``app`` for the queue gauges and the broker probe). ``backoff``: the first and the longest
+    delay before restarting a child; a child that lived ``stable_after`` seconds starts again
+    from the first delay."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        processes: int,
+        *,
+        app: App | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "0.0.0.0",  # noqa: S104  # scraped from outside the host
+        backoff: tuple[float, float] = (0.5, 30.0),
+        stable_after: float = 10.0,
+    ) -> None:
+        if processes < 1:
+            raise ValueError("processes must be >= 1")
+        if metrics_port is not None and app is None:
+            raise ValueError("metrics_port needs the app")
+        self.command = list(command)
+        self.processes = processes
+        self.app = app
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
+        self.backoff = backoff
+        self.stable_after = stable_after
+        #: Live children by slot.
+        self.children: dict[int, asyncio.subprocess.Process] = {}
+        #: How many times a child was started again after it exited.
+        self.restarts = 0
+        self._stopping = asyncio.Event()
+        self._signals = 0
+        self._multiproc_dir: str | None = None
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env[SUPERVISOR_ENV] = str(os.getpid())
+        # The children neither serve metrics nor supervise: the supervisor does both.
+        env.pop("DURQ_METRICS_PORT", None)
+        env.pop("DURQ_PROCESSES", None)
+        if self._multiproc_dir is not None:
+            env[MULTIPROC_ENV] = self._multiproc_dir
+        return env
+
+    async def run(self) -> int:
+        """Run until a signal stopped every child; the exit code for the command (0 when
+        every child stopped cleanly)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        server = None
+        try:
+            if self.metrics_port is not None:
+                self._multiproc_dir = tempfile.mkdtemp(prefix="durq-metrics-")
+                server = await self._start_metrics()
+            log.info("supervisor %d: starting %d worker processes", os.getpid(), self.processes)
+            codes = await asyncio.gather(*(self._keep(slot) for slot in range(self.processes)))
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            if server is not None:
+                await server.stop()
+            if self._multiproc_dir is not None:
+                shutil.rmtree(self._multiproc_dir, ignore_errors=True)
+        log.info("supervisor %d stopped", os.getpid())
+        return 0 if all(code == 0 for code in codes) else 1
+
+    async def _start_metrics(self) -> MetricsServer:
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        from durq.observability.metrics import MetricsServer as Server
+
+        assert self.app is not None and self.metrics_port is not None
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=self._multiproc_dir)  # type: ignore[no-untyped-call]
+        server = Server(self.app, self.metrics_port, self.metrics_host, registries=[registry])
+        await server.start()
+        return server
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            log.info(
+                "%s received: stopping %d worker processes gracefully", sig.name, len(self.children)
+            )
+        else:
+            log.warning("second %s: worker processes stop at once", sig.name)
+        self._stopping.set()
+        for child in list(self.children.values()):
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM)
+
+    async def _keep(self, slot: int) -> int:
+        """Run the child of ``slot`` until the supervisor stops; its last exit code."""
+        loop = asyncio.get_running_loop()
+        delay = self.backoff[0]
+        while True:
+            started = loop.time()
+            child = await asyncio.create_subprocess_exec(
+                *self.command, env=self._child_env(), start_new_session=True
+            )
+            self.children[slot] = child
+            if self._stopping.is_set():  # a signal came while it was starting
+                child.send_signal(signal.SIGTERM)
+            code = await child.wait()
+            del self.children[slot]
+            self._forget(child.pid)
+            if self._stopping.is_set():
+                # A child still importing when the signal came had no handler yet: the
+                # SIGTERM it was sent ended it, which is the stop that was asked for.
+                return 0 if code == -signal.SIGTERM else code
+            if loop.time() - started >= self.stable_after:
+                delay = self.backoff[0]
+            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited ({code})"
+            log.warning("worker process %d %s; starting it again in %.1fs", child.pid, how, delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
+            if self._stopping.is_set():
+                return code
+            delay = min(delay * 2, self.backoff[1])
+            self.restarts += 1
+
+    def _forget(self, pid: int) -> None:
+        """Drop a dead child's live gauges from the shared metrics (its counters stay)."""
+        if self._multiproc_dir is None:
+            return
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid, self._multiproc_dir)  # type: ignore[no-untyped-call]
+
+
+class OrphanWatch(PeriodicService):
+    """In a supervised child: stop gracefully (SIGTERM to itself) once the supervisor is gone,
+    so a supervisor killed with SIGKILL does not leave its workers running unsupervised."""
+
+    name = "orphan-watch"
+
+    def __init__(self, supervisor_pid: int, interval: float = 1.0) -> None:
+        super().__init__(interval)
+        self.supervisor_pid = supervisor_pid
+        self._told = False
+
+    async def tick(self) -> None:
+        if os.getppid() != self.supervisor_pid and not self._told:
+            self._told = True
+            log.warning("supervisor %d is gone: stopping", self.supervisor_pid)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def supervised_child() -> int | None:
+    """The supervisor's pid when this process is one of its workers."""
+    value = os.environ.get(SUPERVISOR_ENV)
+    return int(value) if value and value.isdigit() else None
+
+
+def this_interpreter() -> list[str]:
+    """The argv prefix that runs the ``durq`` CLI with this interpreter."""
+    return [sys.executable, "-m", "durq"]
