@@ -49,7 +49,8 @@ def code_files() -> Iterator[Path]:
     for base in CODE_DIRS:
         for path in sorted((ROOT / base).rglob("*")):
             parts = path.relative_to(ROOT).parts
-            if any(p == "__pycache__" or p.endswith(".egg-info") for p in parts):
+            # Hidden directories hold installed third-party code (benchmarks/.venv-peers).
+            if any(p == "__pycache__" or p.endswith(".egg-info") or p[0] == "." for p in parts):
                 continue
             if path.is_file() and path.suffix in CODE_SUFFIXES:
                 yield path
