@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 import durq
-from durq.web import Answer, already_accepted, enqueue_answer
+from durq.web import Answer, already_accepted, enqueue_answer, unavailable
 from durq.web.asgi import durq_lifespan, get_durq, to_response
 from examples.insurance.config import Settings
 from examples.insurance.health import HealthProbe
@@ -379,6 +379,13 @@ def create_app(settings: Settings | None = None, *, configure_logging: bool = Tr
             code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
             body = error_body(code, str(exc.detail))
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @api.exception_handler(durq.BrokerUnavailableError)
+    async def broker_unavailable(request: Request, exc: durq.BrokerUnavailableError) -> Any:
+        # The orders database (or the broker) stayed busy beyond its budget: nothing was
+        # saved, the client may retry (H3), never a 500 or a dropped connection.
+        log.warning("answered 503: %s", exc, extra={"operation": exc.operation})
+        return to_response(unavailable())
 
     @api.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -19,6 +19,26 @@ from durq.brokers import resolve_url
 IN_MEMORY_WAIT_LIMIT = 2.0
 
 
+#: The numeric settings, each read from ``INSURANCE_<NAME>``.
+_NUMBERS = (
+    "max_attempts",
+    "backoff_base",
+    "backoff_cap",
+    "call_timeout",
+    "fanout_timeout",
+    "in_memory_wait",
+    "breaker_failures",
+    "breaker_reset",
+    "bulkhead",
+    "health_ttl",
+    "lock_budget",
+    "max_body",
+    "concurrency",
+    "worker_poll",
+    "shutdown_timeout",
+)
+
+
 class ConfigError(ValueError):
     """An environment variable holds an invalid value."""
 
@@ -58,6 +78,9 @@ class Settings:
     bulkhead: int = 8
     #: Health probe cache (seconds).
     health_ttl: float = 5.0
+    #: Seconds a write of the orders store waits for the SQLite write lock before the
+    #: request is answered 503 with Retry-After.
+    lock_budget: float = 5.0
     #: Largest request body accepted (bytes).
     max_body: int = 64 * 1024
     #: Run the worker inside the API process (monolith) or not (split).
@@ -79,7 +102,13 @@ class Settings:
         for name in ("max_attempts", "breaker_failures", "bulkhead", "concurrency", "max_body"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1")
-        for name in ("backoff_base", "backoff_cap", "call_timeout", "fanout_timeout"):
+        for name in (
+            "backoff_base",
+            "backoff_cap",
+            "call_timeout",
+            "fanout_timeout",
+            "lock_budget",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")
         if self.log_format not in ("text", "json"):
@@ -88,6 +117,24 @@ class Settings:
     @property
     def uses_postgres_orders(self) -> bool:
         return urlsplit(self.database_url).scheme in ("postgresql", "postgres")
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that :meth:`from_env` reads back as these settings (to start
+        the API or a worker in another process)."""
+        env = {
+            "DURQ_BROKER_URL": self.broker_url,
+            "INSURANCE_DATABASE_URL": self.database_url,
+            "INSURANCE_DATABASE_SCHEMA": self.database_schema,
+            "INSURANCE_TOKENS": _pairs(self.tokens),
+            "INSURANCE_PARTNER_URL": self.partner_url,
+            "INSURANCE_WAREHOUSES": _pairs(self.warehouses),
+            "INSURANCE_MONOLITH": "1" if self.monolith else "0",
+            "INSURANCE_LOG_FORMAT": self.log_format,
+            "INSURANCE_LOG_LEVEL": self.log_level,
+        }
+        for name in _NUMBERS:
+            env[f"INSURANCE_{name.upper()}"] = str(getattr(self, name))
+        return env
 
     def with_(self, **changes: Any) -> Settings:
         """A copy with some fields changed (validated again)."""
@@ -122,24 +169,18 @@ class Settings:
             tokens=parse_pairs(env.get("INSURANCE_TOKENS", ""), "INSURANCE_TOKENS"),
             partner_url=env.get("INSURANCE_PARTNER_URL", cls.partner_url).rstrip("/"),
             warehouses=parse_pairs(env.get("INSURANCE_WAREHOUSES", ""), "INSURANCE_WAREHOUSES"),
-            max_attempts=int(num("MAX_ATTEMPTS", cls.max_attempts)),
-            backoff_base=num("BACKOFF_BASE", cls.backoff_base),
-            backoff_cap=num("BACKOFF_CAP", cls.backoff_cap),
-            call_timeout=num("CALL_TIMEOUT", cls.call_timeout),
-            fanout_timeout=num("FANOUT_TIMEOUT", cls.fanout_timeout),
-            in_memory_wait=num("IN_MEMORY_WAIT", cls.in_memory_wait),
-            breaker_failures=int(num("BREAKER_FAILURES", cls.breaker_failures)),
-            breaker_reset=num("BREAKER_RESET", cls.breaker_reset),
-            bulkhead=int(num("BULKHEAD", cls.bulkhead)),
-            health_ttl=num("HEALTH_TTL", cls.health_ttl),
-            max_body=int(num("MAX_BODY", cls.max_body)),
             monolith=flag("MONOLITH", True),
-            concurrency=int(num("CONCURRENCY", cls.concurrency)),
-            worker_poll=num("WORKER_POLL", cls.worker_poll),
-            shutdown_timeout=num("SHUTDOWN_TIMEOUT", cls.shutdown_timeout),
+            **{
+                name: type(getattr(cls, name))(num(name.upper(), getattr(cls, name)))
+                for name in _NUMBERS
+            },
             log_format=env.get("INSURANCE_LOG_FORMAT", "text"),
             log_level=env.get("INSURANCE_LOG_LEVEL", "INFO"),
         )
+
+
+def _pairs(pairs: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in pairs.items())
 
 
 def parse_pairs(raw: str, what: str) -> dict[str, str]:

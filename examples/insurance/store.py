@@ -19,17 +19,20 @@ in the queue, answer 202):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
 
+import durq
 from durq.web import Answer
 
 SQL_DIR = Path(__file__).with_name("sql")
@@ -201,85 +204,105 @@ def sqlite_path(url: str) -> str:
     return unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
 
 
+#: How long a write waits for the database's write lock (in this process and across
+#: processes) before the request is answered 503 with Retry-After.
+DEFAULT_LOCK_BUDGET = 5.0
+
+
+def _is_lock_timeout(exc: sqlite3.Error) -> bool:
+    """SQLite gave up waiting for another connection's lock (``SQLITE_BUSY``/``LOCKED``)."""
+    return isinstance(exc, sqlite3.OperationalError) and (
+        "locked" in str(exc) or "busy" in str(exc)
+    )
+
+
 class SQLiteOrderStore(_OrderQueries):
-    """Orders in a SQLite file; sqlite3 calls run in threads.
+    """Orders in a SQLite file.
+
+    SQLite lets one connection write at a time. So that concurrent requests queue instead
+    of failing, every write of this process goes through **one writer connection** on its
+    own thread, taken in turn (an asyncio lock, FIFO) within ``lock_budget`` seconds; the
+    rest of the budget is the connection's busy timeout against other processes (the
+    worker, the broker's own connection). An exhausted budget raises
+    :class:`durq.BrokerUnavailableError`, which the API answers with 503 and Retry-After.
+    Waiting happens on the event loop or on the writer thread, never in the shared thread
+    pool (threads blocked there on the lock would starve the lock holder's own commit).
+    Reads run on a second connection and thread: in WAL mode they never wait for writers.
 
     ``transactional``: the file is also the SQLite broker's, so an order and its task are
     written in one transaction (E8)."""
 
-    def __init__(self, path: str, *, transactional: bool = False) -> None:
+    def __init__(
+        self, path: str, *, transactional: bool = False, lock_budget: float = DEFAULT_LOCK_BUDGET
+    ) -> None:
         self.path = path
         self.transactional = transactional
+        self.lock_budget = lock_budget
         self.q = load_queries("sqlite")
+        self._writer = _Connection(path, "orders-writer")
+        self._reader = _Connection(path, "orders-reader")
+        self._turn: asyncio.Lock | None = None
 
     @classmethod
     def from_url(cls, url: str, *, transactional: bool = False) -> SQLiteOrderStore:
         return cls(sqlite_path(url), transactional=transactional)
 
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            self.path, timeout=10.0, isolation_level=None, check_same_thread=False
-        )
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        return conn
-
-    async def _in_thread(self, use: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run ``use`` on a fresh connection in a thread (sqlite3 blocks), then close it."""
-
-        def run() -> _T:
-            conn = self._connect()
-            try:
-                return use(conn)
-            finally:
-                conn.close()
-
-        return await asyncio.to_thread(run)
+    @contextlib.asynccontextmanager
+    async def _writing(self) -> AsyncIterator[_Connection]:
+        """This process's turn on the writer connection, within the lock budget; the budget
+        left after the wait bounds the wait for other processes' locks."""
+        if self._turn is None:
+            self._turn = asyncio.Lock()
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.lock_budget):
+                await self._turn.acquire()
+        except TimeoutError:
+            raise _unavailable(f"waited {self.lock_budget:g} s for this process's writes") from None
+        try:
+            left = max(0.0, self.lock_budget - (time.monotonic() - started))
+            writer = self._writer
+            writer.budget = left
+            yield writer
+        finally:
+            # Runs after anything already queued on the writer thread (one thread, FIFO).
+            self._writer.submit(_rollback_if_open)
+            self._turn.release()
 
     async def _write(self, name: str, params: dict[str, Any]) -> int:
-        return await self._in_thread(lambda conn: conn.execute(self.q[name], params).rowcount)
+        async with self._writing() as writer:
+            return await writer.run(lambda conn: conn.execute(self.q[name], params).rowcount)
 
     async def _one(self, name: str, params: dict[str, Any]) -> Order | None:
         def one(conn: sqlite3.Connection) -> Order | None:
             row = conn.execute(self.q[name], params).fetchone()
             return Order.from_row(row) if row is not None else None
 
-        return await self._in_thread(one)
+        return await self._reader.run(one)
 
     async def open(self) -> None:
-        await self._in_thread(lambda conn: conn.executescript(self.q["create_schema"]))
+        async with self._writing() as writer:
+            await writer.run(lambda conn: conn.executescript(self.q["create_schema"]))
 
     async def close(self) -> None:
-        return None
+        await self._writer.close()
+        await self._reader.close()
 
     async def create(self, order: NewOrder, enqueue: Enqueue) -> Created:
         if not self.transactional:
             return await save_then_enqueue(self, order, enqueue)
-        conn = await asyncio.to_thread(self._connect)
-        try:
-            # BEGIN IMMEDIATE (waiting for the write lock) in a thread, never on the loop.
-            existing = await asyncio.to_thread(self._begin_and_insert, conn, order)
+        async with self._writing() as writer:
+            existing = await writer.run(lambda conn: self._begin_and_insert(conn, order))
             if existing is not None:
-                conn.execute("ROLLBACK")
+                await writer.run(_rollback_if_open)
                 return Created(answer=None, existing=existing)
-            try:
-                # E8: the task row is written on this connection, in this transaction (we hold
-                # the write lock, so this does not wait): both exist after COMMIT, neither
-                # after ROLLBACK.
-                answer = await enqueue(conn)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            if answer.status_code != 202:
-                conn.execute("ROLLBACK")
-                return Created(answer=answer)
-            await asyncio.to_thread(conn.execute, "COMMIT")
+            # E8: the task row is written on this connection, in this transaction (we hold
+            # the write lock, so this does not wait): both exist after COMMIT, neither after
+            # ROLLBACK (which leaving ``_writing`` does unless we committed).
+            answer = await enqueue(writer.conn)
+            if answer.status_code == 202:
+                await writer.run(lambda conn: conn.execute("COMMIT"))
             return Created(answer=answer)
-        finally:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            conn.close()
 
     def _begin_and_insert(self, conn: sqlite3.Connection, order: NewOrder) -> Order | None:
         """Open the transaction and insert ``order``, or return the order already saved under
@@ -301,18 +324,92 @@ class SQLiteOrderStore(_OrderQueries):
         def insert(conn: sqlite3.Connection) -> Order | None:
             # BEGIN IMMEDIATE takes the write lock now: two requests with one
             # Idempotency-Key are serialised, so the lookup cannot race the insert.
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                return self._find_or_insert(conn, order)
-            finally:
-                conn.execute("COMMIT")
+            existing = self._begin_and_insert(conn, order)
+            conn.execute("COMMIT")
+            return existing
 
-        return await self._in_thread(insert)
+        async with self._writing() as writer:
+            return await writer.run(insert)
 
     async def count(self) -> int:
-        return await self._in_thread(
+        return await self._reader.run(
             lambda conn: int(conn.execute(self.q["count_orders"]).fetchone()[0])
         )
+
+
+def _unavailable(why: str) -> durq.BrokerUnavailableError:
+    return durq.BrokerUnavailableError(
+        f"the orders database is busy ({why}); nothing was saved", operation="orders.write"
+    )
+
+
+def _rollback_if_open(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+
+
+class _Connection:
+    """One sqlite3 connection used only from its own thread (sqlite3 blocks), opened on
+    first use; ``budget`` is its busy timeout for the next call."""
+
+    def __init__(self, path: str, name: str) -> None:
+        self.path = path
+        self.budget = DEFAULT_LOCK_BUDGET
+        self._name = name
+        self._conn: sqlite3.Connection | None = None
+        self._timeout_ms = -1
+        self._executor: ThreadPoolExecutor | None = None
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The open connection (for the E8 enqueue, between two calls of this thread)."""
+        assert self._conn is not None, "run() opens the connection first"
+        return self._conn
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, timeout=self.budget, isolation_level=None, check_same_thread=False
+        )
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    def _call(self, use: Callable[[sqlite3.Connection], _T]) -> _T:
+        try:
+            if self._conn is None:
+                self._conn = self._connect()
+            timeout_ms = int(self.budget * 1000)
+            if timeout_ms != self._timeout_ms:
+                self._conn.execute(f"PRAGMA busy_timeout = {timeout_ms}")
+                self._timeout_ms = timeout_ms
+            return use(self._conn)
+        except sqlite3.Error as exc:
+            if _is_lock_timeout(exc):
+                raise _unavailable(f"{exc}, waited {self.budget:g} s") from exc
+            raise
+
+    def submit(self, use: Callable[[sqlite3.Connection], Any]) -> Future[Any]:
+        """Queue ``use`` on this connection's thread (after anything queued before)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix=self._name)
+        return self._executor.submit(self._call, use)
+
+    async def run(self, use: Callable[[sqlite3.Connection], _T]) -> _T:
+        result: _T = await asyncio.wrap_future(self.submit(use))
+        return result
+
+    async def close(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        await asyncio.wrap_future(executor.submit(self._close))
+        executor.shutdown(wait=False)
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------------
@@ -429,12 +526,18 @@ class _Rollback(Exception):
 
 
 def open_store(
-    database_url: str, schema: str, *, transactional: bool, broker_url: str | None = None
+    database_url: str,
+    schema: str,
+    *,
+    transactional: bool,
+    broker_url: str | None = None,
+    lock_budget: float = DEFAULT_LOCK_BUDGET,
 ) -> OrderStore:
     """The store for ``database_url`` (``sqlite:///…`` or ``postgresql://…``).
 
     ``transactional``: the broker can join the store's transactions (E8); on SQLite only
-    when the orders live in the broker's own file (``broker_url``)."""
+    when the orders live in the broker's own file (``broker_url``). ``lock_budget``: how
+    long a SQLite write waits for the write lock."""
     scheme = urlsplit(database_url).scheme
     if scheme in ("postgresql", "postgres"):
         return PostgresOrderStore(database_url, schema, transactional=transactional)
@@ -445,5 +548,9 @@ def open_store(
             and os.path.realpath(sqlite_path(broker_url))
             == os.path.realpath(sqlite_path(database_url))
         )
-        return SQLiteOrderStore.from_url(database_url, transactional=transactional and same_file)
+        return SQLiteOrderStore(
+            sqlite_path(database_url),
+            transactional=transactional and same_file,
+            lock_budget=lock_budget,
+        )
     raise ValueError(f"unsupported INSURANCE_DATABASE_URL scheme {scheme!r}")

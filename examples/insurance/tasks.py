@@ -77,6 +77,7 @@ class Runtime:
             settings.database_schema,
             transactional=transactional,
             broker_url=settings.broker_url,
+            lock_budget=settings.lock_budget,
         )
         self.insurance = InsurancePartner(self._system("insurance", settings.partner_url))
         self.warehouses = Warehouses(

@@ -6,8 +6,10 @@ The simulator runs once per session and is reset before every test; the API runs
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from examples.insurance import partner_sim
@@ -15,7 +17,7 @@ from examples.insurance.api import create_app
 from examples.insurance.config import Settings
 from examples.insurance.serve import BackgroundServer
 
-from insurance.kit import ALICE, BOB, Service, Sim
+from insurance.kit import ALICE, BOB, ROOT, Service, Sim, worker_env
 
 
 @pytest.fixture(scope="session")
@@ -85,3 +87,20 @@ def shared_service(tmp_path_factory: pytest.TempPathFactory, sim_server: Sim) ->
     service = Service(BackgroundServer(app).start(), app, settings)
     yield service
     service.close()
+
+
+@pytest.fixture
+def split_worker(settings: Settings) -> Iterator[Any]:
+    """Start a separate worker process; stopped with SIGTERM (graceful) at teardown."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(command: list[str], settings: Settings = settings) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(command, cwd=ROOT, env=worker_env(settings))
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        assert proc.wait(timeout=15) == 0  # a graceful stop exits cleanly

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +34,16 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s (last: {value!r})")
         time.sleep(interval)
+
+
+def worker_env(settings: Settings) -> dict[str, str]:
+    """The environment of a split worker process (or API) running with ``settings``."""
+    return {
+        **os.environ,
+        **settings.to_env(),
+        "INSURANCE_SHUTDOWN_TIMEOUT": "2",
+        "PYTHONPATH": str(ROOT),
+    }
 
 
 class Sim:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +17,6 @@ import durq
 from durq.brokers import open_broker
 from insurance.kit import (
     ITEMS,
-    ROOT,
     Service,
     Sim,
     check_rollback_leaves_neither,
@@ -28,42 +25,6 @@ from insurance.kit import (
     post_twice_with_one_key,
 )
 from servers import PG_DSN, broker_url_for, drop_isolated, require_server, unique_name
-
-
-def worker_env(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "DURQ_BROKER_URL": settings.broker_url,
-            "INSURANCE_DATABASE_URL": settings.database_url,
-            "INSURANCE_DATABASE_SCHEMA": settings.database_schema,
-            "INSURANCE_PARTNER_URL": settings.partner_url,
-            "INSURANCE_WAREHOUSES": ",".join(f"{k}={v}" for k, v in settings.warehouses.items()),
-            "INSURANCE_BACKOFF_BASE": str(settings.backoff_base),
-            "INSURANCE_BACKOFF_CAP": str(settings.backoff_cap),
-            "INSURANCE_WORKER_POLL": str(settings.worker_poll),
-            "INSURANCE_SHUTDOWN_TIMEOUT": "2",
-            "PYTHONPATH": str(ROOT),
-        }
-    )
-    return env
-
-
-@pytest.fixture
-def split_worker(settings: Settings) -> Iterator[Any]:
-    """Start a separate worker process; stopped with SIGTERM (graceful) at teardown."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(command: list[str], settings: Settings = settings) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(command, cwd=ROOT, env=worker_env(settings))
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        assert proc.wait(timeout=15) == 0  # a graceful stop exits cleanly
 
 
 def test_split_api_and_python_worker(

@@ -39,6 +39,7 @@ from durq.brokers.sqlite.connection import (
     DEFAULT_POLL_INTERVAL,
     Conn,
     Exec,
+    join_write_lock,
     row_to_info,
     schema_version,
     transaction,
@@ -176,7 +177,7 @@ class SQLiteBroker(SQLiteAdmin):
         try:
             return self._insert_many(cursor, items, self._clock.now())
         except sqlite3.Error as exc:
-            raise self._wrap(exc, "sqlite.enqueue") from exc
+            raise self._wrap(exc, "sqlite.enqueue", caller=True) from exc
         finally:
             cursor.close()
 
@@ -198,6 +199,7 @@ class SQLiteBroker(SQLiteAdmin):
                     f"the connection has {path or 'an in-memory database'!r} open, not the "
                     f"broker's file {self.path!r}: transactional enqueue needs both in one file"
                 )
+            join_write_lock(cursor)
             if schema_version(cursor) != SCHEMA_VERSION:
                 raise SchemaError(
                     f"{self.path} has no durq tables at this version: open the broker once "
@@ -205,7 +207,7 @@ class SQLiteBroker(SQLiteAdmin):
                     operation="sqlite.enqueue",
                 )
         except sqlite3.Error as exc:
-            raise self._wrap(exc, "sqlite.enqueue") from exc
+            raise self._wrap(exc, "sqlite.enqueue", caller=True) from exc
         autocommit = getattr(connection, "autocommit", None) is True  # Python 3.12+
         if not connection.in_transaction and (connection.isolation_level is None or autocommit):
             cursor.close()

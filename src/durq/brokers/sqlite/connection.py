@@ -91,6 +91,19 @@ def transaction(conn: Conn, fn: Callable[[Conn], T]) -> T:
     return result
 
 
+def join_write_lock(cursor: sqlite3.Cursor) -> None:
+    """In a caller's open transaction, ask for the write lock before anything reads: SQLite
+    waits (busy timeout) for a lock asked first, but refuses at once a transaction that has
+    read and then wants to write. A file without durq tables is left to the schema check."""
+    if not cursor.connection.in_transaction:
+        return  # Python's implicit BEGIN comes with the first write, which waits anyway
+    try:
+        cursor.execute(Q["take_write_lock"])
+    except sqlite3.OperationalError as exc:
+        if "no such table" not in str(exc):
+            raise
+
+
 def snapshot(conn: Conn, fn: Callable[[Conn], T]) -> T:
     """Run several reads against one consistent snapshot (a deferred read transaction)."""
     conn.execute("BEGIN")
@@ -164,11 +177,19 @@ class SQLiteBase:
         except sqlite3.Error as exc:
             raise self._wrap(exc, operation) from exc
 
-    def _wrap(self, exc: sqlite3.Error, operation: str) -> DurqError:
+    def _wrap(self, exc: sqlite3.Error, operation: str, *, caller: bool = False) -> DurqError:
+        """The typed error of a sqlite3 error; ``caller``: it happened in the caller's
+        transaction (E8), whose connection has its own busy timeout."""
         text = str(exc) or type(exc).__name__
         if isinstance(exc, sqlite3.IntegrityError | sqlite3.ProgrammingError):
             return BrokerError(f"SQLite refused the operation: {text}", operation=operation)
-        if "locked" in text or "busy" in text:
+        if caller and ("locked" in text or "busy" in text):
+            text = (
+                f"{text} (the caller's transaction waited for the write lock for its "
+                "connection's timeout, or had read before writing: begin it with BEGIN "
+                "IMMEDIATE)"
+            )
+        elif "locked" in text or "busy" in text:
             text = f"{text} (another connection held the write lock for {self._busy_timeout:g} s)"
         return BrokerUnavailableError(f"SQLite database {self.path}: {text}", operation=operation)
 
@@ -202,6 +223,9 @@ class SQLiteBase:
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = ON")
             self._applied.extend(self._migrate(conn, operation))
+        except sqlite3.OperationalError as exc:
+            conn.close()  # e.g. migrating waited for the write lock beyond the budget
+            raise self._wrap(exc, operation) from exc
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise BrokerUnavailableError(

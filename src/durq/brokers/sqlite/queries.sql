@@ -30,6 +30,11 @@ PRAGMA data_version;
 -- Which file a caller's connection has open (E8 joins it only on the broker's own file).
 PRAGMA database_list;
 
+-- name: take_write_lock
+-- Asks for the write lock and changes nothing (E8: before anything reads in the caller's
+-- transaction, so SQLite still waits for the lock within the busy timeout).
+DELETE FROM durq_tasks WHERE 0;
+
 -- name: drop_expired_completed
 -- E3: a completed task past its retention counts as gone; free its id before the check.
 DELETE FROM durq_tasks
