@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from insurance.kit import wait_for
+from servers import PG_DSN, broker_url_for, drop_isolated, unique_name
 
 
 def free_port() -> int:
@@ -24,25 +25,50 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class Demo:
+    """``durq demo`` in a subprocess, its stdout collected line by line."""
+
+    def __init__(self, cwd: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        durq_bin = shutil.which("durq", path=str(Path(sys.executable).parent))
+        if durq_bin is None:
+            pytest.skip("the durq console script is not installed in this environment")
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [durq_bin, "demo", "--port", str(self.port), *args],
+            cwd=cwd,  # a fresh directory: the SQLite files are created there
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={"PATH": str(Path(sys.executable).parent), "HOME": str(cwd), **(env or {})},
+        )
+        self.lines: list[str] = []
+        stdout = self.proc.stdout
+        assert stdout is not None
+        self._reader = threading.Thread(target=lambda: self.lines.extend(iter(stdout.readline, "")))
+        self._reader.start()
+
+    def wait_banner(self) -> str:
+        wait_for(lambda: any(line.startswith("Ctrl-C") for line in self.lines), timeout=30)
+        return "".join(self.lines)
+
+    def stop(self) -> int:
+        """Ctrl-C; the exit code (the process is killed if it does not stop)."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(timeout=20)
+        finally:
+            self.proc.kill()
+            self._reader.join(5)
+
+    def stderr(self) -> str:
+        return self.proc.stderr.read() if self.proc.stderr else ""
+
+
 def test_durq_demo_serves_the_service_until_ctrl_c(tmp_path: Path) -> None:
-    durq_bin = shutil.which("durq", path=str(Path(sys.executable).parent))
-    if durq_bin is None:
-        pytest.skip("the durq console script is not installed in this environment")
-    port = free_port()
-    proc = subprocess.Popen(
-        [durq_bin, "demo", "--port", str(port)],
-        cwd=tmp_path,  # a fresh directory: the SQLite files are created there
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={"PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path)},
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")))  # type: ignore[union-attr]
-    reader.start()
+    demo = Demo(tmp_path)
+    port, lines = demo.port, demo.lines
     try:
-        wait_for(lambda: any(line.startswith("Ctrl-C") for line in lines), timeout=30)
-        out = "".join(lines)
+        out = demo.wait_banner()
         assert f"API: http://127.0.0.1:{port}\n" in out
         token = re.search(r"^token: (\S+)$", out, re.MULTILINE).group(1)  # type: ignore[union-attr]
         assert "durq dash" in out
@@ -69,13 +95,8 @@ def test_durq_demo_serves_the_service_until_ctrl_c(tmp_path: Path) -> None:
             )
         )
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            code = proc.wait(timeout=20)
-        finally:
-            proc.kill()
-            reader.join(5)
-    assert code == 0, proc.stderr.read() if proc.stderr else ""
+        code = demo.stop()
+    assert code == 0, demo.stderr()
     assert "demo stopped" in "".join(lines)
     # Orders and tasks share the broker's file: one transaction writes both (E8).
     assert (tmp_path / "durq.sqlite3").exists() and not (tmp_path / "insurance.sqlite3").exists()
@@ -84,3 +105,26 @@ def test_durq_demo_serves_the_service_until_ctrl_c(tmp_path: Path) -> None:
         assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] >= 1
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("kind", ["postgres", "redis"])
+def test_durq_demo_migrates_a_fresh_broker(tmp_path: Path, kind: str) -> None:
+    url = broker_url_for(kind, tmp_path)  # a schema or key prefix nothing has touched
+    schema = unique_name("insurance_demo")
+    demo = Demo(tmp_path, "--broker", url, env={"INSURANCE_DATABASE_SCHEMA": schema})
+    try:
+        out = demo.wait_banner()
+        assert "migrated the broker's schema" in out
+        token = re.search(r"^token: (\S+)$", out, re.MULTILINE).group(1)  # type: ignore[union-attr]
+        created = httpx.post(
+            f"http://127.0.0.1:{demo.port}/orders",
+            json={"items": [{"sku": "A-1", "qty": 1}]},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert created.status_code == 202
+    finally:
+        code = demo.stop()
+        drop_isolated(kind, url)
+        if kind == "postgres":
+            drop_isolated("postgres", f"{PG_DSN}?schema={schema}")
+    assert code == 0, demo.stderr()

@@ -17,7 +17,8 @@ EPILOG = (
     "  durq demo --lifecycle --broker sqlite:////tmp/demo.sqlite3\n\n"
     "Without --lifecycle: the reference insurance service (examples/insurance) with its "
     "partner simulator and an in-process worker, served until Ctrl-C. With --lifecycle: "
-    "a worker and a producer run for a few seconds and print each task's states."
+    "a worker and a producer run for a few seconds and print each task's states. "
+    "Either way a fresh broker is migrated first."
 )
 
 
@@ -35,12 +36,32 @@ def demo_command(
 
     url = resolve_url(broker)
     open_broker(url)  # an unknown scheme is a usage error before anything starts
+    _migrate(url)
     if not lifecycle_only:
         _web_demo(url, port)
         return
     ok = asyncio.run(lifecycle.run(url, console=console, broker_flag=broker or ""))
     if not ok:
         fail("the demo did not end as expected")
+
+
+def _migrate(url: str) -> None:
+    """A demo prepares its own storage (a deployment runs ``durq migrate`` instead)."""
+    from durq.errors import DurqError
+
+    async def run() -> list[str]:
+        broker = open_broker(url)
+        try:
+            return await broker.migrate()
+        finally:
+            await broker.close()
+
+    try:
+        applied = asyncio.run(run())
+    except DurqError as exc:
+        fail(f"cannot prepare the broker {url}: {exc}")
+    if applied:
+        _say(f"durq demo: migrated the broker's schema ({', '.join(applied)})")
 
 
 def _web_demo(url: str, port: int) -> None:
