@@ -4,7 +4,18 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck chaos bench install clean
+.PHONY: demo test test-django lint typecheck chaos bench install clean
+
+# Django 6 (its Tasks framework) needs Python >= 3.12 while the project supports 3.11: the
+# Django integration is tested in a venv of its own, so 3.11 stays tested by everything else.
+PYENV_ROOT ?= $(shell pyenv root 2>/dev/null || echo $(HOME)/.pyenv)
+PY_DJANGO ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.12*/bin/python3.12) \
+	$(shell command -v python3.12 python3.13 2>/dev/null))
+DJ_VENV ?= .venv-django
+DJ_BIN := $(DJ_VENV)/bin
+DJ_STAMP := $(DJ_VENV)/.installed
+# Django's own tests of its Tasks framework, from Django's source distribution.
+DJANGO_TESTS := $(DJ_VENV)/django-tests
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -12,7 +23,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[all,dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+$(DJ_STAMP): pyproject.toml
+	@test -n "$(PY_DJANGO)" || { echo "Django 6 needs Python >= 3.12: set PY_DJANGO=/path/to/python3.12"; exit 2; }
+	test -x $(DJ_BIN)/python || $(PY_DJANGO) -m venv $(DJ_VENV)
+	$(DJ_BIN)/python -m pip install --quiet --upgrade pip
+	$(DJ_BIN)/python -m pip install --quiet -e '.[postgres,redis,web,django]' \
+		pytest pytest-timeout pytest-asyncio
+	rm -rf $(DJ_VENV)/sdist $(DJANGO_TESTS) && mkdir -p $(DJ_VENV)/sdist $(DJANGO_TESTS)
+	$(DJ_BIN)/python -m pip download --quiet --no-deps --no-binary :all: -d $(DJ_VENV)/sdist \
+		"django==$$($(DJ_BIN)/python -c 'import django; print(django.__version__)')"
+	tar -xzf $(DJ_VENV)/sdist/django-*.tar.gz -C $(DJANGO_TESTS) --strip-components=2 \
+		--wildcards '*/tests/tasks'
+	touch $(DJ_STAMP)
+
+install: $(STAMP) $(DJ_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/durq demo
@@ -22,6 +46,11 @@ test: $(STAMP)
 	$(BIN)/ruff format --check src tests examples benchmarks
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -m "not chaos" $(PYTEST_ARGS)
+	$(MAKE) test-django
+
+test-django: $(DJ_STAMP)
+	DURQ_DJANGO_TESTS=$(abspath $(DJANGO_TESTS)) $(DJ_BIN)/python -m pytest -q -m "not chaos" \
+		tests/django_backend $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks
@@ -37,4 +66,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DJ_VENV) .pytest_cache .mypy_cache .ruff_cache
