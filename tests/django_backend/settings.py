@@ -79,3 +79,5 @@ TEMPLATES = [
 ]
 ROOT_URLCONF = "django_backend.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
+ALLOWED_HOSTS = ["testserver"]
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests

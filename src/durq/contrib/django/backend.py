@@ -143,6 +143,11 @@ class DurqBackend(BaseTaskBackend):  # type: ignore[misc]
                 self._app = durq.App(self.broker_url)
             return self._app
 
+    def call(self, make: Callable[[], Coroutine[Any, Any, R]]) -> R:
+        """Run ``make()`` (a coroutine using :attr:`app`, e.g. its inspector) and return its
+        result, from sync code."""
+        return self._run(make)
+
     def _run(self, make: Callable[[], Coroutine[Any, Any, R]]) -> R:
         """Run a coroutine on this backend's own loop (one broker for every caller thread)."""
         return self._ready_runner().run(make)
