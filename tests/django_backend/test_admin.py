@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib.auth.models import User
 from django.test import Client
+
 from django_backend.notes import tasks
 
 
