@@ -43,7 +43,9 @@ class OrderFlowTests(TransactionTestCase):
         if worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
             worker.wait(30)
-        self.assertEqual(worker.returncode, 0, worker.stderr.read().decode() if worker.stderr else "")
+        self.assertEqual(
+            worker.returncode, 0, worker.stderr.read().decode() if worker.stderr else ""
+        )
 
     def wait_for(self, order_id: int, status: str) -> dict:
         deadline = time.monotonic() + 60

@@ -4,21 +4,24 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Order',
+            name="Order",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('item', models.CharField(max_length=100)),
-                ('quantity', models.PositiveIntegerField()),
-                ('status', models.CharField(default='new', max_length=20)),
-                ('task_id', models.CharField(blank=True, max_length=64)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("item", models.CharField(max_length=100)),
+                ("quantity", models.PositiveIntegerField()),
+                ("status", models.CharField(default="new", max_length=20)),
+                ("task_id", models.CharField(blank=True, max_length=64)),
             ],
         ),
     ]
