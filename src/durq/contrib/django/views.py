@@ -37,7 +37,7 @@ def _backend(alias: str) -> DurqBackend:
     return backend
 
 
-@staff_member_required
+@staff_member_required  # type: ignore[untyped-decorator]
 def overview(request: HttpRequest, alias: str = "default") -> HttpResponse:
     """Queues with their sizes per state; the tasks of one queue and state."""
     backend = _backend(alias)
