@@ -1,4 +1,5 @@
 # durq: `make demo` and `make test` work on a fresh machine (they create .venv when missing).
+# `make demo PORT=8080` serves the demo on another port.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -39,7 +40,7 @@ $(DJ_STAMP): pyproject.toml
 install: $(STAMP) $(DJ_STAMP)
 
 demo: $(STAMP)
-	$(BIN)/durq demo
+	$(BIN)/durq demo $(if $(PORT),--port $(PORT))
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks

@@ -1,4 +1,5 @@
-"""The HTTP API: ``POST /orders``, ``GET /orders/{id}``, ``GET /health``.
+"""The HTTP API: ``POST /orders``, ``GET /orders/{id}``, ``GET /health`` (and ``GET /``, a
+pointer to these and to the docs).
 
 Run as a monolith (the worker inside this process, ``INSURANCE_MONOLITH=1``, the default)::
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import html
 import json
 import logging
 import re
@@ -23,18 +25,19 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 import durq
 from durq.web import Answer, already_accepted, enqueue_answer, unavailable
 from durq.web.asgi import durq_lifespan, get_durq, to_response
-from examples.insurance.config import Settings
-from examples.insurance.health import HealthProbe
-from examples.insurance.logs import setup_logging
-from examples.insurance.store import NewOrder, Order
-from examples.insurance.tasks import COVERAGE_QUEUE, COVERAGE_TASK, FINALIZE, Runtime, build
+
+from .config import Settings
+from .health import HealthProbe
+from .logs import setup_logging
+from .store import NewOrder, Order
+from .tasks import COVERAGE_QUEUE, COVERAGE_TASK, FINALIZE, Runtime, build
 
 log = logging.getLogger("insurance.api")
 
@@ -145,6 +148,46 @@ def order_out(order: Order, task_state: str | None) -> dict[str, Any]:
         created_at=order.created_at,
         updated_at=order.updated_at,
     ).model_dump()
+
+
+# -- the index page ----------------------------------------------------------------------------
+
+
+def service_index() -> dict[str, Any]:
+    """What ``GET /`` lists: the endpoints, the schema and the docs."""
+    return {
+        "service": "Insurance coverage service (durq's reference service)",
+        "endpoints": {
+            "POST /orders": "create an order (Bearer token; optional Idempotency-Key): "
+            "202 queued with Location, 200 already accepted, 503 broker down",
+            "GET /orders/{order_id}": "the order's status, for its owner",
+            "GET /health": "the broker probe and the partners' circuit breakers",
+            "GET /openapi.json": "the OpenAPI schema of this API",
+        },
+        "docs": {
+            "service": "examples/insurance/README.md in durq's source tree",
+            "durq": "README.md and docs/ in durq's source tree; `durq --help`",
+            "dashboard": "run `durq dash` in another terminal (same broker)",
+        },
+    }
+
+
+def index_html(body: dict[str, Any]) -> str:
+    """``service_index()`` as a small page without scripts or remote assets."""
+    esc = html.escape
+
+    def items(section: dict[str, str]) -> str:
+        return "".join(f"<li><code>{esc(k)}</code>: {esc(v)}</li>" for k, v in section.items())
+
+    return (
+        "<!doctype html><html lang=en><meta charset=utf-8>"
+        f"<title>{esc(body['service'])}</title>"
+        f"<h1>{esc(body['service'])}</h1>"
+        f"<h2>Endpoints</h2><ul>{items(body['endpoints'])}</ul>"
+        '<p>Schema: <a href="/openapi.json">/openapi.json</a> · '
+        'Health: <a href="/health">/health</a></p>'
+        f"<h2>Docs</h2><ul>{items(body['docs'])}</ul></html>"
+    )
 
 
 # -- dependencies --------------------------------------------------------------------------
@@ -345,6 +388,14 @@ def create_app(settings: Settings | None = None, *, configure_logging: bool = Tr
             info = await durq_app.inspector.get_task_info(COVERAGE_QUEUE, order.task_id)
             task_state = info.state.value
         return order_out(order, task_state)
+
+    @api.get("/", include_in_schema=False)
+    async def index(request: Request) -> Any:
+        """Where to go from here: HTML for a browser, JSON for an API client."""
+        body = service_index()
+        if "text/html" in request.headers.get("accept", ""):
+            return HTMLResponse(index_html(body))
+        return JSONResponse(body)
 
     @api.get("/health")
     async def health(request: Request) -> JSONResponse:

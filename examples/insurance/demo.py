@@ -18,11 +18,12 @@ from collections.abc import Callable
 from typing import Any
 
 from durq.brokers import DEFAULT_URL
-from examples.insurance import partner_sim
-from examples.insurance.api import ITEMS_EXAMPLE, create_app, order_ids
-from examples.insurance.config import Settings
-from examples.insurance.logs import setup_logging
-from examples.insurance.serve import QuietServer, bind, make_server
+
+from . import partner_sim
+from .api import ITEMS_EXAMPLE, create_app, order_ids
+from .config import Settings
+from .logs import setup_logging
+from .serve import QuietServer, bind, make_server
 
 log = logging.getLogger("insurance.demo")
 

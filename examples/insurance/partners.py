@@ -19,7 +19,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from examples.insurance.resilience import (
+from .resilience import (
     Bulkhead,
     CircuitBreaker,
     SystemUnavailableError,

@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from examples.insurance.config import IN_MEMORY_WAIT_LIMIT
+from .config import IN_MEMORY_WAIT_LIMIT
 
 log = logging.getLogger("insurance.resilience")
 

@@ -31,21 +31,22 @@ from pydantic import BaseModel
 import durq
 from durq.backoff import RetryDelay
 from durq.brokers.base import CAP_TRANSACTIONAL_ENQUEUE
-from examples.insurance.config import Settings
-from examples.insurance.partners import (
+
+from .config import Settings
+from .partners import (
     CoverageItem,
     InsurancePartner,
     PartnerProtocolError,
     PartnerSystem,
     Warehouses,
 )
-from examples.insurance.resilience import (
+from .resilience import (
     Bulkhead,
     CircuitBreaker,
     SystemUnavailableError,
     retry_briefly,
 )
-from examples.insurance.store import Order, OrderStore, open_store
+from .store import Order, OrderStore, open_store
 
 log = logging.getLogger("insurance.coverage")
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from examples.insurance.config import Settings
-from examples.insurance.logs import setup_logging
-from examples.insurance.tasks import COVERAGE_QUEUE, build
+from .config import Settings
+from .logs import setup_logging
+from .tasks import COVERAGE_QUEUE, build
 
 settings = Settings.from_env()
 app, runtimes = build(settings)

@@ -166,3 +166,52 @@ async def check_rollback_leaves_neither(app: Any, store: Any) -> None:
     assert await store.count() == 0
     with pytest.raises(durq.TaskNotFoundError):
         await app.inspector.get_task_info(COVERAGE_QUEUE, order.task_id)
+
+
+class DemoRun:
+    """``durq demo`` as a child process: its stdout lines as they come, Ctrl-C at the end."""
+
+    def __init__(self, command: list[str], *, cwd: Path, env: dict[str, str]) -> None:
+        import subprocess
+        import threading
+
+        self.proc = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.lines: list[str] = []
+        self.code: int | None = None
+        stdout = self.proc.stdout
+        assert stdout is not None
+        self._reader = threading.Thread(target=lambda: self.lines.extend(iter(stdout.readline, "")))
+        self._reader.start()
+
+    @property
+    def out(self) -> str:
+        return "".join(self.lines)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Until the banner's last line is printed; the process must still run."""
+        wait_for(
+            lambda: (
+                any(line.startswith("Ctrl-C") for line in self.lines)
+                or self.proc.poll() is not None
+            ),
+            timeout=timeout,
+        )
+        assert self.proc.poll() is None, self.stderr()
+
+    def stderr(self) -> str:
+        return self.proc.stderr.read() if self.proc.stderr else ""
+
+    def __enter__(self) -> DemoRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.code = self.proc.wait(timeout=30)
+        finally:
+            self.proc.kill()
+            self._reader.join(5)

@@ -212,3 +212,18 @@ def test_openapi_documents_the_service(service: Service) -> None:
     doc = service.anon.get("/openapi.json").json()
     assert {"/orders", "/orders/{order_id}", "/health"} <= set(doc["paths"])
     assert "202" in doc["paths"]["/orders"]["post"]["responses"]
+
+
+def test_root_points_to_the_endpoints_and_the_docs(service: Service) -> None:
+    as_json = service.anon.get("/")
+    assert as_json.status_code == 200
+    assert as_json.headers["content-type"].startswith("application/json")
+    endpoints = as_json.json()["endpoints"]
+    assert {"POST /orders", "GET /orders/{order_id}", "GET /health"} <= set(endpoints)
+    assert "durq dash" in as_json.json()["docs"]["dashboard"]
+
+    page = service.anon.get("/", headers={"Accept": "text/html,application/xhtml+xml"})
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert '<a href="/openapi.json">' in page.text and "POST /orders" in page.text
+    assert "/" not in service.anon.get("/openapi.json").json()["paths"]

@@ -4,64 +4,40 @@ from __future__ import annotations
 
 import re
 import shutil
-import signal
-import socket
 import sqlite3
-import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import httpx
 import pytest
 
-from insurance.kit import wait_for
-from servers import PG_DSN, broker_url_for, drop_isolated, unique_name
+from insurance.kit import DemoRun, wait_for
+from servers import PG_DSN, broker_url_for, drop_isolated, free_port, unique_name
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Demo:
-    """``durq demo`` in a subprocess, its stdout collected line by line."""
+class Demo(DemoRun):
+    """``durq demo`` on a free port in ``cwd``, its stdout collected line by line."""
 
     def __init__(self, cwd: Path, *args: str, env: dict[str, str] | None = None) -> None:
         durq_bin = shutil.which("durq", path=str(Path(sys.executable).parent))
         if durq_bin is None:
             pytest.skip("the durq console script is not installed in this environment")
         self.port = free_port()
-        self.proc = subprocess.Popen(
+        super().__init__(
             [durq_bin, "demo", "--port", str(self.port), *args],
             cwd=cwd,  # a fresh directory: the SQLite files are created there
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
             env={"PATH": str(Path(sys.executable).parent), "HOME": str(cwd), **(env or {})},
         )
-        self.lines: list[str] = []
-        stdout = self.proc.stdout
-        assert stdout is not None
-        self._reader = threading.Thread(target=lambda: self.lines.extend(iter(stdout.readline, "")))
-        self._reader.start()
 
     def wait_banner(self) -> str:
-        wait_for(lambda: any(line.startswith("Ctrl-C") for line in self.lines), timeout=30)
-        return "".join(self.lines)
+        self.wait_ready(timeout=30)
+        return self.out
 
     def stop(self) -> int:
         """Ctrl-C; the exit code (the process is killed if it does not stop)."""
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            return self.proc.wait(timeout=20)
-        finally:
-            self.proc.kill()
-            self._reader.join(5)
-
-    def stderr(self) -> str:
-        return self.proc.stderr.read() if self.proc.stderr else ""
+        self.__exit__()
+        assert self.code is not None
+        return self.code
 
 
 def test_durq_demo_serves_the_service_until_ctrl_c(tmp_path: Path) -> None:

@@ -15,7 +15,8 @@ EPILOG = (
     "  durq demo\n\n"
     "  durq demo --port 8080\n\n"
     "  durq demo --lifecycle --broker sqlite:////tmp/demo.sqlite3\n\n"
-    "Without --lifecycle: the reference insurance service (examples/insurance) with its "
+    "Without --lifecycle: the reference insurance service (examples/insurance in the "
+    "source tree, shipped as durq.demo.insurance; needs the 'demo' extra) with its "
     "partner simulator and an in-process worker, served until Ctrl-C. With --lifecycle: "
     "a worker and a producer run for a few seconds and print each task's states. "
     "Either way a fresh broker is migrated first."
@@ -65,24 +66,16 @@ def _migrate(url: str) -> None:
 
 
 def _web_demo(url: str, port: int) -> None:
-    """The reference service (examples/insurance), which lives in the source tree."""
+    """The reference service, shipped inside the package as ``durq.demo.insurance``."""
     import os
-    import sys
-    from pathlib import Path
 
-    import durq
-
-    root = Path(durq.__file__).resolve().parents[2]  # src/durq -> the repository root
-    for candidate in (Path.cwd(), root):
-        if (candidate / "examples" / "insurance").is_dir() and str(candidate) not in sys.path:
-            sys.path.insert(0, str(candidate))
     try:
-        from examples.insurance import demo
-        from examples.insurance.config import Settings, default_database_url
+        from durq.demo.insurance import demo
+        from durq.demo.insurance.config import Settings, default_database_url
     except ImportError as exc:
         fail(
-            f"the web demo needs the durq source tree (examples/insurance): {exc}; "
-            "try `durq demo --lifecycle`"
+            f"the web demo needs the 'demo' extra ({exc}): pip install 'durq[demo]'; "
+            "or run `durq demo --lifecycle`, which needs nothing more"
         )
     settings = Settings.from_env()
     if url != settings.broker_url:
@@ -91,7 +84,7 @@ def _web_demo(url: str, port: int) -> None:
     try:
         asyncio.run(demo.serve(port, out=_say, settings=settings))
     except OSError as exc:
-        fail(f"cannot serve the demo on port {port}: {exc}")
+        fail(f"cannot serve the demo on port {port}: {exc} (choose another with --port)")
 
 
 def _say(text: str) -> None:
