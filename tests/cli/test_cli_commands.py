@@ -146,7 +146,9 @@ def test_queue_run_all_and_delete_all(cli: Cli) -> None:
         cli.ok("enqueue", "t", "--task-id", f"a{i}")
         cli.ok("task", "archive", f"a{i}")
     assert cli.ok("queue", "run-all", "default", "--state", "archived", "--json").json()["run"] == 3
-    deleted = cli.ok("queue", "delete-all", "default", "--state", "pending", "--json").json()
+    deleted = cli.ok(
+        "queue", "delete-all", "default", "--state", "pending", "--yes", "--json"
+    ).json()
     assert deleted["deleted"] == 3
 
 

@@ -38,19 +38,33 @@ BrokerOpt = Annotated[
         "--broker",
         "-b",
         help="Broker URL: sqlite:///path, postgresql://..., redis://... "
-        "[default: $DURQ_BROKER_URL, else sqlite:///durq.sqlite3]",
+        "(default: the DURQ_BROKER_URL environment variable, else sqlite:///durq.sqlite3).",
         show_default=False,
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 QueueOpt = Annotated[str, typer.Option("--queue", "-q", help="Queue name.")]
 
-#: Tables for people go to stdout; never wrap or colour when piped.
-console = Console(highlight=False)
+#: Wide enough that no value is ever wrapped or cut when the output is not a terminal.
+PIPE_WIDTH = 100_000
+
+
+def make_console() -> Console:
+    """The console for people's output on stdout. On a terminal, tables fit its width; piped
+    (not a terminal) nothing is wrapped or cut: one table row per line, every id, name, time
+    and URL whole, no colour."""
+    terminal = Console(highlight=False)
+    if terminal.is_terminal:
+        return terminal
+    return Console(highlight=False, width=PIPE_WIDTH, soft_wrap=True)
+
+
+#: Tables for people go to stdout.
+console = make_console()
 
 
 def make_table(title: str, caption: str | None = None) -> Table:
-    """A compact table (no vertical rules) that fits 80 columns when piped."""
+    """A compact table (no vertical rules)."""
     return Table(
         title=title,
         title_justify="left",
@@ -60,6 +74,11 @@ def make_table(title: str, caption: str | None = None) -> Table:
         pad_edge=False,
         show_edge=False,
     )
+
+
+def examples(*lines: str) -> str:
+    """A command's help epilog: ``Examples:`` then one command per paragraph."""
+    return "Examples:\n\n" + "\n\n".join(f"  {line}" for line in lines)
 
 
 class UsageFailure(DurqError):
@@ -180,6 +199,18 @@ def describe_error(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, DurqError):
         return exc.message, EXIT_DOMAIN
     return f"{type(exc).__name__}: {exc}", EXIT_DOMAIN
+
+
+def confirm_or_refuse(question: str, yes: bool) -> None:
+    """Go on only when ``--yes`` was given or a person at a terminal says yes.
+
+    Without a terminal (a script, a pipe) and without ``--yes`` it refuses: exit code 2."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageFailure("no terminal to confirm on: add --yes to do it without asking")
+    if not typer.confirm(question, default=False, err=True):
+        fail("not confirmed: nothing done")
 
 
 def fail(message: str, code: int = EXIT_DOMAIN) -> NoReturn:

@@ -9,7 +9,16 @@ import typer
 
 from durq.app import App
 from durq.brokers.base import QueueStats
-from durq.cli.common import BrokerOpt, JsonOpt, console, fmt_age, make_table, print_json, run
+from durq.cli.common import (
+    BrokerOpt,
+    JsonOpt,
+    confirm_or_refuse,
+    console,
+    fmt_age,
+    make_table,
+    print_json,
+    run,
+)
 from durq.inspector import Inspector, parse_state
 from durq.states import TaskState
 
@@ -21,7 +30,9 @@ group = typer.Typer(
         "  durq queue ls\n\n"
         "  durq queue pause emails      (workers take nothing from it; enqueue still works)\n\n"
         "  durq queue unpause emails\n\n"
-        "  durq queue run-all emails --state archived"
+        "  durq queue run-all emails --state archived\n\n"
+        "  durq queue delete-all emails --state archived --yes   (no question asked)\n\n"
+        "  durq queue ls --json"
     ),
     no_args_is_help=True,
 )
@@ -30,22 +41,12 @@ QueueArg = Annotated[str, typer.Argument(metavar="QUEUE", help="Queue name.")]
 StateOpt = Annotated[str, typer.Option("--state", "-s", help="Which tasks of the queue.")]
 
 
-_SHORT = {
-    TaskState.PENDING: "pend",
-    TaskState.SCHEDULED: "sched",
-    TaskState.ACTIVE: "active",
-    TaskState.RETRY: "retry",
-    TaskState.ARCHIVED: "archiv",
-    TaskState.COMPLETED: "done",
-}
-
-
 def print_queues(queues: list[QueueStats]) -> None:
     """Queues as one table: sizes per state, oldest pending age, counters."""
     table = make_table("queues", caption="* paused; today/total: attempts processed/failed")
-    table.add_column("queue", style="bold", overflow="fold")
+    table.add_column("queue", style="bold", no_wrap=True)
     for state in TaskState:
-        table.add_column(_SHORT[state], justify="right")
+        table.add_column(state.value, justify="right")
     table.add_column("oldest", justify="right")
     table.add_column("today", justify="right")
     table.add_column("total", justify="right")
@@ -140,10 +141,19 @@ def run_all_command(
 def delete_all_command(
     queue: QueueArg,
     state: StateOpt = "archived",
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes", "-y", help="Do not ask (required when there is no terminal to ask on)."
+        ),
+    ] = False,
     broker: BrokerOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Delete every task of a queue in one state (not active)."""
+    """Delete every task of a queue in one state (not active). Asks first on a terminal;
+    without a terminal it refuses unless --yes is given."""
+    wanted = parse_state(state)
+    confirm_or_refuse(f"Delete every {wanted.value} task of queue {queue!r}?", yes)
     _bulk(Inspector.delete_all, queue, state, broker, as_json, key="deleted", done="deleted")
 
 

@@ -17,6 +17,7 @@ from durq.cli.common import (
     QueueOpt,
     UsageFailure,
     console,
+    examples,
     fmt_time,
     make_table,
     print_json,
@@ -36,6 +37,31 @@ group = typer.Typer(
         "  durq task cancel 3f2a... --queue default  (an active handler is cancelled)"
     ),
     no_args_is_help=True,
+)
+
+GET_EPILOG = examples(
+    "durq task get welcome-1 --queue default",
+    "durq task get welcome-1 --queue default --json | jq .result",
+)
+LS_EPILOG = examples(
+    "durq task ls --queue default --state archived",
+    "durq task ls --queue default --state completed --limit 100 --page 2",
+    "durq task ls --queue default --state retry --json | jq -r '.[].id'",
+)
+RUN_EPILOG = examples(
+    "durq task run charge-7 --queue payments   (archived, retry or scheduled: pending now)",
+    "durq task run charge-7 --queue payments --json",
+)
+ARCHIVE_EPILOG = examples(
+    "durq task archive report-42 --queue default",
+    "durq task archive report-42 --queue default --json",
+)
+CANCEL_EPILOG = examples(
+    "durq task cancel import-9 --queue default   (an active handler is cancelled)"
+)
+DELETE_EPILOG = examples(
+    "durq task delete welcome-1 --queue default",
+    "durq task delete welcome-1 --queue default --json",
 )
 
 IdArg = Annotated[str, typer.Argument(metavar="ID", help="The task id.")]
@@ -107,7 +133,7 @@ def print_tasks(tasks: Sequence[TaskInfo], *, title: str) -> None:
     console.print(table)
 
 
-@group.command("get")
+@group.command("get", epilog=GET_EPILOG)
 def get_command(
     task_id: IdArg, queue: QueueOpt = "default", broker: BrokerOpt = None, as_json: JsonOpt = False
 ) -> None:
@@ -123,7 +149,7 @@ def get_command(
         print_task(info)
 
 
-@group.command("ls")
+@group.command("ls", epilog=LS_EPILOG)
 def ls_command(
     queue: QueueOpt = "default",
     state: Annotated[
@@ -167,7 +193,7 @@ def _act(
         console.print(f"task {info.id} {done}: now {styled_state(info.state.value)}")
 
 
-@group.command("run")
+@group.command("run", epilog=RUN_EPILOG)
 def run_command(
     task_id: IdArg, queue: QueueOpt = "default", broker: BrokerOpt = None, as_json: JsonOpt = False
 ) -> None:
@@ -175,7 +201,7 @@ def run_command(
     _act(broker, as_json, lambda app: app.inspector.run_task(queue, task_id), "queued to run")
 
 
-@group.command("archive")
+@group.command("archive", epilog=ARCHIVE_EPILOG)
 def archive_command(
     task_id: IdArg, queue: QueueOpt = "default", broker: BrokerOpt = None, as_json: JsonOpt = False
 ) -> None:
@@ -183,7 +209,7 @@ def archive_command(
     _act(broker, as_json, lambda app: app.inspector.archive_task(queue, task_id), "archived")
 
 
-@group.command("cancel")
+@group.command("cancel", epilog=CANCEL_EPILOG)
 def cancel_command(
     task_id: IdArg, queue: QueueOpt = "default", broker: BrokerOpt = None, as_json: JsonOpt = False
 ) -> None:
@@ -191,7 +217,7 @@ def cancel_command(
     _act(broker, as_json, lambda app: app.inspector.cancel_task(queue, task_id), "cancelled")
 
 
-@group.command("delete")
+@group.command("delete", epilog=DELETE_EPILOG)
 def delete_command(
     task_id: IdArg, queue: QueueOpt = "default", broker: BrokerOpt = None, as_json: JsonOpt = False
 ) -> None:

@@ -177,7 +177,11 @@ async def run(url: str, *, console: Console, broker_flag: str = "") -> bool:
     """Run the demo; True when every outcome was the expected one."""
     setup_logging("ERROR")  # keep the worker quiet except for the archive alert (W4)
     demo = Demo(url, console)
-    console.rule("[bold]durq demo: the task lifecycle")
+    title = "[bold]durq demo: the task lifecycle"
+    if console.is_terminal:
+        console.rule(title)
+    else:  # piped: a rule would span the whole (unbounded) width
+        console.print(title)
     console.print(
         f"broker {escape(url)}, queue [bold]{QUEUE}[/], run {demo.run_id}: "
         "a worker and a producer in this one process\n"
