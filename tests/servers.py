@@ -12,6 +12,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -30,7 +31,8 @@ def _reachable(host: str, port: int) -> bool:
 
 def require_server(kind: str) -> None:
     """Skip (or fail under CI) when the named server is not reachable."""
-    host, port = {"postgres": ("127.0.0.1", 5432), "redis": ("127.0.0.1", 6379)}[kind]
+    url = urlsplit(PG_DSN if kind == "postgres" else REDIS_URL)  # honours the overrides
+    host, port = url.hostname or "127.0.0.1", url.port or {"postgres": 5432, "redis": 6379}[kind]
     if not _reachable(host, port):
         message = f"{kind} is not reachable on {host}:{port}"
         if IN_CI:

@@ -13,7 +13,7 @@ from durq.brokers.base import EnqueueParams
 from durq.brokers.redis import RedisBroker
 from durq.brokers.redis.core import _version
 from durq.errors import BrokerError, BrokerUnavailableError, ConfigurationError, SchemaError
-from servers import free_port
+from servers import REDIS_URL, free_port
 
 PROMPT = 4.0
 
@@ -99,7 +99,7 @@ async def test_wrong_credentials_are_a_broker_error_not_a_hang(private_redis) ->
 
 
 async def test_too_old_a_server_is_refused(rbroker: RedisBroker, monkeypatch) -> None:
-    fresh = RedisBroker.from_url(f"redis://127.0.0.1:6379/0?prefix={rbroker.prefix}")
+    fresh = RedisBroker.from_url(f"{REDIS_URL}?prefix={rbroker.prefix}")
 
     async def old_info(*_a: object, **_k: object) -> dict[str, str]:
         return {"redis_version": "6.0.16"}
@@ -119,7 +119,7 @@ def test_version_parsing() -> None:
 
 async def test_other_layout_version_is_a_schema_error(rbroker: RedisBroker) -> None:
     await rbroker._redis.set(f"{rbroker.prefix}:schema", "99")
-    fresh = RedisBroker.from_url(f"redis://127.0.0.1:6379/0?prefix={rbroker.prefix}")
+    fresh = RedisBroker.from_url(f"{REDIS_URL}?prefix={rbroker.prefix}")
     with pytest.raises(SchemaError, match="layout 99"):
         await fresh.connect()
     await fresh.close()
