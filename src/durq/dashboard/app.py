@@ -171,6 +171,25 @@ class Guard:
         if scope["type"] != "http":
             await self.inner(scope, receive, send)
             return
+        started = False
+
+        async def tracking(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.guarded(scope, receive, tracking)
+        except Exception:
+            if started:  # Starlette's own error page went out (with our headers): re-raise
+                raise
+            # A fault before Starlette ran (the guard itself): answer like any other page.
+            log.exception("dashboard: internal error")
+            headers = {**security.SECURITY_HEADERS, "content-type": "text/plain; charset=utf-8"}
+            await Response("Internal Server Error", 500, headers=headers)(scope, receive, send)
+
+    async def guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Authenticate, check CSRF and read-only mode, then call the app."""
         dash = self.dash
         request = Request(scope, receive)
         path = route_path(scope)

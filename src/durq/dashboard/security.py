@@ -46,6 +46,16 @@ class CSRFError(DurqError):
     """The CSRF check failed: the form expired or came from another site."""
 
 
+def same_secret(given: str, expected: str) -> bool:
+    """Constant-time comparison of two texts of any characters.
+
+    ``hmac.compare_digest`` raises ``TypeError`` for non-ASCII ``str``; a hostile cookie or
+    header must be a wrong credential, never a crash."""
+    return hmac.compare_digest(
+        given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass")
+    )
+
+
 def generate_token() -> str:
     """A new random access token (printed by ``durq dash`` when none is given)."""
     return secrets.token_urlsafe(24)
@@ -83,7 +93,7 @@ class Auth:
     def check_token(self, candidate: str | None) -> bool:
         if self.token is None or not candidate:
             return False
-        return hmac.compare_digest(candidate.encode(), self.token.encode())
+        return same_secret(candidate, self.token)
 
     def bearer(self, request: Request) -> bool:
         """``True`` when the request carries the right bearer token."""
@@ -103,9 +113,9 @@ class Auth:
         """``True`` when the request carries a valid, unexpired session cookie."""
         value = request.cookies.get(SESSION_COOKIE, "")
         expires, _, sig = value.partition(".")
-        if not expires.isdigit() or not sig:
+        if not (expires.isascii() and expires.isdigit()) or not sig:
             return False
-        if not hmac.compare_digest(sig, self._sign(f"session:{expires}")):
+        if not same_secret(sig, self._sign(f"session:{expires}")):
             return False
         return int(expires) > now
 
@@ -118,7 +128,7 @@ class Auth:
         cookie = request.cookies.get(CSRF_COOKIE)
         if not cookie or not submitted:
             return False
-        if not hmac.compare_digest(submitted, self.csrf_token(cookie)):
+        if not same_secret(submitted, self.csrf_token(cookie)):
             return False
         return same_origin(request)
 
