@@ -9,10 +9,19 @@ built-in continuation, one more entry of ``CompleteParams``/``ArchiveParams.foll
 with ``httpx``; it has its own retries and backoff, and its id derives from the original task
 and the event, so there is at most one delivery per event.
 
-Each request carries ``Durq-Timestamp`` (epoch seconds) and
-``Durq-Signature: v1=<hex HMAC-SHA256 of "<timestamp>.<body>">`` signed with the app's secret
-(``App(webhook_secret=...)`` or ``DURQ_WEBHOOK_SECRET``). Receivers check both with
-:func:`verify`.
+Each request follows the Standard Webhooks scheme (https://www.standardwebhooks.com), so any
+of its libraries verifies it: ``webhook-id`` (the delivery task's id, the same on every
+retry: deduplicate on it), ``webhook-timestamp`` (epoch seconds) and
+``webhook-signature: v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<body>">`` signed with the
+app's secret (``App(webhook_secret=...)`` or ``DURQ_WEBHOOK_SECRET``); the body names the
+event. Receivers in Python can use :func:`verify`.
+
+Deliveries never reach the machine's own network by default: the URL must carry no
+credentials, and every address its host resolves to must be public (not loopback,
+link-local, private, shared, multicast or unspecified); redirects are not followed. The
+allow-list (``install(..., allow=["10.1.2.0/24"])`` or ``DURQ_WEBHOOK_ALLOW``) opens
+networks for deliveries inside your own network. The connection goes to the address that
+was checked, so a second DNS answer cannot swap it.
 
 The delivery options (``install(..., queue=, max_retry=, timeout=, retention=)``) of the
 enqueuing app are resolved at enqueue into the header ``durq-webhook-options``, so whoever
@@ -21,19 +30,26 @@ records the outcome (a worker, the rescuer, the inspector) creates the same deli
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import binascii
 import hashlib
 import hmac
+import ipaddress
 import json
+import logging
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+import re
+import socket
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from durq import backoff, codec, names
 from durq.brokers.base import EnqueueParams
-from durq.errors import ConfigurationError, DurqError, ValidationError
+from durq.errors import ConfigurationError, DurqError, SkipRetry, ValidationError
 
 if TYPE_CHECKING:
     from durq.app import App
@@ -47,11 +63,19 @@ HEADER_URL = "durq-webhook"
 HEADER_OPTIONS = "durq-webhook-options"
 #: Header of the delivery task naming the task it reports on (as continuations do).
 PARENT_HEADER = "durq-then-of"
-SIGNATURE_HEADER = "Durq-Signature"
-TIMESTAMP_HEADER = "Durq-Timestamp"
-DELIVERY_HEADER = "Durq-Delivery"
-EVENT_HEADER = "Durq-Event"
+#: The Standard Webhooks headers.
+ID_HEADER = "webhook-id"
+TIMESTAMP_HEADER = "webhook-timestamp"
+SIGNATURE_HEADER = "webhook-signature"
 SECRET_ENV = "DURQ_WEBHOOK_SECRET"  # noqa: S105 - the variable's name, not a secret
+ALLOW_ENV = "DURQ_WEBHOOK_ALLOW"
+#: A timestamp this far ahead of the receiver's clock is still accepted (clock skew).
+FUTURE_SKEW = 30.0
+
+log = logging.getLogger("durq.webhooks")
+
+#: Resolves ``(host, port)`` to IP address strings; the default asks the system resolver.
+Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 #: Final outcomes of a task, and the event name each one delivers.
 EVENTS = {"completed": "task.completed", "archived": "task.archived"}
@@ -68,6 +92,10 @@ class WebhookOptions:
     max_retry: int = 10
     timeout: float = 10.0
     retention: float = 86400.0
+    #: Networks deliveries may reach although they are not public (e.g. ``10.0.0.0/8``).
+    allow: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    #: Name resolution for deliveries (tests give their own); ``None``: the system's.
+    resolver: Resolver | None = field(default=None, compare=False)
 
     def header(self) -> str:
         """The ``durq-webhook-options`` header value: the delivery task's options."""
@@ -88,22 +116,142 @@ class WebhookVerificationError(DurqError, ValueError):
 
 
 class WebhookDeliveryError(Exception):
-    """The receiver did not answer 2xx; the delivery is retried with backoff."""
+    """No 2xx answer (whatever the reason: connection, protocol or status); the delivery is
+    retried with backoff. One neutral message, so a delivery's error tells nothing about the
+    ports of the target."""
+
+    def __init__(self) -> None:
+        super().__init__("webhook delivery failed: no 2xx answer")
+
+
+class WebhookRefusedError(ValidationError):
+    """The webhook's address is not allowed (not public and not on the allow-list)."""
 
 
 # -- URLs and headers ---------------------------------------------------------------------------
 
 
 def check_url(url: object) -> str:
-    """Return ``url`` if it is an absolute http(s) URL with a host; ValidationError otherwise."""
+    """Return ``url`` if it is an absolute http(s) URL with a host and no credentials;
+    ValidationError otherwise (the message never repeats the URL: it may hold a secret)."""
     if not isinstance(url, str) or len(url) > 2048:
         raise ValidationError("webhook must be an http(s) URL string of at most 2048 characters")
-    parts = urlsplit(url)
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        raise ValidationError("webhook URL must not contain whitespace or control characters")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise ValidationError("webhook must be a well-formed http:// or https:// URL") from None
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        raise ValidationError(f"webhook must be an http:// or https:// URL, got {url!r}")
-    if any(c.isspace() for c in url):
-        raise ValidationError("webhook URL must not contain whitespace")
+        raise ValidationError("webhook must be an http:// or https:// URL with a host")
+    if "@" in parts.netloc:
+        raise ValidationError("webhook URL must not contain credentials (user:password@)")
+    if port == 0:
+        raise ValidationError("webhook URL must not use port 0")
     return url
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+_LEGACY_IPV4 = re.compile(r"^(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}$", re.IGNORECASE)
+
+
+def parse_allow(entries: Iterable[str | Network] | str | None) -> tuple[Network, ...]:
+    """The allow-list as networks: ``["10.0.0.0/8", "192.168.1.20"]`` or a comma-separated
+    string; ConfigurationError for anything else."""
+    if entries is None:
+        return ()
+    if isinstance(entries, str):
+        entries = [e for e in (p.strip() for p in entries.split(",")) if e]
+    out: list[Network] = []
+    for entry in entries:
+        try:
+            out.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            raise ConfigurationError(f"webhook allow-list: {entry!r} is not a network") from None
+    return tuple(out)
+
+
+def literal_address(host: str) -> Address | None:
+    """The address a host names by itself (``127.0.0.1``, ``[::1]``, ``2130706433``,
+    ``0x7f.1``: the forms a resolver reads as numbers), else ``None``."""
+    host = host.strip("[]")
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        pass
+    if _LEGACY_IPV4.match(host):
+        try:
+            return ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return None
+    return None
+
+
+def address_allowed(address: Address, allow: Sequence[Network] = ()) -> bool:
+    """Public addresses, and those on the allow-list; never loopback, link-local, private,
+    shared, multicast, reserved or unspecified ones otherwise."""
+    mapped = getattr(address, "ipv4_mapped", None)
+    if mapped is not None:
+        address = mapped
+    if any(address in net for net in allow if net.version == address.version):
+        return True
+    return address.is_global and not address.is_multicast
+
+
+def check_literal_host(url: str, allow: Sequence[Network] = ()) -> None:
+    """Refuse, at enqueue, a URL whose host is itself a refused address (no DNS asked)."""
+    host = urlsplit(url).hostname or ""
+    address = literal_address(host)
+    if address is not None and not address_allowed(address, allow):
+        raise WebhookRefusedError(
+            "webhook address is not allowed: loopback, link-local, private and unspecified "
+            "addresses need the webhook allow-list"
+        )
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    """Every address the system resolver gives for ``host``."""
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    )
+    return [str(info[4][0]) for info in infos]
+
+
+async def resolve_target(
+    url: str, allow: Sequence[Network] = (), resolver: Resolver | None = None
+) -> Address:
+    """The address to connect to for ``url``, after the SSRF policy: every address the host
+    resolves to must be allowed (a name with one refused address is refused whole).
+    Raises :class:`WebhookRefusedError`; :class:`WebhookDeliveryError` when it resolves to
+    nothing."""
+    check_url(url)
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    literal = literal_address(host)
+    if literal is not None:
+        addresses = [literal]
+    else:
+        port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+        try:
+            names_ = await (resolver or system_resolver)(host, port)
+        except OSError:
+            raise WebhookDeliveryError() from None
+        addresses = []
+        for name in names_:
+            parsed = literal_address(name)
+            if parsed is None:
+                raise WebhookDeliveryError()
+            addresses.append(parsed)
+    if not addresses:
+        raise WebhookDeliveryError()
+    if not all(address_allowed(a, allow) for a in addresses):
+        raise WebhookRefusedError(
+            "webhook address is not allowed: it resolves to a loopback, link-local, private "
+            "or unspecified address that is not on the webhook allow-list"
+        )
+    return addresses[0]
 
 
 def with_webhook(headers: Mapping[str, str] | None, url: str) -> dict[str, str]:
@@ -125,58 +273,99 @@ def delivery_task_id(task_id: str, event: str) -> str:
 # -- signing ------------------------------------------------------------------------------------
 
 
-def _mac(secret: str, timestamp: str, body: bytes) -> str:
-    message = timestamp.encode() + b"." + body
-    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+def signing_key(secret: str | bytes) -> bytes:
+    """The HMAC key of a secret, as Standard Webhooks libraries read it: ``whsec_<base64>``
+    is decoded; any other text is used as its UTF-8 bytes (give a receiver library those
+    bytes, ``Webhook(secret.encode())``)."""
+    if isinstance(secret, bytes):
+        key = secret
+    elif secret.startswith("whsec_"):
+        try:
+            key = base64.b64decode(secret[6:] + "==", validate=False)
+        except (binascii.Error, ValueError):
+            raise ConfigurationError("a whsec_ webhook secret must be base64") from None
+    else:
+        key = secret.encode("utf-8", "surrogatepass")
+    if not key:
+        raise ConfigurationError("a webhook secret is required to sign")
+    return key
 
 
-def sign(body: bytes, secret: str, timestamp: float | int) -> dict[str, str]:
-    """The signature headers for ``body`` sent at ``timestamp`` (epoch seconds)."""
+def _mac(key: bytes, msg_id: str, timestamp: str, body: bytes) -> bytes:
+    message = f"{msg_id}.{timestamp}.".encode("utf-8", "surrogatepass") + body
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
+def sign(body: bytes, secret: str | bytes, timestamp: float | int, msg_id: str) -> dict[str, str]:
+    """The Standard Webhooks headers for ``body`` sent as message ``msg_id`` at
+    ``timestamp`` (epoch seconds). The signature covers the id, the time and the body."""
     if not secret:
         raise ConfigurationError("a webhook secret is required to sign")
+    if not msg_id:
+        raise ValidationError("a webhook id is required to sign")
     ts = str(int(timestamp))
-    return {TIMESTAMP_HEADER: ts, SIGNATURE_HEADER: f"v1={_mac(secret, ts, body)}"}
+    mac = base64.b64encode(_mac(signing_key(secret), msg_id, ts, body)).decode()
+    return {ID_HEADER: msg_id, TIMESTAMP_HEADER: ts, SIGNATURE_HEADER: f"v1,{mac}"}
 
 
 def verify(
     body: bytes | str,
     headers: Mapping[str, str],
-    secret: str | Sequence[str],
+    secret: str | bytes | Sequence[str | bytes],
     tolerance: float = 300,
     *,
     now: float | None = None,
+    future_skew: float = FUTURE_SKEW,
 ) -> Any:
-    """Check a webhook request and return its decoded JSON body.
+    """Check a Standard Webhooks request and return its decoded JSON body.
 
     ``body`` must be the raw request body, byte for byte. ``secret`` may be a list during a
-    rotation (any one matching is enough). Raises :class:`WebhookVerificationError` when
-    the signature is missing or wrong, or the timestamp is more than ``tolerance`` seconds
-    away from ``now`` (default: the wall clock), which stops replays of old requests."""
+    rotation (any one matching is enough). Raises :class:`WebhookVerificationError` (and
+    nothing else, whatever the headers hold) when a header is missing or malformed, the
+    signature is wrong, or the timestamp is more than ``tolerance`` seconds old or more
+    than ``future_skew`` seconds ahead of ``now`` (default: the wall clock). Deduplicate on
+    the returned ``webhook-id`` header: the signature binds it to the body and the time."""
     import time
 
     raw = body.encode() if isinstance(body, str) else bytes(body)
-    lower = {k.lower(): v for k, v in headers.items()}
-    ts = lower.get(TIMESTAMP_HEADER.lower())
-    sig = lower.get(SIGNATURE_HEADER.lower())
-    if not ts or not sig:
-        raise WebhookVerificationError("missing Durq-Timestamp or Durq-Signature header")
-    try:
-        sent = int(ts)
-    except ValueError:
-        raise WebhookVerificationError("Durq-Timestamp is not an integer") from None
-    current = time.time() if now is None else now
-    if abs(current - sent) > tolerance:
+    lower = {str(k).lower(): v for k, v in headers.items()}
+    msg_id, ts, sig = (lower.get(h) for h in (ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER))
+    if not (isinstance(msg_id, str) and isinstance(ts, str) and isinstance(sig, str)):
         raise WebhookVerificationError(
-            f"Durq-Timestamp is {current - sent:.0f}s away from now (tolerance {tolerance:g}s)"
+            "missing webhook-id, webhook-timestamp or webhook-signature header"
         )
-    secrets = [secret] if isinstance(secret, str) else list(secret)
-    given = [p.strip()[3:] for p in sig.split(",") if p.strip().startswith("v1=")]
-    expected = [_mac(s, ts, raw) for s in secrets if s]
+    if not msg_id or not ts or not sig:
+        raise WebhookVerificationError(
+            "missing webhook-id, webhook-timestamp or webhook-signature header"
+        )
+    if not (ts.isascii() and ts.isdigit()) or len(ts) > 12:
+        raise WebhookVerificationError("webhook-timestamp is not an integer")
+    sent = int(ts)
+    current = time.time() if now is None else now
+    if current - sent > tolerance:
+        raise WebhookVerificationError(
+            f"webhook-timestamp is {current - sent:.0f}s old (tolerance {tolerance:g}s)"
+        )
+    if sent - current > future_skew:
+        raise WebhookVerificationError(
+            f"webhook-timestamp is {sent - current:.0f}s in the future (skew {future_skew:g}s)"
+        )
+    secrets = [secret] if isinstance(secret, str | bytes) else list(secret)
+    given: list[bytes] = []
+    for part in sig.split(" "):
+        version, _, value = part.partition(",")
+        if version != "v1":
+            continue
+        try:
+            given.append(base64.b64decode(value.encode("ascii"), validate=True))
+        except (ValueError, binascii.Error):
+            continue  # a malformed signature is a wrong one
+    expected = [_mac(signing_key(s), msg_id, ts, raw) for s in secrets if s]
     # compare_digest for every pair: no early exit that would leak timing.
-    if not any(hmac.compare_digest(g, e) for g in given for e in expected):
+    if not any([hmac.compare_digest(g, e) for g in given for e in expected]):
         raise WebhookVerificationError("webhook signature does not match")
     try:
-        return json.loads(raw)
+        return codec.decode(raw)
     except ValueError:
         raise WebhookVerificationError("webhook body is not JSON") from None
 
@@ -294,6 +483,7 @@ def prepare(params: EnqueueParams, options: WebhookOptions = DEFAULT_OPTIONS) ->
     if url is None:
         return params
     check_url(url)
+    check_literal_host(url, options.allow)
     headers = {**params.headers, HEADER_OPTIONS: options.header()}
     return replace(params, headers=headers)
 
@@ -312,8 +502,14 @@ def install(
     timeout: float = 10.0,
     retry_delay: str | backoff.RetryDelay | None = None,
     retention: float = 86400.0,
+    allow: Iterable[str | Network] | str | None = None,
+    resolver: Resolver | None = None,
 ) -> bool:
     """Set ``app``'s delivery options and register the ``durq:webhook`` handler.
+
+    ``allow``: networks deliveries may reach although they are not public (default:
+    ``DURQ_WEBHOOK_ALLOW``, comma-separated); ``resolver``: name resolution for deliveries
+    (default: the system's).
 
     ``App(webhook_secret=...)`` calls this. The options (``queue``, ``max_retry``,
     ``timeout``, ``retention``) are always recorded: tasks this app enqueues carry them, and
@@ -327,7 +523,9 @@ def install(
         raise ConfigurationError(f"max_retry must be an integer >= 0, got {max_retry!r}")
     if timeout <= 0 or retention < 0:
         raise ConfigurationError("webhook timeout must be > 0 and retention >= 0")
-    app.webhook_options = WebhookOptions(queue, max_retry, float(timeout), float(retention))
+    networks = parse_allow(os.environ.get(ALLOW_ENV) if allow is None else allow)
+    options = WebhookOptions(queue, max_retry, float(timeout), float(retention), networks, resolver)
+    app.webhook_options = options
     key = resolve_secret(secret)
     if key is None:
         return False
@@ -341,22 +539,37 @@ def install(
     async def deliver(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
         url = check_url(payload.get("url"))
         body = codec.encode_result(payload.get("body")) or b"null"
-        event = payload.get("body", {}).get("event", "")
+        try:
+            address = await resolve_target(url, options.allow, options.resolver)
+        except WebhookRefusedError as exc:
+            raise SkipRetry(exc.message) from None  # a policy answer: retrying changes nothing
         headers = {
             "Content-Type": "application/json",
             "User-Agent": "durq-webhook",
-            DELIVERY_HEADER: ctx.id,
-            EVENT_HEADER: str(event),
-            **sign(body, key, app.clock.now()),
+            **sign(body, key, app.clock.now(), ctx.id),
         }
+        # Connect to the address that was checked (no second DNS answer), naming the host
+        # in Host and, for https, in SNI and the certificate check.
+        target = httpx.URL(url)
+        extensions: dict[str, Any] = {}
+        if target.scheme == "https":
+            extensions["sni_hostname"] = target.host
+        headers["Host"] = target.netloc.decode("ascii")
+        pinned = target.copy_with(host=str(address))
         try:
-            async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client:
-                response = await client.post(url, content=body, headers=headers)
+            async with httpx.AsyncClient(
+                timeout=timeout, follow_redirects=False, trust_env=False
+            ) as client:
+                response = await client.post(
+                    pinned, content=body, headers=headers, extensions=extensions
+                )
         except httpx.HTTPError as exc:
-            raise WebhookDeliveryError(f"POST {url}: {type(exc).__name__}: {exc}") from exc
+            log.debug("webhook %s: %s", ctx.id, type(exc).__name__)
+            raise WebhookDeliveryError() from None
         if 200 <= response.status_code < 300:
             return {"status": response.status_code}
-        raise WebhookDeliveryError(f"POST {url}: HTTP {response.status_code}")
+        log.debug("webhook %s: HTTP %s", ctx.id, response.status_code)
+        raise WebhookDeliveryError()
 
     app.task(
         TASK_TYPE,

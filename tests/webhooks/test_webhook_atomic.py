@@ -66,7 +66,7 @@ async def test_delivery_survives_a_worker_killed_right_after_the_handler(
     assert event["event"] == "task.completed" and event["result"] == {"n": 5}
     assert event["task"]["id"] == info.id and event["task"]["state"] == "completed"
     assert event["task"]["completed_at"] and event["task"]["enqueued_at"]
-    assert request[1]["Durq-Delivery"] == delivery_id
+    assert request[1]["webhook-id"] == delivery_id
 
 
 async def test_inspector_archive_and_cancel_deliver_an_archived_event(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import threading
 import time
 from collections.abc import Iterator
@@ -11,16 +12,21 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-SECRET = "whsec_test_0123456789"
+#: A Standard Webhooks secret: ``whsec_`` and the base64 of the key.
+SECRET = "whsec_" + base64.b64encode(b"durq-test-webhook-key-0123456789").decode()
+#: The receiver listens on loopback: deliveries there need the allow-list.
+LOOPBACK = "127.0.0.1/32"
 
 
 @dataclass
 class Receiver:
-    """Answers 500 to the first ``fail`` requests, then 200; records every request."""
+    """Answers 500 to the first ``fail`` requests, then ``status``; records every request."""
 
     fail: int = 0
+    status: int = 200
     requests: list[tuple[bytes, dict[str, str]]] = field(default_factory=list)
     url: str = ""
+    port: int = 0
     got: threading.Event = field(default_factory=threading.Event)
 
 
@@ -34,10 +40,10 @@ def serve_receiver() -> Iterator[Receiver]:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             state.requests.append((body, dict(self.headers.items())))
             failing = len(state.requests) <= state.fail
-            self.send_response(500 if failing else 200)
+            self.send_response(500 if failing else state.status)
             self.send_header("Content-Length", "0")
             self.end_headers()
-            if not failing:
+            if not failing and state.status < 300:
                 state.got.set()
 
         def log_message(self, format: str, *args: Any) -> None:
@@ -46,7 +52,8 @@ def serve_receiver() -> Iterator[Receiver]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/durq"
+    state.port = server.server_address[1]
+    state.url = f"http://127.0.0.1:{state.port}/hooks/durq"
     try:
         yield state
     finally:
