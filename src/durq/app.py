@@ -15,10 +15,17 @@ from durq import backoff, continuations, durations, webhooks
 from durq.brokers import FullBroker, open_broker, resolve_url
 from durq.brokers.base import CAP_CROSS_QUEUE_FOLLOW_UPS, EnqueueOutcome, EnqueueParams
 from durq.clock import SYSTEM_CLOCK, Clock
-from durq.codec import DEFAULT_MAX_PAYLOAD
+from durq.codec import DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_RESULT
 from durq.errors import ConfigurationError, ValidationError
 from durq.names import check_queue, check_type
-from durq.options import Duration, EnqueueRequest, Moment, TaskDefaults, build_params
+from durq.options import (
+    DEFAULT_MAX_HEADER_BYTES,
+    Duration,
+    EnqueueRequest,
+    Moment,
+    TaskDefaults,
+    build_params,
+)
 from durq.payloads import HandlerShape, inspect_handler, validate
 from durq.periodic import PeriodicEntry, PeriodicRegistry
 from durq.sync import SyncRunner
@@ -103,9 +110,22 @@ class App:
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         default_queue: str = "default",
         webhook_secret: str | None = None,
+        max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+        max_result: int = DEFAULT_MAX_RESULT,
     ) -> None:
+        for name, limit in (
+            ("max_payload", max_payload),
+            ("max_header_bytes", max_header_bytes),
+            ("max_result", max_result),
+        ):
+            if not isinstance(limit, int) or limit <= 0:
+                raise ConfigurationError(f"{name} must be a positive number of bytes")
         self.clock = clock
         self.max_payload = max_payload
+        #: Bound on the total size of the headers a caller gives one task.
+        self.max_header_bytes = max_header_bytes
+        #: Bound on a handler's encoded result; a larger one fails the attempt.
+        self.max_result = max_result
         self.default_queue = check_queue(default_queue)
         self.tasks: dict[str, TaskDef[Any, Any]] = {}
         self.header_hooks: list[HeaderHook] = []
@@ -286,6 +306,7 @@ class App:
             now=self.clock.now(),
             payload_json=payload,
             max_payload=self.max_payload,
+            max_header_bytes=self.max_header_bytes,
         )
         if self.header_hooks:
             headers = dict(params.headers)

@@ -11,6 +11,8 @@ from durq.errors import PayloadError
 
 #: Default largest encoded payload, in bytes.
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
+#: Default largest encoded result, in bytes.
+DEFAULT_MAX_RESULT = 1024 * 1024
 
 _encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 _canonical = json.JSONEncoder(
@@ -42,23 +44,28 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD) -> byt
     data = to_jsonable(payload if payload is not None else {})
     if not isinstance(data, dict):
         raise PayloadError(f"payload must be a JSON object, not {type(data).__name__}")
+    return _bounded(data, "payload", max_bytes)
+
+
+def _bounded(data: Any, what: str, max_bytes: int) -> bytes:
     try:
         raw = _encoder.encode(data).encode("utf-8")
+    except RecursionError:
+        # Nesting deeper than the interpreter's stack: bad input, not a passing failure.
+        raise PayloadError(f"{what} is nested too deeply") from None
     except (TypeError, ValueError) as exc:
-        raise PayloadError(f"payload is not JSON-serialisable: {exc}") from exc
+        raise PayloadError(f"{what} is not JSON-serialisable: {exc}") from exc
     if len(raw) > max_bytes:
-        raise PayloadError(f"payload is {len(raw)} bytes, over the limit of {max_bytes}")
+        raise PayloadError(f"{what} is {len(raw)} bytes, over the limit of {max_bytes}")
     return raw
 
 
-def encode_result(result: Any) -> bytes | None:
-    """Encode a handler's return value; ``None`` stores no result."""
+def encode_result(result: Any, *, max_bytes: int = DEFAULT_MAX_RESULT) -> bytes | None:
+    """Encode a handler's return value; ``None`` stores no result. PayloadError when it is
+    not JSON or larger than ``max_bytes``."""
     if result is None:
         return None
-    try:
-        return _encoder.encode(to_jsonable(result)).encode("utf-8")
-    except (TypeError, ValueError) as exc:
-        raise PayloadError(f"result is not JSON-serialisable: {exc}") from exc
+    return _bounded(to_jsonable(result), "result", max_bytes)
 
 
 def decode(raw: bytes | str | None) -> Any:
@@ -93,6 +100,9 @@ def canonical(data: Any) -> bytes:
 
 def unique_key(queue: str, task_type: str, payload: bytes) -> str:
     """The uniqueness key of E4: a digest of queue, type and canonical payload."""
-    body = canonical(decode(payload))
+    try:
+        body = canonical(decode(payload))
+    except (ValueError, RecursionError):
+        raise PayloadError("payload is nested too deeply to compare for uniqueness") from None
     digest = hashlib.sha256(b"\x00".join([queue.encode(), task_type.encode(), body]))
     return digest.hexdigest()

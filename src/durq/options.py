@@ -12,7 +12,19 @@ from typing import Any
 
 from durq import codec, durations, names
 from durq.brokers.base import EnqueueParams
+from durq.durations import MAX_DURATION
 from durq.errors import ValidationError
+
+#: The latest moment durq accepts (9999-01-01 UTC): every broker and ``datetime`` hold it.
+MAX_EPOCH = 253_370_764_800.0
+#: The most retries a task may ask for (what every broker's integer column holds).
+MAX_RETRY = 2**31 - 1
+#: The most headers a task may carry, and the default bound on their total size in bytes.
+MAX_HEADERS = 100
+DEFAULT_MAX_HEADER_BYTES = 16 * 1024
+MAX_HEADER_KEY = 200
+
+__all__ = ["MAX_DURATION", "MAX_EPOCH", "MAX_HEADERS", "MAX_RETRY"]
 
 Duration = float | int | timedelta | str
 Moment = datetime | float | int
@@ -80,18 +92,60 @@ os.register_at_fork(after_in_child=new_task_id.reset)
 
 
 def epoch(moment: Moment | None, what: str) -> float | None:
-    """A moment as epoch seconds; naive datetimes are taken as UTC."""
+    """A moment as epoch seconds; naive datetimes are taken as UTC. ValidationError for a
+    moment before 1970 or after :data:`MAX_EPOCH`."""
     if moment is None:
         return None
     if isinstance(moment, datetime):
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=UTC)
-        return moment.timestamp()
-    if isinstance(moment, int | float) and not isinstance(moment, bool):
-        if not math.isfinite(moment):
-            raise ValidationError(f"{what} must be a finite time, got {moment!r}")
-        return float(moment)
-    raise ValidationError(f"{what} must be a datetime or epoch seconds, got {moment!r}")
+        try:
+            value = moment.timestamp()
+        except (OverflowError, ValueError):
+            raise ValidationError(f"{what} is out of range") from None
+    elif isinstance(moment, int | float) and not isinstance(moment, bool):
+        try:
+            value = float(moment)
+        except OverflowError:
+            raise ValidationError(f"{what} is out of range") from None
+    else:
+        raise ValidationError(f"{what} must be a datetime or epoch seconds, got {moment!r:.60}")
+    if not (math.isfinite(value) and 0 <= value <= MAX_EPOCH):
+        raise ValidationError(f"{what} must be a time between 1970 and 9999, got {moment!r:.40}")
+    return value
+
+
+def check_max_retry(value: object) -> int:
+    """``value`` if it is an integer from 0 to :data:`MAX_RETRY`; ValidationError otherwise."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_RETRY:
+        shown = repr(value) if not isinstance(value, int) or value < 10**12 else "a huge number"
+        raise ValidationError(f"max_retry must be an integer from 0 to {MAX_RETRY}, got {shown}")
+    return value
+
+
+def check_headers(headers: Mapping[Any, Any], max_bytes: int) -> dict[str, str]:
+    """Headers as text, bounded: at most :data:`MAX_HEADERS`, ``max_bytes`` in all, keys of
+    printable characters, no NUL anywhere (a value no broker stores alike)."""
+    if len(headers) > MAX_HEADERS:
+        raise ValidationError(f"a task has at most {MAX_HEADERS} headers, got {len(headers)}")
+    out: dict[str, str] = {}
+    total = 0
+    for k, v in headers.items():
+        key, value = str(k), str(v)
+        if not key or len(key) > MAX_HEADER_KEY or not key.isprintable():
+            raise ValidationError(
+                f"header names are 1-{MAX_HEADER_KEY} printable characters, got {key!r:.60}"
+            )
+        if "\x00" in value:
+            raise ValidationError(f"header {key!r} must not contain NUL characters")
+        try:
+            total += len(key.encode()) + len(value.encode())
+        except UnicodeEncodeError:
+            raise ValidationError(f"header {key!r} is not valid text") from None
+        if total > max_bytes:
+            raise ValidationError(f"headers are over the limit of {max_bytes} bytes")
+        out[key] = value
+    return out
 
 
 def build_params(
@@ -101,6 +155,7 @@ def build_params(
     now: float,
     payload_json: Any,
     max_payload: int,
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
 ) -> EnqueueParams:
     """Validate every option at the edge and encode the payload."""
     queue = names.check_queue(defaults.queue if request.queue is None else request.queue)
@@ -111,12 +166,12 @@ def build_params(
     process_at = epoch(request.process_at, "process_at")
     delay = durations.seconds(request.process_in)
     if delay is not None and delay > 0:
-        process_at = now + delay
+        process_at = epoch(now + delay, "process_in")
     if process_at is not None and process_at <= now:
         process_at = None
-    max_retry = defaults.max_retry if request.max_retry is None else request.max_retry
-    if not isinstance(max_retry, int) or isinstance(max_retry, bool) or max_retry < 0:
-        raise ValidationError(f"max_retry must be an integer >= 0, got {max_retry!r}")
+    max_retry = check_max_retry(
+        defaults.max_retry if request.max_retry is None else request.max_retry
+    )
     timeout = durations.seconds(request.timeout)
     if timeout is None:
         timeout = defaults.timeout
@@ -127,7 +182,7 @@ def build_params(
     if unique is None:
         unique = defaults.unique
     payload = codec.encode_payload(payload_json, max_bytes=max_payload)
-    headers = {str(k): str(v) for k, v in request.headers.items()}
+    headers = check_headers(request.headers, max_header_bytes)
     return EnqueueParams(
         id=task_id,
         queue=queue,

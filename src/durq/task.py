@@ -11,6 +11,9 @@ from typing import Any
 from durq import codec
 from durq.states import TaskState
 
+#: Characters of payload and result a list shows per task.
+PREVIEW_CHARS = 200
+
 
 @dataclass(frozen=True)
 class TaskInfo:
@@ -59,8 +62,23 @@ class TaskInfo:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
 
+    def summary(self, preview: int = PREVIEW_CHARS) -> dict[str, Any]:
+        """JSON-ready form for lists: :meth:`to_dict` with the payload and result cut to a
+        preview of their JSON text (and their sizes), without headers. A page of tasks stays
+        small whatever the tasks hold; :meth:`to_dict` has the whole."""
+        data = self._fields(None, None)
+        for name in ("payload", "result", "headers"):
+            del data[name]
+        for name, raw in (("payload", self.raw_payload), ("result", self.raw_result)):
+            data[f"{name}_bytes"] = 0 if raw is None else len(raw)
+            text = None if raw is None else bytes(raw[: preview * 4]).decode("utf-8", "replace")
+            data[f"{name}_preview"] = None if text is None else text[:preview]
+        data["header_count"] = len(self.headers)
+        return data
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form, used by ``--json`` and the admin API."""
+        """JSON-ready form with everything the task holds, used by ``--json`` and the admin
+        API's task endpoint (lists use :meth:`summary`)."""
         try:
             payload: Any = self.payload
         except ValueError:
@@ -69,7 +87,9 @@ class TaskInfo:
             result: Any = self.result
         except ValueError:
             result = None
+        return self._fields(payload, result)
 
+    def _fields(self, payload: Any, result: Any) -> dict[str, Any]:
         def iso(dt: datetime | None) -> str | None:
             return dt.isoformat() if dt else None
 

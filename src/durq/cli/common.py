@@ -228,6 +228,10 @@ def parse_json_object(text: str | None, what: str = "--payload") -> dict[str, An
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageFailure(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    except RecursionError:
+        raise UsageFailure(f"{what} is nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        raise UsageFailure(f"{what} is not usable JSON: {exc}") from None
     if not isinstance(value, dict):
         raise UsageFailure(f"{what} must be a JSON object, got {type(value).__name__}")
     return value

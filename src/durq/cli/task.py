@@ -173,7 +173,7 @@ def ls_command(
 
     tasks = run(broker, body)
     if as_json:
-        print_json([t.to_dict() for t in tasks])
+        print_json([t.summary() for t in tasks])
     elif not tasks:
         console.print(f"no {wanted.value} tasks in queue {queue!r} (page {page})")
     else:

@@ -135,7 +135,7 @@ class AdminAPI:
                 "page": page,
                 "page_size": size,
                 "total": stats.sizes.get(state, 0),
-                "tasks": [t.to_dict() for t in tasks],
+                "tasks": [t.summary() for t in tasks],
             }
         )
 

@@ -191,7 +191,7 @@ class Executor:
                 result = await self._call(task_def, task)
             finally:
                 self._mark_settling(lease)
-            encoded = codec.encode_result(result)
+            encoded = codec.encode_result(result, max_bytes=self.app.max_result)
         except asyncio.CancelledError as exc:
             current = asyncio.current_task()
             if current is None or current.cancelling():
