@@ -88,3 +88,33 @@ def test_O3_text_format_appends_task_fields() -> None:
 def test_O3_unknown_format_is_refused() -> None:
     with pytest.raises(ValueError):
         setup_logging("INFO", "yaml")
+
+
+def _record(message: str, exc: BaseException | None = None, **extra: object) -> logging.LogRecord:
+    record = logging.LogRecord("durq.worker", logging.ERROR, __file__, 1, "%s", (message,), None)
+    if exc is not None:
+        record.exc_info = (type(exc), exc, exc.__traceback__)
+    for key, value in extra.items():
+        setattr(record, key, value)
+    return record
+
+
+def test_text_lines_cannot_be_forged_or_carry_terminal_escapes() -> None:
+    """A newline in an error (or a field) would forge a second log line; an ANSI escape
+    would rewrite the operator's terminal. The text format escapes both."""
+    from durq.observability.logging import TextFormatter
+
+    forged = "boom\n2027-01-15 09:00:00,000 INFO    durq.worker: task t1 completed"
+    ansi = "\x1b[2J\x1b[31mred\x1b[0m \u2028 \x85 \r"
+    try:
+        raise RuntimeError(forged)
+    except RuntimeError as exc:
+        caught = exc
+    text = TextFormatter().format(_record(forged + ansi, caught, task_id="t\n1\x1b"))
+    first, *rest = text.split("\n")
+    assert "\\n2027-01-15" in first and "\\x1b[2J" in first and "\\u2028" in first
+    assert "task_id=t\\n1\\x1b]" in first
+    assert "\x1b" not in text and "\r" not in text and "\u2028" not in text
+    # The traceback follows on indented lines: none of them can pass for a log line.
+    assert rest and all(line.startswith("  ") for line in rest), rest
+    assert any("RuntimeError: boom" in line for line in rest)

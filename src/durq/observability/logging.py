@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import sys
 import time
 from collections import Counter
@@ -24,19 +25,47 @@ _NOTHING = contextlib.nullcontext()
 TASK_FIELDS = ("task_id", "task_type", "queue", "attempt")
 
 
+#: Control characters (C0, DEL, C1) and the Unicode line separators.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character written as an escape (``\\n``, ``\\x1b``):
+    a message from a task or a request can neither start a forged log line nor send
+    escape sequences to the operator's terminal."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 class TextFormatter(logging.Formatter):
     """``time level logger message [task_id=… type=… queue=… attempt=…]``.
 
-    ``fields``: the ``extra=`` keys written out when present (a service adds its own)."""
+    ``fields``: the ``extra=`` keys written out when present (a service adds its own).
+    One record is one line (control characters escaped); a traceback follows on lines
+    indented by two spaces."""
 
     def __init__(self, fields: Sequence[str] = TASK_FIELDS) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
         self.fields = tuple(fields)
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        fields = [f"{k}={getattr(record, k)}" for k in self.fields if hasattr(record, k)]
-        return f"{line} [{' '.join(fields)}]" if fields else line
+        record.message = escape_controls(record.getMessage())
+        record.asctime = self.formatTime(record, self.datefmt)
+        line = escape_controls(self.formatMessage(record))
+        fields = [
+            f"{k}={escape_controls(str(getattr(record, k)))}"
+            for k in self.fields
+            if hasattr(record, k)
+        ]
+        if fields:
+            line = f"{line} [{' '.join(fields)}]"
+        extra = []
+        if record.exc_info:
+            extra.append(self.formatException(record.exc_info))
+        if record.stack_info:
+            extra.append(self.formatStack(record.stack_info))
+        for block in extra:
+            line += "".join(f"\n  {escape_controls(part)}" for part in block.split("\n"))
+        return line
 
 
 class JsonFormatter(logging.Formatter):
