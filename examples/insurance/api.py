@@ -25,8 +25,9 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 import durq
@@ -50,13 +51,20 @@ ITEMS_EXAMPLE = '{"items": [{"sku": "A-1", "qty": 2}]}'
 # -- the request and response bodies ---------------------------------------------------------
 
 
+def _integral(value: Any) -> Any:
+    """JSON Schema's integer includes ``137.0``; strings and booleans stay refused."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 class Item(BaseModel):
     """One line of the order."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     sku: str = Field(pattern=r"^[A-Z0-9][A-Z0-9-]{0,31}$", examples=["A-1"])
-    qty: int = Field(ge=1, le=1000)
+    qty: Annotated[int, BeforeValidator(_integral)] = Field(ge=1, le=1000)
 
 
 class OrderIn(BaseModel):
@@ -65,6 +73,41 @@ class OrderIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     items: list[Item] = Field(min_length=1, max_length=100)
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    details: list[dict[str, Any]] | None = None
+
+
+class ErrorOut(BaseModel):
+    """Every error answer: ``{"error": {"code", "message"[, "details"]}}``."""
+
+    error: ErrorDetail
+
+
+class QueuedOut(BaseModel):
+    """202: the order is saved and its coverage task queued."""
+
+    status: str
+    task_id: str
+    queue: str | None = None
+    order_id: str
+    process_at: str | None = None
+
+
+class AcceptedOut(BaseModel):
+    """200: this Idempotency-Key was already accepted; the same order."""
+
+    status: str
+    task_id: str
+    order_id: str
+    state: str | None = None
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorOut, "description": description}
 
 
 class OrderOut(BaseModel):
@@ -293,7 +336,8 @@ def create_app(settings: Settings | None = None, *, configure_logging: bool = Tr
         raw = b"".join(chunks)
         try:
             data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            # RecursionError: nesting deeper than the parser's stack is malformed input too.
             raise ApiError(400, "malformed_json", "the body is not valid JSON") from None
         try:
             return OrderIn.model_validate(data)
@@ -307,16 +351,22 @@ def create_app(settings: Settings | None = None, *, configure_logging: bool = Tr
     @api.post(
         "/orders",
         status_code=202,
+        response_model=QueuedOut,
         responses={
-            200: {"description": "already accepted (same Idempotency-Key)"},
-            401: {"description": "no or bad token"},
-            409: {"description": "Idempotency-Key reused with another body"},
-            503: {"description": "the task broker is unavailable; nothing saved"},
+            200: {"model": AcceptedOut, "description": "already accepted (same Idempotency-Key)"},
+            400: _error("malformed JSON, or a malformed Idempotency-Key"),
+            401: _error("no or bad token"),
+            409: _error("Idempotency-Key reused with another body"),
+            413: _error("the body is larger than the limit"),
+            422: _error("the order is not valid (details say where)"),
+            503: _error("the task broker is unavailable; nothing saved"),
         },
         openapi_extra={
             "requestBody": {
                 "required": True,
-                "content": {"application/json": {"schema": OrderIn.model_json_schema()}},
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/OrderIn"}}
+                },
             }
         },
     )
@@ -375,7 +425,15 @@ def create_app(settings: Settings | None = None, *, configure_logging: bool = Tr
         log.log(level, "order %s", created.answer.body.get("status", status), extra=fields)
         return to_response(created.answer)
 
-    @api.get("/orders/{order_id}", response_model=OrderOut, responses={404: {}})
+    @api.get(
+        "/orders/{order_id}",
+        response_model=OrderOut,
+        responses={
+            401: _error("no or bad token"),
+            404: _error("no such order (or not yours)"),
+            422: _error("the request is not valid"),
+        },
+    )
     async def get_order(order_id: str, who: Customer, durq_app: Client, rt: Rt) -> Any:
         """The order, for its owner only; anyone else gets 404 (an id is not a password)."""
         order = (
@@ -397,7 +455,7 @@ def create_app(settings: Settings | None = None, *, configure_logging: bool = Tr
             return HTMLResponse(index_html(body))
         return JSONResponse(body)
 
-    @api.get("/health")
+    @api.get("/health", responses={503: {"description": "the broker is unavailable"}})
     async def health(request: Request) -> JSONResponse:
         """Cached broker probe (never a business call) and the partners' breaker states."""
         verdict, cached = await probe.check()
@@ -443,4 +501,22 @@ def create_app(settings: Settings | None = None, *, configure_logging: bool = Tr
         body = error_body("invalid_request", "the request is not valid", _validation_details(exc))
         return JSONResponse(body, status_code=422)
 
+    def openapi() -> dict[str, Any]:
+        """FastAPI's document, plus the order body's schemas (the body is read by hand,
+        for its size limit, so FastAPI does not see the model)."""
+        if api.openapi_schema is None:
+            doc = get_openapi(
+                title=api.title,
+                version=api.version,
+                description=api.description,
+                routes=api.routes,
+            )
+            body = OrderIn.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(body.pop("$defs", {}))
+            schemas["OrderIn"] = body
+            api.openapi_schema = doc
+        return api.openapi_schema
+
+    api.openapi = openapi  # type: ignore[method-assign]
     return api

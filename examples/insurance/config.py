@@ -203,5 +203,7 @@ def default_database_url(broker_url: str) -> str:
         query = {k: v[-1] for k, v in parse_qs(parts.query).items() if k != "schema"}
         return urlunsplit(parts._replace(query=urlencode(query)))
     if parts.scheme == "sqlite":
-        return urlunsplit(parts._replace(query=""))  # the broker's own file
+        # The broker's own file. Cut the query by hand: urlunsplit would turn the absolute
+        # "sqlite:////tmp/x.db" into the relative "sqlite://tmp/x.db".
+        return broker_url.split("?", 1)[0]
     return "sqlite:///insurance.sqlite3"

@@ -12,6 +12,9 @@ TASK_ID_MAX = 200
 # patterns, shells or URLs.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
 _TASK_ID = re.compile(r"^[A-Za-z0-9_.:\-@+=/]+$")
+#: The patterns, for documents that describe valid names (the admin API's OpenAPI).
+NAME_PATTERN = _NAME.pattern
+TASK_ID_PATTERN = _TASK_ID.pattern
 
 
 def check_queue(name: str) -> str:

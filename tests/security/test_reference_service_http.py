@@ -94,3 +94,59 @@ def test_authenticated_owner_sees_json_only(svc: Service) -> None:
     assert status.status_code == 200
     assert status.headers["content-type"].startswith("application/json")
     assert ALICE not in status.text  # the token never echoes back
+
+
+def test_deeply_nested_json_is_400_not_500(svc: Service) -> None:
+    for body in (b"[" * 30_000, b'{"items": ' + b"[" * 5_000 + b"]" * 5_000 + b"}"):
+        r = svc.alice.post("/orders", content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code in (400, 413), r.status_code
+        assert r.json()["error"]["code"] in ("malformed_json", "body_too_large")
+    r = svc.alice.post("/orders", content=b"[" * 30_000)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "malformed_json"
+
+
+def test_quantities_follow_the_json_schema_integer(svc: Service) -> None:
+    """JSON Schema's integer includes 137.0; strings and booleans are not integers."""
+    r = svc.alice.post("/orders", json={"items": [{"sku": "A-1", "qty": 137.0}]})
+    assert r.status_code == 202, r.text
+    assert svc.alice.get(r.headers["Location"]).json()["items"] == [{"sku": "A-1", "qty": 137}]
+    for qty in ("137", True, 1.5, 137.5):
+        r = svc.alice.post("/orders", json={"items": [{"sku": "A-1", "qty": qty}]})
+        assert r.status_code == 422, (qty, r.text)
+
+
+def _refs(node: object) -> list[str]:
+    if isinstance(node, dict):
+        return [v for k, v in node.items() if k == "$ref"] + [
+            r for v in node.values() for r in _refs(v)
+        ]
+    if isinstance(node, list):
+        return [r for v in node for r in _refs(v)]
+    return []
+
+
+def test_the_openapi_document_resolves_and_documents_every_answer(svc: Service) -> None:
+    doc = svc.anon.get("/openapi.json").json()
+    for ref in _refs(doc):
+        assert ref.startswith("#/"), ref
+        node = doc
+        for part in ref[2:].split("/"):
+            assert part in node, f"{ref} does not resolve"
+            node = node[part]
+    post = doc["paths"]["/orders"]["post"]["responses"]
+    assert {"200", "202", "400", "401", "409", "413", "422", "503"} <= set(post)
+    get = doc["paths"]["/orders/{order_id}"]["get"]["responses"]
+    assert {"200", "401", "404"} <= set(get)
+
+
+def test_schemathesis_with_every_check_finds_nothing(svc: Service, tmp_path) -> None:
+    """The reference service against its own document, every schemathesis check."""
+    from fuzzkit import schemathesis_run
+
+    run = schemathesis_run(
+        f"{svc.server.url}/openapi.json",
+        headers={"Authorization": f"Bearer {ALICE}"},
+        max_examples=20,
+        workdir=tmp_path,
+    )
+    assert run.generated >= 100 and run.passed == run.generated

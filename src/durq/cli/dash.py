@@ -57,12 +57,40 @@ def dash_command(
         ),
     ] = False,
     log_level: Annotated[str, typer.Option("--log-level", help="Log level.")] = "INFO",
+    cookie_secure: Annotated[
+        bool,
+        typer.Option(
+            "--cookie-secure",
+            help="Mark cookies Secure even over http (behind a TLS proxy) [default: only "
+            "for https requests]",
+        ),
+    ] = False,
+    forwarded_allow_ips: Annotated[
+        str | None,
+        typer.Option(
+            "--forwarded-allow-ips",
+            envvar="DURQ_DASH_FORWARDED_ALLOW_IPS",
+            help="Comma-separated addresses of proxies whose X-Forwarded-For/-Proto are "
+            "believed [default: none]",
+            show_default=False,
+        ),
+    ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host",
+            help="A host name the dashboard answers to (repeatable; .example.com for a "
+            "domain) [default: its address, IP addresses and localhost]",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve the dashboard and the admin HTTP API."""
     try:
         import uvicorn
 
-        from durq.dashboard import create_dashboard, generate_token
+        from durq.dashboard import DashboardSettings, create_dashboard, generate_token
+        from durq.dashboard.server import server_config
     except ImportError as exc:
         raise UsageFailure(
             f"durq dash needs the web extra (pip install 'durq[web]'): {exc}"
@@ -77,8 +105,13 @@ def dash_command(
     if not insecure_no_auth and not token:
         token = generate_token()
         generated = True
+    settings = DashboardSettings(
+        read_only=read_only,
+        cookie_secure=True if cookie_secure else None,
+        allowed_hosts=tuple(allowed_host or ()),
+    )
     dashboard = create_dashboard(
-        app, token=token, insecure_no_auth=insecure_no_auth, read_only=read_only
+        app, token=token, insecure_no_auth=insecure_no_auth, settings=settings
     )
     shown_host = f"[{host}]" if ":" in host else host
     url = f"http://{shown_host}:{port}/"
@@ -96,14 +129,12 @@ def dash_command(
         lines.append("read-only: actions are disabled")
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()
-    config = uvicorn.Config(
+    config = server_config(
         dashboard,
         host=host,
         port=port,
-        log_level=log_level.lower(),
-        lifespan="on",
-        server_header=False,
-        proxy_headers=False,
+        log_level=log_level,
+        forwarded_allow_ips=forwarded_allow_ips,
     )
     uvicorn.Server(config).run()
 

@@ -1,19 +1,28 @@
-"""The admin HTTP API: JSON over the inspector, described by :mod:`.openapi`."""
+"""The admin HTTP API: JSON over the inspector.
+
+Each endpoint is a FastAPI route with typed parameters and a pydantic response model
+(:mod:`.models`); the OpenAPI document is generated from these routes, so it cannot drift
+from what the handlers accept and answer. The routes run inside the dashboard's Starlette app
+(behind its authentication and CSRF guard)."""
 
 from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+from fastapi import Path, Query
+from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from durq.brokers.base import QueueStats, WorkerInfo
-from durq.dashboard.openapi import openapi_document
+from durq.dashboard import models
 from durq.errors import ValidationError
 from durq.inspector import parse_state
+from durq.names import NAME_MAX, NAME_PATTERN, TASK_ID_MAX, TASK_ID_PATTERN
 from durq.states import TaskState
 
 if TYPE_CHECKING:
@@ -22,6 +31,40 @@ if TYPE_CHECKING:
 DEFAULT_PAGE_SIZE = 20
 MAX_PAGE_SIZE = 200
 MAX_PAGE = 100_000
+#: Task actions: ``POST .../tasks/{id}/<action>``.
+ACTIONS = ("run", "archive", "cancel")
+
+QueueName = Annotated[
+    str,
+    Path(
+        pattern=NAME_PATTERN,
+        min_length=1,
+        max_length=NAME_MAX,
+        description="A queue",
+        examples=["default"],
+    ),
+]
+# In a path an id is one segment: the document leaves "/" out (such ids work unescaped,
+# except ids ending in /run, /archive or /cancel, which name the actions).
+TaskId = Annotated[
+    str,
+    Path(
+        description="A task id",
+        examples=["t0"],
+        json_schema_extra={
+            "pattern": TASK_ID_PATTERN.replace("/", ""),
+            "minLength": 1,
+            "maxLength": TASK_ID_MAX,
+        },
+    ),
+]
+OptionalState = Annotated[
+    models.State | None,  # type: ignore[valid-type]
+    Query(description="Task state [default: pending]"),
+]
+RequiredState = Annotated[models.State, Query(description="Task state")]  # type: ignore[valid-type]
+Page = Annotated[int, Query(ge=1, le=MAX_PAGE)]
+PageSize = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)]
 
 
 def iso(ts: float | None) -> str | None:
@@ -54,19 +97,25 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
 
 
 def paging(request: Request) -> tuple[int, int]:
-    """``(page, page_size)`` from the query string, validated."""
+    """``(page, page_size)`` from the query string, validated (for the HTML pages)."""
     page = _int_param(request, "page", 1, 1, MAX_PAGE)
     size = _int_param(request, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
     return page, size
 
 
-def state_param(request: Request, default: TaskState | None) -> TaskState:
-    raw = request.query_params.get("state")
-    if raw is None or raw == "":
-        if default is None:
-            raise ValidationError("the state query parameter is required")
-        return default
-    return parse_state(raw)
+def _error(description: str) -> dict[str, Any]:
+    return {"model": models.Error, "description": description}
+
+
+COMMON: dict[int | str, dict[str, Any]] = {
+    400: _error("Invalid name, state or paging parameter"),
+    401: _error("Missing or wrong bearer token"),
+    429: _error("Too many failed authentications from this client"),
+    503: _error("The broker cannot be reached"),
+}
+NOT_FOUND = {404: _error("Unknown queue or task")}
+MUTATION = {**COMMON, 403: _error("Read-only mode, or CSRF check failed (cookie sessions)")}
+CONFLICT = {409: _error("The task's state does not allow this")}
 
 
 class AdminAPI:
@@ -75,94 +124,190 @@ class AdminAPI:
     def __init__(self, dash: Dashboard) -> None:
         self.dash = dash
         self.inspector = dash.app.inspector
+        self._routes: list[APIRoute] | None = None
+        self._document: dict[str, Any] | None = None
 
-    def routes(self) -> list[Route]:
-        p = "/api/queues/{queue}"
-        t = p + "/tasks/{task_id:path}"
-        return [
-            Route("/api/openapi.json", self.openapi, methods=["GET"]),
-            Route("/api/queues", self.list_queues, methods=["GET"]),
-            Route(p, self.get_queue, methods=["GET"]),
-            Route(p + "/pause", self.pause, methods=["POST"]),
-            Route(p + "/unpause", self.unpause, methods=["POST"]),
-            Route(p + "/tasks", self.list_tasks, methods=["GET"]),
-            Route(p + "/tasks:run_all", self.run_all, methods=["POST"]),
-            Route(p + "/tasks:delete_all", self.delete_all, methods=["POST"]),
-            Route(p + "/history", self.queue_history, methods=["GET"]),
-            # Action routes first: an id may contain "/", and ".../x/run" is an action on x.
-            Route(t + "/run", self.task_action("run"), methods=["POST"]),
-            Route(t + "/archive", self.task_action("archive"), methods=["POST"]),
-            Route(t + "/cancel", self.task_action("cancel"), methods=["POST"]),
-            Route(t, self.get_task, methods=["GET"]),
-            Route(t, self.delete_task, methods=["DELETE"]),
-            Route("/api/workers", self.list_workers, methods=["GET"]),
-            Route("/api/history", self.history, methods=["GET"]),
+    # -- the routes and their document ------------------------------------------------------
+
+    def routes(self) -> list[APIRoute]:
+        """The API's routes (documented ones; the document itself is served too)."""
+        if self._routes is None:
+            self._routes = self._build_routes()
+        return [*self._routes, APIRoute("/api/openapi.json", self.openapi, methods=["GET"])]
+
+    def _build_routes(self) -> list[APIRoute]:
+        q = "/api/queues/{queue}"
+        t = q + "/tasks/{task_id:path}"
+
+        def route(path: str, endpoint: Any, method: str, summary: str, **kw: Any) -> APIRoute:
+            return APIRoute(
+                path,
+                endpoint,
+                methods=[method],
+                summary=summary,
+                response_model_exclude_unset=False,
+                **kw,
+            )
+
+        routes = [
+            route("/api/queues", self.list_queues, "GET", "Every queue", responses=COMMON),
+            route(q, self.get_queue, "GET", "One queue", responses={**COMMON, **NOT_FOUND}),
+            route(
+                q + "/pause",
+                self.pause,
+                "POST",
+                "Pause a queue",
+                responses={**MUTATION, **NOT_FOUND},
+            ),
+            route(
+                q + "/unpause",
+                self.unpause,
+                "POST",
+                "Resume a queue",
+                responses={**MUTATION, **NOT_FOUND},
+            ),
+            route(
+                q + "/tasks",
+                self.list_tasks,
+                "GET",
+                "Tasks of a queue in one state, a page at a time, with previews of payloads "
+                "and results",
+                responses={**COMMON, **NOT_FOUND},
+            ),
+            route(
+                q + "/tasks:run_all",
+                self.run_all,
+                "POST",
+                "Run every scheduled, retry or archived task of the state now",
+                responses={**MUTATION, **NOT_FOUND, **CONFLICT},
+            ),
+            route(
+                q + "/tasks:delete_all",
+                self.delete_all,
+                "POST",
+                "Delete every task of the state (not active)",
+                responses={**MUTATION, **NOT_FOUND, **CONFLICT},
+            ),
+            route(
+                q + "/history",
+                self.queue_history,
+                "GET",
+                "Throughput and failures of one queue over the last hour",
+                responses={**COMMON, **NOT_FOUND},
+            ),
+            # Action routes first: ".../x/run" is the action on x.
+            *[
+                route(
+                    f"{t}/{action}",
+                    self.task_action(action),
+                    "POST",
+                    f"{action.capitalize()} a task",
+                    responses={**MUTATION, **NOT_FOUND, **CONFLICT},
+                )
+                for action in ACTIONS
+            ],
+            route(t, self.get_task, "GET", "One task, whole", responses={**COMMON, **NOT_FOUND}),
+            route(
+                t,
+                self.delete_task,
+                "DELETE",
+                "Delete a task that is not active",
+                status_code=204,
+                response_class=Response,
+                responses={**MUTATION, **NOT_FOUND, **CONFLICT},
+            ),
+            route("/api/workers", self.list_workers, "GET", "Live workers", responses=COMMON),
+            route(
+                "/api/history",
+                self.history,
+                "GET",
+                "Throughput and failures of all queues over the last hour",
+                responses=COMMON,
+            ),
         ]
+        return routes
+
+    def document(self, root_path: str = "") -> dict[str, Any]:
+        """The OpenAPI document, generated from the routes."""
+        if self._document is None:
+            self._routes = self._routes or self._build_routes()
+            doc = get_openapi(
+                title="durq admin API",
+                version="1",
+                openapi_version="3.1.0",
+                description="Queues, tasks and workers of a durq broker. Authenticate with "
+                "`Authorization: Bearer <token>`.",
+                routes=self._routes,
+            )
+            doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            doc["security"] = [{"bearer": []}]
+            self._document = doc
+        return {**self._document, "servers": [{"url": root_path or "/"}]}
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi_document(request.scope.get("root_path", "")))
+        return JSONResponse(self.document(request.scope.get("root_path", "")))
 
-    async def list_queues(self, request: Request) -> Response:
+    # -- endpoints --------------------------------------------------------------------------
+
+    async def list_queues(self) -> models.QueueList:
         queues = await self.inspector.list_queues()
-        return JSONResponse({"queues": [queue_json(q) for q in queues]})
+        return models.QueueList.model_validate({"queues": [queue_json(q) for q in queues]})
 
-    async def get_queue(self, request: Request) -> Response:
-        stats = await self.inspector.queue_stats(request.path_params["queue"])
-        return JSONResponse(queue_json(stats))
+    async def get_queue(self, queue: QueueName) -> models.Queue:
+        return models.Queue.model_validate(queue_json(await self.inspector.queue_stats(queue)))
 
-    async def pause(self, request: Request) -> Response:
-        queue = request.path_params["queue"]
+    async def pause(self, queue: QueueName) -> models.Queue:
         await self.inspector.queue_stats(queue)  # 404 for an unknown queue
         await self.inspector.pause_queue(queue)
-        return JSONResponse(queue_json(await self.inspector.queue_stats(queue)))
+        return await self.get_queue(queue)
 
-    async def unpause(self, request: Request) -> Response:
-        queue = request.path_params["queue"]
+    async def unpause(self, queue: QueueName) -> models.Queue:
         await self.inspector.queue_stats(queue)
         await self.inspector.unpause_queue(queue)
-        return JSONResponse(queue_json(await self.inspector.queue_stats(queue)))
+        return await self.get_queue(queue)
 
-    async def list_tasks(self, request: Request) -> Response:
-        queue = request.path_params["queue"]
-        state = state_param(request, TaskState.PENDING)
-        page, size = paging(request)
+    async def list_tasks(
+        self,
+        queue: QueueName,
+        state: OptionalState = None,
+        page: Page = 1,
+        page_size: PageSize = DEFAULT_PAGE_SIZE,
+    ) -> models.TaskPage:
+        wanted = parse_state(state.value) if state is not None else TaskState.PENDING
         stats = await self.inspector.queue_stats(queue)
-        tasks = await self.inspector.list_tasks(queue, state, limit=size, offset=(page - 1) * size)
-        return JSONResponse(
+        offset = (page - 1) * page_size
+        tasks = await self.inspector.list_tasks(queue, wanted, limit=page_size, offset=offset)
+        return models.TaskPage.model_validate(
             {
                 "queue": queue,
-                "state": state.value,
+                "state": wanted.value,
                 "page": page,
-                "page_size": size,
-                "total": stats.sizes.get(state, 0),
+                "page_size": page_size,
+                "total": stats.sizes.get(wanted, 0),
                 "tasks": [t.summary() for t in tasks],
             }
         )
 
-    async def run_all(self, request: Request) -> Response:
-        queue = request.path_params["queue"]
-        state = state_param(request, None)
+    async def run_all(self, queue: QueueName, state: RequiredState) -> models.BulkResult:
+        wanted = parse_state(state.value)
         await self.inspector.queue_stats(queue)
-        count = await self.inspector.run_all(queue, state)
-        return JSONResponse({"queue": queue, "state": state.value, "count": count})
+        count = await self.inspector.run_all(queue, wanted)
+        return models.BulkResult(queue=queue, state=state, count=count)
 
-    async def delete_all(self, request: Request) -> Response:
-        queue = request.path_params["queue"]
-        state = state_param(request, None)
+    async def delete_all(self, queue: QueueName, state: RequiredState) -> models.BulkResult:
+        wanted = parse_state(state.value)
         await self.inspector.queue_stats(queue)
-        count = await self.inspector.delete_all(queue, state)
-        return JSONResponse({"queue": queue, "state": state.value, "count": count})
+        count = await self.inspector.delete_all(queue, wanted)
+        return models.BulkResult(queue=queue, state=state, count=count)
 
-    async def get_task(self, request: Request) -> Response:
-        info = await self.inspector.get_task_info(
-            request.path_params["queue"], request.path_params["task_id"]
-        )
-        return JSONResponse(info.to_dict())
+    async def get_task(self, queue: QueueName, task_id: TaskId) -> models.Task:
+        _not_an_action(task_id)
+        info = await self.inspector.get_task_info(queue, task_id)
+        return models.Task.model_validate(info.to_dict())
 
-    async def delete_task(self, request: Request) -> Response:
-        await self.inspector.delete_task(
-            request.path_params["queue"], request.path_params["task_id"]
-        )
+    async def delete_task(self, queue: QueueName, task_id: TaskId) -> Response:
+        _not_an_action(task_id)
+        await self.inspector.delete_task(queue, task_id)
         return Response(status_code=204)
 
     def task_action(self, action: str) -> Any:
@@ -172,20 +317,26 @@ class AdminAPI:
             "cancel": self.inspector.cancel_task,
         }[action]
 
-        async def endpoint(request: Request) -> Response:
-            info = await method(request.path_params["queue"], request.path_params["task_id"])
-            return JSONResponse(info.to_dict())
+        async def endpoint(queue: QueueName, task_id: TaskId) -> models.Task:
+            info = await method(queue, task_id)
+            return models.Task.model_validate(info.to_dict())
 
+        endpoint.__name__ = f"{action}_task"
         return endpoint
 
-    async def list_workers(self, request: Request) -> Response:
+    async def list_workers(self) -> models.WorkerList:
         workers = await self.inspector.list_workers()
-        return JSONResponse({"workers": [worker_json(w) for w in workers]})
+        return models.WorkerList.model_validate({"workers": [worker_json(w) for w in workers]})
 
-    async def history(self, request: Request) -> Response:
-        return JSONResponse(self.dash.history.series())
+    async def history(self) -> models.History:
+        return models.History.model_validate(self.dash.history.series())
 
-    async def queue_history(self, request: Request) -> Response:
-        queue = request.path_params["queue"]
+    async def queue_history(self, queue: QueueName) -> models.History:
         await self.inspector.queue_stats(queue)
-        return JSONResponse(self.dash.history.series(queue))
+        return models.History.model_validate(self.dash.history.series(queue))
+
+
+def _not_an_action(task_id: str) -> None:
+    """``GET .../tasks/x/run`` is the wrong method for an action, not a task ``x/run``."""
+    if task_id.rpartition("/")[2] in ACTIONS and "/" in task_id:
+        raise HTTPException(405, "this action takes POST")

@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from starlette.applications import Starlette
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import Match, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from durq.dashboard import security
@@ -63,6 +65,14 @@ class DashboardSettings:
     cookie_secure: bool | None = None
     history_interval: float = 10.0
     refresh_seconds: float = 5.0
+    #: Host names the dashboard answers to besides its own address, IP addresses and
+    #: ``localhost`` (``.example.com``: the domain and its subdomains; ``*``: any).
+    allowed_hosts: tuple[str, ...] = ()
+    #: How long a browser session lasts (logout ends it sooner).
+    session_seconds: float = 3600.0
+    #: Failed authentications a client may make per ``auth_failure_window`` seconds.
+    auth_failure_limit: int = 10
+    auth_failure_window: float = 60.0
 
 
 def route_path(scope: Scope) -> str:
@@ -107,6 +117,11 @@ class Dashboard:
         self.auth = auth
         self.settings = settings
         self.history = History(app, interval=settings.history_interval)
+        self.limiter = security.FailureLimiter(
+            settings.auth_failure_limit, settings.auth_failure_window
+        )
+        #: The routes of the app (set by :func:`create_dashboard`), for truthful ``Allow``.
+        self.routes: list[Any] = []
         self.api = AdminAPI(self)
         self.views = Views(self)
         self._metrics: Any = None
@@ -127,14 +142,39 @@ class Dashboard:
             return JSONResponse(error_body(code, exc.message), status, headers=headers)
         return self.views.error_page(request, status, exc.message, headers=headers)
 
+    def allowed_methods(self, scope: Scope) -> str:
+        """The methods of the path as routing reads it: those of the first route template
+        that matches (several routes may share a template, one per method)."""
+        template: str | None = None
+        methods: set[str] = set()
+        for route in self.routes:
+            match, _ = route.matches(scope)
+            path = getattr(route, "path", None)
+            if match is Match.NONE or (template is not None and path != template):
+                continue
+            template = path
+            methods |= set(getattr(route, "methods", None) or ())
+        return ", ".join(sorted(methods))
+
     async def on_http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         message = exc.detail or "error"
-        headers = dict(exc.headers or {})
+        headers = {k.lower(): v for k, v in (exc.headers or {}).items()}
+        if exc.status_code == 405:
+            headers["allow"] = self.allowed_methods(request.scope)
         if self.is_api(request):
             code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
             return JSONResponse(error_body(code, message), exc.status_code, headers=headers)
         return self.views.error_page(request, exc.status_code, message, headers=headers)
+
+    async def on_invalid_request(self, request: Request, exc: Exception) -> Response:
+        # A parameter the API's document restricts (name pattern, state, paging).
+        assert isinstance(exc, RequestValidationError)
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+            for e in exc.errors()
+        )
+        return JSONResponse(error_body("bad_request", problems[:500] or "invalid request"), 400)
 
     async def on_value_error(self, request: Request, exc: Exception) -> Response:
         # Malformed input that reached a parser (a bad form body, a broken cookie).
@@ -224,7 +264,26 @@ class Guard:
                 message["headers"] = headers
             await send(message)
 
+        if not security.host_allowed(
+            request.headers.get("host", ""), scope.get("server"), dash.settings.allowed_hosts
+        ):
+            # DNS rebinding: a page of another site whose name now points at this address.
+            message = "this dashboard does not answer to that Host (see allowed_hosts)"
+            response: Response = JSONResponse(error_body("bad_host", message), 400)
+            await response(scope, receive, send_with_headers)
+            return
         public = path == "/login" or path.startswith("/static/")
+        client = security.client_of(scope)
+        attempts = "authorization" in request.headers or (path == "/login" and method == "POST")
+        wait = dash.limiter.retry_after(client, time.monotonic()) if attempts else None
+        if wait is not None:
+            response = JSONResponse(
+                error_body("too_many_failures", "too many failed authentications: wait"),
+                429,
+                headers={"retry-after": str(int(wait) + 1)},
+            )
+            await response(scope, receive, send_with_headers)
+            return
         kind: str | None = "insecure"
         if dash.auth.enabled:
             if dash.auth.bearer(request):
@@ -233,6 +292,8 @@ class Guard:
                 kind = "session"
             else:
                 kind = None
+                if "authorization" in request.headers:
+                    dash.limiter.failed(client, time.monotonic())
         state["durq_auth"] = kind
         if kind is None and not public:
             response = self.refuse(request, path, method, is_api)
@@ -310,10 +371,11 @@ def create_dashboard(
         settings = DashboardSettings(read_only=read_only)
     elif read_only:
         settings = DashboardSettings(**{**settings.__dict__, "read_only": True})
-    dash = Dashboard(app, security.Auth.create(token, secret_key), settings)
+    auth = security.Auth.create(token, secret_key, settings.session_seconds)
+    dash = Dashboard(app, auth, settings)
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+    async def lifespan(_: Any) -> AsyncIterator[None]:
         dash.history.ensure_running()
         try:
             yield
@@ -327,12 +389,19 @@ def create_dashboard(
         Route("/metrics", dash.metrics, methods=["GET"]),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    starlette = Starlette(
+    dash.routes = routes
+    # FastAPI (a Starlette app) because the API's routes are FastAPI routes; its own
+    # document and docs pages are off: the API's document is served by the API itself.
+    starlette = FastAPI(
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
         routes=routes,
         lifespan=lifespan,
         exception_handlers={
             DurqError: dash.on_durq_error,
             HTTPException: dash.on_http_error,
+            RequestValidationError: dash.on_invalid_request,
             ValueError: dash.on_value_error,
         },
     )

@@ -12,10 +12,14 @@
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
+import ipaddress
 import secrets
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
@@ -69,10 +73,17 @@ class Auth:
 
     token: str | None
     key: bytes
-    session_seconds: float = 12 * 3600
+    session_seconds: float = 3600
+    #: Session ids logged out before they expire (id -> expiry), this process.
+    revoked: dict[str, float] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def create(cls, token: str | None, secret_key: str | bytes | None = None) -> Auth:
+    def create(
+        cls,
+        token: str | None,
+        secret_key: str | bytes | None = None,
+        session_seconds: float = 3600,
+    ) -> Auth:
         """Sessions are signed with ``secret_key``, else with a key derived from the token
         (so several processes with the same token accept each other's cookies), else with a
         random key (insecure mode)."""
@@ -84,7 +95,7 @@ class Auth:
             key = hashlib.sha256(b"durq-dashboard-session:" + token.encode()).digest()
         else:
             key = secrets.token_bytes(32)
-        return cls(token=token, key=key)
+        return cls(token=token, key=key, session_seconds=session_seconds)
 
     @property
     def enabled(self) -> bool:
@@ -105,19 +116,44 @@ class Auth:
         return hmac.new(self.key, message.encode(), hashlib.sha256).hexdigest()
 
     def new_session(self, now: float) -> str:
-        """A session cookie value valid for ``session_seconds``."""
+        """A session cookie value valid for ``session_seconds``: expiry, a random session
+        id (so one session can be revoked) and the signature of both."""
         expires = int(now + self.session_seconds)
-        return f"{expires}.{self._sign(f'session:{expires}')}"
+        sid = secrets.token_urlsafe(12)
+        return f"{expires}.{sid}.{self._sign(f'session:{expires}:{sid}')}"
+
+    def _valid_session(self, value: str, now: float) -> tuple[str, int] | None:
+        expires, _, rest = value.partition(".")
+        sid, _, sig = rest.partition(".")
+        if not (expires.isascii() and expires.isdigit() and len(expires) < 16) or not sig:
+            return None
+        if not same_secret(sig, self._sign(f"session:{expires}:{sid}")):
+            return None
+        if int(expires) <= now or sid in self.revoked:
+            return None
+        return sid, int(expires)
 
     def session(self, request: Request, now: float) -> bool:
-        """``True`` when the request carries a valid, unexpired session cookie."""
-        value = request.cookies.get(SESSION_COOKIE, "")
-        expires, _, sig = value.partition(".")
-        if not (expires.isascii() and expires.isdigit()) or not sig:
-            return False
-        if not same_secret(sig, self._sign(f"session:{expires}")):
-            return False
-        return int(expires) > now
+        """``True`` when the request carries a valid, unexpired, not revoked session."""
+        return self._valid_session(request.cookies.get(SESSION_COOKIE, ""), now) is not None
+
+    def revoke(self, request: Request, now: float) -> None:
+        """Log the request's session out: its cookie is refused from now on, even if a copy
+        of it was kept. (Several dashboard processes: change ``secret_key`` to end every
+        session at once.)"""
+        found = self._valid_session(request.cookies.get(SESSION_COOKIE, ""), now)
+        for sid, expires in list(self.revoked.items()):
+            if expires <= now:
+                del self.revoked[sid]  # expired anyway: no need to remember it
+        if found is not None:
+            self.revoked[found[0]] = found[1]
+
+    def sign_notice(self, text: str) -> str:
+        """The signature that marks a notice as issued by this server."""
+        return self._sign(f"notice:{text}")[:32]
+
+    def notice_ok(self, text: str, signature: str) -> bool:
+        return same_secret(signature, self.sign_notice(text))
 
     def csrf_token(self, csrf_cookie: str) -> str:
         """The token forms must echo for this browser's CSRF cookie."""
@@ -149,3 +185,84 @@ def same_origin(request: Request) -> bool:
 
 def new_csrf_cookie() -> str:
     return secrets.token_urlsafe(18)
+
+
+def client_of(scope: Mapping[str, Any]) -> str:
+    """The client's address (as the server saw it, or as a trusted proxy reported it)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+def host_allowed(host_header: str, server: tuple[str, int] | None, allowed: Iterable[str]) -> bool:
+    """Whether the ``Host`` header names this server, the defence against DNS rebinding (a
+    page of another site that resolves its own name to this address).
+
+    Accepted: the address the server is bound to, any IP address (a rebinding attack needs a
+    name), ``localhost``, and the names in ``allowed`` (``.example.com`` for a domain and
+    its subdomains, ``*`` for any host)."""
+    allowed = list(allowed)
+    if "*" in allowed:
+        return True
+    try:
+        parts = urlsplit(f"//{host_header}")
+        name = (parts.hostname or "").rstrip(".")
+        parts.port  # noqa: B018 - raises ValueError for a malformed port
+    except ValueError:
+        return False
+    if not name or not host_header.isascii():
+        return False
+    if server is not None and name == str(server[0]).lower():
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    if name == "localhost":
+        return True
+    for entry in allowed:
+        entry = entry.lower()
+        if name == entry or (entry.startswith(".") and (name.endswith(entry) or name == entry[1:])):
+            return True
+    return False
+
+
+class FailureLimiter:
+    """Counts failed authentications per client; after ``limit`` failures within ``window``
+    seconds the client is refused (429) until the oldest failure leaves the window.
+    Bounded: at most ``max_clients`` are remembered (the oldest forgotten first)."""
+
+    def __init__(self, limit: int = 10, window: float = 60.0, max_clients: int = 10_000) -> None:
+        self.limit = limit
+        self.window = window
+        self.max_clients = max_clients
+        self._failures: collections.OrderedDict[str, collections.deque[float]] = (
+            collections.OrderedDict()
+        )
+
+    def _recent(self, client: str, now: float) -> collections.deque[float] | None:
+        times = self._failures.get(client)
+        if times is None:
+            return None
+        while times and times[0] <= now - self.window:
+            times.popleft()
+        if not times:
+            del self._failures[client]
+            return None
+        return times
+
+    def retry_after(self, client: str, now: float) -> float | None:
+        """Seconds until ``client`` may try again, or ``None`` when it may now."""
+        times = self._recent(client, now)
+        if times is None or len(times) < self.limit:
+            return None
+        return max(1.0, times[0] + self.window - now)
+
+    def failed(self, client: str, now: float) -> None:
+        """Record one failed authentication of ``client``."""
+        times = self._recent(client, now)
+        if times is None:
+            times = self._failures[client] = collections.deque(maxlen=self.limit)
+            while len(self._failures) > self.max_clients:
+                self._failures.popitem(last=False)
+        times.append(now)

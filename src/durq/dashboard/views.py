@@ -6,6 +6,7 @@ after it the browser is sent back with a notice (post/redirect/get)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -131,7 +132,7 @@ class Views:
             "read_only": self.dash.settings.read_only,
             "title": self.dash.settings.title,
             "refresh": self.dash.settings.refresh_seconds,
-            "notice": request.query_params.get("notice", "")[:300],
+            "notice": self.notice(request),
             "nav": "",
         }
         response: HTMLResponse = self.templates.TemplateResponse(
@@ -150,10 +151,20 @@ class Views:
             request, "error.html", {"status": status, "message": message}, status, headers
         )
 
+    def notice(self, request: Request) -> str:
+        """The notice of the redirect that led here, if this server issued it (signed):
+        a link from elsewhere cannot make the dashboard say anything."""
+        text = request.query_params.get("notice", "")
+        signature = request.query_params.get("ns", "")
+        if not text or not self.dash.auth.notice_ok(text, signature):
+            return ""
+        return text[:300]
+
     def back(self, request: Request, path: str, notice: str) -> RedirectResponse:
         root = request.scope.get("root_path", "")
         sep = "&" if "?" in path else "?"
-        return RedirectResponse(f"{root}{path}{sep}{urlencode({'notice': notice})}", 303)
+        query = urlencode({"notice": notice, "ns": self.dash.auth.sign_notice(notice)})
+        return RedirectResponse(f"{root}{path}{sep}{query}", 303)
 
     async def checked_form(self, request: Request) -> dict[str, str]:
         """The submitted form, after the CSRF check (403 page otherwise)."""
@@ -264,6 +275,7 @@ class Views:
         if not self.dash.auth.enabled:
             return self.back(request, target, "no login needed")
         if not self.dash.auth.check_token(data.get("token")):
+            self.dash.limiter.failed(security.client_of(request.scope), time.monotonic())
             return self.render(
                 request, "login.html", {"next": target, "error": "wrong token"}, status=401
             )
@@ -286,6 +298,7 @@ class Views:
 
     async def logout(self, request: Request) -> Response:
         await self.checked_form(request)
+        self.dash.auth.revoke(request, self.dash.app.clock.now())
         state = request.scope["state"]
         root = request.scope.get("root_path", "")
         response = RedirectResponse(f"{root}/login", 303)
