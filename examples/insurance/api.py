@@ -325,7 +325,9 @@ def create_app(settings: Settings | None = None, *, configure_logging: bool = Tr
     async def read_order(request: Request) -> OrderIn:
         """The body, bounded in size, parsed and validated; 4xx before anything is saved."""
         length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > settings.max_body):
+        if length is not None and (
+            not (length.isascii() and length.isdigit()) or int(length) > settings.max_body
+        ):
             raise ApiError(413, "body_too_large", f"the body exceeds {settings.max_body} bytes")
         chunks, size = [], 0
         async for chunk in request.stream():
