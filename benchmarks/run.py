@@ -2,12 +2,19 @@
 
 Every peer gets its own virtual environment under ``benchmarks/.venv-peers/<name>`` with the
 library from PyPI (their pins conflict: arq wants redis<6, taskiq-redis and celery want newer).
-A peer that fails to install is skipped and the reason shown in the table. Each system runs
-the same workloads one after another in this run (see ``peers/_common.py`` and ``durq bench``):
+A peer that fails to install is skipped and the reason shown in the table. Every system,
+durq included, runs through the same driver code (``peers/_common.py``; durq's driver is
+``peers/bench_durq.py`` and runs in durq's own ``.venv``), one after another in this run:
 
-* N no-op tasks enqueued by one producer, one by one and (where offered) in bulk;
-* the same N drained by ONE worker process of the system (its usual layout, in the table);
+* N no-op tasks enqueued by one producer one by one, by 50 concurrent callers, and (where
+  offered) in bulk;
+* the same N drained by the system's worker command as its docs tell users to run it (durq:
+  ``durq worker APP`` with the README's defaults, and separately ``--processes auto``),
+  launched as a subprocess; the clock starts at the launch and stops at the N-th handler
+  completion (handlers append one byte to a file);
 * M probes at a fixed rate into the idle worker: pickup latency enqueue -> handler start.
+
+``durq bench`` is a different tool: a quick in-process measurement of durq alone.
 
 Medians over ``--repeats`` runs go to ``benchmarks/results/<timestamp>.md`` (with ratios
 durq / fastest peer per broker), ``.json`` and a ``.png`` plot; the section between the
@@ -23,9 +30,11 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -72,7 +81,9 @@ PEERS: dict[str, tuple[str, list[str], str, str]] = {
 COMMON_REQUIREMENTS = ["redis", "psycopg[binary]"]
 PLOT_VENV = "plot"
 
-DURQ_LAYOUT = "1 process, {c} async"
+#: durq rows: the README's worker command, and the same with the flag the docs recommend for
+#: throughput (labelled as such in the table).
+DURQ_VARIANTS = {"durq": "", "durq --processes auto": "--processes auto"}
 
 
 def log(message: str) -> None:
@@ -151,8 +162,10 @@ def reset_for(broker: str) -> None:
 # -- one run --------------------------------------------------------------------------------
 
 
-def run_json(cmd: list[str], timeout: float, cwd: Path | None = None) -> dict[str, Any]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+def run_json(
+    cmd: list[str], timeout: float, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise RuntimeError(" | ".join(tail) or f"exit {proc.returncode}")
@@ -163,56 +176,70 @@ def run_json(cmd: list[str], timeout: float, cwd: Path | None = None) -> dict[st
         return dict(json.loads(lines[-1]))
 
 
-def run_durq(broker: str, args: argparse.Namespace) -> dict[str, Any]:
-    url = {"sqlite": None, "redis": REDIS_URL, "postgresql": PG_DSN}[broker]
-    cmd = [
-        str(DURQ_PY),
-        "-m",
-        "durq",
-        "bench",
-        "--json",
-        "--no-progress",
+def driver_args(args: argparse.Namespace) -> list[str]:
+    return [
         "--tasks",
         str(args.tasks),
         "--latency-tasks",
         str(args.latency_tasks),
         "--latency-rate",
         str(args.latency_rate),
-        "--concurrency",
-        str(args.concurrency),
         "--bulk-chunk",
         str(args.bulk_chunk),
+        "--concurrency",
+        str(args.concurrency),
     ]
-    if url:
-        cmd += ["--broker", url]
-    result = run_json(cmd, timeout=args.timeout)
-    result.update(system="durq", layout=DURQ_LAYOUT.format(c=args.concurrency))
+
+
+def signal_env(**extra: str) -> dict[str, str]:
+    """A private directory for the handlers' completion files, per run."""
+    directory = tempfile.mkdtemp(prefix="durq-bench-")
+    return {**os.environ, "BENCH_SIGNAL_DIR": directory, **extra}
+
+
+def run_durq(system: str, broker: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The shipped ``durq worker`` command, driven like every peer (``peers/bench_durq.py``)."""
+    env = signal_env(BENCH_DURQ_BROKER=broker, BENCH_DURQ_WORKER_ARGS=DURQ_VARIANTS[system])
+    cmd = [str(DURQ_PY), str(HERE / "peers" / "_common.py"), "bench_durq", *driver_args(args)]
+    try:
+        result = run_json(cmd, timeout=args.timeout, cwd=HERE / "peers", env=env)
+    finally:
+        shutil.rmtree(env["BENCH_SIGNAL_DIR"], ignore_errors=True)
+    result["system"] = system
     return result
 
 
 def run_peer(name: str, args: argparse.Namespace) -> dict[str, Any]:
     venv, _, module, _ = PEERS[name]
-    cmd = [
-        str(venv_python(venv)),
-        str(HERE / "peers" / "_common.py"),
-        module,
-        "--tasks",
-        str(args.tasks),
-        "--latency-tasks",
-        str(args.latency_tasks),
-        "--latency-rate",
-        str(args.latency_rate),
-        "--bulk-chunk",
-        str(args.bulk_chunk),
-        "--concurrency",
-        str(args.concurrency),
-    ]
-    return run_json(cmd, timeout=args.timeout, cwd=HERE / "peers")
+    cmd = [str(venv_python(venv)), str(HERE / "peers" / "_common.py"), module, *driver_args(args)]
+    env = signal_env()
+    try:
+        return run_json(cmd, timeout=args.timeout, cwd=HERE / "peers", env=env)
+    finally:
+        shutil.rmtree(env["BENCH_SIGNAL_DIR"], ignore_errors=True)
 
 
 # -- aggregation and output -----------------------------------------------------------------
 
-NUMERIC = ("enqueue_per_s", "enqueue_bulk_per_s", "process_per_s")
+NUMERIC = (
+    "enqueue_per_s",
+    "enqueue_concurrent_per_s",
+    "enqueue_bulk_per_s",
+    "process_per_s",
+    "process_from_first_per_s",
+    "worker_cpu_s",
+)
+#: The figures held against the fastest peer of the same broker, with their column titles.
+COMPARED = (
+    ("enqueue_per_s", "enqueue one-by-one"),
+    ("enqueue_concurrent_per_s", "enqueue, 50 callers"),
+    ("enqueue_bulk_per_s", "enqueue bulk"),
+    ("process_per_s", "process"),
+)
+
+
+def is_durq(row: dict[str, Any]) -> bool:
+    return str(row["system"]).startswith("durq")
 
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -248,56 +275,54 @@ def ratio(ours: float | None, theirs: float | None) -> str:
 
 def table(results: list[dict[str, Any]], failures: dict[str, str]) -> str:
     lines = [
-        "| system (broker) | enqueue one-by-one /s | enqueue bulk /s | process /s | "
-        "pickup p50 / p95 / p99 ms | worker layout |",
-        "|---|---:|---:|---:|---:|---|",
+        "| system (broker) | enqueue one-by-one /s | enqueue, 50 callers /s | enqueue bulk /s | "
+        "process /s | process /s from 1st | pickup p50 / p95 / p99 ms | worker layout |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     ratios = []
     for broker in ("sqlite", "redis", "postgresql"):
         rows = [r for r in results if r["broker"] == broker]
         rows.sort(key=lambda r: -(r.get("process_per_s") or 0))
         for r in rows:
-            name = f"**{r['system']}**" if r["system"] == "durq" else r["system"]
+            name = f"**{r['system']}**" if is_durq(r) else r["system"]
             lines.append(
                 f"| {name} ({broker}) | {fmt(r.get('enqueue_per_s'))} | "
+                f"{fmt(r.get('enqueue_concurrent_per_s'))} | "
                 f"{fmt(r.get('enqueue_bulk_per_s'))} | {fmt(r.get('process_per_s'))} | "
+                f"{fmt(r.get('process_from_first_per_s'))} | "
                 f"{fmt_lat(r)} | {r.get('layout', '')} |"
             )
-        ours = next((r for r in rows if r["system"] == "durq"), None)
-        # SQLite has no peers: its processing rate is held against the PostgreSQL peers (#8).
-        peer_broker = "postgresql" if broker == "sqlite" else broker
-        peers = [r for r in results if r["broker"] == peer_broker and r["system"] != "durq"]
-        if ours is None or not peers:
-            continue
+        peers = [r for r in results if r["broker"] == broker and not is_durq(r)]
+        for ours in (r for r in rows if is_durq(r)):
+            if not peers:
+                continue
 
-        def best(key: str, peers: list[dict[str, Any]] = peers) -> dict[str, Any] | None:
-            have = [p for p in peers if p.get(key)]
-            return max(have, key=lambda p: p[key]) if have else None
+            def best(key: str, peers: list[dict[str, Any]] = peers) -> dict[str, Any] | None:
+                have = [p for p in peers if p.get(key)]
+                return max(have, key=lambda p: p[key]) if have else None
 
-        cells = []
-        for key in NUMERIC:
-            top = best(key)
-            cells.append(f"{ratio(ours.get(key), top[key])} vs {top['system']}" if top else "—")
-        lat_peers = [p for p in peers if p.get("latency_ms")]
-        if lat_peers and ours.get("latency_ms"):
-            top = min(lat_peers, key=lambda p: p["latency_ms"]["p99"])
-            lat_cell = (
-                f"p99 {ours['latency_ms']['p99']:.1f} vs {top['latency_ms']['p99']:.1f} ms "
-                f"({top['system']})"
-            )
-        else:
-            lat_cell = "—"
-        label = (
-            "durq (sqlite) ÷ fastest PostgreSQL peer"
-            if broker == "sqlite"
-            else (f"durq ÷ fastest peer ({broker})")
-        )
-        ratios.append(f"| {label} | {cells[0]} | {cells[1]} | {cells[2]} | {lat_cell} |")
+            cells = []
+            for key, _ in COMPARED:
+                top = best(key)
+                cells.append(f"{ratio(ours.get(key), top[key])} vs {top['system']}" if top else "—")
+            lat_peers = [p for p in peers if p.get("latency_ms")]
+            if lat_peers and ours.get("latency_ms"):
+                top = min(lat_peers, key=lambda p: p["latency_ms"]["p99"])
+                cells.append(
+                    f"p99 {ours['latency_ms']['p99']:.1f} vs {top['latency_ms']['p99']:.1f} ms "
+                    f"({top['system']})"
+                )
+            else:
+                cells.append("—")
+            ratios.append(f"| {ours['system']} ({broker}) | " + " | ".join(cells) + " |")
     out = "\n".join(lines)
     if ratios:
+        titles = " | ".join(title for _, title in COMPARED)
         out += (
-            "\n\n| ratio | enqueue one-by-one | enqueue bulk | process | pickup latency |\n"
-            "|---|---|---|---|---|\n" + "\n".join(ratios)
+            f"\n\n| durq ÷ fastest peer | {titles} | pickup latency |\n"
+            + "|---" * (len(COMPARED) + 2)
+            + "|\n"
+            + "\n".join(ratios)
         )
     if failures:
         out += "\n\nNot measured:\n\n" + "\n".join(
@@ -366,7 +391,9 @@ def main() -> None:
     )
     parser.add_argument("--latency-rate", type=float, default=100.0)
     parser.add_argument("--bulk-chunk", type=int, default=1_000)
-    parser.add_argument("--concurrency", type=int, default=100, help="durq worker concurrency")
+    parser.add_argument(
+        "--concurrency", type=int, default=100, help="passed to the drivers (informational)"
+    )
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick)")
     parser.add_argument(
         "--quick", action="store_true", help="2,000 tasks, 300 latency probes, 1 repeat"
@@ -403,7 +430,7 @@ def main() -> None:
 
     systems: list[tuple[str, str]] = []  # (system, broker)
     if not args.no_durq:
-        systems += [("durq", b) for b in brokers]
+        systems += [(variant, b) for b in brokers for variant in DURQ_VARIANTS]
     systems += [(p, PEERS[p][3]) for p in ready]
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {s: [] for s in systems}
     for repeat in range(args.repeats):
@@ -412,7 +439,10 @@ def main() -> None:
             try:
                 reset_for(broker)
                 started = time.monotonic()
-                result = run_durq(broker, args) if system == "durq" else run_peer(system, args)
+                if system in DURQ_VARIANTS:
+                    result = run_durq(system, broker, args)
+                else:
+                    result = run_peer(system, args)
                 result["broker"] = broker
                 runs[(system, broker)].append(result)
                 log(

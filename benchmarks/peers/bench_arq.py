@@ -31,6 +31,7 @@ class WorkerSettings:
 class ArqDriver(Driver):
     system = "arq"
     layout = "1 process, 100 async"
+    concurrent_callers = "async"
 
     async def open(self) -> None:
         self.pool = await create_pool(SETTINGS)

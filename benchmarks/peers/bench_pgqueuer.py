@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 from _common import PG_DSN, Driver, mark, mark_latency
 from pgqueuer import PgQueuer
-from pgqueuer.db import AsyncpgDriver
+from pgqueuer.db import AsyncpgDriver, AsyncpgPoolDriver
 from pgqueuer.models import Job
 from pgqueuer.queries import Queries
 
@@ -39,6 +39,7 @@ class PgqueuerDriver(Driver):
     system = "pgqueuer"
     broker = "postgresql"
     layout = "1 process, async"
+    concurrent_callers = "async"
     has_bulk = True
 
     async def install_schema(self) -> None:
@@ -49,13 +50,14 @@ class PgqueuerDriver(Driver):
             await conn.close()
 
     async def open(self) -> None:
-        self.conn = await asyncpg.connect(PG_DSN)
-        self.queries = Queries(AsyncpgDriver(self.conn))
+        # A pool, as a web process shares it between concurrent requests.
+        self.pool = await asyncpg.create_pool(PG_DSN, min_size=1, max_size=10)
+        self.queries = Queries(AsyncpgPoolDriver(self.pool))
 
     async def close(self) -> None:
-        if getattr(self, "conn", None) is not None:
-            await self.conn.close()
-            self.conn = None
+        if getattr(self, "pool", None) is not None:
+            await self.pool.close()
+            self.pool = None
 
     async def enqueue(self, payload: dict[str, Any], latency: bool = False) -> None:
         await self.queries.enqueue("probe" if latency else "noop", json.dumps(payload).encode())

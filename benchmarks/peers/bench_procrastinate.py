@@ -27,6 +27,7 @@ class ProcrastinateDriver(Driver):
     system = "procrastinate"
     broker = "postgresql"
     layout = "1 process, 50 async"
+    concurrent_callers = "async"
     has_bulk = True
 
     async def install_schema(self) -> None:

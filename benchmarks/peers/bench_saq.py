@@ -28,6 +28,7 @@ settings = {"queue": make_queue(), "functions": [noop, probe], "concurrency": 10
 class SaqDriver(Driver):
     system = "saq"
     layout = "1 process, 100 async"
+    concurrent_callers = "async"
 
     async def open(self) -> None:
         self.queue = make_queue()

@@ -25,6 +25,7 @@ async def probe(payload: dict[str, Any]) -> None:
 class TaskiqDriver(Driver):
     system = "taskiq"
     layout = "1 process, 100 async"
+    concurrent_callers = "async"
 
     async def open(self) -> None:
         await broker.startup()

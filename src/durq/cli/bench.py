@@ -48,7 +48,9 @@ def bench_command(
         bool, typer.Option("--progress/--no-progress", help="Progress bar on stderr.")
     ] = True,
 ) -> None:
-    """Measure enqueue rates, processing rate and pickup latency on a broker."""
+    """Quick in-process measurement of durq alone: enqueue rates, processing rate (a worker
+    started by the tool, logging off) and pickup latency. For figures of the shipped
+    `durq worker` command beside other task queues, use `make bench` in the repository."""
     if tasks < 1 or concurrency < 1 or latency_tasks < 0 or bulk_chunk < 1 or latency_rate <= 0:
         raise UsageFailure(
             "--tasks, --concurrency and --bulk-chunk must be >= 1, --latency-tasks >= 0, "
