@@ -126,6 +126,39 @@ def counts(target: Settings | Service) -> tuple[int, int]:
     return int(orders), coverage_tasks(settings)
 
 
+def saved(service: Service) -> tuple[int, list[str]]:
+    """(orders saved, coverage tasks without an order): what a request can leave behind.
+
+    Unlike :func:`counts`, this does not move while the service's own worker finishes or
+    retries earlier orders' tasks, so a test sharing one service can compare it before and
+    after a request: a refused request adds no order, and no task ever lacks its order."""
+    import sqlite3
+
+    from durq import TaskState
+
+    async def coverage_ids(inspector: Any) -> set[str]:
+        ids: set[str] = set()
+        for state in TaskState:
+            offset = 0
+            while page := await inspector.list_tasks(
+                COVERAGE_QUEUE, state, limit=1000, offset=offset
+            ):
+                ids.update(t.id for t in page if t.id.startswith("coverage:"))
+                offset += len(page)
+        return ids
+
+    # Tasks first, orders second: an order is saved before (or with) its task, so every task
+    # read here has its order in the later read.
+    tasks = inspector_call(service.settings, coverage_ids)
+    conn = sqlite3.connect(service.settings.database_url.removeprefix("sqlite:///"))
+    try:
+        orders = {row[0] for row in conn.execute("SELECT id FROM orders")}
+    finally:
+        conn.close()
+
+    return len(orders), sorted(t for t in tasks if t.removeprefix("coverage:") not in orders)
+
+
 def post_twice_with_one_key(service: Service, key: str) -> None:
     """The same order posted twice with one Idempotency-Key: 202, then 200 for the same task,
     and the order ends COVERED (H1, H2)."""

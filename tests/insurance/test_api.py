@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from examples.insurance.config import Settings
 
-from insurance.kit import ITEMS, Service, counts
+from insurance.kit import ITEMS, Service, counts, saved
 
 
 @pytest.fixture
 def service(shared_service: Service) -> Service:
-    """One API for this module: these tests only read answers (counts are compared as deltas).
+    """One API for this module: these tests only read answers (what they saved is compared before and after).
     The simulator is not reset in between: it would forget the coverage requests of earlier
     orders, whose tasks would then fail and add follow-up tasks during a later count."""
     return shared_service
@@ -27,7 +27,7 @@ def key() -> str:
 
 def test_post_answers_202_with_location_then_200_already_accepted(service: Service) -> None:
     """H1, H2 through real HTTP: a retried request creates nothing and gets 200."""
-    before = counts(service)
+    before = saved(service)
     k = key()
     first = service.alice.post("/orders", json=ITEMS, headers={"Idempotency-Key": k})
     assert first.status_code == 202
@@ -42,7 +42,7 @@ def test_post_answers_202_with_location_then_200_already_accepted(service: Servi
     assert again.json()["status"] == "already_accepted"
     assert again.json()["task_id"] == body["task_id"]
     assert again.headers["Location"] == location
-    assert counts(service) == (before[0] + 1, before[1] + 1)  # the repeat created nothing
+    assert saved(service) == (before[0] + 1, [])  # the repeat created nothing
 
 
 def test_same_key_other_customer_is_another_order(service: Service) -> None:
@@ -59,11 +59,11 @@ def test_key_reused_with_another_body_is_409(service: Service) -> None:
         service.alice.post("/orders", json=ITEMS, headers={"Idempotency-Key": k}).status_code == 202
     )
     other = {"items": [{"sku": "B-2", "qty": 1}]}
-    before = counts(service)
+    before = saved(service)
     answer = service.alice.post("/orders", json=other, headers={"Idempotency-Key": k})
     assert answer.status_code == 409
     assert answer.json()["error"]["code"] == "idempotency_key_reused"
-    assert counts(service) == before
+    assert saved(service) == before
 
 
 def test_without_key_every_post_is_a_new_order(service: Service) -> None:
@@ -80,7 +80,7 @@ def test_without_key_every_post_is_a_new_order(service: Service) -> None:
     ],
 )
 def test_401_without_a_valid_token(service: Service, headers: dict[str, str], code: str) -> None:
-    before = counts(service)
+    before = saved(service)
     answer = service.anon.post("/orders", json=ITEMS, headers=headers)
     assert answer.status_code == 401
     assert answer.json()["error"]["code"] == code
@@ -88,7 +88,7 @@ def test_401_without_a_valid_token(service: Service, headers: dict[str, str], co
     assert (
         service.anon.get("/orders/ord_000000000000000000000000", headers=headers).status_code == 401
     )
-    assert counts(service) == before
+    assert saved(service) == before
 
 
 def test_status_only_for_the_owner(service: Service) -> None:
@@ -141,7 +141,7 @@ BAD_BODIES: list[tuple[str, bytes, int, str]] = [
 def test_bad_input_is_4xx_json_and_nothing_is_saved(
     service: Service, name: str, body: bytes, status: int, code: str
 ) -> None:
-    before = counts(service)
+    before = saved(service)
     answer = service.alice.post(
         "/orders",
         content=body,
@@ -150,11 +150,11 @@ def test_bad_input_is_4xx_json_and_nothing_is_saved(
     assert answer.status_code == status, answer.text
     error = answer.json()["error"]
     assert error["code"] == code and error["message"]
-    assert counts(service) == before
+    assert saved(service) == before
 
 
 def test_huge_body_is_413(service: Service) -> None:
-    before = counts(service)
+    before = saved(service)
     items = [{"sku": "A-1", "qty": 1}] * 20_000  # ~500 KB, above the 64 KiB limit
     answer = service.alice.post("/orders", content=json.dumps({"items": items}).encode())
     assert answer.status_code == 413
@@ -166,14 +166,14 @@ def test_huge_body_is_413(service: Service) -> None:
 
     streamed = service.alice.post("/orders", content=chunks())
     assert streamed.status_code == 413
-    assert counts(service) == before
+    assert saved(service) == before
 
 
 def test_bad_idempotency_key_is_400(service: Service) -> None:
-    before = counts(service)
+    before = saved(service)
     answer = service.alice.post("/orders", json=ITEMS, headers={"Idempotency-Key": "x" * 201})
     assert answer.status_code == 400
-    assert counts(service) == before
+    assert saved(service) == before
 
 
 def test_503_with_retry_after_when_the_broker_is_down(
