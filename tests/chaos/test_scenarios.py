@@ -126,7 +126,8 @@ async def poison_pill(url: str, clusters, record, *, others: int) -> None:
     await app.close()
     ids = await enqueue_work(url, others, ms=20)
     # Concurrency 1: a task sharing a process with the poison would share its fate.
-    cluster = clusters(url, 2, "--lease", "1.5", "--concurrency", "1", "--rescue", "0.5")
+    # A 3 s lease: long enough that a busy machine's late heartbeat is not a lost worker.
+    cluster = clusters(url, 2, "--lease", "3", "--concurrency", "1", "--rescue", "0.5")
     cluster.start_all()
     broker = open_broker(url)
     await broker.connect()
@@ -177,24 +178,26 @@ async def due_during_outage(
     tasks: int,
 ) -> None:
     await migrate(url)
+    # Workers first, then the tasks: a slow start on a busy machine must not let the tasks
+    # fall due (and run) before the broker goes down.
+    cluster = clusters(url, 2, "--lease", "4", "--concurrency", "8")
+    cluster.start_all()
+    await cluster.wait_ready()
     app = durq.App(url)
     ids = [f"s{i:05d}" for i in range(tasks)]
     outcomes = await app.enqueue_many(
         [
             EnqueueRequest(
-                "chaos:work", {"ms": 5}, queue=QUEUE, task_id=t, process_in=2.5, retention=3600
+                "chaos:work", {"ms": 5}, queue=QUEUE, task_id=t, process_in=4.0, retention=3600
             )
             for t in ids
         ]
     )
     await app.close()
     assert all(o.created for o in outcomes)
-    cluster = clusters(url, 2, "--lease", "4", "--concurrency", "8")
-    cluster.start_all()
-    await cluster.wait_ready()
     await asyncio.sleep(1.2)  # AOF everysec: the enqueues are on disk
     await asyncio.to_thread(crash)
-    await asyncio.sleep(3.0)  # every task falls due while the broker is down
+    await asyncio.sleep(4.5)  # every task falls due while the broker is down
     await asyncio.to_thread(restart)
     restarted = time.time()
     await wait_done(url, tasks, timeout=60, every=0.1)
