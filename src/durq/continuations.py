@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from durq import codec, durations, names, webhooks
 from durq.brokers.base import EnqueueParams
 from durq.errors import ValidationError
+from durq.options import check_max_retry
 
 if TYPE_CHECKING:
     from durq.app import App
@@ -82,8 +83,10 @@ def resolve(then: Then | str, task_queue: str, app: App) -> str:
     max_retry = then.max_retry
     if max_retry is None:
         max_retry = defaults.max_retry if defaults is not None else 25
-    if not isinstance(max_retry, int) or isinstance(max_retry, bool) or max_retry < 0:
-        raise ValidationError(f"Then.max_retry must be an integer >= 0, got {max_retry!r}")
+    try:
+        max_retry = check_max_retry(max_retry)
+    except ValidationError as exc:
+        raise ValidationError(f"Then.{exc.message}") from None
     timeout = durations.seconds(then.timeout)
     if timeout is None and defaults is not None:
         timeout = defaults.timeout

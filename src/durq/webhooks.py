@@ -47,7 +47,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from durq import backoff, codec, names
+from durq import backoff, codec, durations, names
 from durq.brokers.base import EnqueueParams
 from durq.errors import ConfigurationError, DurqError, SkipRetry, ValidationError
 
@@ -519,10 +519,16 @@ def install(
     task's queue unless ``queue`` is given."""
     if queue is not None:
         names.check_queue(queue)
-    if not isinstance(max_retry, int) or isinstance(max_retry, bool) or max_retry < 0:
-        raise ConfigurationError(f"max_retry must be an integer >= 0, got {max_retry!r}")
-    if timeout <= 0 or retention < 0:
-        raise ConfigurationError("webhook timeout must be > 0 and retention >= 0")
+    from durq.options import check_max_retry
+
+    try:
+        check_max_retry(max_retry)
+        timeout = durations.seconds(timeout) or 0.0
+        retention = durations.seconds(retention) or 0.0
+    except ValidationError as exc:
+        raise ConfigurationError(f"webhook options: {exc.message}") from None
+    if timeout <= 0:
+        raise ConfigurationError("webhook timeout must be > 0")
     networks = parse_allow(os.environ.get(ALLOW_ENV) if allow is None else allow)
     options = WebhookOptions(queue, max_retry, float(timeout), float(retention), networks, resolver)
     app.webhook_options = options

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+import durq
 from apptools import AppFactory
 from conformance.apps import wait_for_state
-from durq import options
-from durq.errors import PayloadError, ValidationError
+from durq import options, webhooks
+from durq.errors import ConfigurationError, PayloadError, ValidationError
 from durq.states import TaskState
 
 
@@ -140,3 +141,21 @@ async def test_results_are_bounded_and_lists_carry_previews(make_app: AppFactory
     assert len(json.dumps(row)) < 2_000
     whole = (await app.inspector.get_task_info("default", small.id)).to_dict()
     assert whole["result"] == {"blob": "r" * 9_000} and len(whole["payload"]["pad"]) == 100_000
+
+
+async def test_follow_up_options_are_bounded_like_the_task_itself(make_app: AppFactory) -> None:
+    """A continuation or webhook delivery is created when its task finishes: an option no
+    broker holds would break that outcome, so it is refused at enqueue (or install)."""
+    app = await make_app()
+    for then in (
+        durq.Then("report:next", max_retry=10**30),
+        durq.Then("report:next", retention=math.inf),
+        durq.Then("report:next", timeout=1e308),
+    ):
+        with pytest.raises(ValidationError):
+            await app.enqueue("report:build", {}, then=then)
+    with pytest.raises(ConfigurationError):
+        webhooks.install(app, None, max_retry=10**30)
+    with pytest.raises(ConfigurationError):
+        webhooks.install(app, None, retention=math.inf)
+    assert sum(q.size for q in await app.inspector.list_queues()) == 0
