@@ -139,8 +139,8 @@ class _Protocol(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A cast, not an isinstance check: uvloop's transports do not subclass asyncio's.
+        self.transport = cast(asyncio.Transport, transport)
 
     def send(self, data: bytes, waiter: asyncio.Future[Any] | _Batch) -> None:
         if self.closed or self.transport is None or self.transport.is_closing():
