@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-django lint typecheck chaos bench install clean
+.PHONY: demo test test-django lint typecheck chaos bench loadtest install clean
 
 # Django 6 (its Tasks framework) needs Python >= 3.12 while the project supports 3.11: the
 # Django integration is tested in a venv of its own, so 3.11 stays tested by everything else.
@@ -68,3 +68,7 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(DJ_VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# The main job under a burst of orders, every broker, split and monolith (slow: minutes).
+loadtest: $(STAMP)
+	$(BIN)/python benchmarks/loadtest.py $(LOADTEST_ARGS)

@@ -236,7 +236,11 @@ def index_html(body: dict[str, Any]) -> str:
 # -- dependencies --------------------------------------------------------------------------
 
 
-def current_customer(request: Request) -> str:
+# The dependencies are ``async def``: FastAPI runs a plain ``def`` dependency in its thread
+# pool, a thread round trip per request for a dictionary lookup.
+
+
+async def current_customer(request: Request) -> str:
     """The customer behind the bearer token (the enqueue endpoint is a write)."""
     tokens: dict[str, str] = request.app.state.tokens
     header = request.headers.get("authorization", "")
@@ -260,14 +264,21 @@ def current_customer(request: Request) -> str:
     )
 
 
-def current_runtime(request: Request) -> Runtime:
+async def current_runtime(request: Request) -> Runtime:
     """The process's store and partner clients (installed by the lifespan)."""
     rt: Runtime = request.app.state.runtime
     return rt
 
 
 Customer = Annotated[str, Depends(current_customer)]
-Client = Annotated[durq.App, Depends(get_durq)]
+
+
+async def durq_client(request: Request) -> durq.App:
+    """The durq client (:func:`durq.web.asgi.get_durq`, without the thread-pool hop)."""
+    return get_durq(request)
+
+
+Client = Annotated[durq.App, Depends(durq_client)]
 Rt = Annotated[Runtime, Depends(current_runtime)]
 
 
