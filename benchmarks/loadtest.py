@@ -449,7 +449,18 @@ def run_one(broker: str, mode: str, args: argparse.Namespace) -> Result:
         finally:
             service.stop()
             storage.drop()
+            if result.errors:  # what the service said about them
+                for log in sorted(directory.glob("*.log")):
+                    for line in problem_lines(log):
+                        console.print(f"[dim]{log.name}:[/] {line}")
     return result
+
+
+def problem_lines(log: Path, limit: int = 40) -> list[str]:
+    """The ERROR and traceback lines of a service log."""
+    marks = ("ERROR", "Traceback", "Error:", "Exception", "Invalid HTTP")
+    lines = log.read_text(errors="replace").splitlines()
+    return [line for line in lines if any(m in line for m in marks)][:limit]
 
 
 # -- profiling (py-spy) -----------------------------------------------------------------------
