@@ -48,6 +48,17 @@ class TaskInfo:
     #: Set when the inspector asked an active task to be cancelled.
     cancel_requested: bool = False
 
+    @property
+    def max_attempts(self) -> int:
+        """Attempts a task may make: the first one and ``max_retry`` retries."""
+        return self.max_retry + 1
+
+    @property
+    def attempts_label(self) -> str:
+        """Finished attempts out of those allowed, e.g. ``3/3`` for an archived task with
+        ``max_retry=2`` (``retried`` counts finished attempts, so it can exceed ``max_retry``)."""
+        return f"{self.retried}/{self.max_attempts}"
+
     @cached_property
     def payload(self) -> dict[str, Any]:
         """The payload as a dict (``ValueError`` if the stored bytes are not a JSON object)."""
@@ -112,6 +123,7 @@ class TaskInfo:
             "retention": self.retention,
             "lost": self.lost,
             "worker_id": self.worker_id,
+            "cancel_requested": self.cancel_requested,
             "headers": dict(self.headers),
         }
 

@@ -7,6 +7,10 @@ from pathlib import Path
 
 from tests.cli.clikit import REPO, Cli, assert_one_line_error
 
+import durq
+import durq.brokers.base
+from durq.brokers.base import ArchiveParams, ClaimParams, RetryParams
+
 
 def test_enqueue_then_task_get_json_roundtrip(cli: Cli) -> None:
     created = cli.ok(
@@ -186,3 +190,62 @@ def test_worker_app_errors_are_one_line(cli: Cli) -> None:
     assert_one_line_error(
         cli("worker", "examples.quickstart:app", "--log-format", "xml", cwd=REPO), 2, "text or json"
     )
+
+
+def _claim_one(cli: Cli) -> durq.brokers.base.Lease:
+    """Take the only pending task of the default queue, as a worker would."""
+    app = durq.App(cli.url)
+
+    async def claim() -> durq.brokers.base.Lease:
+        broker = await app.broker()
+        (lease,) = await broker.claim(ClaimParams(["default"], 1, "w-test", 60))
+        return lease
+
+    try:
+        return app.run_sync(claim)
+    finally:
+        app.close_sync()
+
+
+def test_attempts_never_read_more_than_allowed(cli: Cli) -> None:
+    cli.ok("enqueue", "t", "--task-id", "flaky", "--max-retry", "2")
+    app = durq.App(cli.url)
+
+    async def fail_every_attempt() -> None:
+        broker = await app.broker()
+        for _ in range(2):
+            (lease,) = await broker.claim(ClaimParams(["default"], 1, "w-test", 60))
+            assert await broker.retry(RetryParams(lease.ref, "boom", 0.0))
+        (lease,) = await broker.claim(ClaimParams(["default"], 1, "w-test", 60))
+        assert await broker.archive(ArchiveParams(lease.ref, "boom"))
+
+    try:
+        app.run_sync(fail_every_attempt)
+    finally:
+        app.close_sync()
+    # Three attempts were made of the three allowed (the first and two retries).
+    row = cli.ok("task", "ls", "--state", "archived").out
+    assert "3/3" in row and "3/2" not in row
+    assert "3/3" in cli.ok("task", "get", "flaky").out
+
+
+def test_cancel_of_an_active_task_says_it_is_a_request(cli: Cli) -> None:
+    cli.ok("enqueue", "t", "--task-id", "busy")
+    _claim_one(cli)
+    out = cli.ok("task", "cancel", "busy").out
+    assert "cancel requested" in out and "cancelled:" not in out
+    data = cli.ok("task", "get", "busy", "--json").json()
+    assert data["state"] == "active" and data["cancel_requested"] is True
+
+
+def test_worker_refuses_a_schedule_without_a_handler(cli: Cli) -> None:
+    (cli.tmp_path / "cron_app.py").write_text(
+        "import durq\n"
+        "app = durq.App()\n"
+        "@app.task('reports:send')\n"
+        "async def send(payload: dict) -> None: ...\n"
+        "app.add_periodic('@every 60s', 'reports:refresh')\n"
+    )
+    result = cli("worker", "cron_app:app")
+    assert_one_line_error(result, 2, "'reports:refresh'")
+    assert "no handler" in result.err

@@ -108,6 +108,24 @@ async def test_missed_ticks_skip_or_run_once(make_app: AppFactory, clock: FakeCl
     assert len(await ids_in(app)) == 5
 
 
+async def test_run_once_does_not_catch_up_on_the_very_first_start(
+    make_app: AppFactory, clock: FakeClock
+) -> None:
+    app = await make_app()
+    # Declared at 09:00: the 03:00 tick of today was not missed, the entry did not exist.
+    app.add_periodic("0 3 * * *", "job:nightly", queue="cron", tz="UTC", missed="run_once")
+    clock.advance(30)
+    scheduler = PeriodicScheduler(app)
+    entry = app.schedules.get("job:nightly")
+    assert await scheduler.check(entry, clock.now()) == "skipped"
+    await scheduler.tick()
+    assert await status(app) and (await status(app))[0].last_task_id is None
+    # Its first real tick, tomorrow at 03:00, is enqueued as usual.
+    clock.advance(18 * 3600)
+    await scheduler.tick()
+    assert await ids_in(app) == [f"periodic:job:nightly:{int(START) + 18 * 3600}"]
+
+
 async def test_clock_jumps(make_app: AppFactory, clock: FakeClock) -> None:
     app = await make_app()
     app.add_periodic("@every 60s", "job:minutely", queue="cron")

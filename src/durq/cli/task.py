@@ -93,11 +93,11 @@ def print_task(info: TaskInfo, *, title: str | None = None) -> None:
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     for key in (
-        "id", "queue", "type", "state", "retried", "max_retry", "last_error", "payload",
+        "id", "queue", "type", "state", "attempts", "last_error", "payload",
         "result", "timeout", "deadline", "next_process_at", "enqueued_at", "started_at",
         "completed_at", "retention", "worker_id",
     ):  # fmt: skip
-        value = data.get(key)
+        value = info.attempts_label if key == "attempts" else data.get(key)
         if value is None or (value == {} and key != "payload"):
             continue
         if key == "state":
@@ -113,7 +113,7 @@ def print_task(info: TaskInfo, *, title: str | None = None) -> None:
 def print_tasks(tasks: Sequence[TaskInfo], *, title: str) -> None:
     """Several tasks as one table."""
     table = make_table(title)
-    for name in ("id", "type", "state", "retried", "next / done at", "last error / result"):
+    for name in ("id", "type", "state", "attempts", "next / done at", "last error / result"):
         table.add_column(name, overflow="fold")
     for info in tasks:
         state = info.state.value
@@ -126,7 +126,7 @@ def print_tasks(tasks: Sequence[TaskInfo], *, title: str) -> None:
             info.id,
             info.type,
             styled_state(state),
-            f"{info.retried}/{info.max_retry}",
+            info.attempts_label,
             fmt_time(when),
             escape(_short(detail)),
         )
@@ -214,7 +214,17 @@ def cancel_command(
     task_id: IdArg, queue: QueueOpt = "default", broker: BrokerOpt = None, as_json: JsonOpt = False
 ) -> None:
     """Cancel a task; an active one's handler is cancelled by its worker."""
-    _act(broker, as_json, lambda app: app.inspector.cancel_task(queue, task_id), "cancelled")
+    info = run(broker, lambda app: app.inspector.cancel_task(queue, task_id))
+    if as_json:
+        print_json(info.to_dict())
+    elif info.state.value == "active":
+        # Only a request: the worker holding the task cancels its handler at its next heartbeat.
+        console.print(
+            f"task {info.id} cancel requested: still {styled_state('active')}, its worker "
+            "cancels the handler and archives it"
+        )
+    else:
+        console.print(f"task {info.id} cancelled: now {styled_state(info.state.value)}")
 
 
 @group.command("delete", epilog=DELETE_EPILOG)

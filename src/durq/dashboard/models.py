@@ -72,6 +72,7 @@ class _TaskFields(_Model):
     retention: float
     lost: int
     worker_id: str | None
+    cancel_requested: bool = Field(description="An active task asked to cancel")
 
 
 class Task(_TaskFields):

@@ -12,7 +12,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from durq.errors import ConfigurationError, DuplicateTaskError, TaskIDConflictError
+from durq.errors import (
+    ConfigurationError,
+    DuplicateTaskError,
+    QueueNotFoundError,
+    TaskIDConflictError,
+    TaskNotFoundError,
+)
 from durq.periodic import PeriodicEntry
 from durq.worker.service import PeriodicService
 
@@ -21,6 +27,10 @@ if TYPE_CHECKING:
     from durq.brokers.base import Broker
 
 log = logging.getLogger("durq.scheduler")
+
+#: How many ticks back a starting scheduler looks for a task of a ``run_once`` entry before
+#: it catches up a missed tick (the entry's tasks must still be stored: see its retention).
+CATCH_UP_LOOKBACK = 64
 
 
 class PeriodicScheduler(PeriodicService):
@@ -71,6 +81,16 @@ class PeriodicScheduler(PeriodicService):
         if latest is None or (last is not None and latest <= last):
             return None
         tick = entry.due(now, last)
+        if tick is not None and last is None and now - tick > entry.tolerance:
+            # A late tick at this scheduler's first look: a catch-up (run_once) only if the
+            # entry ran before; on the very first start there was no missed run.
+            if not await self._ran_before(entry, tick):
+                self.last[entry.name] = tick
+                log.info(
+                    "periodic %s: first start, no earlier tick found; waiting for the next",
+                    entry.name,
+                )
+                return "skipped"
         if tick is None:
             # Only the skip policy drops a tick: it is older than the entry's tolerance.
             self.last[entry.name] = latest
@@ -116,6 +136,24 @@ class PeriodicScheduler(PeriodicService):
             now - tick,
         )
         return "enqueued"
+
+    async def _ran_before(self, entry: PeriodicEntry, tick: float) -> bool:
+        """Whether a task of one of the ``CATCH_UP_LOOKBACK`` ticks up to ``tick`` exists."""
+        queue = self.app.schedules.params(entry, tick).queue
+        inspector = self.app.inspector
+        candidate: float | None = tick
+        for _ in range(CATCH_UP_LOOKBACK):
+            if candidate is None:
+                return False
+            try:
+                await inspector.get_task_info(queue, entry.task_id(candidate))
+            except QueueNotFoundError:
+                return False  # nothing was ever enqueued to its queue
+            except TaskNotFoundError:
+                candidate = entry.schedule.latest(candidate - 1)
+                continue
+            return True
+        return False
 
     def _plan_wake(self, now: float) -> None:
         # PeriodicService waits ``interval`` between ticks: aim it at the next due tick.

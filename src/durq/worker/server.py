@@ -112,6 +112,8 @@ class Worker:
         #: Run the periodic scheduler when the app has schedules; see durq.worker.periodic.
         self.scheduler = scheduler
         self.summary_interval = summary_interval
+        if scheduler:
+            self._check_periodic_handlers()
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.started_at = 0.0
         self.broker: FullBroker | None = None
@@ -120,6 +122,18 @@ class Worker:
         self._services: list[PeriodicService] = []
         self._stopped = asyncio.Event()
         self._stopping = False
+
+    def _check_periodic_handlers(self) -> None:
+        """Refuse a schedule whose ticks this worker would take but could not run: without
+        this each tick would be retried ``max_retry`` times as "no handler"."""
+        for entry in self.app.schedules:
+            queue = self.app.schedules.params(entry, 0.0).queue
+            if entry.type not in self.app.tasks and queue in self.queues:
+                raise ConfigurationError(
+                    f"periodic entry {entry.name!r} enqueues type {entry.type!r} on queue "
+                    f"{queue!r}, which has no handler in this app: declare the handler with "
+                    "@app.task, or run this worker without the scheduler (--no-scheduler)"
+                )
 
     def info(self) -> WorkerInfo:
         """This worker as the inspector shows it."""
