@@ -9,7 +9,7 @@ import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, overload
 
 from durq import backoff, continuations, durations, webhooks
 from durq.brokers import FullBroker, open_broker, resolve_url
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from durq.worker.hooks import WorkerHooks
     from durq.worker.server import Worker
 
-P = ParamSpec("P")
+T = TypeVar("T")
 R = TypeVar("R")
 
 _THEN_FIELDS = (
@@ -53,16 +53,18 @@ _THEN_FIELDS = (
 HeaderHook = Callable[[dict[str, str]], None]
 
 
-class TaskDef(Generic[P, R]):
+class TaskDef(Generic[T, R]):
     """A registered task type: its handler and its default options.
 
+    ``T`` is the payload type the handler takes (its first parameter's annotation) and ``R``
+    what it returns (awaited, for an async handler), so ``enqueue`` is checked by mypy.
     Calling it runs the handler directly (handy in tests); ``enqueue`` queues it."""
 
     def __init__(
         self,
         app: App,
         type: str,
-        fn: Callable[P, R],
+        fn: Callable[..., Any],
         defaults: TaskDefaults,
         retry_delay: backoff.RetryDelay,
     ) -> None:
@@ -76,23 +78,42 @@ class TaskDef(Generic[P, R]):
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", type)
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
-    def request(self, payload: Any = None, **options: Any) -> EnqueueRequest:
+    def request(self, payload: T | None = None, **options: Any) -> EnqueueRequest:
         """An :class:`EnqueueRequest` for bulk enqueue."""
         return EnqueueRequest(self.type, payload, **options)
 
-    async def enqueue(self, payload: Any = None, **options: Any) -> TaskInfo:
+    async def enqueue(self, payload: T | None = None, **options: Any) -> TaskInfo:
         """Enqueue this task; options as :meth:`App.enqueue`."""
         return await self.app.enqueue(self.type, payload, **options)
 
-    def enqueue_sync(self, payload: Any = None, **options: Any) -> TaskInfo:
+    def enqueue_sync(self, payload: T | None = None, **options: Any) -> TaskInfo:
         """Blocking :meth:`enqueue`, for WSGI code."""
         return self.app.enqueue_sync(self.type, payload, **options)
 
     def __repr__(self) -> str:
         return f"<TaskDef {self.type!r} queue={self.defaults.queue!r}>"
+
+
+class TaskDecorator(Protocol):
+    """What ``@app.task(...)`` returns: typed by the handler's payload and result."""
+
+    @overload
+    def __call__(self, fn: Callable[[T], Awaitable[R]]) -> TaskDef[T, R]: ...
+    @overload
+    def __call__(self, fn: Callable[[T, Any], Awaitable[R]]) -> TaskDef[T, R]: ...
+    @overload
+    def __call__(self, fn: Callable[[], Awaitable[R]]) -> TaskDef[Any, R]: ...
+    @overload
+    def __call__(self, fn: Callable[[T], R]) -> TaskDef[T, R]: ...
+    @overload
+    def __call__(self, fn: Callable[[T, Any], R]) -> TaskDef[T, R]: ...
+    @overload
+    def __call__(self, fn: Callable[[], R]) -> TaskDef[Any, R]: ...
+    @overload
+    def __call__(self, fn: Callable[..., Any]) -> TaskDef[Any, Any]: ...
 
 
 class App:
@@ -170,7 +191,7 @@ class App:
         retention: Duration | None = None,
         unique: Duration | None = None,
         retry_delay: str | backoff.RetryDelay | None = None,
-    ) -> Callable[[Callable[P, R]], TaskDef[P, R]]:
+    ) -> TaskDecorator:
         """Register a handler for task ``type``.
 
         ``retry_delay`` is a callable ``(retried, exc) -> seconds`` or a policy name:
@@ -186,14 +207,14 @@ class App:
         )
         policy = backoff.resolve(retry_delay)
 
-        def decorator(fn: Callable[P, R]) -> TaskDef[P, R]:
+        def decorator(fn: Callable[..., Any]) -> TaskDef[Any, Any]:
             if type in self.tasks:
                 raise ConfigurationError(f"task type {type!r} is registered twice")
-            task_def = TaskDef(self, type, fn, defaults, policy)
+            task_def: TaskDef[Any, Any] = TaskDef(self, type, fn, defaults, policy)
             self.tasks[type] = task_def
             return task_def
 
-        return decorator
+        return cast(TaskDecorator, decorator)
 
     # -- periodic tasks (durq.periodic) -------------------------------------------------------
 

@@ -9,6 +9,8 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from durq.codec import to_jsonable
 from durq.errors import PayloadError
 from durq.task import TaskContext
@@ -63,11 +65,15 @@ def build(model: type, data: Any) -> Any:
         validate = getattr(model, "model_validate", None)
         if validate is not None:
             return validate(data)
-        if hasattr(model, "__struct_fields__"):
-            import msgspec
-
-            return msgspec.convert(data, model)
-        return model(**data)
+        if dataclasses.is_dataclass(model):
+            # msgspec checks the field types as strictly as pydantic does ("x" is no int);
+            # it ignores unknown keys, which the dataclass constructor used to refuse.
+            unknown = sorted(data.keys() - {f.name for f in dataclasses.fields(model)})
+            if unknown:
+                raise PayloadError(
+                    f"invalid payload for {model.__name__}: unexpected field {unknown[0]!r}"
+                )
+        return msgspec.convert(data, model)
     except PayloadError:
         raise
     except Exception as exc:  # each library has its own ValidationError

@@ -1,0 +1,110 @@
+"""Typed task definitions: mypy checks what a handler's annotations promise (payload and
+result), and dataclass payloads are validated as strictly as pydantic or msgspec models."""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from pathlib import Path
+
+import pytest
+from mypy import api as mypy_api
+
+import durq
+from durq.payloads import validate
+
+SNIPPET = """
+    import dataclasses
+    import durq
+
+    app = durq.App("sqlite:///:memory:")
+
+    @dataclasses.dataclass
+    class Order:
+        user_id: int
+
+    @dataclasses.dataclass
+    class Receipt:
+        total: int
+
+    @app.task("orders:charge")
+    async def charge(payload: Order, ctx: durq.TaskContext) -> Receipt:
+        return Receipt(total=payload.user_id)
+
+    @app.task("orders:sync")
+    def sync_charge(payload: Order) -> int:
+        return payload.user_id
+
+    reveal_type(charge)
+    reveal_type(sync_charge)
+
+    async def web() -> None:
+        await charge.enqueue(Order(user_id=1))
+        await charge.enqueue(123)
+        charge.enqueue_sync("x")
+"""
+
+
+def run_mypy(tmp_path: Path, source: str) -> list[str]:
+    module = tmp_path / "snippet.py"
+    module.write_text(textwrap.dedent(source))
+    # Where durq's sources are: an editable install is an import hook that mypy cannot follow.
+    config = tmp_path / "mypy.ini"
+    config.write_text(f"[mypy]\nmypy_path = {Path(durq.__file__).parents[1]}\n")
+    out, err, _ = mypy_api.run(
+        [
+            "--config-file",
+            str(config),
+            "--strict",
+            "--allow-untyped-defs",
+            "--allow-incomplete-defs",
+            "--no-error-summary",
+            "--follow-imports=silent",
+            "--cache-dir",
+            str(tmp_path / ".mypy_cache"),
+            str(module),
+        ]
+    )
+    assert not err, err
+    return out.splitlines()
+
+
+def test_handler_annotations_type_the_task_and_its_enqueue(tmp_path: Path) -> None:
+    lines = run_mypy(tmp_path, SNIPPET)
+    revealed = [line for line in lines if "Revealed type" in line]
+    assert "durq.app.TaskDef[snippet.Order, snippet.Receipt]" in revealed[0]
+    assert "durq.app.TaskDef[snippet.Order, int]" in revealed[1]
+    errors = [line for line in lines if ": error:" in line]
+    assert len(errors) == 2, lines
+    assert '"enqueue" of "TaskDef"' in errors[0] and '"int"' in errors[0]
+    assert '"enqueue_sync" of "TaskDef"' in errors[1] and '"str"' in errors[1]
+
+
+@dataclasses.dataclass
+class Signup:
+    user_id: int
+    email: str
+    plan: str = "free"
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        ({"user_id": "x", "email": "a@b.c"}, "Expected `int`, got `str`"),
+        ({"user_id": True, "email": "a@b.c"}, "Expected `int`, got `bool`"),
+        ({"user_id": 1}, "missing required field `email`"),
+        ({"user_id": 1, "email": "a@b.c", "admin": True}, "unexpected field 'admin'"),
+    ],
+)
+def test_dataclass_payloads_are_validated_strictly(payload: dict[str, object], reason: str) -> None:
+    with pytest.raises(durq.PayloadError, match=reason):
+        validate(Signup, payload)
+
+
+def test_dataclass_payloads_keep_defaults_and_accept_instances() -> None:
+    assert validate(Signup, {"user_id": 7, "email": "a@b.c"})["plan"] == "free"
+    assert validate(Signup, Signup(1, "a@b.c", "pro")) == {
+        "user_id": 1,
+        "email": "a@b.c",
+        "plan": "pro",
+    }
