@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, overload
 
@@ -51,6 +53,10 @@ _THEN_FIELDS = (
 
 #: Called with the headers of every new task, e.g. to inject trace context.
 HeaderHook = Callable[[dict[str, str]], None]
+#: Wraps the broker call of an enqueue: given the tasks about to be sent, a context manager
+#: that yields them (headers may change, e.g. a producer span's trace context) and sees how
+#: the call ended (an exception propagates through it).
+SendHook = Callable[[list[EnqueueParams]], AbstractContextManager[list[EnqueueParams]]]
 
 
 class TaskDef(Generic[T, R]):
@@ -152,6 +158,8 @@ class App:
         self.header_hooks: list[HeaderHook] = []
         #: Called with every task this app created (not with refused ones), e.g. metrics.
         self.enqueue_hooks: list[Callable[[TaskInfo], None]] = []
+        #: Wrap every enqueue's broker call, e.g. in a producer span.
+        self.send_hooks: list[SendHook] = []
         #: Hooks every worker of this app runs around tasks (metrics, tracing).
         self.worker_hooks: list[WorkerHooks] = []
         if broker is None or isinstance(broker, str):
@@ -425,7 +433,16 @@ class App:
         params = self.params(request)
         broker = await self.broker()
         self._check_follow_up_queue(broker, params)
-        return self._created(await broker.enqueue(params, connection=connection))
+        with self._sending([params]) as (sent,):
+            info = await broker.enqueue(sent, connection=connection)
+        return self._created(info)
+
+    @contextlib.contextmanager
+    def _sending(self, params: list[EnqueueParams]) -> Iterator[list[EnqueueParams]]:
+        with contextlib.ExitStack() as stack:
+            for hook in self.send_hooks:
+                params = stack.enter_context(hook(params))
+            yield params
 
     def _created(self, info: TaskInfo) -> TaskInfo:
         for hook in self.enqueue_hooks:
@@ -443,7 +460,8 @@ class App:
         broker = await self.broker()
         for p in params:
             self._check_follow_up_queue(broker, p)
-        outcomes = await broker.enqueue_many(params, connection=connection)
+        with self._sending(params) as sent:
+            outcomes = await broker.enqueue_many(sent, connection=connection)
         for outcome in outcomes:
             if outcome.info is not None:
                 self._created(outcome.info)
@@ -484,7 +502,8 @@ class App:
             raise ConfigurationError(f"the {broker.name} broker cannot join a sync connection")
         name = type.type if isinstance(type, TaskDef) else type
         params = self.params(EnqueueRequest(name, payload, **options))
-        result: TaskInfo = enqueue_in(params, connection)
+        with self._sending([params]) as (sent,):
+            result: TaskInfo = enqueue_in(sent, connection)
         return self._created(result)
 
     def run_sync(self, make: Callable[[], Awaitable[R]]) -> R:

@@ -16,6 +16,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import durq
 from durq.observability import tracing
 
+SEMCONV = (
+    "messaging.system",
+    "messaging.operation.type",
+    "messaging.operation.name",
+    "messaging.destination.name",
+    "messaging.message.id",
+)
+
 
 @pytest.fixture
 def exporter() -> InMemorySpanExporter:
@@ -66,12 +74,30 @@ async def test_task_span_is_a_child_of_the_enqueuing_span(
     async with app.worker(poll_interval=0.05):
         await asyncio.wait_for(ran.wait(), 10)
     spans = {s.name: s for s in exporter.get_finished_spans()}
+    # The enqueue is a producer span under the request's span...
+    producer = spans["send default"]
+    assert producer.kind == trace.SpanKind.PRODUCER
+    assert producer.parent is not None
+    assert producer.parent.span_id == parent.get_span_context().span_id
+    assert info.headers["traceparent"].split("-")[2] == format(producer.context.span_id, "016x")
+    assert producer.attributes is not None
+    assert {k: producer.attributes[k] for k in SEMCONV} == {
+        "messaging.system": "durq",
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": "default",
+        "messaging.message.id": info.id,
+    }
+    # ... and the handler's consumer span is its child, linked to it.
     child = spans["durq.task trace:job"]
     assert child.parent is not None
-    assert child.parent.span_id == parent.get_span_context().span_id
+    assert child.parent.span_id == producer.context.span_id
     assert child.context.trace_id == parent.get_span_context().trace_id
+    assert [link.context.span_id for link in child.links] == [producer.context.span_id]
     assert child.kind == trace.SpanKind.CONSUMER
+    assert child.attributes is not None
     assert child.attributes["messaging.message.id"] == info.id
+    assert child.attributes["messaging.operation.type"] == "process"
     # the handler itself sees the task span as current (also in a thread)
     assert inner[0].span_id == child.context.span_id
 
@@ -98,6 +124,26 @@ async def test_failing_handler_marks_the_span(
     assert span.events and span.events[0].name == "exception"
 
 
+async def test_bulk_enqueue_sends_one_producer_span_per_task_and_marks_refusals(
+    app: durq.App, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    tracing.install(app, tracer_provider=provider)
+    outcomes = await app.enqueue_many(
+        [durq.EnqueueRequest("trace:bulk", {"n": n}, task_id=f"b{n}") for n in range(3)]
+    )
+    assert all(o.created for o in outcomes)
+    sent = [s for s in exporter.get_finished_spans() if s.name == "send default"]
+    assert sorted(s.attributes["messaging.message.id"] for s in sent) == ["b0", "b1", "b2"]  # type: ignore[index]
+    stored = await app.inspector.get_task_info("default", "b1")
+    (b1,) = [s for s in sent if s.attributes["messaging.message.id"] == "b1"]  # type: ignore[index]
+    assert stored.headers["traceparent"].split("-")[2] == format(b1.context.span_id, "016x")
+    # A refused enqueue ends its span as an error.
+    with pytest.raises(durq.TaskIDConflictError):
+        await app.enqueue("trace:bulk", {}, task_id="b0")
+    failed = [s for s in exporter.get_finished_spans() if s.name == "send default"][-1]
+    assert not failed.status.is_ok
+
+
 def test_without_opentelemetry_install_is_a_no_op() -> None:
     # A fresh interpreter where importing opentelemetry fails.
     code = (
@@ -107,7 +153,7 @@ def test_without_opentelemetry_install_is_a_no_op() -> None:
         "app = durq.App('sqlite:///:memory:')\n"
         "assert tracing.available() is False\n"
         "assert tracing.install(app) is False\n"
-        "assert app.header_hooks == [] and app.worker_hooks == []\n"
+        "assert app.header_hooks == [] and app.worker_hooks == [] and app.send_hooks == []\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
