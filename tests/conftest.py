@@ -10,9 +10,18 @@ import pytest
 import durq
 from apptools import START, AppFactory
 from durq.clock import FakeClock
-from servers import PG_DSN, REDIS_URL, broker_url_for, drop_isolated, require_server, unique_name  # noqa: F401 - old imports
+from servers import (  # noqa: F401 - old imports
+    BROKER_KINDS,
+    PG_DSN,
+    REDIS_URL,
+    PgBouncer,
+    broker_url_for,
+    drop_isolated,
+    require_pgbouncer,
+    require_server,
+    unique_name,
+)
 
-BROKER_KINDS = ["sqlite", "postgres", "redis", "memory"]
 
 
 @pytest.fixture(params=BROKER_KINDS)
@@ -20,9 +29,22 @@ def broker_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(scope="session")
+def pgbouncer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgBouncer]:
+    """One PgBouncer (transaction pooling) in front of the test PostgreSQL, for the session."""
+    require_pgbouncer()
+    bouncer = PgBouncer(tmp_path_factory.mktemp("pgbouncer"))
+    yield bouncer
+    bouncer.close()
+
+
 @pytest.fixture
-def broker_url(broker_kind: str, tmp_path: Path) -> Iterator[str]:
-    url = broker_url_for(broker_kind, tmp_path)
+def broker_url(broker_kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    if broker_kind == "postgres-pgbouncer":
+        bouncer: PgBouncer = request.getfixturevalue("pgbouncer")
+        url = bouncer.url(unique_name("durq_test"))
+    else:
+        url = broker_url_for(broker_kind, tmp_path)
     yield url
     drop_isolated(broker_kind, url)
 

@@ -12,13 +12,14 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 
 PG_DSN = os.environ.get("DURQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("DURQ_TEST_REDIS", "redis://127.0.0.1:6379/0")
 IN_CI = os.environ.get("CI", "").lower() == "true"
+BROKER_KINDS = ["sqlite", "postgres", "redis", "memory"]
 
 
 def _reachable(host: str, port: int) -> bool:
@@ -35,6 +36,16 @@ def require_server(kind: str) -> None:
     host, port = url.hostname or "127.0.0.1", url.port or {"postgres": 5432, "redis": 6379}[kind]
     if not _reachable(host, port):
         message = f"{kind} is not reachable on {host}:{port}"
+        if IN_CI:
+            pytest.fail(f"{message} (required when CI=true)")
+        pytest.skip(message)
+
+
+def require_pgbouncer() -> None:
+    """Skip (or fail under CI) when PostgreSQL or the PgBouncer binary is missing."""
+    require_server("postgres")
+    if not os.access(PGBOUNCER, os.X_OK):
+        message = f"{PGBOUNCER} is not installed (Debian package pgbouncer)"
         if IN_CI:
             pytest.fail(f"{message} (required when CI=true)")
         pytest.skip(message)
@@ -59,11 +70,11 @@ def broker_url_for(kind: str, tmp_path: Path) -> str:
 
 def drop_isolated(kind: str, url: str) -> None:
     """Remove what a test left in a shared server."""
-    if kind == "postgres":
+    if kind in ("postgres", "postgres-pgbouncer"):
         import psycopg
         from psycopg import sql
 
-        schema = url.split("schema=", 1)[1]
+        schema = parse_qs(urlsplit(url).query)["schema"][0]
         with psycopg.connect(PG_DSN, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
     elif kind == "redis":
@@ -159,3 +170,66 @@ class PrivateRedis:
         self.start()
 
     close = kill
+
+
+PGBOUNCER = os.environ.get("DURQ_TEST_PGBOUNCER", "/usr/sbin/pgbouncer")
+
+
+class PgBouncer:
+    """A PgBouncer of the suite's own in transaction pooling mode, in front of the shared
+    PostgreSQL (``PG_DSN``), on a free loopback port; ``close`` stops it."""
+
+    def __init__(self, work_dir: Path) -> None:
+        if not os.access(PGBOUNCER, os.X_OK):
+            raise FileNotFoundError(f"{PGBOUNCER} is not installed (Debian package pgbouncer)")
+        server = urlsplit(PG_DSN)
+        self.user = server.username or "postgres"
+        self.database = server.path.lstrip("/") or "test"
+        self.port = free_port()
+        work_dir.mkdir(parents=True, exist_ok=True)
+        work_dir.chmod(0o755)  # readable after PgBouncer drops root (below)
+        users = work_dir / "userlist.txt"
+        users.write_text(f'"{self.user}" ""\n')
+        config = work_dir / "pgbouncer.ini"
+        config.write_text(
+            "[databases]\n"
+            f"{self.database} = host={server.hostname or '127.0.0.1'} "
+            f"port={server.port or 5432} dbname={self.database}\n"
+            "[pgbouncer]\n"
+            "listen_addr = 127.0.0.1\n"
+            f"listen_port = {self.port}\n"
+            "unix_socket_dir =\n"
+            "auth_type = trust\n"
+            f"auth_file = {users}\n"
+            "pool_mode = transaction\n"
+            "max_client_conn = 500\n"
+            "default_pool_size = 20\n"
+        )
+        for path in (users, config):
+            path.chmod(0o644)
+        # PgBouncer refuses to run as root; -u drops to an unprivileged user.
+        as_user = ["-u", "nobody"] if os.geteuid() == 0 else []
+        self.log = work_dir / "pgbouncer.log"
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [PGBOUNCER, *as_user, str(config)], stdout=log, stderr=subprocess.STDOUT
+            )
+        try:
+            wait_port(self.port, timeout=15)
+        except TimeoutError:
+            self.close()
+            raise RuntimeError(f"PgBouncer did not start: {self.log.read_text()[-2000:]}") from None
+
+    def url(self, schema: str) -> str:
+        """A broker URL through this PgBouncer; LISTEN goes straight to PostgreSQL."""
+        query = urlencode({"schema": schema, "pgbouncer": "1", "listen_url": PG_DSN})
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/{self.database}?{query}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)

@@ -12,6 +12,17 @@ import pytest
 import durq
 from durq.brokers import FullBroker, open_broker
 from durq.clock import FakeClock
+from servers import BROKER_KINDS
+
+
+#: Every broker kind of the shared fixtures, plus PostgreSQL behind PgBouncer in transaction
+#: pooling mode (started once per session by the ``pgbouncer`` fixture).
+CONFORMANCE_KINDS = [*BROKER_KINDS, "postgres-pgbouncer"]
+
+
+@pytest.fixture(params=CONFORMANCE_KINDS)
+def broker_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def requires(broker: FullBroker, capability: str) -> None:

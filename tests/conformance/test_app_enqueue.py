@@ -147,7 +147,7 @@ async def test_E6_typed_payloads_are_validated_at_enqueue(app: durq.App) -> None
 def _unreachable_url(kind: str, tmp_path: Path) -> str:
     if kind == "sqlite":
         return f"sqlite:///{tmp_path}/no/such/dir/durq.sqlite3"
-    if kind == "postgres":
+    if kind.startswith("postgres"):
         return "postgresql://postgres@127.0.0.1:1/test?schema=durq"
     return "redis://127.0.0.1:1/0"
 
