@@ -23,7 +23,6 @@ from servers import (  # noqa: F401 - old imports
 )
 
 
-
 @pytest.fixture(params=BROKER_KINDS)
 def broker_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)

@@ -14,7 +14,6 @@ from durq.brokers import FullBroker, open_broker
 from durq.clock import FakeClock
 from servers import BROKER_KINDS
 
-
 #: Every broker kind of the shared fixtures, plus PostgreSQL behind PgBouncer in transaction
 #: pooling mode (started once per session by the ``pgbouncer`` fixture).
 CONFORMANCE_KINDS = [*BROKER_KINDS, "postgres-pgbouncer"]

@@ -25,7 +25,6 @@ from durq.errors import (
     TaskIDConflictError,
 )
 from durq.states import TaskState
-from servers import PG_DSN
 
 
 @pytest.fixture(autouse=True)
@@ -58,6 +57,17 @@ class Caller:
             self.conn.rollback()
 
 
+def caller_dsn(broker: FullBroker) -> str:
+    return str(broker._dsn)  # type: ignore[attr-defined]
+
+
+def orders(broker: FullBroker) -> str:
+    """The caller's own table: in the broker's schema on PostgreSQL."""
+    if broker.name == "sqlite":
+        return "orders"
+    return f'"{broker.schema}".orders'  # type: ignore[attr-defined]
+
+
 @contextlib.asynccontextmanager
 async def caller(broker: FullBroker) -> AsyncIterator[Caller]:
     if broker.name == "sqlite":
@@ -71,10 +81,10 @@ async def caller(broker: FullBroker) -> AsyncIterator[Caller]:
         return
     import psycopg
 
-    conn = await psycopg.AsyncConnection.connect(PG_DSN)
-    schema = broker.schema  # type: ignore[attr-defined]
-    await conn.execute(f'CREATE TABLE IF NOT EXISTS "{schema}".orders (id text PRIMARY KEY)')
-    await conn.execute(f'SET search_path TO "{schema}"')
+    # The caller's connection goes where the broker's go (through PgBouncer for that kind),
+    # without session state or named prepared statements, like an application's behind it.
+    conn = await psycopg.AsyncConnection.connect(caller_dsn(broker), prepare_threshold=None)
+    await conn.execute(f"CREATE TABLE IF NOT EXISTS {orders(broker)} (id text PRIMARY KEY)")
     await conn.commit()
     try:
         yield Caller(broker, conn, True)
@@ -91,7 +101,7 @@ async def pending(broker: FullBroker) -> list[str]:
 
 async def test_E8_commit_makes_order_and_task_visible(broker: FullBroker) -> None:
     async with caller(broker) as c:
-        await c.execute("INSERT INTO orders (id) VALUES (%s)".replace("%s", _mark(c)), "o-1")
+        await c.execute(f"INSERT INTO {orders(c.broker)} (id) VALUES ({_mark(c)})", "o-1")
         info = await broker.enqueue(params("o-1"), connection=c.conn)
         assert info.state is TaskState.PENDING
         assert await pending(broker) == []  # not committed: invisible to others
@@ -102,7 +112,7 @@ async def test_E8_commit_makes_order_and_task_visible(broker: FullBroker) -> Non
 
 async def test_E8_rollback_leaves_nothing(broker: FullBroker) -> None:
     async with caller(broker) as c:
-        await c.execute("INSERT INTO orders (id) VALUES (%s)".replace("%s", _mark(c)), "o-2")
+        await c.execute(f"INSERT INTO {orders(c.broker)} (id) VALUES ({_mark(c)})", "o-2")
         await broker.enqueue(params("o-2"), connection=c.conn)
         outcomes = await broker.enqueue_many([params("o-3"), params("o-4")], connection=c.conn)
         assert all(o.created for o in outcomes)
@@ -147,7 +157,7 @@ def sync_caller(broker: FullBroker) -> Iterator[Any]:
     else:
         import psycopg
 
-        conn = psycopg.connect(PG_DSN)
+        conn = psycopg.connect(caller_dsn(broker), prepare_threshold=None)
     try:
         yield conn
     finally:

@@ -88,6 +88,8 @@ class PostgresBroker(PostgresAdmin):
         connect_timeout: float = 5.0,
         pool_min: int = 1,
         pool_max: int = 10,
+        pgbouncer: bool = False,
+        listen_url: str | None = None,
     ) -> None:
         super().__init__(
             dsn,
@@ -96,8 +98,16 @@ class PostgresBroker(PostgresAdmin):
             connect_timeout=connect_timeout,
             pool_min=pool_min,
             pool_max=pool_max,
+            pgbouncer=pgbouncer,
+            listen_url=listen_url,
         )
         self._listener: Listener | None = None
+        # LISTEN through a transaction pooler hears nothing: without a direct listen_url,
+        # workers poll (warned once, when a worker first claims).
+        self._polling = pgbouncer and listen_url is None
+        self._polling_warned = False
+        if self._polling:
+            self.capabilities = self.capabilities - {CAP_CROSS_PROCESS_NOTIFY}
         # When each queue was last claimed from (monotonic): a wake-up that arrives between a
         # short claim and the next wait makes that wait return at once (level-triggered).
         self._claim_marks: dict[str, float] = {}
@@ -300,7 +310,7 @@ class PostgresBroker(PostgresAdmin):
         mark = time.monotonic()
         for queue in queues:
             self._claim_marks[queue] = mark
-        self._listen().start()
+        self._start_listening()
         now = self._now()
         lease_until = now + params.lease_seconds
         async with self._connection("claim") as conn:
@@ -498,15 +508,27 @@ class PostgresBroker(PostgresAdmin):
         if timeout <= 0:
             return False
         wanted = frozenset(queues)
-        if not wanted:
+        if not wanted or self._polling:
             await asyncio.sleep(timeout)
             return False
         return await self._listen().wait(wanted, timeout, self._claim_marks)
 
+    def _start_listening(self) -> None:
+        if not self._polling:
+            self._listen().start()
+        elif not self._polling_warned:
+            self._polling_warned = True
+            log.warning(
+                "PostgreSQL behind PgBouncer without listen_url: no LISTEN wake-ups, "
+                "workers poll for new tasks (add listen_url=<direct postgresql:// URL>)"
+            )
+
     def _listen(self) -> Listener:
-        # One listening connection per broker instance, opened on first need (workers only).
+        # One listening connection per broker instance, opened on first need (workers only),
+        # straight to PostgreSQL when listen_url is given.
         if self._listener is None:
-            self._listener = Listener(self._dsn, self._channel, self._connect_kwargs())
+            dsn = self._listen_dsn or self._dsn
+            self._listener = Listener(dsn, self._channel, self._connect_kwargs())
         return self._listener
 
     async def register_worker(self, info: WorkerInfo) -> None:

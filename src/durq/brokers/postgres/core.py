@@ -37,7 +37,9 @@ DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_POOL_MAX = 10
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 # Query parameters of the URL that are ours; the rest goes to libpq untouched.
-_OWN_PARAMS = ("schema", "pool_min", "pool_max")
+_OWN_PARAMS = ("schema", "pool_min", "pool_max", "pgbouncer", "listen_url")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
 
 AsyncConn = psycopg.AsyncConnection[DictRow]
 log = logging.getLogger("durq.brokers.postgres")
@@ -70,6 +72,8 @@ class PostgresBase:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         pool_min: int = 1,
         pool_max: int = DEFAULT_POOL_MAX,
+        pgbouncer: bool = False,
+        listen_url: str | None = None,
     ) -> None:
         if not _SCHEMA_NAME.match(schema):
             raise ConfigurationError(
@@ -83,6 +87,10 @@ class PostgresBase:
         self._connect_timeout = connect_timeout
         self._pool_min = pool_min
         self._pool_max = max(pool_max, pool_min, 1)
+        #: Behind a transaction-pooling PgBouncer: no named prepared statements, and LISTEN
+        #: only on ``listen_url`` (a session of its own straight to PostgreSQL).
+        self._pgbouncer = pgbouncer
+        self._listen_dsn = self.parse_url(listen_url)[0] if listen_url else None
         self._channel = channel_for(schema)
         self._q = queries.render_all(schema)
         self._pool: AsyncConnectionPool[AsyncConn] | None = None
@@ -100,6 +108,16 @@ class PostgresBase:
         for key, value in query:
             if key == "schema":
                 options["schema"] = value or DEFAULT_SCHEMA
+            elif key == "pgbouncer":
+                if value.lower() not in _TRUE + _FALSE:
+                    raise ConfigurationError(f"pgbouncer must be 1 or 0, not {value!r}")
+                options["pgbouncer"] = value.lower() in _TRUE
+            elif key == "listen_url":
+                if urlsplit(value).scheme not in ("postgres", "postgresql"):
+                    raise ConfigurationError(
+                        f"listen_url must be a postgresql:// URL, not {value!r}"
+                    )
+                options["listen_url"] = value
             elif key in ("pool_min", "pool_max"):
                 try:
                     options[key] = int(value)
@@ -127,7 +145,12 @@ class PostgresBase:
 
     def _connect_kwargs(self) -> dict[str, Any]:
         # libpq wants whole seconds, at least 2 (it treats 1 as 2).
-        return {"connect_timeout": max(2, round(self._connect_timeout))}
+        kwargs: dict[str, Any] = {"connect_timeout": max(2, round(self._connect_timeout))}
+        if self._pgbouncer:
+            # A named prepared statement lives in one server session; PgBouncer 1.18 hands
+            # each transaction to any session, where it does not exist.
+            kwargs["prepare_threshold"] = None
+        return kwargs
 
     def _op(self, method: str) -> str:
         return f"postgres.{method}"
