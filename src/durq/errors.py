@@ -83,8 +83,13 @@ class InvalidStateError(DurqError):
     """The task is not in a state that allows this operation."""
 
 
-class UnknownTaskTypeError(DurqError, LookupError):
-    """No task of this type is registered in this app."""
+class IllegalTransitionError(InvalidStateError):
+    """The state machine (:data:`durq.states.TRANSITIONS`) has no such move."""
+
+    def __init__(self, message: str | None = None, *, state: Any = None, event: str = "") -> None:
+        super().__init__(message, state=state, event=event)
+        self.state = state
+        self.event = event
 
 
 # Control flow for handlers. These are signals, not failures of the library.

@@ -1,11 +1,13 @@
 """The inspector: the admin facade that the CLI and the dashboard use.
 
-It validates names and states at the edge and goes through the broker's Admin seam only."""
+It validates names and states at the edge; reads go through the broker's Admin seam, moves
+through :mod:`durq.lifecycle`, which decides them and hands the broker fenced writes."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from durq import lifecycle
 from durq.brokers.base import QueueStats, WorkerInfo
 from durq.errors import ValidationError
 from durq.names import check_queue, check_task_id
@@ -62,27 +64,35 @@ class Inspector:
 
     async def run_task(self, queue: str, task_id: str) -> TaskInfo:
         """Make a scheduled, retry or archived task pending now."""
-        return await (await self._admin()).run_task(check_queue(queue), check_task_id(task_id))
+        return await lifecycle.run_task(
+            await self._admin(), check_queue(queue), check_task_id(task_id)
+        )
 
     async def archive_task(self, queue: str, task_id: str) -> TaskInfo:
         """Archive a waiting task."""
-        return await (await self._admin()).archive_task(check_queue(queue), check_task_id(task_id))
+        return await lifecycle.archive_task(
+            await self._admin(), check_queue(queue), check_task_id(task_id)
+        )
 
     async def delete_task(self, queue: str, task_id: str) -> None:
         """Delete a task that is not active."""
-        await (await self._admin()).delete_task(check_queue(queue), check_task_id(task_id))
+        await lifecycle.delete_task(await self._admin(), check_queue(queue), check_task_id(task_id))
 
     async def cancel_task(self, queue: str, task_id: str) -> TaskInfo:
         """Cancel a task: an active one's handler is cancelled by its worker."""
-        return await (await self._admin()).cancel_task(check_queue(queue), check_task_id(task_id))
+        return await lifecycle.cancel_task(
+            await self._admin(), check_queue(queue), check_task_id(task_id)
+        )
 
     async def run_all(self, queue: str, state: TaskState | str) -> int:
         """Run every scheduled, retry or archived task of a queue now."""
-        return await (await self._admin()).run_all(check_queue(queue), parse_state(state))
+        return await lifecycle.run_all(await self._admin(), check_queue(queue), parse_state(state))
 
     async def delete_all(self, queue: str, state: TaskState | str) -> int:
         """Delete every task of a queue in a state other than active."""
-        return await (await self._admin()).delete_all(check_queue(queue), parse_state(state))
+        return await lifecycle.delete_all(
+            await self._admin(), check_queue(queue), parse_state(state)
+        )
 
     async def pause_queue(self, queue: str) -> None:
         """Pause a queue: workers take nothing from it; enqueue still works."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from durq.errors import IllegalTransitionError
+
 
 class TaskState(StrEnum):
     """Where a task is in its life. Each broker stores exactly these names."""
@@ -36,22 +38,43 @@ class TaskState(StrEnum):
         return self.value
 
 
-#: The allowed moves of a task, as ``(from, event) -> to``.
-TRANSITIONS: dict[tuple[TaskState, str], TaskState] = {
+#: Every allowed move, as ``(from, event) -> to``; ``None`` as ``to``: the task is deleted.
+#: The only table of the lifecycle: :mod:`durq.lifecycle` asks :func:`move` before every
+#: state change it decides (worker outcomes, rescuer, inspector), and brokers store the result.
+TRANSITIONS: dict[tuple[TaskState, str], TaskState | None] = {
+    # its time comes (promoter; a SQL claim takes due tasks directly)
     (TaskState.SCHEDULED, "due"): TaskState.PENDING,
     (TaskState.RETRY, "due"): TaskState.PENDING,
     (TaskState.PENDING, "claim"): TaskState.ACTIVE,
+    (TaskState.SCHEDULED, "claim"): TaskState.ACTIVE,
+    (TaskState.RETRY, "claim"): TaskState.ACTIVE,
+    # the worker's outcome of an attempt (retention 0: completed and deleted at once)
     (TaskState.ACTIVE, "complete"): TaskState.COMPLETED,
-    (TaskState.ACTIVE, "retry"): TaskState.RETRY,
-    (TaskState.ACTIVE, "archive"): TaskState.ARCHIVED,
-    (TaskState.ACTIVE, "lease_expired"): TaskState.RETRY,
+    (TaskState.ACTIVE, "fail"): TaskState.RETRY,
+    (TaskState.ACTIVE, "give_up"): TaskState.ARCHIVED,
     (TaskState.ACTIVE, "requeue"): TaskState.PENDING,
+    # the rescuer: an expired lease, or a worker lost too often (poison pill)
+    (TaskState.ACTIVE, "lease_expired"): TaskState.RETRY,
+    (TaskState.ACTIVE, "worker_lost"): TaskState.ARCHIVED,
+    # the inspector
     (TaskState.SCHEDULED, "run"): TaskState.PENDING,
     (TaskState.RETRY, "run"): TaskState.PENDING,
     (TaskState.ARCHIVED, "run"): TaskState.PENDING,
     (TaskState.PENDING, "archive"): TaskState.ARCHIVED,
     (TaskState.SCHEDULED, "archive"): TaskState.ARCHIVED,
     (TaskState.RETRY, "archive"): TaskState.ARCHIVED,
+    (TaskState.PENDING, "cancel"): TaskState.ARCHIVED,
+    (TaskState.SCHEDULED, "cancel"): TaskState.ARCHIVED,
+    (TaskState.RETRY, "cancel"): TaskState.ARCHIVED,
+    # an active task is only flagged; its worker then archives it ("give_up")
+    (TaskState.ACTIVE, "cancel"): TaskState.ACTIVE,
+    (TaskState.PENDING, "delete"): None,
+    (TaskState.SCHEDULED, "delete"): None,
+    (TaskState.RETRY, "delete"): None,
+    (TaskState.ARCHIVED, "delete"): None,
+    (TaskState.COMPLETED, "delete"): None,
+    # the janitor, once the retention has passed
+    (TaskState.COMPLETED, "expire"): None,
 }
 
 #: States a worker may take a task from once ``next_process_at`` has passed.
@@ -63,6 +86,20 @@ CLAIMABLE: frozenset[TaskState] = frozenset(
 FINISHED: frozenset[TaskState] = frozenset({TaskState.ARCHIVED, TaskState.COMPLETED})
 
 
-def can_move(state: TaskState, event: str) -> TaskState | None:
-    """The state after ``event``, or ``None`` when the table forbids it."""
-    return TRANSITIONS.get((state, event))
+def allowed(state: TaskState, event: str) -> bool:
+    """Whether :data:`TRANSITIONS` has ``event`` from ``state``."""
+    return (state, event) in TRANSITIONS
+
+
+def move(state: TaskState, event: str, *, task_id: str | None = None) -> TaskState | None:
+    """The state after ``event`` (``None``: deleted); IllegalTransitionError when the table
+    has no such move."""
+    try:
+        return TRANSITIONS[(state, event)]
+    except KeyError:
+        what = f"task {task_id!r}" if task_id is not None else "a task"
+        raise IllegalTransitionError(
+            f"cannot {event.replace('_', ' ')} {what}: it is {state.value}",
+            state=state,
+            event=event,
+        ) from None

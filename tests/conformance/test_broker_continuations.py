@@ -10,7 +10,7 @@ import pytest
 from brokerkit import LEASE, A, X, claim, params, picture, put, snapshot
 
 from conformance.conftest import requires
-from durq import continuations
+from durq import continuations, lifecycle
 from durq.brokers import FullBroker
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
@@ -85,7 +85,7 @@ async def test_stale_token_creates_neither(broker: FullBroker, clock: FakeClock)
     assert await snapshot(broker) == picture(active="a b")
     # A lease that expired and was rescued is no longer held either.
     clock.advance(LEASE + 1)
-    await broker.rescue_expired(5)
+    await lifecycle.rescue_expired(broker, 5)
     assert not await broker.complete(CompleteParams(leases["a"].ref, None, 60, follow("a")))
     assert await snapshot(broker) == picture(retry="a b")
 
@@ -129,7 +129,7 @@ async def test_rescuer_archive_creates_the_follow_up_of_the_header(
     await broker.enqueue(params("plain"))
     await claim(broker)
     clock.advance(LEASE + 1)
-    rescued = await broker.rescue_expired(1)
+    rescued = await lifecycle.rescue_expired(broker, 1)
     assert {t.id: t.state for t in rescued} == {"pill": X, "plain": X}
     assert await snapshot(broker, "after") == picture(pending="then:pill")
     info = await broker.get_task("after", "then:pill")
@@ -146,7 +146,7 @@ async def test_rescue_to_retry_creates_nothing(broker: FullBroker, clock: FakeCl
     await broker.enqueue(params("t", headers=then_header(), max_retry=5))
     await claim(broker)
     clock.advance(LEASE + 1)
-    await broker.rescue_expired(3)
+    await lifecycle.rescue_expired(broker, 3)
     assert await snapshot(broker) == picture(retry="t")
 
 
@@ -156,14 +156,14 @@ async def test_inspector_archive_and_cancel_create_the_follow_up(
     await broker.enqueue(params("x", headers=then_header()))
     await broker.enqueue(params("y", headers=then_header()))
     await broker.enqueue(params("z", headers=then_header(on_archived=False)))
-    await broker.archive_task("default", "x")
-    await broker.cancel_task("default", "y")
-    await broker.archive_task("default", "z")
+    await lifecycle.archive_task(broker, "default", "x")
+    await lifecycle.cancel_task(broker, "default", "y")
+    await lifecycle.archive_task(broker, "default", "z")
     assert await snapshot(broker) == picture(archived="x y z", pending="then:x then:y")
     assert (await broker.get_task("default", "then:y")).payload["error"] == "cancelled"
     # Archiving again after a rerun finds the follow-up there: skipped, no error.
-    await broker.run_task("default", "x")
-    await broker.archive_task("default", "x")
+    await lifecycle.run_task(broker, "default", "x")
+    await lifecycle.archive_task(broker, "default", "x")
     assert await snapshot(broker) == picture(archived="x y z", pending="then:x then:y")
 
 
@@ -172,7 +172,7 @@ async def test_cancel_of_an_active_task_waits_for_its_worker(
 ) -> None:
     await broker.enqueue(params("a", headers=then_header()))
     (lease,) = await claim(broker)
-    await broker.cancel_task("default", "a")
+    await lifecycle.cancel_task(broker, "default", "a")
     assert await snapshot(broker) == picture(active="a")  # the worker archives it
     follow_ups = continuations.build(lease.task, continuations.ARCHIVED, error="cancelled")
     assert await broker.archive(

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 import pytest
 from brokerkit import LATER, A, C, P, R, S, X, claim, claim_ids, params, picture, put, snapshot
 
+from durq import lifecycle
 from durq.brokers import FullBroker
 from durq.brokers.base import ArchiveParams, CompleteParams
 from durq.clock import FakeClock
@@ -162,7 +163,7 @@ async def test_E4_freed_when_first_task_is_archived(broker: FullBroker, clock: F
 
 async def test_E4_freed_when_inspector_archives(broker: FullBroker, clock: FakeClock) -> None:
     await broker.enqueue(params("u1", unique_key="k", unique_ttl=3600))
-    await broker.archive_task("default", "u1")
+    await lifecycle.archive_task(broker, "default", "u1")
     assert (await broker.enqueue(params("u2", unique_key="k", unique_ttl=3600))).state is P
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from brokerkit import LEASE, A, P, claim, claim_ids, params, picture, snapshot
 
+from durq import lifecycle
 from durq.brokers import FullBroker
 from durq.brokers.base import ArchiveParams, CompleteParams, LeaseRef, RetryParams
 from durq.clock import FakeClock
@@ -16,7 +17,7 @@ async def test_W1_extend_leases_keeps_a_long_task(broker: FullBroker, clock: Fak
         clock.advance(20)
         report = await broker.extend_leases([lease.ref], LEASE)
         assert report.lost == frozenset() and report.cancel == frozenset()
-        assert await broker.rescue_expired(3) == []
+        assert await lifecycle.rescue_expired(broker, 3) == []
     assert await snapshot(broker) == picture(active="long")
     assert await broker.complete(CompleteParams(lease.ref))
     assert await snapshot(broker) == {}
@@ -29,7 +30,7 @@ async def test_W1_extend_leases_reports_lost_leases(broker: FullBroker, clock: F
     clock.advance(LEASE - 10)
     await broker.extend_leases([held.ref], LEASE)  # only this one keeps heartbeating
     clock.advance(11)
-    rescued = await broker.rescue_expired(3)
+    rescued = await lifecycle.rescue_expired(broker, 3)
     assert sorted(t.id for t in rescued) == ["t1", "t2"]
     report = await broker.extend_leases(
         [held.ref, gone.ref, finished.ref, LeaseRef("default", "nope", "x")], LEASE
@@ -46,14 +47,14 @@ async def test_W1_extend_leases_with_a_wrong_token_is_lost(
     report = await broker.extend_leases([LeaseRef("default", "t", "not-the-token")], LEASE)
     assert report.lost == {"t"}
     clock.advance(LEASE + 1)  # the wrong token did not extend the real lease
-    assert [t.id for t in await broker.rescue_expired(3)] == ["t"]
+    assert [t.id for t in await lifecycle.rescue_expired(broker, 3)] == ["t"]
 
 
 async def test_W12_extend_leases_reports_cancel(broker: FullBroker, clock: FakeClock) -> None:
     await broker.enqueue(params("a"))
     await broker.enqueue(params("b"))
     a, b = await claim(broker, limit=2)
-    info = await broker.cancel_task("default", "a")
+    info = await lifecycle.cancel_task(broker, "default", "a")
     assert info.state is A and info.cancel_requested
     report = await broker.extend_leases([a.ref, b.ref], LEASE)
     assert report.cancel == {"a"} and report.lost == frozenset()
@@ -63,7 +64,7 @@ async def test_W1_fencing_stale_token_changes_nothing(broker: FullBroker, clock:
     await broker.enqueue(params("t", max_retry=5))
     (first,) = await claim(broker, worker="zombie")
     clock.advance(LEASE + 1)
-    (rescued,) = await broker.rescue_expired(3)
+    (rescued,) = await lifecycle.rescue_expired(broker, 3)
     assert rescued.state.value == "retry"
     (second,) = await claim(broker, worker="healthy")
     assert second.task.id == "t" and second.token != first.token

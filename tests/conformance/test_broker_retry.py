@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 from brokerkit import LATER, C, R, X, claim, claim_ids, params, picture, snapshot
 
+from durq import lifecycle
 from durq.brokers import FullBroker
 from durq.brokers.base import ArchiveParams, CompleteParams, RetryParams
 from durq.clock import FakeClock
@@ -101,7 +102,7 @@ async def test_I1_counters_per_outcome(broker: FullBroker, clock: FakeClock) -> 
     assert await broker.archive(ArchiveParams(silent.ref, "cancelled", count_attempt=False))
     assert await broker.requeue(requeued.ref)  # neither
     clock.advance(3600)
-    assert [t.id for t in await broker.rescue_expired(3)] == [lost.task.id]  # both
+    assert [t.id for t in await lifecycle.rescue_expired(broker, 3)] == [lost.task.id]  # both
     stats = await broker.queue_stats("default")
     assert (stats.processed_today, stats.failed_today) == (4, 3)
     assert (stats.processed_total, stats.failed_total) == (4, 3)

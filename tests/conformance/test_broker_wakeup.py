@@ -14,6 +14,7 @@ import time
 import pytest
 from brokerkit import X, claim, params, put
 
+from durq import lifecycle
 from durq.brokers import FullBroker
 from durq.brokers.base import CAP_CROSS_PROCESS_NOTIFY
 from durq.clock import FakeClock
@@ -69,7 +70,9 @@ async def test_W11_wait_returns_by_its_timeout(broker: FullBroker) -> None:
 async def test_W11_requeue_and_run_wake(make_broker, clock: FakeClock) -> None:
     waiter, admin = await make_broker(), await make_broker()
     await put(admin, clock, {"x": X})
-    woken, _ = await woken_by(waiter, ["default"], lambda: admin.run_task("default", "x"))
+    woken, _ = await woken_by(
+        waiter, ["default"], lambda: lifecycle.run_task(admin, "default", "x")
+    )
     assert woken
     (lease,) = await claim(admin)
     woken, _ = await woken_by(waiter, ["default"], lambda: admin.requeue(lease.ref))

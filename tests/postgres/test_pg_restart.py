@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from durq import lifecycle
 from durq.brokers.base import ClaimParams, EnqueueParams
 from durq.errors import BrokerUnavailableError, TaskNotFoundError
 from durq.states import TaskState
@@ -90,7 +91,7 @@ async def test_restart_costs_no_task(make_pg, clock) -> None:
 
     # The lease of the task that was active recovers normally once it expires.
     clock.advance(31)
-    rescued = await until_ok(lambda: worker.rescue_expired(3))
+    rescued = await until_ok(lambda: lifecycle.rescue_expired(worker, 3))
     assert [t.id for t in rescued] == ["running"]
     assert rescued[0].state is TaskState.RETRY and rescued[0].last_error == "lease expired"
     leases = await until_ok(lambda: worker.claim(ClaimParams(["default"], 10, "w1", 30)))

@@ -168,5 +168,5 @@ async def test_every_task_field_has_a_column(pg_url: str, schema: str) -> None:
 def test_queries_file_has_no_duplicate_or_empty_blocks() -> None:
     named = queries.raw_queries()
     assert all(text.strip() for text in named.values())
-    for required in ("claim", "enqueue", "complete", "extend_leases", "rescue_expired"):
+    for required in ("claim", "enqueue", "complete", "extend_leases", "expired_leases"):
         assert required in named

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from durq import lifecycle
 from durq.brokers.base import ClaimParams, CompleteParams, EnqueueParams, WorkerInfo
 from durq.brokers.redis import RedisBroker
 from durq.brokers.redis.lua import LuaScript
@@ -132,14 +133,14 @@ async def test_every_script_call_touches_one_slot_under_the_prefix(
     await rbroker.requeue(leases[2].ref)
     await rbroker.promote_due()
     clock.advance(100)
-    await rbroker.rescue_expired(3)
+    await lifecycle.rescue_expired(rbroker, 3)
     await rbroker.delete_expired(10)
-    await rbroker.run_all("q:1", TaskState.RETRY)
-    await rbroker.archive_task("q:1", "b")
-    await rbroker.run_task("q:1", "b")
-    await rbroker.cancel_task("q:1", "b")
-    await rbroker.delete_task("q:1", "b")
-    await rbroker.delete_all("other", TaskState.PENDING)
+    await lifecycle.run_all(rbroker, "q:1", TaskState.RETRY)
+    await lifecycle.archive_task(rbroker, "q:1", "b")
+    await lifecycle.run_task(rbroker, "q:1", "b")
+    await lifecycle.cancel_task(rbroker, "q:1", "b")
+    await lifecycle.delete_task(rbroker, "q:1", "b")
+    await lifecycle.delete_all(rbroker, "other", TaskState.PENDING)
     assert len(rec.calls) >= 15
     for keys in rec.calls:
         assert keys, "every script receives its keys"

@@ -18,7 +18,7 @@ import durq
 from apptools import AppFactory
 from conformance.apps import exists, signal_on_marker, wait_for_state, worker_process
 from conformance.brokerkit import LEASE, claim
-from durq import webhooks
+from durq import lifecycle, webhooks
 from durq.clock import FakeClock
 from durq.states import TaskState
 from durq.webhooks import verify
@@ -117,7 +117,7 @@ async def test_rescuer_worker_lost_archive_delivers(
     (lease,) = await claim(broker)
     assert lease.task.id == info.id
     clock.advance(LEASE + 1)
-    rescued = await broker.rescue_expired(1)
+    rescued = await lifecycle.rescue_expired(broker, 1)
     assert [(t.id, t.state) for t in rescued] == [(info.id, TaskState.ARCHIVED)]
     hook = await broker.get_task("hooks", webhooks.delivery_task_id(info.id, "archived"))
     assert hook.type == webhooks.TASK_TYPE and hook.max_retry == 4

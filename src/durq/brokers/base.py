@@ -14,15 +14,16 @@ Contract notes that every backend honours (the conformance suite checks each):
   only if it is still active *with that token* (fencing) and answers ``False`` otherwise.
 * A completed task whose retention has passed counts as gone for ``task_id`` conflicts even
   before the janitor deletes it.
-* Counters for the inspector (I1): ``complete`` adds one processed; ``retry``, ``archive``
-  (when it counts an attempt) and ``rescue_expired`` add one processed and one failed, per
-  queue and per UTC day of the broker clock.
-* Follow-ups (continuations) of ``complete``/``archive`` are created in the same atomic
-  step as the outcome, and never when the lease is lost; a follow-up whose task id exists is
-  skipped without failing the outcome. Tasks archived by ``rescue_expired`` or the inspector
-  (``archive_task``, ``cancel_task``) create the follow-ups their headers ask for
-  (``durq-then`` and ``durq-webhook``, see :func:`durq.continuations.for_archived`), in the
-  same transaction on SQL brokers.
+* Brokers store; they do not decide. Which state a task goes to next, and which follow-up
+  tasks that creates, is decided above this seam by :mod:`durq.lifecycle` (with
+  :mod:`durq.states` as the only table of moves); a broker performs the move it is handed,
+  fenced, and answers whether the fence held.
+* Counters for the inspector (I1): ``complete`` adds one processed; ``retry`` and ``archive``
+  (when it counts an attempt) add one processed and one failed, per queue and per UTC day of
+  the broker clock (also through ``move_leases``).
+* Follow-ups (``follow_ups`` of the params) are created in the same atomic step as the move
+  (one transaction, one script), and never when the fence fails; a follow-up whose task id
+  (or unique key) exists is skipped without failing the move.
 * ``list_workers`` shows workers whose last heartbeat is younger than 60 s.
 * Backend failures to reach the server raise :class:`~durq.errors.BrokerUnavailableError`
   with ``operation`` set (``"sqlite.claim"``), never a driver exception.
@@ -34,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from durq.clock import Clock
 from durq.errors import DuplicateTaskError, TaskIDConflictError
 from durq.states import TaskState
 from durq.task import TaskInfo
@@ -143,6 +145,11 @@ class RetryParams:
     lease: LeaseRef
     error: str
     next_process_at: float
+    #: ``lost`` + 1 as well (the rescuer: the worker holding the lease is gone).
+    lost: bool = False
+    #: Also fenced by the lease having expired at this time (the rescuer), so a heartbeat
+    #: that extended it after the rescuer listed it wins.
+    expired_by: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +161,43 @@ class ArchiveParams:
     count_attempt: bool = True
     #: As :attr:`CompleteParams.follow_ups`.
     follow_ups: tuple[EnqueueParams, ...] = ()
+    #: As :attr:`RetryParams.lost` and :attr:`RetryParams.expired_by`.
+    lost: bool = False
+    expired_by: float | None = None
+
+
+#: A fenced move of a held lease out of active (see :meth:`Broker.move_leases`).
+LeaseMove = RetryParams | ArchiveParams
+
+
+@dataclass(frozen=True, slots=True)
+class TaskMove:
+    """The inspector's move of one task that is not active, fenced by the state it was in
+    when the move was decided (:mod:`durq.lifecycle` reads it, then asks for this)."""
+
+    queue: str
+    id: str
+    #: The fence: the move happens only if the task is still in this state (a completed
+    #: task past its retention counts as gone).
+    expect: TaskState
+    #: ``PENDING`` (due now, ``lost`` and the cancel flag reset, wakes workers),
+    #: ``ARCHIVED`` (unique key released) or ``None`` (deleted, unique key released).
+    to: TaskState | None
+    #: ``last_error`` to set when archiving; ``None`` keeps the current one.
+    error: str | None = None
+    #: Tasks to create in the same atomic step, only if the fence holds.
+    follow_ups: tuple[EnqueueParams, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        """``"run"``, ``"archive"`` or ``"delete"``: which write this is."""
+        if self.to is None:
+            return "delete"
+        if self.to is TaskState.PENDING:
+            return "run"
+        if self.to is TaskState.ARCHIVED:
+            return "archive"
+        raise ValueError(f"not a task move: to {self.to}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +256,10 @@ class Broker(Protocol):
     #: Capability names (see ``CAP_*``) this backend provides.
     capabilities: frozenset[str]
 
+    @property
+    def clock(self) -> Clock:
+        """The clock this broker stamps times with (the server's, once measured)."""
+
     async def connect(self) -> None:
         """Open connections (idempotent). Raises BrokerUnavailableError or SchemaError."""
 
@@ -260,12 +308,14 @@ class Broker(Protocol):
     async def promote_due(self) -> int:
         """Move scheduled/retry tasks whose time has come to pending; returns how many."""
 
-    async def rescue_expired(self, max_lost: int) -> list[TaskInfo]:
-        """Recover active tasks whose lease expired (their worker died, W1).
+    async def expired_leases(self, limit: int) -> list[Lease]:
+        """Up to ``limit`` active tasks whose lease expired by now, oldest expiry first, with
+        their tokens (the rescuer decides what becomes of them, W1)."""
 
-        Each gets ``retried`` + 1 and ``lost`` + 1, last_error ``"lease expired"`` and becomes
-        retry, due now; it is archived instead when ``lost >= max_lost`` (last_error
-        ``"worker lost"``) or its retries are used up. Returns the tasks as they are now."""
+    async def move_leases(self, moves: Sequence[LeaseMove]) -> list[bool]:
+        """Apply several fenced ``retry``/``archive`` moves (with their follow-ups) at once:
+        one transaction on SQL brokers; on Redis one script per move, each atomic with its
+        follow-ups. One answer per move: whether its fence held."""
 
     async def delete_expired(self, limit: int) -> int:
         """Janitor: delete up to ``limit`` completed tasks whose retention has passed."""
@@ -303,24 +353,19 @@ class Admin(Protocol):
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task; TaskNotFoundError if absent (or completed past its retention)."""
 
-    async def run_task(self, queue: str, task_id: str) -> TaskInfo:
-        """scheduled/retry/archived -> pending now; InvalidStateError from other states."""
+    async def move_task(self, move: TaskMove) -> TaskInfo | None:
+        """Move one task as :class:`TaskMove` says, with its follow-ups, if it is still in
+        ``move.expect``; the task after the move (before it, when deleted), or ``None`` when
+        the fence failed (moved meanwhile, or gone)."""
 
-    async def archive_task(self, queue: str, task_id: str) -> TaskInfo:
-        """pending/scheduled/retry -> archived; InvalidStateError from other states."""
+    async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
+        """Flag an active task so its worker cancels the handler (W12); ``None`` if the
+        task is not active (or gone)."""
 
-    async def delete_task(self, queue: str, task_id: str) -> None:
-        """Delete a task in any state but active (InvalidStateError: cancel it first)."""
-
-    async def cancel_task(self, queue: str, task_id: str) -> TaskInfo:
-        """Active: flag it so its worker cancels the handler and archives it "cancelled".
-        pending/scheduled/retry: archived "cancelled" at once. Finished: InvalidStateError."""
-
-    async def run_all(self, queue: str, state: TaskState) -> int:
-        """Run every task of ``state`` (scheduled, retry, archived) now; returns how many."""
-
-    async def delete_all(self, queue: str, state: TaskState) -> int:
-        """Delete every task of ``state`` (not active); returns how many."""
+    async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
+        """Move every task of ``queue`` in ``state`` as :class:`TaskMove` would (``to``
+        pending or ``None``: deleted), in short batches; how many. QueueNotFoundError if the
+        queue is unknown."""
 
     async def pause_queue(self, queue: str) -> None:
         """Stop handing out tasks of ``queue``; enqueue still works (W8)."""

@@ -16,15 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from durq import codec, continuations
+from durq import codec, lifecycle
+from durq.backoff import exponential
 from durq.brokers.base import (
     ArchiveParams,
     Broker,
-    CompleteParams,
-    EnqueueParams,
     Lease,
     LeaseRef,
-    RetryParams,
 )
 from durq.errors import BrokerUnavailableError, NotReady, PayloadError, SkipRetry
 from durq.payloads import build
@@ -212,9 +210,9 @@ class Executor:
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             return await self._failed(lease, task_def, message, exc)
-        retention = task.retention
-        follow_ups = self._follow_ups(task, continuations.COMPLETED, result=encoded)
-        params = CompleteParams(lease.ref, encoded, retention, follow_ups)
+        params = lifecycle.completed(
+            lease, encoded, now=self.app.clock.now(), max_payload=self.app.max_payload
+        )
         if await self._report(self.acker.complete, params, task):
             # DEBUG: a line per task costs more than a small task; a periodic INFO summary
             # (durq.observability.logging.TaskSummary) counts them instead.
@@ -316,29 +314,36 @@ class Executor:
     ) -> str:
         error = clip_error(error)
         task = lease.task
-        past_deadline = (
-            task.deadline is not None and task.deadline.timestamp() <= self.app.clock.now()
-        )
-        if task.retried >= task.max_retry or past_deadline:
-            return await self._archive(lease, error, alert=True)
-        if task_def is not None:
-            delay = task_def.retry_delay(task.retried, exc or Exception(error))
-        else:
-            from durq.backoff import exponential
 
-            delay = exponential(task.retried)
-        params = RetryParams(lease.ref, error, self.app.clock.now() + max(0.0, delay))
+        def delay() -> float:
+            if task_def is not None:
+                return task_def.retry_delay(task.retried, exc or Exception(error))
+            return exponential(task.retried)
+
+        now = self.app.clock.now()
+        params = lifecycle.failed(
+            lease, error, now=now, delay=delay, max_payload=self.app.max_payload
+        )
+        if isinstance(params, ArchiveParams):
+            return await self._archived(lease, params, alert=True)
+        delay_s = params.next_process_at - now
         if not await self._report(self.broker.retry, params, task):
             return "lost"
         level = logging.INFO if isinstance(exc, NotReady) else logging.WARNING
-        log.log(level, "task %s will retry in %.1fs: %s", task.id, delay, error, extra=_extra(task))
+        log.log(
+            level, "task %s will retry in %.1fs: %s", task.id, delay_s, error, extra=_extra(task)
+        )
         return "retry"
 
     async def _archive(self, lease: Lease, error: str, *, alert: bool) -> str:
-        error = clip_error(error)
+        params = lifecycle.gave_up(
+            lease, clip_error(error), now=self.app.clock.now(), max_payload=self.app.max_payload
+        )
+        return await self._archived(lease, params, alert=alert)
+
+    async def _archived(self, lease: Lease, params: ArchiveParams, *, alert: bool) -> str:
         task = lease.task
-        follow_ups = self._follow_ups(task, continuations.ARCHIVED, error=error)
-        params = ArchiveParams(lease.ref, error, follow_ups=follow_ups)
+        error = params.error
         if not await self._report(self.broker.archive, params, task):
             return "lost"
         if alert:
@@ -364,11 +369,12 @@ class Executor:
                 return "requeued"
             return "lost"
         if reason == CANCELLED:
-            follow_ups = self._follow_ups(
-                task, continuations.ARCHIVED, error="cancelled", counted=False
-            )
-            params = ArchiveParams(
-                lease.ref, "cancelled", count_attempt=False, follow_ups=follow_ups
+            params = lifecycle.gave_up(
+                lease,
+                lifecycle.CANCELLED,
+                now=self.app.clock.now(),
+                count_attempt=False,
+                max_payload=self.app.max_payload,
             )
             if await self._report(self.broker.archive, params, task):
                 log.info("task %s cancelled", task.id, extra=_extra(task))
@@ -379,30 +385,6 @@ class Executor:
                 "task %s: lease lost to another worker; result dropped", task.id, extra=_extra(task)
             )
         return "lost"
-
-    def _follow_ups(
-        self,
-        task: TaskInfo,
-        outcome: str,
-        *,
-        result: bytes | None = None,
-        error: str = "",
-        counted: bool = True,
-    ) -> tuple[EnqueueParams, ...]:
-        """The continuation and webhook delivery this outcome creates (sent with it, so
-        created atomically); ``counted``: an archive that counts the attempt."""
-        if not continuations.wanted(task):
-            return ()
-        archived_counted = counted and outcome == continuations.ARCHIVED
-        return continuations.follow_ups(
-            task,
-            outcome,
-            result=result,
-            error=error,
-            retried=task.retried + 1 if archived_counted else task.retried,
-            now=self.app.clock.now(),
-            max_payload=self.app.max_payload,
-        )
 
     async def _report(self, call: Callable[[Any], Any], params: Any, task: TaskInfo) -> bool:
         """Send an outcome to the broker, retrying through short outages.

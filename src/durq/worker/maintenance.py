@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from durq import lifecycle
 from durq.brokers.base import Broker
 from durq.states import TaskState
 from durq.worker.service import PeriodicService
@@ -37,7 +38,7 @@ class Rescuer(PeriodicService):
         self.max_lost = max_lost
 
     async def tick(self) -> None:
-        for task in await self.broker.rescue_expired(self.max_lost):
+        for task in await lifecycle.rescue_expired(self.broker, self.max_lost):
             extra = {
                 "task_id": task.id,
                 "task_type": task.type,

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from durq import continuations
-from durq.brokers.base import EnqueueParams, QueueStats, WorkerInfo
+from durq.brokers.base import QueueStats, TaskMove, WorkerInfo
 from durq.brokers.postgres.core import PostgresBase, utc_day
 from durq.brokers.postgres.rows import Row, row_to_info
-from durq.errors import InvalidStateError, QueueNotFoundError, TaskNotFoundError
+from durq.errors import QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState
 from durq.task import TaskInfo
 
 #: A worker whose last heartbeat is older than this is not listed (I5).
 WORKER_VISIBLE_SECONDS = 60.0
-
-_RUNNABLE = frozenset({TaskState.SCHEDULED, TaskState.RETRY, TaskState.ARCHIVED})
 
 
 class PostgresAdmin(PostgresBase):
@@ -85,79 +82,47 @@ class PostgresAdmin(PostgresBase):
             raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
         return row_to_info(row)
 
-    async def _refuse(self, queue: str, task_id: str, action: str) -> InvalidStateError:
-        # The conditional update matched nothing: say whether the task is missing or why not.
-        info = await self.get_task(queue, task_id)
-        return InvalidStateError(f"cannot {action} task {task_id!r}: it is {info.state.value}")
-
-    async def _task_change(self, method: str, query: str, queue: str, task_id: str) -> Row | None:
-        return await self._fetch_one(
-            method,
-            query,
-            {"queue": queue, "id": task_id, "now": self._now(), "channel": self._channel},
+    async def move_task(self, move: TaskMove) -> TaskInfo | None:
+        """Run, archive or delete one task if it is still in ``move.expect``, with the
+        follow-ups, in one transaction."""
+        params: dict[str, Any] = {
+            "queue": move.queue,
+            "id": move.id,
+            "expect": move.expect.value,
+            "now": self._now(),
+            "channel": self._channel,
+            "error": move.error,
+        }
+        query = f"{move.kind}_task"
+        follow_ups = move.follow_ups
+        rows = await self._write_with_follow_ups(
+            query, query, params, lambda rows: follow_ups if rows else ()
         )
+        return row_to_info(rows[0]) if rows else None
 
-    async def _task_archive(self, method: str, query: str, queue: str, task_id: str) -> Row | None:
-        """Archive a waiting task and create the follow-up it asks for, in one transaction."""
-        params = {"queue": queue, "id": task_id, "now": self._now(), "channel": self._channel}
-        rows = await self._write_with_follow_ups(method, query, params, _archived_follow_ups)
-        return rows[0] if rows else None
-
-    async def run_task(self, queue: str, task_id: str) -> TaskInfo:
-        """scheduled/retry/archived -> pending now; InvalidStateError from other states."""
-        row = await self._task_change("run_task", "run_task", queue, task_id)
-        if row is None:
-            raise await self._refuse(queue, task_id, "run")
-        return row_to_info(row)
-
-    async def archive_task(self, queue: str, task_id: str) -> TaskInfo:
-        """pending/scheduled/retry -> archived; InvalidStateError from other states."""
-        row = await self._task_archive("archive_task", "archive_task", queue, task_id)
-        if row is None:
-            raise await self._refuse(queue, task_id, "archive")
-        return row_to_info(row)
-
-    async def delete_task(self, queue: str, task_id: str) -> None:
-        """Delete a task in any state but active (InvalidStateError: cancel it first)."""
-        row = await self._task_change("delete_task", "delete_task", queue, task_id)
-        if row is None:
-            raise await self._refuse(queue, task_id, "delete (cancel it first)")
-
-    async def cancel_task(self, queue: str, task_id: str) -> TaskInfo:
-        """Active: flag it so its worker cancels the handler and archives it "cancelled".
-        pending/scheduled/retry: archived "cancelled" at once. Finished: InvalidStateError."""
-        row = await self._task_archive("cancel_task", "cancel_waiting_task", queue, task_id)
-        if row is None:
-            row = await self._task_change("cancel_task", "cancel_active_task", queue, task_id)
-        if row is None:
-            raise await self._refuse(queue, task_id, "cancel")
-        return row_to_info(row)
-
-    async def run_all(self, queue: str, state: TaskState) -> int:
-        """Run every task of ``state`` (scheduled, retry, archived) now; returns how many."""
-        state = TaskState(state)
-        if state not in _RUNNABLE:
-            raise InvalidStateError(f"cannot run {state.value} tasks")
+    async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
+        """Flag an active task for its worker (W12)."""
         row = await self._fetch_one(
-            "run_all",
-            "run_all",
-            {"queue": queue, "state": state.value, "now": self._now(), "channel": self._channel},
+            "request_cancel", "request_cancel", {"queue": queue, "id": task_id}
         )
-        count = int(row["n"]) if row else 0
-        if count == 0:
-            await self._require_queue("run_all", queue)
-        return count
+        return None if row is None else row_to_info(row)
 
-    async def delete_all(self, queue: str, state: TaskState) -> int:
-        """Delete every task of ``state`` (not active); returns how many."""
+    async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
+        """Run (``to`` pending) or delete (``to`` None) every task of ``state``."""
         state = TaskState(state)
-        if state is TaskState.ACTIVE:
-            raise InvalidStateError("cannot delete active tasks: cancel them first")
-        count = await self._rowcount(
-            "delete_all", "delete_all", {"queue": queue, "state": state.value, "now": self._now()}
-        )
+        params = {
+            "queue": queue,
+            "state": state.value,
+            "now": self._now(),
+            "channel": self._channel,
+        }
+        if to is TaskState.PENDING:
+            row = await self._fetch_one("run_all", "run_all", params)
+            count = int(row["n"]) if row else 0
+        else:
+            count = await self._rowcount("delete_all", "delete_all", params)
         if count == 0:
-            await self._require_queue("delete_all", queue)
+            await self._require_queue("move_all", queue)
         return count
 
     async def _set_paused(self, method: str, queue: str, paused: bool) -> None:
@@ -194,13 +159,3 @@ class PostgresAdmin(PostgresBase):
             )
             for r in rows
         ]
-
-
-def _archived_follow_ups(rows: list[Row]) -> list[EnqueueParams]:
-    """The continuations of the archived rows among ``rows`` (inspector archive/cancel)."""
-    return [
-        f
-        for r in rows
-        if r["state"] == TaskState.ARCHIVED.value
-        for f in continuations.for_archived(row_to_info(r))
-    ]

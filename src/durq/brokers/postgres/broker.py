@@ -16,7 +16,6 @@ from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from durq import continuations
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
@@ -29,6 +28,7 @@ from durq.brokers.base import (
     EnqueueOutcome,
     EnqueueParams,
     Lease,
+    LeaseMove,
     LeaseRef,
     LeaseReport,
     RetryParams,
@@ -52,7 +52,6 @@ from durq.brokers.postgres.rows import (
 )
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import BrokerUnavailableError, ConfigurationError, SchemaError
-from durq.states import TaskState
 from durq.task import TaskInfo
 
 log = logging.getLogger("durq.brokers.postgres")
@@ -403,45 +402,55 @@ class PostgresBroker(PostgresAdmin):
             done.discard(key)
         return answers
 
+    def _lease_move(self, p: LeaseMove, now: float) -> tuple[str, dict[str, Any]]:
+        """The statement and parameters of one fenced retry or archive."""
+        values: dict[str, Any] = {
+            "queue": p.lease.queue,
+            "id": p.lease.id,
+            "token": p.lease.token,
+            "error": p.error,
+            "lost": int(p.lost),
+            "expired_by": p.expired_by,
+            "now": now,
+            "day": utc_day(now),
+        }
+        if isinstance(p, RetryParams):
+            values["next_process_at"] = float(p.next_process_at)
+            return "retry", values
+        values["count_attempt"] = p.count_attempt
+        return "archive", values
+
+    async def move_leases(self, moves: Sequence[LeaseMove]) -> list[bool]:
+        """Several fenced retry/archive moves, with their follow-ups, in one transaction."""
+        if not moves:
+            return []
+        now = self._now()
+        done: list[bool] = []
+        created: list[EnqueueOutcome] = []
+        async with self._connection("move_leases") as conn, conn.transaction():
+            for p in moves:
+                query, values = self._lease_move(p, now)
+                cur = await conn.execute(self._q[query], values)
+                row = await cur.fetchone()
+                held = bool(row and row["n"])
+                done.append(held)
+                if held and isinstance(p, ArchiveParams) and p.follow_ups:
+                    created += await self._drive(conn, enqueue_plan(p.follow_ups, now, None))
+        self._notify_created(created)
+        return done
+
     async def retry(self, params: RetryParams) -> bool:
         """Schedule the next attempt; ``False`` if the lease is no longer held."""
-        now = self._now()
-        row = await self._fetch_one(
-            "retry",
-            "retry",
-            {
-                "queue": params.lease.queue,
-                "id": params.lease.id,
-                "token": params.lease.token,
-                "error": params.error,
-                "next_process_at": float(params.next_process_at),
-                "day": utc_day(now),
-            },
-        )
+        row = await self._fetch_one("retry", *self._lease_move(params, self._now()))
         return bool(row and row["n"])
 
     async def archive(self, params: ArchiveParams) -> bool:
         """Give up on the task; ``False`` if the lease is no longer held."""
-        now = self._now()
-        values = {
-            "queue": params.lease.queue,
-            "id": params.lease.id,
-            "token": params.lease.token,
-            "error": params.error,
-            "count_attempt": params.count_attempt,
-            "now": now,
-            "day": utc_day(now),
-        }
         if params.follow_ups:
-            rows = await self._write_with_follow_ups(
-                "archive",
-                "archive",
-                values,
-                lambda rows: params.follow_ups if rows and rows[0]["n"] else (),
-            )
-        else:
-            rows = await self._fetch("archive", "archive", values)
-        return bool(rows and rows[0]["n"])
+            (done,) = await self.move_leases([params])
+            return done
+        row = await self._fetch_one("archive", *self._lease_move(params, self._now()))
+        return bool(row and row["n"])
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Hand an active task back as pending without counting an attempt (W7)."""
@@ -475,21 +484,12 @@ class PostgresBroker(PostgresAdmin):
             if moved < _BATCH:
                 return total
 
-    async def rescue_expired(self, max_lost: int) -> list[TaskInfo]:
-        """Recover active tasks whose lease expired (their worker died, W1)."""
-        rescued: list[TaskInfo] = []
-        while True:
-            now = self._now()
-            # Archived rows create the follow-ups they ask for, in the same transaction.
-            rows = await self._write_with_follow_ups(
-                "rescue_expired",
-                "rescue_expired",
-                {"now": now, "day": utc_day(now), "max_lost": max_lost, "limit": _BATCH},
-                archived_follow_ups,
-            )
-            rescued.extend(row_to_info(r) for r in rows)
-            if len(rows) < _BATCH:
-                return rescued
+    async def expired_leases(self, limit: int) -> list[Lease]:
+        """Active tasks whose lease expired by now, oldest expiry first."""
+        rows = await self._fetch(
+            "expired_leases", "expired_leases", {"now": self._now(), "limit": limit}
+        )
+        return [Lease(row_to_info(r), r["lease_token"]) for r in rows]
 
     async def delete_expired(self, limit: int) -> int:
         """Janitor: delete up to ``limit`` completed tasks whose retention has passed."""
@@ -554,16 +554,6 @@ class PostgresBroker(PostgresAdmin):
     async def unregister_worker(self, worker_id: str) -> None:
         """Remove a worker's row at shutdown."""
         await self._fetch("unregister_worker", "unregister_worker", {"id": worker_id})
-
-
-def archived_follow_ups(rows: list[Row]) -> list[EnqueueParams]:
-    """The continuations of the archived rows among ``rows`` (rescuer, inspector)."""
-    return [
-        f
-        for r in rows
-        if r["state"] == TaskState.ARCHIVED.value
-        for f in continuations.for_archived(row_to_info(r))
-    ]
 
 
 def _unwrap(outcome: EnqueueOutcome) -> TaskInfo:

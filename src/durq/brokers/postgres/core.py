@@ -134,6 +134,11 @@ class PostgresBase:
         return dsn, options
 
     @property
+    def clock(self) -> Clock:
+        """The clock this broker stamps times with (the server's, once measured)."""
+        return self._clock
+
+    @property
     def schema(self) -> str:
         """The PostgreSQL schema that holds this broker's tables."""
         return self._schema

@@ -231,11 +231,12 @@ SELECT queue, id FROM done;
 -- name: retry
 WITH r AS (
     UPDATE {schema}.tasks AS t
-    SET state = 'retry', retried = t.retried + 1, last_error = %(error)s,
-        next_process_at = %(next_process_at)s,
+    SET state = 'retry', retried = t.retried + 1, lost = t.lost + %(lost)s,
+        last_error = %(error)s, next_process_at = %(next_process_at)s,
         lease_token = NULL, lease_expires_at = NULL, cancel_requested = false
     WHERE t.queue = %(queue)s AND t.id = %(id)s
       AND t.state = 'active' AND t.lease_token = %(token)s
+      AND (%(expired_by)s::float8 IS NULL OR t.lease_expires_at <= %(expired_by)s::float8)
     RETURNING t.queue
 ),
 counted AS (
@@ -252,11 +253,13 @@ WITH a AS (
     UPDATE {schema}.tasks AS t
     SET state = 'archived',
         retried = t.retried + CASE WHEN %(count_attempt)s THEN 1 ELSE 0 END,
+        lost = t.lost + %(lost)s,
         last_error = %(error)s,
         lease_token = NULL, lease_expires_at = NULL, cancel_requested = false,
         unique_key = NULL, unique_until = NULL
     WHERE t.queue = %(queue)s AND t.id = %(id)s
       AND t.state = 'active' AND t.lease_token = %(token)s
+      AND (%(expired_by)s::float8 IS NULL OR t.lease_expires_at <= %(expired_by)s::float8)
     RETURNING t.queue
 ),
 counted AS (
@@ -302,40 +305,14 @@ woken AS (
 )
 SELECT count(*) AS n FROM moved, woken;
 
--- name: rescue_expired
--- Active rows whose lease expired lost their worker (W1): count an attempt and a loss, then
--- retry due now, or archive when lost too often (poison pill) or out of retries.
-WITH expired AS (
-    SELECT queue, id
-    FROM {schema}.tasks
-    WHERE state = 'active' AND lease_expires_at <= %(now)s
-    ORDER BY lease_expires_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-),
-rescued AS (
-    UPDATE {schema}.tasks AS t
-    SET retried = t.retried + 1,
-        lost = t.lost + 1,
-        state = CASE WHEN t.lost + 1 >= %(max_lost)s OR t.retried + 1 > t.max_retry
-                     THEN 'archived' ELSE 'retry' END,
-        last_error = CASE WHEN t.lost + 1 >= %(max_lost)s
-                          THEN 'worker lost' ELSE 'lease expired' END,
-        unique_key = CASE WHEN t.lost + 1 >= %(max_lost)s OR t.retried + 1 > t.max_retry
-                          THEN NULL ELSE t.unique_key END,
-        next_process_at = %(now)s,
-        lease_token = NULL, lease_expires_at = NULL, cancel_requested = false
-    FROM expired
-    WHERE t.queue = expired.queue AND t.id = expired.id
-    RETURNING t.*
-),
-counted AS (
-    INSERT INTO {schema}.stats AS s (queue, day, processed, failed)
-    SELECT queue, %(day)s, count(*), count(*) FROM rescued GROUP BY queue
-    ON CONFLICT (queue, day) DO UPDATE
-    SET processed = s.processed + excluded.processed, failed = s.failed + excluded.failed
-)
-SELECT * FROM rescued;
+-- name: expired_leases
+-- Active rows whose lease expired: their worker is gone (W1). The rescuer decides what
+-- becomes of each and moves it with retry/archive, fenced by token and expiry.
+SELECT *
+FROM {schema}.tasks
+WHERE state = 'active' AND lease_expires_at <= %(now)s
+ORDER BY lease_expires_at
+LIMIT %(limit)s;
 
 -- name: delete_expired
 -- Janitor: a bounded batch of completed rows past retention, so no statement holds locks on
@@ -448,11 +425,11 @@ WHERE queue = %(queue)s AND id = %(id)s
   AND NOT (state = 'completed' AND expires_at <= %(now)s);
 
 -- name: run_task
+-- The inspector's moves are fenced by the state the move was decided on (expect).
 WITH r AS (
     UPDATE {schema}.tasks AS t
     SET state = 'pending', next_process_at = %(now)s, lost = 0, cancel_requested = false
-    WHERE t.queue = %(queue)s AND t.id = %(id)s
-      AND t.state IN ('scheduled', 'retry', 'archived')
+    WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = %(expect)s
     RETURNING t.*
 ),
 woken AS (
@@ -462,20 +439,12 @@ SELECT r.* FROM r, woken;
 
 -- name: archive_task
 UPDATE {schema}.tasks AS t
-SET state = 'archived', unique_key = NULL, unique_until = NULL
-WHERE t.queue = %(queue)s AND t.id = %(id)s
-  AND t.state IN ('pending', 'scheduled', 'retry')
-RETURNING t.*;
-
--- name: cancel_waiting_task
-UPDATE {schema}.tasks AS t
-SET state = 'archived', last_error = 'cancelled',
+SET state = 'archived', last_error = coalesce(%(error)s, t.last_error),
     unique_key = NULL, unique_until = NULL
-WHERE t.queue = %(queue)s AND t.id = %(id)s
-  AND t.state IN ('pending', 'scheduled', 'retry')
+WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = %(expect)s
 RETURNING t.*;
 
--- name: cancel_active_task
+-- name: request_cancel
 -- The worker sees the flag on its next heartbeat (extend_leases) and cancels the handler.
 UPDATE {schema}.tasks AS t
 SET cancel_requested = true
@@ -484,9 +453,9 @@ RETURNING t.*;
 
 -- name: delete_task
 DELETE FROM {schema}.tasks
-WHERE queue = %(queue)s AND id = %(id)s AND state <> 'active'
+WHERE queue = %(queue)s AND id = %(id)s AND state = %(expect)s
   AND NOT (state = 'completed' AND expires_at <= %(now)s)
-RETURNING id;
+RETURNING *;
 
 -- name: run_all
 WITH r AS (

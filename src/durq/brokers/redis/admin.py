@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from durq.brokers.base import QueueStats, WorkerInfo
-from durq.brokers.redis.core import RedisCore
+from durq.brokers.base import QueueStats, TaskMove, WorkerInfo
+from durq.brokers.redis.core import RedisCore, _Call
 from durq.brokers.redis.keys import QueueKeys, utc_day
 from durq.brokers.redis.records import task_info
-from durq.errors import InvalidStateError, QueueNotFoundError, TaskNotFoundError
+from durq.errors import QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState
 from durq.task import TaskInfo
 
@@ -21,7 +21,6 @@ BATCH = 500
 WORKER_FRESH = 60.0
 #: Worker records expire after this long without a heartbeat (server time; garbage only).
 WORKER_TTL = 3600
-_RUNNABLE = (TaskState.SCHEDULED, TaskState.RETRY, TaskState.ARCHIVED)
 
 
 class RedisAdmin(RedisCore):
@@ -47,19 +46,6 @@ class RedisAdmin(RedisCore):
             k.archived,
             k.unique,
         ]
-
-    async def _archived_follow_ups(self, infos: Sequence[TaskInfo]) -> None:
-        """Create the continuations of tasks archived outside a worker; the broker does it."""
-
-    def _admin_reply(self, queue: str, task_id: str, reply: list[Any]) -> TaskInfo | None:
-        tag = reply[0].decode()
-        if tag == "missing":
-            raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
-        if tag == "state":
-            raise InvalidStateError(
-                f"task {task_id!r} is {reply[1].decode()}: not allowed in this state"
-            )
-        return task_info(queue, reply[1]) if len(reply) > 1 else None
 
     async def _stats(self, queue: str, now: float) -> QueueStats:
         k = self._keys.queue(queue)
@@ -152,43 +138,32 @@ class RedisAdmin(RedisCore):
             raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
         return info
 
-    async def _task_script(
-        self, method: str, script: str, queue: str, task_id: str, extra: list[Any]
-    ) -> TaskInfo | None:
-        """Run one inspector script on one task; its reply as the task after the change."""
-        k = self._keys.queue(queue)
-        async with self._op(method):
+    async def move_task(self, move: TaskMove) -> TaskInfo | None:
+        """Run, archive or delete one task if it is still in ``move.expect``: one script,
+        which also creates the follow-ups."""
+        k = self._keys.queue(move.queue)
+        to = {"run": "pending", "archive": "archived", "delete": "deleted"}[move.kind]
+        now = self._clock.now()
+        call: _Call = (
+            "admin_move",
+            self._task_keys(k, move.id),
+            [now, move.expect.value, to, move.error or "", k.notify],
+        )
+        call = self._with_follow_ups(call, move.follow_ups, now)
+        async with self._op("move_task"):
             await self._ensure()
-            reply = await self._eval(
-                script, self._task_keys(k, task_id), [self._clock.now(), *extra]
-            )
-        return self._admin_reply(queue, task_id, reply)
+            if move.follow_ups:
+                await self._remember_queues([f.queue for f in move.follow_ups])
+            reply = await self._eval(*call)
+        return task_info(move.queue, reply[1]) if reply[0] == b"ok" else None
 
-    async def run_task(self, queue: str, task_id: str) -> TaskInfo:
-        """scheduled/retry/archived -> pending now."""
-        notify = self._keys.queue(queue).notify
-        info = await self._task_script("run_task", "admin_run", queue, task_id, [notify])
-        assert info is not None
-        return info
-
-    async def archive_task(self, queue: str, task_id: str) -> TaskInfo:
-        """pending/scheduled/retry -> archived."""
-        info = await self._task_script("archive_task", "admin_archive", queue, task_id, [""])
-        assert info is not None
-        await self._archived_follow_ups([info])
-        return info
-
-    async def delete_task(self, queue: str, task_id: str) -> None:
-        """Delete a task in any state but active."""
-        await self._task_script("delete_task", "admin_delete", queue, task_id, [])
-
-    async def cancel_task(self, queue: str, task_id: str) -> TaskInfo:
-        """Active: flag it for its worker (W12). pending/scheduled/retry: archived now."""
-        info = await self._task_script("cancel_task", "admin_cancel", queue, task_id, [])
-        assert info is not None
-        if info.state is TaskState.ARCHIVED:
-            await self._archived_follow_ups([info])
-        return info
+    async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
+        """Flag an active task for its worker (W12)."""
+        k = self._keys.queue(queue)
+        async with self._op("request_cancel"):
+            await self._ensure()
+            reply = await self._eval("admin_cancel", [k.task(task_id)], ["1"])
+        return task_info(queue, reply[1]) if reply[0] == b"ok" else None
 
     async def _in_batches(
         self,
@@ -215,26 +190,17 @@ class RedisAdmin(RedisCore):
                 if n < BATCH:
                     return total
 
-    async def run_all(self, queue: str, state: TaskState) -> int:
-        """Run every task of ``state`` (scheduled, retry, archived) now."""
+    async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
+        """Run (``to`` pending) or delete (``to`` None) every task of ``state``."""
         state = TaskState(state)
-        if state not in _RUNNABLE:
-            raise InvalidStateError(
-                f"cannot run {state.value} tasks: only scheduled, retry, archived"
+        if to is TaskState.PENDING:
+            return await self._in_batches(
+                "run_all",
+                queue,
+                "admin_run_all",
+                lambda k: [k.by_state(state.value), k.pending],
+                lambda k: [k.notify],
             )
-        return await self._in_batches(
-            "run_all",
-            queue,
-            "admin_run_all",
-            lambda k: [k.by_state(state.value), k.pending],
-            lambda k: [k.notify],
-        )
-
-    async def delete_all(self, queue: str, state: TaskState) -> int:
-        """Delete every task of ``state`` (not active)."""
-        state = TaskState(state)
-        if state is TaskState.ACTIVE:
-            raise InvalidStateError("cannot delete active tasks: cancel them first")
         return await self._in_batches(
             "delete_all",
             queue,

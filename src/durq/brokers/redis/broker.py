@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 from collections import defaultdict
@@ -15,7 +14,6 @@ from typing import Any
 
 from redis import exceptions as rex
 
-from durq import continuations
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
@@ -27,23 +25,21 @@ from durq.brokers.base import (
     EnqueueOutcome,
     EnqueueParams,
     Lease,
+    LeaseMove,
     LeaseRef,
     LeaseReport,
     RetryParams,
 )
 from durq.brokers.redis.admin import RedisAdmin
 from durq.brokers.redis.core import DAY_TTL, Scalar
-from durq.brokers.redis.keys import QueueKeys, utc_day
-from durq.brokers.redis.records import task_info
+from durq.brokers.redis.keys import utc_day
+from durq.brokers.redis.records import pairs, task_info
 from durq.brokers.redis.wire import Subscriber
-from durq.clock import to_datetime
 from durq.errors import (
     BrokerError,
     DuplicateTaskError,
-    DurqError,
     TaskIDConflictError,
 )
-from durq.states import TaskState
 from durq.task import TaskInfo
 
 log = logging.getLogger("durq.brokers.redis")
@@ -52,8 +48,6 @@ log = logging.getLogger("durq.brokers.redis")
 PROMOTE_BOUND = 1000
 #: Tasks per enqueue_many script call: bounds how long one call holds the server.
 ENQUEUE_CHUNK = 500
-#: Expired leases recovered per queue per rescue call.
-RESCUE_BOUND = 1000
 #: Wake-up listener: reconnect backoff bounds (seconds).
 _LISTEN_BACKOFF = (0.05, 2.0)
 #: How long the first claim waits for the wake-up subscription (seconds).
@@ -93,57 +87,6 @@ class RedisBroker(RedisAdmin):
         self._sub: Subscriber | None = None
 
     # -- enqueue --------------------------------------------------------------------------
-
-    def _enqueue_fields(
-        self, p: EnqueueParams, k: QueueKeys, now: float
-    ) -> tuple[list[Scalar], TaskInfo]:
-        """The 12 per-task arguments of enqueue.lua / enqueue_many.lua, and the TaskInfo the
-        task will have if it is created (built from the params: the script returns no row)."""
-        npa = now if p.process_at is None else p.process_at
-        state = TaskState.PENDING if npa <= now else TaskState.SCHEDULED
-        unique = p.unique_key or ""
-        headers = p.headers
-        fields: list[Scalar] = [
-            p.id,
-            p.type,
-            p.payload,
-            p.max_retry,
-            "" if p.timeout is None else float(p.timeout),
-            "" if p.deadline is None else float(p.deadline),
-            float(npa),
-            state.value,
-            float(p.retention),
-            unique,
-            now + (p.unique_ttl or 0.0) if unique else "",
-            json.dumps(headers) if headers else "",
-        ]
-        enqueued_at = to_datetime(now)
-        info = TaskInfo(
-            id=p.id,
-            queue=p.queue,
-            type=p.type,
-            raw_payload=p.payload,
-            state=state,
-            max_retry=p.max_retry,
-            timeout=p.timeout,
-            deadline=None if p.deadline is None else to_datetime(p.deadline),
-            next_process_at=enqueued_at if npa == now else to_datetime(npa),
-            enqueued_at=enqueued_at,
-            retention=p.retention,
-            headers=dict(headers),
-        )
-        return fields, info
-
-    def _enqueue_call(self, p: EnqueueParams, now: float) -> tuple[_Call, TaskInfo]:
-        """One enqueue.lua call (also the layout of a follow-up in complete/archive)."""
-        k = self._keys.queue(p.queue)
-        fields, info = self._enqueue_fields(p, k, now)
-        call: _Call = (
-            "enqueue",
-            [k.task(p.id), k.pending, k.scheduled, k.completed, k.unique, k.seq],
-            [now, k.notify, *fields],
-        )
-        return call, info
 
     @staticmethod
     def _enqueue_outcome(p: EnqueueParams, info: TaskInfo, reply: Any) -> EnqueueOutcome:
@@ -304,21 +247,6 @@ class RedisBroker(RedisAdmin):
             cancel.update(i.decode() for i in cancel_ids)
         return LeaseReport(lost=frozenset(lost), cancel=frozenset(cancel))
 
-    def _with_follow_ups(
-        self, call: _Call, follow_ups: Sequence[EnqueueParams], now: float
-    ) -> _Call:
-        """Append each follow-up's enqueue keys and arguments to a complete/archive call: the
-        script creates them in the same atomic step (continuations)."""
-        if not follow_ups:
-            return call
-        name, keys, args = call
-        keys, args = list(keys), list(args)
-        for p in follow_ups:
-            (_, more_keys, more_args), _ = self._enqueue_call(p, now)
-            keys.extend(more_keys)
-            args.extend(more_args)
-        return name, keys, args
-
     def _complete_call(self, p: CompleteParams, now: float, day: str | None = None) -> _Call:
         k = self._keys.queue(p.lease.queue)
         call: _Call = (
@@ -367,53 +295,73 @@ class RedisBroker(RedisAdmin):
             replies = await self._eval_many([self._complete_call(p, now, day) for p in items])
         return [bool(r) for r in replies]
 
+    def _lease_move_call(self, p: LeaseMove, now: float, day: str) -> _Call:
+        """The retry.lua or archive.lua call of one fenced move (with its follow-ups)."""
+        k = self._keys.queue(p.lease.queue)
+        expired_by: Scalar = "" if p.expired_by is None else float(p.expired_by)
+        lost = "1" if p.lost else "0"
+        if isinstance(p, RetryParams):
+            return (
+                "retry",
+                [k.task(p.lease.id), k.active, k.retry, k.stats, k.stats_day(day)],
+                [
+                    p.lease.token,
+                    p.error,
+                    float(p.next_process_at),
+                    DAY_TTL,
+                    lost,
+                    expired_by,
+                    k.notify if p.next_process_at <= now else "",
+                ],
+            )
+        call: _Call = (
+            "archive",
+            [k.task(p.lease.id), k.active, k.archived, k.unique, k.stats, k.stats_day(day)],
+            [
+                p.lease.token,
+                now,
+                p.error,
+                "1" if p.count_attempt else "0",
+                DAY_TTL,
+                lost,
+                expired_by,
+            ],
+        )
+        return self._with_follow_ups(call, p.follow_ups, now)
+
+    async def move_leases(self, moves: Sequence[LeaseMove]) -> list[bool]:
+        """One retry/archive script per move (each atomic with its follow-ups), all in one
+        pipeline."""
+        if not moves:
+            return []
+        now = self._clock.now()
+        day = utc_day(now)
+        calls = [self._lease_move_call(p, now, day) for p in moves]
+        async with self._op("move_leases"):
+            await self._ensure()
+            await self._remember_follow_up_queues(moves)
+            replies = await self._eval_many(calls)
+        return [bool(r) for r in replies]
+
+    async def _remember_follow_up_queues(self, moves: Sequence[LeaseMove]) -> None:
+        queues = [f.queue for p in moves if isinstance(p, ArchiveParams) for f in p.follow_ups]
+        if queues:
+            await self._remember_queues(queues)
+
     async def retry(self, params: RetryParams) -> bool:
         """retry until ``next_process_at``, retried + 1; False if the lease is lost."""
-        now = self._clock.now()
-        k = self._keys.queue(params.lease.queue)
-        async with self._op("retry"):
-            await self._ensure()
-            return bool(
-                await self._eval(
-                    "retry",
-                    [
-                        k.task(params.lease.id),
-                        k.active,
-                        k.retry,
-                        k.stats,
-                        k.stats_day(utc_day(now)),
-                    ],
-                    [params.lease.token, params.error, float(params.next_process_at), DAY_TTL],
-                )
-            )
+        return await self._move_one("retry", params)
 
     async def archive(self, params: ArchiveParams) -> bool:
         """archived with ``error``; False if the lease is lost."""
+        return await self._move_one("archive", params)
+
+    async def _move_one(self, op: str, params: LeaseMove) -> bool:
         now = self._clock.now()
-        k = self._keys.queue(params.lease.queue)
-        call: _Call = (
-            "archive",
-            [
-                k.task(params.lease.id),
-                k.active,
-                k.archived,
-                k.unique,
-                k.stats,
-                k.stats_day(utc_day(now)),
-            ],
-            [
-                params.lease.token,
-                now,
-                params.error,
-                "1" if params.count_attempt else "0",
-                DAY_TTL,
-            ],
-        )
-        call = self._with_follow_ups(call, params.follow_ups, now)
-        async with self._op("archive"):
+        call = self._lease_move_call(params, now, utc_day(now))
+        async with self._op(op):
             await self._ensure()
-            if params.follow_ups:
-                await self._remember_queues([p.queue for p in params.follow_ups])
+            await self._remember_follow_up_queues([params])
             return bool(await self._eval(*call))
 
     async def requeue(self, lease: LeaseRef) -> bool:
@@ -449,48 +397,26 @@ class RedisBroker(RedisAdmin):
                 )
             return sum(int(n) for n in await self._eval_many(calls))
 
-    async def rescue_expired(self, max_lost: int) -> list[TaskInfo]:
-        """Recover expired leases of every known queue (one pipeline)."""
-        async with self._op("rescue_expired"):
+    async def expired_leases(self, limit: int) -> list[Lease]:
+        """Expired leases of every known queue (one pipeline), oldest expiry first."""
+        async with self._op("expired_leases"):
             await self._ensure()
             queues = await self._all_queues()
             if not queues:
                 return []
             now = self._clock.now()
-            day = utc_day(now)
             calls: list[_Call] = []
             for q in queues:
                 k = self._keys.queue(q)
-                calls.append(
-                    (
-                        "rescue",
-                        [k.active, k.retry, k.archived, k.unique, k.stats, k.stats_day(day)],
-                        [now, k.task_prefix, max_lost, RESCUE_BOUND, DAY_TTL, k.notify],
-                    )
-                )
+                calls.append(("expired", [k.active], [now, k.task_prefix, limit]))
             replies = await self._eval_many(calls)
-        rescued = [
-            task_info(q, row) for q, rows in zip(queues, replies, strict=True) for row in rows
+        leases = [
+            Lease(task_info(q, row), pairs(row)["token"].decode())
+            for q, rows in zip(queues, replies, strict=True)
+            for row in rows
         ]
-        await self._archived_follow_ups([t for t in rescued if t.state is TaskState.ARCHIVED])
-        return rescued
-
-    async def _archived_follow_ups(self, infos: Sequence[TaskInfo]) -> None:
-        """Continuations of tasks archived by the rescuer or the inspector. Unlike a worker's
-        outcome this is a second step after the archive script (it would have to compose the
-        payload in Lua): idempotent by the follow-up's id, but lost if this process dies or
-        the server goes away in between (logged)."""
-        follow_ups = [f for info in infos for f in continuations.for_archived(info)]
-        if not follow_ups:
-            return
-        try:
-            await self.enqueue_many(follow_ups)  # conflicts are reported, not raised
-        except DurqError as exc:
-            log.error(
-                "continuations of archived tasks %s not created: %s",
-                ", ".join(f.id for f in follow_ups),
-                exc,
-            )
+        leases.sort(key=lambda lease: lease.task.lease_expires_at or 0)
+        return leases[:limit]
 
     async def delete_expired(self, limit: int) -> int:
         """Janitor: delete up to ``limit`` completed tasks past their retention."""

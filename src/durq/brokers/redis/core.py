@@ -3,6 +3,7 @@ script calls by SHA, and the mapping of redis-py errors onto durq's typed errors
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Self
@@ -13,10 +14,11 @@ from redis import exceptions as rex
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from durq.brokers.redis.keys import DEFAULT_PREFIX, Keys
+from durq.brokers.base import EnqueueParams
+from durq.brokers.redis.keys import DEFAULT_PREFIX, Keys, QueueKeys
 from durq.brokers.redis.lua import LuaScript, load_scripts
 from durq.brokers.redis.wire import Wire, endpoint_of, error, is_error
-from durq.clock import SYSTEM_CLOCK, Clock, server_clock_for
+from durq.clock import SYSTEM_CLOCK, Clock, server_clock_for, to_datetime
 from durq.errors import (
     BrokerError,
     BrokerUnavailableError,
@@ -24,6 +26,8 @@ from durq.errors import (
     DurqError,
     SchemaError,
 )
+from durq.states import TaskState
+from durq.task import TaskInfo
 
 #: The oldest server the scripts run on (ZADD GT/LT, GETDEL, ZRANGE options...).
 MIN_REDIS_VERSION = (6, 2)
@@ -36,6 +40,7 @@ SOCKET_TIMEOUT = 5.0
 DAY_TTL = 90 * 86400
 
 Scalar = str | bytes | int | float
+_Call = tuple[str, Sequence[str], Sequence[Scalar]]
 
 
 def _arg(value: Scalar) -> str | bytes | int:
@@ -109,6 +114,11 @@ class RedisCore:
                 rest.append((key, value))
         clean = urlunsplit(parts._replace(query=urlencode(rest)))
         return cls(clean, prefix=prefix, clock=clock)
+
+    @property
+    def clock(self) -> Clock:
+        """The clock this broker stamps times with (the server's, once measured)."""
+        return self._clock
 
     @property
     def prefix(self) -> str:
@@ -353,6 +363,74 @@ class RedisCore:
                 await self._redis.script_load(self._scripts[name].source)  # type: ignore[misc]
             todo = missing
         return results
+
+    # -- task writes shared by the hot path and the inspector ------------------------
+
+    def _enqueue_fields(
+        self, p: EnqueueParams, k: QueueKeys, now: float
+    ) -> tuple[list[Scalar], TaskInfo]:
+        """The 12 per-task arguments of enqueue.lua / enqueue_many.lua, and the TaskInfo the
+        task will have if it is created (built from the params: the script returns no row)."""
+        npa = now if p.process_at is None else p.process_at
+        state = TaskState.PENDING if npa <= now else TaskState.SCHEDULED
+        unique = p.unique_key or ""
+        headers = p.headers
+        fields: list[Scalar] = [
+            p.id,
+            p.type,
+            p.payload,
+            p.max_retry,
+            "" if p.timeout is None else float(p.timeout),
+            "" if p.deadline is None else float(p.deadline),
+            float(npa),
+            state.value,
+            float(p.retention),
+            unique,
+            now + (p.unique_ttl or 0.0) if unique else "",
+            json.dumps(headers) if headers else "",
+        ]
+        enqueued_at = to_datetime(now)
+        info = TaskInfo(
+            id=p.id,
+            queue=p.queue,
+            type=p.type,
+            raw_payload=p.payload,
+            state=state,
+            max_retry=p.max_retry,
+            timeout=p.timeout,
+            deadline=None if p.deadline is None else to_datetime(p.deadline),
+            next_process_at=enqueued_at if npa == now else to_datetime(npa),
+            enqueued_at=enqueued_at,
+            retention=p.retention,
+            headers=dict(headers),
+        )
+        return fields, info
+
+    def _enqueue_call(self, p: EnqueueParams, now: float) -> tuple[_Call, TaskInfo]:
+        """One enqueue.lua call (also the layout of a follow-up in complete/archive)."""
+        k = self._keys.queue(p.queue)
+        fields, info = self._enqueue_fields(p, k, now)
+        call: _Call = (
+            "enqueue",
+            [k.task(p.id), k.pending, k.scheduled, k.completed, k.unique, k.seq],
+            [now, k.notify, *fields],
+        )
+        return call, info
+
+    def _with_follow_ups(
+        self, call: _Call, follow_ups: Sequence[EnqueueParams], now: float
+    ) -> _Call:
+        """Append each follow-up's enqueue keys and arguments to a complete/archive call: the
+        script creates them in the same atomic step (continuations)."""
+        if not follow_ups:
+            return call
+        name, keys, args = call
+        keys, args = list(keys), list(args)
+        for p in follow_ups:
+            (_, more_keys, more_args), _ = self._enqueue_call(p, now)
+            keys.extend(more_keys)
+            args.extend(more_args)
+        return name, keys, args
 
     async def _remember_queues(self, queues: Sequence[str]) -> None:
         """Add queues to the known set (once per queue per broker object)."""

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from typing import Any
 
-from durq.brokers.base import QueueStats, WorkerInfo
+from durq.brokers.base import QueueStats, TaskMove, WorkerInfo
 from durq.brokers.sqlite.connection import Conn, SQLiteBase, row_to_info, utc_day
 from durq.brokers.sqlite.queries import Q
-from durq.errors import InvalidStateError, QueueNotFoundError, TaskNotFoundError
+from durq.errors import QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState
 from durq.task import TaskInfo
 
 #: list_workers shows workers whose heartbeat is younger than this.
 WORKER_TTL = 60.0
-
-_RUNNABLE = frozenset({TaskState.SCHEDULED, TaskState.RETRY, TaskState.ARCHIVED})
 
 
 class SQLiteAdmin(SQLiteBase):
@@ -126,114 +125,60 @@ class SQLiteAdmin(SQLiteBase):
             raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
         return row
 
-    def _refuse(self, row: sqlite3.Row, action: str) -> InvalidStateError:
-        return InvalidStateError(f"cannot {action} task {row['id']!r}: it is {row['state']}")
-
-    async def run_task(self, queue: str, task_id: str) -> TaskInfo:
-        """scheduled/retry/archived -> pending now; InvalidStateError from other states."""
+    async def move_task(self, move: TaskMove) -> TaskInfo | None:
+        """Run, archive or delete one task if it is still in ``move.expect``, with the
+        follow-ups, in one transaction."""
         now = self._clock.now()
+        params: dict[str, Any] = {
+            "queue": move.queue,
+            "id": move.id,
+            "expect": move.expect.value,
+            "now": now,
+            "error": move.error,
+        }
+        query = f"{move.kind}_task"
+        woken: set[str] = set()
 
-        def body(conn: Conn) -> TaskInfo:
-            row = conn.execute(
-                Q["run_task"], {"queue": queue, "id": task_id, "now": now}
-            ).fetchone()
+        def body(conn: Conn) -> TaskInfo | None:
+            row = conn.execute(Q[query], params).fetchone()
             if row is None:
-                raise self._refuse(self._existing(conn, queue, task_id, now), "run")
+                return None
+            if move.follow_ups:
+                woken.update(self._insert_follow_ups(conn, move.follow_ups, now))
             return row_to_info(row)
 
-        info = await self._write("sqlite.run_task", body)
-        self._notify([queue])
-        return info
-
-    async def archive_task(self, queue: str, task_id: str) -> TaskInfo:
-        """pending/scheduled/retry -> archived; InvalidStateError from other states."""
-        return await self._archive_waiting(queue, task_id, None, "sqlite.archive_task", "archive")
-
-    async def _archive_waiting(
-        self, queue: str, task_id: str, error: str | None, operation: str, action: str
-    ) -> TaskInfo:
-        now = self._clock.now()
-
-        def body(conn: Conn) -> TaskInfo:
-            row = conn.execute(
-                Q["archive_task"], {"queue": queue, "id": task_id, "error": error}
-            ).fetchone()
-            if row is None:
-                raise self._refuse(self._existing(conn, queue, task_id, now), action)
-            info = row_to_info(row)
-            woken.update(self._archived_follow_ups(conn, info, now))
-            return info
-
-        woken: set[str] = set()
-        info = await self._write(operation, body)
+        info = await self._write(f"sqlite.{query}", body)
+        if info is not None and move.to is TaskState.PENDING:
+            woken.add(move.queue)
         if woken:
             self._notify(woken)
         return info
 
-    async def delete_task(self, queue: str, task_id: str) -> None:
-        """Delete a task in any state but active (InvalidStateError: cancel it first)."""
-        now = self._clock.now()
+    async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
+        """Flag an active task for its worker (W12)."""
 
-        def body(conn: Conn) -> None:
-            row = self._existing(conn, queue, task_id, now)
-            if row["state"] == TaskState.ACTIVE.value:
-                raise InvalidStateError(
-                    f"cannot delete task {task_id!r}: it is active (cancel it first)"
-                )
-            conn.execute(Q["delete_task"], {"queue": queue, "id": task_id})
+        def body(conn: Conn) -> TaskInfo | None:
+            row = conn.execute(Q["request_cancel"], {"queue": queue, "id": task_id}).fetchone()
+            return None if row is None else row_to_info(row)
 
-        await self._write("sqlite.delete_task", body)
+        return await self._write("sqlite.request_cancel", body)
 
-    async def cancel_task(self, queue: str, task_id: str) -> TaskInfo:
-        """Active: flag it for its worker (W12). Waiting: archived "cancelled" at once."""
-        now = self._clock.now()
-
-        def body(conn: Conn) -> TaskInfo:
-            row = self._existing(conn, queue, task_id, now)
-            state = TaskState(row["state"])
-            params = {"queue": queue, "id": task_id, "error": "cancelled"}
-            if state is TaskState.ACTIVE:
-                return row_to_info(conn.execute(Q["request_cancel"], params).fetchone())
-            if state in (TaskState.PENDING, TaskState.SCHEDULED, TaskState.RETRY):
-                info = row_to_info(conn.execute(Q["archive_task"], params).fetchone())
-                woken.update(self._archived_follow_ups(conn, info, now))
-                return info
-            raise self._refuse(row, "cancel")
-
-        woken: set[str] = set()
-        info = await self._write("sqlite.cancel_task", body)
-        if woken:
-            self._notify(woken)
-        return info
-
-    async def run_all(self, queue: str, state: TaskState) -> int:
-        """Run every task of ``state`` (scheduled, retry, archived) now; returns how many."""
+    async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
+        """Run (``to`` pending) or delete (``to`` None) every task of ``state``."""
         now = self._clock.now()
         state = TaskState(state)
-        if state not in _RUNNABLE:
-            raise InvalidStateError(f"cannot run {state.value} tasks")
+        query = "run_all" if to is TaskState.PENDING else "delete_all"
 
         def body(conn: Conn) -> int:
             self._require_queue(conn, queue)
-            cursor = conn.execute(Q["run_all"], {"queue": queue, "state": state.value, "now": now})
-            return cursor.rowcount
+            return conn.execute(
+                Q[query], {"queue": queue, "state": state.value, "now": now}
+            ).rowcount
 
-        count = await self._write("sqlite.run_all", body)
-        if count:
+        count = await self._write(f"sqlite.{query}", body)
+        if count and to is TaskState.PENDING:
             self._notify([queue])
         return count
-
-    async def delete_all(self, queue: str, state: TaskState) -> int:
-        """Delete every task of ``state`` (not active); returns how many."""
-        state = TaskState(state)
-        if state is TaskState.ACTIVE:
-            raise InvalidStateError("cannot delete active tasks: cancel them first")
-
-        def body(conn: Conn) -> int:
-            self._require_queue(conn, queue)
-            return conn.execute(Q["delete_all"], {"queue": queue, "state": state.value}).rowcount
-
-        return await self._write("sqlite.delete_all", body)
 
     # ------------------------------------------------------------------ workers
 

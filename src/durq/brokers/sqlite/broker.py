@@ -27,6 +27,7 @@ from durq.brokers.base import (
     EnqueueOutcome,
     EnqueueParams,
     Lease,
+    LeaseMove,
     LeaseRef,
     LeaseReport,
     RetryParams,
@@ -47,11 +48,8 @@ from durq.brokers.sqlite.connection import (
 from durq.brokers.sqlite.queries import SCHEMA_VERSION, Q
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import ConfigurationError, DuplicateTaskError, SchemaError, TaskIDConflictError
-from durq.states import TaskState
 from durq.task import TaskInfo
 
-#: Expired leases handled per ``rescue_expired`` call, so one call never holds the lock long.
-RESCUE_BATCH = 500
 #: Worker rows silent for this long are deleted when another worker registers.
 FORGET_WORKERS_AFTER = 24 * 3600.0
 
@@ -346,60 +344,54 @@ class SQLiteBroker(SQLiteAdmin):
             self._notify(woken)
         return done
 
+    def _move(self, conn: Conn, p: LeaseMove, now: float, woken: set[str]) -> bool:
+        """One fenced retry or archive, its counters and its follow-ups."""
+        lease = p.lease
+        fence = {
+            "queue": lease.queue,
+            "id": lease.id,
+            "token": lease.token,
+            "error": p.error,
+            "lost": int(p.lost),
+            "expired_by": p.expired_by,
+        }
+        if isinstance(p, RetryParams):
+            cursor = conn.execute(Q["retry"], {**fence, "next_process_at": p.next_process_at})
+            counted = True
+            if cursor.rowcount == 1 and p.next_process_at <= now:
+                woken.add(lease.queue)
+        else:
+            cursor = conn.execute(Q["archive"], {**fence, "count_attempt": int(p.count_attempt)})
+            counted = p.count_attempt
+        if cursor.rowcount != 1:
+            return False
+        if counted:
+            self._bump(conn, lease.queue, now, failed=True)
+        if isinstance(p, ArchiveParams) and p.follow_ups:
+            woken.update(self._insert_follow_ups(conn, p.follow_ups, now))
+        return True
+
+    async def move_leases(self, moves: Sequence[LeaseMove]) -> list[bool]:
+        """Several fenced retry/archive moves in one transaction."""
+        if not moves:
+            return []
+        now = self._clock.now()
+        woken: set[str] = set()
+        done = await self._write(
+            "sqlite.move_leases", lambda c: [self._move(c, p, now, woken) for p in moves]
+        )
+        if woken:
+            self._notify(woken)
+        return done
+
     async def retry(self, params: RetryParams) -> bool:
         """State retry until ``next_process_at``, ``retried`` + 1; fenced by the token."""
-        now = self._clock.now()
-        lease = params.lease
-
-        def body(conn: Conn) -> bool:
-            cursor = conn.execute(
-                Q["retry"],
-                {
-                    "queue": lease.queue,
-                    "id": lease.id,
-                    "token": lease.token,
-                    "error": params.error,
-                    "next_process_at": params.next_process_at,
-                },
-            )
-            if cursor.rowcount != 1:
-                return False
-            self._bump(conn, lease.queue, now, failed=True)
-            return True
-
-        done = await self._write("sqlite.retry", body)
-        if done and params.next_process_at <= now:
-            self._notify([lease.queue])
+        (done,) = await self.move_leases([params])
         return done
 
     async def archive(self, params: ArchiveParams) -> bool:
         """State archived with the error; fenced by the token."""
-        now = self._clock.now()
-        lease = params.lease
-        woken: set[str] = set()
-
-        def body(conn: Conn) -> bool:
-            cursor = conn.execute(
-                Q["archive"],
-                {
-                    "queue": lease.queue,
-                    "id": lease.id,
-                    "token": lease.token,
-                    "error": params.error,
-                    "count_attempt": int(params.count_attempt),
-                },
-            )
-            if cursor.rowcount != 1:
-                return False
-            if params.count_attempt:
-                self._bump(conn, lease.queue, now, failed=True)
-            if params.follow_ups:
-                woken.update(self._insert_follow_ups(conn, params.follow_ups, now))
-            return True
-
-        done = await self._write("sqlite.archive", body)
-        if woken:
-            self._notify(woken)
+        (done,) = await self.move_leases([params])
         return done
 
     async def requeue(self, lease: LeaseRef) -> bool:
@@ -426,38 +418,14 @@ class SQLiteBroker(SQLiteAdmin):
             self._notify(set(queues))
         return len(queues)
 
-    async def rescue_expired(self, max_lost: int) -> list[TaskInfo]:
-        """Expired leases -> retry due now ("lease expired"), or archived when the worker was
-        lost ``max_lost`` times ("worker lost") or the retries are used up."""
+    async def expired_leases(self, limit: int) -> list[Lease]:
+        """Active tasks whose lease expired by now, oldest expiry first."""
         now = self._clock.now()
-        woken: set[str] = set()
-
-        def body(conn: Conn) -> list[TaskInfo]:
-            rescued: list[TaskInfo] = []
-            rows = conn.execute(Q["expired_leases"], {"now": now, "limit": RESCUE_BATCH})
-            for row in rows.fetchall():
-                ref = {"queue": row["queue"], "id": row["id"], "token": row["lease_token"]}
-                if row["lost"] + 1 >= max_lost:
-                    new = conn.execute(
-                        Q["rescue_archive"], {**ref, "error": "worker lost"}
-                    ).fetchone()
-                elif row["retried"] >= row["max_retry"]:
-                    new = conn.execute(
-                        Q["rescue_archive"], {**ref, "error": "lease expired"}
-                    ).fetchone()
-                else:
-                    new = conn.execute(Q["rescue_retry"], {**ref, "now": now}).fetchone()
-                self._bump(conn, row["queue"], now, failed=True)
-                info = row_to_info(new)
-                if info.state is TaskState.ARCHIVED:
-                    woken.update(self._archived_follow_ups(conn, info, now))
-                rescued.append(info)
-            return rescued
-
-        rescued = await self._write("sqlite.rescue_expired", body)
-        if rescued:
-            self._notify({t.queue for t in rescued} | woken)
-        return rescued
+        rows = await self._read(
+            "sqlite.expired_leases",
+            lambda c: c.execute(Q["expired_leases"], {"now": now, "limit": limit}).fetchall(),
+        )
+        return [Lease(row_to_info(row), row["lease_token"]) for row in rows]
 
     async def delete_expired(self, limit: int) -> int:
         """Delete up to ``limit`` completed tasks past their retention."""

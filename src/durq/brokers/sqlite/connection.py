@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import TypeVar
 
-from durq import continuations
 from durq.brokers.base import EnqueueParams
 from durq.brokers.sqlite import wakeup
 from durq.brokers.sqlite.queries import MIGRATIONS, SCHEMA_VERSION, Q
@@ -146,6 +145,11 @@ class SQLiteBase:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.path}>"
+
+    @property
+    def clock(self) -> Clock:
+        """The clock this broker stamps times with."""
+        return self._clock
 
     # ------------------------------------------------------------------ calls
 
@@ -377,11 +381,6 @@ class SQLiteBase:
             if info.state is TaskState.PENDING:
                 queues.add(p.queue)
         return queues
-
-    def _archived_follow_ups(self, conn: Conn, info: TaskInfo, now: float) -> set[str]:
-        """Follow-ups of a task archived outside a worker (rescuer, inspector)."""
-        follow_ups = continuations.for_archived(info)
-        return self._insert_follow_ups(conn, follow_ups, now) if follow_ups else set()
 
     def _bump(self, conn: Conn, queue: str, now: float, *, failed: bool, count: int = 1) -> None:
         """Add ``count`` processed (and as many failed, if ``failed``) to today's counters."""

@@ -117,18 +117,21 @@ DELETE FROM durq_tasks
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
 
 -- name: retry
+-- Fenced by the token; with :expired_by (the rescuer) also by the lease having expired.
 UPDATE durq_tasks
-SET state = 'retry', retried = retried + 1, last_error = :error,
+SET state = 'retry', retried = retried + 1, lost = lost + :lost, last_error = :error,
     next_process_at = :next_process_at, lease_token = NULL, lease_expires_at = NULL,
     cancel_requested = 0
-WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
+  AND (:expired_by IS NULL OR lease_expires_at <= :expired_by);
 
 -- name: archive
 UPDATE durq_tasks
-SET state = 'archived', retried = retried + :count_attempt, last_error = :error,
-    lease_token = NULL, lease_expires_at = NULL, unique_key = NULL, unique_until = NULL,
-    cancel_requested = 0
-WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+SET state = 'archived', retried = retried + :count_attempt, lost = lost + :lost,
+    last_error = :error, lease_token = NULL, lease_expires_at = NULL, unique_key = NULL,
+    unique_until = NULL, cancel_requested = 0
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
+  AND (:expired_by IS NULL OR lease_expires_at <= :expired_by);
 
 -- name: requeue
 -- Graceful shutdown (W7): back to pending, due now, without counting an attempt.
@@ -152,21 +155,6 @@ SELECT * FROM durq_tasks
 WHERE state = 'active' AND lease_expires_at <= :now
 ORDER BY lease_expires_at
 LIMIT :limit;
-
--- name: rescue_retry
-UPDATE durq_tasks
-SET state = 'retry', retried = retried + 1, lost = lost + 1, last_error = 'lease expired',
-    next_process_at = :now, lease_token = NULL, lease_expires_at = NULL, cancel_requested = 0
-WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
-RETURNING *;
-
--- name: rescue_archive
-UPDATE durq_tasks
-SET state = 'archived', retried = retried + 1, lost = lost + 1, last_error = :error,
-    lease_token = NULL, lease_expires_at = NULL, unique_key = NULL, unique_until = NULL,
-    cancel_requested = 0
-WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
-RETURNING *;
 
 -- name: delete_expired
 -- Janitor: a bounded batch, so a large backlog never holds the write lock for long.
@@ -231,25 +219,29 @@ ORDER BY next_process_at, rowid
 LIMIT :limit OFFSET :offset;
 
 -- name: run_task
+-- The inspector's moves are fenced by the state the move was decided on (:expect).
 UPDATE durq_tasks
 SET state = 'pending', next_process_at = :now, lost = 0, cancel_requested = 0
-WHERE queue = :queue AND id = :id AND state IN ('scheduled', 'retry', 'archived')
+WHERE queue = :queue AND id = :id AND state = :expect
 RETURNING *;
 
 -- name: archive_task
 UPDATE durq_tasks
 SET state = 'archived', last_error = coalesce(:error, last_error),
     unique_key = NULL, unique_until = NULL
-WHERE queue = :queue AND id = :id AND state IN ('pending', 'scheduled', 'retry')
+WHERE queue = :queue AND id = :id AND state = :expect
+RETURNING *;
+
+-- name: delete_task
+DELETE FROM durq_tasks
+WHERE queue = :queue AND id = :id AND state = :expect
+  AND NOT (state = 'completed' AND expires_at <= :now)
 RETURNING *;
 
 -- name: request_cancel
 UPDATE durq_tasks SET cancel_requested = 1
 WHERE queue = :queue AND id = :id AND state = 'active'
 RETURNING *;
-
--- name: delete_task
-DELETE FROM durq_tasks WHERE queue = :queue AND id = :id AND state <> 'active';
 
 -- name: run_all
 UPDATE durq_tasks

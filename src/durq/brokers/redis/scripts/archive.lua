@@ -1,16 +1,21 @@
--- archive: give up on an active task (retries used up, SkipRetry, cancelled).
+-- archive: give up on an active task (retries used up, SkipRetry, cancelled, worker lost).
 --
 -- KEYS[1] task hash      KEYS[2] active zset      KEYS[3] archived zset
 -- KEYS[4] unique hash    KEYS[5] stats hash       KEYS[6] stats hash of the day
 -- ARGV[1] fencing token  ARGV[2] now              ARGV[3] error
 -- ARGV[4] "1" to count the attempt (retried + 1 and the counters)
 -- ARGV[5] TTL of the daily counters (s)
--- Then, per follow-up (continuation) i = 0, 1, ...: KEYS[7+6i .. 12+6i] and
--- ARGV[6+14i .. 19+14i] as KEYS and ARGV of enqueue.lua (see complete.lua).
--- Returns 1, or 0 (nothing changed) when the lease is no longer held.
+-- ARGV[6] "1" to add one to lost (the rescuer)
+-- ARGV[7] "" or a time: also fenced by the lease having expired by then (the rescuer)
+-- Then, per follow-up (continuation, webhook delivery) i = 0, 1, ...: KEYS[7+6i .. 12+6i]
+-- and ARGV[8+14i .. 21+14i] as KEYS and ARGV of enqueue.lua (see complete.lua).
+-- Returns 1, or 0 (nothing changed) when the fence fails.
 -- Complexity: O(log n).
-local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm')
+local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'lease_expires_at')
 if cur[1] ~= 'active' or cur[2] ~= ARGV[1] then
+  return 0
+end
+if ARGV[7] ~= '' and not (cur[4] and tonumber(cur[4]) <= tonumber(ARGV[7])) then
   return 0
 end
 redis.call('ZREM', KEYS[2], cur[3])
@@ -22,5 +27,8 @@ if ARGV[4] == '1' then
   redis.call('HINCRBY', KEYS[1], 'retried', 1)
   count(KEYS[5], KEYS[6], ARGV[5], 1, 1)
 end
-enqueue_follow_ups(6, 5)
+if ARGV[6] == '1' then
+  redis.call('HINCRBY', KEYS[1], 'lost', 1)
+end
+enqueue_follow_ups(6, 7)
 return 1

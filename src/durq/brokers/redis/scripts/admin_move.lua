@@ -1,0 +1,43 @@
+-- admin_move: the inspector's run, archive and delete of a task that is not active (I3),
+-- fenced by the state the move was decided on, with the follow-ups of an archive.
+--
+-- KEYS[1] task hash   KEYS[2] pending   KEYS[3] scheduled   KEYS[4] retry
+-- KEYS[5] active      KEYS[6] completed KEYS[7] archived    KEYS[8] unique hash
+-- ARGV[1] now         ARGV[2] expected state (the fence)
+-- ARGV[3] to: "pending" (due now, wakes workers) | "archived" | "deleted"
+-- ARGV[4] last_error to set ("" keeps the current one)      ARGV[5] wake-up channel
+-- Then, per follow-up i = 0, 1, ...: KEYS[9+6i .. 14+6i] and ARGV[6+14i .. 19+14i] as KEYS
+-- and ARGV of enqueue.lua.
+-- Returns {"ok", <HGETALL after (before, when deleted)>} | {"fenced"}.
+-- Complexity: O(log n).
+local zsets = {pending = KEYS[2], scheduled = KEYS[3], retry = KEYS[4], active = KEYS[5],
+  completed = KEYS[6], archived = KEYS[7]}
+local cur = redis.call('HMGET', KEYS[1], 'state', 'm', 'expires_at')
+if cur[1] ~= ARGV[2] or cur[1] == 'active'
+    or (cur[1] == 'completed' and tonumber(cur[3]) <= tonumber(ARGV[1])) then
+  return {'fenced'}
+end
+redis.call('ZREM', zsets[cur[1]], cur[2])
+local to = ARGV[3]
+if to == 'deleted' then
+  local before = redis.call('HGETALL', KEYS[1])
+  free_unique(KEYS[8], KEYS[1])
+  redis.call('DEL', KEYS[1])
+  return {'ok', before}
+end
+if to == 'pending' then
+  redis.call('HSET', KEYS[1], 'state', 'pending', 'npa', ARGV[1])
+  -- A fresh start for the poison-pill count, as on the SQL brokers (lost 0 is not stored).
+  redis.call('HDEL', KEYS[1], 'archived_at', 'lost', 'cancel')
+  redis.call('ZADD', KEYS[2], ARGV[1], cur[2])
+  redis.call('PUBLISH', ARGV[5], '1')
+else
+  free_unique(KEYS[8], KEYS[1])
+  redis.call('HSET', KEYS[1], 'state', 'archived', 'archived_at', ARGV[1])
+  if ARGV[4] ~= '' then
+    redis.call('HSET', KEYS[1], 'last_error', ARGV[4])
+  end
+  redis.call('ZADD', KEYS[7], ARGV[1], cur[2])
+  enqueue_follow_ups(8, 5)
+end
+return {'ok', redis.call('HGETALL', KEYS[1])}

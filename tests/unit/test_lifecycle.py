@@ -1,0 +1,81 @@
+"""The state machine is enforced: every move the lifecycle decides is looked up in
+``states.TRANSITIONS``, and a move the table lacks raises a typed error before any write."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from durq import lifecycle, states
+from durq.brokers.base import ClaimParams, EnqueueParams, Lease
+from durq.brokers.sqlite import SQLiteBroker
+from durq.clock import FakeClock
+from durq.errors import IllegalTransitionError, InvalidStateError
+from durq.states import TaskState
+from durq.task import TaskInfo
+
+EVENTS = sorted({event for _, event in states.TRANSITIONS})
+
+
+@pytest.mark.parametrize("state", list(TaskState))
+@pytest.mark.parametrize("event", EVENTS)
+def test_move_follows_the_table_and_refuses_the_rest(state: TaskState, event: str) -> None:
+    if (state, event) in states.TRANSITIONS:
+        assert states.move(state, event) == states.TRANSITIONS[(state, event)]
+        return
+    with pytest.raises(IllegalTransitionError) as caught:
+        states.move(state, event, task_id="t")
+    assert isinstance(caught.value, InvalidStateError)  # what callers already catch
+    assert caught.value.state is state and caught.value.event == event
+    assert f"it is {state.value}" in str(caught.value)
+
+
+def lease_in(state: TaskState) -> Lease:
+    now = datetime.now(UTC)
+    task = TaskInfo(
+        id="t",
+        queue="default",
+        type="x",
+        raw_payload=b"{}",
+        state=state,
+        max_retry=3,
+        enqueued_at=now,
+        next_process_at=now,
+    )
+    return Lease(task, "token")
+
+
+@pytest.mark.parametrize("state", [s for s in TaskState if s is not TaskState.ACTIVE])
+def test_worker_outcomes_of_a_task_that_is_not_active_are_refused(state: TaskState) -> None:
+    lease = lease_in(state)
+    with pytest.raises(IllegalTransitionError):
+        lifecycle.completed(lease, None, now=0.0)
+    with pytest.raises(IllegalTransitionError):
+        lifecycle.gave_up(lease, "boom", now=0.0)
+    with pytest.raises(IllegalTransitionError):
+        lifecycle.failed(lease, "boom", now=0.0, delay=lambda: 1.0)
+    with pytest.raises(IllegalTransitionError):
+        lifecycle.lease_expired(lease, now=0.0, max_lost=3)
+
+
+@pytest.fixture
+async def broker(tmp_path: Path) -> AsyncIterator[SQLiteBroker]:
+    b = SQLiteBroker(str(tmp_path / "q.db"), clock=FakeClock())
+    yield b
+    await b.close()
+
+
+async def test_an_illegal_inspector_move_raises_and_writes_nothing(broker: SQLiteBroker) -> None:
+    await broker.enqueue(EnqueueParams(id="t", queue="default", type="x", payload=b"{}"))
+    (lease,) = await broker.claim(ClaimParams(["default"], 1, "w", 30))
+    for move in (lifecycle.run_task, lifecycle.archive_task, lifecycle.delete_task):
+        with pytest.raises(IllegalTransitionError):
+            await move(broker, "default", "t")
+    after = await broker.get_task("default", "t")
+    assert after.state is TaskState.ACTIVE and not after.cancel_requested
+    assert await broker.complete(
+        lifecycle.completed(lease, None, now=broker.clock.now())
+    )  # the lease is untouched
