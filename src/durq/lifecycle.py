@@ -80,7 +80,7 @@ def failed(
     max_payload: int = codec.DEFAULT_MAX_PAYLOAD,
 ) -> LeaseMove:
     """The attempt failed with ``error``: retry after ``delay()`` seconds, or archived when
-    the retries are used up or the deadline has passed (W4)."""
+    the retries are used up or the deadline has passed."""
     task = lease.task
     past_deadline = task.deadline is not None and task.deadline.timestamp() <= now
     if task.retried >= task.max_retry or past_deadline:
@@ -187,35 +187,35 @@ async def rescue_expired(broker: Broker, max_lost: int) -> list[TaskInfo]:
 
 
 async def run_task(broker: FullBroker, queue: str, task_id: str) -> TaskInfo:
-    """scheduled/retry/archived -> pending now (I3)."""
+    """scheduled/retry/archived -> pending now."""
     return await _steer(broker, queue, task_id, "run", None)
 
 
 async def archive_task(broker: FullBroker, queue: str, task_id: str) -> TaskInfo:
-    """pending/scheduled/retry -> archived (I3); creates the follow-ups it asks for."""
+    """pending/scheduled/retry -> archived; creates the follow-ups it asks for."""
     return await _steer(broker, queue, task_id, "archive", None)
 
 
 async def delete_task(broker: FullBroker, queue: str, task_id: str) -> None:
-    """Delete a task in any state but active (I3: cancel it first)."""
+    """Delete a task in any state but active (cancel it first)."""
     await _steer(broker, queue, task_id, "delete", None)
 
 
 async def cancel_task(broker: FullBroker, queue: str, task_id: str) -> TaskInfo:
-    """Active: flag it, its worker cancels the handler and archives it (W12).
+    """Active: flag it, its worker cancels the handler and archives it.
     pending/scheduled/retry: archived "cancelled" at once. Finished: InvalidStateError."""
     return await _steer(broker, queue, task_id, "cancel", CANCELLED)
 
 
 async def run_all(broker: FullBroker, queue: str, state: TaskState) -> int:
-    """Run every task of ``state`` (scheduled, retry, archived) now; how many (I3)."""
+    """Run every task of ``state`` (scheduled, retry, archived) now; how many."""
     state = TaskState(state)
     to = move(state, "run")
     return await broker.move_all(queue, state, to)
 
 
 async def delete_all(broker: FullBroker, queue: str, state: TaskState) -> int:
-    """Delete every task of ``state`` (not active); how many (I3)."""
+    """Delete every task of ``state`` (not active); how many."""
     state = TaskState(state)
     if not _deletable(state):
         raise InvalidStateError("cannot delete active tasks: cancel them first")
