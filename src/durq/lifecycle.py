@@ -117,7 +117,7 @@ def gave_up(
 
 
 def lease_expired(lease: Lease, *, now: float, max_lost: int) -> LeaseMove:
-    """An expired lease (its worker died, W1): an attempt and a loss are counted; retry due
+    """An expired lease (its worker died): an attempt and a loss are counted; retry due
     now, or archived when lost ``max_lost`` times ("worker lost") or out of retries. Fenced by
     the token and by the lease still being expired at ``now``."""
     task = lease.task
