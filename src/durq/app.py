@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, overloa
 
 from durq import backoff, continuations, durations, webhooks
 from durq.brokers import FullBroker, open_broker, resolve_url
-from durq.brokers.base import CAP_CROSS_QUEUE_FOLLOW_UPS, EnqueueOutcome, EnqueueParams
+from durq.brokers.base import (
+    CAP_CROSS_QUEUE_FOLLOW_UPS,
+    CAP_SYNC_CONNECTION_ENQUEUE,
+    EnqueueOutcome,
+    EnqueueParams,
+    SyncConnectionEnqueue,
+)
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.codec import DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_RESULT
 from durq.errors import ConfigurationError, ValidationError
@@ -166,7 +172,7 @@ class App:
             self.broker_url: str | None = resolve_url(broker)
             self._given: FullBroker | None = None
         else:
-            self.broker_url = getattr(broker, "url", None)
+            self.broker_url = None
             self._given = broker
         # An async broker is bound to the event loop it connected on; keep one per loop so
         # the app works from uvicorn, tests and scripts alike.
@@ -250,6 +256,11 @@ class App:
             return open_broker(self.broker_url, clock=self.clock)
         assert self._given is not None
         return self._given
+
+    def given(self, broker: FullBroker) -> bool:
+        """Whether ``broker`` is the one this app was built with: its caller owns it, so
+        neither the app nor its workers close it."""
+        return broker is self._given
 
     async def broker(self) -> FullBroker:
         """The connected broker for the running event loop."""
@@ -413,11 +424,11 @@ class App:
         (see :mod:`durq.webhooks`); ValidationError for any other URL.
         ``then``: a follow-up task (:class:`durq.Then` or a task type) enqueued atomically
         with this task's completion (see :mod:`durq.continuations`)."""
-        if webhook is not None:
-            headers = webhooks.with_webhook(headers, webhook)
-        request = EnqueueRequest(
-            type.type if isinstance(type, TaskDef) else type,
+        request = self._request(
+            type,
             payload,
+            webhook=webhook,
+            headers=headers,
             queue=queue,
             task_id=task_id,
             process_in=process_in,
@@ -427,7 +438,6 @@ class App:
             deadline=deadline,
             retention=retention,
             unique=unique,
-            headers=headers or {},
             then=then,
         )
         params = self.params(request)
@@ -443,6 +453,21 @@ class App:
             for hook in self.send_hooks:
                 params = stack.enter_context(hook(params))
             yield params
+
+    @staticmethod
+    def _request(
+        type: str | TaskDef[Any, Any],
+        payload: Any,
+        *,
+        webhook: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        **options: Any,
+    ) -> EnqueueRequest:
+        """The request of one ``enqueue`` call (also the sync face's)."""
+        if webhook is not None:
+            headers = webhooks.with_webhook(headers, webhook)
+        name = type.type if isinstance(type, TaskDef) else type
+        return EnqueueRequest(name, payload, headers=headers or {}, **options)
 
     def _created(self, info: TaskInfo) -> TaskInfo:
         for hook in self.enqueue_hooks:
@@ -497,13 +522,13 @@ class App:
         self, type: str | TaskDef[Any, Any], payload: Any, connection: Any, options: dict[str, Any]
     ) -> TaskInfo:
         broker = self.new_broker()
-        enqueue_in = getattr(broker, "enqueue_sync_in", None)
-        if enqueue_in is None:
+        if CAP_SYNC_CONNECTION_ENQUEUE not in broker.capabilities:
             raise ConfigurationError(f"the {broker.name} broker cannot join a sync connection")
-        name = type.type if isinstance(type, TaskDef) else type
-        params = self.params(EnqueueRequest(name, payload, **options))
+        params = self.params(self._request(type, payload, **options))
+        self._check_follow_up_queue(broker, params)
+        joined = cast(SyncConnectionEnqueue, broker)
         with self._sending([params]) as (sent,):
-            result: TaskInfo = enqueue_in(sent, connection)
+            result = joined.enqueue_sync_in(sent, connection)
         return self._created(result)
 
     def run_sync(self, make: Callable[[], Awaitable[R]]) -> R:

@@ -16,6 +16,7 @@ from brokerkit import claim_ids, params
 
 import durq
 from conformance.conftest import requires
+from durq import continuations, webhooks
 from durq.brokers import FullBroker
 from durq.brokers.base import CAP_TRANSACTIONAL_ENQUEUE
 from durq.errors import (
@@ -146,6 +147,32 @@ async def test_E8_through_the_app_and_the_sync_face(broker: FullBroker, broker_u
             app.enqueue_sync("order:check", {"n": 4}, task_id="s-2", connection=conn)
             conn.commit()
         assert await pending(broker) == ["a-2", "s-2"]
+    finally:
+        await app.close()
+
+
+async def test_E8_sync_face_takes_the_options_of_enqueue(
+    broker: FullBroker, broker_url: str
+) -> None:
+    """``enqueue_sync(..., connection=)`` accepts ``webhook=`` and ``then=`` like ``enqueue``:
+    the task is written in the caller's transaction with both headers."""
+    app = durq.App(broker_url)
+    try:
+        with sync_caller(broker) as conn:
+            info = app.enqueue_sync(
+                "order:check",
+                {"n": 5},
+                task_id="w-1",
+                connection=conn,
+                webhook="https://hooks.example.com/durq",
+                then="order:checked",
+            )
+            conn.commit()
+        assert info.headers[webhooks.HEADER_URL] == "https://hooks.example.com/durq"
+        assert continuations.spec_of(info.headers) == continuations.spec_of(
+            (await broker.get_task("default", "w-1")).headers
+        )
+        assert (await broker.get_task("default", "w-1")).headers == info.headers
     finally:
         await app.close()
 

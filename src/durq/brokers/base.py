@@ -41,7 +41,11 @@ from durq.states import TaskState
 from durq.task import TaskInfo
 
 # Capability names a backend may declare; conformance tests that need one skip by name.
+#: ``enqueue(..., connection=)`` joins the caller's open transaction.
 CAP_TRANSACTIONAL_ENQUEUE = "transactional_enqueue"
+#: The broker is a :class:`SyncConnectionEnqueue`: it enqueues inside a caller's *sync*
+#: connection, on the calling thread (``app.enqueue_sync(..., connection=)``).
+CAP_SYNC_CONNECTION_ENQUEUE = "sync_connection_enqueue"
 CAP_CROSS_PROCESS_NOTIFY = "cross_process_notify"
 #: ``CompleteParams.follow_ups`` / ``ArchiveParams.follow_ups`` are written atomically with
 #: the outcome (both or neither). Every broker has it.
@@ -333,6 +337,23 @@ class Broker(Protocol):
 
     async def unregister_worker(self, worker_id: str) -> None:
         """Remove a worker's row at shutdown."""
+
+    async def durability_warnings(self) -> list[str]:
+        """Server settings under which acknowledged tasks can be lost (the worker logs them
+        once at start); empty when there are none or the broker cannot tell."""
+
+
+@runtime_checkable
+class SyncConnectionEnqueue(Protocol):
+    """What a broker declaring :data:`CAP_SYNC_CONNECTION_ENQUEUE` also offers."""
+
+    def enqueue_sync_in(self, params: EnqueueParams, connection: Any) -> TaskInfo:
+        """Create one task inside the caller's open sync transaction; no commit."""
+
+    def enqueue_many_sync_in(
+        self, items: Sequence[EnqueueParams], connection: Any
+    ) -> list[EnqueueOutcome]:
+        """``enqueue_many`` inside the caller's open sync transaction; no commit."""
 
 
 @runtime_checkable

@@ -204,12 +204,9 @@ class Worker:
 
     async def _warn_if_not_durable(self, broker: FullBroker) -> None:
         """One WARNING line when the broker's server could lose acknowledged tasks
-        (docs/guarantees.md); brokers that can tell offer ``durability_warnings()``."""
-        check = getattr(broker, "durability_warnings", None)
-        if check is None:
-            return
+        (docs/guarantees.md)."""
         try:
-            problems: list[str] = await check()
+            problems = await broker.durability_warnings()
         except Exception as exc:  # a check must never stop a worker from starting
             log.debug("durability check failed: %s", exc)
             return
@@ -248,7 +245,7 @@ class Worker:
                     await self.broker.unregister_worker(self.id)
                 except Exception as exc:  # the row expires on its own
                     log.warning("could not unregister worker: %s", exc)
-                if self.broker is not getattr(self.app, "_given", None):
+                if not self.app.given(self.broker):
                     await self.broker.close()
         finally:
             self._stopping = False

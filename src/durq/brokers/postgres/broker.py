@@ -21,6 +21,7 @@ from durq.brokers.base import (
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_MULTI_PROCESS,
+    CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
     ArchiveParams,
     ClaimParams,
@@ -75,6 +76,7 @@ class PostgresBroker(PostgresAdmin):
             CAP_CROSS_PROCESS_NOTIFY,
             CAP_ATOMIC_FOLLOW_UPS,
             CAP_CROSS_QUEUE_FOLLOW_UPS,
+            CAP_SYNC_CONNECTION_ENQUEUE,
         }
     )
 
@@ -550,6 +552,10 @@ class PostgresBroker(PostgresAdmin):
                 "queue_names": list(info.queues),
             },
         )
+
+    async def durability_warnings(self) -> list[str]:
+        """None to report: a commit is durable (see docs/guarantees.md)."""
+        return []
 
     async def unregister_worker(self, worker_id: str) -> None:
         """Remove a worker's row at shutdown."""

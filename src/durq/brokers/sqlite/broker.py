@@ -20,6 +20,7 @@ from durq.brokers.base import (
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_MULTI_PROCESS,
+    CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
     ArchiveParams,
     ClaimParams,
@@ -67,6 +68,7 @@ class SQLiteBroker(SQLiteAdmin):
             CAP_ATOMIC_FOLLOW_UPS,
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_TRANSACTIONAL_ENQUEUE,
+            CAP_SYNC_CONNECTION_ENQUEUE,
         }
     )
 
@@ -500,6 +502,10 @@ class SQLiteBroker(SQLiteAdmin):
             )
 
         await self._write("sqlite.register_worker", body)
+
+    async def durability_warnings(self) -> list[str]:
+        """None to report: a commit is durable (see docs/guarantees.md)."""
+        return []
 
     async def unregister_worker(self, worker_id: str) -> None:
         """Remove the worker's row at shutdown."""
