@@ -31,7 +31,7 @@ def payload_of(size: int, i: int) -> bytes:
 
 
 async def used_memory(broker: RedisBroker) -> int:
-    info = await broker._redis.info("memory")
+    info = await broker._s.redis.info("memory")
     return int(info["used_memory"])
 
 
@@ -67,9 +67,9 @@ async def measure(url: str, tasks: int, payload: int, queue: str = "default") ->
             "overhead_per_task": round((after - before) / tasks - payload, 1),
         }
     finally:
-        keys = [k async for k in broker._redis.scan_iter(match=f"{prefix}:*", count=5000)]
+        keys = [k async for k in broker._s.redis.scan_iter(match=f"{prefix}:*", count=5000)]
         for i in range(0, len(keys), 5000):
-            await broker._redis.unlink(*keys[i : i + 5000])
+            await broker._s.redis.unlink(*keys[i : i + 5000])
         await broker.close()
 
 

@@ -172,7 +172,7 @@ class App:
             self.broker_url: str | None = resolve_url(broker)
             self._given: FullBroker | None = None
         else:
-            self.broker_url = None
+            self.broker_url = getattr(broker, "url", None)
             self._given = broker
         # An async broker is bound to the event loop it connected on; keep one per loop so
         # the app works from uvicorn, tests and scripts alike.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Protocol
 
 from durq import durations
@@ -88,3 +88,8 @@ def to_datetime(ts: float | None) -> datetime | None:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+def utc_day(ts: float) -> date:
+    """The UTC day of an epoch time: the key of the inspector's daily counters."""
+    return datetime.fromtimestamp(ts, tz=UTC).date()

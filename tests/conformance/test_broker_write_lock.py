@@ -17,7 +17,7 @@ import pytest
 from brokerkit import LATER, LEASE, P, claim, params, picture, put, snapshot
 
 from durq.brokers import FullBroker, open_broker
-from durq.brokers.base import ClaimParams, CompleteParams, WorkerInfo
+from durq.brokers.base import ClaimParams, CompleteParams, LeaseRef, RetryParams, WorkerInfo
 from durq.clock import FakeClock
 from durq.errors import BrokerUnavailableError, TaskNotFoundError
 from durq.states import TaskState
@@ -28,14 +28,15 @@ WRITES: dict[str, Callable[[FullBroker], Awaitable[Any]]] = {
     "enqueue": lambda b: b.enqueue(params("new")),
     "enqueue_many": lambda b: b.enqueue_many([params("new1"), params("new2")]),
     "claim": lambda b: b.claim(ClaimParams(["default"], 1, "w-1", LEASE)),
-    "rescue_expired": lambda b: b.rescue_expired(3),
+    # The rescuer's write (its read of expired leases takes no lock).
+    "move_leases": lambda b: b.move_leases([RetryParams(LeaseRef("default", "p1", "x"), "e", 0)]),
     "delete_expired": lambda b: b.delete_expired(100),
     "promote_due": lambda b: b.promote_due(),
     "register_worker": lambda b: b.register_worker(
         WorkerInfo("w-1", "host", 1, {"default": 1}, 1, 0.0)
     ),
     "pause_queue": lambda b: b.pause_queue("default"),
-    "delete_all": lambda b: b.delete_all("default", TaskState.PENDING),
+    "move_all": lambda b: b.move_all("default", TaskState.PENDING, None),
 }
 
 

@@ -8,8 +8,8 @@ import re
 
 from durq.brokers.base import ClaimParams, EnqueueParams
 from durq.brokers.postgres import PostgresBroker
-from durq.brokers.postgres import sql as queries
 from durq.brokers.postgres.rows import CLAIM_COLUMNS, make_info
+from durq.brokers.postgres.storage import QUERIES
 from durq.clock import FakeClock
 from durq.states import TaskState
 from durq.task import TaskInfo
@@ -47,7 +47,7 @@ def test_make_info_equals_the_constructor() -> None:
 
 
 def test_claim_returns_the_columns_claimed_info_reads() -> None:
-    text = queries.raw_queries()["claim"]
+    text = QUERIES["claim"]
     returning = text[text.rindex("RETURNING") + len("RETURNING") :]
     columns = [re.sub(r"::\w+$", "", c.strip()).removeprefix("t.") for c in returning.split(",")]
     assert tuple(columns) == CLAIM_COLUMNS

@@ -12,7 +12,7 @@ import pytest
 from psycopg import sql
 
 from durq.brokers.postgres import PostgresBroker
-from durq.brokers.postgres import sql as queries
+from durq.brokers.postgres.storage import MIGRATIONS, QUERIES
 from durq.errors import SchemaError
 from durq.task import TaskInfo
 from servers import PG_DSN
@@ -21,7 +21,7 @@ SNAPSHOT = Path(__file__).with_name("schema_snapshot.txt")
 
 
 def latest() -> int:
-    return queries.migrations()[-1].version
+    return MIGRATIONS[-1].version
 
 
 async def test_connect_without_schema_says_run_migrate(pg_url: str) -> None:
@@ -35,7 +35,7 @@ async def test_connect_without_schema_says_run_migrate(pg_url: str) -> None:
 async def test_migrate_is_idempotent(pg_url: str) -> None:
     broker = PostgresBroker.from_url(pg_url)
     try:
-        assert await broker.migrate() == [f"{m.version:04d}_{m.name}" for m in queries.migrations()]
+        assert await broker.migrate() == [m.label for m in MIGRATIONS]
         assert await broker.migrate() == []
         await broker.connect()
         await broker.ping()
@@ -47,7 +47,7 @@ async def test_concurrent_migrate_applies_once(pg_url: str) -> None:
     brokers = [PostgresBroker.from_url(pg_url) for _ in range(5)]
     try:
         results = await asyncio.gather(*(b.migrate() for b in brokers))
-        assert sorted(len(r) for r in results) == [0, 0, 0, 0, len(queries.migrations())]
+        assert sorted(len(r) for r in results) == [0, 0, 0, 0, len(MIGRATIONS)]
         await brokers[0].connect()
     finally:
         for b in brokers:
@@ -166,7 +166,7 @@ async def test_every_task_field_has_a_column(pg_url: str, schema: str) -> None:
 
 
 def test_queries_file_has_no_duplicate_or_empty_blocks() -> None:
-    named = queries.raw_queries()
+    named = QUERIES
     assert all(text.strip() for text in named.values())
     for required in ("claim", "enqueue", "complete", "extend_leases", "expired_leases"):
         assert required in named

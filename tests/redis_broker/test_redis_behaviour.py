@@ -33,10 +33,10 @@ def unknown_to_server(broker: RedisBroker) -> None:
     import uuid
 
     fresh = {}
-    for name, s in broker._scripts.items():
+    for name, s in broker._s.scripts.items():
         source = s.source + f"\n-- {uuid.uuid4()}\n".encode()
         fresh[name] = LuaScript(name, source, hashlib.sha1(source).hexdigest())
-    broker._scripts = fresh
+    broker._s.scripts = fresh
 
 
 async def test_scripts_are_reloaded_on_noscript(rbroker: RedisBroker) -> None:
@@ -58,7 +58,7 @@ async def test_script_flush_on_a_private_server(private_redis) -> None:
     server = private_redis()
     broker = RedisBroker.from_url(server.url, clock=FakeClock())
     await broker.enqueue(task("a"))
-    raw = broker._redis
+    raw = broker._s.redis
     await raw.script_flush()
     await broker.enqueue(task("b"))
     await raw.script_flush()
@@ -72,8 +72,8 @@ class SlotRecorder:
 
     def __init__(self, broker: RedisBroker, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[list[str]] = []
-        redis = broker._redis
-        wire = broker._wire
+        redis = broker._s.redis
+        wire = broker._s.wire
         if wire is not None:
             wire_call, wire_call_many = wire.call, wire.call_many
 
@@ -147,7 +147,7 @@ async def test_every_script_call_touches_one_slot_under_the_prefix(
         assert {key_slot(k.encode()) for k in keys} == {key_slot(keys[0].encode())}
         assert all(k.startswith(f"{rbroker.prefix}:{{") for k in keys)
     # Nothing at all was written outside the prefix.
-    mine = [k async for k in rbroker._redis.scan_iter(match=f"*{rbroker.prefix}*")]
+    mine = [k async for k in rbroker._s.redis.scan_iter(match=f"*{rbroker.prefix}*")]
     assert mine and all(k.startswith(f"{rbroker.prefix}:".encode()) for k in mine)
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,10 @@ def hash_tag(key: str) -> str:
 
 
 def queue_keys(k: QueueKeys, task_id: str) -> list[str]:
-    return [getattr(k, a) for a in _QUEUE_KEY_ATTRS] + [k.task(task_id), k.stats_day("2030-01-01")]
+    return [getattr(k, a) for a in _QUEUE_KEY_ATTRS] + [
+        k.task(task_id),
+        k.stats_day(date(2030, 1, 1)),
+    ]
 
 
 @given(queue=queue_names, task_id=task_ids)

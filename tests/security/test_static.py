@@ -101,16 +101,16 @@ SQL_SHAPE = re.compile(
     re.DOTALL,
 )
 #: The loaders parse the .sql files; they may name SQL words in patterns and messages.
-LOADERS = {"brokers/postgres/sql.py", "brokers/sqlite/queries.py"}
+LOADERS = {"brokers/sqlfiles.py"}
 #: Statements that cannot live in a .sql file or take parameters, each with its reason. The
 #: literals are listed exactly, so any new SQL string in these modules fails the test too.
 ALLOWED_SQL = {
     # LISTEN takes no parameters; the channel is composed with psycopg.sql.Identifier.
-    "brokers/postgres/listener.py": {"LISTEN {}"},
+    "brokers/postgres/wakeup.py": {"LISTEN {}"},
     # The benchmark drops its own throw-away schema, composed with psycopg.sql.Identifier.
     "bench/isolation.py": {"DROP SCHEMA IF EXISTS {} CASCADE"},
     # Connection pragmas take no parameters; the only value is an int() of configuration.
-    "brokers/sqlite/connection.py": {
+    "brokers/sqlite/storage.py": {
         "PRAGMA busy_timeout = ",
         "PRAGMA journal_mode = WAL",
         "PRAGMA synchronous = NORMAL",
@@ -119,7 +119,7 @@ ALLOWED_SQL = {
     },
 }
 #: f-strings that reach execute(), each with its reason (an int() cast inside).
-ALLOWED_FSTRINGS = {"brokers/sqlite/connection.py": 1}
+ALLOWED_FSTRINGS = {"brokers/sqlite/storage.py": 1}
 
 
 def _docstrings(tree: ast.AST) -> set[int]:

@@ -14,8 +14,9 @@ import pytest
 
 from durq.brokers import open_broker
 from durq.brokers.base import ClaimParams, EnqueueParams
+from durq.brokers.sqlfiles import parse_named
 from durq.brokers.sqlite import SQLiteBroker
-from durq.brokers.sqlite.queries import MIGRATIONS, SCHEMA_VERSION, Q, parse_named
+from durq.brokers.sqlite.storage import MIGRATIONS, SCHEMA_VERSION, Q, split_statements
 from durq.clock import FakeClock
 from durq.errors import BrokerUnavailableError, ConfigurationError, SchemaError
 
@@ -44,7 +45,7 @@ def test_from_url_refuses_bad_urls(url: str) -> None:
 async def test_connect_migrates_a_fresh_file(tmp_path: Path) -> None:
     broker = SQLiteBroker(str(tmp_path / "x.db"))
     await broker.connect()
-    assert await broker.migrate() == [m.name for m in MIGRATIONS]  # applied on connect
+    assert await broker.migrate() == [m.file for m in MIGRATIONS]  # applied on connect
     assert await broker.migrate() == []
     await broker.close()
     await broker.close()  # idempotent
@@ -133,7 +134,7 @@ def test_every_query_prepares_against_the_schema() -> None:
     conn = sqlite3.connect(":memory:")
     conn.execute(Q["migrations_table"])
     for migration in MIGRATIONS:
-        for statement in migration.statements():
+        for statement in split_statements(migration.sql):
             conn.execute(statement)
     for name, sql in Q.items():
         if sql.upper().startswith(("CREATE", "PRAGMA")):
@@ -147,7 +148,7 @@ def test_every_query_prepares_against_the_schema() -> None:
 def test_claim_uses_the_partial_index() -> None:
     conn = sqlite3.connect(":memory:")
     for migration in MIGRATIONS:
-        for statement in migration.statements():
+        for statement in split_statements(migration.sql):
             conn.execute(statement)
     names = dict.fromkeys(re.findall(r":([a-z_]+)", Q["claim"]))
     plan = " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {Q['claim']}", names))
@@ -165,7 +166,7 @@ def test_named_sql_parser() -> None:
 def test_schema_checks_states_and_names(tmp_path: Path) -> None:
     conn = sqlite3.connect(":memory:")
     for migration in MIGRATIONS:
-        for statement in migration.statements():
+        for statement in split_statements(migration.sql):
             conn.execute(statement)
     insert = (
         "INSERT INTO durq_tasks (id, queue, type, payload, state, max_retry, next_process_at, "

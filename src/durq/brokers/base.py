@@ -400,3 +400,53 @@ class Admin(Protocol):
 
 class FullBroker(Broker, Admin, Protocol):
     """What a backend class implements: both seams."""
+
+
+class AdminForwarder:
+    """The :class:`Admin` seam of ``self.admin``, forwarded. A backend composes the one
+    object the app hands around from its hot path (the class that inherits this) and its
+    inspector (``admin``, another object over the same storage)."""
+
+    admin: Admin
+
+    async def list_queues(self) -> list[QueueStats]:
+        """See :meth:`Admin.list_queues`."""
+        return await self.admin.list_queues()
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        """See :meth:`Admin.queue_stats`."""
+        return await self.admin.queue_stats(queue)
+
+    async def list_tasks(
+        self, queue: str, state: TaskState, *, limit: int = 50, offset: int = 0
+    ) -> list[TaskInfo]:
+        """See :meth:`Admin.list_tasks`."""
+        return await self.admin.list_tasks(queue, state, limit=limit, offset=offset)
+
+    async def get_task(self, queue: str, task_id: str) -> TaskInfo:
+        """See :meth:`Admin.get_task`."""
+        return await self.admin.get_task(queue, task_id)
+
+    async def move_task(self, move: TaskMove) -> TaskInfo | None:
+        """See :meth:`Admin.move_task`."""
+        return await self.admin.move_task(move)
+
+    async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
+        """See :meth:`Admin.request_cancel`."""
+        return await self.admin.request_cancel(queue, task_id)
+
+    async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
+        """See :meth:`Admin.move_all`."""
+        return await self.admin.move_all(queue, state, to)
+
+    async def pause_queue(self, queue: str) -> None:
+        """See :meth:`Admin.pause_queue`."""
+        await self.admin.pause_queue(queue)
+
+    async def unpause_queue(self, queue: str) -> None:
+        """See :meth:`Admin.unpause_queue`."""
+        await self.admin.unpause_queue(queue)
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        """See :meth:`Admin.list_workers`."""
+        return await self.admin.list_workers()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from durq import codec
+from durq import codec, lifecycle
 from durq.brokers.base import ClaimParams, CompleteParams, Lease, WorkerInfo
 from durq.clock import FakeClock
 from durq.errors import ConfigurationError, NotReady, SkipRetry, TaskNotFoundError
@@ -316,7 +316,7 @@ class TestWorker:
         if broker is not None:
             for queue, task_id in self._acker.kept if self._acker else ():
                 with contextlib.suppress(Exception):  # gone, or run again meanwhile
-                    await broker.delete_task(queue, task_id)
+                    await lifecycle.delete_task(broker, queue, task_id)
             with contextlib.suppress(Exception):
                 await broker.unregister_worker(self.id)
             if broker is not self.app.broker_target:

@@ -12,46 +12,40 @@ from collections.abc import Sequence
 from typing import Any, Self
 from urllib.parse import urlsplit
 
-from durq import continuations
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
+    AdminForwarder,
     ArchiveParams,
     ClaimParams,
     CompleteParams,
     EnqueueOutcome,
     EnqueueParams,
     Lease,
+    LeaseMove,
     LeaseRef,
     LeaseReport,
-    QueueStats,
     RetryParams,
     WorkerInfo,
 )
-from durq.brokers.memory.store import WAITING, A, C, P, R, Row, Store, X, store_for, utc_day
+from durq.brokers.memory.admin import WORKER_TTL, MemoryAdmin
+from durq.brokers.memory.storage import A, C, P, R, Row, Store, X, store_for
 from durq.brokers.sqlite.wakeup import Waiter
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import (
     ConfigurationError,
     DuplicateTaskError,
-    InvalidStateError,
-    QueueNotFoundError,
     TaskIDConflictError,
-    TaskNotFoundError,
 )
-from durq.states import TaskState
 from durq.task import TaskInfo
 
-#: list_workers shows workers whose heartbeat is younger than this.
-WORKER_TTL = 60.0
 #: Worker rows silent for this long are forgotten when another worker registers.
 FORGET_WORKERS_AFTER = 24 * 3600.0
-RESCUE_BATCH = 500
-_RUNNABLE = frozenset({TaskState.SCHEDULED, TaskState.RETRY, TaskState.ARCHIVED})
 
 
-class MemoryBroker:
-    """Broker and Admin on a :class:`~durq.brokers.memory.store.Store` of this process."""
+class MemoryBroker(AdminForwarder):
+    """Broker and Admin on a :class:`~durq.brokers.memory.storage.Store` of this process: the
+    hot path here, the inspector in :class:`MemoryAdmin`."""
 
     name = "memory"
     capabilities: frozenset[str] = frozenset({CAP_ATOMIC_FOLLOW_UPS, CAP_CROSS_QUEUE_FOLLOW_UPS})
@@ -61,6 +55,12 @@ class MemoryBroker:
         self._store: Store = store_for(name)
         self._clock = clock
         self._mailbox = self._store.mailbox()
+        self.admin = MemoryAdmin(self._store, clock)
+
+    @property
+    def clock(self) -> Clock:
+        """The clock this broker stamps times with."""
+        return self._clock
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
@@ -202,44 +202,50 @@ class MemoryBroker:
         self._store.notify(woken)
         return done
 
-    def _end_attempt(
-        self, lease: LeaseRef, state: TaskState, error: str, count: bool
-    ) -> Row | None:
-        """Fenced: the held row leaves active for ``state`` with ``error``; ``count`` adds the
-        attempt (``retried`` and the failed counters). ``None`` if the lease is not held."""
-        row = self._held(lease)
+    def _move(self, p: LeaseMove, now: float, woken: set[str]) -> bool:
+        """One fenced retry or archive (also fenced by ``expired_by``), its counters and its
+        follow-ups."""
+        store = self._store
+        row = self._held(p.lease)
         if row is None:
-            return None
-        self._store.move(row, state)
+            return False
+        if p.expired_by is not None and (
+            row.lease_expires_at is None or row.lease_expires_at > p.expired_by
+        ):
+            return False
+        count = not isinstance(p, ArchiveParams) or p.count_attempt
         row.retried += int(count)
-        row.last_error = error
+        row.lost += int(p.lost)
+        row.last_error = p.error
         row.end_lease()
+        if isinstance(p, RetryParams):
+            store.move(row, R)
+            row.next_process_at = p.next_process_at
+            if p.next_process_at <= now:
+                woken.add(row.queue)
+        else:
+            store.move(row, X)
+            woken |= store.insert_follow_ups(p.follow_ups, now)
         if count:
-            self._store.bump(row.queue, self._clock.now(), failed=True)
-        return row
+            store.bump(row.queue, now, failed=True)
+        return True
+
+    async def move_leases(self, moves: Sequence[LeaseMove]) -> list[bool]:
+        """Several fenced retry/archive moves in one step."""
+        woken: set[str] = set()
+        with self._store.lock:
+            now = self._clock.now()
+            done = [self._move(p, now, woken) for p in moves]
+        self._store.notify(woken)
+        return done
 
     async def retry(self, params: RetryParams) -> bool:
         """State retry until ``next_process_at``, ``retried`` + 1."""
-        with self._store.lock:
-            row = self._end_attempt(params.lease, R, params.error, True)
-            if row is None:
-                return False
-            row.next_process_at = params.next_process_at
-            due = params.next_process_at <= self._clock.now()
-        if due:
-            self._store.notify([row.queue])
-        return True
+        return (await self.move_leases([params]))[0]
 
     async def archive(self, params: ArchiveParams) -> bool:
         """State archived with the error, with its follow-ups."""
-        store = self._store
-        with store.lock:
-            row = self._end_attempt(params.lease, X, params.error, params.count_attempt)
-            if row is None:
-                return False
-            woken = store.insert_follow_ups(params.follow_ups, self._clock.now())
-        store.notify(woken)
-        return True
+        return (await self.move_leases([params]))[0]
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Back to pending, due now, without counting an attempt (W7)."""
@@ -272,40 +278,18 @@ class MemoryBroker:
         store.notify(woken)
         return count
 
-    async def rescue_expired(self, max_lost: int) -> list[TaskInfo]:
-        """Expired leases -> retry due now ("lease expired"), or archived when the worker was
-        lost ``max_lost`` times ("worker lost") or the retries are used up."""
-        store = self._store
-        rescued: list[TaskInfo] = []
-        woken: set[str] = set()
-        with store.lock:
+    async def expired_leases(self, limit: int) -> list[Lease]:
+        """Active tasks whose lease expired by now, oldest expiry first."""
+        with self._store.lock:
             now = self._clock.now()
             expired = [
                 row
-                for row in store.tasks.values()
+                for row in self._store.tasks.values()
                 if row.state is A and row.lease_expires_at is not None
                 if row.lease_expires_at <= now
             ]
             expired.sort(key=lambda row: row.lease_expires_at or 0.0)
-            for row in expired[:RESCUE_BATCH]:
-                row.retried += 1
-                row.lost += 1
-                row.end_lease()
-                store.bump(row.queue, now, failed=True)
-                if row.lost >= max_lost or row.retried > row.max_retry:
-                    row.last_error = "worker lost" if row.lost >= max_lost else "lease expired"
-                    store.move(row, X)
-                    info = row.info()
-                    woken |= store.insert_follow_ups(continuations.for_archived(info), now)
-                else:
-                    row.last_error = "lease expired"
-                    row.next_process_at = now
-                    store.move(row, R)
-                    info = row.info()
-                woken.add(row.queue)
-                rescued.append(info)
-        store.notify(woken)
-        return rescued
+            return [Lease(row.info(), row.lease_token or "") for row in expired[:limit]]
 
     async def delete_expired(self, limit: int) -> int:
         """Delete up to ``limit`` completed tasks past their retention."""
@@ -358,187 +342,9 @@ class MemoryBroker:
         with self._store.lock:
             self._store.workers.pop(worker_id, None)
 
-    async def list_workers(self) -> list[WorkerInfo]:
-        """Workers whose last heartbeat is younger than 60 s."""
-        with self._store.lock:
-            since = self._clock.now() - WORKER_TTL
-            live = [w for w in self._store.workers.values() if w.last_heartbeat > since]
-        return sorted(live, key=lambda w: (w.started_at, w.id))
-
-    # -- the inspector: queues -------------------------------------------------------------------
-
-    def _stats(self, name: str, now: float) -> QueueStats:
-        store = self._store
-        queue = store.queues[name]
-        sizes = dict.fromkeys(TaskState, 0)
-        for row in store.rows(name):
-            if not row.gone(now):
-                sizes[row.state] += 1
-        ready = [row.next_process_at for row in queue.waiting.values() if row.due(now)]
-        today = store.stats.get((name, utc_day(now)), [0, 0])
-        totals = [0, 0]
-        for (q, _), counters in store.stats.items():
-            if q == name:
-                totals[0] += counters[0]
-                totals[1] += counters[1]
-        return QueueStats(
-            name=name,
-            paused=queue.paused,
-            sizes=sizes,
-            oldest_pending_age=max(0.0, now - min(ready)) if ready else 0.0,
-            processed_today=today[0],
-            failed_today=today[1],
-            processed_total=totals[0],
-            failed_total=totals[1],
-        )
-
-    async def list_queues(self) -> list[QueueStats]:
-        """Every known queue with its sizes and counters, by name."""
-        with self._store.lock:
-            now = self._clock.now()
-            return [self._stats(name, now) for name in sorted(self._store.queues)]
-
-    async def queue_stats(self, queue: str) -> QueueStats:
-        """One queue; QueueNotFoundError if unknown."""
-        with self._store.lock:
-            self._require_queue(queue)
-            return self._stats(queue, self._clock.now())
-
-    def _require_queue(self, queue: str) -> None:
-        if queue not in self._store.queues:
-            raise QueueNotFoundError(f"no queue named {queue!r}")
-
-    async def pause_queue(self, queue: str) -> None:
-        """Stop handing out tasks of ``queue``; enqueue still works (W8)."""
-        with self._store.lock:
-            self._require_queue(queue)
-            self._store.queues[queue].paused = True
-
-    async def unpause_queue(self, queue: str) -> None:
-        """Resume handing out tasks of ``queue``."""
-        with self._store.lock:
-            self._require_queue(queue)
-            self._store.queues[queue].paused = False
-        self._store.notify([queue])
-
-    # -- the inspector: tasks --------------------------------------------------------------------
-
-    async def list_tasks(
-        self, queue: str, state: TaskState, *, limit: int = 50, offset: int = 0
-    ) -> list[TaskInfo]:
-        """Tasks of one queue in one state, by ``next_process_at`` then enqueue order."""
-        state = TaskState(state)
-        with self._store.lock:
-            now = self._clock.now()
-            self._require_queue(queue)
-            rows = [r for r in self._store.rows(queue) if r.state is state and not r.gone(now)]
-            rows.sort(key=lambda r: (r.next_process_at, r.seq))
-            return [row.info() for row in rows[offset : offset + limit]]
-
-    async def get_task(self, queue: str, task_id: str) -> TaskInfo:
-        """One task; TaskNotFoundError if absent (or completed past its retention)."""
-        with self._store.lock:
-            return self._existing(queue, task_id, self._clock.now()).info()
-
-    def _existing(self, queue: str, task_id: str, now: float) -> Row:
-        row = self._store.get(queue, task_id, now)
-        if row is None:
-            raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
-        return row
-
-    @staticmethod
-    def _refuse(row: Row, action: str) -> InvalidStateError:
-        return InvalidStateError(f"cannot {action} task {row.id!r}: it is {row.state.value}")
-
-    def _run(self, row: Row, now: float) -> None:
-        self._store.move(row, P)
-        row.next_process_at = now
-        row.lost = 0
-        row.cancel_requested = False
-
-    async def run_task(self, queue: str, task_id: str) -> TaskInfo:
-        """scheduled/retry/archived -> pending now; InvalidStateError from other states."""
-        with self._store.lock:
-            now = self._clock.now()
-            row = self._existing(queue, task_id, now)
-            if row.state not in _RUNNABLE:
-                raise self._refuse(row, "run")
-            self._run(row, now)
-            info = row.info()
-        self._store.notify([queue])
-        return info
-
-    def _archive_waiting(
-        self, row: Row, error: str | None, now: float
-    ) -> tuple[TaskInfo, set[str]]:
-        self._store.move(row, X)
-        if error is not None:
-            row.last_error = error
-        info = row.info()
-        return info, self._store.insert_follow_ups(continuations.for_archived(info), now)
-
-    async def archive_task(self, queue: str, task_id: str) -> TaskInfo:
-        """pending/scheduled/retry -> archived; InvalidStateError from other states."""
-        with self._store.lock:
-            now = self._clock.now()
-            row = self._existing(queue, task_id, now)
-            if row.state not in WAITING:
-                raise self._refuse(row, "archive")
-            info, woken = self._archive_waiting(row, None, now)
-        self._store.notify(woken)
-        return info
-
-    async def delete_task(self, queue: str, task_id: str) -> None:
-        """Delete a task in any state but active (InvalidStateError: cancel it first)."""
-        with self._store.lock:
-            row = self._existing(queue, task_id, self._clock.now())
-            if row.state is A:
-                raise InvalidStateError(
-                    f"cannot delete task {task_id!r}: it is active (cancel it first)"
-                )
-            self._store.delete(row)
-
-    async def cancel_task(self, queue: str, task_id: str) -> TaskInfo:
-        """Active: flag it for its worker (W12). Waiting: archived "cancelled" at once."""
-        woken: set[str] = set()
-        with self._store.lock:
-            now = self._clock.now()
-            row = self._existing(queue, task_id, now)
-            if row.state is A:
-                row.cancel_requested = True
-                return row.info()
-            if row.state not in WAITING:
-                raise self._refuse(row, "cancel")
-            info, woken = self._archive_waiting(row, "cancelled", now)
-        self._store.notify(woken)
-        return info
-
-    async def run_all(self, queue: str, state: TaskState) -> int:
-        """Run every task of ``state`` (scheduled, retry, archived) now; returns how many."""
-        state = TaskState(state)
-        if state not in _RUNNABLE:
-            raise InvalidStateError(f"cannot run {state.value} tasks")
-        with self._store.lock:
-            now = self._clock.now()
-            self._require_queue(queue)
-            rows = [row for row in self._store.rows(queue) if row.state is state]
-            for row in rows:
-                self._run(row, now)
-        if rows:
-            self._store.notify([queue])
-        return len(rows)
-
-    async def delete_all(self, queue: str, state: TaskState) -> int:
-        """Delete every task of ``state`` (not active); returns how many."""
-        state = TaskState(state)
-        if state is A:
-            raise InvalidStateError("cannot delete active tasks: cancel them first")
-        with self._store.lock:
-            self._require_queue(queue)
-            rows = [row for row in self._store.rows(queue) if row.state is state]
-            for row in rows:
-                self._store.delete(row)
-        return len(rows)
+    async def durability_warnings(self) -> list[str]:
+        """Everything is lost with the process: by design, nothing to warn about."""
+        return []
 
 
 def _replace_heartbeat(info: WorkerInfo, now: float) -> WorkerInfo:

@@ -1,12 +1,13 @@
-"""The inspector's seam (I1-I5) on PostgreSQL."""
+"""The inspector's seam on PostgreSQL."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from durq.brokers.base import QueueStats, TaskMove, WorkerInfo
-from durq.brokers.postgres.core import PostgresBase, utc_day
 from durq.brokers.postgres.rows import Row, row_to_info
+from durq.brokers.postgres.storage import PostgresStorage
+from durq.clock import utc_day
 from durq.errors import QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState
 from durq.task import TaskInfo
@@ -15,8 +16,12 @@ from durq.task import TaskInfo
 WORKER_VISIBLE_SECONDS = 60.0
 
 
-class PostgresAdmin(PostgresBase):
-    """List, inspect and steer tasks, queues and workers."""
+class PostgresAdmin:
+    """The Admin seam on a :class:`PostgresStorage`: list, inspect and move tasks, queues and
+    workers."""
+
+    def __init__(self, storage: PostgresStorage) -> None:
+        self._s = storage
 
     def _to_stats(self, row: Row, now: float) -> QueueStats:
         sizes: dict[str, Any] = row["sizes"] or {}
@@ -33,8 +38,8 @@ class PostgresAdmin(PostgresBase):
         )
 
     async def _stats_rows(self, method: str, queue: str | None) -> list[QueueStats]:
-        now = self._now()
-        rows = await self._fetch(
+        now = self._s.now()
+        rows = await self._s.fetch(
             method, "queue_stats", {"queue": queue, "now": now, "day": utc_day(now)}
         )
         return [self._to_stats(r, now) for r in rows]
@@ -51,20 +56,20 @@ class PostgresAdmin(PostgresBase):
         return found[0]
 
     async def _require_queue(self, method: str, queue: str) -> None:
-        if await self._fetch_one(method, "queue_exists", {"queue": queue}) is None:
+        if await self._s.fetch_one(method, "queue_exists", {"queue": queue}) is None:
             raise QueueNotFoundError(f"no queue named {queue!r}")
 
     async def list_tasks(
         self, queue: str, state: TaskState, *, limit: int = 50, offset: int = 0
     ) -> list[TaskInfo]:
         """Tasks of one queue in one state, oldest first; QueueNotFoundError if unknown."""
-        rows = await self._fetch(
+        rows = await self._s.fetch(
             "list_tasks",
             "list_tasks",
             {
                 "queue": queue,
                 "state": TaskState(state).value,
-                "now": self._now(),
+                "now": self._s.now(),
                 "limit": max(0, limit),
                 "offset": max(0, offset),
             },
@@ -75,8 +80,8 @@ class PostgresAdmin(PostgresBase):
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task; TaskNotFoundError if absent (or completed past its retention)."""
-        row = await self._fetch_one(
-            "get_task", "get_task", {"queue": queue, "id": task_id, "now": self._now()}
+        row = await self._s.fetch_one(
+            "get_task", "get_task", {"queue": queue, "id": task_id, "now": self._s.now()}
         )
         if row is None:
             raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
@@ -89,20 +94,20 @@ class PostgresAdmin(PostgresBase):
             "queue": move.queue,
             "id": move.id,
             "expect": move.expect.value,
-            "now": self._now(),
-            "channel": self._channel,
+            "now": self._s.now(),
+            "channel": self._s.channel,
             "error": move.error,
         }
         query = f"{move.kind}_task"
         follow_ups = move.follow_ups
-        rows = await self._write_with_follow_ups(
+        rows = await self._s.write_with_follow_ups(
             query, query, params, lambda rows: follow_ups if rows else ()
         )
         return row_to_info(rows[0]) if rows else None
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """Flag an active task for its worker (W12)."""
-        row = await self._fetch_one(
+        row = await self._s.fetch_one(
             "request_cancel", "request_cancel", {"queue": queue, "id": task_id}
         )
         return None if row is None else row_to_info(row)
@@ -113,21 +118,21 @@ class PostgresAdmin(PostgresBase):
         params = {
             "queue": queue,
             "state": state.value,
-            "now": self._now(),
-            "channel": self._channel,
+            "now": self._s.now(),
+            "channel": self._s.channel,
         }
         if to is TaskState.PENDING:
-            row = await self._fetch_one("run_all", "run_all", params)
+            row = await self._s.fetch_one("run_all", "run_all", params)
             count = int(row["n"]) if row else 0
         else:
-            count = await self._rowcount("delete_all", "delete_all", params)
+            count = await self._s.rowcount("delete_all", "delete_all", params)
         if count == 0:
             await self._require_queue("move_all", queue)
         return count
 
     async def _set_paused(self, method: str, queue: str, paused: bool) -> None:
-        row = await self._fetch_one(
-            method, "set_paused", {"queue": queue, "paused": paused, "channel": self._channel}
+        row = await self._s.fetch_one(
+            method, "set_paused", {"queue": queue, "paused": paused, "channel": self._s.channel}
         )
         if row is None:
             raise QueueNotFoundError(f"no queue named {queue!r}")
@@ -142,8 +147,8 @@ class PostgresAdmin(PostgresBase):
 
     async def list_workers(self) -> list[WorkerInfo]:
         """Worker processes that sent a heartbeat recently."""
-        rows = await self._fetch(
-            "list_workers", "list_workers", {"since": self._now() - WORKER_VISIBLE_SECONDS}
+        rows = await self._s.fetch(
+            "list_workers", "list_workers", {"since": self._s.now() - WORKER_VISIBLE_SECONDS}
         )
         return [
             WorkerInfo(

@@ -4,17 +4,14 @@ enqueue inside the caller's transaction (E8). See docs/brokers/postgresql.md."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from psycopg.rows import dict_row, tuple_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg.rows import tuple_row
 
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
@@ -23,6 +20,7 @@ from durq.brokers.base import (
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
+    AdminForwarder,
     ArchiveParams,
     ClaimParams,
     CompleteParams,
@@ -35,24 +33,22 @@ from durq.brokers.base import (
     RetryParams,
     WorkerInfo,
 )
-from durq.brokers.postgres import sql as queries
 from durq.brokers.postgres.admin import PostgresAdmin
-from durq.brokers.postgres.core import AsyncConn, PostgresBase, utc_day
-from durq.brokers.postgres.listener import Listener
 from durq.brokers.postgres.rows import (
     CLAIM_NEXT_AT,
     CLAIM_QUEUE,
     CLAIM_SEQ,
     CLAIM_TOKEN,
-    EnqueuePlan,
     Row,
     Times,
     claimed_info,
     enqueue_plan,
     row_to_info,
 )
-from durq.clock import SYSTEM_CLOCK, Clock
-from durq.errors import BrokerUnavailableError, ConfigurationError, SchemaError
+from durq.brokers.postgres.storage import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_MAX, PostgresStorage
+from durq.brokers.postgres.wakeup import Listener
+from durq.clock import SYSTEM_CLOCK, Clock, utc_day
+from durq.errors import ConfigurationError
 from durq.task import TaskInfo
 
 log = logging.getLogger("durq.brokers.postgres")
@@ -62,8 +58,9 @@ log = logging.getLogger("durq.brokers.postgres")
 _BATCH = 1000
 
 
-class PostgresBroker(PostgresAdmin):
-    """durq on PostgreSQL (psycopg 3, async, with a connection pool).
+class PostgresBroker(AdminForwarder):
+    """durq on PostgreSQL (psycopg 3, async, with a connection pool): the hot path here, the
+    inspector in :class:`PostgresAdmin`, both on one :class:`PostgresStorage`.
 
     URL: ``postgresql://user@host:port/db?schema=durq`` (``schema`` defaults to ``durq``;
     ``pool_min``/``pool_max`` size the pool; other parameters go to libpq)."""
@@ -86,13 +83,13 @@ class PostgresBroker(PostgresAdmin):
         *,
         schema: str = "durq",
         clock: Clock = SYSTEM_CLOCK,
-        connect_timeout: float = 5.0,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         pool_min: int = 1,
-        pool_max: int = 10,
+        pool_max: int = DEFAULT_POOL_MAX,
         pgbouncer: bool = False,
         listen_url: str | None = None,
     ) -> None:
-        super().__init__(
+        self._s = PostgresStorage(
             dsn,
             schema=schema,
             clock=clock,
@@ -102,6 +99,7 @@ class PostgresBroker(PostgresAdmin):
             pgbouncer=pgbouncer,
             listen_url=listen_url,
         )
+        self.admin = PostgresAdmin(self._s)
         self._listener: Listener | None = None
         # LISTEN through a transaction pooler hears nothing: without a direct listen_url,
         # workers poll (warned once, when a worker first claims).
@@ -116,135 +114,52 @@ class PostgresBroker(PostgresAdmin):
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> PostgresBroker:
         """Build (without connecting) a broker from ``postgresql://…?schema=…``."""
-        dsn, options = cls.parse_url(url)
+        dsn, options = PostgresStorage.parse_url(url)
         return cls(dsn, clock=clock, **options)
 
-    # ------------------------------------------------------------------ lifecycle
+    #: Split a broker URL into the libpq DSN and durq's own options.
+    parse_url = staticmethod(PostgresStorage.parse_url)
 
-    async def _direct_connection(self, method: str) -> AsyncConn:
-        # One plain connection with a hard deadline: its error names the real cause (refused,
-        # unknown database, bad password), which a pool's timeout would hide.
-        try:
-            async with asyncio.timeout(self._connect_timeout + 1):
-                return await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True, row_factory=dict_row, **self._connect_kwargs()
-                )
-        except TimeoutError as exc:
-            raise BrokerUnavailableError(
-                f"PostgreSQL did not answer within {self._connect_timeout:g}s",
-                operation=self._op(method),
-            ) from exc
+    @property
+    def clock(self) -> Clock:
+        """The clock this broker stamps times with (the server's, once measured)."""
+        return self._s.clock
 
-    async def _check_schema(self, conn: AsyncConn, method: str) -> None:
-        latest = queries.migrations()[-1].version
-        table = sql.Identifier(self._schema, "schema_migrations").as_string(None)
-        cur = await conn.execute(self._q["schema_version"], {"table": table})
-        row = await cur.fetchone()
-        if row is None or not row["present"]:
-            raise SchemaError(
-                f"schema {self._schema!r} has no durq tables: run `durq migrate`",
-                operation=self._op(method),
-            )
-        cur = await conn.execute(self._q["current_version"])
-        row = await cur.fetchone()
-        version = int(row["version"]) if row else 0
-        if version > latest:
-            raise SchemaError(
-                f"schema {self._schema!r} is at version {version}, newer than this durq "
-                f"(version {latest}): upgrade durq",
-                operation=self._op(method),
-            )
-        if version < latest:
-            raise SchemaError(
-                f"schema {self._schema!r} is at version {version}, this durq needs {latest}: "
-                "run `durq migrate`",
-                operation=self._op(method),
-            )
+    @property
+    def schema(self) -> str:
+        """The PostgreSQL schema that holds this broker's tables."""
+        return self._s.schema
+
+    @property
+    def channel(self) -> str:
+        """The LISTEN/NOTIFY channel of this schema."""
+        return self._s.channel
 
     async def connect(self) -> None:
         """Open the pool (idempotent). Raises BrokerUnavailableError or SchemaError."""
-        await self._ensure_connected("connect")
-
-    async def _ensure_connected(self, method: str) -> AsyncConnectionPool[AsyncConn]:
-        if self._pool is not None:
-            return self._pool
-        async with self._errors(method):
-            conn = await self._direct_connection(method)
-            async with conn:
-                await self._check_schema(conn, method)
-        pool = await self._open_pool(method)
-        await self._sync_clock(method)
-        return pool
-
-    async def close(self) -> None:
-        """Release every connection (idempotent)."""
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            await listener.close()
-        await self._notifier.flush()  # wake-ups for enqueues already committed
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
+        await self._s.connect()
 
     async def migrate(self) -> list[str]:
         """Apply the missing migrations under an advisory lock; returns their names.
 
         Safe when several processes run it at once: the lock serialises them and the second
         finds nothing left to do. A schema newer than this code is refused (SchemaError)."""
-        applied_now: list[str] = []
-        latest = queries.migrations()[-1].version
-        async with self._errors("migrate"):
-            conn = await self._direct_connection("migrate")
-            async with conn, conn.transaction():
-                await conn.execute(self._q["migrate_lock"], {"key": f"durq.migrate:{self._schema}"})
-                await conn.execute(self._q["create_schema"])
-                await conn.execute(self._q["create_migrations_table"])
-                cur = await conn.execute(self._q["applied_migrations"])
-                applied = {int(r["version"]) for r in await cur.fetchall()}
-                if applied and max(applied) > latest:
-                    raise SchemaError(
-                        f"schema {self._schema!r} is at version {max(applied)}, newer than this "
-                        f"durq (version {latest}): upgrade durq",
-                        operation="postgres.migrate",
-                    )
-                for migration in queries.migrations():
-                    if migration.version in applied:
-                        continue
-                    await conn.execute(queries.render_migration(migration, self._schema))
-                    label = f"{migration.version:04d}_{migration.name}"
-                    await conn.execute(
-                        self._q["record_migration"],
-                        {"version": migration.version, "name": label},
-                    )
-                    applied_now.append(label)
-        return applied_now
+        return await self._s.migrate()
 
     async def ping(self) -> None:
         """One cheap round trip; raises BrokerUnavailableError."""
-        await self._fetch("ping", "ping", {})
+        await self._s.ping()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def close(self) -> None:
+        """Release every connection (idempotent)."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.close()
+        await self._s.close()
 
     # ------------------------------------------------------------------ enqueue
-
-    def _drive_sync(self, conn: psycopg.Connection[Any], plan: EnqueuePlan) -> Any:
-        with conn.cursor(row_factory=dict_row) as cur:
-            try:
-                name, params = next(plan)
-                while True:
-                    cur.execute(self._q[name], params)
-                    rows: list[Row] = cur.fetchall() if cur.description else []
-                    name, params = plan.send(rows)
-            except StopIteration as stop:
-                return stop.value
-
-    @contextlib.contextmanager
-    def _errors_sync(self, method: str) -> Iterator[None]:
-        try:
-            yield
-        except (psycopg.Error, OSError) as exc:
-            mapped = self._translate(method, exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
 
     async def enqueue(self, params: EnqueueParams, *, connection: Any = None) -> TaskInfo:
         """Create one task; the database's constraints enforce E3 and E4.
@@ -264,16 +179,16 @@ class PostgresBroker(PostgresAdmin):
         if connection is None:
             # Autocommit: each statement commits at once; notify after the commit (see the
             # `enqueue` query for why not inside it).
-            plan = enqueue_plan(items, self._now(), None)
-            async with self._connection("enqueue") as conn:
-                result = await self._drive(conn, plan)
-            self._notify_created(result)
+            plan = enqueue_plan(items, self._s.now(), None)
+            async with self._s.connection("enqueue") as conn:
+                result = await self._s.drive(conn, plan)
+            self._s.notify_created(result)
             return result
         # The caller's transaction: the notification must wait for *its* commit.
-        plan = enqueue_plan(items, self._now(), self._channel)
+        plan = enqueue_plan(items, self._s.now(), self._s.channel)
         if isinstance(connection, psycopg.AsyncConnection):
-            async with self._errors("enqueue"):
-                result = await self._drive(connection, plan)
+            async with self._s.errors("enqueue"):
+                result = await self._s.drive(connection, plan)
             return result
         if isinstance(connection, psycopg.Connection):
             # A sync connection blocks: run it off the event loop.
@@ -296,9 +211,9 @@ class PostgresBroker(PostgresAdmin):
         """``enqueue_many`` inside the caller's sync psycopg transaction (E8); no commit."""
         if not items:
             return []
-        plan = enqueue_plan(items, self._now(), self._channel)
-        with self._errors_sync("enqueue"):
-            result: list[EnqueueOutcome] = self._drive_sync(connection, plan)
+        plan = enqueue_plan(items, self._s.now(), self._s.channel)
+        with self._s.errors_sync("enqueue"):
+            result: list[EnqueueOutcome] = self._s.drive_sync(connection, plan)
         return result
 
     # ------------------------------------------------------------------ claim and leases
@@ -312,12 +227,12 @@ class PostgresBroker(PostgresAdmin):
         for queue in queues:
             self._claim_marks[queue] = mark
         self._start_listening()
-        now = self._now()
+        now = self._s.now()
         lease_until = now + params.lease_seconds
-        async with self._connection("claim") as conn:
+        async with self._s.connection("claim") as conn:
             cur = conn.cursor(row_factory=tuple_row)
             await cur.execute(
-                self._q["claim"],
+                self._s.q["claim"],
                 {
                     "queues": queues,
                     "limit": params.limit,
@@ -345,14 +260,14 @@ class PostgresBroker(PostgresAdmin):
         """Heartbeat: push the expiry of every held lease; report lost ones and cancel asks."""
         if not leases:
             return LeaseReport()
-        rows = await self._fetch(
+        rows = await self._s.fetch(
             "extend_leases",
             "extend_leases",
             {
                 "queues": [lease.queue for lease in leases],
                 "ids": [lease.id for lease in leases],
                 "tokens": [lease.token for lease in leases],
-                "lease_until": self._now() + lease_seconds,
+                "lease_until": self._s.now() + lease_seconds,
             },
         )
         held = {(r["queue"], r["id"]) for r in rows}
@@ -370,7 +285,7 @@ class PostgresBroker(PostgresAdmin):
         """``complete`` for several tasks in one statement."""
         if not items:
             return []
-        now = self._now()
+        now = self._s.now()
         params = {
             "queues": [i.lease.queue for i in items],
             "ids": [i.lease.id for i in items],
@@ -392,9 +307,9 @@ class PostgresBroker(PostgresAdmin):
                         out.extend(item.follow_ups)
                 return out
 
-            rows = await self._write_with_follow_ups("complete", "complete", params, follow_ups)
+            rows = await self._s.write_with_follow_ups("complete", "complete", params, follow_ups)
         else:
-            rows = await self._fetch("complete", "complete", params)
+            rows = await self._s.fetch("complete", "complete", params)
         done = {(r["queue"], r["id"]) for r in rows}
         answers: list[bool] = []
         for item in items:
@@ -426,24 +341,24 @@ class PostgresBroker(PostgresAdmin):
         """Several fenced retry/archive moves, with their follow-ups, in one transaction."""
         if not moves:
             return []
-        now = self._now()
+        now = self._s.now()
         done: list[bool] = []
         created: list[EnqueueOutcome] = []
-        async with self._connection("move_leases") as conn, conn.transaction():
+        async with self._s.connection("move_leases") as conn, conn.transaction():
             for p in moves:
                 query, values = self._lease_move(p, now)
-                cur = await conn.execute(self._q[query], values)
+                cur = await conn.execute(self._s.q[query], values)
                 row = await cur.fetchone()
                 held = bool(row and row["n"])
                 done.append(held)
                 if held and isinstance(p, ArchiveParams) and p.follow_ups:
-                    created += await self._drive(conn, enqueue_plan(p.follow_ups, now, None))
-        self._notify_created(created)
+                    created += await self._s.drive(conn, enqueue_plan(p.follow_ups, now, None))
+        self._s.notify_created(created)
         return done
 
     async def retry(self, params: RetryParams) -> bool:
         """Schedule the next attempt; ``False`` if the lease is no longer held."""
-        row = await self._fetch_one("retry", *self._lease_move(params, self._now()))
+        row = await self._s.fetch_one("retry", *self._lease_move(params, self._s.now()))
         return bool(row and row["n"])
 
     async def archive(self, params: ArchiveParams) -> bool:
@@ -451,20 +366,20 @@ class PostgresBroker(PostgresAdmin):
         if params.follow_ups:
             (done,) = await self.move_leases([params])
             return done
-        row = await self._fetch_one("archive", *self._lease_move(params, self._now()))
+        row = await self._s.fetch_one("archive", *self._lease_move(params, self._s.now()))
         return bool(row and row["n"])
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Hand an active task back as pending without counting an attempt (W7)."""
-        row = await self._fetch_one(
+        row = await self._s.fetch_one(
             "requeue",
             "requeue",
             {
                 "queue": lease.queue,
                 "id": lease.id,
                 "token": lease.token,
-                "now": self._now(),
-                "channel": self._channel,
+                "now": self._s.now(),
+                "channel": self._s.channel,
             },
         )
         return bool(row and row["n"])
@@ -476,10 +391,10 @@ class PostgresBroker(PostgresAdmin):
         inspector's view current and wakes listeners); returns how many."""
         total = 0
         while True:
-            row = await self._fetch_one(
+            row = await self._s.fetch_one(
                 "promote_due",
                 "promote_due",
-                {"now": self._now(), "limit": _BATCH, "channel": self._channel},
+                {"now": self._s.now(), "limit": _BATCH, "channel": self._s.channel},
             )
             moved = int(row["n"]) if row else 0
             total += moved
@@ -488,8 +403,8 @@ class PostgresBroker(PostgresAdmin):
 
     async def expired_leases(self, limit: int) -> list[Lease]:
         """Active tasks whose lease expired by now, oldest expiry first."""
-        rows = await self._fetch(
-            "expired_leases", "expired_leases", {"now": self._now(), "limit": limit}
+        rows = await self._s.fetch(
+            "expired_leases", "expired_leases", {"now": self._s.now(), "limit": limit}
         )
         return [Lease(row_to_info(r), r["lease_token"]) for r in rows]
 
@@ -497,8 +412,8 @@ class PostgresBroker(PostgresAdmin):
         """Janitor: delete up to ``limit`` completed tasks whose retention has passed."""
         if limit <= 0:
             return 0
-        return await self._rowcount(
-            "delete_expired", "delete_expired", {"now": self._now(), "limit": limit}
+        return await self._s.rowcount(
+            "delete_expired", "delete_expired", {"now": self._s.now(), "limit": limit}
         )
 
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
@@ -529,14 +444,14 @@ class PostgresBroker(PostgresAdmin):
         # One listening connection per broker instance, opened on first need (workers only),
         # straight to PostgreSQL when listen_url is given.
         if self._listener is None:
-            dsn = self._listen_dsn or self._dsn
-            self._listener = Listener(dsn, self._channel, self._connect_kwargs())
+            dsn = self._s.listen_dsn or self._s.dsn
+            self._listener = Listener(dsn, self._s.channel, self._s.connect_kwargs())
         return self._listener
 
     async def register_worker(self, info: WorkerInfo) -> None:
         """Insert or refresh a worker's row (its heartbeat); also makes its queues known."""
-        await self._sync_clock("register_worker")  # rides the heartbeat, once a minute
-        await self._fetch(
+        await self._s.sync_clock("register_worker")  # rides the heartbeat, once a minute
+        await self._s.fetch(
             "register_worker",
             "register_worker",
             {
@@ -547,7 +462,7 @@ class PostgresBroker(PostgresAdmin):
                 "concurrency": info.concurrency,
                 "strict": info.strict,
                 "started_at": float(info.started_at),
-                "now": self._now(),
+                "now": self._s.now(),
                 "active": info.active,
                 "queue_names": list(info.queues),
             },
@@ -559,7 +474,7 @@ class PostgresBroker(PostgresAdmin):
 
     async def unregister_worker(self, worker_id: str) -> None:
         """Remove a worker's row at shutdown."""
-        await self._fetch("unregister_worker", "unregister_worker", {"id": worker_id})
+        await self._s.fetch("unregister_worker", "unregister_worker", {"id": worker_id})
 
 
 def _unwrap(outcome: EnqueueOutcome) -> TaskInfo:
@@ -569,4 +484,4 @@ def _unwrap(outcome: EnqueueOutcome) -> TaskInfo:
     return outcome.info
 
 
-__all__ = ["PostgresBase", "PostgresBroker"]
+__all__ = ["PostgresBroker"]

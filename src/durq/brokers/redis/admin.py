@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any
 
 from durq.brokers.base import QueueStats, TaskMove, WorkerInfo
-from durq.brokers.redis.core import RedisCore, _Call
-from durq.brokers.redis.keys import QueueKeys, utc_day
-from durq.brokers.redis.records import task_info
+from durq.brokers.redis.keys import QueueKeys
+from durq.brokers.redis.rows import task_info
+from durq.brokers.redis.storage import RedisStorage, _Call
+from durq.clock import utc_day
 from durq.errors import QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState
 from durq.task import TaskInfo
@@ -23,14 +23,17 @@ WORKER_FRESH = 60.0
 WORKER_TTL = 3600
 
 
-class RedisAdmin(RedisCore):
-    """List, count, steer tasks and queues; workers."""
+class RedisAdmin:
+    """The Admin seam on a :class:`RedisStorage`: list, count, move tasks and queues; workers."""
+
+    def __init__(self, storage: RedisStorage) -> None:
+        self._s = storage
 
     # -- helpers --------------------------------------------------------------------------
 
     async def _known(self, queue: str) -> QueueKeys:
-        k = self._keys.queue(queue)
-        if not await self._redis.sismember(self._keys.queues, queue):  # type: ignore[misc]
+        k = self._s.keys.queue(queue)
+        if not await self._s.redis.sismember(self._s.keys.queues, queue):  # type: ignore[misc]
             raise QueueNotFoundError(f"no queue named {queue!r}")
         return k
 
@@ -48,8 +51,8 @@ class RedisAdmin(RedisCore):
         ]
 
     async def _stats(self, queue: str, now: float) -> QueueStats:
-        k = self._keys.queue(queue)
-        pipe = self._redis.pipeline(transaction=False)
+        k = self._s.keys.queue(queue)
+        pipe = self._s.redis.pipeline(transaction=False)
         pipe.exists(k.paused)
         pipe.zcard(k.pending)
         pipe.zcard(k.scheduled)
@@ -85,40 +88,40 @@ class RedisAdmin(RedisCore):
 
     async def list_queues(self) -> list[QueueStats]:
         """Every known queue (enqueued into, served by a worker, or paused)."""
-        async with self._op("list_queues"):
-            await self._ensure()
-            now = self._clock.now()
-            return [await self._stats(q, now) for q in await self._all_queues()]
+        async with self._s.op("list_queues"):
+            await self._s.ensure()
+            now = self._s.clock.now()
+            return [await self._stats(q, now) for q in await self._s.all_queues()]
 
     async def queue_stats(self, queue: str) -> QueueStats:
         """One queue; QueueNotFoundError if unknown."""
-        async with self._op("queue_stats"):
-            await self._ensure()
+        async with self._s.op("queue_stats"):
+            await self._s.ensure()
             await self._known(queue)
-            return await self._stats(queue, self._clock.now())
+            return await self._stats(queue, self._s.clock.now())
 
     async def list_tasks(
         self, queue: str, state: TaskState, *, limit: int = 50, offset: int = 0
     ) -> list[TaskInfo]:
         """Tasks of one queue in one state, oldest first (zset order: time, then enqueue)."""
         state = TaskState(state)
-        async with self._op("list_tasks"):
-            await self._ensure()
+        async with self._s.op("list_tasks"):
+            await self._s.ensure()
             k = await self._known(queue)
             if limit <= 0:
                 return []
             zset = k.by_state(state.value)
             if state is TaskState.COMPLETED:
                 # Past their retention they count as gone, even before the janitor runs.
-                now = self._clock.now()
-                members: Any = await self._redis.zrangebyscore(
+                now = self._s.clock.now()
+                members: Any = await self._s.redis.zrangebyscore(
                     zset, f"({now!r}", "+inf", start=offset, num=limit
                 )
             else:
-                members = await self._redis.zrange(zset, offset, offset + limit - 1)
+                members = await self._s.redis.zrange(zset, offset, offset + limit - 1)
             if not members:
                 return []
-            pipe = self._redis.pipeline(transaction=False)
+            pipe = self._s.redis.pipeline(transaction=False)
             for m in members:
                 pipe.hgetall(k.task(m[16:].decode()))
             rows = await pipe.execute()
@@ -126,43 +129,43 @@ class RedisAdmin(RedisCore):
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task; TaskNotFoundError if absent or completed past its retention."""
-        k = self._keys.queue(queue)
-        async with self._op("get_task"):
-            await self._ensure()
-            row: Any = await self._redis.hgetall(k.task(task_id))  # type: ignore[misc]
+        k = self._s.keys.queue(queue)
+        async with self._s.op("get_task"):
+            await self._s.ensure()
+            row: Any = await self._s.redis.hgetall(k.task(task_id))  # type: ignore[misc]
         if not row:
             raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
         info = task_info(queue, row)
         expires = row.get(b"expires_at")
-        if info.state is TaskState.COMPLETED and expires and float(expires) <= self._clock.now():
+        if info.state is TaskState.COMPLETED and expires and float(expires) <= self._s.clock.now():
             raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
         return info
 
     async def move_task(self, move: TaskMove) -> TaskInfo | None:
         """Run, archive or delete one task if it is still in ``move.expect``: one script,
         which also creates the follow-ups."""
-        k = self._keys.queue(move.queue)
+        k = self._s.keys.queue(move.queue)
         to = {"run": "pending", "archive": "archived", "delete": "deleted"}[move.kind]
-        now = self._clock.now()
+        now = self._s.clock.now()
         call: _Call = (
             "admin_move",
             self._task_keys(k, move.id),
             [now, move.expect.value, to, move.error or "", k.notify],
         )
-        call = self._with_follow_ups(call, move.follow_ups, now)
-        async with self._op("move_task"):
-            await self._ensure()
+        call = self._s.with_follow_ups(call, move.follow_ups, now)
+        async with self._s.op("move_task"):
+            await self._s.ensure()
             if move.follow_ups:
-                await self._remember_queues([f.queue for f in move.follow_ups])
-            reply = await self._eval(*call)
+                await self._s.remember_queues([f.queue for f in move.follow_ups])
+            reply = await self._s.eval(*call)
         return task_info(move.queue, reply[1]) if reply[0] == b"ok" else None
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """Flag an active task for its worker (W12)."""
-        k = self._keys.queue(queue)
-        async with self._op("request_cancel"):
-            await self._ensure()
-            reply = await self._eval("admin_cancel", [k.task(task_id)], ["1"])
+        k = self._s.keys.queue(queue)
+        async with self._s.op("request_cancel"):
+            await self._s.ensure()
+            reply = await self._s.eval("admin_cancel", [k.task(task_id)], ["1"])
         return task_info(queue, reply[1]) if reply[0] == b"ok" else None
 
     async def _in_batches(
@@ -176,14 +179,14 @@ class RedisAdmin(RedisCore):
         """Run a bulk script until it touches fewer than BATCH tasks; how many in all.
 
         Batches keep each script short, so one "run all" never blocks Redis for long."""
-        async with self._op(method):
-            await self._ensure()
+        async with self._s.op(method):
+            await self._s.ensure()
             k = await self._known(queue)
             total = 0
             while True:
                 n = int(
-                    await self._eval(
-                        script, keys(k), [self._clock.now(), k.task_prefix, BATCH, *extra(k)]
+                    await self._s.eval(
+                        script, keys(k), [self._s.clock.now(), k.task_prefix, BATCH, *extra(k)]
                     )
                 )
                 total += n
@@ -211,37 +214,37 @@ class RedisAdmin(RedisCore):
 
     async def pause_queue(self, queue: str) -> None:
         """Stop handing out tasks of ``queue`` (the claim script reads P:{Q}:paused)."""
-        async with self._op("pause_queue"):
-            await self._ensure()
+        async with self._s.op("pause_queue"):
+            await self._s.ensure()
             k = await self._known(queue)
-            pipe = self._redis.pipeline(transaction=True)
+            pipe = self._s.redis.pipeline(transaction=True)
             pipe.set(k.paused, "1")
-            pipe.sadd(self._keys.paused, queue)
+            pipe.sadd(self._s.keys.paused, queue)
             await pipe.execute()
 
     async def unpause_queue(self, queue: str) -> None:
         """Resume handing out tasks of ``queue``."""
-        async with self._op("unpause_queue"):
-            await self._ensure()
+        async with self._s.op("unpause_queue"):
+            await self._s.ensure()
             k = await self._known(queue)
-            pipe = self._redis.pipeline(transaction=True)
+            pipe = self._s.redis.pipeline(transaction=True)
             pipe.delete(k.paused)
-            pipe.srem(self._keys.paused, queue)
+            pipe.srem(self._s.keys.paused, queue)
             # Idle workers of this queue may have tasks waiting for them.
             pipe.publish(k.notify, "1")
             await pipe.execute()
 
     async def list_workers(self) -> list[WorkerInfo]:
         """Workers whose last heartbeat (broker clock) is younger than 60 s."""
-        async with self._op("list_workers"):
-            await self._ensure()
-            now = self._clock.now()
-            rows: Any = await self._redis.zrangebyscore(
-                self._keys.workers, f"({now - WORKER_FRESH!r}", "+inf", withscores=True
+        async with self._s.op("list_workers"):
+            await self._s.ensure()
+            now = self._s.clock.now()
+            rows: Any = await self._s.redis.zrangebyscore(
+                self._s.keys.workers, f"({now - WORKER_FRESH!r}", "+inf", withscores=True
             )
             if not rows:
                 return []
-            records = await self._redis.mget([self._keys.worker(m.decode()) for m, _ in rows])
+            records = await self._s.redis.mget([self._s.keys.worker(m.decode()) for m, _ in rows])
         out: list[WorkerInfo] = []
         for (_, beat), raw in zip(rows, records, strict=True):
             if raw is None:
@@ -250,32 +253,3 @@ class RedisAdmin(RedisCore):
             data["last_heartbeat"] = float(beat)
             out.append(WorkerInfo(**data))
         return out
-
-    async def register_worker(self, info: WorkerInfo) -> None:
-        """Insert or refresh a worker's record (its heartbeat); makes its queues known."""
-        async with self._op("register_worker"):
-            await self._ensure()
-            await self._sync_clock()  # rides the heartbeat, once a minute
-            now = self._clock.now()
-            data = asdict(info)
-            data["last_heartbeat"] = now
-            for q in info.queues:
-                self._keys.queue(q)  # validate before storing
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.set(self._keys.worker(info.id), json.dumps(data), ex=WORKER_TTL)
-            pipe.zadd(self._keys.workers, {info.id: now})
-            # Forget workers silent for a day (their records have expired anyway).
-            pipe.zremrangebyscore(self._keys.workers, "-inf", now - 86400)
-            if info.queues:
-                pipe.sadd(self._keys.queues, *info.queues)
-            await pipe.execute()
-            self._known_queues.update(info.queues)
-
-    async def unregister_worker(self, worker_id: str) -> None:
-        """Remove a worker's record at shutdown."""
-        async with self._op("unregister_worker"):
-            await self._ensure()
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.zrem(self._keys.workers, worker_id)
-            pipe.delete(self._keys.worker(worker_id))
-            await pipe.execute()

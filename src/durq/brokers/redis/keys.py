@@ -29,7 +29,7 @@ whitespace), so a name can never move a key into another queue's or another pref
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import date
 from functools import lru_cache
 
 from durq.errors import ConfigurationError, InvalidNameError
@@ -59,11 +59,6 @@ def _safe(value: str, what: str) -> str:
     if _FORBIDDEN.intersection(value):
         raise InvalidNameError(f"invalid {what} {value!r}")
     return value
-
-
-def utc_day(ts: float) -> str:
-    """The UTC day of an epoch time, as used in daily counter keys."""
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d")
 
 
 class QueueKeys:
@@ -107,9 +102,9 @@ class QueueKeys:
         """The hash of one task."""
         return self.task_prefix + _safe(check_task_id(task_id), "task id")
 
-    def stats_day(self, day: str) -> str:
-        """The daily counter hash for ``day`` (``YYYY-MM-DD``)."""
-        return f"{self.stats}:{day}"
+    def stats_day(self, day: date) -> str:
+        """The daily counter hash of ``day`` (its key ends in ``YYYY-MM-DD``)."""
+        return f"{self.stats}:{day.isoformat()}"
 
     def by_state(self, state: str) -> str:
         """The zset that indexes tasks of ``state``."""

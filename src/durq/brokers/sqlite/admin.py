@@ -7,8 +7,9 @@ import sqlite3
 from typing import Any
 
 from durq.brokers.base import QueueStats, TaskMove, WorkerInfo
-from durq.brokers.sqlite.connection import Conn, SQLiteBase, row_to_info, utc_day
-from durq.brokers.sqlite.queries import Q
+from durq.brokers.sqlite.rows import row_to_info
+from durq.brokers.sqlite.storage import Conn, Q, SQLiteStorage
+from durq.clock import utc_day
 from durq.errors import QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState
 from durq.task import TaskInfo
@@ -17,8 +18,12 @@ from durq.task import TaskInfo
 WORKER_TTL = 60.0
 
 
-class SQLiteAdmin(SQLiteBase):
-    """Admin protocol: every method is one read snapshot or one immediate transaction."""
+class SQLiteAdmin:
+    """The Admin seam on a :class:`SQLiteStorage`: every method is one read snapshot or one
+    immediate transaction."""
+
+    def __init__(self, storage: SQLiteStorage) -> None:
+        self._s = storage
 
     # ------------------------------------------------------------------ queues
 
@@ -34,7 +39,7 @@ class SQLiteAdmin(SQLiteBase):
             sizes[TaskState(row["state"])] = row["n"]
         oldest = conn.execute(Q["oldest_ready"], {"queue": name, "now": now}).fetchone()[0]
         counters = conn.execute(
-            Q["queue_counters"], {"queue": name, "day": utc_day(now)}
+            Q["queue_counters"], {"queue": name, "day": utc_day(now).isoformat()}
         ).fetchone()
         return QueueStats(
             name=name,
@@ -49,7 +54,7 @@ class SQLiteAdmin(SQLiteBase):
 
     async def list_queues(self) -> list[QueueStats]:
         """Every known queue with its sizes and counters, by name."""
-        now = self._clock.now()
+        now = self._s.clock.now()
 
         def run(conn: Conn) -> list[QueueStats]:
             return [
@@ -57,17 +62,17 @@ class SQLiteAdmin(SQLiteBase):
                 for row in conn.execute(Q["all_queues"]).fetchall()
             ]
 
-        return await self._read("sqlite.list_queues", run)
+        return await self._s.read("sqlite.list_queues", run)
 
     async def queue_stats(self, queue: str) -> QueueStats:
         """One queue; QueueNotFoundError if unknown."""
-        now = self._clock.now()
+        now = self._s.clock.now()
 
         def run(conn: Conn) -> QueueStats:
             row = self._require_queue(conn, queue)
             return self._stats(conn, queue, bool(row["paused"]), now)
 
-        return await self._read("sqlite.queue_stats", run)
+        return await self._s.read("sqlite.queue_stats", run)
 
     async def pause_queue(self, queue: str) -> None:
         """Stop handing out tasks of ``queue``; enqueue still works (W8)."""
@@ -76,14 +81,14 @@ class SQLiteAdmin(SQLiteBase):
     async def unpause_queue(self, queue: str) -> None:
         """Resume handing out tasks of ``queue``."""
         await self._set_paused(queue, False)
-        self._notify([queue])
+        self._s.notify([queue])
 
     async def _set_paused(self, queue: str, paused: bool) -> None:
         def run(conn: Conn) -> None:
             if conn.execute(Q["set_paused"], {"queue": queue, "paused": int(paused)}).rowcount == 0:
                 raise QueueNotFoundError(f"no queue named {queue!r}")
 
-        await self._write("sqlite.pause_queue" if paused else "sqlite.unpause_queue", run)
+        await self._s.write("sqlite.pause_queue" if paused else "sqlite.unpause_queue", run)
 
     # ------------------------------------------------------------------ tasks
 
@@ -91,7 +96,7 @@ class SQLiteAdmin(SQLiteBase):
         self, queue: str, state: TaskState, *, limit: int = 50, offset: int = 0
     ) -> list[TaskInfo]:
         """Tasks of one queue in one state, by ``next_process_at`` then enqueue order."""
-        now = self._clock.now()
+        now = self._s.clock.now()
         state = TaskState(state)
 
         def run(conn: Conn) -> list[TaskInfo]:
@@ -108,19 +113,19 @@ class SQLiteAdmin(SQLiteBase):
             ).fetchall()
             return [row_to_info(row) for row in rows]
 
-        return await self._read("sqlite.list_tasks", run)
+        return await self._s.read("sqlite.list_tasks", run)
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task; TaskNotFoundError if absent (or completed past its retention)."""
-        now = self._clock.now()
+        now = self._s.clock.now()
 
         def run(conn: Conn) -> TaskInfo:
             return row_to_info(self._existing(conn, queue, task_id, now))
 
-        return await self._call("sqlite.get_task", run)
+        return await self._s.call("sqlite.get_task", run)
 
     def _existing(self, conn: Conn, queue: str, task_id: str, now: float) -> sqlite3.Row:
-        row = self._get_row(conn, queue, task_id, now)
+        row = self._s.get_row(conn, queue, task_id, now)
         if row is None:
             raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
         return row
@@ -128,7 +133,7 @@ class SQLiteAdmin(SQLiteBase):
     async def move_task(self, move: TaskMove) -> TaskInfo | None:
         """Run, archive or delete one task if it is still in ``move.expect``, with the
         follow-ups, in one transaction."""
-        now = self._clock.now()
+        now = self._s.clock.now()
         params: dict[str, Any] = {
             "queue": move.queue,
             "id": move.id,
@@ -144,14 +149,14 @@ class SQLiteAdmin(SQLiteBase):
             if row is None:
                 return None
             if move.follow_ups:
-                woken.update(self._insert_follow_ups(conn, move.follow_ups, now))
+                woken.update(self._s.insert_follow_ups(conn, move.follow_ups, now))
             return row_to_info(row)
 
-        info = await self._write(f"sqlite.{query}", body)
+        info = await self._s.write(f"sqlite.{query}", body)
         if info is not None and move.to is TaskState.PENDING:
             woken.add(move.queue)
         if woken:
-            self._notify(woken)
+            self._s.notify(woken)
         return info
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
@@ -161,11 +166,11 @@ class SQLiteAdmin(SQLiteBase):
             row = conn.execute(Q["request_cancel"], {"queue": queue, "id": task_id}).fetchone()
             return None if row is None else row_to_info(row)
 
-        return await self._write("sqlite.request_cancel", body)
+        return await self._s.write("sqlite.request_cancel", body)
 
     async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
         """Run (``to`` pending) or delete (``to`` None) every task of ``state``."""
-        now = self._clock.now()
+        now = self._s.clock.now()
         state = TaskState(state)
         query = "run_all" if to is TaskState.PENDING else "delete_all"
 
@@ -175,16 +180,16 @@ class SQLiteAdmin(SQLiteBase):
                 Q[query], {"queue": queue, "state": state.value, "now": now}
             ).rowcount
 
-        count = await self._write(f"sqlite.{query}", body)
+        count = await self._s.write(f"sqlite.{query}", body)
         if count and to is TaskState.PENDING:
-            self._notify([queue])
+            self._s.notify([queue])
         return count
 
     # ------------------------------------------------------------------ workers
 
     async def list_workers(self) -> list[WorkerInfo]:
         """Workers whose last heartbeat is younger than 60 s."""
-        since = self._clock.now() - WORKER_TTL
+        since = self._s.clock.now() - WORKER_TTL
 
         def run(conn: Conn) -> list[WorkerInfo]:
             return [
@@ -202,4 +207,4 @@ class SQLiteAdmin(SQLiteBase):
                 for row in conn.execute(Q["live_workers"], {"since": since}).fetchall()
             ]
 
-        return await self._call("sqlite.list_workers", run)
+        return await self._s.call("sqlite.list_workers", run)

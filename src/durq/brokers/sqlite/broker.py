@@ -22,6 +22,7 @@ from durq.brokers.base import (
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
+    AdminForwarder,
     ArchiveParams,
     ClaimParams,
     CompleteParams,
@@ -36,17 +37,19 @@ from durq.brokers.base import (
 )
 from durq.brokers.sqlite import wakeup
 from durq.brokers.sqlite.admin import WORKER_TTL, SQLiteAdmin
-from durq.brokers.sqlite.connection import (
+from durq.brokers.sqlite.rows import row_to_info
+from durq.brokers.sqlite.storage import (
     DEFAULT_BUSY_TIMEOUT,
     DEFAULT_POLL_INTERVAL,
+    SCHEMA_VERSION,
     Conn,
     Exec,
+    Q,
+    SQLiteStorage,
     join_write_lock,
-    row_to_info,
     schema_version,
     transaction,
 )
-from durq.brokers.sqlite.queries import SCHEMA_VERSION, Q
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import ConfigurationError, DuplicateTaskError, SchemaError, TaskIDConflictError
 from durq.task import TaskInfo
@@ -55,8 +58,9 @@ from durq.task import TaskInfo
 FORGET_WORKERS_AFTER = 24 * 3600.0
 
 
-class SQLiteBroker(SQLiteAdmin):
-    """Broker and Admin on one SQLite file (WAL mode, one database thread per instance)."""
+class SQLiteBroker(AdminForwarder):
+    """Broker and Admin on one SQLite file (WAL mode, one database thread per instance): the
+    hot path here, the inspector in :class:`SQLiteAdmin`, both on one :class:`SQLiteStorage`."""
 
     name = "sqlite"
     #: Other processes are noticed by polling ``PRAGMA data_version``. E8 joins a caller's
@@ -101,6 +105,51 @@ class SQLiteBroker(SQLiteAdmin):
             raise ConfigurationError(f"sqlite URL options must be positive: {url!r}")
         return cls(path, clock=clock, busy_timeout=busy, poll_interval=poll)
 
+    def __init__(
+        self,
+        path: str,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> None:
+        self._s = SQLiteStorage(
+            path, clock=clock, busy_timeout=busy_timeout, poll_interval=poll_interval
+        )
+        self.admin = SQLiteAdmin(self._s)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.path}>"
+
+    @property
+    def path(self) -> str:
+        """The database file (absolute)."""
+        return self._s.path
+
+    @property
+    def clock(self) -> Clock:
+        """The clock this broker stamps times with."""
+        return self._s.clock
+
+    async def connect(self) -> None:
+        """Open the connection and migrate the schema if needed (idempotent).
+
+        Raises BrokerUnavailableError (unreachable path, not a database) or SchemaError
+        (a schema newer than this code)."""
+        await self._s.connect()
+
+    async def migrate(self) -> list[str]:
+        """Apply missing migrations; returns the names applied by this call."""
+        return await self._s.migrate()
+
+    async def close(self) -> None:
+        """Close the connection and stop the database thread (idempotent)."""
+        await self._s.close()
+
+    async def ping(self) -> None:
+        """One cheap query on the database thread."""
+        await self._s.ping()
+
     # ------------------------------------------------------------------ enqueue
 
     async def enqueue(self, params: EnqueueParams, *, connection: Any = None) -> TaskInfo:
@@ -111,14 +160,14 @@ class SQLiteBroker(SQLiteAdmin):
         if connection is not None:
             # Not self.connect(): migrating needs the write lock the caller may hold.
             return self.enqueue_sync_in(params, connection)
-        now = self._clock.now()
+        now = self._s.clock.now()
 
         def run(conn: Conn) -> TaskInfo:
-            info = transaction(conn, lambda c: self._insert(c, params, now))
-            self._notify([params.queue])
+            info = transaction(conn, lambda c: self._s.insert(c, params, now))
+            self._s.notify([params.queue])
             return info
 
-        return await self._call("sqlite.enqueue", run)
+        return await self._s.call("sqlite.enqueue", run)
 
     async def enqueue_many(
         self, items: Sequence[EnqueueParams], *, connection: Any = None
@@ -130,14 +179,14 @@ class SQLiteBroker(SQLiteAdmin):
             return []
         if connection is not None:
             return self.enqueue_many_sync_in(items, connection)
-        now = self._clock.now()
+        now = self._s.clock.now()
 
         def run(conn: Conn) -> list[EnqueueOutcome]:
             outcomes = transaction(conn, lambda c: self._insert_many(c, items, now))
-            self._notify({o.params.queue for o in outcomes if o.created})
+            self._s.notify({o.params.queue for o in outcomes if o.created})
             return outcomes
 
-        return await self._call("sqlite.enqueue_many", run)
+        return await self._s.call("sqlite.enqueue_many", run)
 
     def _insert_many(
         self, conn: Exec, items: Sequence[EnqueueParams], now: float
@@ -145,7 +194,7 @@ class SQLiteBroker(SQLiteAdmin):
         outcomes: list[EnqueueOutcome] = []
         for p in items:
             try:
-                outcomes.append(EnqueueOutcome(p, info=self._insert(conn, p, now)))
+                outcomes.append(EnqueueOutcome(p, info=self._s.insert(conn, p, now)))
             except (TaskIDConflictError, DuplicateTaskError) as exc:
                 outcomes.append(EnqueueOutcome(p, error=exc))
         return outcomes
@@ -175,9 +224,9 @@ class SQLiteBroker(SQLiteAdmin):
             return []
         cursor = self._caller_cursor(connection)
         try:
-            return self._insert_many(cursor, items, self._clock.now())
+            return self._insert_many(cursor, items, self._s.clock.now())
         except sqlite3.Error as exc:
-            raise self._wrap(exc, "sqlite.enqueue", caller=True) from exc
+            raise self._s.map_error(exc, "sqlite.enqueue", caller=True) from exc
         finally:
             cursor.close()
 
@@ -194,7 +243,7 @@ class SQLiteBroker(SQLiteAdmin):
             cursor.row_factory = sqlite3.Row
             files = {row["name"]: row["file"] for row in cursor.execute(Q["database_list"])}
             path = files.get("main") or ""
-            if not path or os.path.realpath(path) != self._key:
+            if not path or os.path.realpath(path) != self._s.key:
                 raise ConfigurationError(
                     f"the connection has {path or 'an in-memory database'!r} open, not the "
                     f"broker's file {self.path!r}: transactional enqueue needs both in one file"
@@ -207,7 +256,7 @@ class SQLiteBroker(SQLiteAdmin):
                     operation="sqlite.enqueue",
                 )
         except sqlite3.Error as exc:
-            raise self._wrap(exc, "sqlite.enqueue", caller=True) from exc
+            raise self._s.map_error(exc, "sqlite.enqueue", caller=True) from exc
         autocommit = getattr(connection, "autocommit", None) is True  # Python 3.12+
         if not connection.in_transaction and (connection.isolation_level is None or autocommit):
             cursor.close()
@@ -222,12 +271,12 @@ class SQLiteBroker(SQLiteAdmin):
 
     async def claim(self, params: ClaimParams) -> list[Lease]:
         """Lease up to ``limit`` due tasks, filling from the queues in the order given."""
-        now = self._clock.now()
+        now = self._s.clock.now()
         if params.limit <= 0:
             return []
         queues = list(dict.fromkeys(params.queues))  # keep order, drop repeats
         # Notifications up to here are answered by this claim; later ones stay for the wait.
-        self._mailbox.take(queues)
+        self._s.mailbox.take(queues)
 
         def body(conn: Conn) -> list[Lease]:
             paused = {row[0] for row in conn.execute(Q["paused_queues"])}
@@ -262,19 +311,19 @@ class SQLiteBroker(SQLiteAdmin):
             else:
                 leases = []
             if len(leases) < params.limit:
-                self._seen_version = version
+                self._s.seen_version = version
             return leases
 
-        leases = await self._call("sqlite.claim", run)
+        leases = await self._s.call("sqlite.claim", run)
         if len(leases) >= params.limit:
-            self._mailbox.post(frozenset(queues))  # a full claim may have left work behind
+            self._s.mailbox.post(frozenset(queues))  # a full claim may have left work behind
         return leases
 
     async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
         """Push every held lease's expiry in one transaction; report lost ones and cancels."""
         if not leases:
             return LeaseReport()
-        expires = self._clock.now() + lease_seconds
+        expires = self._s.clock.now() + lease_seconds
 
         def body(conn: Conn) -> LeaseReport:
             lost: set[str] = set()
@@ -295,7 +344,7 @@ class SQLiteBroker(SQLiteAdmin):
                     cancel.add(ref.id)
             return LeaseReport(lost=frozenset(lost), cancel=frozenset(cancel))
 
-        return await self._write("sqlite.extend_leases", body)
+        return await self._s.write("sqlite.extend_leases", body)
 
     def _complete(
         self, conn: Conn, p: CompleteParams, now: float, woken: set[str], *, bump: bool = True
@@ -311,26 +360,28 @@ class SQLiteBroker(SQLiteAdmin):
         if cursor.rowcount != 1:
             return False
         if bump:
-            self._bump(conn, p.lease.queue, now, failed=False)
+            self._s.bump(conn, p.lease.queue, now, failed=False)
         if p.follow_ups:
-            woken.update(self._insert_follow_ups(conn, p.follow_ups, now))
+            woken.update(self._s.insert_follow_ups(conn, p.follow_ups, now))
         return True
 
     async def complete(self, params: CompleteParams) -> bool:
         """Completed (kept ``retention`` s with its result) or deleted; fenced by the token.
         Its follow-ups are created in the same transaction."""
-        now = self._clock.now()
+        now = self._s.clock.now()
         woken: set[str] = set()
-        done = await self._write("sqlite.complete", lambda c: self._complete(c, params, now, woken))
+        done = await self._s.write(
+            "sqlite.complete", lambda c: self._complete(c, params, now, woken)
+        )
         if woken:
-            self._notify(woken)
+            self._s.notify(woken)
         return done
 
     async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
         """``complete`` for several tasks in one transaction."""
         if not items:
             return []
-        now = self._clock.now()
+        now = self._s.clock.now()
         woken: set[str] = set()
 
         def body(conn: Conn) -> list[bool]:
@@ -338,12 +389,12 @@ class SQLiteBroker(SQLiteAdmin):
             # One counter update per queue for the batch, not one per task.
             per_queue = Counter(p.lease.queue for p, ok in zip(items, done, strict=True) if ok)
             for queue, count in per_queue.items():
-                self._bump(conn, queue, now, failed=False, count=count)
+                self._s.bump(conn, queue, now, failed=False, count=count)
             return done
 
-        done = await self._write("sqlite.complete_many", body)
+        done = await self._s.write("sqlite.complete_many", body)
         if woken:
-            self._notify(woken)
+            self._s.notify(woken)
         return done
 
     def _move(self, conn: Conn, p: LeaseMove, now: float, woken: set[str]) -> bool:
@@ -368,22 +419,22 @@ class SQLiteBroker(SQLiteAdmin):
         if cursor.rowcount != 1:
             return False
         if counted:
-            self._bump(conn, lease.queue, now, failed=True)
+            self._s.bump(conn, lease.queue, now, failed=True)
         if isinstance(p, ArchiveParams) and p.follow_ups:
-            woken.update(self._insert_follow_ups(conn, p.follow_ups, now))
+            woken.update(self._s.insert_follow_ups(conn, p.follow_ups, now))
         return True
 
     async def move_leases(self, moves: Sequence[LeaseMove]) -> list[bool]:
         """Several fenced retry/archive moves in one transaction."""
         if not moves:
             return []
-        now = self._clock.now()
+        now = self._s.clock.now()
         woken: set[str] = set()
-        done = await self._write(
+        done = await self._s.write(
             "sqlite.move_leases", lambda c: [self._move(c, p, now, woken) for p in moves]
         )
         if woken:
-            self._notify(woken)
+            self._s.notify(woken)
         return done
 
     async def retry(self, params: RetryParams) -> bool:
@@ -398,32 +449,32 @@ class SQLiteBroker(SQLiteAdmin):
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Back to pending without counting an attempt (graceful shutdown, W7)."""
-        now = self._clock.now()
+        now = self._s.clock.now()
         params = {"queue": lease.queue, "id": lease.id, "token": lease.token, "now": now}
-        done = await self._write(
+        done = await self._s.write(
             "sqlite.requeue", lambda c: c.execute(Q["requeue"], params).rowcount == 1
         )
         if done:
-            self._notify([lease.queue])
+            self._s.notify([lease.queue])
         return done
 
     # ------------------------------------------------------------------ maintenance
 
     async def promote_due(self) -> int:
         """Move due scheduled/retry tasks to pending (claim also takes them directly)."""
-        now = self._clock.now()
-        queues = await self._write(
+        now = self._s.clock.now()
+        queues = await self._s.write(
             "sqlite.promote_due",
             lambda c: [row[0] for row in c.execute(Q["promote_due"], {"now": now}).fetchall()],
         )
         if queues:
-            self._notify(set(queues))
+            self._s.notify(set(queues))
         return len(queues)
 
     async def expired_leases(self, limit: int) -> list[Lease]:
         """Active tasks whose lease expired by now, oldest expiry first."""
-        now = self._clock.now()
-        rows = await self._read(
+        now = self._s.clock.now()
+        rows = await self._s.read(
             "sqlite.expired_leases",
             lambda c: c.execute(Q["expired_leases"], {"now": now, "limit": limit}).fetchall(),
         )
@@ -431,8 +482,8 @@ class SQLiteBroker(SQLiteAdmin):
 
     async def delete_expired(self, limit: int) -> int:
         """Delete up to ``limit`` completed tasks past their retention."""
-        now = self._clock.now()
-        return await self._write(
+        now = self._s.clock.now()
+        return await self._s.write(
             "sqlite.delete_expired",
             lambda c: c.execute(Q["delete_expired"], {"now": now, "limit": limit}).rowcount,
         )
@@ -447,38 +498,38 @@ class SQLiteBroker(SQLiteAdmin):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout)
         waiter = wakeup.Waiter(loop, queues)
-        self._mailbox.park(waiter)  # before looking: nothing slips between
+        self._s.mailbox.park(waiter)  # before looking: nothing slips between
         try:
-            if self._mailbox.take(queues):
+            if self._s.mailbox.take(queues):
                 return True
-            version = await self._call("sqlite.wait_for_work", _data_version)
-            if self._seen_version is not None and version != self._seen_version:
-                self._seen_version = version  # another connection committed since we looked
+            version = await self._s.call("sqlite.wait_for_work", _data_version)
+            if self._s.seen_version is not None and version != self._s.seen_version:
+                self._s.seen_version = version  # another connection committed since we looked
                 return True
-            self._seen_version = version
+            self._s.seen_version = version
             while True:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return False
                 try:
-                    async with asyncio.timeout(min(self._poll_interval, remaining)):
+                    async with asyncio.timeout(min(self._s.poll_interval, remaining)):
                         await waiter.event.wait()
-                    self._mailbox.take(queues)
+                    self._s.mailbox.take(queues)
                     return True
                 except TimeoutError:
                     pass
-                version = await self._call("sqlite.wait_for_work", _data_version)
-                if version != self._seen_version:
-                    self._seen_version = version
+                version = await self._s.call("sqlite.wait_for_work", _data_version)
+                if version != self._s.seen_version:
+                    self._s.seen_version = version
                     return True
         finally:
-            self._mailbox.unpark(waiter)
+            self._s.mailbox.unpark(waiter)
 
     # ------------------------------------------------------------------ workers
 
     async def register_worker(self, info: WorkerInfo) -> None:
         """Insert or refresh the worker's row (its heartbeat); makes its queues known."""
-        now = self._clock.now()
+        now = self._s.clock.now()
 
         def body(conn: Conn) -> None:
             conn.execute(
@@ -501,7 +552,7 @@ class SQLiteBroker(SQLiteAdmin):
                 Q["forget_dead_workers"], {"before": now - max(WORKER_TTL, FORGET_WORKERS_AFTER)}
             )
 
-        await self._write("sqlite.register_worker", body)
+        await self._s.write("sqlite.register_worker", body)
 
     async def durability_warnings(self) -> list[str]:
         """None to report: a commit is durable (see docs/guarantees.md)."""
@@ -509,7 +560,7 @@ class SQLiteBroker(SQLiteAdmin):
 
     async def unregister_worker(self, worker_id: str) -> None:
         """Remove the worker's row at shutdown."""
-        await self._write(
+        await self._s.write(
             "sqlite.unregister_worker", lambda c: c.execute(Q["delete_worker"], {"id": worker_id})
         )
 

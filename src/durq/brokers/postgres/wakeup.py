@@ -1,9 +1,24 @@
-"""LISTEN/NOTIFY wake-ups (W11): one dedicated connection per broker instance.
+"""Wake-ups on PostgreSQL: LISTEN/NOTIFY.
+
+Receiving, :class:`Listener`: one dedicated connection per broker instance.
 
 Enqueue runs ``pg_notify(channel, queue)`` in its own transaction, so a notification exists
 only for committed work. The listener hands each one to the waiters of that queue. It
 reconnects with backoff when the server goes away; after every (re)connect it wakes all
-waiters, because notifications sent while nobody listened are lost for good."""
+waiters, because notifications sent while nobody listened are lost for good.
+
+Sending, :class:`Notifier`: wake-ups for committed enqueues, sent off the caller's path and
+coalesced.
+
+An enqueue through the broker's pool commits its insert, hands the queues that got pending
+work to the :class:`Notifier` and returns. The notifier sends ``pg_notify`` for them on a
+pooled connection of its own, in a statement that writes nothing: never inside the insert's
+transaction, because PostgreSQL serialises the commits of all notifying transactions in the
+cluster behind one lock held through the WAL flush. Queues handed over while a notify is in
+flight ride together in the next one, so concurrent enqueuers send fewer notifications, and a
+lone enqueue's notification goes out as soon as the caller's coroutine yields (it is never
+delayed on purpose).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import psycopg
@@ -128,3 +144,35 @@ class Listener:
                 await task
         self._listening.clear()
         self._wake(None)
+
+
+class Notifier:
+    """Sends ``send(queues)`` for every queue added, after the add, at most one call at a time."""
+
+    def __init__(self, send: Callable[[list[str]], Awaitable[None]]) -> None:
+        self._send = send
+        self._pending: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, queues: Iterable[str]) -> None:
+        """Schedule a notification for ``queues`` (their work is committed)."""
+        self._pending.update(queues)
+        if self._pending and (self._task is None or self._task.done()):
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="durq-pg-notify")
+
+    async def _run(self) -> None:
+        while self._pending:
+            queues = sorted(self._pending)
+            self._pending.clear()
+            try:
+                await self._send(queues)
+            except Exception as exc:
+                # The tasks are committed: never report them as not written. Workers find
+                # them on their next bounded wait.
+                log.warning("NOTIFY after enqueue failed (workers will poll): %s", exc)
+
+    async def flush(self) -> None:
+        """Wait until every notification added so far has been sent (or has failed)."""
+        while self._task is not None and not self._task.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._task)

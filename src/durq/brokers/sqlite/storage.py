@@ -15,15 +15,15 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import TypeVar
 
+from durq.brokers import sqlfiles
 from durq.brokers.base import EnqueueParams
 from durq.brokers.sqlite import wakeup
-from durq.brokers.sqlite.queries import MIGRATIONS, SCHEMA_VERSION, Q
-from durq.clock import SYSTEM_CLOCK, Clock, to_datetime
+from durq.brokers.sqlite.errors import map_error
+from durq.brokers.sqlite.rows import row_to_info
+from durq.clock import SYSTEM_CLOCK, Clock, utc_day
 from durq.errors import (
-    BrokerError,
     BrokerUnavailableError,
     DuplicateTaskError,
     DurqError,
@@ -38,43 +38,17 @@ Conn = sqlite3.Connection
 #: What statements run on: our connection, or a cursor on a caller's connection (E8).
 Exec = sqlite3.Connection | sqlite3.Cursor
 
+#: Every named statement of ``queries.sql``.
+Q: dict[str, str] = sqlfiles.load_queries(__package__)
+#: Every migration, in version order.
+MIGRATIONS: tuple[sqlfiles.Migration, ...] = sqlfiles.load_migrations(__package__)
+#: The schema version this code expects.
+SCHEMA_VERSION: int = MIGRATIONS[-1].version
+
 #: How long a writer waits for another connection's write lock before giving up.
 DEFAULT_BUSY_TIMEOUT = 5.0
 #: How often an idle ``wait_for_work`` looks for commits of other processes.
 DEFAULT_POLL_INTERVAL = 0.025
-
-
-def utc_day(ts: float) -> str:
-    """The UTC day of an epoch time, as the stats table keys it."""
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d")
-
-
-def row_to_info(row: sqlite3.Row) -> TaskInfo:
-    """A ``durq_tasks`` row as the :class:`TaskInfo` users see."""
-    result = row["result"]
-    return TaskInfo(
-        id=row["id"],
-        queue=row["queue"],
-        type=row["type"],
-        raw_payload=bytes(row["payload"]),
-        state=TaskState(row["state"]),
-        max_retry=row["max_retry"],
-        retried=row["retried"],
-        last_error=row["last_error"],
-        timeout=None if row["timeout"] is None else float(row["timeout"]),
-        deadline=to_datetime(row["deadline"]),
-        next_process_at=to_datetime(row["next_process_at"]),
-        enqueued_at=to_datetime(row["enqueued_at"]),
-        completed_at=to_datetime(row["completed_at"]),
-        raw_result=None if result is None else bytes(result),
-        retention=float(row["retention"]),
-        lost=row["lost"],
-        headers=json.loads(row["headers"] or "{}"),
-        started_at=to_datetime(row["started_at"]),
-        lease_expires_at=to_datetime(row["lease_expires_at"]),
-        worker_id=row["worker_id"],
-        cancel_requested=bool(row["cancel_requested"]),
-    )
 
 
 def transaction(conn: Conn, fn: Callable[[Conn], T]) -> T:
@@ -113,10 +87,10 @@ def snapshot(conn: Conn, fn: Callable[[Conn], T]) -> T:
             conn.execute("COMMIT")
 
 
-class SQLiteBase:
-    """The database thread, the connection and the schema; the broker and admin build on it."""
-
-    name = "sqlite"
+class SQLiteStorage:
+    """The database thread, the connection, the schema, and the writes the hot path and the
+    inspector share. :class:`~durq.brokers.sqlite.broker.SQLiteBroker` and
+    :class:`~durq.brokers.sqlite.admin.SQLiteAdmin` both work on one of these."""
 
     def __init__(
         self,
@@ -127,15 +101,15 @@ class SQLiteBase:
         poll_interval: float = DEFAULT_POLL_INTERVAL,
     ) -> None:
         self.path = os.path.abspath(path)
-        self._clock = clock
-        self._busy_timeout = busy_timeout
-        self._poll_interval = poll_interval
+        self.clock = clock
+        self.busy_timeout = busy_timeout
+        self.poll_interval = poll_interval
         # Key of the in-process wake-up registry: every broker on this file shares it.
-        self._key = os.path.realpath(self.path)
-        self._mailbox = wakeup.register(self._key)
+        self.key = os.path.realpath(self.path)
+        self.mailbox = wakeup.register(self.key)
         # data_version when this broker last looked for work (claim or wake-up): a change
         # since then means another connection committed, maybe an enqueue.
-        self._seen_version: int | None = None
+        self.seen_version: int | None = None
         self._executor: ThreadPoolExecutor | None = None
         # The sync face may call from several threads: one executor, hence one connection.
         self._executor_lock = threading.Lock()
@@ -143,17 +117,9 @@ class SQLiteBase:
         self._conn: Conn | None = None
         self._applied: list[str] = []
 
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.path}>"
-
-    @property
-    def clock(self) -> Clock:
-        """The clock this broker stamps times with."""
-        return self._clock
-
     # ------------------------------------------------------------------ calls
 
-    async def _call(self, operation: str, fn: Callable[[Conn], T]) -> T:
+    async def call(self, operation: str, fn: Callable[[Conn], T]) -> T:
         """Run ``fn(connection)`` on the database thread, opening the connection if needed."""
         executor = self._executor
         if executor is None:
@@ -164,13 +130,13 @@ class SQLiteBase:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(executor, self._job, operation, fn)
 
-    async def _write(self, operation: str, fn: Callable[[Conn], T]) -> T:
+    async def write(self, operation: str, fn: Callable[[Conn], T]) -> T:
         """``fn`` inside one ``BEGIN IMMEDIATE`` transaction."""
-        return await self._call(operation, lambda conn: transaction(conn, fn))
+        return await self.call(operation, lambda conn: transaction(conn, fn))
 
-    async def _read(self, operation: str, fn: Callable[[Conn], T]) -> T:
+    async def read(self, operation: str, fn: Callable[[Conn], T]) -> T:
         """``fn`` against one consistent snapshot."""
-        return await self._call(operation, lambda conn: snapshot(conn, fn))
+        return await self.call(operation, lambda conn: snapshot(conn, fn))
 
     def _job(self, operation: str, fn: Callable[[Conn], T]) -> T:
         try:
@@ -179,23 +145,12 @@ class SQLiteBase:
         except DurqError:
             raise
         except sqlite3.Error as exc:
-            raise self._wrap(exc, operation) from exc
+            raise self.map_error(exc, operation) from exc
 
-    def _wrap(self, exc: sqlite3.Error, operation: str, *, caller: bool = False) -> DurqError:
-        """The typed error of a sqlite3 error; ``caller``: it happened in the caller's
-        transaction (E8), whose connection has its own busy timeout."""
-        text = str(exc) or type(exc).__name__
-        if isinstance(exc, sqlite3.IntegrityError | sqlite3.ProgrammingError):
-            return BrokerError(f"SQLite refused the operation: {text}", operation=operation)
-        if caller and ("locked" in text or "busy" in text):
-            text = (
-                f"{text} (the caller's transaction waited for the write lock for its "
-                "connection's timeout, or had read before writing: begin it with BEGIN "
-                "IMMEDIATE)"
-            )
-        elif "locked" in text or "busy" in text:
-            text = f"{text} (another connection held the write lock for {self._busy_timeout:g} s)"
-        return BrokerUnavailableError(f"SQLite database {self.path}: {text}", operation=operation)
+    def map_error(self, exc: sqlite3.Error, operation: str, *, caller: bool = False) -> DurqError:
+        """The durq error for a driver error of ``operation``; ``caller``: it happened in the
+        caller's transaction (E8), whose connection has its own busy timeout."""
+        return map_error(exc, operation, self.path, self.busy_timeout, caller=caller)
 
     # ------------------------------------------------------------------ connection and schema
 
@@ -205,7 +160,7 @@ class SQLiteBase:
         try:
             conn = sqlite3.connect(
                 self.path,
-                timeout=self._busy_timeout,
+                timeout=self.busy_timeout,
                 isolation_level=None,  # autocommit: transactions are explicit BEGIN/COMMIT
                 check_same_thread=False,  # the executor thread owns it; close() may differ
             )
@@ -215,7 +170,7 @@ class SQLiteBase:
             ) from exc
         try:
             conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise BrokerUnavailableError(
@@ -229,7 +184,7 @@ class SQLiteBase:
             self._applied.extend(self._migrate(conn, operation))
         except sqlite3.OperationalError as exc:
             conn.close()  # e.g. migrating waited for the write lock beyond the budget
-            raise self._wrap(exc, operation) from exc
+            raise self.map_error(exc, operation) from exc
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise BrokerUnavailableError(
@@ -256,17 +211,17 @@ class SQLiteBase:
             for migration in MIGRATIONS:
                 if migration.version <= version:
                     continue
-                for statement in migration.statements():
+                for statement in split_statements(migration.sql):
                     c.execute(statement)
                 c.execute(
                     Q["record_migration"],
                     {
                         "version": migration.version,
-                        "name": migration.name,
-                        "now": self._clock.now(),
+                        "name": migration.file,
+                        "now": self.clock.now(),
                     },
                 )
-                done.append(migration.name)
+                done.append(migration.file)
             return done
 
         return transaction(conn, apply)
@@ -289,7 +244,7 @@ class SQLiteBase:
 
         Raises BrokerUnavailableError (unreachable path, not a database) or SchemaError
         (a schema newer than this code)."""
-        await self._call("sqlite.connect", lambda conn: None)
+        await self.call("sqlite.connect", lambda conn: None)
 
     async def migrate(self) -> list[str]:
         """Apply missing migrations; returns the names applied by this call."""
@@ -299,7 +254,7 @@ class SQLiteBase:
             self._applied = []
             return applied
 
-        return await self._call("sqlite.migrate", run)
+        return await self.call("sqlite.migrate", run)
 
     async def close(self) -> None:
         """Close the connection and stop the database thread (idempotent)."""
@@ -315,19 +270,19 @@ class SQLiteBase:
 
     async def ping(self) -> None:
         """One cheap query on the database thread."""
-        await self._call("sqlite.ping", lambda conn: conn.execute("SELECT 1").fetchone())
+        await self.call("sqlite.ping", lambda conn: conn.execute("SELECT 1").fetchone())
 
-    # ------------------------------------------------------------------ helpers for subclasses
+    # ------------------------------------------------------------------ shared writes
 
-    def _notify(self, queues: Iterable[str]) -> None:
+    def notify(self, queues: Iterable[str]) -> None:
         """Wake idle waiters of this process on this file (called after a commit)."""
-        wakeup.notify(self._key, queues)
+        wakeup.notify(self.key, queues)
 
-    def _insert(self, conn: Exec, p: EnqueueParams, now: float) -> TaskInfo:
+    def insert(self, conn: Exec, p: EnqueueParams, now: float) -> TaskInfo:
         """Create one task or raise its conflict; a refusal writes nothing of its own."""
         key = {"queue": p.queue, "id": p.id, "now": now}
         conn.execute(Q["drop_expired_completed"], key)
-        existing = self._get_row(conn, p.queue, p.id, now)
+        existing = self.get_row(conn, p.queue, p.id, now)
         if existing is not None:
             raise TaskIDConflictError(
                 f"task {p.id!r} already exists in queue {p.queue!r} ({existing['state']})",
@@ -367,7 +322,7 @@ class SQLiteBase:
         conn.execute(Q["ensure_queue"], {"queue": p.queue, "now": now})
         return row_to_info(row)
 
-    def _insert_follow_ups(
+    def insert_follow_ups(
         self, conn: Exec, follow_ups: Iterable[EnqueueParams], now: float
     ) -> set[str]:
         """Create continuation tasks inside the caller's transaction; a follow-up whose id
@@ -375,21 +330,26 @@ class SQLiteBase:
         queues: set[str] = set()
         for p in follow_ups:
             try:
-                info = self._insert(conn, p, now)
+                info = self.insert(conn, p, now)
             except (TaskIDConflictError, DuplicateTaskError):
                 continue  # created by an earlier outcome of the same task
             if info.state is TaskState.PENDING:
                 queues.add(p.queue)
         return queues
 
-    def _bump(self, conn: Conn, queue: str, now: float, *, failed: bool, count: int = 1) -> None:
+    def bump(self, conn: Conn, queue: str, now: float, *, failed: bool, count: int = 1) -> None:
         """Add ``count`` processed (and as many failed, if ``failed``) to today's counters."""
         conn.execute(
             Q["bump_stats"],
-            {"queue": queue, "day": utc_day(now), "processed": count, "failed": count * failed},
+            {
+                "queue": queue,
+                "day": utc_day(now).isoformat(),
+                "processed": count,
+                "failed": count * failed,
+            },
         )
 
-    def _get_row(self, conn: Exec, queue: str, task_id: str, now: float) -> sqlite3.Row | None:
+    def get_row(self, conn: Exec, queue: str, task_id: str, now: float) -> sqlite3.Row | None:
         row: sqlite3.Row | None = conn.execute(
             Q["get_task"], {"queue": queue, "id": task_id, "now": now}
         ).fetchone()
@@ -401,3 +361,20 @@ def schema_version(conn: Exec) -> int:
     if not conn.execute(Q["has_migrations_table"]).fetchone()[0]:
         return 0
     return int(conn.execute(Q["schema_version"]).fetchone()[0])
+
+
+def split_statements(script: str) -> list[str]:
+    """Split a script into statements, using SQLite's own notion of a complete statement."""
+    statements: list[str] = []
+    current: list[str] = []
+    for line in script.splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("--")):
+            continue
+        current.append(line)
+        text = "\n".join(current)
+        if sqlite3.complete_statement(text):
+            statements.append(text.strip())
+            current = []
+    if current and "\n".join(current).strip():
+        raise ValueError("migration ends with an incomplete statement")
+    return statements

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Self
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
@@ -15,6 +15,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from durq.brokers.base import EnqueueParams
+from durq.brokers.redis.errors import map_error, redact
 from durq.brokers.redis.keys import DEFAULT_PREFIX, Keys, QueueKeys
 from durq.brokers.redis.lua import LuaScript, load_scripts
 from durq.brokers.redis.wire import Wire, endpoint_of, error, is_error
@@ -23,7 +24,6 @@ from durq.errors import (
     BrokerError,
     BrokerUnavailableError,
     ConfigurationError,
-    DurqError,
     SchemaError,
 )
 from durq.states import TaskState
@@ -48,10 +48,10 @@ def _arg(value: Scalar) -> str | bytes | int:
     return repr(value) if isinstance(value, float) else value
 
 
-class RedisCore:
-    """The client, the key names, the scripts and the error mapping of one broker."""
-
-    name = "redis"
+class RedisStorage:
+    """The client, the pipelined connection, the key names and the scripts of one broker;
+    :class:`~durq.brokers.redis.broker.RedisBroker` and
+    :class:`~durq.brokers.redis.admin.RedisAdmin` both work on one of these."""
 
     def __init__(
         self,
@@ -62,12 +62,12 @@ class RedisCore:
         connect_timeout: float = CONNECT_TIMEOUT,
         socket_timeout: float = SOCKET_TIMEOUT,
     ) -> None:
-        self._url = url
+        self.url = url
         self._clock: Clock = clock
         #: Set when the real clock is used: times then come from the server's TIME (W1).
         self._server_clock = server_clock_for(clock)
-        self._keys = Keys(prefix)
-        self._scripts: dict[str, LuaScript] = load_scripts()
+        self.keys = Keys(prefix)
+        self.scripts: dict[str, LuaScript] = load_scripts()
         # Reconnects after a restart happen in the pool; a call that hits a refused or dropped
         # connection is retried twice with a short backoff, then raises (E7: promptly).
         retry = Retry(
@@ -76,7 +76,7 @@ class RedisCore:
             supported_errors=(rex.ConnectionError,),
         )
         try:
-            self._redis: aioredis.Redis = aioredis.Redis.from_url(
+            self.redis: aioredis.Redis = aioredis.Redis.from_url(
                 url,
                 socket_connect_timeout=connect_timeout,
                 socket_timeout=socket_timeout,
@@ -84,25 +84,24 @@ class RedisCore:
                 health_check_interval=15,
             )
         except ValueError as exc:
-            raise ConfigurationError(f"invalid Redis URL {_redact(url)!r}: {exc}") from exc
+            raise ConfigurationError(f"invalid Redis URL {redact(url)!r}: {exc}") from exc
         # Script calls (the hot path) go over one pipelined connection; redis-py keeps the
         # rest (connect checks, the inspector's reads, pub/sub) and TLS, see wire.py.
-        endpoint = endpoint_of(self._redis)
-        self._wire: Wire | None = None if endpoint is None else Wire(endpoint)
-        self._ready = False
-        self._known_queues: set[str] = set()
+        endpoint = endpoint_of(self.redis)
+        self.wire: Wire | None = None if endpoint is None else Wire(endpoint)
+        self.ready = False
+        self.known_queues: set[str] = set()
 
-    @classmethod
-    def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
-        """Build from ``redis://host:port/db?prefix=durq`` (also ``rediss://``, ``unix://``).
-
-        ``prefix`` is durq's; every other query parameter goes to redis-py."""
+    @staticmethod
+    def split_url(url: str) -> tuple[str, str]:
+        """``redis://host:port/db?prefix=durq`` (also ``rediss://``, ``unix://``) as the URL
+        of the connection and durq's key prefix; ConfigurationError for anything else."""
         parts = urlsplit(url)
         if parts.scheme not in ("redis", "rediss", "unix"):
-            raise ConfigurationError(f"not a Redis URL: {_redact(url)!r}")
+            raise ConfigurationError(f"not a Redis URL: {redact(url)!r}")
         if parts.scheme != "unix" and parts.path.strip("/") and not parts.path.strip("/").isdigit():
             raise ConfigurationError(
-                f"invalid Redis URL {_redact(url)!r}: the path must be a database number"
+                f"invalid Redis URL {redact(url)!r}: the path must be a database number"
             )
         query = parse_qsl(parts.query, keep_blank_values=True)
         prefix = DEFAULT_PREFIX
@@ -112,84 +111,78 @@ class RedisCore:
                 prefix = value
             else:
                 rest.append((key, value))
-        clean = urlunsplit(parts._replace(query=urlencode(rest)))
-        return cls(clean, prefix=prefix, clock=clock)
+        return urlunsplit(parts._replace(query=urlencode(rest))), prefix
 
     @property
     def clock(self) -> Clock:
         """The clock this broker stamps times with (the server's, once measured)."""
         return self._clock
 
-    @property
-    def prefix(self) -> str:
-        """The key prefix of this broker."""
-        return self._keys.prefix
-
     # -- connection -----------------------------------------------------------------------
 
     async def connect(self) -> None:
         """Check the server once: reachable, a Redis, new enough, our layout version."""
-        if self._ready:
+        if self.ready:
             return
-        async with self._op("connect"):
+        async with self.op("connect"):
             try:
-                info = await self._redis.info("server")
+                info = await self.redis.info("server")
             except rex.ConnectionError as exc:
                 if "closed by server" not in str(exc):
                     raise
                 # A server that hangs up on the first command is often not a Redis at all.
                 raise BrokerUnavailableError(
-                    f"Redis at {_redact(self._url)} closed the connection on the first "
+                    f"Redis at {redact(self.url)} closed the connection on the first "
                     "command: is it down, or is this not a Redis server?",
                     operation="redis.connect",
                 ) from exc
             version = str(info.get("redis_version", "0"))
             if _version(version) < MIN_REDIS_VERSION:
                 raise SchemaError(
-                    f"Redis {version} at {_redact(self._url)} is too old: durq needs Redis "
+                    f"Redis {version} at {redact(self.url)} is too old: durq needs Redis "
                     f"{'.'.join(map(str, MIN_REDIS_VERSION))} or newer",
                     operation="redis.connect",
                 )
-            raw: Any = await self._redis.get(self._keys.schema)
+            raw: Any = await self.redis.get(self.keys.schema)
             schema = None if raw is None else bytes(raw).decode()
             if schema is not None and schema != SCHEMA_VERSION:
                 raise SchemaError(
-                    f"keys under prefix {self.prefix!r} use layout {schema}, "
+                    f"keys under prefix {self.keys.prefix!r} use layout {schema}, "
                     f"this durq uses {SCHEMA_VERSION}",
                     operation="redis.connect",
                 )
-        await self._sync_clock()
-        self._ready = True
+        await self.sync_clock()
+        self.ready = True
 
-    async def _sync_clock(self) -> None:
+    async def sync_clock(self) -> None:
         """Measure the offset of the server's ``TIME`` (at connect, then about once a minute)."""
         server = self._server_clock
         if server is None or not server.due:
             return
 
         async def read() -> float:
-            async with self._op("time"):
-                seconds, micros = await self._redis.time()
+            async with self.op("time"):
+                seconds, micros = await self.redis.time()
             return float(seconds) + float(micros) / 1e6
 
         await server.sync(read)
         self._clock = server
 
-    async def _ensure(self) -> None:
-        if not self._ready:
+    async def ensure(self) -> None:
+        if not self.ready:
             await self.connect()
 
     async def migrate(self) -> list[str]:
         """Redis needs no schema; this records the layout version under the prefix."""
         await self.connect()
-        async with self._op("migrate"):
-            created = await self._redis.set(self._keys.schema, SCHEMA_VERSION, nx=True)
+        async with self.op("migrate"):
+            created = await self.redis.set(self.keys.schema, SCHEMA_VERSION, nx=True)
         return [f"redis-layout-{SCHEMA_VERSION}"] if created else []
 
     async def ping(self) -> None:
         """One cheap round trip."""
-        async with self._op("ping"):
-            await self._redis.ping()
+        async with self.op("ping"):
+            await self.redis.ping()
 
     async def durability_warnings(self) -> list[str]:
         """Server settings that can lose acknowledged tasks (docs/guarantees.md): no AOF,
@@ -197,9 +190,9 @@ class RedisCore:
         start. Empty when the server is durable, or when it refuses ``CONFIG GET`` (managed
         services often do)."""
         try:
-            async with self._op("config_get"):
-                raw: dict[Any, Any] = await self._redis.config_get("maxmemory-policy")
-                raw.update(await self._redis.config_get("append*"))
+            async with self.op("config_get"):
+                raw: dict[Any, Any] = await self.redis.config_get("maxmemory-policy")
+                raw.update(await self.redis.config_get("append*"))
         except BrokerError:
             return []
         config = {_text(k): _text(v) for k, v in raw.items()}
@@ -224,77 +217,53 @@ class RedisCore:
 
     async def close(self) -> None:
         """Close every connection of the pool (idempotent)."""
-        self._ready = False
-        if self._wire is not None:
-            self._wire.close()
+        self.ready = False
+        if self.wire is not None:
+            self.wire.close()
         try:
-            await self._redis.aclose()
+            await self.redis.aclose()
         except (rex.RedisError, OSError):  # closing a dead connection is not an error
             pass
 
     # -- calls ----------------------------------------------------------------------------
 
+    def mapped(self, exc: Exception, op: str) -> Exception:
+        """The durq error for a failure of broker call ``op`` (``exc`` itself when it is
+        already durq's or not a driver/socket error)."""
+        return map_error(exc, f"redis.{op}", redact(self.url))
+
     @asynccontextmanager
-    async def _op(self, op: str) -> AsyncIterator[None]:
+    async def op(self, op: str) -> AsyncIterator[None]:
         """Map redis-py and socket errors of one broker call onto durq's errors."""
         try:
             yield
         except Exception as exc:
-            mapped = self._mapped(exc, op)
+            mapped = self.mapped(exc, op)
             if mapped is exc:
                 raise
             raise mapped from exc
 
-    def _mapped(self, exc: Exception, op: str) -> Exception:
-        """The durq error for a failure of broker call ``op`` (``exc`` itself when it is
-        already durq's or not a driver/socket error)."""
-        operation = f"redis.{op}"
-        if isinstance(exc, DurqError):
-            return exc
-        if isinstance(
-            exc, (rex.AuthenticationError, rex.AuthorizationError, rex.NoPermissionError)
-        ):
-            return BrokerError(
-                f"Redis at {_redact(self._url)} refused the credentials: {exc}", operation=operation
-            )
-        if isinstance(exc, rex.BusyLoadingError):
-            return BrokerUnavailableError(
-                f"Redis at {_redact(self._url)} is loading its data set", operation=operation
-            )
-        if isinstance(exc, (TimeoutError, rex.ConnectionError, rex.TimeoutError, OSError)):
-            return BrokerUnavailableError(
-                f"Redis at {_redact(self._url)} is unavailable: {exc}", operation=operation
-            )
-        if isinstance(exc, rex.InvalidResponse):
-            return BrokerError(
-                f"the server at {_redact(self._url)} does not speak the Redis protocol: {exc}",
-                operation=operation,
-            )
-        if isinstance(exc, rex.RedisError):
-            return BrokerError(f"Redis refused {operation}: {exc}", operation=operation)
-        return exc
-
-    async def _eval(self, name: str, keys: Sequence[str], args: Sequence[Scalar]) -> Any:
+    async def eval(self, name: str, keys: Sequence[str], args: Sequence[Scalar]) -> Any:
         """Run one script by SHA, loading it first if the server does not know it (NOSCRIPT:
         a restart without persistence of the script cache, SCRIPT FLUSH, a failover)."""
-        script = self._scripts[name]
-        if self._wire is None:
+        script = self.scripts[name]
+        if self.wire is None:
             return await self._eval_redis_py(script, keys, args)
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        reply = await self._wire.call(command)
+        reply = await self.wire.call(command)
         if is_error(reply):
             exc = error(reply)
             if not isinstance(exc, rex.NoScriptError):
                 raise exc
             await self._load_script(script)
-            reply = await self._wire.call(command)
+            reply = await self.wire.call(command)
             if is_error(reply):
                 raise error(reply)
         return reply
 
     async def _load_script(self, script: LuaScript) -> None:
-        assert self._wire is not None
-        reply = await self._wire.call(("SCRIPT", "LOAD", script.source))
+        assert self.wire is not None
+        reply = await self.wire.call(("SCRIPT", "LOAD", script.source))
         if is_error(reply):
             raise error(reply)
 
@@ -303,24 +272,24 @@ class RedisCore:
     ) -> Any:
         argv = [_arg(a) for a in args]
         try:
-            return await self._redis.evalsha(script.sha, len(keys), *keys, *argv)  # type: ignore[misc]
+            return await self.redis.evalsha(script.sha, len(keys), *keys, *argv)  # type: ignore[misc]
         except rex.NoScriptError:
-            await self._redis.script_load(script.source)  # type: ignore[misc]
-            return await self._redis.evalsha(script.sha, len(keys), *keys, *argv)  # type: ignore[misc]
+            await self.redis.script_load(script.source)  # type: ignore[misc]
+            return await self.redis.evalsha(script.sha, len(keys), *keys, *argv)  # type: ignore[misc]
 
-    async def _eval_many(
+    async def eval_many(
         self, calls: Sequence[tuple[str, Sequence[str], Sequence[Scalar]]]
     ) -> list[Any]:
         """Run several scripts in one round trip (a pipeline without MULTI: each script is
         atomic on its own). Calls refused with NOSCRIPT did nothing, so they are re-run once
         after loading their scripts."""
-        if self._wire is None:
+        if self.wire is None:
             return await self._eval_many_redis_py(calls)
-        scripts = self._scripts
+        scripts = self.scripts
         commands = [
             ("EVALSHA", scripts[name].sha, len(keys), *keys, *args) for name, keys, args in calls
         ]
-        results = await self._wire.call_many(commands)
+        results = await self.wire.call_many(commands)
         missing: list[int] = []
         for i, reply in enumerate(results):
             if is_error(reply):
@@ -331,7 +300,7 @@ class RedisCore:
         if missing:
             for name in {calls[i][0] for i in missing}:
                 await self._load_script(scripts[name])
-            again = await self._wire.call_many([commands[i] for i in missing])
+            again = await self.wire.call_many([commands[i] for i in missing])
             for i, reply in zip(missing, again, strict=True):
                 if is_error(reply):
                     raise error(reply)
@@ -344,10 +313,10 @@ class RedisCore:
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         for attempt in range(2):
-            pipe = self._redis.pipeline(transaction=False)
+            pipe = self.redis.pipeline(transaction=False)
             for i in todo:
                 name, keys, args = calls[i]
-                pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *[_arg(a) for a in args])
+                pipe.evalsha(self.scripts[name].sha, len(keys), *keys, *[_arg(a) for a in args])
             replies = await pipe.execute(raise_on_error=False)
             missing: list[int] = []
             for i, reply in zip(todo, replies, strict=True):
@@ -360,13 +329,13 @@ class RedisCore:
             if not missing:
                 break
             for name in {calls[i][0] for i in missing}:
-                await self._redis.script_load(self._scripts[name].source)  # type: ignore[misc]
+                await self.redis.script_load(self.scripts[name].source)  # type: ignore[misc]
             todo = missing
         return results
 
     # -- task writes shared by the hot path and the inspector ------------------------
 
-    def _enqueue_fields(
+    def enqueue_fields(
         self, p: EnqueueParams, k: QueueKeys, now: float
     ) -> tuple[list[Scalar], TaskInfo]:
         """The 12 per-task arguments of enqueue.lua / enqueue_many.lua, and the TaskInfo the
@@ -406,10 +375,10 @@ class RedisCore:
         )
         return fields, info
 
-    def _enqueue_call(self, p: EnqueueParams, now: float) -> tuple[_Call, TaskInfo]:
+    def enqueue_call(self, p: EnqueueParams, now: float) -> tuple[_Call, TaskInfo]:
         """One enqueue.lua call (also the layout of a follow-up in complete/archive)."""
-        k = self._keys.queue(p.queue)
-        fields, info = self._enqueue_fields(p, k, now)
+        k = self.keys.queue(p.queue)
+        fields, info = self.enqueue_fields(p, k, now)
         call: _Call = (
             "enqueue",
             [k.task(p.id), k.pending, k.scheduled, k.completed, k.unique, k.seq],
@@ -417,7 +386,7 @@ class RedisCore:
         )
         return call, info
 
-    def _with_follow_ups(
+    def with_follow_ups(
         self, call: _Call, follow_ups: Sequence[EnqueueParams], now: float
     ) -> _Call:
         """Append each follow-up's enqueue keys and arguments to a complete/archive call: the
@@ -427,22 +396,22 @@ class RedisCore:
         name, keys, args = call
         keys, args = list(keys), list(args)
         for p in follow_ups:
-            (_, more_keys, more_args), _ = self._enqueue_call(p, now)
+            (_, more_keys, more_args), _ = self.enqueue_call(p, now)
             keys.extend(more_keys)
             args.extend(more_args)
         return name, keys, args
 
-    async def _remember_queues(self, queues: Sequence[str]) -> None:
+    async def remember_queues(self, queues: Sequence[str]) -> None:
         """Add queues to the known set (once per queue per broker object)."""
-        new = [q for q in dict.fromkeys(queues) if q not in self._known_queues]
+        new = [q for q in dict.fromkeys(queues) if q not in self.known_queues]
         if new:
             for q in new:
-                self._keys.queue(q)  # validates the name before it is stored
-            await self._redis.sadd(self._keys.queues, *new)  # type: ignore[misc]
-            self._known_queues.update(new)
+                self.keys.queue(q)  # validates the name before it is stored
+            await self.redis.sadd(self.keys.queues, *new)  # type: ignore[misc]
+            self.known_queues.update(new)
 
-    async def _all_queues(self) -> list[str]:
-        members: Any = await self._redis.smembers(self._keys.queues)  # type: ignore[misc]
+    async def all_queues(self) -> list[str]:
+        members: Any = await self.redis.smembers(self.keys.queues)  # type: ignore[misc]
         return sorted(bytes(m).decode() for m in members)
 
 
@@ -452,15 +421,6 @@ def _version(text: str) -> tuple[int, ...]:
         digits = "".join(ch for ch in part if ch.isdigit())
         out.append(int(digits or 0))
     return tuple(out)
-
-
-def _redact(url: str) -> str:
-    """The URL without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
 
 
 def _text(value: bytes | str) -> str:

@@ -12,11 +12,10 @@ import threading
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from durq.brokers.base import EnqueueParams, WorkerInfo
 from durq.brokers.sqlite.wakeup import Mailbox
-from durq.clock import to_datetime
+from durq.clock import to_datetime, utc_day
 from durq.errors import DuplicateTaskError, TaskIDConflictError
 from durq.states import TaskState
 from durq.task import TaskInfo
@@ -31,11 +30,6 @@ P, S, A, R, X, C = (
 )
 #: States a claim may take a task from (when due).
 WAITING = frozenset({P, S, R})
-
-
-def utc_day(ts: float) -> str:
-    """The UTC day of an epoch time: the key of the daily counters."""
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d")
 
 
 @dataclass(slots=True, eq=False)
@@ -255,7 +249,7 @@ class Store:
         return row.lease_token
 
     def bump(self, queue: str, now: float, *, failed: bool, count: int = 1) -> None:
-        counters = self.stats.setdefault((queue, utc_day(now)), [0, 0])
+        counters = self.stats.setdefault((queue, utc_day(now).isoformat()), [0, 0])
         counters[0] += count
         if failed:
             counters[1] += count

@@ -1,0 +1,165 @@
+"""The inspector's seam on the in-memory store."""
+
+from __future__ import annotations
+
+from durq.brokers.base import QueueStats, TaskMove, WorkerInfo
+from durq.brokers.memory.storage import WAITING, A, P, Row, Store, X
+from durq.clock import Clock, utc_day
+from durq.errors import QueueNotFoundError, TaskNotFoundError
+from durq.states import TaskState
+from durq.task import TaskInfo
+
+#: list_workers shows workers whose heartbeat is younger than this.
+WORKER_TTL = 60.0
+
+
+class MemoryAdmin:
+    """The Admin seam on a :class:`Store`: every method is one step under its lock."""
+
+    def __init__(self, store: Store, clock: Clock) -> None:
+        self._store = store
+        self._clock = clock
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        """Workers whose last heartbeat is younger than 60 s."""
+        with self._store.lock:
+            since = self._clock.now() - WORKER_TTL
+            live = [w for w in self._store.workers.values() if w.last_heartbeat > since]
+        return sorted(live, key=lambda w: (w.started_at, w.id))
+
+    def _stats(self, name: str, now: float) -> QueueStats:
+        store = self._store
+        queue = store.queues[name]
+        sizes = dict.fromkeys(TaskState, 0)
+        for row in store.rows(name):
+            if not row.gone(now):
+                sizes[row.state] += 1
+        ready = [row.next_process_at for row in queue.waiting.values() if row.due(now)]
+        today = store.stats.get((name, utc_day(now).isoformat()), [0, 0])
+        totals = [0, 0]
+        for (q, _), counters in store.stats.items():
+            if q == name:
+                totals[0] += counters[0]
+                totals[1] += counters[1]
+        return QueueStats(
+            name=name,
+            paused=queue.paused,
+            sizes=sizes,
+            oldest_pending_age=max(0.0, now - min(ready)) if ready else 0.0,
+            processed_today=today[0],
+            failed_today=today[1],
+            processed_total=totals[0],
+            failed_total=totals[1],
+        )
+
+    async def list_queues(self) -> list[QueueStats]:
+        """Every known queue with its sizes and counters, by name."""
+        with self._store.lock:
+            now = self._clock.now()
+            return [self._stats(name, now) for name in sorted(self._store.queues)]
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        """One queue; QueueNotFoundError if unknown."""
+        with self._store.lock:
+            self._require_queue(queue)
+            return self._stats(queue, self._clock.now())
+
+    def _require_queue(self, queue: str) -> None:
+        if queue not in self._store.queues:
+            raise QueueNotFoundError(f"no queue named {queue!r}")
+
+    async def pause_queue(self, queue: str) -> None:
+        """Stop handing out tasks of ``queue``; enqueue still works (W8)."""
+        with self._store.lock:
+            self._require_queue(queue)
+            self._store.queues[queue].paused = True
+
+    async def unpause_queue(self, queue: str) -> None:
+        """Resume handing out tasks of ``queue``."""
+        with self._store.lock:
+            self._require_queue(queue)
+            self._store.queues[queue].paused = False
+        self._store.notify([queue])
+
+    async def list_tasks(
+        self, queue: str, state: TaskState, *, limit: int = 50, offset: int = 0
+    ) -> list[TaskInfo]:
+        """Tasks of one queue in one state, by ``next_process_at`` then enqueue order."""
+        state = TaskState(state)
+        with self._store.lock:
+            now = self._clock.now()
+            self._require_queue(queue)
+            rows = [r for r in self._store.rows(queue) if r.state is state and not r.gone(now)]
+            rows.sort(key=lambda r: (r.next_process_at, r.seq))
+            return [row.info() for row in rows[offset : offset + limit]]
+
+    async def get_task(self, queue: str, task_id: str) -> TaskInfo:
+        """One task; TaskNotFoundError if absent (or completed past its retention)."""
+        with self._store.lock:
+            return self._existing(queue, task_id, self._clock.now()).info()
+
+    def _existing(self, queue: str, task_id: str, now: float) -> Row:
+        row = self._store.get(queue, task_id, now)
+        if row is None:
+            raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
+        return row
+
+    def _run(self, row: Row, now: float) -> None:
+        self._store.move(row, P)
+        row.next_process_at = now
+        row.lost = 0
+        row.cancel_requested = False
+
+    async def move_task(self, move: TaskMove) -> TaskInfo | None:
+        """Run, archive or delete one task if it is still in ``move.expect``, with the
+        follow-ups."""
+        store = self._store
+        woken: set[str] = set()
+        with store.lock:
+            now = self._clock.now()
+            row = store.get(move.queue, move.id, now)
+            if row is None or row.state is not move.expect or row.state is A:
+                return None
+            kind = move.kind
+            if kind == "delete":
+                info = row.info()
+                store.delete(row)
+                return info
+            if kind == "run":
+                self._run(row, now)
+                woken.add(row.queue)
+            else:
+                if row.state not in WAITING:
+                    return None
+                store.move(row, X)
+                if move.error is not None:
+                    row.last_error = move.error
+                woken |= store.insert_follow_ups(move.follow_ups, now)
+            info = row.info()
+        store.notify(woken)
+        return info
+
+    async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
+        """Flag an active task for its worker (W12)."""
+        with self._store.lock:
+            row = self._store.get(queue, task_id, self._clock.now())
+            if row is None or row.state is not A:
+                return None
+            row.cancel_requested = True
+            return row.info()
+
+    async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
+        """Run (``to`` pending) or delete (``to`` None) every task of ``state``."""
+        state = TaskState(state)
+        with self._store.lock:
+            now = self._clock.now()
+            self._require_queue(queue)
+            rows = [row for row in self._store.rows(queue) if row.state is state]
+            for row in rows:
+                if to is P:
+                    self._run(row, now)
+                else:
+                    self._store.delete(row)
+        if rows and to is P:
+            self._store.notify([queue])
+        return len(rows)

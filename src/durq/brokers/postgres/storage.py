@@ -1,0 +1,439 @@
+"""What the broker and the inspector share: configuration, the pool, error mapping, queries."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import re
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from functools import cache
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from durq.brokers import sqlfiles
+from durq.brokers.base import EnqueueOutcome, EnqueueParams
+from durq.brokers.postgres.errors import translate
+from durq.brokers.postgres.rows import EnqueuePlan, Row, enqueue_plan
+from durq.brokers.postgres.wakeup import Notifier
+from durq.clock import SYSTEM_CLOCK, Clock, server_clock_for
+from durq.errors import (
+    BrokerUnavailableError,
+    ConfigurationError,
+    SchemaError,
+)
+from durq.states import TaskState
+
+DEFAULT_SCHEMA = "durq"
+#: Seconds to wait for a connection (TCP connect, or a free pooled connection) before
+#: answering BrokerUnavailableError: bounded, so an unreachable server never hangs a caller.
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_POOL_MAX = 10
+_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+AsyncConn = psycopg.AsyncConnection[DictRow]
+
+#: The named statements of ``queries.sql``, with ``{schema}`` still in them.
+QUERIES: dict[str, str] = sqlfiles.load_queries(__package__)
+#: Every migration, in version order.
+MIGRATIONS: tuple[sqlfiles.Migration, ...] = sqlfiles.load_migrations(__package__)
+
+
+def render(text: str, schema: str) -> bytes:
+    """A statement as bytes with the schema quoted in (the schema cannot be a parameter; bytes:
+    psycopg runs it as is)."""
+    composed = sql.SQL(text).format(schema=sql.Identifier(schema))
+    return composed.as_bytes(None)
+
+
+@cache
+def render_all(schema: str) -> dict[str, bytes]:
+    """Every named statement for one schema (rendered once per schema; treat as read-only)."""
+    return {name: render(text, schema) for name, text in QUERIES.items()}
+
+
+log = logging.getLogger("durq.brokers.postgres")
+
+
+def channel_for(schema: str) -> str:
+    """The NOTIFY channel of a schema (at most 63 bytes, an identifier's limit)."""
+    name = f"durq.{schema}"
+    if len(name.encode()) <= 63:
+        return name
+    return "durq." + hashlib.sha256(schema.encode()).hexdigest()[:32]
+
+
+class PostgresStorage:
+    """Configuration, the connection pool, the schema and the statements of one broker;
+    :class:`~durq.brokers.postgres.broker.PostgresBroker` and
+    :class:`~durq.brokers.postgres.admin.PostgresAdmin` both work on one of these."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        clock: Clock = SYSTEM_CLOCK,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        pool_min: int = 1,
+        pool_max: int = DEFAULT_POOL_MAX,
+        pgbouncer: bool = False,
+        listen_url: str | None = None,
+    ) -> None:
+        if not _SCHEMA_NAME.match(schema):
+            raise ConfigurationError(
+                f"invalid PostgreSQL schema name {schema!r}: use letters, digits and _"
+            )
+        self.dsn = dsn
+        self._schema = schema
+        self._clock: Clock = clock
+        #: Set when the real clock is used: times then come from the server (W1).
+        self._server_clock = server_clock_for(clock)
+        self.connect_timeout = connect_timeout
+        self._pool_min = pool_min
+        self._pool_max = max(pool_max, pool_min, 1)
+        #: Behind a transaction-pooling PgBouncer: no named prepared statements, and LISTEN
+        #: only on ``listen_url`` (a session of its own straight to PostgreSQL).
+        self._pgbouncer = pgbouncer
+        self.listen_dsn = self.parse_url(listen_url)[0] if listen_url else None
+        self._channel = channel_for(schema)
+        self.q = render_all(schema)
+        self.pool: AsyncConnectionPool[AsyncConn] | None = None
+        self.notifier = Notifier(self._send_notify)
+        self._open_lock = asyncio.Lock()
+
+    @staticmethod
+    def parse_url(url: str) -> tuple[str, dict[str, Any]]:
+        """Split a broker URL into the libpq DSN and our own options."""
+        parts = urlsplit(url)
+        scheme = "postgresql" if parts.scheme in ("postgres", "postgresql") else parts.scheme
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        options: dict[str, Any] = {}
+        rest: list[tuple[str, str]] = []
+        for key, value in query:
+            if key == "schema":
+                options["schema"] = value or DEFAULT_SCHEMA
+            elif key == "pgbouncer":
+                if value.lower() not in _TRUE + _FALSE:
+                    raise ConfigurationError(f"pgbouncer must be 1 or 0, not {value!r}")
+                options["pgbouncer"] = value.lower() in _TRUE
+            elif key == "listen_url":
+                if urlsplit(value).scheme not in ("postgres", "postgresql"):
+                    raise ConfigurationError(
+                        f"listen_url must be a postgresql:// URL, not {value!r}"
+                    )
+                options["listen_url"] = value
+            elif key in ("pool_min", "pool_max"):
+                try:
+                    options[key] = int(value)
+                except ValueError as exc:
+                    raise ConfigurationError(f"{key} must be an integer, not {value!r}") from exc
+            else:
+                if key == "connect_timeout":
+                    try:
+                        options["connect_timeout"] = float(value)
+                    except ValueError as exc:
+                        raise ConfigurationError(f"invalid connect_timeout {value!r}") from exc
+                rest.append((key, value))
+        dsn = urlunsplit((scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment))
+        return dsn, options
+
+    @property
+    def clock(self) -> Clock:
+        """The clock this broker stamps times with (the server's, once measured)."""
+        return self._clock
+
+    @property
+    def schema(self) -> str:
+        """The PostgreSQL schema that holds this broker's tables."""
+        return self._schema
+
+    @property
+    def channel(self) -> str:
+        """The LISTEN/NOTIFY channel of this schema."""
+        return self._channel
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        # libpq wants whole seconds, at least 2 (it treats 1 as 2).
+        kwargs: dict[str, Any] = {"connect_timeout": max(2, round(self.connect_timeout))}
+        if self._pgbouncer:
+            # A named prepared statement lives in one server session; PgBouncer 1.18 hands
+            # each transaction to any session, where it does not exist.
+            kwargs["prepare_threshold"] = None
+        return kwargs
+
+    def op(self, method: str) -> str:
+        return f"postgres.{method}"
+
+    def now(self) -> float:
+        return self._clock.now()
+
+    async def sync_clock(self, method: str) -> None:
+        """Measure the server clock's offset (at connect, then every minute or so)."""
+        server = self._server_clock
+        if server is None or not server.due:
+            return
+
+        async def read() -> float:
+            row = await self.fetch_one(method, "server_time", {})
+            return float(row["now"]) if row else server.now()
+
+        await server.sync(read)
+        self._clock = server
+
+    # ------------------------------------------------------------------ errors
+
+    @contextlib.asynccontextmanager
+    async def errors(self, method: str) -> AsyncIterator[None]:
+        """Raise durq errors instead of driver errors for the block."""
+        try:
+            yield
+        except psycopg.Error as exc:
+            mapped = translate(exc, self.op(method), self._schema)
+            if mapped is None:
+                raise
+            if isinstance(mapped, BrokerUnavailableError):
+                await self._discard_broken()
+            raise mapped from exc
+        except OSError as exc:
+            raise BrokerUnavailableError(
+                f"PostgreSQL is unavailable: {exc}", operation=self.op(method)
+            ) from exc
+
+    async def _discard_broken(self) -> None:
+        # After a server restart every idle pooled connection is dead. The pool drops a bad
+        # connection when it comes back, but the idle ones would each fail one more call:
+        # test them all now so the next call gets a fresh connection.
+        pool = self.pool
+        if pool is None or pool.closed:
+            return
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.connect_timeout):
+                await pool.check()
+
+    # ------------------------------------------------------------------ connections
+
+    async def open_pool(self, method: str) -> AsyncConnectionPool[AsyncConn]:
+        async with self._open_lock:
+            if self.pool is not None:
+                return self.pool
+            kwargs: dict[str, Any] = {"autocommit": True, "row_factory": dict_row}
+            kwargs.update(self.connect_kwargs())
+            pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
+                self.dsn,
+                kwargs=kwargs,
+                min_size=self._pool_min,
+                max_size=self._pool_max,
+                timeout=self.connect_timeout,
+                # psycopg_pool's reconnect backoff doubles without a cap: a long attempt
+                # would leave us minutes behind a server that is back. Give up early
+                # instead; the next call that needs a connection starts a fresh attempt.
+                reconnect_timeout=max(10.0, 2 * self.connect_timeout),
+                open=False,
+                name=f"durq:{self._schema}",
+            )
+            async with self.errors(method):
+                try:
+                    await pool.open(wait=True, timeout=self.connect_timeout)
+                except BaseException:
+                    await pool.close()
+                    raise
+            self.pool = pool
+            return pool
+
+    @contextlib.asynccontextmanager
+    async def connection(self, method: str) -> AsyncIterator[AsyncConn]:
+        """A pooled autocommit connection; driver errors become durq errors."""
+        pool = self.pool or await self.ensure_connected(method)
+        async with self.errors(method), pool.connection() as conn:
+            yield conn
+
+    async def drive(self, conn: psycopg.AsyncConnection[Any], plan: EnqueuePlan) -> Any:
+        # Runs the sans-IO plan's statements on one connection (ours or the caller's).
+        async with conn.cursor(row_factory=dict_row) as cur:
+            try:
+                name, params = next(plan)
+                while True:
+                    await cur.execute(self.q[name], params)
+                    rows: list[Row] = await cur.fetchall() if cur.description else []
+                    name, params = plan.send(rows)
+            except StopIteration as stop:
+                return stop.value
+
+    def notify_created(self, outcomes: list[EnqueueOutcome]) -> None:
+        """Wake listeners of the queues that got pending tasks; call after the commit. The
+        notifier sends it in the background (see ``notifier.py``)."""
+        queues = {o.info.queue for o in outcomes if o.info and o.info.state is TaskState.PENDING}
+        if queues:
+            self.notifier.add(queues)
+
+    async def _send_notify(self, queues: list[str]) -> None:
+        async with self.connection("notify") as conn:
+            await conn.execute(self.q["notify"], {"channel": self._channel, "queues": queues})
+
+    async def write_with_follow_ups(
+        self,
+        method: str,
+        query: str,
+        params: dict[str, Any],
+        follow_ups: Callable[[list[Row]], Sequence[EnqueueParams]],
+    ) -> list[Row]:
+        """Run one named statement and create the follow-ups its rows call for, in one
+        transaction (continuations); notify after the commit. Follow-ups whose id exists are
+        skipped (the enqueue plan reports them as conflicts; nothing is raised)."""
+        async with self.connection(method) as conn:
+            async with conn.transaction():
+                cur = await conn.execute(self.q[query], params)
+                rows: list[Row] = await cur.fetchall() if cur.description else []
+                extra = follow_ups(rows)
+                created: list[EnqueueOutcome] = []
+                if extra:
+                    created = await self.drive(conn, enqueue_plan(extra, self.now(), None))
+        self.notify_created(created)
+        return rows
+
+    async def fetch(self, method: str, query: str, params: dict[str, Any]) -> list[Row]:
+        """Run one named query on a pooled connection; its rows (empty if none)."""
+        async with self.connection(method) as conn:
+            cur = await conn.execute(self.q[query], params)
+            return await cur.fetchall() if cur.description else []
+
+    async def fetch_one(self, method: str, query: str, params: dict[str, Any]) -> Row | None:
+        rows = await self.fetch(method, query, params)
+        return rows[0] if rows else None
+
+    async def rowcount(self, method: str, query: str, params: dict[str, Any]) -> int:
+        """Run one named statement; how many rows it changed."""
+        async with self.connection(method) as conn:
+            cur = await conn.execute(self.q[query], params)
+            return max(cur.rowcount, 0)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def direct_connection(self, method: str) -> AsyncConn:
+        # One plain connection with a hard deadline: its error names the real cause (refused,
+        # unknown database, bad password), which a pool's timeout would hide.
+        try:
+            async with asyncio.timeout(self.connect_timeout + 1):
+                return await psycopg.AsyncConnection.connect(
+                    self.dsn, autocommit=True, row_factory=dict_row, **self.connect_kwargs()
+                )
+        except TimeoutError as exc:
+            raise BrokerUnavailableError(
+                f"PostgreSQL did not answer within {self.connect_timeout:g}s",
+                operation=self.op(method),
+            ) from exc
+
+    async def check_schema(self, conn: AsyncConn, method: str) -> None:
+        latest = MIGRATIONS[-1].version
+        table = sql.Identifier(self._schema, "schema_migrations").as_string(None)
+        cur = await conn.execute(self.q["schema_version"], {"table": table})
+        row = await cur.fetchone()
+        if row is None or not row["present"]:
+            raise SchemaError(
+                f"schema {self._schema!r} has no durq tables: run `durq migrate`",
+                operation=self.op(method),
+            )
+        cur = await conn.execute(self.q["current_version"])
+        row = await cur.fetchone()
+        version = int(row["version"]) if row else 0
+        if version > latest:
+            raise SchemaError(
+                f"schema {self._schema!r} is at version {version}, newer than this durq "
+                f"(version {latest}): upgrade durq",
+                operation=self.op(method),
+            )
+        if version < latest:
+            raise SchemaError(
+                f"schema {self._schema!r} is at version {version}, this durq needs {latest}: "
+                "run `durq migrate`",
+                operation=self.op(method),
+            )
+
+    async def connect(self) -> None:
+        """Open the pool (idempotent). Raises BrokerUnavailableError or SchemaError."""
+        await self.ensure_connected("connect")
+
+    async def ensure_connected(self, method: str) -> AsyncConnectionPool[AsyncConn]:
+        if self.pool is not None:
+            return self.pool
+        async with self.errors(method):
+            conn = await self.direct_connection(method)
+            async with conn:
+                await self.check_schema(conn, method)
+        pool = await self.open_pool(method)
+        await self.sync_clock(method)
+        return pool
+
+    async def migrate(self) -> list[str]:
+        """Apply the missing migrations under an advisory lock; returns their names.
+
+        Safe when several processes run it at once: the lock serialises them and the second
+        finds nothing left to do. A schema newer than this code is refused (SchemaError)."""
+        applied_now: list[str] = []
+        latest = MIGRATIONS[-1].version
+        async with self.errors("migrate"):
+            conn = await self.direct_connection("migrate")
+            async with conn, conn.transaction():
+                await conn.execute(self.q["migrate_lock"], {"key": f"durq.migrate:{self._schema}"})
+                await conn.execute(self.q["create_schema"])
+                await conn.execute(self.q["create_migrations_table"])
+                cur = await conn.execute(self.q["applied_migrations"])
+                applied = {int(r["version"]) for r in await cur.fetchall()}
+                if applied and max(applied) > latest:
+                    raise SchemaError(
+                        f"schema {self._schema!r} is at version {max(applied)}, newer than this "
+                        f"durq (version {latest}): upgrade durq",
+                        operation="postgres.migrate",
+                    )
+                for migration in MIGRATIONS:
+                    if migration.version in applied:
+                        continue
+                    await conn.execute(render(migration.sql, self._schema))
+                    label = migration.label
+                    await conn.execute(
+                        self.q["record_migration"],
+                        {"version": migration.version, "name": label},
+                    )
+                    applied_now.append(label)
+        return applied_now
+
+    async def ping(self) -> None:
+        """One cheap round trip; raises BrokerUnavailableError."""
+        await self.fetch("ping", "ping", {})
+
+    def drive_sync(self, conn: psycopg.Connection[Any], plan: EnqueuePlan) -> Any:
+        with conn.cursor(row_factory=dict_row) as cur:
+            try:
+                name, params = next(plan)
+                while True:
+                    cur.execute(self.q[name], params)
+                    rows: list[Row] = cur.fetchall() if cur.description else []
+                    name, params = plan.send(rows)
+            except StopIteration as stop:
+                return stop.value
+
+    @contextlib.contextmanager
+    def errors_sync(self, method: str) -> Iterator[None]:
+        try:
+            yield
+        except (psycopg.Error, OSError) as exc:
+            mapped = translate(exc, self.op(method), self._schema)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    async def close(self) -> None:
+        """Send the wake-ups of committed enqueues, then close the pool (idempotent)."""
+        await self.notifier.flush()
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            await pool.close()

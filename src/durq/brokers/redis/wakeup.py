@@ -1,0 +1,215 @@
+"""Wake-ups on Redis: pub/sub on one channel per queue.
+
+A script that makes a task pending publishes on its queue's channel. The broker object
+subscribes to the channel of every queue it claims from or waits on (one connection for all,
+:class:`~durq.brokers.redis.wire.Subscriber`); messages feed a set of notified queues, so one
+that arrives between two waits is kept. Right after (re)subscribing every waiter is woken
+once, since messages published while unsubscribed are gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+
+from redis import exceptions as rex
+
+from durq.brokers.redis.storage import RedisStorage
+from durq.brokers.redis.wire import Subscriber
+
+#: Reconnect backoff bounds of the subscription (seconds).
+_LISTEN_BACKOFF = (0.05, 2.0)
+#: How long the first claim waits for the subscription (seconds).
+_SUBSCRIBE_WAIT = 2.0
+#: Seconds between PINGs on an idle subscription (notices a silent peer).
+_PING_EVERY = 15.0
+#: Marker in the notified set: wake every waiter (after a (re)subscription).
+_ALL = "*"
+
+
+class Wakeups:
+    """The wake-up subscription of one broker object and the waiters on it."""
+
+    def __init__(self, storage: RedisStorage) -> None:
+        self._s = storage
+        self._notified: set[str] = set()
+        self._wake = asyncio.Event()
+        self._listener: asyncio.Task[None] | None = None
+        self._subscribed = asyncio.Event()
+        #: Queues whose wake-up channel this broker object subscribes to (claimed or waited
+        #: on); their channel names as the server sends them back, mapped to the queue.
+        self._watched: set[str] = set()
+        self._channel_queue: dict[bytes, str] = {}
+        self._sub: Subscriber | None = None
+
+    async def before_claim(self, queues: Sequence[str]) -> None:
+        """Subscribe to ``queues`` (waiting briefly for it); what was published before this
+        claim is covered by it, so only later notifications make the next wait return."""
+        await self.watch(queues, before_claim=True)
+        self._notified.difference_update(queues)
+        self._notified.discard(_ALL)
+
+    async def wait(self, queues: Sequence[str], timeout: float) -> bool:
+        """Wait for a wake-up published by a script that made a task pending in ``queues``.
+
+        The broker object subscribes to the wake-up channel of every queue it claims from or
+        waits on (one connection for all); messages feed a set of notified queues, so one
+        that arrives between two waits is kept and none is lost after the subscription. Right
+        after (re)subscribing every waiter is woken once, since messages published while
+        unsubscribed are gone. ``timeout`` bounds the wait."""
+        wanted = set(queues)
+        if await self.watch(queues, before_claim=False):
+            return True  # newly subscribed queues: what was published before is unknown
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout)
+        while True:
+            hits = wanted & self._notified
+            if hits or _ALL in self._notified:
+                self._notified -= hits
+                self._notified.discard(_ALL)
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._wake.wait()
+
+    def _notify_local(self, queue: str) -> None:
+        self._notified.add(queue)
+        self._wake.set()
+
+    def _on_channel_message(self, channel: bytes) -> None:
+        queue = self._channel_queue.get(channel)
+        if queue is not None:
+            self._notified.add(queue)
+            self._wake.set()
+
+    async def watch(self, queues: Sequence[str], *, before_claim: bool) -> bool:
+        """Make sure wake-ups of ``queues`` are subscribed to. Before a claim this waits
+        (briefly) until they are, so every enqueue after the claim started is seen. Returns
+        whether queues were added that a waiter may have missed messages of."""
+        if self._s.wire is None:
+            await self._start_listener(before_claim=before_claim)
+            return False
+        new = [q for q in dict.fromkeys(queues) if q not in self._watched]
+        for q in new:
+            channel = self._s.keys.queue(q).notify  # validates the name
+            self._channel_queue[channel.encode()] = q
+            self._watched.add(q)
+        if self._listener is None or self._listener.done():
+            self._subscribed = asyncio.Event()
+            self._listener = asyncio.create_task(self._listen(), name="durq-redis-wakeups")
+        if not self._subscribed.is_set():
+            # The first subscription (it covers every watched queue, new ones included).
+            if before_claim:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._subscribed.wait(), _SUBSCRIBE_WAIT)
+                    return False
+            self._notify_local(_ALL)
+            return bool(new)
+        sub = self._sub
+        if not new or sub is None:
+            # None: reconnecting; it subscribes to every watched queue, then wakes all.
+            return bool(new)
+        try:
+            await asyncio.wait_for(
+                sub.subscribe([self._s.keys.queue(q).notify for q in new]), _SUBSCRIBE_WAIT
+            )
+        except (rex.RedisError, OSError, TimeoutError):
+            self._notify_local(_ALL)  # not sure it is subscribed: the next wait returns
+        return True
+
+    async def _listen(self) -> None:
+        """Keep one subscription to every watched queue's channel; reconnect with backoff
+        after errors or a restart, then wake every waiter once."""
+        assert self._s.wire is not None
+        delay = _LISTEN_BACKOFF[0]
+        missed = False
+        while True:
+            sub: Subscriber | None = None
+            try:
+                sub = await self._s.wire.subscriber(self._on_channel_message)
+                done: set[str] = set()
+                while todo := [q for q in self._watched if q not in done]:
+                    await sub.subscribe([self._s.keys.queue(q).notify for q in todo])
+                    done.update(todo)
+                self._sub = sub
+                delay = _LISTEN_BACKOFF[0]
+                if missed:
+                    # Messages published while we were not subscribed are gone: wake all.
+                    self._notify_local(_ALL)
+                    missed = False
+                self._subscribed.set()
+                await sub.watch(_PING_EVERY)
+                raise rex.ConnectionError("wake-up subscription lost")
+            except (rex.RedisError, OSError, TimeoutError):
+                # The server went away; waiters fall back to their timeout meanwhile, and a
+                # claim waiting for the first subscription goes on (and fails on its own).
+                missed = True
+                self._subscribed.set()
+            finally:
+                self._sub = None
+                if sub is not None:
+                    sub.close()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _LISTEN_BACKOFF[1])
+
+    async def _start_listener(self, *, before_claim: bool) -> None:
+        """TLS connections (no pipelined connection): start redis-py's pattern subscription
+        once. Before a claim, wait (briefly) until it is subscribed, so every enqueue after
+        the claim started is seen; otherwise messages may have been missed and the first
+        wait returns at once."""
+        if self._listener is not None and not self._listener.done():
+            return
+        self._subscribed = asyncio.Event()
+        self._listener = asyncio.create_task(self._listen_redis_py(), name="durq-redis-wakeups")
+        if before_claim:
+            try:
+                await asyncio.wait_for(self._subscribed.wait(), _SUBSCRIBE_WAIT)
+                return
+            except TimeoutError:
+                pass
+        self._notify_local(_ALL)
+
+    async def _listen_redis_py(self) -> None:
+        """Keep one PSUBSCRIBE open; reconnect with backoff after errors or a restart."""
+        delay = _LISTEN_BACKOFF[0]
+        missed = False
+        while True:
+            pubsub = self._s.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.psubscribe(self._s.keys.notify_pattern)
+                delay = _LISTEN_BACKOFF[0]
+                if missed:
+                    # Messages published while we were not subscribed are gone: wake all.
+                    self._notify_local(_ALL)
+                    missed = False
+                self._subscribed.set()
+                while True:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if msg is None:
+                        continue
+                    channel = msg.get("channel")
+                    if isinstance(channel, bytes):
+                        queue = self._s.keys.queue_of_channel(channel.decode())
+                        if queue is not None:
+                            self._notify_local(queue)
+            except (rex.RedisError, OSError):
+                missed = True
+                self._subscribed.set()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _LISTEN_BACKOFF[1])
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def close(self) -> None:
+        """Stop the subscription (idempotent)."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await listener

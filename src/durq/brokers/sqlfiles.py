@@ -1,0 +1,85 @@
+"""The named statements and numbered migrations of the SQL brokers, read from their package.
+
+A broker's SQL lives in ``queries.sql`` (``-- name: x`` blocks, each running until the next
+name) and ``migrations/NNNN_name.sql``; runtime code holds no SQL strings. Whole-line comments
+are dropped: they may hold ``%`` and braces, which psycopg and ``str.format`` would read as
+placeholders. Both SQLite and PostgreSQL load theirs through this module.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+_NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$")
+_MIGRATION = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One numbered schema change: ``0001_init.sql`` is version 1."""
+
+    version: int
+    #: The file name, ``0001_init.sql``.
+    file: str
+    #: The script, whole-line comments dropped.
+    sql: str
+
+    @property
+    def label(self) -> str:
+        """The file name without ``.sql``: ``0001_init``."""
+        return self.file.removesuffix(".sql")
+
+
+def strip_comments(text: str) -> str:
+    """``text`` without whole-line ``--`` comments and blank lines."""
+    return "\n".join(
+        line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("--")
+    )
+
+
+def parse_named(text: str) -> dict[str, str]:
+    """``-- name: x`` blocks to ``{"x": "SQL"}`` (comments and the final ``;`` dropped).
+
+    ValueError for a name defined twice or a block without SQL."""
+    blocks: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        match = _NAME.match(line.strip())
+        if match:
+            if match.group(1) in blocks:
+                raise ValueError(f"query {match.group(1)!r} is defined twice")
+            current = blocks.setdefault(match.group(1), [])
+        elif current is not None:
+            current.append(line)
+    queries = {
+        name: strip_comments("\n".join(lines)).rstrip().rstrip(";").strip()
+        for name, lines in blocks.items()
+    }
+    empty = [name for name, sql in queries.items() if not sql]
+    if empty:
+        raise ValueError(f"query {empty[0]!r} has no SQL")
+    return queries
+
+
+def load_queries(package: str) -> dict[str, str]:
+    """The named statements of ``<package>/queries.sql``."""
+    return parse_named(resources.files(package).joinpath("queries.sql").read_text("utf-8"))
+
+
+def load_migrations(package: str) -> tuple[Migration, ...]:
+    """Every migration of ``<package>/migrations/``, in version order; ValueError unless they
+    are numbered 0001, 0002, ... without gaps."""
+    found = [
+        Migration(int(match.group(1)), entry.name, strip_comments(entry.read_text("utf-8")))
+        for entry in resources.files(package).joinpath("migrations").iterdir()
+        if (match := _MIGRATION.match(entry.name))
+    ]
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if not found or versions != list(range(1, len(found) + 1)):
+        raise ValueError(
+            f"{package} migrations must be numbered 0001, 0002, ... without gaps, found {versions}"
+        )
+    return tuple(found)
