@@ -12,6 +12,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
@@ -65,7 +66,8 @@ def broker_url_for(kind: str, tmp_path: Path) -> str:
     require_server(kind)
     if kind == "postgres":
         return f"{PG_DSN}?schema={unique_name('durq_test')}"
-    return f"{REDIS_URL}?prefix={unique_name('durqtest')}"
+    join = "&" if "?" in REDIS_URL else "?"
+    return f"{REDIS_URL}{join}prefix={unique_name('durqtest')}"
 
 
 def drop_isolated(kind: str, url: str) -> None:
@@ -80,7 +82,7 @@ def drop_isolated(kind: str, url: str) -> None:
     elif kind == "redis":
         import redis
 
-        prefix = url.split("prefix=", 1)[1]
+        prefix = url.split("prefix=", 1)[1].split("&", 1)[0]
         client = redis.Redis.from_url(REDIS_URL)
         try:
             keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
@@ -233,3 +235,110 @@ class PgBouncer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+class TlsRedis:
+    """A redis-server of a test's own that speaks only TLS (``--port 0``), with certificates
+    made by ``openssl`` for 127.0.0.1 and signed by a CA of its own."""
+
+    def __init__(self, data_dir: Path) -> None:
+        binary, openssl = shutil.which("redis-server"), shutil.which("openssl")
+        if binary is None or openssl is None:
+            raise RuntimeError("redis-server and openssl are needed")
+        self.dir = data_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        d = str(self.dir)
+
+        def run(*args: str) -> None:
+            subprocess.run([openssl, *args], cwd=d, check=True, capture_output=True)
+
+        run(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=durq test CA",
+        )
+        run(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        )
+        (self.dir / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        run(
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "san.cnf",
+        )
+        self.ca = self.dir / "ca.pem"
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                "0",
+                "--tls-port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--tls-cert-file",
+                "server.pem",
+                "--tls-key-file",
+                "server.key",
+                "--tls-ca-cert-file",
+                "ca.pem",
+                "--tls-auth-clients",
+                "no",
+                "--save",
+                "",
+                "--dir",
+                d,
+            ],
+            cwd=d,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_port(self.port)
+
+    @property
+    def url(self) -> str:
+        """``rediss://`` with the CA that signed the server's certificate."""
+        return f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={self.ca}"
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def raw_redis(broker: Any) -> Any:
+    """A redis-py client on the server of a Redis broker, to look at what it stored."""
+    import redis.asyncio
+
+    return redis.asyncio.Redis(connection_pool=broker._s.pool)

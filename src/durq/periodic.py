@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from durq import codec, durations, names
-from durq.errors import ConfigurationError, ValidationError
+from durq.errors import ConfigurationError, TaskNotFoundError, ValidationError
 from durq.options import Duration, EnqueueRequest
 
 if TYPE_CHECKING:
@@ -445,16 +445,6 @@ class PeriodicRegistry:
         return added
 
 
-def next_runs(entry: PeriodicEntry, now: float, count: int = 1) -> list[datetime]:
-    """The next ``count`` ticks after ``now`` as aware datetimes in the entry's zone."""
-    zone = entry.schedule.tz if isinstance(entry.schedule, Cron) else ZoneInfo("UTC")
-    out, tick = [], now
-    for _ in range(count):
-        tick = entry.schedule.next_after(tick)
-        out.append(datetime.fromtimestamp(tick, zone))
-    return out
-
-
 @dataclass(frozen=True)
 class EntryStatus:
     """One entry as ``durq periodic ls`` shows it."""
@@ -489,8 +479,6 @@ async def status(app: App, *, lookback: int = 2) -> list[EntryStatus]:
     The last enqueue is read from the broker: the task of one of the ``lookback`` most recent
     ticks, found by its computed id. It is visible while that task exists (pending, running,
     failed, or completed within the entry's retention)."""
-    from durq.errors import TaskNotFoundError
-
     now = app.clock.now()
     out = []
     for entry in app.schedules:

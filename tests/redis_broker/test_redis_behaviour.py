@@ -17,6 +17,7 @@ from durq.brokers.redis.lua import LuaScript
 from durq.clock import FakeClock
 from durq.errors import QueueNotFoundError
 from durq.states import TaskState
+from servers import raw_redis
 
 
 def task(task_id: str, queue: str = "default", **kw: Any) -> EnqueueParams:
@@ -58,7 +59,7 @@ async def test_script_flush_on_a_private_server(private_redis) -> None:
     server = private_redis()
     broker = RedisBroker.from_url(server.url, clock=FakeClock())
     await broker.enqueue(task("a"))
-    raw = broker._s.redis
+    raw = raw_redis(broker)
     await raw.script_flush()
     await broker.enqueue(task("b"))
     await raw.script_flush()
@@ -67,54 +68,31 @@ async def test_script_flush_on_a_private_server(private_redis) -> None:
 
 
 class SlotRecorder:
-    """Wraps evalsha (the pipelined connection, and redis-py's direct and pipelined calls) to
-    record the KEYS of every script call."""
+    """Wraps the connection's calls to record the KEYS of every script call."""
 
     def __init__(self, broker: RedisBroker, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[list[str]] = []
-        redis = broker._s.redis
         wire = broker._s.wire
-        if wire is not None:
-            wire_call, wire_call_many = wire.call, wire.call_many
+        wire_call, wire_call_many = wire.call, wire.call_many
 
-            def record_command(command: Any) -> None:
-                if command[0] == "EVALSHA":
-                    record(tuple(command[1:]))
+        def record(command: Any) -> None:
+            if command[0] == "EVALSHA":
+                n = int(command[2])
+                self.calls.append(
+                    [k if isinstance(k, str) else k.decode() for k in command[3 : 3 + n]]
+                )
 
-            async def call(command: Any) -> Any:
-                record_command(command)
-                return await wire_call(command)
+        async def call(command: Any) -> Any:
+            record(command)
+            return await wire_call(command)
 
-            async def call_many(commands: Any) -> Any:
-                for command in commands:
-                    record_command(command)
-                return await wire_call_many(commands)
+        async def call_many(commands: Any) -> Any:
+            for command in commands:
+                record(command)
+            return await wire_call_many(commands)
 
-            monkeypatch.setattr(wire, "call", call)
-            monkeypatch.setattr(wire, "call_many", call_many)
-        original, original_pipeline = redis.evalsha, redis.pipeline
-
-        def record(args: tuple[Any, ...]) -> None:
-            n = int(args[1])
-            self.calls.append([k if isinstance(k, str) else k.decode() for k in args[2 : 2 + n]])
-
-        async def evalsha(*args: Any) -> Any:
-            record(args)
-            return await original(*args)
-
-        def pipeline(*a: Any, **k: Any) -> Any:
-            pipe = original_pipeline(*a, **k)
-            inner = pipe.evalsha
-
-            def pipe_evalsha(*args: Any) -> Any:
-                record(args)
-                return inner(*args)
-
-            pipe.evalsha = pipe_evalsha
-            return pipe
-
-        monkeypatch.setattr(redis, "evalsha", evalsha)
-        monkeypatch.setattr(redis, "pipeline", pipeline)
+        monkeypatch.setattr(wire, "call", call)
+        monkeypatch.setattr(wire, "call_many", call_many)
 
 
 async def test_every_script_call_touches_one_slot_under_the_prefix(
@@ -147,7 +125,7 @@ async def test_every_script_call_touches_one_slot_under_the_prefix(
         assert {key_slot(k.encode()) for k in keys} == {key_slot(keys[0].encode())}
         assert all(k.startswith(f"{rbroker.prefix}:{{") for k in keys)
     # Nothing at all was written outside the prefix.
-    mine = [k async for k in rbroker._s.redis.scan_iter(match=f"*{rbroker.prefix}*")]
+    mine = [k async for k in raw_redis(rbroker).scan_iter(match=f"*{rbroker.prefix}*")]
     assert mine and all(k.startswith(f"{rbroker.prefix}:".encode()) for k in mine)
 
 

@@ -72,13 +72,6 @@ def test_a_task_key_never_equals_a_queue_structure_key(queue: str, task_id: str)
     assert task not in {keys.queues, keys.paused, keys.workers, keys.schema}
 
 
-@given(queue=queue_names)
-def test_channel_maps_back_to_its_queue(queue: str) -> None:
-    keys = Keys("durq")
-    assert keys.queue_of_channel(keys.queue(queue).notify) == queue
-    assert keys.queue_of_channel(Keys("other").queue(queue).notify) is None
-
-
 @pytest.mark.parametrize(
     "bad", ["", "a{b}", "x}", "{x", "a b", "a*", "q?", "a[1]", "bad\n", "é", "x" * 101]
 )

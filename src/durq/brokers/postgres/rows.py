@@ -6,7 +6,6 @@ connection (E8) alike."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Generator, Sequence
 from datetime import datetime
@@ -27,7 +26,6 @@ EnqueuePlan = Generator[Step, list[Row], list[EnqueueOutcome]]
 # progress unless another client keeps taking the same id at the same moment.
 _MAX_ROUNDS = 4
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(TaskInfo))
 # TaskInfo is a frozen dataclass: its __init__ sets each of its ~20 fields through
 # object.__setattr__, which costs more than the rest of decoding a claimed row. When it is a
 # plain dataclass (a __dict__, no __post_init__) the hot paths fill the __dict__ at once; the

@@ -8,7 +8,7 @@ from typing import Any
 
 from durq.brokers.base import QueueStats, TaskMove, WorkerInfo
 from durq.brokers.redis.keys import QueueKeys
-from durq.brokers.redis.rows import task_info
+from durq.brokers.redis.rows import pairs, task_info
 from durq.brokers.redis.storage import RedisStorage, _Call
 from durq.clock import utc_day
 from durq.errors import QueueNotFoundError, TaskNotFoundError
@@ -33,7 +33,7 @@ class RedisAdmin:
 
     async def _known(self, queue: str) -> QueueKeys:
         k = self._s.keys.queue(queue)
-        if not await self._s.redis.sismember(self._s.keys.queues, queue):  # type: ignore[misc]
+        if not await self._s.command("SISMEMBER", self._s.keys.queues, queue):
             raise QueueNotFoundError(f"no queue named {queue!r}")
         return k
 
@@ -52,19 +52,21 @@ class RedisAdmin:
 
     async def _stats(self, queue: str, now: float) -> QueueStats:
         k = self._s.keys.queue(queue)
-        pipe = self._s.redis.pipeline(transaction=False)
-        pipe.exists(k.paused)
-        pipe.zcard(k.pending)
-        pipe.zcard(k.scheduled)
-        pipe.zcard(k.active)
-        pipe.zcard(k.retry)
-        pipe.zcard(k.archived)
-        pipe.zcount(k.completed, f"({now!r}", "+inf")
-        pipe.zrange(k.pending, 0, 0, withscores=True)
-        pipe.hmget(k.stats, ["processed", "failed"])
-        pipe.hmget(k.stats_day(utc_day(now)), ["processed", "failed"])
-        r = await pipe.execute()
-        oldest = r[7]
+        r = await self._s.commands(
+            [
+                ("EXISTS", k.paused),
+                ("ZCARD", k.pending),
+                ("ZCARD", k.scheduled),
+                ("ZCARD", k.active),
+                ("ZCARD", k.retry),
+                ("ZCARD", k.archived),
+                ("ZCOUNT", k.completed, f"({now!r}", "+inf"),
+                ("ZRANGE", k.pending, 0, 0, "WITHSCORES"),
+                ("HMGET", k.stats, "processed", "failed"),
+                ("HMGET", k.stats_day(utc_day(now)), "processed", "failed"),
+            ]
+        )
+        oldest = r[7]  # [member, score] or []
         total, today = r[8], r[9]
         return QueueStats(
             name=queue,
@@ -77,7 +79,7 @@ class RedisAdmin:
                 TaskState.ARCHIVED: r[5],
                 TaskState.COMPLETED: r[6],
             },
-            oldest_pending_age=max(0.0, now - float(oldest[0][1])) if oldest else 0.0,
+            oldest_pending_age=max(0.0, now - float(oldest[1])) if oldest else 0.0,
             processed_today=int(today[0] or 0),
             failed_today=int(today[1] or 0),
             processed_total=int(total[0] or 0),
@@ -114,17 +116,14 @@ class RedisAdmin:
             if state is TaskState.COMPLETED:
                 # Past their retention they count as gone, even before the janitor runs.
                 now = self._s.clock.now()
-                members: Any = await self._s.redis.zrangebyscore(
-                    zset, f"({now!r}", "+inf", start=offset, num=limit
+                members: Any = await self._s.command(
+                    "ZRANGEBYSCORE", zset, f"({now!r}", "+inf", "LIMIT", offset, limit
                 )
             else:
-                members = await self._s.redis.zrange(zset, offset, offset + limit - 1)
+                members = await self._s.command("ZRANGE", zset, offset, offset + limit - 1)
             if not members:
                 return []
-            pipe = self._s.redis.pipeline(transaction=False)
-            for m in members:
-                pipe.hgetall(k.task(m[16:].decode()))
-            rows = await pipe.execute()
+            rows = await self._s.commands([("HGETALL", k.task(m[16:].decode())) for m in members])
             return [task_info(queue, row) for row in rows if row]
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
@@ -132,11 +131,11 @@ class RedisAdmin:
         k = self._s.keys.queue(queue)
         async with self._s.op("get_task"):
             await self._s.ensure()
-            row: Any = await self._s.redis.hgetall(k.task(task_id))  # type: ignore[misc]
+            row: Any = await self._s.command("HGETALL", k.task(task_id))
         if not row:
             raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
         info = task_info(queue, row)
-        expires = row.get(b"expires_at")
+        expires = pairs(row).get("expires_at")
         if info.state is TaskState.COMPLETED and expires and float(expires) <= self._s.clock.now():
             raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
         return info
@@ -217,34 +216,46 @@ class RedisAdmin:
         async with self._s.op("pause_queue"):
             await self._s.ensure()
             k = await self._known(queue)
-            pipe = self._s.redis.pipeline(transaction=True)
-            pipe.set(k.paused, "1")
-            pipe.sadd(self._s.keys.paused, queue)
-            await pipe.execute()
+            await self._s.commands(
+                [
+                    ("MULTI",),
+                    ("SET", k.paused, "1"),
+                    ("SADD", self._s.keys.paused, queue),
+                    ("EXEC",),
+                ]
+            )
 
     async def unpause_queue(self, queue: str) -> None:
         """Resume handing out tasks of ``queue``."""
         async with self._s.op("unpause_queue"):
             await self._s.ensure()
             k = await self._known(queue)
-            pipe = self._s.redis.pipeline(transaction=True)
-            pipe.delete(k.paused)
-            pipe.srem(self._s.keys.paused, queue)
-            # Idle workers of this queue may have tasks waiting for them.
-            pipe.publish(k.notify, "1")
-            await pipe.execute()
+            # Idle workers of this queue may have tasks waiting for them: PUBLISH.
+            await self._s.commands(
+                [
+                    ("MULTI",),
+                    ("DEL", k.paused),
+                    ("SREM", self._s.keys.paused, queue),
+                    ("PUBLISH", k.notify, "1"),
+                    ("EXEC",),
+                ]
+            )
 
     async def list_workers(self) -> list[WorkerInfo]:
         """Workers whose last heartbeat (broker clock) is younger than 60 s."""
         async with self._s.op("list_workers"):
             await self._s.ensure()
             now = self._s.clock.now()
-            rows: Any = await self._s.redis.zrangebyscore(
-                self._s.keys.workers, f"({now - WORKER_FRESH!r}", "+inf", withscores=True
-            )
-            if not rows:
+            flat: Any = await self._s.command(
+                "ZRANGEBYSCORE", self._s.keys.workers, f"({now - WORKER_FRESH!r}", "+inf",
+                "WITHSCORES",
+            )  # fmt: skip
+            if not flat:
                 return []
-            records = await self._s.redis.mget([self._s.keys.worker(m.decode()) for m, _ in rows])
+            rows = list(zip(flat[::2], flat[1::2], strict=True))
+            records = await self._s.command(
+                "MGET", *[self._s.keys.worker(m.decode()) for m, _ in rows]
+            )
         out: list[WorkerInfo] = []
         for (_, beat), raw in zip(rows, records, strict=True):
             if raw is None:

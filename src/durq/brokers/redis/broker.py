@@ -501,21 +501,24 @@ class RedisBroker(AdminForwarder):
             data["last_heartbeat"] = now
             for q in info.queues:
                 self._s.keys.queue(q)  # validate before storing
-            pipe = self._s.redis.pipeline(transaction=False)
-            pipe.set(self._s.keys.worker(info.id), json.dumps(data), ex=WORKER_TTL)
-            pipe.zadd(self._s.keys.workers, {info.id: now})
-            # Forget workers silent for a day (their records have expired anyway).
-            pipe.zremrangebyscore(self._s.keys.workers, "-inf", now - 86400)
+            commands: list[tuple[Scalar, ...]] = [
+                ("SET", self._s.keys.worker(info.id), json.dumps(data), "EX", WORKER_TTL),
+                ("ZADD", self._s.keys.workers, now, info.id),
+                # Forget workers silent for a day (their records have expired anyway).
+                ("ZREMRANGEBYSCORE", self._s.keys.workers, "-inf", now - 86400),
+            ]
             if info.queues:
-                pipe.sadd(self._s.keys.queues, *info.queues)
-            await pipe.execute()
+                commands.append(("SADD", self._s.keys.queues, *info.queues))
+            await self._s.commands(commands)
             self._s.known_queues.update(info.queues)
 
     async def unregister_worker(self, worker_id: str) -> None:
         """Remove a worker's record at shutdown."""
         async with self._s.op("unregister_worker"):
             await self._s.ensure()
-            pipe = self._s.redis.pipeline(transaction=False)
-            pipe.zrem(self._s.keys.workers, worker_id)
-            pipe.delete(self._s.keys.worker(worker_id))
-            await pipe.execute()
+            await self._s.commands(
+                [
+                    ("ZREM", self._s.keys.workers, worker_id),
+                    ("DEL", self._s.keys.worker(worker_id)),
+                ]
+            )

@@ -127,8 +127,6 @@ class Keys:
         self.queues = f"{prefix}:queues"
         self.paused = f"{prefix}:paused"
         self.workers = f"{prefix}:workers"
-        #: Pattern of every queue's wake-up channel (PSUBSCRIBE); braces are literal in globs.
-        self.notify_pattern = f"{prefix}:{{*}}:notify"
         self._queue = lru_cache(maxsize=1024)(self._make_queue)
 
     def _make_queue(self, queue: str) -> QueueKeys:
@@ -144,10 +142,3 @@ class Keys:
             raise InvalidNameError("worker id must be a non-empty string")
         escaped = _WORKER_UNSAFE.sub(lambda m: f"%{ord(m.group()):02X}", worker_id)
         return f"{self.prefix}:worker:{escaped}"
-
-    def queue_of_channel(self, channel: str) -> str | None:
-        """The queue a wake-up channel belongs to, or ``None`` if it is not one of ours."""
-        head, tail = f"{self.prefix}:{{", "}:notify"
-        if channel.startswith(head) and channel.endswith(tail):
-            return channel[len(head) : -len(tail)]
-        return None

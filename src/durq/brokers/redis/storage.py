@@ -11,8 +11,6 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis import exceptions as rex
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 
 from durq.brokers.base import EnqueueParams
 from durq.brokers.redis.errors import map_error, redact
@@ -43,11 +41,6 @@ Scalar = str | bytes | int | float
 _Call = tuple[str, Sequence[str], Sequence[Scalar]]
 
 
-def _arg(value: Scalar) -> str | bytes | int:
-    # Floats keep their full precision as ``repr``; Lua only compares them via tonumber.
-    return repr(value) if isinstance(value, float) else value
-
-
 class RedisStorage:
     """The client, the pipelined connection, the key names and the scripts of one broker;
     :class:`~durq.brokers.redis.broker.RedisBroker` and
@@ -68,27 +61,16 @@ class RedisStorage:
         self._server_clock = server_clock_for(clock)
         self.keys = Keys(prefix)
         self.scripts: dict[str, LuaScript] = load_scripts()
-        # Reconnects after a restart happen in the pool; a call that hits a refused or dropped
-        # connection is retried twice with a short backoff, then raises (E7: promptly).
-        retry = Retry(
-            ExponentialBackoff(cap=0.5, base=0.05),
-            retries=2,
-            supported_errors=(rex.ConnectionError,),
-        )
         try:
-            self.redis: aioredis.Redis = aioredis.Redis.from_url(
-                url,
-                socket_connect_timeout=connect_timeout,
-                socket_timeout=socket_timeout,
-                retry=retry,
-                health_check_interval=15,
+            # redis-py reads the URL (host, socket, TLS options, credentials, timeouts) into
+            # a pool that is never connected: every command goes over wire.py's connection,
+            # which retries a refused or dropped connection twice, then raises (promptly).
+            self.pool: aioredis.ConnectionPool = aioredis.ConnectionPool.from_url(
+                url, socket_connect_timeout=connect_timeout, socket_timeout=socket_timeout
             )
         except ValueError as exc:
             raise ConfigurationError(f"invalid Redis URL {redact(url)!r}: {exc}") from exc
-        # Script calls (the hot path) go over one pipelined connection; redis-py keeps the
-        # rest (connect checks, the inspector's reads, pub/sub) and TLS, see wire.py.
-        endpoint = endpoint_of(self.redis)
-        self.wire: Wire | None = None if endpoint is None else Wire(endpoint)
+        self.wire = Wire(endpoint_of(self.pool))
         self.ready = False
         self.known_queues: set[str] = set()
 
@@ -126,9 +108,9 @@ class RedisStorage:
             return
         async with self.op("connect"):
             try:
-                info = await self.redis.info("server")
+                info = _info(await self.command("INFO", "server"))
             except rex.ConnectionError as exc:
-                if "closed by server" not in str(exc):
+                if "lost" not in str(exc):
                     raise
                 # A server that hangs up on the first command is often not a Redis at all.
                 raise BrokerUnavailableError(
@@ -143,7 +125,7 @@ class RedisStorage:
                     f"{'.'.join(map(str, MIN_REDIS_VERSION))} or newer",
                     operation="redis.connect",
                 )
-            raw: Any = await self.redis.get(self.keys.schema)
+            raw: Any = await self.command("GET", self.keys.schema)
             schema = None if raw is None else bytes(raw).decode()
             if schema is not None and schema != SCHEMA_VERSION:
                 raise SchemaError(
@@ -162,7 +144,7 @@ class RedisStorage:
 
         async def read() -> float:
             async with self.op("time"):
-                seconds, micros = await self.redis.time()
+                seconds, micros = await self.command("TIME")
             return float(seconds) + float(micros) / 1e6
 
         await server.sync(read)
@@ -176,13 +158,13 @@ class RedisStorage:
         """Redis needs no schema; this records the layout version under the prefix."""
         await self.connect()
         async with self.op("migrate"):
-            created = await self.redis.set(self.keys.schema, SCHEMA_VERSION, nx=True)
+            created = await self.command("SET", self.keys.schema, SCHEMA_VERSION, "NX")
         return [f"redis-layout-{SCHEMA_VERSION}"] if created else []
 
     async def ping(self) -> None:
         """One cheap round trip."""
         async with self.op("ping"):
-            await self.redis.ping()
+            await self.command("PING")
 
     async def durability_warnings(self) -> list[str]:
         """Server settings that can lose acknowledged tasks (docs/guarantees.md): no AOF,
@@ -191,11 +173,14 @@ class RedisStorage:
         services often do)."""
         try:
             async with self.op("config_get"):
-                raw: dict[Any, Any] = await self.redis.config_get("maxmemory-policy")
-                raw.update(await self.redis.config_get("append*"))
+                flat = await self.commands(
+                    [("CONFIG", "GET", "maxmemory-policy"), ("CONFIG", "GET", "append*")]
+                )
         except BrokerError:
             return []
-        config = {_text(k): _text(v) for k, v in raw.items()}
+        config = {
+            _text(reply[i]): _text(reply[i + 1]) for reply in flat for i in range(0, len(reply), 2)
+        }
         problems = []
         policy = config.get("maxmemory-policy")
         if policy is not None and policy != "noeviction":
@@ -216,16 +201,26 @@ class RedisStorage:
         return problems
 
     async def close(self) -> None:
-        """Close every connection of the pool (idempotent)."""
+        """Close the connection (idempotent)."""
         self.ready = False
-        if self.wire is not None:
-            self.wire.close()
-        try:
-            await self.redis.aclose()
-        except (rex.RedisError, OSError):  # closing a dead connection is not an error
-            pass
+        self.wire.close()
 
     # -- calls ----------------------------------------------------------------------------
+
+    async def command(self, *args: Scalar) -> Any:
+        """One command over the connection; an error reply raises (redis-py's classes)."""
+        reply = await self.wire.call(args)
+        if is_error(reply):
+            raise error(reply)
+        return reply
+
+    async def commands(self, commands: Sequence[tuple[Scalar, ...]]) -> list[Any]:
+        """Several commands in one round trip (MULTI/EXEC among them when atomic)."""
+        replies = await self.wire.call_many(commands)
+        for reply in replies:
+            if is_error(reply):
+                raise error(reply)
+        return replies
 
     def mapped(self, exc: Exception, op: str) -> Exception:
         """The durq error for a failure of broker call ``op`` (``exc`` itself when it is
@@ -247,8 +242,6 @@ class RedisStorage:
         """Run one script by SHA, loading it first if the server does not know it (NOSCRIPT:
         a restart without persistence of the script cache, SCRIPT FLUSH, a failover)."""
         script = self.scripts[name]
-        if self.wire is None:
-            return await self._eval_redis_py(script, keys, args)
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         reply = await self.wire.call(command)
         if is_error(reply):
@@ -262,20 +255,9 @@ class RedisStorage:
         return reply
 
     async def _load_script(self, script: LuaScript) -> None:
-        assert self.wire is not None
         reply = await self.wire.call(("SCRIPT", "LOAD", script.source))
         if is_error(reply):
             raise error(reply)
-
-    async def _eval_redis_py(
-        self, script: LuaScript, keys: Sequence[str], args: Sequence[Scalar]
-    ) -> Any:
-        argv = [_arg(a) for a in args]
-        try:
-            return await self.redis.evalsha(script.sha, len(keys), *keys, *argv)  # type: ignore[misc]
-        except rex.NoScriptError:
-            await self.redis.script_load(script.source)  # type: ignore[misc]
-            return await self.redis.evalsha(script.sha, len(keys), *keys, *argv)  # type: ignore[misc]
 
     async def eval_many(
         self, calls: Sequence[tuple[str, Sequence[str], Sequence[Scalar]]]
@@ -283,8 +265,6 @@ class RedisStorage:
         """Run several scripts in one round trip (a pipeline without MULTI: each script is
         atomic on its own). Calls refused with NOSCRIPT did nothing, so they are re-run once
         after loading their scripts."""
-        if self.wire is None:
-            return await self._eval_many_redis_py(calls)
         scripts = self.scripts
         commands = [
             ("EVALSHA", scripts[name].sha, len(keys), *keys, *args) for name, keys, args in calls
@@ -305,32 +285,6 @@ class RedisStorage:
                 if is_error(reply):
                     raise error(reply)
                 results[i] = reply
-        return results
-
-    async def _eval_many_redis_py(
-        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Scalar]]]
-    ) -> list[Any]:
-        results: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        for attempt in range(2):
-            pipe = self.redis.pipeline(transaction=False)
-            for i in todo:
-                name, keys, args = calls[i]
-                pipe.evalsha(self.scripts[name].sha, len(keys), *keys, *[_arg(a) for a in args])
-            replies = await pipe.execute(raise_on_error=False)
-            missing: list[int] = []
-            for i, reply in zip(todo, replies, strict=True):
-                if isinstance(reply, rex.NoScriptError) and attempt == 0:
-                    missing.append(i)
-                elif isinstance(reply, Exception):
-                    raise reply
-                else:
-                    results[i] = reply
-            if not missing:
-                break
-            for name in {calls[i][0] for i in missing}:
-                await self.redis.script_load(self.scripts[name].source)  # type: ignore[misc]
-            todo = missing
         return results
 
     # -- task writes shared by the hot path and the inspector ------------------------
@@ -407,11 +361,11 @@ class RedisStorage:
         if new:
             for q in new:
                 self.keys.queue(q)  # validates the name before it is stored
-            await self.redis.sadd(self.keys.queues, *new)  # type: ignore[misc]
+            await self.command("SADD", self.keys.queues, *new)
             self.known_queues.update(new)
 
     async def all_queues(self) -> list[str]:
-        members: Any = await self.redis.smembers(self.keys.queues)  # type: ignore[misc]
+        members: Any = await self.command("SMEMBERS", self.keys.queues)
         return sorted(bytes(m).decode() for m in members)
 
 
@@ -421,6 +375,13 @@ def _version(text: str) -> tuple[int, ...]:
         digits = "".join(ch for ch in part if ch.isdigit())
         out.append(int(digits or 0))
     return tuple(out)
+
+
+def _info(raw: bytes) -> dict[str, str]:
+    """An ``INFO`` reply as ``{field: value}``."""
+    return dict(
+        line.split(":", 1) for line in raw.decode().splitlines() if ":" in line and line[0] != "#"
+    )
 
 
 def _text(value: bytes | str) -> str:

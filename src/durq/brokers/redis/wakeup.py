@@ -91,9 +91,6 @@ class Wakeups:
         """Make sure wake-ups of ``queues`` are subscribed to. Before a claim this waits
         (briefly) until they are, so every enqueue after the claim started is seen. Returns
         whether queues were added that a waiter may have missed messages of."""
-        if self._s.wire is None:
-            await self._start_listener(before_claim=before_claim)
-            return False
         new = [q for q in dict.fromkeys(queues) if q not in self._watched]
         for q in new:
             channel = self._s.keys.queue(q).notify  # validates the name
@@ -125,7 +122,6 @@ class Wakeups:
     async def _listen(self) -> None:
         """Keep one subscription to every watched queue's channel; reconnect with backoff
         after errors or a restart, then wake every waiter once."""
-        assert self._s.wire is not None
         delay = _LISTEN_BACKOFF[0]
         missed = False
         while True:
@@ -156,55 +152,6 @@ class Wakeups:
                     sub.close()
             await asyncio.sleep(delay)
             delay = min(delay * 2, _LISTEN_BACKOFF[1])
-
-    async def _start_listener(self, *, before_claim: bool) -> None:
-        """TLS connections (no pipelined connection): start redis-py's pattern subscription
-        once. Before a claim, wait (briefly) until it is subscribed, so every enqueue after
-        the claim started is seen; otherwise messages may have been missed and the first
-        wait returns at once."""
-        if self._listener is not None and not self._listener.done():
-            return
-        self._subscribed = asyncio.Event()
-        self._listener = asyncio.create_task(self._listen_redis_py(), name="durq-redis-wakeups")
-        if before_claim:
-            try:
-                await asyncio.wait_for(self._subscribed.wait(), _SUBSCRIBE_WAIT)
-                return
-            except TimeoutError:
-                pass
-        self._notify_local(_ALL)
-
-    async def _listen_redis_py(self) -> None:
-        """Keep one PSUBSCRIBE open; reconnect with backoff after errors or a restart."""
-        delay = _LISTEN_BACKOFF[0]
-        missed = False
-        while True:
-            pubsub = self._s.redis.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.psubscribe(self._s.keys.notify_pattern)
-                delay = _LISTEN_BACKOFF[0]
-                if missed:
-                    # Messages published while we were not subscribed are gone: wake all.
-                    self._notify_local(_ALL)
-                    missed = False
-                self._subscribed.set()
-                while True:
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    if msg is None:
-                        continue
-                    channel = msg.get("channel")
-                    if isinstance(channel, bytes):
-                        queue = self._s.keys.queue_of_channel(channel.decode())
-                        if queue is not None:
-                            self._notify_local(queue)
-            except (rex.RedisError, OSError):
-                missed = True
-                self._subscribed.set()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _LISTEN_BACKOFF[1])
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def close(self) -> None:
         """Stop the subscription (idempotent)."""

@@ -17,14 +17,16 @@ Semantics kept from the redis-py path it replaces:
 * AUTH (password or ACL user) and SELECT on connect; error replies become redis-py's
   exception classes, which :meth:`RedisCore._op` maps onto durq's errors.
 
-Only plain TCP and Unix sockets use it; TLS URLs keep redis-py's connection (see
-:func:`endpoint_of`).
+Every URL uses it: TCP, Unix sockets and TLS (``rediss://``, through an
+:class:`ssl.SSLContext` built by redis-py's own rules from the URL's ``ssl_*`` options), with a
+password, an ACL user or a redis-py credential provider.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +35,8 @@ from typing import Any, cast
 import hiredis
 import redis.asyncio as aioredis
 from redis import exceptions as rex
+from redis.asyncio.connection import RedisSSLContext
+from redis.credentials import CredentialProvider
 
 #: Retries of a call that met a refused or dropped connection, and their backoff (seconds).
 RETRIES = 2
@@ -57,21 +61,26 @@ class Endpoint:
     password: str | None
     connect_timeout: float
     socket_timeout: float
+    #: TLS (``rediss://``): the context to wrap the socket in.
+    tls: ssl.SSLContext | None = None
+    #: Asked for username and password at every connect, instead of the two fields above.
+    credentials: CredentialProvider | None = None
 
 
-def endpoint_of(client: aioredis.Redis) -> Endpoint | None:
-    """The endpoint of a redis-py client, or ``None`` when it needs more than this connection
-    offers (TLS, a custom connection class): such brokers keep redis-py for every call."""
-    pool = client.connection_pool
+def endpoint_of(pool: aioredis.ConnectionPool) -> Endpoint:
+    """The endpoint described by a redis-py connection pool built from a URL (nothing is
+    connected): host or socket path, TLS options, credentials, database, timeouts."""
     kwargs: dict[str, Any] = pool.connection_kwargs
-    if pool.connection_class is aioredis.UnixDomainSocketConnection:
+    tls: ssl.SSLContext | None = None
+    if issubclass(pool.connection_class, aioredis.UnixDomainSocketConnection):
         host, path = None, str(kwargs["path"])
-    elif pool.connection_class is aioredis.Connection:
-        host, path = str(kwargs.get("host", "localhost")), None
     else:
-        return None
-    if kwargs.get("credential_provider") is not None:
-        return None
+        host, path = str(kwargs.get("host", "localhost")), None
+    if issubclass(pool.connection_class, aioredis.SSLConnection):
+        # redis-py's defaults for rediss:// (certificate required, host name checked).
+        options: dict[str, Any] = {"cert_reqs": "required", "check_hostname": True}
+        options.update({k[4:]: v for k, v in kwargs.items() if k.startswith("ssl_")})
+        tls = RedisSSLContext(**options).get()
     socket_timeout = kwargs.get("socket_timeout") or 5.0
     return Endpoint(
         host=host,
@@ -82,6 +91,8 @@ def endpoint_of(client: aioredis.Redis) -> Endpoint | None:
         password=kwargs.get("password"),
         connect_timeout=float(kwargs.get("socket_connect_timeout") or socket_timeout),
         socket_timeout=float(socket_timeout),
+        tls=tls,
+        credentials=kwargs.get("credential_provider"),
     )
 
 
@@ -249,19 +260,29 @@ class Wire:
                 connect = loop.create_unix_connection(lambda: proto, ep.path)
             else:
                 host = ep.host or "localhost"
-                connect = loop.create_connection(lambda: proto, host, ep.port)
+                connect = loop.create_connection(
+                    lambda: proto,
+                    host,
+                    ep.port,
+                    ssl=ep.tls,
+                    server_hostname=host if ep.tls is not None else None,
+                )
             async with asyncio.timeout(ep.connect_timeout):
                 await connect
         except TimeoutError as exc:
             raise rex.TimeoutError("Timeout connecting to Redis") from exc
-        except OSError as exc:
+        except OSError as exc:  # ssl.SSLError included: a refused certificate
             raise rex.ConnectionError(f"cannot connect to Redis: {exc}") from exc
         handshake: list[Command] = []
-        if ep.password is not None:
-            if ep.username:
-                handshake.append(("AUTH", ep.username, ep.password))
+        username, password = ep.username, ep.password
+        if ep.credentials is not None:
+            got = await ep.credentials.get_credentials_async()
+            username, password = (None, got[0]) if len(got) == 1 else (got[0], got[1])
+        if password is not None:
+            if username:
+                handshake.append(("AUTH", username, password))
             else:
-                handshake.append(("AUTH", ep.password))
+                handshake.append(("AUTH", password))
         if ep.db:
             handshake.append(("SELECT", ep.db))
         if handshake:
