@@ -137,7 +137,7 @@ class CompleteParams:
     lease: LeaseRef
     result: bytes | None = None
     retention: float = 0.0
-    #: Tasks to create in the same atomic step, only if the lease is held (continuations).
+    #: Tasks to create in the same atomic step, only if the lease is held.
     #: One whose id exists already is skipped; the completion still succeeds.
     follow_ups: tuple[EnqueueParams, ...] = ()
 

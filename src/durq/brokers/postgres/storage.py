@@ -287,7 +287,7 @@ class PostgresStorage:
         follow_ups: Callable[[list[Row]], Sequence[EnqueueParams]],
     ) -> list[Row]:
         """Run one named statement and create the follow-ups its rows call for, in one
-        transaction (continuations); notify after the commit. Follow-ups whose id exists are
+        transaction; notify after the commit. Follow-ups whose id exists are
         skipped (the enqueue plan reports them as conflicts; nothing is raised)."""
         async with self.connection(method) as conn:
             async with conn.transaction():

@@ -344,7 +344,7 @@ class RedisStorage:
         self, call: _Call, follow_ups: Sequence[EnqueueParams], now: float
     ) -> _Call:
         """Append each follow-up's enqueue keys and arguments to a complete/archive call: the
-        script creates them in the same atomic step (continuations)."""
+        script creates them in the same atomic step."""
         if not follow_ups:
             return call
         name, keys, args = call

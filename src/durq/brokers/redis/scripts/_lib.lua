@@ -95,7 +95,7 @@ local function add_chunked(f, n, tag, value)
 end
 
 -- Create one task: the body of enqueue.lua and enqueue_many.lua, shared with the
--- continuations of complete.lua and archive.lua. `qk` is the queue's keys at qk[qo+1..qo+5]:
+-- follow-ups of complete.lua, archive.lua and admin_move.lua. `qk` is the queue's keys at qk[qo+1..qo+5]:
 -- pending, scheduled, completed, unique hash, sequence counter. The task's 12 fields are
 -- a[ao+1..ao+12]: id, type, payload, max_retry, timeout (""), deadline (""),
 -- next_process_at, state (pending | scheduled), retention, unique key (""),
@@ -156,7 +156,7 @@ local function enqueue_task(task_key, qk, qo, now_s, a, ao)
   return 1, false
 end
 
--- Create the follow-ups (continuations) passed after a script's own keys and arguments:
+-- Create the follow-up tasks passed after a script's own keys and arguments:
 -- groups of 6 KEYS from index nk + 1 and of 14 ARGV from index na + 1, laid out as KEYS and
 -- ARGV of enqueue.lua. A follow-up whose id or unique key is taken is skipped.
 local function enqueue_follow_ups(nk, na)

@@ -7,7 +7,7 @@
 -- ARGV[5] TTL of the daily counters (s)
 -- ARGV[6] "1" to add one to lost (the rescuer)
 -- ARGV[7] "" or a time: also fenced by the lease having expired by then (the rescuer)
--- Then, per follow-up (continuation, webhook delivery) i = 0, 1, ...: KEYS[7+6i .. 12+6i]
+-- Then, per follow-up task i = 0, 1, ...: KEYS[7+6i .. 12+6i]
 -- and ARGV[8+14i .. 21+14i] as KEYS and ARGV of enqueue.lua (see complete.lua).
 -- Returns 1, or 0 (nothing changed) when the fence fails.
 -- Complexity: O(log n).
