@@ -31,7 +31,7 @@ def write_payload(kind: str, url: str, queue: str, task_id: str, raw: bytes) -> 
             )
             assert cur.rowcount == 1
     elif kind == "memory":
-        from durq.brokers.memory.store import store_for
+        from durq.brokers.memory.storage import store_for
 
         store = store_for(url.removeprefix("memory://"))
         with store.lock:
