@@ -47,6 +47,9 @@ class TaskInfo:
     worker_id: str | None = None
     #: Set when the inspector asked an active task to be cancelled.
     cancel_requested: bool = False
+    #: The last failed attempt's traceback with its exception chain (bounded), when the
+    #: broker returns it: one task's get, not lists.
+    traceback: str | None = None
 
     @property
     def max_attempts(self) -> int:
@@ -98,7 +101,7 @@ class TaskInfo:
             result: Any = self.result
         except ValueError:
             result = None
-        return self._fields(payload, result)
+        return {**self._fields(payload, result), "traceback": self.traceback}
 
     def _fields(self, payload: Any, result: Any) -> dict[str, Any]:
         def iso(dt: datetime | None) -> str | None:

@@ -217,7 +217,8 @@ def test_attempts_never_read_more_than_allowed(cli: Cli) -> None:
             (lease,) = await broker.claim(ClaimParams(["default"], 1, "w-test", 60))
             assert await broker.retry(RetryParams(lease.ref, "boom", 0.0))
         (lease,) = await broker.claim(ClaimParams(["default"], 1, "w-test", 60))
-        assert await broker.archive(ArchiveParams(lease.ref, "boom"))
+        tb = 'Traceback (most recent call last):\n  File "jobs.py", line 3\nValueError: boom\n'
+        assert await broker.archive(ArchiveParams(lease.ref, "boom", traceback=tb))
 
     try:
         app.run_sync(fail_every_attempt)
@@ -226,7 +227,9 @@ def test_attempts_never_read_more_than_allowed(cli: Cli) -> None:
     # Three attempts were made of the three allowed (the first and two retries).
     row = cli.ok("task", "ls", "--state", "archived").out
     assert "3/3" in row and "3/2" not in row
-    assert "3/3" in cli.ok("task", "get", "flaky").out
+    shown = cli.ok("task", "get", "flaky").out
+    assert "3/3" in shown and 'File "jobs.py", line 3' in shown
+    assert cli.ok("task", "get", "flaky", "--json").json()["traceback"].endswith("boom\n")
 
 
 def test_cancel_of_an_active_task_says_it_is_a_request(cli: Cli) -> None:

@@ -17,6 +17,7 @@ import pytest
 import durq
 from conformance.apps import FAST, signal_on_marker, wait_for_state, wait_until, worker_process
 from durq.states import TaskState
+from durq.worker import executor
 
 HERE = Path(__file__).parent
 
@@ -436,3 +437,53 @@ async def test_W4_huge_error_messages_are_clipped(app: durq.App) -> None:
     assert archived.last_error is not None
     assert archived.last_error.startswith("RuntimeError: xxx")
     assert len(archived.last_error) <= 4096 and "100014 characters" in archived.last_error
+
+
+async def test_W4_failed_attempts_store_a_bounded_traceback_with_its_chain(
+    app: durq.App, caplog: pytest.LogCaptureFixture
+) -> None:
+    def policy(retried: int, exc: BaseException) -> float:
+        return 0.05
+
+    def parse_reply(body: str) -> None:
+        raise KeyError("total")
+
+    @app.task("chain:call", max_retry=2, retry_delay=policy)
+    async def call(payload: dict[str, Any]) -> None:
+        try:
+            parse_reply("{}")
+        except KeyError as exc:
+            raise RuntimeError("partner reply unusable") from exc
+
+    @app.task("chain:deep", max_retry=0)
+    async def deep(payload: dict[str, Any]) -> None:
+        def down(n: int) -> None:
+            if n == 0:
+                raise ValueError("x" * 50_000)
+            down(n - 1)
+
+        down(200)
+
+    with caplog.at_level(logging.INFO, logger="durq"):
+        async with app.worker(**FAST):
+            info = await call.enqueue({})
+            big = await deep.enqueue({})
+            archived = await wait_for_state(app, "default", info.id, TaskState.ARCHIVED)
+            huge = await wait_for_state(app, "default", big.id, TaskState.ARCHIVED)
+    assert archived.last_error == "RuntimeError: partner reply unusable"
+    tb = archived.traceback
+    assert tb is not None
+    assert "parse_reply" in tb and "KeyError: 'total'" in tb
+    assert "direct cause of the following exception" in tb
+    assert tb.rstrip().endswith("RuntimeError: partner reply unusable")
+    # Bounded: the start and the end (the raising frame and the message) are kept.
+    assert huge.traceback is not None
+    assert len(huge.traceback) <= executor.MAX_TRACEBACK + 100
+    assert "characters cut" in huge.traceback and huge.traceback.rstrip().endswith("x" * 100)
+    # Logged with the traceback at the first failure and at the final one, not in between.
+    retries = [r for r in caplog.records if "will retry" in r.getMessage()]
+    assert [r.exc_info is not None for r in retries if info.id in r.getMessage()] == [True, False]
+    (alert,) = [
+        r for r in caplog.records if r.levelno == logging.ERROR and info.id in r.getMessage()
+    ]
+    assert alert.exc_info is not None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
@@ -134,3 +136,30 @@ async def test_openapi_lists_every_route(api: httpx.AsyncClient) -> None:
     assert doc["openapi"].startswith("3.")
     assert "/api/queues/{queue}/tasks/{task_id}/run" in doc["paths"]
     assert "/api/workers" in doc["paths"]
+
+
+async def test_a_failed_task_shows_its_traceback(
+    app: durq.App, api: httpx.AsyncClient, client: httpx.AsyncClient
+) -> None:
+    @app.task("parse:reply", max_retry=0)
+    async def parse(payload: dict) -> None:
+        try:
+            {}["total"]
+        except KeyError as exc:
+            raise RuntimeError("reply <unusable>") from exc
+
+    info = await parse.enqueue({})
+    async with app.worker(poll_interval=0.05):
+        for _ in range(200):
+            if (await app.inspector.get_task_info("default", info.id)).state is TaskState.ARCHIVED:
+                break
+            await asyncio.sleep(0.05)
+    body = (await api.get(f"/api/queues/default/tasks/{info.id}")).json()
+    assert body["last_error"] == "RuntimeError: reply <unusable>"
+    assert "KeyError: 'total'" in body["traceback"]
+    assert "direct cause" in body["traceback"]
+    listed = (await api.get("/api/queues/default/tasks", params={"state": "archived"})).json()
+    assert "traceback" not in listed["tasks"][0]  # lists keep the one-line error
+    page = (await client.get(f"/queues/default/tasks/{info.id}")).text
+    assert 'id="traceback"' in page and "KeyError: &#39;total&#39;" in page
+    assert "reply &lt;unusable&gt;" in page

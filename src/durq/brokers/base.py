@@ -154,6 +154,9 @@ class RetryParams:
     #: Also fenced by the lease having expired at this time (the rescuer), so a heartbeat
     #: that extended it after the rescuer listed it wins.
     expired_by: float | None = None
+    #: The attempt's traceback with its exception chain, bounded (shown for one task);
+    #: ``None`` clears the stored one (the attempt ended without a crash).
+    traceback: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +166,8 @@ class ArchiveParams:
     lease: LeaseRef
     error: str
     count_attempt: bool = True
+    #: As :attr:`RetryParams.traceback`.
+    traceback: str | None = None
     #: As :attr:`CompleteParams.follow_ups`.
     follow_ups: tuple[EnqueueParams, ...] = ()
     #: As :attr:`RetryParams.lost` and :attr:`RetryParams.expired_by`.

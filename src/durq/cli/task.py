@@ -95,7 +95,7 @@ def print_task(info: TaskInfo, *, title: str | None = None) -> None:
     for key in (
         "id", "queue", "type", "state", "attempts", "last_error", "payload",
         "result", "timeout", "deadline", "next_process_at", "enqueued_at", "started_at",
-        "completed_at", "retention", "worker_id",
+        "completed_at", "retention", "worker_id", "traceback",
     ):  # fmt: skip
         value = info.attempts_label if key == "attempts" else data.get(key)
         if value is None or (value == {} and key != "payload"):

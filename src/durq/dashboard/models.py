@@ -80,6 +80,9 @@ class Task(_TaskFields):
 
     payload: dict[str, Any]
     result: Any = Field(description="The handler's result while the task is retained")
+    traceback: str | None = Field(
+        default=None, description="The last failed attempt's traceback, with its chain"
+    )
     headers: dict[str, str]
 
 

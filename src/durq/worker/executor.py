@@ -11,9 +11,10 @@ import contextvars
 import functools
 import logging
 import time
+import traceback
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from durq import codec, lifecycle
@@ -42,6 +43,24 @@ _ACK_DELAYS = (0.05, 0.2, 0.5, 1.0, 2.0, 4.0)
 #: Longest ``last_error`` stored: an exception may carry a whole response body, and the error
 #: also travels in follow-up and webhook payloads, which have a size limit.
 MAX_ERROR = 4096
+
+
+#: Longest traceback stored: the start (the outer exceptions of the chain) and the end (the
+#: frames that raised) are kept, the middle is cut.
+MAX_TRACEBACK = 16384
+
+
+def format_traceback(exc: BaseException | None) -> str | None:
+    """``exc``'s traceback with its chain (``raise ... from``, and during handling), bounded
+    by :data:`MAX_TRACEBACK`; ``None`` for outcomes that are not crashes."""
+    if exc is None or isinstance(exc, NotReady | _NoHandler):
+        return None
+    text = "".join(traceback.format_exception(exc))
+    if len(text) <= MAX_TRACEBACK:
+        return text
+    head, tail = MAX_TRACEBACK // 4, MAX_TRACEBACK * 3 // 4
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n… ({cut} characters cut) …\n{text[-tail:]}"
 
 
 def clip_error(error: str) -> str:
@@ -198,7 +217,7 @@ class Executor:
             # ordinary failure, not an attempt left active until its lease expires.
             return await self._failed(lease, task_def, "CancelledError", exc)
         except SkipRetry as exc:
-            return await self._archive(lease, exc.reason, alert=False)
+            return await self._archive(lease, exc.reason, alert=False, exc=exc)
         except _TimedOut:
             return await self._failed(lease, task_def, self._timeout_message(task), None)
         except _Undecodable as exc:
@@ -324,26 +343,46 @@ class Executor:
         params = lifecycle.failed(
             lease, error, now=now, delay=delay, max_payload=self.app.max_payload
         )
+        tb = format_traceback(exc)
         if isinstance(params, ArchiveParams):
-            return await self._archived(lease, params, alert=True)
+            return await self._archived(lease, replace(params, traceback=tb), alert=True, exc=exc)
+        params = replace(params, traceback=tb)
         delay_s = params.next_process_at - now
         if not await self._report(self.broker.retry, params, task):
             return "lost"
         level = logging.INFO if isinstance(exc, NotReady) else logging.WARNING
+        # The traceback is logged on a task's first failure only, not on every retry.
         log.log(
-            level, "task %s will retry in %.1fs: %s", task.id, delay_s, error, extra=_extra(task)
+            level,
+            "task %s will retry in %.1fs: %s",
+            task.id,
+            delay_s,
+            error,
+            exc_info=exc if tb is not None and task.retried == 0 else None,
+            extra=_extra(task),
         )
         return "retry"
 
-    async def _archive(self, lease: Lease, error: str, *, alert: bool) -> str:
+    async def _archive(
+        self, lease: Lease, error: str, *, alert: bool, exc: BaseException | None = None
+    ) -> str:
         params = lifecycle.gave_up(
             lease, clip_error(error), now=self.app.clock.now(), max_payload=self.app.max_payload
         )
-        return await self._archived(lease, params, alert=alert)
+        params = replace(params, traceback=format_traceback(exc))
+        return await self._archived(lease, params, alert=alert, exc=exc)
 
-    async def _archived(self, lease: Lease, params: ArchiveParams, *, alert: bool) -> str:
+    async def _archived(
+        self,
+        lease: Lease,
+        params: ArchiveParams,
+        *,
+        alert: bool,
+        exc: BaseException | None = None,
+    ) -> str:
         task = lease.task
         error = params.error
+        tb = params.traceback
         if not await self._report(self.broker.archive, params, task):
             return "lost"
         if alert:
@@ -355,6 +394,7 @@ class Executor:
                 task.queue,
                 task.retried + 1,
                 error,
+                exc_info=exc if tb is not None else None,
                 extra=_extra(task),
             )
         else:

@@ -217,6 +217,7 @@ class MemoryBroker(AdminForwarder):
         row.retried += int(count)
         row.lost += int(p.lost)
         row.last_error = p.error
+        row.traceback = p.traceback
         row.end_lease()
         if isinstance(p, RetryParams):
             store.move(row, R)

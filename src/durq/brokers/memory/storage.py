@@ -51,6 +51,7 @@ class Row:
     headers: dict[str, str] = field(default_factory=dict)
     retried: int = 0
     last_error: str | None = None
+    traceback: str | None = None
     completed_at: float | None = None
     expires_at: float | None = None
     result: bytes | None = None
@@ -86,6 +87,7 @@ class Row:
             lease_expires_at=to_datetime(self.lease_expires_at),
             worker_id=self.worker_id,
             cancel_requested=self.cancel_requested,
+            traceback=self.traceback,
         )
 
     def gone(self, now: float) -> bool:

@@ -326,6 +326,7 @@ class PostgresBroker(AdminForwarder):
             "id": p.lease.id,
             "token": p.lease.token,
             "error": p.error,
+            "traceback": p.traceback,
             "lost": int(p.lost),
             "expired_by": p.expired_by,
             "now": now,

@@ -232,7 +232,8 @@ SELECT queue, id FROM done;
 WITH r AS (
     UPDATE {schema}.tasks AS t
     SET state = 'retry', retried = t.retried + 1, lost = t.lost + %(lost)s,
-        last_error = %(error)s, next_process_at = %(next_process_at)s,
+        last_error = %(error)s, traceback = %(traceback)s,
+        next_process_at = %(next_process_at)s,
         lease_token = NULL, lease_expires_at = NULL, cancel_requested = false
     WHERE t.queue = %(queue)s AND t.id = %(id)s
       AND t.state = 'active' AND t.lease_token = %(token)s
@@ -255,6 +256,7 @@ WITH a AS (
         retried = t.retried + CASE WHEN %(count_attempt)s THEN 1 ELSE 0 END,
         lost = t.lost + %(lost)s,
         last_error = %(error)s,
+        traceback = %(traceback)s,
         lease_token = NULL, lease_expires_at = NULL, cancel_requested = false,
         unique_key = NULL, unique_until = NULL
     WHERE t.queue = %(queue)s AND t.id = %(id)s

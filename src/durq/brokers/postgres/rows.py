@@ -98,6 +98,7 @@ def row_to_info(row: Row, times: Times | None = None) -> TaskInfo:
             "lease_expires_at": at(row["lease_expires_at"]),
             "worker_id": row["worker_id"],
             "cancel_requested": row["cancel_requested"],
+            "traceback": row.get("traceback"),
         }
     )
 

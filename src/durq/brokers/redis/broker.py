@@ -364,6 +364,7 @@ class RedisBroker(AdminForwarder):
                     lost,
                     expired_by,
                     k.notify if p.next_process_at <= now else "",
+                    p.traceback or "",
                 ],
             )
         call: _Call = (
@@ -379,7 +380,9 @@ class RedisBroker(AdminForwarder):
                 expired_by,
             ],
         )
-        return self._s.with_follow_ups(call, p.follow_ups, now)
+        name, keys, args = self._s.with_follow_ups(call, p.follow_ups, now)
+        # The traceback goes last, after the follow-ups' arguments (see archive.lua).
+        return name, keys, [*args, p.traceback or ""]
 
     async def move_leases(self, moves: Sequence[LeaseMove]) -> list[bool]:
         """One retry/archive script per move (each atomic with its follow-ups), all in one

@@ -71,4 +71,5 @@ def task_info(queue: str, flat: Sequence[Any] | dict[Any, Any]) -> TaskInfo:
         lease_expires_at=to_datetime(_opt_float(h, "lease_expires_at")),
         worker_id=_opt_str(h, "worker_id"),
         cancel_requested=h.get("cancel") == b"1",
+        traceback=_opt_str(h, "traceback") or None,
     )

@@ -405,6 +405,7 @@ class SQLiteBroker(AdminForwarder):
             "id": lease.id,
             "token": lease.token,
             "error": p.error,
+            "traceback": p.traceback,
             "lost": int(p.lost),
             "expired_by": p.expired_by,
         }

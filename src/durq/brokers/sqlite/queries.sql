@@ -120,6 +120,7 @@ WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
 -- Fenced by the token; with :expired_by (the rescuer) also by the lease having expired.
 UPDATE durq_tasks
 SET state = 'retry', retried = retried + 1, lost = lost + :lost, last_error = :error,
+    traceback = :traceback,
     next_process_at = :next_process_at, lease_token = NULL, lease_expires_at = NULL,
     cancel_requested = 0
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
@@ -128,7 +129,7 @@ WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
 -- name: archive
 UPDATE durq_tasks
 SET state = 'archived', retried = retried + :count_attempt, lost = lost + :lost,
-    last_error = :error, lease_token = NULL, lease_expires_at = NULL, unique_key = NULL,
+    last_error = :error, traceback = :traceback, lease_token = NULL, lease_expires_at = NULL, unique_key = NULL,
     unique_until = NULL, cancel_requested = 0
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
   AND (:expired_by IS NULL OR lease_expires_at <= :expired_by);

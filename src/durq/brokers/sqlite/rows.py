@@ -35,4 +35,5 @@ def row_to_info(row: sqlite3.Row) -> TaskInfo:
         lease_expires_at=to_datetime(row["lease_expires_at"]),
         worker_id=row["worker_id"],
         cancel_requested=bool(row["cancel_requested"]),
+        traceback=row["traceback"] if "traceback" in row.keys() else None,
     )

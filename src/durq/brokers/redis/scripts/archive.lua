@@ -9,6 +9,7 @@
 -- ARGV[7] "" or a time: also fenced by the lease having expired by then (the rescuer)
 -- Then, per follow-up task i = 0, 1, ...: KEYS[7+6i .. 12+6i]
 -- and ARGV[8+14i .. 21+14i] as KEYS and ARGV of enqueue.lua (see complete.lua).
+-- Last ARGV: the attempt's traceback, "" for none.
 -- Returns 1, or 0 (nothing changed) when the fence fails.
 -- Complexity: O(log n).
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'lease_expires_at')
@@ -22,6 +23,11 @@ redis.call('ZREM', KEYS[2], cur[3])
 free_unique(KEYS[4], KEYS[1])
 redis.call('HSET', KEYS[1], 'state', 'archived', 'last_error', ARGV[3], 'archived_at', ARGV[2])
 redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel')
+if ARGV[#ARGV] ~= '' then
+  redis.call('HSET', KEYS[1], 'traceback', ARGV[#ARGV])
+else
+  redis.call('HDEL', KEYS[1], 'traceback')
+end
 redis.call('ZADD', KEYS[3], ARGV[2], cur[3])
 if ARGV[4] == '1' then
   redis.call('HINCRBY', KEYS[1], 'retried', 1)

@@ -8,6 +8,7 @@
 -- ARGV[5] "1" to add one to lost (the rescuer)
 -- ARGV[6] "" or a time: also fenced by the lease having expired by then (the rescuer)
 -- ARGV[7] "" or the wake-up channel to publish on (the retry is due now)
+-- ARGV[8] the attempt's traceback, "" for none
 -- Returns 1, or 0 (nothing changed) when the fence fails.
 -- Complexity: O(log n).
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'lease_expires_at')
@@ -23,6 +24,11 @@ if ARGV[5] == '1' then
   redis.call('HINCRBY', KEYS[1], 'lost', 1)
 end
 redis.call('HSET', KEYS[1], 'state', 'retry', 'last_error', ARGV[2], 'npa', ARGV[3])
+if ARGV[8] ~= '' then
+  redis.call('HSET', KEYS[1], 'traceback', ARGV[8])
+else
+  redis.call('HDEL', KEYS[1], 'traceback')
+end
 redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel')
 redis.call('ZADD', KEYS[3], ARGV[3], cur[3])
 count(KEYS[4], KEYS[5], ARGV[4], 1, 1)

@@ -1,0 +1,3 @@
+-- durq SQLite schema, version 2: the traceback of the last failed attempt (bounded by the
+-- worker), shown for one task; lists use last_error.
+ALTER TABLE durq_tasks ADD COLUMN traceback TEXT;
