@@ -185,6 +185,9 @@ class App:
         self._sync: SyncRunner | None = None
         # WSGI servers call the sync face from many threads at once: start one runner only.
         self._sync_lock = threading.Lock()
+        # The broker whose enqueue_sync_in writes into callers' sync connections: it never
+        # connects (the caller's connection does the work), so one serves every call.
+        self._sync_joiner: FullBroker | None = None
         self._inspector: Inspector | None = None
         # -- periodic tasks and webhooks (durq.periodic, durq.webhooks) --
         #: The periodic entries that schedulers of this app enqueue.
@@ -311,6 +314,7 @@ class App:
         The sync face is closed (call this outside it). Brokers opened on event loops before
         are forgotten and returned by loop, for the caller to close the one of its own loop."""
         self.close_sync()
+        self._sync_joiner = None
         dropped = {loop: b for loop, b in self._brokers.items() if b is not self._given}
         self._brokers = weakref.WeakKeyDictionary()
         self._locks = weakref.WeakKeyDictionary()
@@ -440,6 +444,11 @@ class App:
             unique=unique,
             then=then,
         )
+        return await self.enqueue_request(request, connection=connection)
+
+    async def enqueue_request(self, request: EnqueueRequest, *, connection: Any = None) -> TaskInfo:
+        """:meth:`enqueue` of a request built beforehand (an adapter's, e.g. Django's), with
+        the same checks, hooks and errors."""
         params = self.params(request)
         broker = await self.broker()
         self._check_follow_up_queue(broker, params)
@@ -510,7 +519,9 @@ class App:
         With ``connection=`` a *sync* psycopg connection, the task joins its transaction."""
         connection = options.pop("connection", None)
         if connection is not None:
-            return self._enqueue_in_sync_connection(type, payload, connection, options)
+            return self.enqueue_request_sync(
+                self._request(type, payload, **options), connection=connection
+            )
         return self._runner().run(lambda: self.enqueue(type, payload, **options))
 
     def enqueue_many_sync(self, requests: Iterable[EnqueueRequest]) -> list[EnqueueOutcome]:
@@ -518,13 +529,19 @@ class App:
         items = list(requests)
         return self._runner().run(lambda: self.enqueue_many(items))
 
-    def _enqueue_in_sync_connection(
-        self, type: str | TaskDef[Any, Any], payload: Any, connection: Any, options: dict[str, Any]
-    ) -> TaskInfo:
-        broker = self.new_broker()
+    def enqueue_request_sync(self, request: EnqueueRequest, *, connection: Any = None) -> TaskInfo:
+        """Blocking :meth:`enqueue_request`. With ``connection=`` a sync SQL connection (a
+        ``sqlite3`` one on the broker's file, or psycopg's), the task joins its open
+        transaction on the calling thread: ConfigurationError if the broker cannot."""
+        if connection is None:
+            return self._runner().run(lambda: self.enqueue_request(request))
+        with self._sync_lock:
+            if self._sync_joiner is None:
+                self._sync_joiner = self.new_broker()
+            broker = self._sync_joiner
         if CAP_SYNC_CONNECTION_ENQUEUE not in broker.capabilities:
             raise ConfigurationError(f"the {broker.name} broker cannot join a sync connection")
-        params = self.params(self._request(type, payload, **options))
+        params = self.params(request)
         self._check_follow_up_queue(broker, params)
         joined = cast(SyncConnectionEnqueue, broker)
         with self._sending([params]) as (sent,):

@@ -120,6 +120,21 @@ def test_rollback_leaves_no_task_and_commit_shows_it_at_once(alias: str) -> None
     assert backend.get_result(kept.id).return_value == 3
 
 
+@pytest.mark.parametrize("alias", SQL_ALIASES)
+def test_a_task_joining_the_transaction_goes_through_the_app_s_hooks(alias: str) -> None:
+    # Metrics and tracing hang on the app's hooks: the joined path must not go around them.
+    backend = backend_for(alias)
+    seen: list[str] = []
+    backend.app.enqueue_hooks.append(lambda info: seen.append(info.id))
+    try:
+        with transaction.atomic(using=alias):
+            joined = tasks.add.using(backend=alias).enqueue(1, 1)
+    finally:
+        backend.app.enqueue_hooks.pop()
+    assert seen == [joined.id]
+    run_until_finished(backend, [joined.id])
+
+
 def test_redis_enqueues_on_commit() -> None:
     backend = backend_for("redis")
     with pytest.raises(RuntimeError), transaction.atomic():

@@ -43,7 +43,7 @@ from django.utils import timezone
 
 import durq
 from durq import durations
-from durq.brokers import FullBroker, resolve_url
+from durq.brokers import resolve_url
 from durq.contrib.django import records, registry
 from durq.errors import DurqError, InvalidNameError, TaskNotFoundError
 from durq.names import check_queue, check_type
@@ -119,7 +119,6 @@ class DurqBackend(BaseTaskBackend):  # type: ignore[misc]
         self.task_modules: list[str] = list(options.get("task_modules", []))
         self._app: durq.App | None = None
         self._runner: SyncRunner | None = None
-        self._join_broker: FullBroker | None = None
         self._ready = False
         self._lock = threading.Lock()
 
@@ -193,7 +192,6 @@ class DurqBackend(BaseTaskBackend):  # type: ignore[misc]
         with self._lock:
             runner, self._runner = self._runner, None
             app, self._app = self._app, None
-            self._join_broker = None
             self._ready = False
         if runner is not None and app is not None:
             runner.run(app.close)
@@ -256,21 +254,19 @@ class DurqBackend(BaseTaskBackend):  # type: ignore[misc]
         app = self.app
         conn = self._atomic_connection()
         if conn is not None:
-            joined = self._joinable(conn)
-            if joined is not None:
-                params = app.params(request)
+            if self._joinable(conn):
                 self._ready_runner()  # the durq tables exist (migrated once per process)
-                info = joined.enqueue_sync_in(params, conn.connection)
+                info = app.enqueue_request_sync(request, connection=conn.connection)
                 return self._enqueued(result, info)
             if self.enqueue_on_commit:
                 app.params(request)  # refuse a bad payload now, not after the commit
                 object.__setattr__(result, "enqueued_at", timezone.now())
                 transaction.on_commit(
-                    lambda: self._enqueued(result, self._run(lambda: app.enqueue(**_kw(request)))),
+                    lambda: self._enqueued(result, self._run(lambda: app.enqueue_request(request))),
                     using=conn.alias,
                 )
                 return result
-        info = self._run(lambda: app.enqueue(**_kw(request)))
+        info = self._run(lambda: app.enqueue_request(request))
         return self._enqueued(result, info)
 
     async def aenqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
@@ -278,7 +274,7 @@ class DurqBackend(BaseTaskBackend):  # type: ignore[misc]
         result = self._pending(task, args, kwargs)
         request = self._request(task, result)
         app = self.app
-        info = await self._arun(lambda: app.enqueue(**_kw(request)))
+        info = await self._arun(lambda: app.enqueue_request(request))
         return self._enqueued(result, info)
 
     def _atomic_connection(self) -> Any:
@@ -290,8 +286,8 @@ class DurqBackend(BaseTaskBackend):  # type: ignore[misc]
         conn = connections[alias]
         return conn if conn.in_atomic_block else None
 
-    def _joinable(self, conn: Any) -> Any:
-        """The broker that can write into ``conn``'s transaction, or ``None``."""
+    def _joinable(self, conn: Any) -> bool:
+        """Whether the broker is ``conn``'s database, so a task can join its transaction."""
         url = self.broker_url
         kind = url.split(":", 1)[0].lower()
         if conn.vendor == "sqlite" and kind == "sqlite":
@@ -300,15 +296,10 @@ class DurqBackend(BaseTaskBackend):  # type: ignore[misc]
             same = self.database is not None or _same_postgres(url, conn)
             same = same and type(conn.connection).__module__.startswith("psycopg")
         else:
-            return None
-        if not same:
-            return None
-        conn.ensure_connection()
-        app = self.app
-        with self._lock:
-            if self._join_broker is None:
-                self._join_broker = app.new_broker()
-            return self._join_broker
+            return False
+        if same:
+            conn.ensure_connection()
+        return same
 
     # -- results ---------------------------------------------------------------------------
 
@@ -342,20 +333,6 @@ class DurqBackend(BaseTaskBackend):  # type: ignore[misc]
     def check(self, **kwargs: Any) -> list[Any]:
         """No system checks beyond Django's."""
         return []
-
-
-def _kw(request: EnqueueRequest) -> dict[str, Any]:
-    return {
-        "type": request.type,
-        "payload": request.payload,
-        "queue": request.queue,
-        "task_id": request.task_id,
-        "process_at": request.process_at,
-        "max_retry": request.max_retry,
-        "timeout": request.timeout,
-        "retention": request.retention,
-        "headers": request.headers,
-    }
 
 
 def _same_file(url: str, name: Any) -> bool:
