@@ -123,6 +123,19 @@ def test_supervisor_runs_restarts_and_drains_its_worker_processes(cli: Cli) -> N
         assert not os.path.exists(f"/proc/{pid}") or _zombie(pid)
 
 
+@pytest.mark.timeout(120)
+def test_a_configuration_error_stops_the_supervisor_instead_of_a_restart_loop(cli: Cli) -> None:
+    # A schedule whose task has no handler: every worker process refuses to start.
+    (cli.tmp_path / "noapp.py").write_text(
+        APP + '\napp.add_periodic("@every 1h", "report:missing")\n'
+    )
+    result = cli("worker", "noapp:app", "--processes", "2", timeout=90)
+    assert result.code == 2, result.err
+    assert "no handler" in result.err
+    assert "not starting it again" in result.err
+    assert "starting it again in" not in result.err
+
+
 def _zombie(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split(") ", 1)[1].startswith("Z")

@@ -2,7 +2,8 @@
 
 A durq worker runs on one event loop, so it uses one core. The supervisor starts ``N`` copies
 of the worker command as child processes (each with its own ``concurrency``), restarts one
-that exits or crashes with a capped exponential backoff, passes the first SIGTERM/SIGINT to
+that exits or crashes with a capped exponential backoff (one that exits with a usage or
+configuration error stops them all: it would fail again), passes the first SIGTERM/SIGINT to
 every child once (each drains gracefully, as a lone worker does) and a second one too (each
 stops at once), and serves one metrics endpoint for all of them.
 
@@ -40,6 +41,9 @@ log = logging.getLogger("durq.supervisor")
 SUPERVISOR_ENV = "DURQ_SUPERVISOR_PID"
 #: prometheus-client's switch to its multiprocess mode.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: A child's exit code for bad usage or configuration (the CLI's): the same command would
+#: fail again, so the supervisor stops instead of starting it again.
+USAGE_EXIT = 2
 
 
 def resolve_processes(value: str) -> int:
@@ -122,6 +126,8 @@ class Supervisor:
             if self._multiproc_dir is not None:
                 shutil.rmtree(self._multiproc_dir, ignore_errors=True)
         log.info("supervisor %d stopped", os.getpid())
+        if USAGE_EXIT in codes:
+            return USAGE_EXIT
         return 0 if all(code == 0 for code in codes) else 1
 
     async def _start_metrics(self) -> MetricsServer:
@@ -145,6 +151,10 @@ class Supervisor:
             )
         else:
             log.warning("second %s: worker processes stop at once", sig.name)
+        self._stop_children()
+
+    def _stop_children(self) -> None:
+        """Stop taking children back and send each live one SIGTERM (its graceful drain)."""
         self._stopping.set()
         for child in list(self.children.values()):
             with contextlib.suppress(ProcessLookupError):
@@ -169,6 +179,15 @@ class Supervisor:
                 # A child still importing when the signal came had no handler yet: the
                 # SIGTERM it was sent ended it, which is the stop that was asked for.
                 return 0 if code == -signal.SIGTERM else code
+            if code == USAGE_EXIT:
+                log.error(
+                    "worker process %d exited with a usage or configuration error (%d); "
+                    "stopping the others, not starting it again",
+                    child.pid,
+                    code,
+                )
+                self._stop_children()
+                return code
             if loop.time() - started >= self.stable_after:
                 delay = self.backoff[0]
             how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited ({code})"
