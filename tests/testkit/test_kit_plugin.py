@@ -58,29 +58,22 @@ def project(pytester: pytest.Pytester, ini: str, **files: str) -> None:
     pytester.makepyfile(myapp=TASKS, **files)
 
 
-def test_pytest_asyncio_strict_mode_with_the_users_app(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize(
+    ("mode", "module"),
+    [("strict", marked("asyncio")), ("auto", USES_THE_APP)],
+    ids=["strict", "auto"],
+)
+def test_pytest_asyncio_modes_with_the_users_app(
+    pytester: pytest.Pytester, mode: str, module: str
+) -> None:
     project(
         pytester,
-        """
+        f"""
         [pytest]
-        asyncio_mode = strict
+        asyncio_mode = {mode}
         durq_app = myapp:app
         """,
-        test_strict=marked("asyncio"),
-    )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=3)
-
-
-def test_pytest_asyncio_auto_mode(pytester: pytest.Pytester) -> None:
-    project(
-        pytester,
-        """
-        [pytest]
-        asyncio_mode = auto
-        durq_app = myapp:app
-        """,
-        test_auto=USES_THE_APP,
+        test_mode=module,
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=3)
