@@ -3,7 +3,8 @@
 A block whose first line is ``# name.py`` starts a new script, run as ``__main__`` in an empty
 directory on the default SQLite broker; a block without that line continues the script before
 it, like a session of ``python -m asyncio`` (top-level ``await`` allowed). A block named after
-a file of the repository registers the same tasks, with the same options, as that file."""
+a file of the repository registers the same tasks, with the same options, as that file. A script
+named ``test_*.py`` is a test file a reader runs with pytest: its ``test_*`` functions are run."""
 
 from __future__ import annotations
 
@@ -72,6 +73,9 @@ def test_python_blocks_run_as_written(
             name, namespace = scripts[-1]
             run_block(source, f"{doc} block {number} ({name})", namespace, loop)
         for name, namespace in scripts:
+            if Path(name).name.startswith("test_"):
+                run_tests(namespace, loop)
+        for name, namespace in scripts:
             for app in apps_in(namespace):
                 # A schedule whose type no handler serves retries forever ("no handler").
                 unserved = [e.type for e in app.schedules if e.type not in app.tasks]
@@ -84,6 +88,15 @@ def test_python_blocks_run_as_written(
                 loop.run_until_complete(app.close())
                 app.close_sync()
         loop.close()
+
+
+def run_tests(namespace: dict[str, Any], loop: Any) -> None:
+    tests = [f for n, f in namespace.items() if n.startswith("test_") and callable(f)]
+    assert tests, "a test file without tests"
+    for test in tests:
+        result = test()
+        if inspect.iscoroutine(result):
+            loop.run_until_complete(result)
 
 
 def same_tasks_as_the_file(name: str, namespace: dict[str, Any]) -> None:
