@@ -37,6 +37,8 @@ def demo_command(
 
     url = resolve_url(broker)
     open_broker(url)  # an unknown scheme is a usage error before anything starts
+    if not lifecycle_only:
+        _require_demo_extra()  # before the broker's file or schema is created
     _migrate(url)
     if not lifecycle_only:
         _web_demo(url, port)
@@ -65,18 +67,23 @@ def _migrate(url: str) -> None:
         _say(f"durq demo: migrated the broker's schema ({', '.join(applied)})")
 
 
-def _web_demo(url: str, port: int) -> None:
-    """The reference service, shipped inside the package as ``durq.demo.insurance``."""
-    import os
-
+def _require_demo_extra() -> None:
     try:
-        from durq.demo.insurance import demo
-        from durq.demo.insurance.config import Settings, default_database_url
+        import durq.demo.insurance.demo  # noqa: F401
     except ImportError as exc:
         fail(
             f"the web demo needs the 'demo' extra ({exc}): pip install 'durq[demo]'; "
             "or run `durq demo --lifecycle`, which needs nothing more"
         )
+
+
+def _web_demo(url: str, port: int) -> None:
+    """The reference service, shipped inside the package as ``durq.demo.insurance``."""
+    import os
+
+    from durq.demo.insurance import demo
+    from durq.demo.insurance.config import Settings, default_database_url
+
     settings = Settings.from_env()
     if url != settings.broker_url:
         database = os.environ.get("INSURANCE_DATABASE_URL") or default_database_url(url)
