@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from tests.cli.clikit import Cli
 
 
@@ -18,11 +16,8 @@ def test_demo_runs_to_the_end_and_shows_the_outcomes(cli: Cli) -> None:
     # A first run: each run has its own task ids, so `make demo` can be run again on the
     # same SQLite file; the checks below are about the second run.
     assert cli(*args, timeout=30).code == 0
-    started = time.monotonic()
     result = cli(*args, timeout=30)
-    elapsed = time.monotonic() - started
     assert result.code == 0, result.err
-    assert elapsed < 15
     out = result.out
     for outcome in ("completed", "archived", "conflict", "scheduled", "retry"):
         assert outcome in out, outcome
