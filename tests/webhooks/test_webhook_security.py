@@ -263,8 +263,14 @@ async def test_failures_are_one_neutral_class_whatever_the_port_state(
     closed.close()
     resolver = Resolver({"partner.test": ["127.0.0.1"]})
     caplog.set_level(logging.WARNING)
-    with serve_receiver() as redirecting, listener() as (redis_port, seen):
-        redirecting.status = 302
+    with (
+        serve_receiver() as redirecting,
+        serve_receiver() as elsewhere,
+        listener() as (redis_port, seen),
+    ):
+        # A redirect to a receiver that answers 2xx: followed, the delivery would succeed.
+        redirecting.status = 307
+        redirecting.location = elsewhere.url
         webhooks.install(app, SECRET, max_retry=3, allow=["127.0.0.0/8"], resolver=resolver)
         urls = [
             f"http://partner.test:{closed_port}/",
@@ -273,9 +279,10 @@ async def test_failures_are_one_neutral_class_whatever_the_port_state(
         ]
         tasks = await run_deliveries(app, urls)
     assert seen and redirecting.requests  # the reachable ones were reached
+    assert elsewhere.requests == []  # the redirect was not followed
     errors = {t.last_error for t in tasks}
     assert errors == {"WebhookDeliveryError: webhook delivery failed: no 2xx answer"}, errors
-    assert str(closed_port) not in caplog.text and "302" not in caplog.text
+    assert str(closed_port) not in caplog.text and "307" not in caplog.text
 
 
 def test_allow_list_must_name_networks() -> None:

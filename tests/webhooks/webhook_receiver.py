@@ -20,10 +20,12 @@ LOOPBACK = "127.0.0.1/32"
 
 @dataclass
 class Receiver:
-    """Answers 500 to the first ``fail`` requests, then ``status``; records every request."""
+    """Answers 500 to the first ``fail`` requests, then ``status`` (with ``location`` as its
+    Location header when set); records every request."""
 
     fail: int = 0
     status: int = 200
+    location: str | None = None
     requests: list[tuple[bytes, dict[str, str]]] = field(default_factory=list)
     url: str = ""
     port: int = 0
@@ -41,6 +43,8 @@ def serve_receiver() -> Iterator[Receiver]:
             state.requests.append((body, dict(self.headers.items())))
             failing = len(state.requests) <= state.fail
             self.send_response(500 if failing else state.status)
+            if state.location is not None and not failing:
+                self.send_header("Location", state.location)
             self.send_header("Content-Length", "0")
             self.end_headers()
             if not failing and state.status < 300:
