@@ -10,8 +10,12 @@ STAMP := $(VENV)/.installed
 # Django 6 (its Tasks framework) needs Python >= 3.12 while the project supports 3.11: the
 # Django integration is tested in a venv of its own, so 3.11 stays tested by everything else.
 PYENV_ROOT ?= $(shell pyenv root 2>/dev/null || echo $(HOME)/.pyenv)
-PY_DJANGO ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.12*/bin/python3.12) \
-	$(shell command -v python3.12 python3.13 2>/dev/null))
+# Each candidate is run: a pyenv shim of a version that is not active exists but fails.
+ifndef PY_DJANGO
+PY_DJANGO := $(firstword $(foreach py,$(wildcard $(PYENV_ROOT)/versions/3.1[2-9]*/bin/python3) \
+	$(shell command -v python3.12 python3.13 python3.14 python3 2>/dev/null), \
+	$(if $(shell $(py) -c 'import sys; print(sys.version_info >= (3, 12) or "")' 2>/dev/null),$(py))))
+endif
 DJ_VENV ?= .venv-django
 DJ_BIN := $(DJ_VENV)/bin
 DJ_STAMP := $(DJ_VENV)/.installed
@@ -37,7 +41,9 @@ $(DJ_STAMP): pyproject.toml
 		--wildcards '*/tests/tasks'
 	touch $(DJ_STAMP)
 
-install: $(STAMP) $(DJ_STAMP)
+# Without a Python >= 3.12 the main venv is still made; `make test-django` then says what is missing.
+install: $(STAMP) $(if $(PY_DJANGO),$(DJ_STAMP))
+	@$(if $(PY_DJANGO),:,echo "no Python >= 3.12 found: the Django venv is not made (set PY_DJANGO=/path/to/python3.12)")
 
 demo: $(STAMP)
 	$(BIN)/durq demo $(if $(PORT),--port $(PORT))
