@@ -28,9 +28,9 @@ from durq.brokers.base import (
     RetryParams,
     WorkerInfo,
 )
+from durq.brokers.mailbox import Waiter
 from durq.brokers.memory.admin import WORKER_TTL, MemoryAdmin
 from durq.brokers.memory.storage import A, C, P, R, Row, Store, X, store_for
-from durq.brokers.sqlite.wakeup import Waiter
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import (
     ConfigurationError,

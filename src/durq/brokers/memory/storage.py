@@ -13,8 +13,9 @@ import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from durq.brokers import mailbox
 from durq.brokers.base import EnqueueParams, WorkerInfo
-from durq.brokers.sqlite.wakeup import Mailbox
+from durq.brokers.mailbox import Mailbox
 from durq.clock import to_datetime, utc_day
 from durq.errors import DuplicateTaskError, TaskIDConflictError
 from durq.states import TaskState
@@ -128,25 +129,18 @@ class Store:
         self.stats: dict[tuple[str, str], list[int]] = {}
         self.workers: dict[str, WorkerInfo] = {}
         self._seq = itertools.count(1)
-        self._mailboxes: weakref.WeakSet[Mailbox] = weakref.WeakSet()
+        # Key in the in-process wake-up registry (never an SQLite file's absolute path).
+        self._key = f"memory://{name}"
 
     # -- wake-ups ------------------------------------------------------------------------------
 
     def mailbox(self) -> Mailbox:
-        box = Mailbox()
-        with self.lock:
-            self._mailboxes.add(box)
-        return box
+        """A new mailbox for a broker on this store."""
+        return mailbox.register(self._key)
 
     def notify(self, queues: Iterable[str]) -> None:
         """Wake waiters of every broker on this store (call without holding the lock)."""
-        wanted = frozenset(queues)
-        if not wanted:
-            return
-        with self.lock:
-            boxes = list(self._mailboxes)
-        for box in boxes:
-            box.post(wanted)
+        mailbox.notify(self._key, queues)
 
     # -- rows (callers hold the lock) ------------------------------------------------------------
 

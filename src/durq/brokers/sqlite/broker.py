@@ -35,7 +35,7 @@ from durq.brokers.base import (
     RetryParams,
     WorkerInfo,
 )
-from durq.brokers.sqlite import wakeup
+from durq.brokers.mailbox import Waiter
 from durq.brokers.sqlite.admin import WORKER_TTL, SQLiteAdmin
 from durq.brokers.sqlite.rows import row_to_info
 from durq.brokers.sqlite.storage import (
@@ -498,7 +498,7 @@ class SQLiteBroker(AdminForwarder):
         Level-triggered: work announced since this broker's last claim returns at once."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout)
-        waiter = wakeup.Waiter(loop, queues)
+        waiter = Waiter(loop, queues)
         self._s.mailbox.park(waiter)  # before looking: nothing slips between
         try:
             if self._s.mailbox.take(queues):

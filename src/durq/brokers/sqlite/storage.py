@@ -17,9 +17,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from durq.brokers import sqlfiles
+from durq.brokers import mailbox, sqlfiles
 from durq.brokers.base import EnqueueParams
-from durq.brokers.sqlite import wakeup
 from durq.brokers.sqlite.errors import map_error
 from durq.brokers.sqlite.rows import row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock, utc_day
@@ -106,7 +105,7 @@ class SQLiteStorage:
         self.poll_interval = poll_interval
         # Key of the in-process wake-up registry: every broker on this file shares it.
         self.key = os.path.realpath(self.path)
-        self.mailbox = wakeup.register(self.key)
+        self.mailbox = mailbox.register(self.key)
         # data_version when this broker last looked for work (claim or wake-up): a change
         # since then means another connection committed, maybe an enqueue.
         self.seen_version: int | None = None
@@ -276,7 +275,7 @@ class SQLiteStorage:
 
     def notify(self, queues: Iterable[str]) -> None:
         """Wake idle waiters of this process on this file (called after a commit)."""
-        wakeup.notify(self.key, queues)
+        mailbox.notify(self.key, queues)
 
     def insert(self, conn: Exec, p: EnqueueParams, now: float) -> TaskInfo:
         """Create one task or raise its conflict; a refusal writes nothing of its own."""

@@ -1,9 +1,10 @@
-"""In-process wake-ups: an enqueue wakes every idle waiter on the same database file at once.
+"""In-process wake-ups: an enqueue wakes every idle waiter of this process on the same store.
 
 Several broker instances of one process (an app's client and its worker, or several workers)
-may point at the same file; each has a :class:`Mailbox`, registered under the file's real
-path. Notifications come from whichever thread committed, so waking goes through
-``loop.call_soon_threadsafe``. Other processes are noticed by polling ``PRAGMA data_version``.
+may share a store (an SQLite file, a ``memory://`` name); each has a :class:`Mailbox`,
+registered under the store's key. Notifications come from whichever thread committed, so
+waking goes through ``loop.call_soon_threadsafe``. Other processes are not reached from here
+(SQLite polls ``PRAGMA data_version`` for them).
 
 Wake-ups are level-triggered: a notification that arrives while nobody waits is kept in the
 mailbox until the broker's next claim of that queue, so an enqueue that lands between a claim
@@ -74,7 +75,7 @@ _boxes: dict[str, weakref.WeakSet[Mailbox]] = {}
 
 
 def register(key: str) -> Mailbox:
-    """A new mailbox for a broker on the file ``key``."""
+    """A new mailbox for a broker on the store ``key``."""
     box = Mailbox()
     with _lock:
         _boxes.setdefault(key, weakref.WeakSet()).add(box)
