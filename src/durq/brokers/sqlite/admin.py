@@ -142,22 +142,18 @@ class SQLiteAdmin:
             "error": move.error,
         }
         query = f"{move.kind}_task"
-        woken: set[str] = set()
 
-        def body(conn: Conn) -> TaskInfo | None:
+        def body(conn: Conn, woken: set[str]) -> TaskInfo | None:
             row = conn.execute(Q[query], params).fetchone()
             if row is None:
                 return None
             if move.follow_ups:
                 woken.update(self._s.insert_follow_ups(conn, move.follow_ups, now))
+            if move.to is TaskState.PENDING:
+                woken.add(move.queue)
             return row_to_info(row)
 
-        info = await self._s.write(f"sqlite.{query}", body)
-        if info is not None and move.to is TaskState.PENDING:
-            woken.add(move.queue)
-        if woken:
-            self._s.notify(woken)
-        return info
+        return await self._s.write_waking(f"sqlite.{query}", body)
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """Flag an active task for its worker (W12)."""

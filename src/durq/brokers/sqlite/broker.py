@@ -369,22 +369,17 @@ class SQLiteBroker(AdminForwarder):
         """Completed (kept ``retention`` s with its result) or deleted; fenced by the token.
         Its follow-ups are created in the same transaction."""
         now = self._s.clock.now()
-        woken: set[str] = set()
-        done = await self._s.write(
-            "sqlite.complete", lambda c: self._complete(c, params, now, woken)
+        return await self._s.write_waking(
+            "sqlite.complete", lambda c, woken: self._complete(c, params, now, woken)
         )
-        if woken:
-            self._s.notify(woken)
-        return done
 
     async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
         """``complete`` for several tasks in one transaction."""
         if not items:
             return []
         now = self._s.clock.now()
-        woken: set[str] = set()
 
-        def body(conn: Conn) -> list[bool]:
+        def body(conn: Conn, woken: set[str]) -> list[bool]:
             done = [self._complete(conn, p, now, woken, bump=False) for p in items]
             # One counter update per queue for the batch, not one per task.
             per_queue = Counter(p.lease.queue for p, ok in zip(items, done, strict=True) if ok)
@@ -392,10 +387,7 @@ class SQLiteBroker(AdminForwarder):
                 self._s.bump(conn, queue, now, failed=False, count=count)
             return done
 
-        done = await self._s.write("sqlite.complete_many", body)
-        if woken:
-            self._s.notify(woken)
-        return done
+        return await self._s.write_waking("sqlite.complete_many", body)
 
     def _move(self, conn: Conn, p: LeaseMove, now: float, woken: set[str]) -> bool:
         """One fenced retry or archive, its counters and its follow-ups."""
@@ -430,13 +422,9 @@ class SQLiteBroker(AdminForwarder):
         if not moves:
             return []
         now = self._s.clock.now()
-        woken: set[str] = set()
-        done = await self._s.write(
-            "sqlite.move_leases", lambda c: [self._move(c, p, now, woken) for p in moves]
+        return await self._s.write_waking(
+            "sqlite.move_leases", lambda c, woken: [self._move(c, p, now, woken) for p in moves]
         )
-        if woken:
-            self._s.notify(woken)
-        return done
 
     async def retry(self, params: RetryParams) -> bool:
         """State retry until ``next_process_at``, ``retried`` + 1; fenced by the token."""

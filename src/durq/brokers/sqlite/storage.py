@@ -133,6 +133,14 @@ class SQLiteStorage:
         """``fn`` inside one ``BEGIN IMMEDIATE`` transaction."""
         return await self.call(operation, lambda conn: transaction(conn, fn))
 
+    async def write_waking(self, operation: str, fn: Callable[[Conn, set[str]], T]) -> T:
+        """``fn(conn, woken)`` inside one transaction; once it committed, wake the waiters of
+        the queues ``fn`` put in ``woken`` (a waiter woken earlier would find nothing)."""
+        woken: set[str] = set()
+        result = await self.write(operation, lambda conn: fn(conn, woken))
+        self.notify(woken)
+        return result
+
     async def read(self, operation: str, fn: Callable[[Conn], T]) -> T:
         """``fn`` against one consistent snapshot."""
         return await self.call(operation, lambda conn: snapshot(conn, fn))
