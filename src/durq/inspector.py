@@ -5,12 +5,20 @@ through :mod:`durq.lifecycle`, which decides them and hands the broker fenced wr
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from durq import lifecycle
-from durq.brokers.base import QueueStats, WorkerInfo
+from durq.brokers.base import (
+    PAYLOAD_FIELD,
+    QueueStats,
+    TaskFilter,
+    TaskSearch,
+    TaskSearchResult,
+    WorkerInfo,
+)
 from durq.errors import ValidationError
-from durq.names import check_queue, check_task_id
+from durq.names import check_queue, check_task_id, check_type
 from durq.states import TaskState
 from durq.task import TaskInfo
 
@@ -28,6 +36,44 @@ def parse_state(state: TaskState | str) -> TaskState:
     except ValueError:
         known = ", ".join(s.value for s in TaskState)
         raise ValidationError(f"unknown state {state!r} (one of: {known})") from None
+
+
+#: Longest search text (error text, payload value) accepted.
+SEARCH_TEXT_MAX = 200
+#: Payload conditions in one search.
+SEARCH_FIELDS_MAX = 8
+
+
+def task_filter(
+    *,
+    type: str | None = None,
+    error: str | None = None,
+    payload: Iterable[tuple[str, str]] = (),
+) -> TaskFilter:
+    """A checked :class:`TaskFilter`: ``type`` a task type, ``error`` text the last error
+    contains, ``payload`` ``(field, value)`` pairs with dotted field paths
+    (``("customer.id", "7")``). ValidationError names what is wrong."""
+    if type is not None:
+        check_type(type)
+    if error is not None and not 1 <= len(error) <= SEARCH_TEXT_MAX:
+        raise ValidationError(f"error text must have 1..{SEARCH_TEXT_MAX} characters")
+    pairs = tuple(payload)
+    if len(pairs) > SEARCH_FIELDS_MAX:
+        raise ValidationError(f"at most {SEARCH_FIELDS_MAX} payload fields in one search")
+    for field, value in pairs:
+        if not PAYLOAD_FIELD.match(field):
+            raise ValidationError(
+                f"payload field {field[:80]!r} must be names of letters, digits, _ or - "
+                "joined by dots (customer.id)"
+            )
+        if len(value) > SEARCH_TEXT_MAX:
+            raise ValidationError(f"payload value must have at most {SEARCH_TEXT_MAX} characters")
+    return TaskFilter(type=type, error=error, payload=pairs)
+
+
+def _check_page(limit: int, offset: int) -> None:
+    if limit < 1 or limit > 1000 or offset < 0:
+        raise ValidationError("limit must be 1..1000 and offset >= 0")
 
 
 class Inspector:
@@ -51,12 +97,27 @@ class Inspector:
         self, queue: str, state: TaskState | str, *, limit: int = 50, offset: int = 0
     ) -> list[TaskInfo]:
         """Tasks of ``queue`` in ``state``, a page at a time."""
-        if limit < 1 or limit > 1000 or offset < 0:
-            raise ValidationError("limit must be 1..1000 and offset >= 0")
+        _check_page(limit, offset)
         admin = await self._admin()
         return await admin.list_tasks(
             check_queue(queue), parse_state(state), limit=limit, offset=offset
         )
+
+    async def search_tasks(
+        self,
+        queue: str,
+        state: TaskState | str,
+        where: TaskFilter,
+        *,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> TaskSearchResult:
+        """Tasks of ``queue`` in ``state`` that pass ``where`` (see :func:`task_filter`), a
+        page at a time, with how many match in all."""
+        _check_page(limit, offset)
+        admin = await self._admin()
+        search = TaskSearch(check_queue(queue), parse_state(state), where, limit, offset)
+        return await admin.search_tasks(search)
 
     async def get_task_info(self, queue: str, task_id: str) -> TaskInfo:
         """One task by id; TaskNotFoundError if absent."""
@@ -93,6 +154,20 @@ class Inspector:
         return await lifecycle.delete_all(
             await self._admin(), check_queue(queue), parse_state(state)
         )
+
+    async def steer_selection(
+        self, queue: str, task_ids: Iterable[str], action: str
+    ) -> list[lifecycle.SelectionOutcome]:
+        """``run``, ``archive``, ``delete`` or ``cancel`` each task of a selection (at most
+        :data:`~durq.lifecycle.SELECTION_MAX`); one outcome per distinct id, in order. A task
+        whose state refuses the action, or that is gone, is reported, not raised."""
+        if action not in lifecycle.SELECTION_ACTIONS:
+            known = ", ".join(lifecycle.SELECTION_ACTIONS)
+            raise ValidationError(f"unknown action {action!r} (one of: {known})")
+        ids = [check_task_id(task_id) for task_id in task_ids]
+        if not 1 <= len(ids) <= lifecycle.SELECTION_MAX:
+            raise ValidationError(f"select 1..{lifecycle.SELECTION_MAX} tasks")
+        return await lifecycle.steer_each(await self._admin(), check_queue(queue), ids, action)
 
     async def pause_queue(self, queue: str) -> None:
         """Pause a queue: workers take nothing from it; enqueue still works."""

@@ -31,7 +31,7 @@ from durq.brokers.base import (
     TaskMove,
 )
 from durq.clock import to_datetime
-from durq.errors import InvalidStateError
+from durq.errors import InvalidStateError, TaskNotFoundError
 from durq.states import TaskState, move
 from durq.task import TaskInfo
 
@@ -47,6 +47,8 @@ WORKER_LOST = "worker lost"
 CANCELLED = "cancelled"
 #: Expired leases the rescuer handles per broker call.
 RESCUE_BATCH = 500
+#: Tasks one call of :func:`steer_each` may name.
+SELECTION_MAX = 500
 #: How often an inspector move re-reads a task that moved between its read and its write.
 _FENCE_ATTEMPTS = 5
 
@@ -222,6 +224,44 @@ async def delete_all(broker: FullBroker, queue: str, state: TaskState) -> int:
     return await broker.move_all(queue, state, None)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SelectionOutcome:
+    """What one task of a selection became: ``task`` after the move (before it, for a
+    delete), or ``error`` (not found, or its state does not allow the action)."""
+
+    id: str
+    task: TaskInfo | None = None
+    error: TaskNotFoundError | InvalidStateError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+#: The single-task moves a selection may ask for.
+SELECTION_ACTIONS = ("run", "archive", "delete", "cancel")
+
+
+async def steer_each(
+    broker: FullBroker, queue: str, task_ids: list[str], action: str
+) -> list[SelectionOutcome]:
+    """Run, archive, delete or cancel each task of a selection, as the single-task action
+    would: each decided and fenced on its own, so one task that moved meanwhile or whose
+    state refuses the action is reported and the others still move."""
+    if action not in SELECTION_ACTIONS:
+        raise ValueError(f"unknown action {action!r}")
+    error = CANCELLED if action == "cancel" else None
+    outcomes: list[SelectionOutcome] = []
+    for task_id in dict.fromkeys(task_ids):  # each task once, in the order given
+        try:
+            task = await _steer(broker, queue, task_id, action, error)
+        except (TaskNotFoundError, InvalidStateError) as exc:
+            outcomes.append(SelectionOutcome(task_id, error=exc))
+        else:
+            outcomes.append(SelectionOutcome(task_id, task=task))
+    return outcomes
+
+
 def _deletable(state: TaskState) -> bool:
     try:
         return move(state, "delete") is None
@@ -283,6 +323,7 @@ __all__ = [
     "CANCELLED",
     "LEASE_EXPIRED",
     "WORKER_LOST",
+    "SelectionOutcome",
     "after_move",
     "archive_task",
     "cancel_task",
@@ -295,4 +336,5 @@ __all__ = [
     "rescue_expired",
     "run_all",
     "run_task",
+    "steer_each",
 ]

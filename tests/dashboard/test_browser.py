@@ -244,9 +244,45 @@ def test_pause_a_queue_and_see_workers(page: Any, env: Env) -> None:
     assert page.locator(".crumbs .badge.paused").is_visible()
     assert env.paused("default")
     shot(page, "queue-paused")
-    page.fill("input[name=id]", "no-such-task")
+    page.fill("form.search input[name=id]", "no-such-task")
     page.click("form.search button")
     assert "404" in page.locator("h1").inner_text()
     page.goto(env.url + "/workers")
     assert page.locator("table.workers tbody tr").count() == 1
     shot(page, "workers")
+
+
+def test_filter_tasks_and_act_on_a_selection(page: Any, env: Env) -> None:
+    log_in(page, env)
+    page.goto(env.url + "/queues/default?state=scheduled")
+    page.fill("#filters input[name=payload]", "to=user1@example.com")
+    page.click("#filters button[type=submit]")
+    rows = page.locator("table.tasks tbody tr")
+    assert rows.count() == 1
+    assert "1 scheduled task matching the filter" in page.locator(".card-head h2").inner_text()
+    assert "payload.to=user1%40example.com" in page.url or "payload=to" in page.url
+    shot(page, "search-results")
+    page.fill("#filters input[name=payload]", "")
+    page.fill("#filters input[name=type]", "no:such")
+    page.click("#filters button[type=submit]")
+    assert rows.count() == 0
+    page.fill("#filters input[name=type]", "not a type")
+    page.click("#filters button[type=submit]")
+    assert "400" in page.locator("h1").inner_text()
+
+    page.goto(env.url + "/queues/default?state=scheduled")
+    assert rows.count() == 3
+    boxes = page.locator('input[name="id"][form="selection"]')
+    chosen = [boxes.nth(i).get_attribute("value") for i in (0, 2)]
+    boxes.nth(0).check()
+    boxes.nth(2).check()
+    page.click('#selection button[data-selection="run"]')
+    assert "2 of 2 task(s) queued to run now" in page.locator(".notice").inner_text()
+    for task_id in chosen:
+        wait_for(lambda task_id=task_id: env.state("default", task_id) == "completed")
+    assert rows.count() == 1
+    page.check("#pick-all")
+    assert page.locator('input[name="id"][form="selection"]:checked').count() == 1
+    page.click('#selection button[data-selection="delete"]')
+    assert "1 of 1 task(s) deleted" in page.locator(".notice").inner_text()
+    assert "No scheduled tasks" in page.locator("main").inner_text()

@@ -31,6 +31,8 @@ Contract notes that every backend honours (the conformance suite checks each):
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -209,6 +211,84 @@ class TaskMove:
         raise ValueError(f"not a task move: to {self.to}")
 
 
+#: Characters of one payload field name in a search (``partner``, ``customer.id``).
+PAYLOAD_FIELD = re.compile(r"^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}$")
+
+
+def payload_text(value: Any) -> str | None:
+    """How a search compares one payload value: a string as its text, a number or boolean
+    as its JSON literal (``7``, ``1.5``, ``true``); objects, arrays and null match nothing."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool | int | float):
+        return json.dumps(value)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFilter:
+    """Which tasks a search keeps: every condition given must hold."""
+
+    #: The task type, exactly.
+    type: str | None = None
+    #: Text the last error contains (case-insensitive).
+    error: str | None = None
+    #: ``(field path, value)`` pairs: the payload's value at the dotted path, compared as
+    #: :func:`payload_text` says, equals the value.
+    payload: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return self.type is None and self.error is None and not self.payload
+
+    def matches(self, task: TaskInfo) -> bool:
+        """The same test in Python, for brokers that cannot ask their storage."""
+        if self.type is not None and task.type != self.type:
+            return False
+        if self.error is not None and (
+            task.last_error is None or self.error.lower() not in task.last_error.lower()
+        ):
+            return False
+        if not self.payload:
+            return True
+        try:
+            payload: Any = json.loads(task.raw_payload)
+        except ValueError:
+            return False
+        for path, wanted in self.payload:
+            value = payload
+            for key in path.split("."):
+                value = value.get(key) if isinstance(value, dict) else None
+            if payload_text(value) != wanted:
+                return False
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSearch:
+    """Tasks of one queue in one state that pass ``filter``, a page at a time (oldest
+    first, as :meth:`Admin.list_tasks` orders them)."""
+
+    queue: str
+    state: TaskState
+    filter: TaskFilter
+    limit: int = 50
+    offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSearchResult:
+    """One page of a search, and how many tasks matched in all."""
+
+    tasks: list[TaskInfo]
+    #: Matching tasks in all (among the ``scanned`` ones when ``complete`` is false).
+    total: int
+    #: ``False`` when the broker looked at only the first ``scanned`` tasks of the state
+    #: (Redis filters in the client, within a bound): more may match.
+    complete: bool = True
+    scanned: int | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
     """A worker process as the inspector shows it."""
@@ -376,6 +456,11 @@ class Admin(Protocol):
     ) -> list[TaskInfo]:
         """Tasks of one queue in one state, oldest first; QueueNotFoundError if unknown."""
 
+    async def search_tasks(self, search: TaskSearch) -> TaskSearchResult:
+        """Tasks of one queue and state that pass a filter, with the total that match;
+        QueueNotFoundError if the queue is unknown. The SQL brokers filter in the database;
+        Redis reads the state's tasks in order up to a bound and says so."""
+
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task; TaskNotFoundError if absent (or completed past its retention)."""
 
@@ -427,6 +512,10 @@ class AdminForwarder:
     ) -> list[TaskInfo]:
         """See :meth:`Admin.list_tasks`."""
         return await self.admin.list_tasks(queue, state, limit=limit, offset=offset)
+
+    async def search_tasks(self, search: TaskSearch) -> TaskSearchResult:
+        """See :meth:`Admin.search_tasks`."""
+        return await self.admin.search_tasks(search)
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """See :meth:`Admin.get_task`."""

@@ -11,22 +11,32 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import Path, Query
+from fastapi import Body, Path, Query
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
+from pydantic import StringConstraints
+from starlette.datastructures import QueryParams
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from durq.brokers.base import QueueStats, WorkerInfo
+from durq.brokers.base import (
+    PAYLOAD_FIELD,
+    QueueStats,
+    TaskFilter,
+    TaskSearchResult,
+    WorkerInfo,
+)
 from durq.dashboard import models
-from durq.errors import ValidationError
-from durq.inspector import parse_state
+from durq.errors import TaskNotFoundError, ValidationError
+from durq.inspector import SEARCH_FIELDS_MAX, SEARCH_TEXT_MAX, parse_state, task_filter
+from durq.lifecycle import SelectionOutcome
 from durq.names import NAME_MAX, NAME_PATTERN, TASK_ID_MAX, TASK_ID_PATTERN
 from durq.states import TaskState
 
 if TYPE_CHECKING:
     from durq.dashboard.app import Dashboard
+    from durq.inspector import Inspector
 
 DEFAULT_PAGE_SIZE = 20
 MAX_PAGE_SIZE = 200
@@ -65,6 +75,37 @@ OptionalState = Annotated[
 RequiredState = Annotated[models.State, Query(description="Task state")]  # type: ignore[valid-type]
 Page = Annotated[int, Query(ge=1, le=MAX_PAGE)]
 PageSize = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)]
+TypeFilter = Annotated[
+    str | None,
+    Query(
+        pattern=NAME_PATTERN,
+        max_length=NAME_MAX,
+        description="Only tasks of this type",
+        examples=["email:send"],
+    ),
+]
+ErrorFilter = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=SEARCH_TEXT_MAX,
+        description="Only tasks whose last error contains this text (any case)",
+    ),
+]
+PAYLOAD_PAIR = PAYLOAD_FIELD.pattern.removesuffix("$") + f"=.{{0,{SEARCH_TEXT_MAX}}}$"
+PayloadFilter = Annotated[
+    list[Annotated[str, StringConstraints(pattern=PAYLOAD_PAIR)]] | None,
+    Query(
+        max_length=SEARCH_FIELDS_MAX,
+        description="Only tasks whose payload has this value at this field: `field=value`, "
+        "repeatable, dotted paths for nested objects (`customer.id=7`); also written "
+        "`payload.<field>=<value>`. A string matches its text, a number or boolean its "
+        "JSON literal (`7`, `true`).",
+        examples=[["partner=acme"]],
+    ),
+]
+#: Query parameters of the task list; anything else (but ``payload.<field>``) is refused.
+TASK_LIST_PARAMS = frozenset({"state", "page", "page_size", "type", "error", "payload"})
 
 
 def iso(ts: float | None) -> str | None:
@@ -101,6 +142,30 @@ def paging(request: Request) -> tuple[int, int]:
     page = _int_param(request, "page", 1, 1, MAX_PAGE)
     size = _int_param(request, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
     return page, size
+
+
+def filter_from_query(query: QueryParams, known: frozenset[str]) -> TaskFilter:
+    """The task filter of a query string (``type``, ``error``, ``payload=field=value`` or
+    ``payload.field=value``); ValidationError for a malformed one or any parameter not in
+    ``known``, so a misspelt filter is an error rather than a list that ignores it."""
+    unknown = sorted({k for k in query if k not in known and not k.startswith("payload.")})
+    if unknown:
+        raise ValidationError(
+            f"unknown query parameter(s) {', '.join(map(repr, unknown))}: filter with type, "
+            "error and payload.<field>=<value>"
+        )
+    pairs: list[tuple[str, str]] = []
+    for key, value in query.multi_items():
+        if key.startswith("payload."):
+            pairs.append((key.removeprefix("payload."), value))
+        elif key == "payload" and value:
+            field, equals, text = value.partition("=")
+            if not equals:
+                raise ValidationError(f"payload filter {value[:80]!r} must be field=value")
+            pairs.append((field.strip(), text))
+    return task_filter(
+        type=query.get("type") or None, error=query.get("error") or None, payload=pairs
+    )
 
 
 def _error(description: str) -> dict[str, Any]:
@@ -171,8 +236,19 @@ class AdminAPI:
                 self.list_tasks,
                 "GET",
                 "Tasks of a queue in one state, a page at a time, with previews of payloads "
-                "and results",
+                "and results; filtered by type, last error text and payload fields",
+                description="The SQL brokers filter in the database. Redis reads the "
+                "state's tasks in order up to a bound and filters them: `complete` is false "
+                "when it stopped before the end. Unknown query parameters are refused (400).",
                 responses={**COMMON, **NOT_FOUND},
+            ),
+            route(
+                q + "/tasks:bulk",
+                self.selection,
+                "POST",
+                "Run, archive, delete or cancel the tasks picked by id, each as its own "
+                "action would; one result per task",
+                responses={**MUTATION, **NOT_FOUND},
             ),
             route(
                 q + "/tasks:run_all",
@@ -268,23 +344,47 @@ class AdminAPI:
 
     async def list_tasks(
         self,
+        request: Request,
         queue: QueueName,
         state: OptionalState = None,
         page: Page = 1,
         page_size: PageSize = DEFAULT_PAGE_SIZE,
+        type: TypeFilter = None,
+        error: ErrorFilter = None,
+        payload: PayloadFilter = None,
     ) -> models.TaskPage:
+        # The declared filters document and check the common forms; the query string itself
+        # is read for payload.<field> and to refuse unknown parameters.
+        where = filter_from_query(request.query_params, TASK_LIST_PARAMS)
         wanted = parse_state(state.value) if state is not None else TaskState.PENDING
-        stats = await self.inspector.queue_stats(queue)
-        offset = (page - 1) * page_size
-        tasks = await self.inspector.list_tasks(queue, wanted, limit=page_size, offset=offset)
+        page_of = await task_page(self.inspector, queue, wanted, where, page, page_size)
         return models.TaskPage.model_validate(
             {
                 "queue": queue,
                 "state": wanted.value,
                 "page": page,
                 "page_size": page_size,
-                "total": stats.sizes.get(wanted, 0),
-                "tasks": [t.summary() for t in tasks],
+                "total": page_of.total,
+                "tasks": [t.summary() for t in page_of.tasks],
+                "complete": page_of.complete,
+                "scanned": page_of.scanned,
+            }
+        )
+
+    async def selection(
+        self, queue: QueueName, body: Annotated[models.Selection, Body()]
+    ) -> models.SelectionResult:
+        await self.inspector.queue_stats(queue)
+        outcomes = await self.inspector.steer_selection(queue, body.ids, body.action.value)
+        results = [selection_item(o, body.action.value) for o in outcomes]
+        done = sum(1 for o in outcomes if o.ok)
+        return models.SelectionResult.model_validate(
+            {
+                "queue": queue,
+                "action": body.action.value,
+                "done": done,
+                "failed": len(outcomes) - done,
+                "results": results,
             }
         )
 
@@ -334,6 +434,34 @@ class AdminAPI:
     async def queue_history(self, queue: QueueName) -> models.History:
         await self.inspector.queue_stats(queue)
         return models.History.model_validate(self.dash.history.series(queue))
+
+
+async def task_page(
+    inspector: Inspector,
+    queue: str,
+    state: TaskState,
+    where: TaskFilter,
+    page: int,
+    page_size: int,
+) -> TaskSearchResult:
+    """One page of a queue's tasks in one state, filtered or not, with the total."""
+    offset = (page - 1) * page_size
+    if not where.empty:
+        return await inspector.search_tasks(queue, state, where, limit=page_size, offset=offset)
+    stats = await inspector.queue_stats(queue)
+    tasks = await inspector.list_tasks(queue, state, limit=page_size, offset=offset)
+    return TaskSearchResult(tasks, stats.sizes.get(state, 0))
+
+
+def selection_item(outcome: SelectionOutcome, action: str) -> dict[str, Any]:
+    """One task's result in a selection, as the API and the notices show it."""
+    error = None
+    if outcome.error is not None:
+        code = "not_found" if isinstance(outcome.error, TaskNotFoundError) else "invalid_state"
+        error = {"code": code, "message": outcome.error.message}
+    task = outcome.task
+    state = None if task is None or action == "delete" else task.state.value
+    return {"id": outcome.id, "ok": outcome.ok, "state": state, "error": error}
 
 
 def _not_an_action(task_id: str) -> None:

@@ -4,11 +4,13 @@ handlers do."""
 
 from __future__ import annotations
 
-from enum import Enum
-from typing import Any
+from enum import Enum, StrEnum
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from durq.lifecycle import SELECTION_MAX
+from durq.names import TASK_ID_MAX, TASK_ID_PATTERN
 from durq.states import TaskState
 
 #: Task states as the API spells them.
@@ -101,14 +103,57 @@ class TaskPage(_Model):
     state: State  # type: ignore[valid-type]
     page: int
     page_size: int
-    total: int
+    total: int = Field(description="Tasks of the state, or those that match the filters")
     tasks: list[TaskSummary]
+    complete: bool = Field(
+        default=True,
+        description="False when the broker read only the first `scanned` tasks of the state "
+        "to filter them (Redis): more may match",
+    )
+    scanned: int | None = Field(default=None, description="Tasks read to filter (Redis)")
 
 
 class BulkResult(_Model):
     queue: str
     state: State  # type: ignore[valid-type]
     count: int
+
+
+#: Task ids as a request body names them.
+TaskIdText = Annotated[
+    str, StringConstraints(pattern=TASK_ID_PATTERN, min_length=1, max_length=TASK_ID_MAX)
+]
+
+
+class SelectionAction(StrEnum):
+    run = "run"
+    archive = "archive"
+    delete = "delete"
+    cancel = "cancel"
+
+
+class Selection(_Model):
+    """An action on tasks picked by id."""
+
+    action: SelectionAction
+    ids: list[TaskIdText] = Field(min_length=1, max_length=SELECTION_MAX)
+
+
+class SelectionItem(_Model):
+    id: str
+    ok: bool
+    state: State | None = Field(  # type: ignore[valid-type]
+        description="The state after the action; null when deleted or refused"
+    )
+    error: ErrorDetail | None
+
+
+class SelectionResult(_Model):
+    queue: str
+    action: SelectionAction
+    done: int
+    failed: int
+    results: list[SelectionItem]
 
 
 class Worker(_Model):

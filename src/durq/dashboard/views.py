@@ -18,8 +18,18 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
+from durq.brokers.base import TaskFilter
 from durq.dashboard import security
-from durq.dashboard.api import DEFAULT_PAGE_SIZE, iso, paging, worker_json
+from durq.dashboard.api import (
+    DEFAULT_PAGE_SIZE,
+    TASK_LIST_PARAMS,
+    filter_from_query,
+    iso,
+    paging,
+    selection_item,
+    task_page,
+    worker_json,
+)
 from durq.errors import ValidationError
 from durq.inspector import parse_state
 from durq.states import TaskState
@@ -46,6 +56,33 @@ BULK_BY_STATE: dict[TaskState, tuple[str, ...]] = {
     TaskState.ARCHIVED: ("run_all", "delete_all"),
     TaskState.COMPLETED: ("delete_all",),
 }
+
+
+#: What a selection of tasks can do in each state (the buttons under the table).
+SELECTION_BY_STATE: dict[TaskState, tuple[str, ...]] = {
+    state: tuple(a for a in ("run", "archive", "delete") if a in actions)
+    for state, actions in ACTIONS_BY_STATE.items()
+}
+#: Query parameters of the queue page besides its filters.
+PAGE_PARAMS = TASK_LIST_PARAMS | {"notice", "ns"}
+
+
+def filter_fields(where: TaskFilter) -> dict[str, str]:
+    """The filter form's fields: type, error, payload as ``field=value`` (the first)."""
+    first = where.payload[0] if where.payload else None
+    return {
+        "type": where.type or "",
+        "error": where.error or "",
+        "payload": f"{first[0]}={first[1]}" if first else "",
+    }
+
+
+def filter_query(where: TaskFilter) -> str:
+    """The filter as query parameters to carry on links (``&type=...``), or ``""``."""
+    items = [("type", where.type), ("error", where.error)]
+    items += [(f"payload.{field}", value) for field, value in where.payload]
+    pairs = [(k, v) for k, v in items if v is not None]
+    return "&" + urlencode(pairs) if pairs else ""
 
 
 def age(seconds: float | None) -> str:
@@ -109,6 +146,7 @@ class Views:
             Route(q + "/pause", self.queue_action("pause"), methods=["POST"]),
             Route(q + "/unpause", self.queue_action("unpause"), methods=["POST"]),
             Route(q + "/bulk/{action}", self.bulk, methods=["POST"]),
+            Route(q + "/selection", self.selection, methods=["POST"]),
             Route(t + "/action/{action}", self.task_action, methods=["POST"]),
             Route(t, self.task, methods=["GET"]),
         ]
@@ -200,9 +238,9 @@ class Views:
         raw_state = request.query_params.get("state") or TaskState.PENDING.value
         state = parse_state(raw_state)
         page, size = paging(request)
-        tasks = await self.inspector.list_tasks(name, state, limit=size, offset=(page - 1) * size)
-        total = stats.sizes.get(state, 0)
-        pages = max(1, -(-total // size))
+        where = filter_from_query(request.query_params, PAGE_PARAMS)
+        found = await task_page(self.inspector, name, state, where, page, size)
+        pages = max(1, -(-found.total // size))
         return self.render(
             request,
             "queue.html",
@@ -211,13 +249,18 @@ class Views:
                 "queue": stats,
                 "states": STATES,
                 "state": state,
-                "tasks": tasks,
+                "tasks": found.tasks,
                 "page": page,
                 "pages": pages,
                 "page_size": size,
                 "default_page_size": DEFAULT_PAGE_SIZE,
-                "total": total,
-                "bulk": BULK_BY_STATE[state],
+                "total": found.total,
+                "found": found,
+                "where": where,
+                "filter_form": filter_fields(where),
+                "filter_query": filter_query(where),
+                "bulk": () if not where.empty else BULK_BY_STATE[state],
+                "selection": SELECTION_BY_STATE[state],
             },
         )
 
@@ -345,6 +388,27 @@ class Views:
         else:
             raise ValidationError(f"unknown action {action!r}")
         return self.back(request, f"/queues/{quote(name)}?state={state.value}", notice)
+
+    async def selection(self, request: Request) -> Response:
+        """The buttons under the task table: one action on the ticked tasks."""
+        await self.checked_form(request)
+        form = await request.form()  # parsed once; cached by Starlette
+        name = request.path_params["queue"]
+        action = str(form.get("action", ""))
+        state = parse_state(str(form.get("state", "")) or TaskState.PENDING.value)
+        ids = [v for v in form.getlist("id") if isinstance(v, str)]
+        back = f"/queues/{quote(name)}?state={state.value}"
+        if not ids:
+            return self.back(request, back, "no task selected")
+        outcomes = await self.inspector.steer_selection(name, ids, action)
+        items = [selection_item(o, action) for o in outcomes]
+        done = sum(1 for item in items if item["ok"])
+        verb = {"run": "queued to run now", "archive": "archived", "delete": "deleted"}
+        notice = f"{done} of {len(items)} task(s) {verb.get(action, action)}"
+        refused = [f"{i['id']}: {i['error']['message']}" for i in items if not i["ok"]]
+        if refused:
+            notice += "; " + "; ".join(refused[:3]) + ("; ..." if len(refused) > 3 else "")
+        return self.back(request, back, notice)
 
     async def task_action(self, request: Request) -> Response:
         await self.checked_form(request)

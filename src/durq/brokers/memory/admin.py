@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from durq.brokers.base import QueueStats, TaskMove, WorkerInfo
+from durq.brokers.base import QueueStats, TaskMove, TaskSearch, TaskSearchResult, WorkerInfo
 from durq.brokers.memory.storage import WAITING, A, P, Row, Store, X
 from durq.clock import Clock, utc_day
 from durq.errors import QueueNotFoundError, TaskNotFoundError
@@ -92,6 +92,19 @@ class MemoryAdmin:
             rows = [r for r in self._store.rows(queue) if r.state is state and not r.gone(now)]
             rows.sort(key=lambda r: (r.next_process_at, r.seq))
             return [row.info() for row in rows[offset : offset + limit]]
+
+    async def search_tasks(self, search: TaskSearch) -> TaskSearchResult:
+        """Tasks of one queue and state passing the filter (tested in Python)."""
+        state = TaskState(search.state)
+        with self._store.lock:
+            now = self._clock.now()
+            self._require_queue(search.queue)
+            rows = [
+                r for r in self._store.rows(search.queue) if r.state is state and not r.gone(now)
+            ]
+            rows.sort(key=lambda r: (r.next_process_at, r.seq))
+            hits = [info for info in (r.info() for r in rows) if search.filter.matches(info)]
+        return TaskSearchResult(hits[search.offset : search.offset + search.limit], len(hits))
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task; TaskNotFoundError if absent (or completed past its retention)."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from durq.brokers.base import QueueStats, TaskMove, WorkerInfo
+from durq.brokers.base import QueueStats, TaskMove, TaskSearch, TaskSearchResult, WorkerInfo
 from durq.brokers.postgres.rows import Row, row_to_info
 from durq.brokers.postgres.storage import PostgresStorage
 from durq.clock import utc_day
@@ -77,6 +78,28 @@ class PostgresAdmin:
         if not rows:
             await self._require_queue("list_tasks", queue)
         return [row_to_info(r) for r in rows]
+
+    async def search_tasks(self, search: TaskSearch) -> TaskSearchResult:
+        """Tasks of one queue and state passing the filter, counted and paged in one query."""
+        f = search.filter
+        rows = await self._s.fetch(
+            "search_tasks",
+            "search_tasks",
+            {
+                "queue": search.queue,
+                "state": TaskState(search.state).value,
+                "now": self._s.now(),
+                "type": f.type,
+                "error": f.error,
+                "payload": json.dumps([list(pair) for pair in f.payload]),
+                "limit": max(0, search.limit),
+                "offset": max(0, search.offset),
+            },
+        )
+        total = int(rows[0]["total_"]) if rows else 0
+        if total == 0:
+            await self._require_queue("search_tasks", search.queue)
+        return TaskSearchResult([row_to_info(r) for r in rows if r["id"] is not None], total)
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task; TaskNotFoundError if absent (or completed past its retention)."""

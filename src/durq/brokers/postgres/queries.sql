@@ -420,6 +420,35 @@ WHERE queue = %(queue)s AND state = %(state)s
 ORDER BY next_process_at, seq
 LIMIT %(limit)s OFFSET %(offset)s;
 
+-- name: search_tasks
+-- Tasks of one queue and state that pass a search (TaskFilter): type exact, error a
+-- case-insensitive substring of last_error, payload a JSON array of [path, text] pairs
+-- (a string compares as its text, a number or boolean as its JSON literal; payload_json is
+-- NULL for a payload that is not JSON). total_ counts every match; the page's columns are
+-- NULL when the page is empty.
+WITH hits AS (
+    SELECT *
+    FROM {schema}.tasks AS t
+    WHERE queue = %(queue)s AND state = %(state)s
+      AND NOT (state = 'completed' AND expires_at <= %(now)s)
+      AND (%(type)s::text IS NULL OR type = %(type)s::text)
+      AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
+      AND NOT EXISTS (
+          SELECT 1
+          FROM jsonb_array_elements(%(payload)s::jsonb) AS c(pair),
+               LATERAL (SELECT {schema}.payload_json(t.payload)
+                               #> string_to_array(c.pair ->> 0, '.') AS v) AS f
+          WHERE (CASE WHEN jsonb_typeof(f.v) IN ('string', 'number', 'boolean')
+                      THEN f.v #>> ARRAY[]::text[] END) IS DISTINCT FROM (c.pair ->> 1)
+      )
+)
+SELECT (SELECT count(*) FROM hits) AS total_, page.*
+FROM (SELECT 1) AS one
+LEFT JOIN (
+    SELECT * FROM hits ORDER BY next_process_at, seq LIMIT %(limit)s OFFSET %(offset)s
+) AS page ON true
+ORDER BY page.next_process_at, page.seq;
+
 -- name: get_task
 SELECT *
 FROM {schema}.tasks

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from durq.brokers.base import QueueStats, TaskMove, WorkerInfo
+from durq.brokers.base import QueueStats, TaskMove, TaskSearch, TaskSearchResult, WorkerInfo
 from durq.brokers.redis.keys import QueueKeys
 from durq.brokers.redis.rows import pairs, task_info
 from durq.brokers.redis.storage import RedisStorage, _Call
@@ -17,6 +17,11 @@ from durq.task import TaskInfo
 
 #: Tasks moved per script call by run_all / delete_all (each call is atomic and short).
 BATCH = 500
+#: A search reads at most this many tasks of the state, oldest first, in chunks of
+#: SEARCH_CHUNK, and says when it stopped before the end (Redis cannot filter server-side
+#: without a script that scans, which would block the server).
+SEARCH_SCAN = 10_000
+SEARCH_CHUNK = 250
 #: list_workers shows workers whose heartbeat is younger than this (broker clock).
 WORKER_FRESH = 60.0
 #: Worker records expire after this long without a heartbeat (server time; garbage only).
@@ -113,18 +118,54 @@ class RedisAdmin:
             if limit <= 0:
                 return []
             zset = k.by_state(state.value)
-            if state is TaskState.COMPLETED:
-                # Past their retention they count as gone, even before the janitor runs.
-                now = self._s.clock.now()
-                members: Any = await self._s.command(
-                    "ZRANGEBYSCORE", zset, f"({now!r}", "+inf", "LIMIT", offset, limit
-                )
-            else:
-                members = await self._s.command("ZRANGE", zset, offset, offset + limit - 1)
+            members = await self._members(zset, state is TaskState.COMPLETED, offset, limit)
             if not members:
                 return []
             rows = await self._s.commands([("HGETALL", k.task(m[16:].decode())) for m in members])
             return [task_info(queue, row) for row in rows if row]
+
+    async def _members(self, zset: str, completed: bool, start: int, count: int) -> Any:
+        if completed:
+            # Past their retention they count as gone, even before the janitor runs.
+            now = self._s.clock.now()
+            return await self._s.command(
+                "ZRANGEBYSCORE", zset, f"({now!r}", "+inf", "LIMIT", start, count
+            )
+        return await self._s.command("ZRANGE", zset, start, start + count - 1)
+
+    async def search_tasks(self, search: TaskSearch) -> TaskSearchResult:
+        """Tasks of one queue and state passing the filter: the state's first
+        ``SEARCH_SCAN`` tasks are read in order and tested here; ``complete`` says whether
+        that reached the end."""
+        state = TaskState(search.state)
+        hits: list[TaskInfo] = []
+        total = scanned = 0
+        complete = False
+        async with self._s.op("search_tasks"):
+            await self._s.ensure()
+            k = await self._known(search.queue)
+            zset = k.by_state(state.value)
+            while scanned < SEARCH_SCAN:
+                count = min(SEARCH_CHUNK, SEARCH_SCAN - scanned)
+                members = await self._members(zset, state is TaskState.COMPLETED, scanned, count)
+                if members:
+                    rows = await self._s.commands(
+                        [("HGETALL", k.task(m[16:].decode())) for m in members]
+                    )
+                    for row in rows:
+                        info = task_info(search.queue, row) if row else None
+                        if info is None or not search.filter.matches(info):
+                            continue
+                        if search.offset <= total < search.offset + search.limit:
+                            hits.append(info)
+                        total += 1
+                scanned += len(members)
+                if len(members) < count:
+                    complete = True
+                    break
+            if not complete:
+                complete = not await self._members(zset, state is TaskState.COMPLETED, scanned, 1)
+        return TaskSearchResult(hits, total, complete=complete, scanned=scanned)
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task; TaskNotFoundError if absent or completed past its retention."""

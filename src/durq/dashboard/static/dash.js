@@ -14,6 +14,16 @@
     if (question && !window.confirm(question)) event.preventDefault();
   });
 
+  // Task tables: one box ticks every task of the page.
+  const pickAll = document.getElementById("pick-all");
+  if (pickAll) {
+    pickAll.addEventListener("change", () => {
+      for (const box of document.querySelectorAll('input[name="id"][form="selection"]')) {
+        box.checked = pickAll.checked;
+      }
+    });
+  }
+
   async function getJSON(url) {
     const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
     if (!response.ok) throw new Error(`${response.status}`);
