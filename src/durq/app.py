@@ -260,6 +260,29 @@ class App:
         assert self._given is not None
         return self._given
 
+    def worker_broker(self) -> tuple[FullBroker, bool]:
+        """The broker a worker starting on the running loop uses, and whether the worker owns
+        it (closes it when it stops): the loop's connected broker if the app has one (a web
+        process that runs its worker inside), else a fresh one. A fresh one also serves the
+        app's enqueues on this loop while the worker runs (:meth:`release` ends that), so
+        handlers that enqueue use the worker's connections rather than a second pool."""
+        loop = asyncio.get_running_loop()
+        broker = self._brokers.get(loop)
+        if broker is not None:
+            return broker, False
+        broker = self.new_broker()
+        owned = broker is not self._given
+        if owned:
+            self._brokers[loop] = broker
+        return broker, owned
+
+    def release(self, broker: FullBroker) -> None:
+        """Stop serving the running loop's enqueues with a worker's ``broker`` (before the
+        worker closes it); the next enqueue opens the app's own."""
+        loop = asyncio.get_running_loop()
+        if self._brokers.get(loop) is broker:
+            del self._brokers[loop]
+
     def given(self, broker: FullBroker) -> bool:
         """Whether ``broker`` is the one this app was built with: its caller owns it, so
         neither the app nor its workers close it."""

@@ -117,6 +117,8 @@ class Worker:
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.started_at = 0.0
         self.broker: FullBroker | None = None
+        #: Whether this worker opened its broker (and so closes it when it stops).
+        self._owns_broker = False
         self._executor: Executor | None = None
         self._fetcher: Fetcher | None = None
         self._services: list[PeriodicService] = []
@@ -153,7 +155,10 @@ class Worker:
         """Connect and start every service; returns once the worker is taking tasks."""
         self._stopped.clear()
         self.started_at = self.app.clock.now()
-        broker = self.broker = self.app.new_broker()
+        # One broker per process: handlers that enqueue, and a web app running this worker
+        # inside, share the worker's connections instead of opening a second pool.
+        broker, self._owns_broker = self.app.worker_broker()
+        self.broker = broker
         await broker.connect()
         await self._warn_if_not_durable(broker)
         await broker.register_worker(self.info())
@@ -245,12 +250,17 @@ class Worker:
                     await self.broker.unregister_worker(self.id)
                 except Exception as exc:  # the row expires on its own
                     log.warning("could not unregister worker: %s", exc)
-                if not self.app.given(self.broker):
-                    await self.broker.close()
+                await self._close_broker()
         finally:
             self._stopping = False
             self._stopped.set()
             log.info("worker %s stopped", self.id)
+
+    async def _close_broker(self) -> None:
+        broker = self.broker
+        if broker is not None and self._owns_broker:
+            self.app.release(broker)
+            await broker.close()
 
     def stop_now(self) -> None:
         """Second signal: cancel running tasks at once; they are still handed back."""
@@ -317,8 +327,7 @@ class Worker:
                 return True
             except BrokerUnavailableError as exc:
                 self.started_at = 0.0
-                if self.broker is not None:
-                    await self.broker.close()
+                await self._close_broker()
                 left = deadline - asyncio.get_running_loop().time()
                 if left <= 0:
                     raise

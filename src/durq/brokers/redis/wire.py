@@ -14,8 +14,8 @@ Semantics kept from the redis-py path it replaces:
   the connection and fails every waiting call with a timeout, so replies never shift);
 * a call that meets a refused or dropped connection is retried twice with a 50-500 ms
   backoff (the server may have run a script whose reply was lost: see docs/brokers/redis.md);
-* AUTH (password or ACL user) and SELECT on connect; error replies become redis-py's
-  exception classes, which :meth:`RedisCore._op` maps onto durq's errors.
+* AUTH (password or ACL user), SELECT and CLIENT SETNAME (``client_name``) on connect; error
+  replies become redis-py's exception classes, which :meth:`RedisCore._op` maps onto durq's errors.
 
 Every URL uses it: TCP, Unix sockets and TLS (``rediss://``, through an
 :class:`ssl.SSLContext` built by redis-py's own rules from the URL's ``ssl_*`` options), with a
@@ -65,6 +65,8 @@ class Endpoint:
     tls: ssl.SSLContext | None = None
     #: Asked for username and password at every connect, instead of the two fields above.
     credentials: CredentialProvider | None = None
+    #: ``CLIENT SETNAME`` at every connect (the URL's ``client_name``), shown by CLIENT LIST.
+    client_name: str | None = None
 
 
 def endpoint_of(pool: aioredis.ConnectionPool) -> Endpoint:
@@ -93,6 +95,7 @@ def endpoint_of(pool: aioredis.ConnectionPool) -> Endpoint:
         socket_timeout=float(socket_timeout),
         tls=tls,
         credentials=kwargs.get("credential_provider"),
+        client_name=kwargs.get("client_name") or None,
     )
 
 
@@ -285,6 +288,8 @@ class Wire:
                 handshake.append(("AUTH", password))
         if ep.db:
             handshake.append(("SELECT", ep.db))
+        if ep.client_name:
+            handshake.append(("CLIENT", "SETNAME", ep.client_name))
         if handshake:
             try:
                 for reply in await self._send_many(proto, loop, handshake):
