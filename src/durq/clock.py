@@ -11,9 +11,14 @@ from durq import durations
 
 
 class Clock(Protocol):
-    """Seconds since the epoch, as a float."""
+    """Seconds since the epoch, as a float; and a clock that only moves forward."""
 
     def now(self) -> float: ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never steps (the wall clock may): the machine's
+        ``CLOCK_MONOTONIC``, shared by every process of one boot."""
+        ...
 
 
 class SystemClock:
@@ -22,15 +27,29 @@ class SystemClock:
     def now(self) -> float:
         return time.time()
 
+    def monotonic(self) -> float:
+        return time.monotonic()
+
 
 class FakeClock:
     """A clock that moves only when told to."""
 
     def __init__(self, start: float = 1_800_000_000.0) -> None:
         self._now = start
+        # How far the wall clock was stepped (step()) apart from the monotonic clock.
+        self._stepped = 0.0
 
     def now(self) -> float:
         return self._now
+
+    def monotonic(self) -> float:
+        """Moves with :meth:`advance` and :meth:`set`, not with :meth:`step`."""
+        return self._now - self._stepped
+
+    def step(self, by: float) -> None:
+        """Step the wall clock only, as NTP or an operator does; the monotonic clock runs on."""
+        self._now += float(by)
+        self._stepped += float(by)
 
     def advance(self, by: float | str | timedelta) -> None:
         """Move forward by seconds, a ``timedelta`` or a duration such as ``"10m"``."""
@@ -47,33 +66,45 @@ class FakeClock:
 
 
 class ServerClock:
-    """The broker server's clock, read as this host's clock plus a measured offset.
+    """The broker server's clock as this process estimates it: the server's time at the last
+    measurement plus the time elapsed since on this host's monotonic clock.
 
-    Lease expiries and due times are then compared on one time line however far apart the
-    clocks of the machines running workers are (PostgreSQL ``clock_timestamp()``, Redis
-    ``TIME``). The offset is measured at connect and refreshed now and then."""
+    The brokers read the server's clock inside their statements and scripts (PostgreSQL
+    ``statement_timestamp()``, Redis ``TIME``); this estimate serves what the client works
+    out itself (the day of a counter, the times of a returned TaskInfo). Being monotonic, it
+    does not follow when this host's wall clock steps. Measured at connect, then now and
+    then; ``offset`` is the server's clock minus this host's wall clock at that moment."""
 
     def __init__(self, base: Clock | None = None, resync_every: float = 60.0) -> None:
         self._base = base or SYSTEM_CLOCK
         self.offset = 0.0
         self.resync_every = resync_every
         self._synced_at: float | None = None
+        self._server_at = 0.0
 
     def now(self) -> float:
-        return self._base.now() + self.offset
+        if self._synced_at is None:
+            return self._base.now()
+        return self._server_at + (self._base.monotonic() - self._synced_at)
+
+    def monotonic(self) -> float:
+        return self._base.monotonic()
 
     @property
     def due(self) -> bool:
         """True when the offset has never been measured or is older than ``resync_every``."""
-        return self._synced_at is None or self._base.now() - self._synced_at > self.resync_every
+        return (
+            self._synced_at is None or self._base.monotonic() - self._synced_at > self.resync_every
+        )
 
     async def sync(self, read_server_time: Callable[[], Awaitable[float]]) -> None:
-        """Measure the offset: the server's time against the middle of the round trip."""
-        before = self._base.now()
+        """Measure: the server's time against the middle of the round trip."""
+        before, mono_before = self._base.now(), self._base.monotonic()
         server = await read_server_time()
-        after = self._base.now()
+        after, mono_after = self._base.now(), self._base.monotonic()
         self.offset = server - (before + after) / 2
-        self._synced_at = after
+        self._server_at = server
+        self._synced_at = (mono_before + mono_after) / 2
 
 
 def server_clock_for(clock: Clock) -> ServerClock | None:

@@ -88,7 +88,8 @@ def failed(
     if task.retried >= task.max_retry or past_deadline:
         return gave_up(lease, error, now=now, max_payload=max_payload)
     move(task.state, "fail", task_id=task.id)
-    return RetryParams(lease.ref, error, now + max(0.0, delay()))
+    # The delay stays relative: the broker adds it to its own clock when it stores the retry.
+    return RetryParams(lease.ref, error, max(0.0, delay()))
 
 
 def gave_up(
@@ -129,7 +130,7 @@ def lease_expired(lease: Lease, *, now: float, max_lost: int) -> LeaseMove:
         event, error = "worker_lost", LEASE_EXPIRED
     else:
         move(task.state, "lease_expired", task_id=task.id)
-        return RetryParams(lease.ref, LEASE_EXPIRED, now, lost=True, expired_by=now)
+        return RetryParams(lease.ref, LEASE_EXPIRED, 0.0, lost=True, expired_by=now)
     move(task.state, event, task_id=task.id)
     after = dataclasses.replace(
         task,
@@ -157,7 +158,8 @@ def after_move(task: TaskInfo, change: LeaseMove) -> TaskInfo:
         return dataclasses.replace(
             after,
             state=TaskState.RETRY,
-            next_process_at=to_datetime(change.next_process_at),
+            # The broker stored its own now + delay; the rescuer's clock is a close guess.
+            next_process_at=to_datetime((change.expired_by or 0.0) + change.delay),
         )
     return dataclasses.replace(after, state=TaskState.ARCHIVED)
 

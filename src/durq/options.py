@@ -165,8 +165,12 @@ def build_params(
         raise ValidationError("give process_in or process_at, not both")
     process_at = epoch(request.process_at, "process_at")
     delay = durations.seconds(request.process_in)
+    process_in: float | None = None
     if delay is not None and delay > 0:
-        process_at = epoch(now + delay, "process_in")
+        # Relative: the broker turns it into a moment on its own clock, not ours (ours may be
+        # minutes off). Checked against ours only for range.
+        epoch(now + delay, "process_in")
+        process_in = delay
     if process_at is not None and process_at <= now:
         process_at = None
     max_retry = check_max_retry(
@@ -192,6 +196,7 @@ def build_params(
         timeout=timeout,
         deadline=epoch(request.deadline, "deadline"),
         process_at=process_at,
+        process_in=process_in,
         retention=defaults.retention if retention is None else retention,
         unique_key=codec.unique_key(queue, task_type, payload) if unique else None,
         unique_ttl=unique or None,

@@ -89,7 +89,7 @@ async def put(
         if state is A:
             leases[task_id] = lease
         elif state is R:
-            assert await broker.retry(RetryParams(lease.ref, "boom", clock.now() + LATER))
+            assert await broker.retry(RetryParams(lease.ref, "boom", LATER))
         elif state is X:
             assert await broker.archive(ArchiveParams(lease.ref, "boom"))
         elif state is C:

@@ -70,7 +70,7 @@ async def test_W1_fencing_stale_token_changes_nothing(broker: FullBroker, clock:
     assert second.task.id == "t" and second.token != first.token
     stale = first.ref
     assert not await broker.complete(CompleteParams(stale, b'"zombie"', retention=60))
-    assert not await broker.retry(RetryParams(stale, "zombie failed", clock.now() + 10))
+    assert not await broker.retry(RetryParams(stale, "zombie failed", 10))
     assert not await broker.archive(ArchiveParams(stale, "zombie gave up"))
     assert not await broker.requeue(stale)
     assert (await broker.complete_many([CompleteParams(stale)])) == [False]
@@ -87,7 +87,7 @@ async def test_W1_fencing_after_finish(broker: FullBroker, clock: FakeClock) -> 
     (lease,) = await claim(broker)
     assert await broker.complete(CompleteParams(lease.ref, retention=60))
     assert not await broker.complete(CompleteParams(lease.ref, retention=60))
-    assert not await broker.retry(RetryParams(lease.ref, "late", clock.now()))
+    assert not await broker.retry(RetryParams(lease.ref, "late", 0))
     assert not await broker.archive(ArchiveParams(lease.ref, "late"))
     assert (await broker.get_task("default", "t")).state.value == "completed"
 
@@ -104,7 +104,7 @@ async def test_W1_fencing_needs_the_right_queue(broker: FullBroker, clock: FakeC
 async def test_W7_requeue_hands_back_without_counting(broker: FullBroker, clock: FakeClock) -> None:
     await broker.enqueue(params("t", max_retry=3))
     (lease,) = await claim(broker)
-    assert await broker.retry(RetryParams(lease.ref, "first failure", clock.now()))
+    assert await broker.retry(RetryParams(lease.ref, "first failure", 0))
     (lease,) = await claim(broker)
     assert lease.task.retried == 1
     assert await broker.requeue(lease.ref)

@@ -1,7 +1,10 @@
 """The two seams every broker implements: :class:`Broker` (the hot path) and :class:`Admin`
 (the inspector). The CLI, the dashboard and the worker go through these and nothing else.
 
-Times are epoch seconds (``float``) read from the broker's injected :class:`~durq.clock.Clock`;
+Times are epoch seconds (``float``) on the broker's clock. Relative times (``process_in``, a
+retry's delay, ``unique_ttl``, ``retention``, lease lengths) cross this seam as seconds and
+become moments inside the statement or script that stores them: PostgreSQL's and Redis's own
+clock, the machine's for SQLite and memory; a test's injected :class:`~durq.clock.Clock` wins.
 :class:`~durq.task.TaskInfo` turns them into aware datetimes for users.
 
 Contract notes that every backend honours (the conformance suite checks each):
@@ -71,13 +74,29 @@ class EnqueueParams:
     max_retry: int = 25
     timeout: float | None = None
     deadline: float | None = None
-    #: ``None``: pending now. Otherwise scheduled until this time (pending if already past).
+    #: The caller's absolute moment: ``None``, pending now; otherwise scheduled until this
+    #: time (pending if already past).
     process_at: float | None = None
     retention: float = 0.0
     #: E4: digest of queue, type and canonical payload, with how long it holds.
     unique_key: str | None = None
     unique_ttl: float | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    #: A delay in seconds (``process_in``): scheduled until the broker's clock, read in the
+    #: same statement or script that stores the task, plus this. Wins over ``process_at``.
+    process_in: float | None = None
+
+    def scheduled_until(self, now: float) -> float | None:
+        """When the task becomes due on a broker clock that reads ``now``; ``None``: now."""
+        at = now + self.process_in if self.process_in else self.process_at
+        return at if at is not None and at > now else None
+
+    def ready_at(self, now: float) -> float:
+        """``next_process_at`` as stored by a broker whose clock read ``now`` (a past
+        ``process_at`` is kept: it orders the task among the pending ones)."""
+        if self.process_in:
+            return now + self.process_in
+        return now if self.process_at is None else self.process_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,15 +165,17 @@ class CompleteParams:
 
 @dataclass(frozen=True, slots=True)
 class RetryParams:
-    """The attempt failed: state retry until ``next_process_at``, ``retried`` + 1."""
+    """The attempt failed: state retry for ``delay`` seconds, ``retried`` + 1."""
 
     lease: LeaseRef
     error: str
-    next_process_at: float
+    #: Seconds from the broker's clock (read in the same statement or script as the write)
+    #: to the next attempt; 0 or less: due at once.
+    delay: float = 0.0
     #: ``lost`` + 1 as well (the rescuer: the worker holding the lease is gone).
     lost: bool = False
-    #: Also fenced by the lease having expired at this time (the rescuer), so a heartbeat
-    #: that extended it after the rescuer listed it wins.
+    #: Also fenced by the lease having expired at this time and at the broker's now (the
+    #: rescuer), so a heartbeat that extended it after the rescuer listed it wins.
     expired_by: float | None = None
     #: The attempt's traceback with its exception chain, bounded (shown for one task);
     #: ``None`` clears the stored one (the attempt ended without a crash).

@@ -347,7 +347,7 @@ class Executor:
         if isinstance(params, ArchiveParams):
             return await self._archived(lease, replace(params, traceback=tb), alert=True, exc=exc)
         params = replace(params, traceback=tb)
-        delay_s = params.next_process_at - now
+        delay_s = params.delay
         if not await self._report(self.broker.retry, params, task):
             return "lost"
         level = logging.INFO if isinstance(exc, NotReady) else logging.WARNING

@@ -210,7 +210,7 @@ class MemoryBroker(AdminForwarder):
         if row is None:
             return False
         if p.expired_by is not None and (
-            row.lease_expires_at is None or row.lease_expires_at > p.expired_by
+            row.lease_expires_at is None or row.lease_expires_at > min(p.expired_by, now)
         ):
             return False
         count = not isinstance(p, ArchiveParams) or p.count_attempt
@@ -221,8 +221,8 @@ class MemoryBroker(AdminForwarder):
         row.end_lease()
         if isinstance(p, RetryParams):
             store.move(row, R)
-            row.next_process_at = p.next_process_at
-            if p.next_process_at <= now:
+            row.next_process_at = now + max(0.0, p.delay)
+            if p.delay <= 0:
                 woken.add(row.queue)
         else:
             store.move(row, X)
@@ -241,7 +241,7 @@ class MemoryBroker(AdminForwarder):
         return done
 
     async def retry(self, params: RetryParams) -> bool:
-        """State retry until ``next_process_at``, ``retried`` + 1."""
+        """State retry for ``delay`` seconds, ``retried`` + 1."""
         return (await self.move_leases([params]))[0]
 
     async def archive(self, params: ArchiveParams) -> bool:

@@ -198,7 +198,8 @@ class Store:
                 raise DuplicateTaskError(
                     f"an identical task {holder.id!r} is already queued", existing_id=holder.id
                 )
-        scheduled = p.process_at is not None and p.process_at > now
+        until = p.scheduled_until(now)
+        scheduled = until is not None
         row = Row(
             id=p.id,
             queue=p.queue,
@@ -207,7 +208,7 @@ class Store:
             state=S if scheduled else P,
             max_retry=p.max_retry,
             seq=next(self._seq),
-            next_process_at=p.process_at if scheduled and p.process_at is not None else now,
+            next_process_at=now if until is None else until,
             enqueued_at=now,
             timeout=p.timeout,
             deadline=p.deadline,

@@ -38,11 +38,12 @@ from durq.brokers.postgres.rows import (
     CLAIM_NEXT_AT,
     CLAIM_QUEUE,
     CLAIM_SEQ,
+    CLAIM_STARTED,
     CLAIM_TOKEN,
+    CLAIM_UNTIL,
     Row,
     Times,
     claimed_info,
-    enqueue_plan,
     row_to_info,
 )
 from durq.brokers.postgres.storage import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_MAX, PostgresStorage
@@ -179,13 +180,13 @@ class PostgresBroker(AdminForwarder):
         if connection is None:
             # Autocommit: each statement commits at once; notify after the commit (see the
             # `enqueue` query for why not inside it).
-            plan = enqueue_plan(items, self._s.now(), None)
+            plan = self._s.plan(items, None)
             async with self._s.connection("enqueue") as conn:
                 result = await self._s.drive(conn, plan)
             self._s.notify_created(result)
             return result
         # The caller's transaction: the notification must wait for *its* commit.
-        plan = enqueue_plan(items, self._s.now(), self._s.channel)
+        plan = self._s.plan(items, self._s.channel)
         if isinstance(connection, psycopg.AsyncConnection):
             async with self._s.errors("enqueue"):
                 result = await self._s.drive(connection, plan)
@@ -211,7 +212,7 @@ class PostgresBroker(AdminForwarder):
         """``enqueue_many`` inside the caller's sync psycopg transaction (E8); no commit."""
         if not items:
             return []
-        plan = enqueue_plan(items, self._s.now(), self._s.channel)
+        plan = self._s.plan(items, self._s.channel)
         with self._s.errors_sync("enqueue"):
             result: list[EnqueueOutcome] = self._s.drive_sync(connection, plan)
         return result
@@ -227,8 +228,6 @@ class PostgresBroker(AdminForwarder):
         for queue in queues:
             self._claim_marks[queue] = mark
         self._start_listening()
-        now = self._s.now()
-        lease_until = now + params.lease_seconds
         async with self._s.connection("claim") as conn:
             cur = conn.cursor(row_factory=tuple_row)
             await cur.execute(
@@ -236,8 +235,8 @@ class PostgresBroker(AdminForwarder):
                 {
                     "queues": queues,
                     "limit": params.limit,
-                    "now": now,
-                    "lease_until": lease_until,
+                    "now": self._s.sql_now(),
+                    "lease_seconds": float(params.lease_seconds),
                     "worker_id": params.worker_id,
                 },
             )
@@ -249,7 +248,8 @@ class PostgresBroker(AdminForwarder):
             order = {q: i for i, q in enumerate(queues)}
             rows.sort(key=lambda r: (order[r[CLAIM_QUEUE]], r[CLAIM_NEXT_AT], r[CLAIM_SEQ]))
         times = Times()
-        started, expires = times(now), times(lease_until)
+        # One statement: every row has the same start and lease expiry, read by the server.
+        started, expires = times(rows[0][CLAIM_STARTED]), times(rows[0][CLAIM_UNTIL])
         worker = params.worker_id
         return [
             Lease(task=claimed_info(r, started, expires, worker, times), token=r[CLAIM_TOKEN])
@@ -267,7 +267,8 @@ class PostgresBroker(AdminForwarder):
                 "queues": [lease.queue for lease in leases],
                 "ids": [lease.id for lease in leases],
                 "tokens": [lease.token for lease in leases],
-                "lease_until": self._s.now() + lease_seconds,
+                "now": self._s.sql_now(),
+                "lease_seconds": float(lease_seconds),
             },
         )
         held = {(r["queue"], r["id"]) for r in rows}
@@ -292,7 +293,7 @@ class PostgresBroker(AdminForwarder):
             "tokens": [i.lease.token for i in items],
             "results": [None if i.result is None else bytes(i.result) for i in items],
             "retentions": [float(i.retention) for i in items],
-            "now": now,
+            "now": self._s.sql_now(),
             "day": utc_day(now),
         }
         if any(i.follow_ups for i in items):
@@ -329,11 +330,11 @@ class PostgresBroker(AdminForwarder):
             "traceback": p.traceback,
             "lost": int(p.lost),
             "expired_by": p.expired_by,
-            "now": now,
+            "now": self._s.sql_now(),
             "day": utc_day(now),
         }
         if isinstance(p, RetryParams):
-            values["next_process_at"] = float(p.next_process_at)
+            values["delay"] = max(0.0, float(p.delay))
             return "retry", values
         values["count_attempt"] = p.count_attempt
         return "archive", values
@@ -353,7 +354,7 @@ class PostgresBroker(AdminForwarder):
                 held = bool(row and row["n"])
                 done.append(held)
                 if held and isinstance(p, ArchiveParams) and p.follow_ups:
-                    created += await self._s.drive(conn, enqueue_plan(p.follow_ups, now, None))
+                    created += await self._s.drive(conn, self._s.plan(p.follow_ups, None))
         self._s.notify_created(created)
         return done
 
@@ -379,7 +380,7 @@ class PostgresBroker(AdminForwarder):
                 "queue": lease.queue,
                 "id": lease.id,
                 "token": lease.token,
-                "now": self._s.now(),
+                "now": self._s.sql_now(),
                 "channel": self._s.channel,
             },
         )
@@ -395,7 +396,7 @@ class PostgresBroker(AdminForwarder):
             row = await self._s.fetch_one(
                 "promote_due",
                 "promote_due",
-                {"now": self._s.now(), "limit": _BATCH, "channel": self._s.channel},
+                {"now": self._s.sql_now(), "limit": _BATCH, "channel": self._s.channel},
             )
             moved = int(row["n"]) if row else 0
             total += moved
@@ -405,7 +406,7 @@ class PostgresBroker(AdminForwarder):
     async def expired_leases(self, limit: int) -> list[Lease]:
         """Active tasks whose lease expired by now, oldest expiry first."""
         rows = await self._s.fetch(
-            "expired_leases", "expired_leases", {"now": self._s.now(), "limit": limit}
+            "expired_leases", "expired_leases", {"now": self._s.sql_now(), "limit": limit}
         )
         return [Lease(row_to_info(r), r["lease_token"]) for r in rows]
 
@@ -414,7 +415,7 @@ class PostgresBroker(AdminForwarder):
         if limit <= 0:
             return 0
         return await self._s.rowcount(
-            "delete_expired", "delete_expired", {"now": self._s.now(), "limit": limit}
+            "delete_expired", "delete_expired", {"now": self._s.sql_now(), "limit": limit}
         )
 
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:

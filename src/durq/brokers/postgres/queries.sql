@@ -1,6 +1,9 @@
 -- durq PostgreSQL queries. Each block starts with `-- name: x`; whole-line comments are
 -- stripped at load time and {schema} becomes the quoted schema name. Every value is a
--- parameter; times are epoch seconds from the broker's clock (now).
+-- parameter; times are epoch seconds on the broker's clock. {now} is that clock: the server's
+-- statement time, or the %(now)s parameter when a test injects a clock. Relative times
+-- (delays, ttls, retention, lease lengths) arrive in seconds and are added to {now} here, so
+-- a client whose clock is off cannot move them.
 
 -- ---------------------------------------------------------------- migrations and schema
 
@@ -35,7 +38,7 @@ SELECT coalesce(max(version), 0) AS version FROM {schema}.schema_migrations;
 SELECT 1 AS ok;
 
 -- name: server_time
--- The server's clock: leases and due times of every worker share one time line.
+-- The server's clock, for what the client computes itself (the day of a counter, reads).
 SELECT extract(epoch FROM clock_timestamp())::float8 AS now;
 
 -- ---------------------------------------------------------------- enqueue (E3, E4, E9)
@@ -55,19 +58,25 @@ WITH x AS (
     FROM unnest(
         %(queues)b::text[], %(ids)b::text[], %(types)b::text[], %(payloads)b::bytea[],
         %(states)b::text[], %(max_retries)b::integer[], %(timeouts)b::float8[],
-        %(deadlines)b::float8[], %(next_process_ats)b::float8[], %(retentions)b::float8[],
-        %(unique_keys)b::text[], %(unique_untils)b::float8[], %(headers)b::text[]
+        %(deadlines)b::float8[], %(process_ats)b::float8[], %(process_ins)b::float8[],
+        %(retentions)b::float8[], %(unique_keys)b::text[], %(unique_ttls)b::float8[],
+        %(headers)b::text[]
     ) WITH ORDINALITY AS x(queue, id, type, payload, state, max_retry, timeout, deadline,
-                           next_process_at, retention, unique_key, unique_until, headers, ord)
+                           process_at, process_in, retention, unique_key, unique_ttl, headers,
+                           ord)
+),
+clock AS (
+    SELECT {now} AS now
 ),
 ins AS (
     INSERT INTO {schema}.tasks AS t (
         queue, id, type, payload, state, max_retry, timeout, deadline, next_process_at,
         enqueued_at, retention, unique_key, unique_until, headers
     )
-    SELECT queue, id, type, payload, state, max_retry, timeout, deadline, next_process_at,
-           %(now)s, retention, unique_key, unique_until, headers::jsonb
-    FROM x
+    SELECT queue, id, type, payload, state, max_retry, timeout, deadline,
+           coalesce(clock.now + process_in, process_at, clock.now),
+           clock.now, retention, unique_key, clock.now + unique_ttl, headers::jsonb
+    FROM x, clock
     ORDER BY ord
     ON CONFLICT DO NOTHING
     RETURNING t.queue, t.id, t.state
@@ -82,7 +91,7 @@ woken AS (
     FROM (SELECT DISTINCT queue FROM ins WHERE state = 'pending') AS q
     WHERE %(channel)s::text IS NOT NULL
 )
-SELECT count(ins.id) AS n,
+SELECT count(ins.id) AS n, (SELECT now FROM clock) AS now,
        CASE WHEN count(ins.id) < %(n)s THEN array_agg(ins.queue) END AS queues,
        CASE WHEN count(ins.id) < %(n)s THEN array_agg(ins.id) END AS ids
 FROM woken LEFT JOIN ins ON true;
@@ -90,14 +99,20 @@ FROM woken LEFT JOIN ins ON true;
 -- name: enqueue_one
 -- `enqueue` for a single task with plain parameters: one item is the common call, and it
 -- skips building and unpacking thirteen one-element arrays. Same rules, same answer row.
-WITH ins AS (
+WITH clock AS (
+    SELECT {now} AS now
+),
+ins AS (
     INSERT INTO {schema}.tasks AS t (
         queue, id, type, payload, state, max_retry, timeout, deadline, next_process_at,
         enqueued_at, retention, unique_key, unique_until, headers
     )
-    VALUES (%(queue)s, %(id)s, %(type)s, %(payload)s, %(state)s, %(max_retry)s, %(timeout)s,
-            %(deadline)s, %(next_process_at)s, %(now)s, %(retention)s, %(unique_key)s,
-            %(unique_until)s, %(headers)s::jsonb)
+    SELECT %(queue)s, %(id)s, %(type)s, %(payload)s, %(state)s, %(max_retry)s, %(timeout)s,
+           %(deadline)s,
+           coalesce(clock.now + %(process_in)s::float8, %(process_at)s::float8, clock.now),
+           clock.now, %(retention)s, %(unique_key)s, clock.now + %(unique_ttl)s::float8,
+           %(headers)s::jsonb
+    FROM clock
     ON CONFLICT DO NOTHING
     RETURNING t.queue, t.state
 ),
@@ -110,7 +125,7 @@ woken AS (
     FROM ins
     WHERE ins.state = 'pending' AND %(channel)s::text IS NOT NULL
 )
-SELECT count(ins.queue) AS n FROM woken LEFT JOIN ins ON true;
+SELECT count(ins.queue) AS n, (SELECT now FROM clock) AS now FROM woken LEFT JOIN ins ON true;
 
 -- name: notify
 -- Wake listeners of these queues, in a transaction of its own that writes nothing (so no
@@ -134,14 +149,14 @@ WHERE t.unique_key = ANY(%(keys)b::text[]);
 DELETE FROM {schema}.tasks AS t
 USING unnest(%(queues)b::text[], %(ids)b::text[]) AS x(queue, id)
 WHERE t.queue = x.queue AND t.id = x.id
-  AND t.state = 'completed' AND t.expires_at <= %(now)s;
+  AND t.state = 'completed' AND t.expires_at <= {now};
 
 -- name: enqueue_drop_stale_keys
 -- Release unique keys whose ttl passed (or whose task finished) so the index accepts them.
 UPDATE {schema}.tasks
 SET unique_key = NULL, unique_until = NULL
 WHERE unique_key = ANY(%(keys)b::text[])
-  AND (unique_until <= %(now)s OR state IN ('completed', 'archived'));
+  AND (unique_until <= {now} OR state IN ('completed', 'archived'));
 
 -- ---------------------------------------------------------------- claim and leases
 
@@ -158,7 +173,7 @@ WITH due AS (
         FROM {schema}.tasks AS t
         WHERE t.queue = q.name
           AND t.state IN ('pending', 'scheduled', 'retry')
-          AND t.next_process_at <= %(now)s
+          AND t.next_process_at <= {now}
         ORDER BY t.next_process_at, t.seq
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -172,20 +187,20 @@ WITH due AS (
 UPDATE {schema}.tasks AS t
 SET state = 'active',
     lease_token = gen_random_uuid()::text,
-    lease_expires_at = %(lease_until)s,
+    lease_expires_at = {now} + %(lease_seconds)s,
     worker_id = %(worker_id)s,
-    started_at = %(now)s,
+    started_at = {now},
     cancel_requested = false
 FROM due
 WHERE t.queue = due.queue AND t.id = due.id
 RETURNING t.id, t.queue, t.type, t.payload, t.max_retry, t.retried, t.last_error, t.timeout,
           t.deadline, t.next_process_at, t.enqueued_at, t.retention, t.lost, t.headers::text,
-          t.lease_token, t.seq;
+          t.lease_token, t.seq, t.started_at, t.lease_expires_at;
 
 -- name: extend_leases
 -- Heartbeat for many leases at once; the rows not returned are leases no longer held.
 UPDATE {schema}.tasks AS t
-SET lease_expires_at = %(lease_until)s
+SET lease_expires_at = {now} + %(lease_seconds)s
 FROM unnest(%(queues)b::text[], %(ids)b::text[], %(tokens)b::text[]) AS x(queue, id, token)
 WHERE t.queue = x.queue AND t.id = x.id
   AND t.state = 'active' AND t.lease_token = x.token
@@ -202,8 +217,8 @@ WITH x AS (
 ),
 kept AS (
     UPDATE {schema}.tasks AS t
-    SET state = 'completed', completed_at = %(now)s, result = x.result,
-        retention = x.retention, expires_at = %(now)s + x.retention,
+    SET state = 'completed', completed_at = {now}, result = x.result,
+        retention = x.retention, expires_at = {now} + x.retention,
         lease_token = NULL, lease_expires_at = NULL,
         cancel_requested = false, unique_key = NULL, unique_until = NULL
     FROM x
@@ -233,11 +248,12 @@ WITH r AS (
     UPDATE {schema}.tasks AS t
     SET state = 'retry', retried = t.retried + 1, lost = t.lost + %(lost)s,
         last_error = %(error)s, traceback = %(traceback)s,
-        next_process_at = %(next_process_at)s,
+        next_process_at = {now} + %(delay)s,
         lease_token = NULL, lease_expires_at = NULL, cancel_requested = false
     WHERE t.queue = %(queue)s AND t.id = %(id)s
       AND t.state = 'active' AND t.lease_token = %(token)s
-      AND (%(expired_by)s::float8 IS NULL OR t.lease_expires_at <= %(expired_by)s::float8)
+      AND (%(expired_by)s::float8 IS NULL
+           OR t.lease_expires_at <= least(%(expired_by)s::float8, {now}))
     RETURNING t.queue
 ),
 counted AS (
@@ -261,7 +277,8 @@ WITH a AS (
         unique_key = NULL, unique_until = NULL
     WHERE t.queue = %(queue)s AND t.id = %(id)s
       AND t.state = 'active' AND t.lease_token = %(token)s
-      AND (%(expired_by)s::float8 IS NULL OR t.lease_expires_at <= %(expired_by)s::float8)
+      AND (%(expired_by)s::float8 IS NULL
+           OR t.lease_expires_at <= least(%(expired_by)s::float8, {now}))
     RETURNING t.queue
 ),
 counted AS (
@@ -276,7 +293,7 @@ SELECT count(*) AS n FROM a;
 -- Graceful shutdown hands the task back (W7): due now, no attempt counted; wake workers.
 WITH r AS (
     UPDATE {schema}.tasks AS t
-    SET state = 'pending', next_process_at = %(now)s,
+    SET state = 'pending', next_process_at = {now},
         lease_token = NULL, lease_expires_at = NULL, cancel_requested = false
     WHERE t.queue = %(queue)s AND t.id = %(id)s
       AND t.state = 'active' AND t.lease_token = %(token)s
@@ -290,7 +307,7 @@ SELECT count(pg_notify(%(channel)s, queue)) AS n FROM r;
 WITH due AS (
     SELECT queue, id
     FROM {schema}.tasks
-    WHERE state IN ('scheduled', 'retry') AND next_process_at <= %(now)s
+    WHERE state IN ('scheduled', 'retry') AND next_process_at <= {now}
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ),
@@ -312,7 +329,7 @@ SELECT count(*) AS n FROM moved, woken;
 -- becomes of each and moves it with retry/archive, fenced by token and expiry.
 SELECT *
 FROM {schema}.tasks
-WHERE state = 'active' AND lease_expires_at <= %(now)s
+WHERE state = 'active' AND lease_expires_at <= {now}
 ORDER BY lease_expires_at
 LIMIT %(limit)s;
 
@@ -322,7 +339,7 @@ LIMIT %(limit)s;
 WITH victims AS (
     SELECT queue, id
     FROM {schema}.tasks
-    WHERE state = 'completed' AND expires_at <= %(now)s
+    WHERE state = 'completed' AND expires_at <= {now}
     ORDER BY expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -377,7 +394,7 @@ WITH sizes AS (
         SELECT queue, state, count(*) AS n
         FROM {schema}.tasks
         WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
-          AND NOT (state = 'completed' AND expires_at <= %(now)s)
+          AND NOT (state = 'completed' AND expires_at <= {now})
         GROUP BY queue, state
     ) AS per_state
     GROUP BY queue
@@ -416,7 +433,7 @@ ORDER BY q.name;
 SELECT *
 FROM {schema}.tasks
 WHERE queue = %(queue)s AND state = %(state)s
-  AND NOT (state = 'completed' AND expires_at <= %(now)s)
+  AND NOT (state = 'completed' AND expires_at <= {now})
 ORDER BY next_process_at, seq
 LIMIT %(limit)s OFFSET %(offset)s;
 
@@ -453,13 +470,13 @@ ORDER BY page.next_process_at, page.seq;
 SELECT *
 FROM {schema}.tasks
 WHERE queue = %(queue)s AND id = %(id)s
-  AND NOT (state = 'completed' AND expires_at <= %(now)s);
+  AND NOT (state = 'completed' AND expires_at <= {now});
 
 -- name: run_task
 -- The inspector's moves are fenced by the state the move was decided on (expect).
 WITH r AS (
     UPDATE {schema}.tasks AS t
-    SET state = 'pending', next_process_at = %(now)s, lost = 0, cancel_requested = false
+    SET state = 'pending', next_process_at = {now}, lost = 0, cancel_requested = false
     WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = %(expect)s
     RETURNING t.*
 ),
@@ -485,13 +502,13 @@ RETURNING t.*;
 -- name: delete_task
 DELETE FROM {schema}.tasks
 WHERE queue = %(queue)s AND id = %(id)s AND state = %(expect)s
-  AND NOT (state = 'completed' AND expires_at <= %(now)s)
+  AND NOT (state = 'completed' AND expires_at <= {now})
 RETURNING *;
 
 -- name: run_all
 WITH r AS (
     UPDATE {schema}.tasks AS t
-    SET state = 'pending', next_process_at = %(now)s, lost = 0, cancel_requested = false
+    SET state = 'pending', next_process_at = {now}, lost = 0, cancel_requested = false
     WHERE t.queue = %(queue)s AND t.state = %(state)s
     RETURNING t.queue
 ),
@@ -504,4 +521,4 @@ SELECT count(*) AS n FROM r, woken;
 -- name: delete_all
 DELETE FROM {schema}.tasks
 WHERE queue = %(queue)s AND state = %(state)s
-  AND NOT (state = 'completed' AND expires_at <= %(now)s);
+  AND NOT (state = 'completed' AND expires_at <= {now});

@@ -107,10 +107,11 @@ def row_to_info(row: Row, times: Times | None = None) -> TaskInfo:
 CLAIM_COLUMNS = (
     "id", "queue", "type", "payload", "max_retry", "retried", "last_error", "timeout",
     "deadline", "next_process_at", "enqueued_at", "retention", "lost", "headers",
-    "lease_token", "seq",
+    "lease_token", "seq", "started_at", "lease_expires_at",
 )  # fmt: skip
-CLAIM_QUEUE, CLAIM_NEXT_AT, CLAIM_TOKEN, CLAIM_SEQ = (
-    CLAIM_COLUMNS.index(c) for c in ("queue", "next_process_at", "lease_token", "seq")
+CLAIM_QUEUE, CLAIM_NEXT_AT, CLAIM_TOKEN, CLAIM_SEQ, CLAIM_STARTED, CLAIM_UNTIL = (
+    CLAIM_COLUMNS.index(c)
+    for c in ("queue", "next_process_at", "lease_token", "seq", "started_at", "lease_expires_at")
 )
 
 
@@ -124,7 +125,7 @@ def claimed_info(
     """A claimed row (``CLAIM_COLUMNS``, a tuple) as the active task the handler gets; the
     fields the claim itself set are passed in rather than decoded once per row."""
     (task_id, queue, type_, payload, max_retry, retried, last_error, timeout, deadline,
-     next_at, enqueued_at, retention, lost, headers, _token, _seq) = row  # fmt: skip
+     next_at, enqueued_at, retention, lost, headers, _token, _seq, *_) = row  # fmt: skip
     return make_info(
         {
             "id": task_id,
@@ -191,12 +192,18 @@ def _f(value: float | None) -> float | None:
 _PENDING, _SCHEDULED = TaskState.PENDING, TaskState.SCHEDULED
 
 
-def _schedule(p: EnqueueParams, now: float) -> tuple[TaskState, float]:
-    """The state and ready time a new task starts with."""
-    if p.process_at is None:
-        return _PENDING, now
-    at = float(p.process_at)
-    return (_PENDING if at <= now else _SCHEDULED), at
+def _state(p: EnqueueParams, now: float) -> TaskState:
+    """The state a new task starts with (``now``: this process's estimate of the broker's
+    clock; a delay is always scheduled, the statement adds it to the server's clock)."""
+    if p.process_in:
+        return _SCHEDULED
+    if p.process_at is None or float(p.process_at) <= now:
+        return _PENDING
+    return _SCHEDULED
+
+
+def _ttl(p: EnqueueParams) -> float | None:
+    return None if p.unique_key is None or p.unique_ttl is None else float(p.unique_ttl)
 
 
 def _headers_json(headers: dict[str, str]) -> str:
@@ -207,40 +214,41 @@ def insert_params(
     items: Sequence[EnqueueParams],
     now: float,
     channel: str | None,
-    schedule: Sequence[tuple[TaskState, float]] | None = None,
+    states: Sequence[TaskState] | None = None,
+    sql_now: float | None = None,
 ) -> dict[str, Any]:
     """Column arrays for the ``enqueue`` statement (one multi-row insert); ``channel``: notify
     in the same statement (``None``: the caller notifies after commit). The arrays are sent in
     binary (``%(x)b`` in the statement): dumping them as text costs several times more.
-    ``schedule``: each item's ``_schedule`` when the caller has it already."""
-    if schedule is None:
-        schedule = [_schedule(p, now) for p in items]
+    ``states``: each item's ``_state`` when the caller has it already; ``sql_now``: the
+    statement's ``now`` parameter (``None``: the server's clock)."""
+    if states is None:
+        states = [_state(p, now) for p in items]
     return {
         "n": len(items),
         "queues": [p.queue for p in items],
         "ids": [p.id for p in items],
         "types": [p.type for p in items],
         "payloads": [bytes(p.payload) for p in items],
-        "states": [state.value for state, _ in schedule],
+        "states": [state.value for state in states],
         "max_retries": [int(p.max_retry) for p in items],
         "timeouts": [_f(p.timeout) for p in items],
         "deadlines": [_f(p.deadline) for p in items],
-        "next_process_ats": [at for _, at in schedule],
+        "process_ats": [_f(p.process_at) for p in items],
+        "process_ins": [_f(p.process_in or None) for p in items],
         "retentions": [float(p.retention) for p in items],
         "unique_keys": [p.unique_key for p in items],
-        "unique_untils": [
-            None if p.unique_key is None or p.unique_ttl is None else float(now + p.unique_ttl)
-            for p in items
-        ],
+        "unique_ttls": [_ttl(p) for p in items],
         "headers": [_headers_json(p.headers) for p in items],
-        "now": float(now),
+        "now": sql_now,
         "channel": channel,
     }
 
 
-def insert_one_params(p: EnqueueParams, now: float, channel: str | None) -> dict[str, Any]:
+def insert_one_params(
+    p: EnqueueParams, state: TaskState, channel: str | None, sql_now: float | None = None
+) -> dict[str, Any]:
     """Parameters of the ``enqueue_one`` statement (one task, plain values)."""
-    state, next_at = _schedule(p, now)
     return {
         "queue": p.queue,
         "id": p.id,
@@ -250,14 +258,13 @@ def insert_one_params(p: EnqueueParams, now: float, channel: str | None) -> dict
         "max_retry": int(p.max_retry),
         "timeout": _f(p.timeout),
         "deadline": _f(p.deadline),
-        "next_process_at": next_at,
+        "process_at": _f(p.process_at),
+        "process_in": _f(p.process_in or None),
         "retention": float(p.retention),
         "unique_key": p.unique_key,
-        "unique_until": (
-            None if p.unique_key is None or p.unique_ttl is None else float(now + p.unique_ttl)
-        ),
+        "unique_ttl": _ttl(p),
         "headers": _headers_json(p.headers),
-        "now": float(now),
+        "now": sql_now,
         "channel": channel,
     }
 
@@ -281,12 +288,19 @@ def _key_is_stale(row: Row, now: float) -> bool:
     return row["unique_until"] is not None and row["unique_until"] <= now
 
 
-def enqueue_plan(items: Sequence[EnqueueParams], now: float, channel: str | None) -> EnqueuePlan:
+def enqueue_plan(
+    items: Sequence[EnqueueParams],
+    now: float,
+    channel: str | None,
+    sql_now: float | None = None,
+) -> EnqueuePlan:
     """Create ``items``; the database's constraints decide every refusal (E3, E4, E9).
 
     Round: insert everything left with ON CONFLICT DO NOTHING; for the refused items read the
     rows that hold their id or key; a holder that no longer counts (completed past retention,
-    key past its ttl) is removed by a conditional statement and the item is tried again."""
+    key past its ttl) is removed by a conditional statement and the item is tried again.
+    ``now`` estimates the broker's clock (states, stale holders); the statements read the
+    clock themselves unless ``sql_now`` (a test's clock) is given."""
     now = float(now)
     outcomes: list[EnqueueOutcome | None] = [None] * len(items)
     todo = list(range(len(items)))
@@ -294,15 +308,18 @@ def enqueue_plan(items: Sequence[EnqueueParams], now: float, channel: str | None
         if not todo:
             break
         batch = [items[i] for i in todo]
-        schedule = [_schedule(p, now) for p in batch]
+        states = [_state(p, now) for p in batch]
         if len(batch) == 1:
-            inserted = yield ("enqueue_one", insert_one_params(batch[0], now, channel))
+            step = ("enqueue_one", insert_one_params(batch[0], states[0], channel, sql_now))
         else:
-            inserted = yield ("enqueue", insert_params(batch, now, channel, schedule))
+            step = ("enqueue", insert_params(batch, now, channel, states, sql_now))
+        inserted = yield step
         created = inserted_keys(inserted, batch)
+        # The clock the statement read: every row of it was stamped with this one value.
+        stamped = float(inserted[0]["now"]) if inserted else now
         times = Times()
         refused: list[int] = []
-        for i, p, (state, next_at) in zip(todo, batch, schedule, strict=True):
+        for i, p, state in zip(todo, batch, states, strict=True):
             if created is not None:
                 key = (p.queue, p.id)
                 if key not in created:
@@ -310,7 +327,8 @@ def enqueue_plan(items: Sequence[EnqueueParams], now: float, channel: str | None
                     continue
                 # The same id twice in one batch: the first is inserted, the second refused.
                 created.discard(key)
-            outcomes[i] = EnqueueOutcome(p, info=created_info(p, state, next_at, now, times))
+            info = created_info(p, state, p.ready_at(stamped), stamped, times)
+            outcomes[i] = EnqueueOutcome(p, info=info)
         if not refused:
             todo = []
             break
@@ -355,13 +373,13 @@ def enqueue_plan(items: Sequence[EnqueueParams], now: float, channel: str | None
                 {
                     "queues": [items[i].queue for i in stale_ids],
                     "ids": [items[i].id for i in stale_ids],
-                    "now": float(now),
+                    "now": sql_now,
                 },
             )
         if stale_keys:
             yield (
                 "enqueue_drop_stale_keys",
-                {"keys": [items[i].unique_key for i in stale_keys], "now": float(now)},
+                {"keys": [items[i].unique_key for i in stale_keys], "now": sql_now},
             )
         todo = sorted(stale_ids + stale_keys + again)
     for i in todo:

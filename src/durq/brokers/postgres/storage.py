@@ -47,10 +47,15 @@ QUERIES: dict[str, str] = sqlfiles.load_queries(__package__)
 MIGRATIONS: tuple[sqlfiles.Migration, ...] = sqlfiles.load_migrations(__package__)
 
 
+#: ``{now}`` in a statement: the broker's clock, read by the server in the statement itself
+#: (one value for the whole statement), unless the ``now`` parameter carries a test's clock.
+NOW = sql.SQL("coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8)")
+
+
 def render(text: str, schema: str) -> bytes:
     """A statement as bytes with the schema quoted in (the schema cannot be a parameter; bytes:
-    psycopg runs it as is)."""
-    composed = sql.SQL(text).format(schema=sql.Identifier(schema))
+    psycopg runs it as is) and ``{now}`` spelled out."""
+    composed = sql.SQL(text).format(schema=sql.Identifier(schema), now=NOW)
     return composed.as_bytes(None)
 
 
@@ -174,7 +179,17 @@ class PostgresStorage:
         return f"postgres.{method}"
 
     def now(self) -> float:
+        """The broker's clock as this process estimates it (the measured offset)."""
         return self._clock.now()
+
+    def plan(self, items: Sequence[EnqueueParams], channel: str | None) -> EnqueuePlan:
+        """The enqueue plan of ``items`` on this broker's clock."""
+        return enqueue_plan(items, self.now(), channel, self.sql_now())
+
+    def sql_now(self) -> float | None:
+        """The ``now`` parameter of a statement: ``None`` lets the server read its own clock
+        (``{now}``); an injected test clock is passed as is."""
+        return None if self._server_clock is not None else self._clock.now()
 
     async def sync_clock(self, method: str) -> None:
         """Measure the server clock's offset (at connect, then every minute or so)."""
@@ -296,7 +311,7 @@ class PostgresStorage:
                 extra = follow_ups(rows)
                 created: list[EnqueueOutcome] = []
                 if extra:
-                    created = await self.drive(conn, enqueue_plan(extra, self.now(), None))
+                    created = await self.drive(conn, self.plan(extra, None))
         self.notify_created(created)
         return rows
 

@@ -144,8 +144,8 @@ class RedisBroker(AdminForwarder):
 
     @staticmethod
     def _enqueue_outcome(p: EnqueueParams, info: TaskInfo, reply: Any) -> EnqueueOutcome:
-        if reply == 1:
-            return EnqueueOutcome(p, info=info)
+        if isinstance(reply, bytes):  # created, stamped with this clock reading
+            return EnqueueOutcome(p, info=RedisStorage.stamped(p, info, reply))
         tag = reply[0]
         if tag == b"conflict":
             existing = task_info(p.queue, reply[1])
@@ -194,11 +194,11 @@ class RedisBroker(AdminForwarder):
             if mapped is exc:
                 raise
             raise mapped from exc
-        if reply != 1:
+        if not isinstance(reply, bytes):
             error = self._enqueue_outcome(params, info, reply).error
             assert error is not None
             raise error
-        return info
+        return self._s.stamped(params, info, reply)
 
     async def enqueue_many(
         self, items: Sequence[EnqueueParams], *, connection: Any = None
@@ -220,7 +220,7 @@ class RedisBroker(AdminForwarder):
             for first in range(0, len(indexes), ENQUEUE_CHUNK):
                 chunk = indexes[first : first + ENQUEUE_CHUNK]
                 keys = [k.pending, k.scheduled, k.completed, k.unique, k.seq]
-                args: list[Scalar] = [now, k.notify]
+                args: list[Scalar] = [self._s.now_arg(), k.notify]
                 for i in chunk:
                     p = items[i]
                     keys.append(k.task(p.id))
@@ -255,14 +255,13 @@ class RedisBroker(AdminForwarder):
                 if remaining <= 0:
                     break
                 k = self._s.keys.queue(queue)
-                now = self._s.clock.now()
                 rows = await self._s.eval(
                     "claim",
                     [k.pending, k.scheduled, k.retry, k.active, k.paused],
                     [
-                        now,
+                        self._s.now_arg(),
                         remaining,
-                        now + params.lease_seconds,
+                        float(params.lease_seconds),
                         params.worker_id,
                         secrets.token_hex(8),
                         k.task_prefix,
@@ -280,11 +279,10 @@ class RedisBroker(AdminForwarder):
         by_queue: dict[str, list[LeaseRef]] = defaultdict(list)
         for ref in leases:
             by_queue[ref.queue].append(ref)
-        expires = self._s.clock.now() + lease_seconds
         calls: list[_Call] = []
         for queue, refs in by_queue.items():
             k = self._s.keys.queue(queue)
-            args: list[Scalar] = [expires, k.task_prefix]
+            args: list[Scalar] = [self._s.now_arg(), k.task_prefix, float(lease_seconds)]
             for ref in refs:
                 k.task(ref.id)  # validates the id
                 args += [ref.id, ref.token]
@@ -313,9 +311,9 @@ class RedisBroker(AdminForwarder):
             ],
             [
                 p.lease.token,
-                now,
+                self._s.now_arg(),
                 float(p.retention),
-                now + p.retention,
+                "",
                 "1" if p.result is not None else "0",
                 p.result or b"",
                 DAY_TTL,
@@ -359,12 +357,13 @@ class RedisBroker(AdminForwarder):
                 [
                     p.lease.token,
                     p.error,
-                    float(p.next_process_at),
+                    max(0.0, float(p.delay)),
                     DAY_TTL,
                     lost,
                     expired_by,
-                    k.notify if p.next_process_at <= now else "",
+                    k.notify if p.delay <= 0 else "",
                     p.traceback or "",
+                    self._s.now_arg(),
                 ],
             )
         call: _Call = (
@@ -372,7 +371,7 @@ class RedisBroker(AdminForwarder):
             [k.task(p.lease.id), k.active, k.archived, k.unique, k.stats, k.stats_day(day)],
             [
                 p.lease.token,
-                now,
+                self._s.now_arg(),
                 p.error,
                 "1" if p.count_attempt else "0",
                 DAY_TTL,
@@ -404,7 +403,7 @@ class RedisBroker(AdminForwarder):
             await self._s.remember_queues(queues)
 
     async def retry(self, params: RetryParams) -> bool:
-        """retry until ``next_process_at``, retried + 1; False if the lease is lost."""
+        """retry for ``delay`` seconds, retried + 1; False if the lease is lost."""
         return await self._move_one("retry", params)
 
     async def archive(self, params: ArchiveParams) -> bool:
@@ -439,7 +438,7 @@ class RedisBroker(AdminForwarder):
             queues = await self._s.all_queues()
             if not queues:
                 return 0
-            now = self._s.clock.now()
+            now = self._s.now_arg()
             calls: list[_Call] = []
             for q in queues:
                 k = self._s.keys.queue(q)
@@ -459,7 +458,7 @@ class RedisBroker(AdminForwarder):
             queues = await self._s.all_queues()
             if not queues:
                 return []
-            now = self._s.clock.now()
+            now = self._s.now_arg()
             calls: list[_Call] = []
             for q in queues:
                 k = self._s.keys.queue(q)
@@ -478,7 +477,7 @@ class RedisBroker(AdminForwarder):
         deleted = 0
         async with self._s.op("delete_expired"):
             await self._s.ensure()
-            now = self._s.clock.now()
+            now = self._s.now_arg()
             for q in await self._s.all_queues():
                 if deleted >= limit:
                     break

@@ -3,6 +3,7 @@ script calls by SHA, and the mapping of redis-py errors onto durq's typed errors
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -135,6 +136,11 @@ class RedisStorage:
                 )
         await self.sync_clock()
         self.ready = True
+
+    def now_arg(self) -> Scalar:
+        """A script's ``now`` argument: ``""`` lets the script read the server's ``TIME``;
+        an injected test clock is passed as is."""
+        return "" if self._server_clock is not None else self._clock.now()
 
     async def sync_clock(self) -> None:
         """Measure the offset of the server's ``TIME`` (at connect, then about once a minute)."""
@@ -292,10 +298,11 @@ class RedisStorage:
     def enqueue_fields(
         self, p: EnqueueParams, k: QueueKeys, now: float
     ) -> tuple[list[Scalar], TaskInfo]:
-        """The 12 per-task arguments of enqueue.lua / enqueue_many.lua, and the TaskInfo the
-        task will have if it is created (built from the params: the script returns no row)."""
-        npa = now if p.process_at is None else p.process_at
-        state = TaskState.PENDING if npa <= now else TaskState.SCHEDULED
+        """The 13 per-task arguments of enqueue.lua / enqueue_many.lua, and the TaskInfo the
+        task will have if it is created (built from the params: the script returns no row;
+        its times are ``now`` until :meth:`stamped` puts in the clock the script read)."""
+        npa = p.scheduled_until(now)
+        state = TaskState.PENDING if npa is None else TaskState.SCHEDULED
         unique = p.unique_key or ""
         headers = p.headers
         fields: list[Scalar] = [
@@ -305,12 +312,13 @@ class RedisStorage:
             p.max_retry,
             "" if p.timeout is None else float(p.timeout),
             "" if p.deadline is None else float(p.deadline),
-            float(npa),
+            "" if p.process_at is None else float(p.process_at),
             state.value,
             float(p.retention),
             unique,
-            now + (p.unique_ttl or 0.0) if unique else "",
+            float(p.unique_ttl or 0.0) if unique else "",
             json.dumps(headers) if headers else "",
+            float(p.process_in) if p.process_in else "",
         ]
         enqueued_at = to_datetime(now)
         info = TaskInfo(
@@ -322,12 +330,22 @@ class RedisStorage:
             max_retry=p.max_retry,
             timeout=p.timeout,
             deadline=None if p.deadline is None else to_datetime(p.deadline),
-            next_process_at=enqueued_at if npa == now else to_datetime(npa),
+            next_process_at=enqueued_at if npa is None else to_datetime(npa),
             enqueued_at=enqueued_at,
             retention=p.retention,
             headers=dict(headers),
         )
         return fields, info
+
+    @staticmethod
+    def stamped(p: EnqueueParams, info: TaskInfo, now_s: bytes) -> TaskInfo:
+        """``info`` with the times of the script that created it (its reply: the clock it
+        read, the server's unless a test injected one)."""
+        now = float(now_s)
+        at = to_datetime(now)
+        return dataclasses.replace(
+            info, enqueued_at=at, next_process_at=to_datetime(p.ready_at(now))
+        )
 
     def enqueue_call(self, p: EnqueueParams, now: float) -> tuple[_Call, TaskInfo]:
         """One enqueue.lua call (also the layout of a follow-up in complete/archive)."""
@@ -336,7 +354,7 @@ class RedisStorage:
         call: _Call = (
             "enqueue",
             [k.task(p.id), k.pending, k.scheduled, k.completed, k.unique, k.seq],
-            [now, k.notify, *fields],
+            [self.now_arg(), k.notify, *fields],
         )
         return call, info
 

@@ -399,12 +399,13 @@ class SQLiteBroker(AdminForwarder):
             "error": p.error,
             "traceback": p.traceback,
             "lost": int(p.lost),
-            "expired_by": p.expired_by,
+            "expired_by": None if p.expired_by is None else min(p.expired_by, now),
         }
         if isinstance(p, RetryParams):
-            cursor = conn.execute(Q["retry"], {**fence, "next_process_at": p.next_process_at})
+            due = now + max(0.0, p.delay)
+            cursor = conn.execute(Q["retry"], {**fence, "next_process_at": due})
             counted = True
-            if cursor.rowcount == 1 and p.next_process_at <= now:
+            if cursor.rowcount == 1 and p.delay <= 0:
                 woken.add(lease.queue)
         else:
             cursor = conn.execute(Q["archive"], {**fence, "count_attempt": int(p.count_attempt)})
@@ -427,7 +428,7 @@ class SQLiteBroker(AdminForwarder):
         )
 
     async def retry(self, params: RetryParams) -> bool:
-        """State retry until ``next_process_at``, ``retried`` + 1; fenced by the token."""
+        """State retry for ``delay`` seconds, ``retried`` + 1; fenced by the token."""
         (done,) = await self.move_leases([params])
         return done
 

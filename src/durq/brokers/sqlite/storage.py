@@ -304,7 +304,7 @@ class SQLiteStorage:
                     f"an identical task {holder['id']!r} is already queued",
                     existing_id=holder["id"],
                 )
-        scheduled = p.process_at is not None and p.process_at > now
+        until = p.scheduled_until(now)
         row = conn.execute(
             Q["insert_task"],
             {
@@ -312,11 +312,11 @@ class SQLiteStorage:
                 "queue": p.queue,
                 "type": p.type,
                 "payload": p.payload,
-                "state": "scheduled" if scheduled else "pending",
+                "state": "pending" if until is None else "scheduled",
                 "max_retry": p.max_retry,
                 "timeout": p.timeout,
                 "deadline": p.deadline,
-                "next_process_at": p.process_at if scheduled else now,
+                "next_process_at": now if until is None else until,
                 "now": now,
                 "retention": p.retention,
                 "headers": json.dumps(p.headers, separators=(",", ":"), sort_keys=True),

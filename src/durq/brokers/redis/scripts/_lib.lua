@@ -1,12 +1,39 @@
 -- _lib.lua: helpers prepended to every script of this directory (not an operation itself).
 --
 -- Conventions shared by all scripts:
---   * times arrive as strings in ARGV, computed by the broker from its injected clock; Lua
---     only compares them (tonumber) and stores the strings unchanged, so no precision is lost;
+--   * times are epoch seconds on the broker's clock: `now` arguments are "" and the script
+--     reads the server's TIME (see clock below), or a test's injected clock; relative times
+--     (delays, ttls, retention, lease lengths) arrive in seconds and are added here;
+--   * absolute times arrive as strings in ARGV; Lua compares them (tonumber) and stores the
+--     strings unchanged; sums are written with %.17g, so no precision is lost;
 --   * every state zset member is "<16 hex digits of the enqueue sequence><task id>", so equal
 --     scores sort in enqueue order; the task hash keeps its member in field "m";
 --   * replies never carry Lua numbers that are not integers (Redis would truncate them);
 --   * payload, headers and result are stored in chunks "<tag>:0", "<tag>:1", ... (see below).
+
+-- The broker's clock as a string: `now_s` when a test injects a clock, else the server's
+-- TIME. Redis (5 and newer) replicates a script's effects, not the script, so reading TIME
+-- before writing is allowed and every replica stores the same moments.
+local function clock(now_s)
+  if now_s ~= '' then
+    return now_s
+  end
+  local t = redis.call('TIME')
+  return t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+end
+
+-- `seconds` (a string) after the moment `now_s`, as a string that reads back exactly.
+local function later(now_s, seconds)
+  return string.format('%.17g', tonumber(now_s) + tonumber(seconds))
+end
+
+-- The earlier of two moments given as strings (the rescuer's fence and the clock's now).
+local function earliest(a, b)
+  if tonumber(a) <= tonumber(b) then
+    return a
+  end
+  return b
+end
 
 -- The task id inside a zset member.
 local function member_id(m)
@@ -98,11 +125,14 @@ end
 -- follow-ups of complete.lua, archive.lua and admin_move.lua. `qk` is the queue's keys at qk[qo+1..qo+5]:
 -- pending, scheduled, completed, unique hash, sequence counter. The task's 12 fields are
 -- a[ao+1..ao+12]: id, type, payload, max_retry, timeout (""), deadline (""),
--- next_process_at, state (pending | scheduled), retention, unique key (""),
--- unique lock expiry (""), headers JSON ("").
--- Returns 1 | {"conflict", <HGETALL of the existing task>} | {"duplicate", <task id>}, and
--- whether the task is pending now (the caller publishes the wake-up).
+-- process_at ("" = now), state (pending | scheduled), retention, unique key (""),
+-- unique lock ttl in seconds (""), headers JSON (""), then a[ao+13] the delay in seconds
+-- ("" = none: process_at holds); the delay and the ttl count from the broker's clock.
+-- Returns <the clock it read> (created) | {"conflict", <HGETALL of the existing task>} |
+-- {"duplicate", <task id>}, and whether the task is pending now (the caller publishes the
+-- wake-up).
 local function enqueue_task(task_key, qk, qo, now_s, a, ao)
+  now_s = clock(now_s)
   local now = tonumber(now_s)
   local id = a[ao + 1]
 
@@ -126,12 +156,17 @@ local function enqueue_task(task_key, qk, qo, now_s, a, ao)
         return {'duplicate', string.sub(owner, 1, sep - 1)}, false
       end
     end
-    redis.call('HSET', qk[qo + 4], unique, id .. '|' .. a[ao + 11])
+    redis.call('HSET', qk[qo + 4], unique, id .. '|' .. later(now_s, a[ao + 11]))
   end
 
   local seq = redis.call('INCR', qk[qo + 5])
   local m = string.format('%016x', seq) .. id
   local state, npa = a[ao + 8], a[ao + 7]
+  if a[ao + 13] ~= '' then
+    npa = later(now_s, a[ao + 13])
+  elseif npa == '' then
+    npa = now_s
+  end
   local f = {
     'id', id, 'type', a[ao + 2], 'state', state, 'max_retry', a[ao + 4], 'npa', npa,
     'enqueued_at', now_s, 'm', m,
@@ -150,19 +185,19 @@ local function enqueue_task(task_key, qk, qo, now_s, a, ao)
 
   if state == 'pending' then
     redis.call('ZADD', qk[qo + 1], npa, m)
-    return 1, true
+    return now_s, true
   end
   redis.call('ZADD', qk[qo + 2], npa, m)
-  return 1, false
+  return now_s, false
 end
 
 -- Create the follow-up tasks passed after a script's own keys and arguments:
--- groups of 6 KEYS from index nk + 1 and of 14 ARGV from index na + 1, laid out as KEYS and
+-- groups of 6 KEYS from index nk + 1 and of 15 ARGV from index na + 1, laid out as KEYS and
 -- ARGV of enqueue.lua. A follow-up whose id or unique key is taken is skipped.
 local function enqueue_follow_ups(nk, na)
   local n = (#KEYS - nk) / 6
   for i = 0, n - 1 do
-    local ko, ao = nk + 6 * i, na + 14 * i
+    local ko, ao = nk + 6 * i, na + 15 * i
     local _, pending = enqueue_task(KEYS[ko + 1], KEYS, ko + 1, ARGV[ao + 1], ARGV, ao + 2)
     if pending then
       redis.call('PUBLISH', ARGV[ao + 2], '1')

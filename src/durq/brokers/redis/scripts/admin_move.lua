@@ -6,7 +6,7 @@
 -- ARGV[1] now         ARGV[2] expected state (the fence)
 -- ARGV[3] to: "pending" (due now, wakes workers) | "archived" | "deleted"
 -- ARGV[4] last_error to set ("" keeps the current one)      ARGV[5] wake-up channel
--- Then, per follow-up i = 0, 1, ...: KEYS[9+6i .. 14+6i] and ARGV[6+14i .. 19+14i] as KEYS
+-- Then, per follow-up i = 0, 1, ...: KEYS[9+6i .. 14+6i] and ARGV[6+15i .. 20+15i] as KEYS
 -- and ARGV of enqueue.lua.
 -- Returns {"ok", <HGETALL after (before, when deleted)>} | {"fenced"}.
 -- Complexity: O(log n).

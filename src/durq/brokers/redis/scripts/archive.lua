@@ -2,13 +2,14 @@
 --
 -- KEYS[1] task hash      KEYS[2] active zset      KEYS[3] archived zset
 -- KEYS[4] unique hash    KEYS[5] stats hash       KEYS[6] stats hash of the day
--- ARGV[1] fencing token  ARGV[2] now              ARGV[3] error
+-- ARGV[1] fencing token  ARGV[2] now ("" = TIME) ARGV[3] error
 -- ARGV[4] "1" to count the attempt (retried + 1 and the counters)
 -- ARGV[5] TTL of the daily counters (s)
 -- ARGV[6] "1" to add one to lost (the rescuer)
--- ARGV[7] "" or a time: also fenced by the lease having expired by then (the rescuer)
+-- ARGV[7] "" or a time: also fenced by the lease having expired by then and by now
+--         (the rescuer)
 -- Then, per follow-up task i = 0, 1, ...: KEYS[7+6i .. 12+6i]
--- and ARGV[8+14i .. 21+14i] as KEYS and ARGV of enqueue.lua (see complete.lua).
+-- and ARGV[8+15i .. 22+15i] as KEYS and ARGV of enqueue.lua (see complete.lua).
 -- Last ARGV: the attempt's traceback, "" for none.
 -- Returns 1, or 0 (nothing changed) when the fence fails.
 -- Complexity: O(log n).
@@ -16,19 +17,20 @@ local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'lease_expires_a
 if cur[1] ~= 'active' or cur[2] ~= ARGV[1] then
   return 0
 end
-if ARGV[7] ~= '' and not (cur[4] and tonumber(cur[4]) <= tonumber(ARGV[7])) then
+local now = clock(ARGV[2])
+if ARGV[7] ~= '' and not (cur[4] and tonumber(cur[4]) <= tonumber(earliest(ARGV[7], now))) then
   return 0
 end
 redis.call('ZREM', KEYS[2], cur[3])
 free_unique(KEYS[4], KEYS[1])
-redis.call('HSET', KEYS[1], 'state', 'archived', 'last_error', ARGV[3], 'archived_at', ARGV[2])
+redis.call('HSET', KEYS[1], 'state', 'archived', 'last_error', ARGV[3], 'archived_at', now)
 redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel')
 if ARGV[#ARGV] ~= '' then
   redis.call('HSET', KEYS[1], 'traceback', ARGV[#ARGV])
 else
   redis.call('HDEL', KEYS[1], 'traceback')
 end
-redis.call('ZADD', KEYS[3], ARGV[2], cur[3])
+redis.call('ZADD', KEYS[3], now, cur[3])
 if ARGV[4] == '1' then
   redis.call('HINCRBY', KEYS[1], 'retried', 1)
   count(KEYS[5], KEYS[6], ARGV[5], 1, 1)

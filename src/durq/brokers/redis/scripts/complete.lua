@@ -2,11 +2,11 @@
 --
 -- KEYS[1] task hash      KEYS[2] active zset      KEYS[3] completed zset
 -- KEYS[4] unique hash    KEYS[5] stats hash       KEYS[6] stats hash of the day
--- ARGV[1] fencing token  ARGV[2] now              ARGV[3] retention ("0" = delete)
--- ARGV[4] retention end  ARGV[5] "1" if a result follows    ARGV[6] result
+-- ARGV[1] fencing token  ARGV[2] now ("" = TIME) ARGV[3] retention, s ("0" = delete)
+-- ARGV[4] unused         ARGV[5] "1" if a result follows    ARGV[6] result
 -- ARGV[7] TTL of the daily counters (s)
 -- Then, per follow-up (continuation) i = 0, 1, ...: KEYS[7+6i .. 12+6i] and
--- ARGV[8+14i .. 21+14i] as KEYS and ARGV of enqueue.lua. Created only if the lease is held;
+-- ARGV[8+15i .. 22+15i] as KEYS and ARGV of enqueue.lua. Created only if the lease is held;
 -- one whose id is taken is skipped. Keys of another queue are another hash slot: atomic on
 -- a single node, refused by a Redis Cluster.
 -- Returns 1, or 0 (nothing changed) when the lease is no longer held.
@@ -18,13 +18,15 @@ end
 redis.call('ZREM', KEYS[2], cur[3])
 free_unique(KEYS[4], KEYS[1])
 if tonumber(ARGV[3]) > 0 then
-  redis.call('HSET', KEYS[1], 'state', 'completed', 'completed_at', ARGV[2],
-    'expires_at', ARGV[4], 'retention', ARGV[3])
+  local now = clock(ARGV[2])
+  local expires = later(now, ARGV[3])
+  redis.call('HSET', KEYS[1], 'state', 'completed', 'completed_at', now,
+    'expires_at', expires, 'retention', ARGV[3])
   redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel')
   if ARGV[5] == '1' then
     set_chunked(KEYS[1], 'r', ARGV[6])
   end
-  redis.call('ZADD', KEYS[3], ARGV[4], cur[3])
+  redis.call('ZADD', KEYS[3], expires, cur[3])
 else
   redis.call('DEL', KEYS[1])
 end

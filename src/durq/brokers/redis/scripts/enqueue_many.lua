@@ -4,17 +4,18 @@
 -- KEYS[1] pending zset      KEYS[2] scheduled zset   KEYS[3] completed zset
 -- KEYS[4] unique hash       KEYS[5] sequence counter
 -- KEYS[5 + i] task hash of item i (i = 1..n)
--- ARGV[1] now               ARGV[2] wake-up channel
--- ARGV[3 + 12(i-1) .. 14 + 12(i-1)] the 12 task fields of item i, as ARGV[3..14] of
--- enqueue.lua (id, type, payload, max_retry, timeout, deadline, next_process_at, state,
--- retention, unique key, unique lock expiry, headers JSON)
--- Returns one reply per item, as enqueue.lua returns it: 1 | {"conflict", <HGETALL>} |
+-- ARGV[1] now ("" = TIME)  ARGV[2] wake-up channel
+-- ARGV[3 + 13(i-1) .. 15 + 13(i-1)] the 13 task fields of item i, as ARGV[3..15] of
+-- enqueue.lua (id, type, payload, max_retry, timeout, deadline, process_at, state,
+-- retention, unique key, unique lock ttl, headers JSON, delay); one clock for the batch
+-- Returns one reply per item, as enqueue.lua returns it: <clock> | {"conflict", <HGETALL>} |
 -- {"duplicate", <task id>}.
 -- Complexity: O(n log m) for n items and m tasks in the target zset.
 local out = {}
 local wake = false
+local now = clock(ARGV[1])
 for i = 1, #KEYS - 5 do
-  local reply, pending = enqueue_task(KEYS[5 + i], KEYS, 0, ARGV[1], ARGV, 2 + 12 * (i - 1))
+  local reply, pending = enqueue_task(KEYS[5 + i], KEYS, 0, now, ARGV, 2 + 13 * (i - 1))
   out[i] = reply
   wake = wake or pending
 end

@@ -1,13 +1,13 @@
 -- promote: move due scheduled/retry tasks of one queue to pending, bounded per call.
 --
 -- KEYS[1] pending zset   KEYS[2] scheduled zset   KEYS[3] retry zset
--- ARGV[1] now            ARGV[2] task key prefix  ARGV[3] bound (per source zset)
+-- ARGV[1] now ("" = TIME) ARGV[2] task key prefix ARGV[3] bound (per source zset)
 -- ARGV[4] wake-up channel
 -- Returns how many moved (integer).
 -- Complexity: O(f log n) for f forwarded tasks.
-local bound = tonumber(ARGV[3])
-local moved = forward_due(KEYS[2], KEYS[1], ARGV[2], ARGV[1], bound)
-  + forward_due(KEYS[3], KEYS[1], ARGV[2], ARGV[1], bound)
+local bound, now = tonumber(ARGV[3]), clock(ARGV[1])
+local moved = forward_due(KEYS[2], KEYS[1], ARGV[2], now, bound)
+  + forward_due(KEYS[3], KEYS[1], ARGV[2], now, bound)
 if moved > 0 then
   redis.call('PUBLISH', ARGV[4], '1')
 end

@@ -1,36 +1,40 @@
--- retry: the attempt failed (or its lease expired); wait in retry until next_process_at,
--- retried + 1.
+-- retry: the attempt failed (or its lease expired); wait in retry for the delay (from the
+-- broker's clock), retried + 1.
 --
 -- KEYS[1] task hash      KEYS[2] active zset      KEYS[3] retry zset
 -- KEYS[4] stats hash     KEYS[5] stats hash of the day
--- ARGV[1] fencing token  ARGV[2] error            ARGV[3] next_process_at
+-- ARGV[1] fencing token  ARGV[2] error            ARGV[3] delay (s)
 -- ARGV[4] TTL of the daily counters (s)
 -- ARGV[5] "1" to add one to lost (the rescuer)
--- ARGV[6] "" or a time: also fenced by the lease having expired by then (the rescuer)
+-- ARGV[6] "" or a time: also fenced by the lease having expired by then and by now
+--         (the rescuer)
 -- ARGV[7] "" or the wake-up channel to publish on (the retry is due now)
 -- ARGV[8] the attempt's traceback, "" for none
+-- ARGV[9] now ("" = TIME)
 -- Returns 1, or 0 (nothing changed) when the fence fails.
 -- Complexity: O(log n).
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'lease_expires_at')
 if cur[1] ~= 'active' or cur[2] ~= ARGV[1] then
   return 0
 end
-if ARGV[6] ~= '' and not (cur[4] and tonumber(cur[4]) <= tonumber(ARGV[6])) then
+local now = clock(ARGV[9])
+if ARGV[6] ~= '' and not (cur[4] and tonumber(cur[4]) <= tonumber(earliest(ARGV[6], now))) then
   return 0
 end
+local npa = later(now, ARGV[3])
 redis.call('ZREM', KEYS[2], cur[3])
 redis.call('HINCRBY', KEYS[1], 'retried', 1)
 if ARGV[5] == '1' then
   redis.call('HINCRBY', KEYS[1], 'lost', 1)
 end
-redis.call('HSET', KEYS[1], 'state', 'retry', 'last_error', ARGV[2], 'npa', ARGV[3])
+redis.call('HSET', KEYS[1], 'state', 'retry', 'last_error', ARGV[2], 'npa', npa)
 if ARGV[8] ~= '' then
   redis.call('HSET', KEYS[1], 'traceback', ARGV[8])
 else
   redis.call('HDEL', KEYS[1], 'traceback')
 end
 redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel')
-redis.call('ZADD', KEYS[3], ARGV[3], cur[3])
+redis.call('ZADD', KEYS[3], npa, cur[3])
 count(KEYS[4], KEYS[5], ARGV[4], 1, 1)
 if ARGV[7] ~= '' then
   redis.call('PUBLISH', ARGV[7], '1')
