@@ -15,9 +15,11 @@ from servers import (  # noqa: F401 - old imports
     PG_DSN,
     REDIS_URL,
     PgBouncer,
+    RedisCluster,
     broker_url_for,
     drop_isolated,
     require_pgbouncer,
+    require_redis_cluster,
     require_server,
     unique_name,
 )
@@ -37,11 +39,26 @@ def pgbouncer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgBouncer]:
     bouncer.close()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """One Redis Cluster (3 masters, 3 replicas) on free loopback ports, for the session."""
+    require_redis_cluster()
+    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"))
+    yield cluster
+    cluster.close()
+
+
 @pytest.fixture
 def broker_url(broker_kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     if broker_kind == "postgres-pgbouncer":
         bouncer: PgBouncer = request.getfixturevalue("pgbouncer")
         url = bouncer.url(unique_name("durq_test"))
+    elif broker_kind == "redis-cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        prefix = unique_name("durqtest")
+        yield cluster.url(prefix)
+        cluster.delete_prefix(prefix)
+        return
     else:
         url = broker_url_for(broker_kind, tmp_path)
     yield url

@@ -52,6 +52,16 @@ def require_pgbouncer() -> None:
         pytest.skip(message)
 
 
+def require_redis_cluster() -> None:
+    """Skip (or fail under CI) when redis-server or redis-cli is missing."""
+    missing = [b for b in ("redis-server", "redis-cli") if shutil.which(b) is None]
+    if missing:
+        message = f"{' and '.join(missing)} not installed (Debian package redis-server)"
+        if IN_CI:
+            pytest.fail(f"{message} (required when CI=true)")
+        pytest.skip(message)
+
+
 def unique_name(prefix: str = "t") -> str:
     return f"{prefix}_{uuid.uuid4().hex[:12]}"
 
@@ -342,3 +352,152 @@ def raw_redis(broker: Any) -> Any:
     import redis.asyncio
 
     return redis.asyncio.Redis(connection_pool=broker._s.pool)
+
+
+class RedisCluster:
+    """A Redis Cluster of the suite's own: 3 masters and 3 replicas on free loopback ports, in
+    ``data_dir``; ``close`` kills every node. ``node_timeout`` (ms) is small so a replica
+    takes over within a few seconds of its master's death."""
+
+    def __init__(self, data_dir: Path, *, node_timeout: int = 1500, replicas: int = 1) -> None:
+        binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+        if binary is None or cli is None:
+            raise RuntimeError("redis-server and redis-cli are needed")
+        self.dir = data_dir
+        self.nodes: dict[int, subprocess.Popen[bytes]] = {}
+        self.binary = binary
+        self.node_timeout = node_timeout
+        ports = _free_ports(3 * (1 + replicas))
+        try:
+            for port in ports:
+                self.start_node(port)
+            for port in ports:
+                wait_port(port)
+            subprocess.run(
+                [cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
+                 "--cluster-replicas", str(replicas), "--cluster-yes"],
+                check=True, capture_output=True, timeout=60,
+            )  # fmt: skip
+            self.wait_ok()
+            self.wait_replicated(replicas)
+        except BaseException:
+            self.close()
+            raise
+
+    def start_node(self, port: int) -> None:
+        node_dir = self.dir / str(port)
+        node_dir.mkdir(parents=True, exist_ok=True)
+        self.nodes[port] = subprocess.Popen(
+            [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir),
+             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+             "--cluster-node-timeout", str(self.node_timeout), "--save", "",
+             "--appendonly", "no", "--repl-diskless-sync-delay", "0"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    @property
+    def ports(self) -> list[int]:
+        return sorted(self.nodes)
+
+    def url(self, prefix: str | None = None) -> str:
+        """``redis+cluster://`` seeded with every node (any one would do)."""
+        seeds = ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        return f"redis+cluster://{seeds}/" + (f"?prefix={prefix}" if prefix else "")
+
+    def client(self, port: int) -> Any:
+        import redis
+
+        return redis.Redis(port=port, socket_timeout=5)
+
+    def masters(self) -> dict[int, list[tuple[int, int]]]:
+        """Port of each live master and the slot ranges it serves."""
+        for port in self.ports:
+            if self.nodes[port].poll() is not None:
+                continue
+            try:
+                slots = self.client(port).execute_command("CLUSTER", "SLOTS")
+            except Exception:
+                continue
+            out: dict[int, list[tuple[int, int]]] = {}
+            for start, end, master, *_ in slots:
+                out.setdefault(int(master[1]), []).append((int(start), int(end)))
+            return out
+        raise RuntimeError("no node of the cluster answers")
+
+    def wait_ok(self, timeout: float = 30.0) -> None:
+        """Return once every live node says the cluster is ok and every slot is served."""
+
+        def ok() -> bool:
+            live = [p for p in self.ports if self.nodes[p].poll() is None]
+            infos = [self.client(p).execute_command("CLUSTER", "INFO") for p in live]
+            served = sum(e - s + 1 for r in self.masters().values() for s, e in r)
+            return all(b"cluster_state:ok" in i for i in infos) and served == 16384
+
+        _until(ok, timeout, "the Redis Cluster did not become ok")
+
+    def wait_replicated(self, replicas: int = 1, timeout: float = 30.0) -> None:
+        """Return once every master has ``replicas`` replicas online (initial sync done)."""
+
+        def synced() -> bool:
+            infos = [self.client(p).info("replication") for p in self.masters()]
+            return all(
+                sum(1 for k, v in i.items() if k.startswith("slave") and k[5:].isdigit()
+                    and v.get("state") == "online") >= replicas
+                for i in infos
+            )  # fmt: skip
+
+        _until(synced, timeout, "the replicas of the Redis Cluster did not sync")
+
+    def kill(self, port: int) -> None:
+        """SIGKILL one node (a crash: what it did not replicate yet is lost)."""
+        proc = self.nodes[port]
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Remove the keys under ``prefix`` from every master."""
+        for port in self.masters():
+            client = self.client(port)
+            try:
+                pipe = client.pipeline(transaction=False)
+                for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+                    pipe.unlink(key)  # one key per command: keys of many slots
+                pipe.execute()
+            finally:
+                client.close()
+
+    def close(self) -> None:
+        for port in list(self.nodes):
+            self.kill(port)
+
+
+def _until(check: Any, timeout: float, message: str) -> None:
+    """Poll ``check()`` (errors count as not yet) until it is true; TimeoutError after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except Exception:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(message)
+        time.sleep(0.1)
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports whose cluster bus ports (+10000) are free too."""
+    out: list[int] = []
+    while len(out) < n:
+        port = free_port()
+        if port + 10000 > 65535 or port in out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        out.append(port)
+    return out

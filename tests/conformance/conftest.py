@@ -15,8 +15,9 @@ from durq.clock import FakeClock
 from servers import BROKER_KINDS
 
 #: Every broker kind of the shared fixtures, plus PostgreSQL behind PgBouncer in transaction
-#: pooling mode (started once per session by the ``pgbouncer`` fixture).
-CONFORMANCE_KINDS = [*BROKER_KINDS, "postgres-pgbouncer"]
+#: pooling mode and a Redis Cluster of 3 masters and 3 replicas (each started once per
+#: session, by the ``pgbouncer`` and ``redis_cluster`` fixtures).
+CONFORMANCE_KINDS = [*BROKER_KINDS, "postgres-pgbouncer", "redis-cluster"]
 
 
 @pytest.fixture(params=CONFORMANCE_KINDS)

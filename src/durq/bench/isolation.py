@@ -25,7 +25,7 @@ def broker_kind(url: str) -> str:
         return "sqlite"
     if scheme in ("postgresql", "postgres"):
         return "postgresql"
-    if scheme in ("redis", "rediss", "unix"):
+    if scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
         return "redis"
     raise ConfigurationError(
         f"unknown broker URL scheme {scheme!r}: use sqlite:///path, postgresql://... or redis://..."

@@ -24,7 +24,9 @@ def open_broker(url: str | None = None, *, clock: Clock = SYSTEM_CLOCK) -> FullB
 
     Schemes: ``sqlite:///relative.db``, ``sqlite:////abs/path.db``; ``postgresql://`` (also
     ``postgres://``) with an optional ``?schema=`` (default ``durq``); ``redis://``,
-    ``rediss://``, ``unix://`` with an optional ``?prefix=`` (default ``durq``); ``memory://``
+    ``rediss://``, ``unix://`` with an optional ``?prefix=`` (default ``durq``);
+    ``redis+cluster://host:port[,host:port...]/`` (``rediss+cluster://``: TLS) for a Redis
+    Cluster; ``memory://``
     or ``memory://name`` (tasks kept in this process, shared by the brokers on one name)."""
     url = resolve_url(url)
     scheme = urlsplit(url).scheme.lower()
@@ -40,7 +42,7 @@ def open_broker(url: str | None = None, *, clock: Clock = SYSTEM_CLOCK) -> FullB
                 "the PostgreSQL broker needs psycopg: pip install 'durq[postgres]'"
             ) from exc
         return PostgresBroker.from_url(url, clock=clock)
-    if scheme in ("redis", "rediss", "unix"):
+    if scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
         try:
             from durq.brokers.redis import RedisBroker
         except ImportError as exc:

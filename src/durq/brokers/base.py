@@ -55,9 +55,9 @@ CAP_CROSS_PROCESS_NOTIFY = "cross_process_notify"
 #: ``CompleteParams.follow_ups`` / ``ArchiveParams.follow_ups`` are written atomically with
 #: the outcome (both or neither). Every broker has it.
 CAP_ATOMIC_FOLLOW_UPS = "atomic_follow_ups"
-#: ... also when a follow-up goes to another queue than its task. The SQL brokers have it;
-#: Redis has it on a single node (its client today), where one script may touch the keys of
-#: two queues; a Redis Cluster would refuse such a script (two hash slots).
+#: ... also when a follow-up goes to another queue than its task. The SQL brokers and a
+#: single Redis node write it atomically; a Redis Cluster writes it to the completing queue's
+#: outbox atomically and creates it in the other queue's slot right after.
 CAP_CROSS_QUEUE_FOLLOW_UPS = "cross_queue_follow_ups"
 #: Brokers in other processes (workers, the CLI) see the same tasks. All but ``memory://``.
 CAP_MULTI_PROCESS = "multi_process"

@@ -198,6 +198,8 @@ class RedisAdmin:
             if move.follow_ups:
                 await self._s.remember_queues([f.queue for f in move.follow_ups])
             reply = await self._s.eval(*call)
+            if reply[0] == b"ok" and move.follow_ups:
+                await self._s.drain_outboxes(self._s.outbox_queues(move.queue, move.follow_ups))
         return task_info(move.queue, reply[1]) if reply[0] == b"ok" else None
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
@@ -257,14 +259,7 @@ class RedisAdmin:
         async with self._s.op("pause_queue"):
             await self._s.ensure()
             k = await self._known(queue)
-            await self._s.commands(
-                [
-                    ("MULTI",),
-                    ("SET", k.paused, "1"),
-                    ("SADD", self._s.keys.paused, queue),
-                    ("EXEC",),
-                ]
-            )
+            await self._s.atomic([("SET", k.paused, "1"), ("SADD", self._s.keys.paused, queue)])
 
     async def unpause_queue(self, queue: str) -> None:
         """Resume handing out tasks of ``queue``."""
@@ -272,13 +267,11 @@ class RedisAdmin:
             await self._s.ensure()
             k = await self._known(queue)
             # Idle workers of this queue may have tasks waiting for them: PUBLISH.
-            await self._s.commands(
+            await self._s.atomic(
                 [
-                    ("MULTI",),
                     ("DEL", k.paused),
-                    ("SREM", self._s.keys.paused, queue),
                     ("PUBLISH", k.notify, "1"),
-                    ("EXEC",),
+                    ("SREM", self._s.keys.paused, queue),
                 ]
             )
 
@@ -294,9 +287,7 @@ class RedisAdmin:
             if not flat:
                 return []
             rows = list(zip(flat[::2], flat[1::2], strict=True))
-            records = await self._s.command(
-                "MGET", *[self._s.keys.worker(m.decode()) for m, _ in rows]
-            )
+            records = await self._s.get_many([self._s.keys.worker(m.decode()) for m, _ in rows])
         out: list[WorkerInfo] = []
         for (_, beat), raw in zip(rows, records, strict=True):
             if raw is None:

@@ -60,14 +60,15 @@ ENQUEUE_CHUNK = 500
 
 
 class RedisBroker(AdminForwarder):
-    """durq on Redis >= 6.2: ``RedisBroker.from_url("redis://host:6379/0?prefix=durq")``.
+    """durq on Redis >= 6.2: ``RedisBroker.from_url("redis://host:6379/0?prefix=durq")``, or
+    on a Redis Cluster: ``redis+cluster://host:port[,host:port...]/?prefix=durq``.
 
     The hot path here, the inspector in :class:`RedisAdmin`, wake-ups in :class:`Wakeups`,
     all on one :class:`RedisStorage`."""
 
     name = "redis"
-    #: Cross-queue follow-ups: one script touches two queues' hash slots, which a single
-    #: node (this client) allows and a Redis Cluster would refuse. See docs/brokers/redis.md.
+    #: Cross-queue follow-ups: one script touches two queues' hash slots on a single node;
+    #: on a Redis Cluster they go through the outbox. See docs/brokers/redis.md.
     capabilities = frozenset(
         {
             CAP_MULTI_PROCESS,
@@ -98,7 +99,8 @@ class RedisBroker(AdminForwarder):
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
-        """Build from ``redis://host:port/db?prefix=durq`` (also ``rediss://``, ``unix://``).
+        """Build from ``redis://host:port/db?prefix=durq`` (also ``rediss://``, ``unix://``,
+        ``redis+cluster://`` and ``rediss+cluster://``).
 
         ``prefix`` is durq's; every other query parameter goes to the connection."""
         clean, prefix = RedisStorage.split_url(url)
@@ -329,7 +331,23 @@ class RedisBroker(AdminForwarder):
             await self._s.ensure()
             if params.follow_ups:
                 await self._s.remember_queues([p.queue for p in params.follow_ups])
-            return bool(await self._s.eval(*call))
+            done = bool(await self._s.eval(*call))
+        if done and params.follow_ups:
+            await self._drain(self._s.outbox_queues(params.lease.queue, params.follow_ups))
+        return done
+
+    async def _drain(self, queues: Sequence[str]) -> None:
+        """Create the follow-ups a script left in these queues' outboxes (a cluster, another
+        slot). The outcome they follow is stored already, so a failure here is only logged:
+        the next promote_due of any worker creates them."""
+        if not queues:
+            return
+        try:
+            async with self._s.op("drain_outboxes"):
+                await self._s.drain_outboxes(queues)
+        except BrokerError as exc:
+            log.warning("follow-ups of %s stay in the outbox until the next promotion: %s",
+                        ", ".join(queues), exc)  # fmt: skip
 
     async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
         """Several complete scripts in one pipeline."""
@@ -343,7 +361,16 @@ class RedisBroker(AdminForwarder):
                 await self._s.remember_queues(follow_queues)
             day = utc_day(now)  # once per batch, not per task
             replies = await self._s.eval_many([self._complete_call(p, now, day) for p in items])
-        return [bool(r) for r in replies]
+        done = [bool(r) for r in replies]
+        await self._drain(
+            [
+                q
+                for p, ok in zip(items, done, strict=True)
+                if ok and p.follow_ups
+                for q in self._s.outbox_queues(p.lease.queue, p.follow_ups)
+            ]
+        )
+        return done
 
     def _lease_move_call(self, p: LeaseMove, now: float, day: date) -> _Call:
         """The retry.lua or archive.lua call of one fenced move (with its follow-ups)."""
@@ -395,7 +422,16 @@ class RedisBroker(AdminForwarder):
             await self._s.ensure()
             await self._remember_follow_up_queues(moves)
             replies = await self._s.eval_many(calls)
-        return [bool(r) for r in replies]
+        done = [bool(r) for r in replies]
+        await self._drain(
+            [
+                q
+                for p, ok in zip(moves, done, strict=True)
+                if ok and isinstance(p, ArchiveParams) and p.follow_ups
+                for q in self._s.outbox_queues(p.lease.queue, p.follow_ups)
+            ]
+        )
+        return done
 
     async def _remember_follow_up_queues(self, moves: Sequence[LeaseMove]) -> None:
         queues = [f.queue for p in moves if isinstance(p, ArchiveParams) for f in p.follow_ups]
@@ -416,7 +452,10 @@ class RedisBroker(AdminForwarder):
         async with self._s.op(op):
             await self._s.ensure()
             await self._remember_follow_up_queues([params])
-            return bool(await self._s.eval(*call))
+            done = bool(await self._s.eval(*call))
+        if done and isinstance(params, ArchiveParams) and params.follow_ups:
+            await self._drain(self._s.outbox_queues(params.lease.queue, params.follow_ups))
+        return done
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Hand an active task back as pending without counting an attempt (W7)."""
@@ -449,7 +488,11 @@ class RedisBroker(AdminForwarder):
                         [now, k.task_prefix, PROMOTE_BOUND, k.notify],
                     )
                 )
-            return sum(int(n) for n in await self._s.eval_many(calls))
+            promoted = sum(int(n) for n in await self._s.eval_many(calls))
+            if self._s.cluster:
+                # Follow-ups whose creation was cut short (a crash between the two steps).
+                await self._s.drain_outboxes(queues)
+            return promoted
 
     async def expired_leases(self, limit: int) -> list[Lease]:
         """Expired leases of every known queue (one pipeline), oldest expiry first."""

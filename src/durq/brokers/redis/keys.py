@@ -19,6 +19,7 @@ Layout (``P`` is the prefix, default ``durq``; ``Q`` a queue name)::
     P:{Q}:unique                hash     unique key -> "<task id>|<expires at>"
     P:{Q}:stats                 hash     processed / failed totals
     P:{Q}:stats:<YYYY-MM-DD>    hash     processed / failed of one UTC day
+    P:{Q}:outbox                hash     follow-ups into another slot, not yet created (cluster)
     P:{Q}:notify                channel  pub/sub wake-ups (not a key)
 
 Every key of one queue carries the hash tag ``{Q}``, so each script touches one slot. Queue
@@ -71,6 +72,7 @@ class QueueKeys:
         "completed",
         "name",
         "notify",
+        "outbox",
         "paused",
         "pending",
         "retry",
@@ -95,6 +97,7 @@ class QueueKeys:
         self.unique = f"{self.base}:unique"
         self.stats = f"{self.base}:stats"
         self.notify = f"{self.base}:notify"
+        self.outbox = f"{self.base}:outbox"
         #: Scripts that discover task ids in a zset build the task key from this (same slot).
         self.task_prefix = f"{self.base}:t:"
 
@@ -116,6 +119,11 @@ class QueueKeys:
             "completed": self.completed,
             "archived": self.archived,
         }[state]
+
+
+def queue_of_channel(channel: str) -> str:
+    """The queue whose wake-up channel is ``channel`` (``P:{Q}:notify``)."""
+    return channel[channel.index("{") + 1 : channel.rindex("}")]
 
 
 class Keys:

@@ -14,8 +14,15 @@ import redis.asyncio as aioredis
 from redis import exceptions as rex
 
 from durq.brokers.base import EnqueueParams
+from durq.brokers.redis.cluster import (
+    DEFAULT_RETRY,
+    DEFAULT_WAIT_TIMEOUT_MS,
+    ClusterOptions,
+    ClusterWire,
+    key_slot,
+)
 from durq.brokers.redis.errors import map_error, redact
-from durq.brokers.redis.keys import DEFAULT_PREFIX, Keys, QueueKeys
+from durq.brokers.redis.keys import DEFAULT_PREFIX, Keys, QueueKeys, queue_of_channel
 from durq.brokers.redis.lua import LuaScript, load_scripts
 from durq.brokers.redis.wire import Wire, endpoint_of, error, is_error
 from durq.clock import SYSTEM_CLOCK, Clock, server_clock_for, to_datetime
@@ -62,16 +69,29 @@ class RedisStorage:
         self._server_clock = server_clock_for(clock)
         self.keys = Keys(prefix)
         self.scripts: dict[str, LuaScript] = load_scripts()
+        node_url, seeds, options = _cluster_url(url)
         try:
             # redis-py reads the URL (host, socket, TLS options, credentials, timeouts) into
             # a pool that is never connected: every command goes over wire.py's connection,
             # which retries a refused or dropped connection twice, then raises (promptly).
             self.pool: aioredis.ConnectionPool = aioredis.ConnectionPool.from_url(
-                url, socket_connect_timeout=connect_timeout, socket_timeout=socket_timeout
+                node_url, socket_connect_timeout=connect_timeout, socket_timeout=socket_timeout
             )
         except ValueError as exc:
             raise ConfigurationError(f"invalid Redis URL {redact(url)!r}: {exc}") from exc
-        self.wire = Wire(endpoint_of(self.pool))
+        #: A Redis Cluster (``redis+cluster://``): one connection per node, commands routed
+        #: by hash slot, cross-slot work split per slot (see docs/brokers/redis.md).
+        self.cluster = seeds is not None
+        self.wire: Wire | ClusterWire
+        if seeds is not None:
+            self.wire = ClusterWire(
+                seeds,
+                endpoint_of(self.pool),
+                scripts={s.sha: s.source for s in self.scripts.values()},
+                options=options,
+            )
+        else:
+            self.wire = Wire(endpoint_of(self.pool))
         self.ready = False
         self.known_queues: set[str] = set()
 
@@ -80,8 +100,12 @@ class RedisStorage:
         """``redis://host:port/db?prefix=durq`` (also ``rediss://``, ``unix://``) as the URL
         of the connection and durq's key prefix; ConfigurationError for anything else."""
         parts = urlsplit(url)
-        if parts.scheme not in ("redis", "rediss", "unix"):
+        if parts.scheme not in ("redis", "rediss", "unix", *CLUSTER_SCHEMES):
             raise ConfigurationError(f"not a Redis URL: {redact(url)!r}")
+        if parts.scheme in CLUSTER_SCHEMES and parts.path.strip("/") not in ("", "0"):
+            raise ConfigurationError(
+                f"invalid Redis Cluster URL {redact(url)!r}: a cluster has only database 0"
+            )
         if parts.scheme != "unix" and parts.path.strip("/") and not parts.path.strip("/").isdigit():
             raise ConfigurationError(
                 f"invalid Redis URL {redact(url)!r}: the path must be a database number"
@@ -228,6 +252,34 @@ class RedisStorage:
                 raise error(reply)
         return replies
 
+    async def atomic(self, commands: Sequence[tuple[Scalar, ...]]) -> list[Any]:
+        """``commands`` in one MULTI/EXEC on a single node. On a cluster, one MULTI/EXEC per
+        hash slot, in the order of each slot's first command: the queue's own key first, so
+        what the scripts read changes before the listings do."""
+        if not self.cluster:
+            replies = await self.commands([("MULTI",), *commands, ("EXEC",)])
+            return list(replies[-1])
+        groups: dict[int | None, list[tuple[Scalar, ...]]] = {}
+        for command in commands:
+            slot = None if command[0] == "PUBLISH" else key_slot(str(command[1]))
+            groups.setdefault(slot, []).append(command)
+        out: list[Any] = []
+        for slot, group in groups.items():
+            if slot is None:  # PUBLISH has no key: any node, after the writes before it
+                out += await self.commands(group)
+            else:
+                out += (await self.commands([("MULTI",), *group, ("EXEC",)]))[-1]
+        return out
+
+    async def get_many(self, keys: Sequence[str]) -> list[Any]:
+        """``GET`` of each key: one MGET on a single node, a pipeline of GETs (routed per
+        slot) on a cluster."""
+        if not keys:
+            return []
+        if self.cluster:
+            return await self.commands([("GET", key) for key in keys])
+        return list(await self.command("MGET", *keys))
+
     def mapped(self, exc: Exception, op: str) -> Exception:
         """The durq error for a failure of broker call ``op`` (``exc`` itself when it is
         already durq's or not a driver/socket error)."""
@@ -367,11 +419,50 @@ class RedisStorage:
             return call
         name, keys, args = call
         keys, args = list(keys), list(args)
+        slot = key_slot(keys[0]) if self.cluster else None
         for p in follow_ups:
             (_, more_keys, more_args), _ = self.enqueue_call(p, now)
+            if slot is not None and key_slot(more_keys[0]) != slot:
+                # Another slot: the script keeps it in its own queue's outbox (see
+                # _lib.lua), and drain_outboxes creates it right after.
+                more_keys = [self.keys.queue(_queue_of_key(keys[0])).outbox] * 6
             keys.extend(more_keys)
             args.extend(more_args)
         return name, keys, args
+
+    def outbox_queues(self, source: str, follow_ups: Sequence[EnqueueParams]) -> list[str]:
+        """``[source]`` if a follow-up of a task of ``source`` goes through its outbox (a
+        cluster, another hash slot), else ``[]``."""
+        if not self.cluster:
+            return []
+        slot = key_slot(self.keys.queue(source).base)
+        if any(key_slot(self.keys.queue(p.queue).base) != slot for p in follow_ups):
+            return [source]
+        return []
+
+    async def drain_outboxes(self, queues: Sequence[str]) -> int:
+        """Create the follow-ups kept in the outboxes of ``queues`` (cluster only): each runs
+        as enqueue.lua in its own slot, then leaves the outbox. Idempotent: a follow-up that
+        exists already (a drain that stopped between the two steps) counts as created."""
+        created = 0
+        outboxes = [self.keys.queue(q).outbox for q in dict.fromkeys(queues)]
+        replies = await self.commands([("HGETALL", key) for key in outboxes])
+        for outbox, flat in zip(outboxes, replies, strict=True):
+            for field, value in zip(flat[::2], flat[1::2], strict=True):
+                args = _netstrings(bytes(value))
+                target = queue_of_channel(args[1].decode())
+                tk = self.keys.queue(target)
+                await self.remember_queues([target])
+                await self.eval(
+                    "enqueue",
+                    [tk.task(args[2].decode()), tk.pending, tk.scheduled, tk.completed,
+                     tk.unique, tk.seq],
+                    args,
+                )  # fmt: skip
+                # Same id, same arguments: a second run meets its own task and skips it.
+                await self.command("HDEL", outbox, field)
+                created += 1
+        return created
 
     async def remember_queues(self, queues: Sequence[str]) -> None:
         """Add queues to the known set (once per queue per broker object)."""
@@ -385,6 +476,71 @@ class RedisStorage:
     async def all_queues(self) -> list[str]:
         members: Any = await self.command("SMEMBERS", self.keys.queues)
         return sorted(bytes(m).decode() for m in members)
+
+
+#: ``redis+cluster://host:port[,host:port...]/?prefix=...`` and its TLS form.
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+#: Query parameters of a cluster URL that are durq's, not redis-py's.
+_CLUSTER_OPTIONS = ("cluster_retry", "wait_replicas", "wait_timeout")
+
+
+def _cluster_url(url: str) -> tuple[str, list[tuple[str, int]] | None, ClusterOptions]:
+    """For a cluster URL: the URL of one node as redis-py reads it (credentials, TLS and
+    socket options), the seed nodes, and the cluster options. Any other URL comes back as it
+    is, without seeds."""
+    parts = urlsplit(url)
+    if parts.scheme not in CLUSTER_SCHEMES:
+        return url, None, ClusterOptions()
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    seeds: list[tuple[str, int]] = []
+    for item in hosts.split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigurationError(
+                f"invalid Redis Cluster URL {redact(url)!r}: list nodes as host:port[,host:port]"
+            )
+        seeds.append((host.strip("[]"), int(port)))
+    rest: list[tuple[str, str]] = []
+    options: dict[str, str] = {}
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in _CLUSTER_OPTIONS:
+            options[key] = value
+        else:
+            rest.append((key, value))
+    try:
+        cluster = ClusterOptions(
+            retry=float(options.get("cluster_retry", DEFAULT_RETRY)),
+            wait_replicas=int(options.get("wait_replicas", 0)),
+            wait_timeout_ms=int(options.get("wait_timeout", DEFAULT_WAIT_TIMEOUT_MS)),
+        )
+    except ValueError as exc:
+        raise ConfigurationError(f"invalid Redis Cluster URL {redact(url)!r}: {exc}") from exc
+    if cluster.retry < 0 or cluster.wait_replicas < 0 or cluster.wait_timeout_ms < 0:
+        raise ConfigurationError(
+            f"invalid Redis Cluster URL {redact(url)!r}: "
+            "cluster_retry, wait_replicas and wait_timeout must not be negative"
+        )
+    scheme = "rediss" if parts.scheme == "rediss+cluster" else "redis"
+    netloc = f"{userinfo}@{hosts.split(',')[0]}" if userinfo else hosts.split(",")[0]
+    node = urlunsplit((scheme, netloc, "/0", urlencode(rest), ""))
+    return node, seeds, cluster
+
+
+def _queue_of_key(key: str) -> str:
+    """The queue of a queue key (``P:{Q}:...``)."""
+    return key[key.index("{") + 1 : key.index("}")]
+
+
+def _netstrings(data: bytes) -> list[bytes]:
+    """The values of ``<length>:<bytes>`` items one after another (an outbox entry)."""
+    out: list[bytes] = []
+    pos = 0
+    while pos < len(data):
+        colon = data.index(b":", pos)
+        length = int(data[pos:colon])
+        out.append(data[colon + 1 : colon + 1 + length])
+        pos = colon + 1 + length
+    return out
 
 
 def _version(text: str) -> tuple[int, ...]:

@@ -228,8 +228,11 @@ class _Protocol(asyncio.Protocol):
 class Wire:
     """The pipelined connection of one broker object (reconnects on demand)."""
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, *, retries: int = RETRIES) -> None:
         self._endpoint = endpoint
+        #: Retries of a refused or dropped connection (a cluster node retries none itself:
+        #: the cluster client refreshes its map and retries within its own budget instead).
+        self._retries = retries
         self._proto: _Protocol | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Lock | None = None
@@ -311,14 +314,14 @@ class Wire:
     async def call(self, command: Command) -> Any:
         """One command; its reply (error replies come back as values: see :func:`error`)."""
         data = _pack(command)
-        for attempt in range(RETRIES + 1):
+        for attempt in range(self._retries + 1):
             try:
                 proto = await self._connection()
                 future: asyncio.Future[Any] = proto._loop.create_future()
                 proto.send(data, future)
                 return await future
             except rex.ConnectionError:
-                if attempt == RETRIES:
+                if attempt == self._retries:
                     raise
                 await asyncio.sleep(min(_BACKOFF[1], _BACKOFF[0] * 2**attempt))
         raise AssertionError("unreachable")
@@ -328,14 +331,14 @@ class Wire:
         if not commands:
             return []
         data = b"".join([_pack(c) for c in commands])
-        for attempt in range(RETRIES + 1):
+        for attempt in range(self._retries + 1):
             try:
                 proto = await self._connection()
                 future: asyncio.Future[list[Any]] = proto._loop.create_future()
                 proto.send(data, _Batch(future, len(commands)))
                 return await future
             except rex.ConnectionError:
-                if attempt == RETRIES:
+                if attempt == self._retries:
                     raise
                 await asyncio.sleep(min(_BACKOFF[1], _BACKOFF[0] * 2**attempt))
         raise AssertionError("unreachable")

@@ -194,13 +194,25 @@ end
 -- Create the follow-up tasks passed after a script's own keys and arguments:
 -- groups of 6 KEYS from index nk + 1 and of 15 ARGV from index na + 1, laid out as KEYS and
 -- ARGV of enqueue.lua. A follow-up whose id or unique key is taken is skipped.
+-- On a Redis Cluster a follow-up into another hash slot comes with its 6 KEYS all naming
+-- this queue's outbox hash: its 15 ARGV are kept there (netstrings, field "<channel> <id>")
+-- and the client runs them as enqueue.lua in the other slot, then deletes the field.
 local function enqueue_follow_ups(nk, na)
   local n = (#KEYS - nk) / 6
   for i = 0, n - 1 do
     local ko, ao = nk + 6 * i, na + 15 * i
-    local _, pending = enqueue_task(KEYS[ko + 1], KEYS, ko + 1, ARGV[ao + 1], ARGV, ao + 2)
-    if pending then
-      redis.call('PUBLISH', ARGV[ao + 2], '1')
+    if KEYS[ko + 1] == KEYS[ko + 2] then
+      local parts = {}
+      for j = 1, 15 do
+        local v = ARGV[ao + j]
+        parts[j] = #v .. ':' .. v
+      end
+      redis.call('HSET', KEYS[ko + 1], ARGV[ao + 2] .. ' ' .. ARGV[ao + 3], table.concat(parts))
+    else
+      local _, pending = enqueue_task(KEYS[ko + 1], KEYS, ko + 1, ARGV[ao + 1], ARGV, ao + 2)
+      if pending then
+        redis.call('PUBLISH', ARGV[ao + 2], '1')
+      end
     end
   end
 end
