@@ -435,6 +435,20 @@ class RedisCluster:
 
         _until(ok, timeout, "the Redis Cluster did not become ok")
 
+    def wait_failover(self, dead: int, timeout: float = 30.0) -> None:
+        """Return once the live nodes serve every slot without the dead master ``dead``."""
+
+        def taken_over() -> bool:
+            live = [p for p in self.ports if self.nodes[p].poll() is None]
+            for port in live:
+                slots = self.client(port).execute_command("CLUSTER", "SLOTS")
+                if any(int(row[2][1]) == dead for row in slots):
+                    return False
+            return True
+
+        _until(taken_over, timeout, f"no replica took over from {dead}")
+        self.wait_ok(timeout)
+
     def wait_replicated(self, replicas: int = 1, timeout: float = 30.0) -> None:
         """Return once every master has ``replicas`` replicas online (initial sync done)."""
 

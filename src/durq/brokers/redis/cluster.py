@@ -11,9 +11,9 @@ each command routed to the master that serves its key's hash slot.
   replica may not have a script yet) loads the script on that node and is re-sent.
 * Commands of one call are grouped by node and written to every node at once; the replies
   come back in the callers' order. ``MULTI`` … ``EXEC`` goes to one node as a unit.
-* With ``wait_replicas=N`` each write batch is followed by ``WAIT N <wait_timeout ms>`` on its
-  node: a write is acknowledged once N replicas have it, else the call fails
-  (:class:`ReplicationError`).
+* With ``wait_replicas=N`` a batch with a confirmed script (task writes: enqueue, outcomes,
+  inspector moves) is followed by ``WAIT N <wait_timeout ms>`` on its node: the write is
+  acknowledged once N replicas have it, else the call fails (:class:`ReplicationError`).
 
 Wake-ups use the classic ``PUBLISH`` of the scripts: a cluster forwards it to every node,
 so one subscription on any node hears every queue (see docs/brokers/redis.md).
@@ -81,14 +81,6 @@ def key_slot(key: str | bytes) -> int:
 _KEYLESS = frozenset(
     {"INFO", "TIME", "PING", "CONFIG", "SCRIPT", "CLUSTER", "PUBLISH", "WAIT", "ECHO", "DBSIZE"}
 )
-#: Commands that write nothing: no WAIT after them.
-_READS = frozenset(
-    {
-        "GET", "MGET", "EXISTS", "HGET", "HGETALL", "HMGET", "HLEN", "SMEMBERS", "SISMEMBER",
-        "SCARD", "ZCARD", "ZCOUNT", "ZRANGE", "ZRANGEBYSCORE", "ZSCORE", "TTL", "PTTL", "TYPE",
-        "SCAN", "HSCAN", "INFO", "TIME", "PING", "CONFIG", "CLUSTER", "ECHO", "DBSIZE",
-    }
-)  # fmt: skip
 
 
 def command_slot(command: Command) -> int | None:
@@ -147,12 +139,15 @@ class ClusterWire:
         *,
         scripts: Mapping[str, bytes],
         options: ClusterOptions | None = None,
+        confirmed: frozenset[str] = frozenset(),
     ) -> None:
         if not seeds:
             raise ValueError("a Redis Cluster URL needs at least one host:port")
         self._seeds = list(seeds)
         self._endpoint = dataclasses.replace(endpoint, db=0, path=None)
         self._scripts = dict(scripts)
+        #: SHAs of the scripts whose writes ``wait_replicas`` confirms (see storage.py).
+        self._confirmed = confirmed
         self.options = options or ClusterOptions()
         self._wires: dict[Address, Wire] = {}
         #: The master of each slot (``None`` until the first map is read).
@@ -348,8 +343,9 @@ class ClusterWire:
             if asking:
                 batch.append(("ASKING",))
             for i in indexes:
-                batch.append(commands[i])
-                writes = writes or str(commands[i][0]).upper() not in _READS
+                command = commands[i]
+                batch.append(command)
+                writes = writes or (command[0] == "EVALSHA" and command[1] in self._confirmed)
         wait = self.options.wait_replicas if writes else 0
         if wait:
             batch.append(("WAIT", wait, self.options.wait_timeout_ms))

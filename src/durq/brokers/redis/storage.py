@@ -89,6 +89,9 @@ class RedisStorage:
                 endpoint_of(self.pool),
                 scripts={s.sha: s.source for s in self.scripts.values()},
                 options=options,
+                confirmed=frozenset(
+                    s.sha for name, s in self.scripts.items() if name not in _UNCONFIRMED
+                ),
             )
         else:
             self.wire = Wire(endpoint_of(self.pool))
@@ -478,6 +481,10 @@ class RedisStorage:
         return sorted(bytes(m).decode() for m in members)
 
 
+#: Scripts ``wait_replicas`` does not wait for: a claim, lease extension or promotion lost in
+#: a failover only makes a task claimable again, while failing it for want of a replica
+#: would strand the tasks it moved (active, until their lease expires).
+_UNCONFIRMED = frozenset({"claim", "extend", "expired", "promote", "janitor"})
 #: ``redis+cluster://host:port[,host:port...]/?prefix=...`` and its TLS form.
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 #: Query parameters of a cluster URL that are durq's, not redis-py's.
