@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -49,8 +50,8 @@ async def _true(value: bool) -> bool:
 class ServerConnections:
     """Counts the server connections named ``tag``, sampling the peak in the background."""
 
-    def __init__(self, kind: str, tag: str) -> None:
-        self.kind, self.tag = kind, tag
+    def __init__(self, kind: str, tag: str, url: str = "") -> None:
+        self.kind, self.tag, self.url = kind, tag, url
         self.peak = 0
 
     async def count(self) -> int:
@@ -66,11 +67,22 @@ class ServerConnections:
                 return int(row[0]) if row else 0
         import redis.asyncio as aioredis
 
-        client = aioredis.Redis.from_url(REDIS_URL)
-        try:
-            return sum(1 for c in await client.client_list() if c.get("name") == self.tag)
-        finally:
-            await client.aclose()
+        total = 0
+        for url in self.redis_urls:
+            client = aioredis.Redis.from_url(url)
+            try:
+                total += sum(1 for c in await client.client_list() if c.get("name") == self.tag)
+            finally:
+                await client.aclose()
+        return total
+
+    @property
+    def redis_urls(self) -> list[str]:
+        """The shared Redis, or every node of the cluster (its URL lists them all)."""
+        if self.kind != "redis-cluster":
+            return [REDIS_URL]
+        nodes = urlsplit(self.url).netloc.split(",")
+        return [f"redis://{node}/0" for node in nodes]
 
     @contextlib.asynccontextmanager
     async def sampling(self) -> AsyncIterator[None]:
@@ -90,15 +102,18 @@ class ServerConnections:
 
 
 async def test_worker_process_connections_on_the_server(broker_kind: str, broker_url: str) -> None:
-    if broker_kind not in ("postgres", "redis"):
+    if broker_kind not in ("postgres", "redis", "redis-cluster"):
         pytest.skip(f"{broker_kind}: no server connections to count")
     tag = unique_name("durqconn")
     if broker_kind == "postgres":
         url = f"{broker_url}&application_name={tag}&pool_max={POOL_MAX}"
         budget = POOL_MAX + 1  # the pool and the LISTEN connection
-    else:
+    elif broker_kind == "redis":
         url = f"{broker_url}&client_name={tag}"
         budget = 2  # commands and the wake-up subscription
+    else:
+        url = f"{broker_url}&client_name={tag}"
+        budget = 3 + 1  # one per master (3) and the wake-up subscription
     producer = durq.App(broker_url)  # another process's connections: not named ``tag``
     await producer.new_broker().migrate()
     app = durq.App(url)
@@ -113,7 +128,7 @@ async def test_worker_process_connections_on_the_server(broker_kind: str, broker
         await asyncio.sleep(0.05)  # overlap the handlers, so their enqueues are concurrent
         await leaf.enqueue({})
 
-    counter = ServerConnections(broker_kind, tag)
+    counter = ServerConnections(broker_kind, tag, broker_url)
     try:
         async with counter.sampling(), app.worker(queues=["conn"], concurrency=8, **FAST):
             await producer.enqueue_many(
