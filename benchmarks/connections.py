@@ -11,8 +11,9 @@ that carry a tag of the run: PostgreSQL's ``pg_stat_activity`` by ``application_
 * ``enqueue``: the peak while they drain tasks whose handler enqueues another task.
 
 Then, once per broker: an enqueue-only client (a web process), the inspector (``durq queue``,
-the dashboard), and ``--processes 2`` with ``--metrics-port`` (the supervisor reads the
-queue gauges and answers the probes). The producer and the monitor use other tags, so they
+the dashboard), and a worker with ``--metrics-port``, idle and once ``/metrics``, ``/readyz``
+and ``/healthz`` were read (with ``--processes 2`` the supervisor reads the queue gauges and
+answers the probes). The producer and the monitor use other tags, so they
 are not counted. Everything is removed at the end.
 
     .venv/bin/python benchmarks/connections.py [--pg postgresql://postgres@127.0.0.1:5432/test]
@@ -31,6 +32,7 @@ import signal
 import socket
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -121,15 +123,15 @@ def free_port() -> int:
 
 
 async def start_workers(
-    url: str, workers: int, processes: int, concurrency: int, metrics: bool = False
+    url: str, workers: int, processes: int, concurrency: int, metrics: int | None = None
 ) -> list[asyncio.subprocess.Process]:
     durq = str(Path(sys.executable).with_name("durq"))
     procs = []
     for _ in range(workers):
         argv = [durq, "worker", "connections:app", "--broker", url, "--log-level", "WARNING"]
         argv += ["--processes", str(processes), "--concurrency", str(concurrency)]
-        if metrics:
-            argv += ["--metrics-port", str(free_port())]
+        if metrics is not None:
+            argv += ["--metrics-port", str(metrics)]
         procs.append(
             await asyncio.create_subprocess_exec(
                 *argv, cwd=HERE, stdin=asyncio.subprocess.DEVNULL, env=dict(os.environ)
@@ -233,7 +235,8 @@ async def measure_extras(kind: str, base: str, concurrency: int) -> list[dict[st
         )
         await client.close()
         for processes in (1, 2):
-            procs = await start_workers(place.url, 1, processes, concurrency, metrics=True)
+            port = free_port()
+            procs = await start_workers(place.url, 1, processes, concurrency, metrics=port)
             try:
                 producer = App(tagged(kind, place.url, tag + "p"))
 
@@ -243,14 +246,31 @@ async def measure_extras(kind: str, base: str, concurrency: int) -> list[dict[st
                 await until(registered, 120, "the workers to register")
                 await producer.close()
                 await asyncio.sleep(3.0)
-                label = f"1 worker --processes {processes} --metrics-port, idle"
-                rows.append({"broker": kind, "what": label, "connections": await counter.count()})
+                label = f"1 worker --processes {processes} --metrics-port"
+                rows.append(
+                    {"broker": kind, "what": f"{label}, idle", "connections": await counter.count()}
+                )
+                await asyncio.to_thread(scrape, port)
+                rows.append(
+                    {
+                        "broker": kind,
+                        "what": f"{label}, scraped",
+                        "connections": await counter.count(),
+                    }
+                )
             finally:
                 await stop_workers(procs)
     finally:
         await counter.close()
         await place.cleanup()
     return rows
+
+
+def scrape(port: int) -> None:
+    """What Prometheus and the orchestrator's probes do: /metrics and /readyz."""
+    for path in ("/metrics", "/readyz", "/healthz"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as reply:
+            reply.read()
 
 
 def print_table(grid: list[dict[str, Any]], extras: list[dict[str, Any]]) -> None:
