@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -63,32 +62,9 @@ class TaskDefaults:
     unique: float | None = None
 
 
-class _RandomIds:
-    """128-bit random hex ids, drawing random bytes a page at a time: ``os.urandom`` is a
-    system call, and bulk enqueue made one per task."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pool = b""
-        self._at = 0
-
-    def __call__(self) -> str:
-        with self._lock:
-            if self._at + 16 > len(self._pool):
-                self._pool, self._at = os.urandom(4096), 0
-            start = self._at
-            self._at += 16
-        return self._pool[start : start + 16].hex()
-
-    def reset(self) -> None:
-        self._lock = threading.Lock()
-        self._pool, self._at = b"", 0
-
-
-#: A new task id (32 hex digits, as random as ``uuid4().hex``).
-new_task_id = _RandomIds()
-# A forked child (gunicorn, prefork) must not hand out its parent's unused ids.
-os.register_at_fork(after_in_child=new_task_id.reset)
+def new_task_id() -> str:
+    """A new task id: 32 hex digits, as random as ``uuid4().hex``."""
+    return os.urandom(16).hex()
 
 
 def epoch(moment: Moment | None, what: str) -> float | None:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 
 from durq.brokers.base import ClaimParams, EnqueueParams
 from durq.brokers.postgres import PostgresBroker
-from durq.brokers.postgres.rows import CLAIM_COLUMNS, make_info
+from durq.brokers.postgres.rows import CLAIM_COLUMNS
 from durq.brokers.postgres.storage import QUERIES
 from durq.clock import FakeClock
 from durq.states import TaskState
-from durq.task import TaskInfo
 
 
 def task(task_id: str, **options: object) -> EnqueueParams:
@@ -23,27 +21,6 @@ def task(task_id: str, **options: object) -> EnqueueParams:
         payload=json.dumps({"id": task_id}).encode(),
         **options,  # type: ignore[arg-type]
     )
-
-
-def test_make_info_equals_the_constructor() -> None:
-    names = [f.name for f in dataclasses.fields(TaskInfo)]
-    values = {name: None for name in names} | {
-        "id": "a",
-        "queue": "q",
-        "type": "t",
-        "raw_payload": b"{}",
-        "state": TaskState.PENDING,
-        "max_retry": 3,
-        "retried": 0,
-        "retention": 0.0,
-        "lost": 0,
-        "headers": {"k": "v"},
-        "cancel_requested": False,
-    }
-    built = make_info(values)
-    assert built == TaskInfo(**values)
-    assert built.payload == {}
-    assert dataclasses.replace(built, retried=1).retried == 1
 
 
 def test_claim_returns_the_columns_claimed_info_reads() -> None:

@@ -19,7 +19,7 @@ from durq.brokers.mailbox import Mailbox
 from durq.clock import to_datetime, utc_day
 from durq.errors import DuplicateTaskError, TaskIDConflictError
 from durq.states import TaskState
-from durq.task import TaskInfo
+from durq.task import TaskInfo, make_info
 
 P, S, A, R, X, C = (
     TaskState.PENDING,
@@ -66,7 +66,7 @@ class Row:
     unique_until: float | None = None
 
     def info(self) -> TaskInfo:
-        return TaskInfo(
+        return make_info(
             id=self.id,
             queue=self.queue,
             type=self.type,

@@ -6,8 +6,9 @@ import json
 from typing import Any
 
 from durq.brokers.base import QueueStats, TaskMove, TaskSearch, TaskSearchResult, WorkerInfo
-from durq.brokers.postgres.rows import Row, row_to_info
+from durq.brokers.postgres.rows import Row
 from durq.brokers.postgres.storage import PostgresStorage
+from durq.brokers.sqlrows import row_to_info
 from durq.clock import utc_day
 from durq.errors import QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState

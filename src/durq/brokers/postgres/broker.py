@@ -42,13 +42,12 @@ from durq.brokers.postgres.rows import (
     CLAIM_TOKEN,
     CLAIM_UNTIL,
     Row,
-    Times,
     claimed_info,
-    row_to_info,
 )
 from durq.brokers.postgres.storage import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_MAX, PostgresStorage
 from durq.brokers.postgres.wakeup import Listener
-from durq.clock import SYSTEM_CLOCK, Clock, utc_day
+from durq.brokers.sqlrows import row_to_info
+from durq.clock import SYSTEM_CLOCK, Clock, to_datetime, utc_day
 from durq.errors import ConfigurationError
 from durq.task import TaskInfo
 
@@ -247,12 +246,12 @@ class PostgresBroker(AdminForwarder):
             # UPDATE … RETURNING has no order: restore queue order, then due time, then seq.
             order = {q: i for i, q in enumerate(queues)}
             rows.sort(key=lambda r: (order[r[CLAIM_QUEUE]], r[CLAIM_NEXT_AT], r[CLAIM_SEQ]))
-        times = Times()
         # One statement: every row has the same start and lease expiry, read by the server.
-        started, expires = times(rows[0][CLAIM_STARTED]), times(rows[0][CLAIM_UNTIL])
+        started = to_datetime(rows[0][CLAIM_STARTED])
+        expires = to_datetime(rows[0][CLAIM_UNTIL])
         worker = params.worker_id
         return [
-            Lease(task=claimed_info(r, started, expires, worker, times), token=r[CLAIM_TOKEN])
+            Lease(task=claimed_info(r, started, expires, worker), token=r[CLAIM_TOKEN])
             for r in rows
         ]
 

@@ -12,10 +12,11 @@ from datetime import datetime
 from typing import Any
 
 from durq.brokers.base import EnqueueOutcome, EnqueueParams
+from durq.brokers.sqlrows import headers_of, row_to_info
 from durq.clock import to_datetime
 from durq.errors import DuplicateTaskError, TaskIDConflictError
 from durq.states import TaskState
-from durq.task import TaskInfo
+from durq.task import TaskInfo, make_info
 
 Row = dict[str, Any]
 #: One statement to run: a query name from ``queries.sql`` and its parameters.
@@ -25,82 +26,6 @@ EnqueuePlan = Generator[Step, list[Row], list[EnqueueOutcome]]
 # Rounds of insert -> explain refusals -> free stale rows -> insert again. Each round makes
 # progress unless another client keeps taking the same id at the same moment.
 _MAX_ROUNDS = 4
-
-# TaskInfo is a frozen dataclass: its __init__ sets each of its ~20 fields through
-# object.__setattr__, which costs more than the rest of decoding a claimed row. When it is a
-# plain dataclass (a __dict__, no __post_init__) the hot paths fill the __dict__ at once; the
-# result is the same object the constructor builds (tests/postgres/test_pg_rows.py checks).
-_DIRECT = (
-    "__slots__" not in TaskInfo.__dict__
-    and not hasattr(TaskInfo, "__post_init__")
-    and "__init__" in TaskInfo.__dict__
-)
-
-
-def make_info(values: dict[str, Any]) -> TaskInfo:
-    """A TaskInfo from a dict holding every one of its fields."""
-    if _DIRECT:
-        info = object.__new__(TaskInfo)
-        info.__dict__.update(values)
-        return info
-    return TaskInfo(**values)
-
-
-class Times:
-    """Epoch seconds to aware UTC datetimes, remembering each value within one call (rows of
-    one claim or one bulk enqueue share their enqueue, start and lease times)."""
-
-    __slots__ = ("_seen",)
-
-    def __init__(self) -> None:
-        self._seen: dict[float, datetime | None] = {}
-
-    def __call__(self, ts: float | None) -> datetime | None:
-        if ts is None:
-            return None
-        dt = self._seen.get(ts)
-        if dt is None:
-            dt = self._seen[ts] = to_datetime(ts)
-        return dt
-
-
-def _headers(raw: Any) -> dict[str, str]:
-    # Read as text (not jsonb) so the common empty object costs nothing to decode.
-    if raw is None or raw == "{}":
-        return {}
-    return dict(json.loads(raw) if isinstance(raw, str) else raw)
-
-
-def row_to_info(row: Row, times: Times | None = None) -> TaskInfo:
-    """A task row (``SELECT t.*``) as the user sees it."""
-    at = times or to_datetime
-    result = row["result"]
-    return make_info(
-        {
-            "id": row["id"],
-            "queue": row["queue"],
-            "type": row["type"],
-            "raw_payload": bytes(row["payload"]),
-            "state": TaskState(row["state"]),
-            "max_retry": row["max_retry"],
-            "retried": row["retried"],
-            "last_error": row["last_error"],
-            "timeout": row["timeout"],
-            "deadline": at(row["deadline"]),
-            "next_process_at": at(row["next_process_at"]),
-            "enqueued_at": at(row["enqueued_at"]),
-            "completed_at": at(row["completed_at"]),
-            "raw_result": None if result is None else bytes(result),
-            "retention": row["retention"],
-            "lost": row["lost"],
-            "headers": _headers(row["headers"]),
-            "started_at": at(row["started_at"]),
-            "lease_expires_at": at(row["lease_expires_at"]),
-            "worker_id": row["worker_id"],
-            "cancel_requested": row["cancel_requested"],
-            "traceback": row.get("traceback"),
-        }
-    )
 
 
 #: The columns ``claim`` returns, in order (see :func:`claimed_info`).
@@ -120,68 +45,61 @@ def claimed_info(
     started: datetime | None,
     lease_until: datetime | None,
     worker_id: str,
-    times: Times,
 ) -> TaskInfo:
     """A claimed row (``CLAIM_COLUMNS``, a tuple) as the active task the handler gets; the
     fields the claim itself set are passed in rather than decoded once per row."""
     (task_id, queue, type_, payload, max_retry, retried, last_error, timeout, deadline,
      next_at, enqueued_at, retention, lost, headers, _token, _seq, *_) = row  # fmt: skip
     return make_info(
-        {
-            "id": task_id,
-            "queue": queue,
-            "type": type_,
-            "raw_payload": bytes(payload),
-            "state": TaskState.ACTIVE,
-            "max_retry": max_retry,
-            "retried": retried,
-            "last_error": last_error,
-            "timeout": timeout,
-            "deadline": times(deadline),
-            "next_process_at": times(next_at),
-            "enqueued_at": times(enqueued_at),
-            "completed_at": None,
-            "raw_result": None,
-            "retention": retention,
-            "lost": lost,
-            "headers": _headers(headers),
-            "started_at": started,
-            "lease_expires_at": lease_until,
-            "worker_id": worker_id,
-            "cancel_requested": False,
-        }
+        id=task_id,
+        queue=queue,
+        type=type_,
+        raw_payload=bytes(payload),
+        state=TaskState.ACTIVE,
+        max_retry=max_retry,
+        retried=retried,
+        last_error=last_error,
+        timeout=timeout,
+        deadline=to_datetime(deadline),
+        next_process_at=to_datetime(next_at),
+        enqueued_at=to_datetime(enqueued_at),
+        completed_at=None,
+        raw_result=None,
+        retention=retention,
+        lost=lost,
+        headers=headers_of(headers),
+        started_at=started,
+        lease_expires_at=lease_until,
+        worker_id=worker_id,
+        cancel_requested=False,
     )
 
 
-def created_info(
-    p: EnqueueParams, state: TaskState, next_at: float, now: float, times: Times
-) -> TaskInfo:
+def created_info(p: EnqueueParams, state: TaskState, next_at: float, now: float) -> TaskInfo:
     """The TaskInfo of a row the enqueue statement just inserted from ``p``: every column is
     known from the params, so the statement returns none of them."""
     return make_info(
-        {
-            "id": p.id,
-            "queue": p.queue,
-            "type": p.type,
-            "raw_payload": bytes(p.payload),
-            "state": state,
-            "max_retry": int(p.max_retry),
-            "retried": 0,
-            "last_error": None,
-            "timeout": _f(p.timeout),
-            "deadline": times(_f(p.deadline)),
-            "next_process_at": times(next_at),
-            "enqueued_at": times(now),
-            "completed_at": None,
-            "raw_result": None,
-            "retention": float(p.retention),
-            "lost": 0,
-            "headers": dict(p.headers),
-            "started_at": None,
-            "lease_expires_at": None,
-            "worker_id": None,
-            "cancel_requested": False,
-        }
+        id=p.id,
+        queue=p.queue,
+        type=p.type,
+        raw_payload=bytes(p.payload),
+        state=state,
+        max_retry=int(p.max_retry),
+        retried=0,
+        last_error=None,
+        timeout=_f(p.timeout),
+        deadline=to_datetime(_f(p.deadline)),
+        next_process_at=to_datetime(next_at),
+        enqueued_at=to_datetime(now),
+        completed_at=None,
+        raw_result=None,
+        retention=float(p.retention),
+        lost=0,
+        headers=dict(p.headers),
+        started_at=None,
+        lease_expires_at=None,
+        worker_id=None,
+        cancel_requested=False,
     )
 
 
@@ -317,7 +235,6 @@ def enqueue_plan(
         created = inserted_keys(inserted, batch)
         # The clock the statement read: every row of it was stamped with this one value.
         stamped = float(inserted[0]["now"]) if inserted else now
-        times = Times()
         refused: list[int] = []
         for i, p, state in zip(todo, batch, states, strict=True):
             if created is not None:
@@ -327,7 +244,7 @@ def enqueue_plan(
                     continue
                 # The same id twice in one batch: the first is inserted, the second refused.
                 created.discard(key)
-            info = created_info(p, state, p.ready_at(stamped), stamped, times)
+            info = created_info(p, state, p.ready_at(stamped), stamped)
             outcomes[i] = EnqueueOutcome(p, info=info)
         if not refused:
             todo = []

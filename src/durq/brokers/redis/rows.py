@@ -8,7 +8,7 @@ from typing import Any
 
 from durq.clock import to_datetime
 from durq.states import TaskState
-from durq.task import TaskInfo
+from durq.task import TaskInfo, make_info
 
 
 def pairs(flat: Sequence[Any] | dict[Any, Any]) -> dict[str, bytes]:
@@ -49,7 +49,7 @@ def task_info(queue: str, flat: Sequence[Any] | dict[Any, Any]) -> TaskInfo:
     h = pairs(flat)
     headers_raw = _chunks(h, "h")
     headers: dict[str, str] = json.loads(headers_raw) if headers_raw else {}
-    return TaskInfo(
+    return make_info(
         id=_s(h["id"]),
         queue=queue,
         type=_s(h["type"]),

@@ -33,7 +33,7 @@ from durq.errors import (
     SchemaError,
 )
 from durq.states import TaskState
-from durq.task import TaskInfo
+from durq.task import TaskInfo, make_info
 
 #: The oldest server the scripts run on (ZADD GT/LT, GETDEL, ZRANGE options...).
 MIN_REDIS_VERSION = (6, 2)
@@ -376,7 +376,7 @@ class RedisStorage:
             float(p.process_in) if p.process_in else "",
         ]
         enqueued_at = to_datetime(now)
-        info = TaskInfo(
+        info = make_info(
             id=p.id,
             queue=p.queue,
             type=p.type,

@@ -7,8 +7,8 @@ import sqlite3
 from typing import Any
 
 from durq.brokers.base import QueueStats, TaskMove, TaskSearch, TaskSearchResult, WorkerInfo
-from durq.brokers.sqlite.rows import row_to_info
 from durq.brokers.sqlite.storage import Conn, Q, SQLiteStorage
+from durq.brokers.sqlrows import row_to_info
 from durq.clock import utc_day
 from durq.errors import QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState

@@ -37,7 +37,6 @@ from durq.brokers.base import (
 )
 from durq.brokers.mailbox import Waiter
 from durq.brokers.sqlite.admin import WORKER_TTL, SQLiteAdmin
-from durq.brokers.sqlite.rows import row_to_info
 from durq.brokers.sqlite.storage import (
     DEFAULT_BUSY_TIMEOUT,
     DEFAULT_POLL_INTERVAL,
@@ -50,6 +49,7 @@ from durq.brokers.sqlite.storage import (
     schema_version,
     transaction,
 )
+from durq.brokers.sqlrows import row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import ConfigurationError, DuplicateTaskError, SchemaError, TaskIDConflictError
 from durq.task import TaskInfo

@@ -20,7 +20,7 @@ from typing import TypeVar
 from durq.brokers import mailbox, sqlfiles
 from durq.brokers.base import EnqueueParams
 from durq.brokers.sqlite.errors import map_error
-from durq.brokers.sqlite.rows import row_to_info
+from durq.brokers.sqlrows import row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock, utc_day
 from durq.errors import (
     BrokerUnavailableError,

@@ -1,0 +1,176 @@
+"""CPU time per task of the shipped ``durq worker`` and of a producer, per broker.
+
+Throughput swings with whatever else the machine runs; the CPU time a process itself used
+(user + system, from the kernel's accounting when it exits) swings much less, so this is the
+figure to compare two builds of durq on a busy machine, and how the cost of a small code path
+is judged. The broker server's own work is not in it.
+
+For each broker, the worker drains N1 and then N2 no-op tasks, each in a new ``durq worker``
+process stopped by SIGTERM once the last handler has run; the per-task figure is the
+difference of the two counts over N2 - N1, so start-up and shutdown cancel out. The
+producer is measured the same way (``app.enqueue`` one by one, and ``enqueue_many``).
+
+    .venv/bin/python benchmarks/cpu_per_task.py [--brokers sqlite,redis,postgresql]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import durq
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+BIN = Path(sys.executable).parent
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/5")
+PG_DSN = os.environ.get("BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/durq_bench")
+MARKS = os.environ.get("BENCH_MARKS", "")
+
+app = durq.App(os.environ.get("DURQ_BROKER_URL", "memory://"))
+
+
+@app.task("noop", retention=0)
+async def noop(payload: dict[str, Any]) -> None:
+    # One byte per completion, unbuffered: the driver watches the file's size.
+    with open(MARKS, "ab", buffering=0) as f:
+        f.write(b".")
+
+
+def broker_url(broker: str, tmp: str) -> str:
+    if broker == "sqlite":
+        return f"sqlite:///{tmp}/cpu.sqlite3"
+    if broker == "redis":
+        return f"{REDIS_URL}?prefix=durq-cpu"
+    return f"{PG_DSN}"
+
+
+async def _reset(url: str) -> None:
+    target = durq.App(url)
+    broker: Any = target.new_broker()
+    await broker.migrate()
+    await broker.close()
+    await target.close()
+
+
+def reset(broker: str, url: str, tmp: str) -> None:
+    if broker == "sqlite":
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{tmp}/cpu.sqlite3{suffix}").unlink(missing_ok=True)
+    elif broker == "redis":
+        import redis
+
+        client = redis.Redis.from_url(REDIS_URL)
+        keys = list(client.scan_iter("durq-cpu*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+    else:
+        import psycopg
+
+        with psycopg.connect(PG_DSN, autocommit=True) as conn:
+            conn.execute("DROP SCHEMA IF EXISTS durq CASCADE")
+    asyncio.run(_reset(url))
+
+
+def run(cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        cmd, env=env, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def cpu_seconds(proc: subprocess.Popen[bytes]) -> float:
+    """Wait for the process; the user + system CPU seconds it used."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode not in (0, -signal.SIGTERM):
+        raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+    return usage.ru_utime + usage.ru_stime
+
+
+def produce(url: str, n: int, mode: str) -> float:
+    env = {**os.environ, "DURQ_BROKER_URL": url}
+    code = (
+        "import asyncio, cpu_per_task as m\n"
+        "async def main():\n"
+        f"    if {mode!r} == 'many':\n"
+        "        for i in range(0, N, 500):\n"
+        "            await m.app.enqueue_many([m.durq.EnqueueRequest('noop', {'i': j}) "
+        "for j in range(i, min(N, i + 500))])\n"
+        "    else:\n"
+        "        for i in range(N):\n"
+        "            await m.app.enqueue('noop', {'i': i})\n"
+        "    await m.app.close()\n"
+        f"N = {n}\n"
+        "asyncio.run(main())\n"
+    )
+    return cpu_seconds(run([sys.executable, "-c", code], env))
+
+
+def drain(url: str, n: int, tmp: str) -> float:
+    marks = f"{tmp}/marks"
+    Path(marks).write_bytes(b"")
+    env = {**os.environ, "DURQ_BROKER_URL": url, "BENCH_MARKS": marks}
+    proc = run([str(BIN / "durq"), "worker", "cpu_per_task:app"], env)
+    deadline = time.monotonic() + 600
+    while os.path.getsize(marks) < n:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"worker stopped after {os.path.getsize(marks)} of {n} tasks")
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # the worker finishes what it holds and exits
+    return cpu_seconds(proc)
+
+
+def measure(broker: str, n1: int, n2: int, repeats: int) -> dict[str, float]:
+    """Median over ``repeats`` of the CPU microseconds per task of each step."""
+    samples: dict[str, list[float]] = {"enqueue_one": [], "enqueue_many": [], "worker": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        url = broker_url(broker, tmp)
+        for _ in range(repeats):
+            for mode in ("one", "many"):
+                used = []
+                for n in (n1, n2):
+                    reset(broker, url, tmp)
+                    used.append(produce(url, n, mode))
+                samples[f"enqueue_{mode}"].append((used[1] - used[0]) / (n2 - n1) * 1e6)
+            used = []
+            for n in (n1, n2):
+                reset(broker, url, tmp)
+                produce(url, n, "many")
+                used.append(drain(url, n, tmp))
+            samples["worker"].append((used[1] - used[0]) / (n2 - n1) * 1e6)
+    return {step: statistics.median(values) for step, values in samples.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--brokers", default="sqlite,redis,postgresql")
+    parser.add_argument("--n1", type=int, default=1000)
+    parser.add_argument("--n2", type=int, default=10000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    sys.path.insert(0, str(HERE))
+    results = {b: measure(b, args.n1, args.n2, args.repeats) for b in args.brokers.split(",")}
+    if args.json:
+        print(json.dumps(results))
+        return
+    print(f"CPU microseconds per task (user + system, median of {args.repeats}):")
+    print(f"{'broker':<12}{'enqueue':>10}{'enqueue_many':>14}{'worker':>10}")
+    for broker, f in results.items():
+        print(
+            f"{broker:<12}{f['enqueue_one']:>10.1f}{f['enqueue_many']:>14.1f}{f['worker']:>10.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""A row of the task table as the :class:`~durq.task.TaskInfo` users see: SQLite and
+PostgreSQL store tasks in the same columns (``durq_tasks`` / ``durq.tasks``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from durq.clock import to_datetime
+from durq.states import TaskState
+from durq.task import TaskInfo, make_info
+
+
+def headers_of(raw: Any) -> dict[str, str]:
+    """The headers column: JSON text (or a decoded object); the common ``{}`` costs nothing."""
+    if raw is None or raw == "{}" or raw == "":
+        return {}
+    return dict(json.loads(raw) if isinstance(raw, str) else raw)
+
+
+class TaskRow(Protocol):
+    """What both drivers' rows offer: ``sqlite3.Row`` and psycopg's dict rows."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+    def keys(self) -> Iterable[str]: ...
+
+
+def row_to_info(row: TaskRow) -> TaskInfo:
+    """A whole task row (``SELECT *``; a ``sqlite3.Row`` or a psycopg dict row)."""
+    result, timeout = row["result"], row["timeout"]
+    return make_info(
+        id=row["id"],
+        queue=row["queue"],
+        type=row["type"],
+        raw_payload=bytes(row["payload"]),
+        state=TaskState(row["state"]),
+        max_retry=row["max_retry"],
+        retried=row["retried"],
+        last_error=row["last_error"],
+        timeout=None if timeout is None else float(timeout),
+        deadline=to_datetime(row["deadline"]),
+        next_process_at=to_datetime(row["next_process_at"]),
+        enqueued_at=to_datetime(row["enqueued_at"]),
+        completed_at=to_datetime(row["completed_at"]),
+        raw_result=None if result is None else bytes(result),
+        retention=float(row["retention"]),
+        lost=row["lost"],
+        headers=headers_of(row["headers"]),
+        started_at=to_datetime(row["started_at"]),
+        lease_expires_at=to_datetime(row["lease_expires_at"]),
+        worker_id=row["worker_id"],
+        cancel_requested=bool(row["cancel_requested"]),
+        # Statements that return chosen columns leave the (possibly long) traceback out.
+        traceback=row["traceback"] if "traceback" in row.keys() else None,
+    )
