@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from durq import lifecycle
 from durq.brokers.base import (
     PAYLOAD_FIELD,
+    MinuteCounts,
     QueueStats,
     TaskFilter,
     TaskSearch,
@@ -176,6 +177,12 @@ class Inspector:
     async def unpause_queue(self, queue: str) -> None:
         """Resume a paused queue."""
         await (await self._admin()).unpause_queue(check_queue(queue))
+
+    async def minute_counts(self, queue: str | None, since: float) -> list[MinuteCounts]:
+        """Tasks processed and failed per minute since ``since`` (epoch seconds), of one
+        queue or of all (``None``); kept by the broker for two days."""
+        name = None if queue is None else check_queue(queue)
+        return await (await self._admin()).minute_counts(name, since)
 
     async def list_workers(self) -> list[WorkerInfo]:
         """Live worker processes."""

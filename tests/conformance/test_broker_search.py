@@ -75,7 +75,7 @@ async def test_search_by_error_text_is_case_insensitive(
     for task_id, error in [("r1", "Timeout talking to ACME"), ("r2", "refused"), ("r3", "")]:
         await broker.enqueue(params(task_id))
         (lease,) = await claim(broker)
-        assert await broker.retry(RetryParams(lease.ref, error, clock.now() + LATER))
+        assert await broker.retry(RetryParams(lease.ref, error, LATER))
     await broker.enqueue(params("p1"))
     assert await found(broker, TaskFilter(error="acme"), R) == ["r1"]
     assert await found(broker, TaskFilter(error="E"), R) == ["r1", "r2"]

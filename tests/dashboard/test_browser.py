@@ -142,7 +142,7 @@ def env(tmp_path: Path) -> Iterator[Env]:
         await app.close()
 
     run_async(seed)
-    settings = DashboardSettings(history_interval=0.5, refresh_seconds=2)
+    settings = DashboardSettings(refresh_seconds=2)
     with LiveServer(create_dashboard(app, token=TOKEN, settings=settings)) as server:
         with WorkerThread(app):
             e = Env(app, server.url, attempts)

@@ -23,7 +23,8 @@ Contract notes that every backend honours (the conformance suite checks each):
   fenced, and answers whether the fence held.
 * Counters for the inspector (I1): ``complete`` adds one processed; ``retry`` and ``archive``
   (when it counts an attempt) add one processed and one failed, per queue and per UTC day of
-  the broker clock (also through ``move_leases``).
+  the broker clock (also through ``move_leases``), and per minute of the broker clock, kept
+  :data:`MINUTE_COUNTS_KEEP` seconds (the janitor's ``delete_expired`` drops older ones).
 * Follow-ups (``follow_ups`` of the params) are created in the same atomic step as the move
   (one transaction, one script), and never when the fence fails; a follow-up whose task id
   (or unique key) exists is skipped without failing the move.
@@ -35,6 +36,7 @@ Contract notes that every backend honours (the conformance suite checks each):
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -310,6 +312,31 @@ class TaskSearchResult:
     scanned: int | None = None
 
 
+#: How long per-minute counters are kept (seconds of the broker clock).
+MINUTE_COUNTS_KEEP = 2 * 86400.0
+
+
+def minute_of(ts: float) -> int:
+    """The start of the minute ``ts`` falls in (epoch seconds, a multiple of 60)."""
+    return int(ts // 60) * 60
+
+
+def first_counted_minute(since: float, now: float) -> int:
+    """Where :meth:`Admin.minute_counts` starts: the minute of ``since``, but never a minute
+    older than the keep (Redis drops them by expiry, not at the janitor's run)."""
+    return max(minute_of(since), math.ceil((now - MINUTE_COUNTS_KEEP) / 60) * 60)
+
+
+@dataclass(frozen=True, slots=True)
+class MinuteCounts:
+    """Tasks processed and failed in one minute of the broker clock."""
+
+    #: The minute's start, epoch seconds (a multiple of 60).
+    minute: int
+    processed: int
+    failed: int
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
     """A worker process as the inspector shows it."""
@@ -428,7 +455,8 @@ class Broker(Protocol):
         follow-ups. One answer per move: whether its fence held."""
 
     async def delete_expired(self, limit: int) -> int:
-        """Janitor: delete up to ``limit`` completed tasks whose retention has passed."""
+        """Janitor: delete up to ``limit`` completed tasks whose retention has passed (and
+        per-minute counters older than :data:`MINUTE_COUNTS_KEEP`, not counted)."""
 
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Wait until a task may be claimable in ``queues`` or ``timeout`` passes.
@@ -481,6 +509,12 @@ class Admin(Protocol):
         """Tasks of one queue and state that pass a filter, with the total that match;
         QueueNotFoundError if the queue is unknown. The SQL brokers filter in the database;
         Redis reads the state's tasks in order up to a bound and says so."""
+
+    async def minute_counts(self, queue: str | None, since: float) -> list[MinuteCounts]:
+        """Processed and failed per minute from the minute of ``since`` on, oldest first, of
+        one queue or (``None``) summed over all; minutes with nothing, and minutes older
+        than :data:`MINUTE_COUNTS_KEEP` (see :func:`first_counted_minute`), are left out.
+        What every dashboard draws its throughput chart from."""
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task; TaskNotFoundError if absent (or completed past its retention)."""
@@ -537,6 +571,10 @@ class AdminForwarder:
     async def search_tasks(self, search: TaskSearch) -> TaskSearchResult:
         """See :meth:`Admin.search_tasks`."""
         return await self.admin.search_tasks(search)
+
+    async def minute_counts(self, queue: str | None, since: float) -> list[MinuteCounts]:
+        """See :meth:`Admin.minute_counts`."""
+        return await self.admin.minute_counts(queue, since)
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """See :meth:`Admin.get_task`."""

@@ -429,11 +429,11 @@ class AdminAPI:
         return models.WorkerList.model_validate({"workers": [worker_json(w) for w in workers]})
 
     async def history(self) -> models.History:
-        return models.History.model_validate(self.dash.history.series())
+        return models.History.model_validate(await self.dash.history.series())
 
     async def queue_history(self, queue: QueueName) -> models.History:
         await self.inspector.queue_stats(queue)
-        return models.History.model_validate(self.dash.history.series(queue))
+        return models.History.model_validate(await self.dash.history.series(queue))
 
 
 async def task_page(

@@ -63,7 +63,6 @@ class DashboardSettings:
     title: str = "durq"
     #: ``None``: mark cookies Secure when the request came over https.
     cookie_secure: bool | None = None
-    history_interval: float = 10.0
     refresh_seconds: float = 5.0
     #: Host names the dashboard answers to besides its own address, IP addresses and
     #: ``localhost`` (``.example.com``: the domain and its subdomains; ``*``: any).
@@ -116,7 +115,7 @@ class Dashboard:
         self.app = app
         self.auth = auth
         self.settings = settings
-        self.history = History(app, interval=settings.history_interval)
+        self.history = History(app)
         self.limiter = security.FailureLimiter(
             settings.auth_failure_limit, settings.auth_failure_window
         )
@@ -359,8 +358,8 @@ def create_dashboard(
 
     ``token`` is required unless ``insecure_no_auth=True``. ``read_only`` hides and
     refuses every action. ``secret_key`` signs session cookies (default: derived from the
-    token). Mount it anywhere; it needs no lifespan events, but runs its history sampler
-    from the first request on, or from startup when served on its own."""
+    token). Mount it anywhere; it needs no lifespan events (its chart reads the broker's
+    per-minute counters, so it keeps no state of its own)."""
     if token is None and not insecure_no_auth:
         raise ValueError("create_dashboard needs a token, or insecure_no_auth=True")
     if token is not None and insecure_no_auth:
@@ -376,11 +375,9 @@ def create_dashboard(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
-        dash.history.ensure_running()
         try:
             yield
         finally:
-            await dash.history.stop()
             await app.close()
 
     routes = [
@@ -406,10 +403,4 @@ def create_dashboard(
         },
     )
 
-    async def sampled(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            # Mounted apps get no lifespan: start sampling with the first request.
-            dash.history.ensure_running()
-        await starlette(scope, receive, send)
-
-    return Guard(sampled, dash)
+    return Guard(starlette, dash)

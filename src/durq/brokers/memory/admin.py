@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from durq.brokers.base import QueueStats, TaskMove, TaskSearch, TaskSearchResult, WorkerInfo
+from durq.brokers.base import (
+    MinuteCounts,
+    QueueStats,
+    TaskMove,
+    TaskSearch,
+    TaskSearchResult,
+    WorkerInfo,
+    first_counted_minute,
+)
 from durq.brokers.memory.storage import WAITING, A, P, Row, Store, X
 from durq.clock import Clock, utc_day
 from durq.errors import QueueNotFoundError, TaskNotFoundError
@@ -105,6 +113,18 @@ class MemoryAdmin:
             rows.sort(key=lambda r: (r.next_process_at, r.seq))
             hits = [info for info in (r.info() for r in rows) if search.filter.matches(info)]
         return TaskSearchResult(hits[search.offset : search.offset + search.limit], len(hits))
+
+    async def minute_counts(self, queue: str | None, since: float) -> list[MinuteCounts]:
+        """Per-minute counters from the minute of ``since`` on."""
+        start = first_counted_minute(since, self._clock.now())
+        sums: dict[int, list[int]] = {}
+        with self._store.lock:
+            for (q, minute), (processed, failed) in self._store.minutes.items():
+                if minute >= start and (queue is None or q == queue):
+                    counters = sums.setdefault(minute, [0, 0])
+                    counters[0] += processed
+                    counters[1] += failed
+        return [MinuteCounts(m, p, f) for m, (p, f) in sorted(sums.items())]
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task; TaskNotFoundError if absent (or completed past its retention)."""

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
+    MINUTE_COUNTS_KEEP,
     AdminForwarder,
     ArchiveParams,
     ClaimParams,
@@ -297,6 +298,7 @@ class MemoryBroker(AdminForwarder):
         store = self._store
         with store.lock:
             now = self._clock.now()
+            store.prune_minutes(now - MINUTE_COUNTS_KEEP)
             expired = [row for row in store.tasks.values() if row.gone(now)][:limit]
             for row in expired:
                 store.delete(row)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from durq.brokers import mailbox
-from durq.brokers.base import EnqueueParams, WorkerInfo
+from durq.brokers.base import EnqueueParams, WorkerInfo, minute_of
 from durq.brokers.mailbox import Mailbox
 from durq.clock import to_datetime, utc_day
 from durq.errors import DuplicateTaskError, TaskIDConflictError
@@ -127,6 +127,8 @@ class Store:
         self.unique: dict[str, Row] = {}
         #: ``(queue, day) -> [processed, failed]``.
         self.stats: dict[tuple[str, str], list[int]] = {}
+        #: ``(queue, minute start) -> [processed, failed]``.
+        self.minutes: dict[tuple[str, int], list[int]] = {}
         self.workers: dict[str, WorkerInfo] = {}
         self._seq = itertools.count(1)
         # Key in the in-process wake-up registry (never an SQLite file's absolute path).
@@ -246,10 +248,17 @@ class Store:
         return row.lease_token
 
     def bump(self, queue: str, now: float, *, failed: bool, count: int = 1) -> None:
-        counters = self.stats.setdefault((queue, utc_day(now).isoformat()), [0, 0])
-        counters[0] += count
-        if failed:
-            counters[1] += count
+        for counters in (
+            self.stats.setdefault((queue, utc_day(now).isoformat()), [0, 0]),
+            self.minutes.setdefault((queue, minute_of(now)), [0, 0]),
+        ):
+            counters[0] += count
+            if failed:
+                counters[1] += count
+
+    def prune_minutes(self, before: float) -> None:
+        for key in [k for k in self.minutes if k[1] < before]:
+            del self.minutes[key]
 
     def rows(self, queue: str) -> Iterator[Row]:
         return (row for (q, _), row in self.tasks.items() if q == queue)

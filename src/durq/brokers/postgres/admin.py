@@ -5,7 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from durq.brokers.base import QueueStats, TaskMove, TaskSearch, TaskSearchResult, WorkerInfo
+from durq.brokers.base import (
+    MinuteCounts,
+    QueueStats,
+    TaskMove,
+    TaskSearch,
+    TaskSearchResult,
+    WorkerInfo,
+    first_counted_minute,
+)
 from durq.brokers.postgres.rows import Row
 from durq.brokers.postgres.storage import PostgresStorage
 from durq.brokers.sqlrows import row_to_info
@@ -101,6 +109,15 @@ class PostgresAdmin:
         if total == 0:
             await self._require_queue("search_tasks", search.queue)
         return TaskSearchResult([row_to_info(r) for r in rows if r["id"] is not None], total)
+
+    async def minute_counts(self, queue: str | None, since: float) -> list[MinuteCounts]:
+        """Per-minute counters from the minute of ``since`` on."""
+        rows = await self._s.fetch(
+            "minute_counts",
+            "minute_counts",
+            {"queue": queue, "since": first_counted_minute(since, self._s.now())},
+        )
+        return [MinuteCounts(int(r["minute"]), int(r["processed"]), int(r["failed"])) for r in rows]
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task; TaskNotFoundError if absent (or completed past its retention)."""

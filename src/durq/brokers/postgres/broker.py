@@ -20,6 +20,7 @@ from durq.brokers.base import (
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
+    MINUTE_COUNTS_KEEP,
     AdminForwarder,
     ArchiveParams,
     ClaimParams,
@@ -411,10 +412,14 @@ class PostgresBroker(AdminForwarder):
 
     async def delete_expired(self, limit: int) -> int:
         """Janitor: delete up to ``limit`` completed tasks whose retention has passed."""
+        now = self._s.sql_now()
+        await self._s.rowcount(
+            "delete_expired", "prune_minute_stats", {"now": now, "keep": MINUTE_COUNTS_KEEP}
+        )
         if limit <= 0:
             return 0
         return await self._s.rowcount(
-            "delete_expired", "delete_expired", {"now": self._s.sql_now(), "limit": limit}
+            "delete_expired", "delete_expired", {"now": now, "limit": limit}
         )
 
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:

@@ -240,6 +240,11 @@ counted AS (
     INSERT INTO {schema}.stats AS s (queue, day, processed, failed)
     SELECT queue, %(day)s, count(*), 0 FROM done GROUP BY queue
     ON CONFLICT (queue, day) DO UPDATE SET processed = s.processed + excluded.processed
+),
+counted_minute AS (
+    INSERT INTO {schema}.stats_minute AS s (queue, minute, processed, failed)
+    SELECT queue, (floor({now} / 60) * 60)::bigint, count(*), 0 FROM done GROUP BY queue
+    ON CONFLICT (queue, minute) DO UPDATE SET processed = s.processed + excluded.processed
 )
 SELECT queue, id FROM done;
 
@@ -260,6 +265,12 @@ counted AS (
     INSERT INTO {schema}.stats AS s (queue, day, processed, failed)
     SELECT queue, %(day)s, 1, 1 FROM r
     ON CONFLICT (queue, day) DO UPDATE
+    SET processed = s.processed + 1, failed = s.failed + 1
+),
+counted_minute AS (
+    INSERT INTO {schema}.stats_minute AS s (queue, minute, processed, failed)
+    SELECT queue, (floor({now} / 60) * 60)::bigint, 1, 1 FROM r
+    ON CONFLICT (queue, minute) DO UPDATE
     SET processed = s.processed + 1, failed = s.failed + 1
 )
 SELECT count(*) AS n FROM r;
@@ -285,6 +296,12 @@ counted AS (
     INSERT INTO {schema}.stats AS s (queue, day, processed, failed)
     SELECT queue, %(day)s, 1, 1 FROM a WHERE %(count_attempt)s
     ON CONFLICT (queue, day) DO UPDATE
+    SET processed = s.processed + 1, failed = s.failed + 1
+),
+counted_minute AS (
+    INSERT INTO {schema}.stats_minute AS s (queue, minute, processed, failed)
+    SELECT queue, (floor({now} / 60) * 60)::bigint, 1, 1 FROM a WHERE %(count_attempt)s
+    ON CONFLICT (queue, minute) DO UPDATE
     SET processed = s.processed + 1, failed = s.failed + 1
 )
 SELECT count(*) AS n FROM a;
@@ -332,6 +349,18 @@ FROM {schema}.tasks
 WHERE state = 'active' AND lease_expires_at <= {now}
 ORDER BY lease_expires_at
 LIMIT %(limit)s;
+
+-- name: prune_minute_stats
+-- Janitor: per-minute counters past their keep.
+DELETE FROM {schema}.stats_minute WHERE minute < {now} - %(keep)s;
+
+-- name: minute_counts
+-- One queue's counters per minute (queue NULL: summed over every queue) from since on.
+SELECT minute, sum(processed)::bigint AS processed, sum(failed)::bigint AS failed
+FROM {schema}.stats_minute
+WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text) AND minute >= %(since)s
+GROUP BY minute
+ORDER BY minute;
 
 -- name: delete_expired
 -- Janitor: a bounded batch of completed rows past retention, so no statement holds locks on

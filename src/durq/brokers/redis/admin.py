@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
-from durq.brokers.base import QueueStats, TaskMove, TaskSearch, TaskSearchResult, WorkerInfo
+from durq.brokers.base import (
+    MinuteCounts,
+    QueueStats,
+    TaskMove,
+    TaskSearch,
+    TaskSearchResult,
+    WorkerInfo,
+    first_counted_minute,
+)
 from durq.brokers.redis.keys import QueueKeys
 from durq.brokers.redis.rows import pairs, task_info
 from durq.brokers.redis.storage import RedisStorage, _Call
@@ -166,6 +175,28 @@ class RedisAdmin:
             if not complete:
                 complete = not await self._members(zset, state is TaskState.COMPLETED, scanned, 1)
         return TaskSearchResult(hits, total, complete=complete, scanned=scanned)
+
+    async def minute_counts(self, queue: str | None, since: float) -> list[MinuteCounts]:
+        """Per-minute counters from the minute of ``since`` on: the day hashes that cover
+        the span, of one queue or of every queue, read in one pipeline."""
+        sums: dict[int, list[int]] = {}
+        async with self._s.op("minute_counts"):
+            await self._s.ensure()
+            now = self._s.clock.now()
+            start = first_counted_minute(since, now)
+            days = [utc_day(start)]
+            while days[-1] < utc_day(now):
+                days.append(days[-1] + timedelta(days=1))
+            queues = [queue] if queue is not None else await self._s.all_queues()
+            keys = [self._s.keys.queue(q).minutes(day) for q in queues for day in days]
+            replies = await self._s.commands([("HGETALL", key) for key in keys])
+        for reply in replies:
+            for field, value in pairs(reply).items():
+                kind, _, minute = field.partition(":")
+                if int(minute) >= start:
+                    counters = sums.setdefault(int(minute), [0, 0])
+                    counters[kind == "f"] += int(value)
+        return [MinuteCounts(m, p, f) for m, (p, f) in sorted(sums.items())]
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task; TaskNotFoundError if absent or completed past its retention."""

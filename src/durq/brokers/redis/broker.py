@@ -37,6 +37,7 @@ from durq.brokers.redis.rows import pairs, task_info
 from durq.brokers.redis.storage import (
     CONNECT_TIMEOUT,
     DAY_TTL,
+    MINUTE_TTL,
     SOCKET_TIMEOUT,
     RedisStorage,
     Scalar,
@@ -310,6 +311,7 @@ class RedisBroker(AdminForwarder):
                 k.unique,
                 k.stats,
                 k.stats_day(day or utc_day(now)),
+                k.minutes(day or utc_day(now)),
             ],
             [
                 p.lease.token,
@@ -319,6 +321,7 @@ class RedisBroker(AdminForwarder):
                 "1" if p.result is not None else "0",
                 p.result or b"",
                 DAY_TTL,
+                MINUTE_TTL,
             ],
         )
         return self._s.with_follow_ups(call, p.follow_ups, now)
@@ -380,7 +383,14 @@ class RedisBroker(AdminForwarder):
         if isinstance(p, RetryParams):
             return (
                 "retry",
-                [k.task(p.lease.id), k.active, k.retry, k.stats, k.stats_day(day)],
+                [
+                    k.task(p.lease.id),
+                    k.active,
+                    k.retry,
+                    k.stats,
+                    k.stats_day(day),
+                    k.minutes(day),
+                ],
                 [
                     p.lease.token,
                     p.error,
@@ -391,11 +401,20 @@ class RedisBroker(AdminForwarder):
                     k.notify if p.delay <= 0 else "",
                     p.traceback or "",
                     self._s.now_arg(),
+                    MINUTE_TTL,
                 ],
             )
         call: _Call = (
             "archive",
-            [k.task(p.lease.id), k.active, k.archived, k.unique, k.stats, k.stats_day(day)],
+            [
+                k.task(p.lease.id),
+                k.active,
+                k.archived,
+                k.unique,
+                k.stats,
+                k.stats_day(day),
+                k.minutes(day),
+            ],
             [
                 p.lease.token,
                 self._s.now_arg(),
@@ -404,6 +423,7 @@ class RedisBroker(AdminForwarder):
                 DAY_TTL,
                 lost,
                 expired_by,
+                MINUTE_TTL,
             ],
         )
         name, keys, args = self._s.with_follow_ups(call, p.follow_ups, now)

@@ -20,6 +20,7 @@ Layout (``P`` is the prefix, default ``durq``; ``Q`` a queue name)::
     P:{Q}:stats                 hash     processed / failed totals
     P:{Q}:stats:<YYYY-MM-DD>    hash     processed / failed of one UTC day
     P:{Q}:outbox                hash     follow-ups into another slot, not yet created (cluster)
+    P:{Q}:minutes:<YYYY-MM-DD>  hash     p:<minute> / f:<minute> of that day's minutes
     P:{Q}:notify                channel  pub/sub wake-ups (not a key)
 
 Every key of one queue carries the hash tag ``{Q}``, so each script touches one slot. Queue
@@ -108,6 +109,10 @@ class QueueKeys:
     def stats_day(self, day: date) -> str:
         """The daily counter hash of ``day`` (its key ends in ``YYYY-MM-DD``)."""
         return f"{self.stats}:{day.isoformat()}"
+
+    def minutes(self, day: date) -> str:
+        """The per-minute counter hash of ``day``."""
+        return f"{self.base}:minutes:{day.isoformat()}"
 
     def by_state(self, state: str) -> str:
         """The zset that indexes tasks of ``state``."""

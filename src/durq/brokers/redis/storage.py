@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import redis.asyncio as aioredis
 from redis import exceptions as rex
 
-from durq.brokers.base import EnqueueParams
+from durq.brokers.base import MINUTE_COUNTS_KEEP, EnqueueParams
 from durq.brokers.redis.cluster import (
     DEFAULT_RETRY,
     DEFAULT_WAIT_TIMEOUT_MS,
@@ -44,6 +44,9 @@ CONNECT_TIMEOUT = 3.0
 SOCKET_TIMEOUT = 5.0
 #: Daily counters are kept this long (seconds of server time).
 DAY_TTL = 90 * 86400
+#: Per-minute counters: a day's hash is kept this long after its last write (the keep, and
+#: the day the hash spans).
+MINUTE_TTL = int(MINUTE_COUNTS_KEEP) + 86400
 
 Scalar = str | bytes | int | float
 _Call = tuple[str, Sequence[str], Sequence[Scalar]]

@@ -6,7 +6,15 @@ import json
 import sqlite3
 from typing import Any
 
-from durq.brokers.base import QueueStats, TaskMove, TaskSearch, TaskSearchResult, WorkerInfo
+from durq.brokers.base import (
+    MinuteCounts,
+    QueueStats,
+    TaskMove,
+    TaskSearch,
+    TaskSearchResult,
+    WorkerInfo,
+    first_counted_minute,
+)
 from durq.brokers.sqlite.storage import Conn, Q, SQLiteStorage
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import utc_day
@@ -139,6 +147,16 @@ class SQLiteAdmin:
             return TaskSearchResult(tasks, rows[0]["total_"] if rows else 0)
 
         return await self._s.read("sqlite.search_tasks", run)
+
+    async def minute_counts(self, queue: str | None, since: float) -> list[MinuteCounts]:
+        """Per-minute counters from the minute of ``since`` on (one read)."""
+        params = {"queue": queue, "since": first_counted_minute(since, self._s.clock.now())}
+
+        def run(conn: Conn) -> list[MinuteCounts]:
+            rows = conn.execute(Q["minute_counts"], params).fetchall()
+            return [MinuteCounts(r["minute"], r["processed"], r["failed"]) for r in rows]
+
+        return await self._s.read("sqlite.minute_counts", run)
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task; TaskNotFoundError if absent (or completed past its retention)."""

@@ -22,6 +22,7 @@ from durq.brokers.base import (
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
+    MINUTE_COUNTS_KEEP,
     AdminForwarder,
     ArchiveParams,
     ClaimParams,
@@ -473,10 +474,13 @@ class SQLiteBroker(AdminForwarder):
     async def delete_expired(self, limit: int) -> int:
         """Delete up to ``limit`` completed tasks past their retention."""
         now = self._s.clock.now()
-        return await self._s.write(
-            "sqlite.delete_expired",
-            lambda c: c.execute(Q["delete_expired"], {"now": now, "limit": limit}).rowcount,
-        )
+
+        def run(conn: Conn) -> int:
+            conn.execute(Q["prune_minute_stats"], {"before": now - MINUTE_COUNTS_KEEP})
+            deleted: int = conn.execute(Q["delete_expired"], {"now": now, "limit": limit}).rowcount
+            return deleted
+
+        return await self._s.write("sqlite.delete_expired", run)
 
     # ------------------------------------------------------------------ wake-up
 

@@ -146,6 +146,24 @@ INSERT INTO durq_stats (queue, day, processed, failed) VALUES (:queue, :day, :pr
 ON CONFLICT (queue, day) DO UPDATE
 SET processed = processed + excluded.processed, failed = failed + excluded.failed;
 
+-- name: bump_minute_stats
+INSERT INTO durq_stats_minute (queue, minute, processed, failed)
+VALUES (:queue, :minute, :processed, :failed)
+ON CONFLICT (queue, minute) DO UPDATE
+SET processed = processed + excluded.processed, failed = failed + excluded.failed;
+
+-- name: prune_minute_stats
+-- Janitor: per-minute counters past their keep.
+DELETE FROM durq_stats_minute WHERE minute < :before;
+
+-- name: minute_counts
+-- One queue's counters per minute (:queue NULL: summed over every queue) from :since on.
+SELECT minute, sum(processed) AS processed, sum(failed) AS failed
+FROM durq_stats_minute
+WHERE (:queue IS NULL OR queue = :queue) AND minute >= :since
+GROUP BY minute
+ORDER BY minute;
+
 -- name: promote_due
 UPDATE durq_tasks SET state = 'pending'
 WHERE state IN ('scheduled', 'retry') AND next_process_at <= :now

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from durq.brokers import mailbox, sqlfiles
-from durq.brokers.base import EnqueueParams
+from durq.brokers.base import EnqueueParams, minute_of
 from durq.brokers.sqlite.errors import map_error
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock, utc_day
@@ -345,16 +345,11 @@ class SQLiteStorage:
         return queues
 
     def bump(self, conn: Conn, queue: str, now: float, *, failed: bool, count: int = 1) -> None:
-        """Add ``count`` processed (and as many failed, if ``failed``) to today's counters."""
-        conn.execute(
-            Q["bump_stats"],
-            {
-                "queue": queue,
-                "day": utc_day(now).isoformat(),
-                "processed": count,
-                "failed": count * failed,
-            },
-        )
+        """Add ``count`` processed (and as many failed, if ``failed``) to the counters of
+        today and of this minute."""
+        counts = {"queue": queue, "processed": count, "failed": count * failed}
+        conn.execute(Q["bump_stats"], {**counts, "day": utc_day(now).isoformat()})
+        conn.execute(Q["bump_minute_stats"], {**counts, "minute": minute_of(now)})
 
     def get_row(self, conn: Exec, queue: str, task_id: str, now: float) -> sqlite3.Row | None:
         row: sqlite3.Row | None = conn.execute(

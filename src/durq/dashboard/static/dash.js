@@ -83,7 +83,7 @@
     if (points.length < 1) {
       const p = document.createElement("p");
       p.className = "muted small";
-      p.textContent = `Collecting samples (one every ${history.interval}s)…`;
+      p.textContent = "No counts yet.";
       chart.appendChild(p);
       return;
     }
@@ -117,10 +117,6 @@
     try {
       const history = await getJSON(chart.dataset.source);
       draw(history);
-      // No points yet (a fresh dashboard): look again after one sample, not a full refresh.
-      if (!(history.points || []).length) {
-        setTimeout(refreshChart, Math.max(500, history.interval * 1000));
-      }
     } catch (err) { /* next tick */ }
   }
   if (chart) { refreshChart(); setInterval(refreshChart, Math.max(refresh, 10000)); }

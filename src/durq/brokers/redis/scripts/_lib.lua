@@ -52,18 +52,25 @@ local function free_unique(unique_hash, task_key)
   end
 end
 
--- Add to the processed/failed counters of the queue (total and UTC day, I1).
-local function count(stats_key, day_key, day_ttl, processed, failed)
+-- Add to the processed/failed counters of the queue (total, UTC day, I1) and of the minute
+-- of `now_s` (fields p:<minute> and f:<minute>, the minute's start in epoch seconds, of a
+-- hash per UTC day, kept minute_ttl seconds).
+local function count(stats_key, day_key, day_ttl, processed, failed, minute_key, now_s,
+                     minute_ttl)
+  local minute = string.format('%d', math.floor(tonumber(now_s) / 60) * 60)
   if processed > 0 then
     redis.call('HINCRBY', stats_key, 'processed', processed)
     redis.call('HINCRBY', day_key, 'processed', processed)
+    redis.call('HINCRBY', minute_key, 'p:' .. minute, processed)
   end
   if failed > 0 then
     redis.call('HINCRBY', stats_key, 'failed', failed)
     redis.call('HINCRBY', day_key, 'failed', failed)
+    redis.call('HINCRBY', minute_key, 'f:' .. minute, failed)
   end
   if processed > 0 or failed > 0 then
     redis.call('EXPIRE', day_key, day_ttl)
+    redis.call('EXPIRE', minute_key, minute_ttl)
   end
 end
 

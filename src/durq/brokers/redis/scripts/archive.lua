@@ -8,8 +8,9 @@
 -- ARGV[6] "1" to add one to lost (the rescuer)
 -- ARGV[7] "" or a time: also fenced by the lease having expired by then and by now
 --         (the rescuer)
--- Then, per follow-up task i = 0, 1, ...: KEYS[7+6i .. 12+6i]
--- and ARGV[8+15i .. 22+15i] as KEYS and ARGV of enqueue.lua (see complete.lua).
+-- KEYS[7] per-minute counters of the day    ARGV[8] their TTL (s)
+-- Then, per follow-up task i = 0, 1, ...: KEYS[8+6i .. 13+6i]
+-- and ARGV[9+15i .. 23+15i] as KEYS and ARGV of enqueue.lua (see complete.lua).
 -- Last ARGV: the attempt's traceback, "" for none.
 -- Returns 1, or 0 (nothing changed) when the fence fails.
 -- Complexity: O(log n).
@@ -33,10 +34,10 @@ end
 redis.call('ZADD', KEYS[3], now, cur[3])
 if ARGV[4] == '1' then
   redis.call('HINCRBY', KEYS[1], 'retried', 1)
-  count(KEYS[5], KEYS[6], ARGV[5], 1, 1)
+  count(KEYS[5], KEYS[6], ARGV[5], 1, 1, KEYS[7], now, ARGV[8])
 end
 if ARGV[6] == '1' then
   redis.call('HINCRBY', KEYS[1], 'lost', 1)
 end
-enqueue_follow_ups(6, 7)
+enqueue_follow_ups(7, 8)
 return 1

@@ -5,8 +5,9 @@
 -- ARGV[1] fencing token  ARGV[2] now ("" = TIME) ARGV[3] retention, s ("0" = delete)
 -- ARGV[4] unused         ARGV[5] "1" if a result follows    ARGV[6] result
 -- ARGV[7] TTL of the daily counters (s)
--- Then, per follow-up (continuation) i = 0, 1, ...: KEYS[7+6i .. 12+6i] and
--- ARGV[8+15i .. 22+15i] as KEYS and ARGV of enqueue.lua. Created only if the lease is held;
+-- KEYS[7] per-minute counters of the day    ARGV[8] their TTL (s)
+-- Then, per follow-up (continuation) i = 0, 1, ...: KEYS[8+6i .. 13+6i] and
+-- ARGV[9+15i .. 23+15i] as KEYS and ARGV of enqueue.lua. Created only if the lease is held;
 -- one whose id is taken is skipped. Keys of another queue are another hash slot: atomic on
 -- a single node, refused by a Redis Cluster.
 -- Returns 1, or 0 (nothing changed) when the lease is no longer held.
@@ -17,8 +18,8 @@ if cur[1] ~= 'active' or cur[2] ~= ARGV[1] then
 end
 redis.call('ZREM', KEYS[2], cur[3])
 free_unique(KEYS[4], KEYS[1])
+local now = clock(ARGV[2])
 if tonumber(ARGV[3]) > 0 then
-  local now = clock(ARGV[2])
   local expires = later(now, ARGV[3])
   redis.call('HSET', KEYS[1], 'state', 'completed', 'completed_at', now,
     'expires_at', expires, 'retention', ARGV[3])
@@ -30,6 +31,6 @@ if tonumber(ARGV[3]) > 0 then
 else
   redis.call('DEL', KEYS[1])
 end
-count(KEYS[5], KEYS[6], ARGV[7], 1, 0)
-enqueue_follow_ups(6, 7)
+count(KEYS[5], KEYS[6], ARGV[7], 1, 0, KEYS[7], now, ARGV[8])
+enqueue_follow_ups(7, 8)
 return 1

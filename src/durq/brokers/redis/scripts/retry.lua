@@ -11,6 +11,7 @@
 -- ARGV[7] "" or the wake-up channel to publish on (the retry is due now)
 -- ARGV[8] the attempt's traceback, "" for none
 -- ARGV[9] now ("" = TIME)
+-- KEYS[6] per-minute counters of the day    ARGV[10] their TTL (s)
 -- Returns 1, or 0 (nothing changed) when the fence fails.
 -- Complexity: O(log n).
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'lease_expires_at')
@@ -35,7 +36,7 @@ else
 end
 redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel')
 redis.call('ZADD', KEYS[3], npa, cur[3])
-count(KEYS[4], KEYS[5], ARGV[4], 1, 1)
+count(KEYS[4], KEYS[5], ARGV[4], 1, 1, KEYS[6], now, ARGV[10])
 if ARGV[7] ~= '' then
   redis.call('PUBLISH', ARGV[7], '1')
 end
