@@ -120,7 +120,7 @@ def worker_command(
             "--processes",
             envvar="DURQ_PROCESSES",
             help="Worker processes under one supervisor, each with --concurrency slots; "
-            "auto: one per CPU.",
+            "auto: one per available CPU (a container's CPU limit counts).",
         ),
     ] = "1",
 ) -> None:

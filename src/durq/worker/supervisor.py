@@ -21,12 +21,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import shutil
 import signal
 import sys
 import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from durq.worker.service import PeriodicService
@@ -47,13 +49,47 @@ USAGE_EXIT = 2
 
 
 def resolve_processes(value: str) -> int:
-    """``"auto"`` (the CPU count) or a positive integer; ``ValueError`` otherwise."""
+    """``"auto"`` (:func:`available_cpus`) or a positive integer; ``ValueError`` otherwise."""
     if value == "auto":
-        return os.cpu_count() or 1
+        return available_cpus()
     count = int(value)
     if count < 1:
         raise ValueError(f"must be >= 1, got {count}")
     return count
+
+
+def available_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """The CPUs this process may use: its affinity mask, capped by a cgroup CPU quota (a
+    container's CPU limit, rounded up), at least 1. ``os.cpu_count()`` alone counts the
+    host's CPUs, which in a container limited to 2 CPUs on a 64-CPU node meant 64 processes."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        count = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(cgroup_root)
+    if quota is not None:
+        count = min(count, math.ceil(quota))
+    return max(1, count)
+
+
+def cgroup_cpu_quota(root: Path, proc_cgroup: Path = Path("/proc/self/cgroup")) -> float | None:
+    """CPUs allowed by the cgroup quota (``cpu.max`` of cgroup v2, ``cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us`` of v1); ``None`` when unlimited or unknown."""
+    own = ""
+    with contextlib.suppress(OSError):
+        for line in proc_cgroup.read_text().splitlines():
+            if line.startswith("0::"):  # cgroup v2: this process's group under the root
+                own = line[3:].strip("/")
+    for path in dict.fromkeys([root / own / "cpu.max", root / "cpu.max"]):
+        with contextlib.suppress(OSError, ValueError):
+            quota, period = path.read_text().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+    with contextlib.suppress(OSError, ValueError):
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        if quota_us > 0 and period_us > 0:
+            return quota_us / period_us
+    return None
 
 
 class Supervisor:
