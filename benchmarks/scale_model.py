@@ -1,31 +1,37 @@
 """A scale model on paper, from per-task costs measured on this machine.
 
 Measures, on a private PostgreSQL cluster (``initdb`` in a temporary directory, with
-``pg_stat_statements``) and a private ``redis-server`` — so no other client adds noise — what
-one task costs the broker, with the real CLI: a ``durq worker`` process (``--processes 1``,
-the default concurrency) drains N no-op tasks that a producer process enqueued one by one
-(``app.enqueue``, ``--producers`` concurrent callers, as a web app does):
+``pg_stat_statements``), a private ``redis-server`` and a private Redis Cluster (3 masters,
+3 replicas, the test suite's) — so no other client adds noise — what one task costs the
+broker, with the real CLI: a ``durq worker`` process (``--processes 1``, the default
+concurrency) drains N no-op tasks that a producer process enqueued one by one
+(``app.enqueue``, ``--producers`` concurrent callers, as a web app does); on the cluster the
+tasks are spread over one queue per master.
 
 * broker CPU per task: PostgreSQL, the CPU time of every process of the cluster (the
   backends, the WAL writer, autovacuum…, from ``/proc/<pid>/stat``; the monitoring backend
-  excluded); Redis, ``INFO cpu`` (``used_cpu_sys + used_cpu_user``);
+  excluded); Redis, ``INFO cpu`` (``used_cpu_sys + used_cpu_user``), summed over the masters
+  of a cluster (the replicas' shown apart);
 * statements per task (``pg_stat_statements`` calls) or commands per task (``INFO
   commandstats``; commands run inside scripts are counted by Redis too, so script calls are
   shown apart), and request segments per task (TCP data segments the server received, from
   ``ss -ti``: a pipelined batch is one);
-* bytes per task on the wire, both directions (``ss -ti`` bytes of the server's sockets);
+* bytes per task on the wire, both directions (``ss -ti`` bytes of the server's sockets; on a
+  cluster this includes the replication stream to the replicas);
 * worker CPU per task (``/proc/<pid>/stat`` of the worker process);
-* the idle cost of one worker process per second (heartbeat, maintenance, polling);
+* the idle cost of one worker process per second (heartbeat, maintenance, polling), and the
+  server's own background work, which is taken out of every figure;
 * PostgreSQL: WAL bytes and dead tuples per task (``pg_stat_wal``, ``pg_stat_user_tables``);
-  Redis: memory per pending task (``INFO memory``).
+  Redis: memory per pending task (``INFO memory``, ``used_memory_dataset``).
 
-The monitor talks over a Unix socket (outside the TCP counts) and its statements are tagged
-and left out. Then the model (assumptions in docs/deployment.md, and printed) estimates the
-throughput and broker load of 10 and 100 worker machines on one PostgreSQL, one Redis and a
-3- and 6-master Redis Cluster, and names the first bottleneck of each.
+The monitor is left out: a Unix socket (PostgreSQL, Redis) or connections skipped by address
+(cluster), tagged statements, its commands not counted. Then the model (assumptions in
+docs/deployment.md, and printed) estimates the throughput and broker load of 10 and 100
+worker machines on one PostgreSQL, one Redis and a 3- and 6-master Redis Cluster, and names
+the first bottleneck of each.
 
     .venv/bin/python benchmarks/scale_model.py [--tasks 3000] [--producers 10] [--idle 10]
-        [--only postgresql|redis] [--json] [--from-json saved.json]
+        [--only postgresql|redis|redis-cluster] [--json] [--from-json saved.json]
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from durq import App
 
 HERE = Path(__file__).resolve().parent
 QUEUE = "scale"
+KINDS = ("postgresql", "redis", "redis-cluster")
 #: The worker's connection name (application_name, client_name): what :class:`Peak` counts.
 WORKER = "durq-scale-worker"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -97,11 +104,15 @@ def child_pids(parent: int) -> list[int]:
     return out
 
 
-def tcp_server_sockets(port: int) -> dict[str, tuple[int, int, int]]:
-    """The server side of each TCP connection to ``port``: bytes in, bytes out, data
-    segments in (requests; a pipelined batch counts once)."""
+def tcp_server_sockets(
+    ports: list[int], skip: frozenset[str] = frozenset()
+) -> dict[str, tuple[int, int, int]]:
+    """The server side of each TCP connection to ``ports``: bytes in, bytes out, data
+    segments in (requests; a pipelined batch counts once). ``skip``: client addresses left
+    out (the monitor's)."""
+    match = " or ".join(f"sport = :{port}" for port in ports)
     text = subprocess.run(
-        ["ss", "-tinH", "state", "established", f"( sport = :{port} )"],
+        ["ss", "-tinH", "state", "established", f"( {match} )"],
         capture_output=True,
         text=True,
         check=True,
@@ -111,7 +122,9 @@ def tcp_server_sockets(port: int) -> dict[str, tuple[int, int, int]]:
     for line in text.splitlines():
         if not line.startswith((" ", "\t")):
             parts = line.split()
-            key = f"{parts[-2]}>{parts[-1]}"
+            key = "" if parts[-1] in skip else f"{parts[-2]}>{parts[-1]}"
+            continue
+        if not key:
             continue
         values = dict(p.split(":", 1) for p in line.split() if ":" in p)
         out[key] = (
@@ -254,7 +267,61 @@ class PrivatePostgres:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-class PrivateRedis:
+#: Commands only the monitor sends; left out of durq's counts.
+MONITOR_COMMANDS = ("cmdstat_info", "cmdstat_zcard", "cmdstat_ping", "cmdstat_client")
+SCRIPT_COMMANDS = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall")
+
+
+class RedisNodes:
+    """What the model reads from Redis servers, summed over ``self.masters`` (clients)."""
+
+    masters: list[Any]
+    replicas: list[Any]
+    ports: list[int]
+    skip: frozenset[str] = frozenset()
+    url = ""
+    version = ""
+
+    @staticmethod
+    def _cpu(client: Any) -> float:
+        info = client.info("cpu")
+        return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+    def cpu(self) -> float:
+        return sum(self._cpu(c) for c in self.masters)
+
+    def replica_cpu(self) -> float:
+        return sum(self._cpu(c) for c in self.replicas)
+
+    def commands(self) -> tuple[int, int]:
+        """Commands durq sent (the monitor's own left out) and script calls among them."""
+        calls = scripts = 0
+        for client in self.masters:
+            stats = client.info("commandstats")
+            calls += sum(
+                int(v["calls"]) for k, v in stats.items() if not k.startswith(MONITOR_COMMANDS)
+            )
+            scripts += sum(int(stats.get(k, {}).get("calls", 0)) for k in SCRIPT_COMMANDS)
+        return calls, scripts
+
+    def memory(self) -> float:
+        return sum(float(c.info("memory")["used_memory_dataset"]) for c in self.masters)
+
+    def client_for(self, key: str) -> Any:
+        return self.masters[0]
+
+    def pending(self, prefix: str, queues: list[str]) -> int:
+        return sum(
+            int(self.client_for(f"{{{q}}}").zcard(f"{prefix}:{{{q}}}:{state}"))
+            for q in queues
+            for state in ("pending", "active", "scheduled", "retry")
+        )
+
+    def connections(self, name: str) -> int:
+        return sum(1 for c in self.masters for x in c.client_list() if x["name"] == name)
+
+
+class PrivateRedis(RedisNodes):
     """A throw-away redis-server (no persistence); TCP for durq, a Unix socket for us."""
 
     def __init__(self) -> None:
@@ -264,23 +331,10 @@ class PrivateRedis:
         self.port = free_port()
         sock = self.base / "redis.sock"
         self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--unixsocket",
-                str(sock),
-                "--dir",
-                str(self.base),
-            ],
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--unixsocket", str(sock), "--dir", str(self.base)],
             stdout=subprocess.DEVNULL,
-        )
+        )  # fmt: skip
         self.client = redis.Redis(unix_socket_path=str(sock))
         deadline = time.monotonic() + 20
         while True:
@@ -291,32 +345,9 @@ class PrivateRedis:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
+        self.masters, self.replicas, self.ports = [self.client], [], [self.port]
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.version = str(self.client.info("server")["redis_version"])
-
-    def cpu(self) -> float:
-        info = self.client.info("cpu")
-        return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
-
-    def commands(self) -> tuple[int, int]:
-        """Commands durq sent (the monitor's own left out) and script calls among them."""
-        stats = self.client.info("commandstats")
-        ours = ("cmdstat_info", "cmdstat_zcard", "cmdstat_ping", "cmdstat_memory")
-        calls = sum(int(v["calls"]) for k, v in stats.items() if k not in ours)
-        scripts = sum(
-            int(stats.get(k, {}).get("calls", 0))
-            for k in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall")
-        )
-        return calls, scripts
-
-    def memory(self) -> float:
-        return float(self.client.info("memory")["used_memory"])
-
-    def pending(self, prefix: str) -> int:
-        return sum(
-            int(self.client.zcard(f"{prefix}:{{{QUEUE}}}:{state}"))
-            for state in ("pending", "active", "scheduled", "retry")
-        )
+        self.version = f"Redis {self.client.info('server')['redis_version']}"
 
     def close(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
@@ -324,10 +355,62 @@ class PrivateRedis:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-class Peak:
-    """Samples the worker process's server connections every 0.1 s."""
+class PrivateCluster(RedisNodes):
+    """The test suite's throw-away Redis Cluster: 3 masters, 3 replicas, asynchronous
+    replication. The monitor talks TCP to each node; its connections are left out of the
+    byte counts by address."""
 
-    def __init__(self, server: PrivatePostgres | PrivateRedis) -> None:
+    def __init__(self) -> None:
+        import redis
+
+        sys.path.insert(0, str(HERE.parent / "tests"))
+        from servers import RedisCluster  # the suite's cluster, as benchmarks/redis_cluster.py
+
+        self.base = Path(tempfile.mkdtemp(prefix="durq-scale-cluster-"))
+        self.cluster = RedisCluster(self.base)
+        self.slots = self.cluster.masters()
+        master_ports = sorted(self.slots)
+        self.by_port = {p: redis.Redis(port=p, socket_timeout=10) for p in self.cluster.ports}
+        self.masters = [self.by_port[p] for p in master_ports]
+        self.replicas = [c for p, c in self.by_port.items() if p not in self.slots]
+        self.ports = master_ports
+        self.skip = frozenset(str(c.client_info()["addr"]) for c in self.by_port.values())
+        self.url = self.cluster.url()
+        info = self.masters[0].info("server")
+        self.version = f"Redis {info['redis_version']} Cluster, {len(master_ports)} masters"
+
+    def client_for(self, key: str) -> Any:
+        from durq.brokers.redis.cluster import key_slot
+
+        slot = key_slot(key)
+        port = next(p for p, r in self.slots.items() if any(a <= slot <= b for a, b in r))
+        return self.by_port[port]
+
+    def queue_names(self, count: int) -> list[str]:
+        """``count`` queue names spread evenly over the masters."""
+        on: dict[int, list[str]] = {p: [] for p in self.slots}
+        i = 0
+        while sum(map(len, on.values())) < count:
+            name, i = f"scale{i}", i + 1
+            port = next(p for p, c in self.by_port.items() if c is self.client_for(f"{{{name}}}"))
+            if len(on[port]) < -(-count // len(on)):
+                on[port].append(name)
+        return sorted(n for names in on.values() for n in names)
+
+    def close(self) -> None:
+        self.cluster.close()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+Server = PrivatePostgres | PrivateRedis | PrivateCluster
+
+
+class Peak:
+    """The worker process's server connections: sampled every 0.1 s on PostgreSQL (the
+    monitor's backend is not in the CPU figures there); read once at the end on Redis, where
+    every read would add to the server's CPU (and the count does not move with load)."""
+
+    def __init__(self, server: Server) -> None:
         self.server = server
         self.peak = self.idle = 0
         self._stop = threading.Event()
@@ -339,10 +422,10 @@ class Peak:
                 "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (WORKER,)
             )
             return int(rows[0][0])
-        return sum(1 for c in self.server.client.client_list() if c["name"] == WORKER)
+        return self.server.connections(WORKER)
 
     def _run(self) -> None:
-        while not self._stop.wait(0.1):
+        while isinstance(self.server, PrivatePostgres) and not self._stop.wait(0.1):
             self.peak = max(self.peak, self.count())
 
     def __enter__(self) -> Peak:
@@ -352,6 +435,7 @@ class Peak:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self.peak = max(self.peak, self.count())
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -385,14 +469,17 @@ def running(argv: list[str], **kwargs: Any) -> Iterator[subprocess.Popen[str]]:
 
 
 def measure(kind: str, tasks: int, producers: int, idle: float) -> dict[str, Any]:
-    server: PrivatePostgres | PrivateRedis
+    server: Server
+    queues = [QUEUE]
     if kind == "postgresql":
         server = PrivatePostgres()
         server.open()
         name = "durq"
         url = f"{server.url}?schema={name}"
     else:
-        server = PrivateRedis()
+        server = PrivateRedis() if kind == "redis" else PrivateCluster()
+        if isinstance(server, PrivateCluster):
+            queues = server.queue_names(len(server.ports))  # one queue per master
         name = f"scale{uuid.uuid4().hex[:6]}"
         url = f"{server.url}?prefix={name}"
     try:
@@ -401,26 +488,32 @@ def measure(kind: str, tasks: int, producers: int, idle: float) -> dict[str, Any
         def snap(worker: int) -> Snapshot:
             if isinstance(server, PrivatePostgres):
                 calls, scripts, extra = server.calls(), 0, server.wal()
+                sockets = tcp_server_sockets([server.port])
             else:
-                (calls, scripts), extra = server.commands(), {"memory": server.memory()}
+                (calls, scripts) = server.commands()
+                extra = {"memory": server.memory(), "replica_cpu": server.replica_cpu()}
+                sockets = tcp_server_sockets(server.ports, server.skip)
             return Snapshot(
                 time.monotonic(),
                 server.cpu(),
                 calls,
                 scripts,
-                tcp_server_sockets(server.port),
+                sockets,
                 proc_cpu(worker) if worker else 0.0,
                 extra,
             )
 
         def left() -> int:
-            return server.pending(name)
+            if isinstance(server, PrivatePostgres):
+                return server.pending(name)
+            return server.pending(name, queues)
 
         result: dict[str, Any] = {"broker": kind, "tasks": tasks, "producers": producers}
-        if isinstance(server, PrivateRedis):
-            result["server"] = f"Redis {server.version}"
+        result["queues"] = len(queues)
+        if isinstance(server, PrivatePostgres):
+            result["server"] = "PostgreSQL " + server.q("SHOW server_version")[0][0].split()[0]
         else:
-            result["server"] = server.q("SHOW server_version")[0][0]
+            result["server"] = server.version
         # 0. the server alone: its own background work, taken out of every phase below.
         quiet = snap(0)
         time.sleep(idle)
@@ -428,7 +521,7 @@ def measure(kind: str, tasks: int, producers: int, idle: float) -> dict[str, Any
         # 1. the producer: N tasks one by one, from another process, then it waits for us.
         before = snap(0)
         with running(
-            [sys.executable, __file__, "produce", url, str(tasks), str(producers)],
+            [sys.executable, __file__, "produce", url, str(tasks), str(producers), *queues],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         ) as producer:
@@ -442,19 +535,15 @@ def measure(kind: str, tasks: int, producers: int, idle: float) -> dict[str, Any
             enqueue.extra["memory"] / tasks if "memory" in enqueue.extra else None
         )
         # 2. one worker process: idle first (queue paused), then it drains the queue.
-        subprocess.run(
-            [durq_cli(), "queue", "pause", QUEUE, "--broker", url], check=True, capture_output=True
-        )
+        for queue in queues:
+            subprocess.run(
+                [durq_cli(), "queue", "pause", queue, "--broker", url],
+                check=True,
+                capture_output=True,
+            )
         named = f"{url}&{'application_name' if kind == 'postgresql' else 'client_name'}={WORKER}"
-        argv = [
-            durq_cli(),
-            "worker",
-            "scale_model:app",
-            "--broker",
-            named,
-            "--log-level",
-            "WARNING",
-        ]
+        argv = [durq_cli(), "worker", "scale_model:app", "--broker", named, "--log-level"]
+        argv += ["WARNING", "--queues", ",".join(queues)]
         with running(argv) as worker, Peak(server) as connections:
             time.sleep(5.0)  # started, registered, first ticks done
             a = snap(worker.pid)
@@ -463,11 +552,12 @@ def measure(kind: str, tasks: int, producers: int, idle: float) -> dict[str, Any
             idle_cost = delta(a, b)
             connections.idle = connections.count()
             c = snap(worker.pid)  # before: the worker starts the moment the queue unpauses
-            subprocess.run(
-                [durq_cli(), "queue", "unpause", QUEUE, "--broker", url],
-                check=True,
-                capture_output=True,
-            )
+            for queue in queues:
+                subprocess.run(
+                    [durq_cli(), "queue", "unpause", queue, "--broker", url],
+                    check=True,
+                    capture_output=True,
+                )
             wait(lambda: left() == 0, 600, "the worker to drain the queue")
             d = snap(worker.pid)
         # The worker's own ticks (heartbeat, maintenance, polls) ran meanwhile: take them out,
@@ -511,8 +601,9 @@ def per(d: Delta, n: float) -> dict[str, float]:
     return out
 
 
-def produce(url: str, tasks: int, producers: int) -> None:
-    """The producer process: enqueue ``tasks`` one by one from ``producers`` coroutines."""
+def produce(url: str, tasks: int, producers: int, queues: list[str]) -> None:
+    """The producer process: enqueue ``tasks`` one by one from ``producers`` coroutines,
+    round robin over ``queues``."""
 
     async def run() -> float:
         application = App(url)
@@ -522,8 +613,8 @@ def produce(url: str, tasks: int, producers: int) -> None:
         start = time.perf_counter()
 
         async def caller() -> None:
-            for _ in todo:
-                await application.enqueue("scale:noop", {}, queue=QUEUE)
+            for i in todo:
+                await application.enqueue("scale:noop", {}, queue=queues[i % len(queues)])
 
         await asyncio.gather(*(caller() for _ in range(producers)))
         rate = tasks / (time.perf_counter() - start)
@@ -559,6 +650,10 @@ def model(measured: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         ("Redis Cluster, 3 masters", "redis", 3),
         ("Redis Cluster, 6 masters", "redis", 6),
     ):
+        # A cluster's per-task cost is the one measured on 3 masters (summed over them), for 6
+        # masters too; without that run, one Redis's.
+        if nodes > 1 and "redis-cluster" in measured:
+            kind = "redis-cluster"
         m = measured.get(kind)
         if m is None:
             continue
@@ -581,6 +676,7 @@ def model(measured: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             first = min(limits, key=lambda k: limits[k])
             row: dict[str, Any] = {
                 "setup": setup,
+                "measured_on": m["server"],
                 "machines": machines,
                 "worker_processes": processes,
                 "throughput": throughput,
@@ -613,7 +709,7 @@ def report(measured: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> N
     for kind, m in measured.items():
         enq, proc, idle = m["enqueue_per_task"], m["process_per_task"], m["idle_per_worker_second"]
         print(
-            f"\n{kind} ({m['server']}): {m['tasks']} tasks; enqueue {m['enqueue_rate']:.0f}/s "
+            f"\n{kind} ({m['server']}, {m.get('queues', 1)} queue(s)): {m['tasks']} tasks; enqueue {m['enqueue_rate']:.0f}/s "
             f"({m['producers']} callers); a worker process: {m['worker_tasks_per_cpu_second']:.0f} "
             "tasks per CPU second"
         )
@@ -626,6 +722,8 @@ def report(measured: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> N
             ("bytes on the wire", "bytes", 1),
             ("worker CPU (µs)", "worker_cpu", 1e6),
         ]
+        if kind == "redis-cluster":
+            keys.append(("replicas' CPU (µs)", "replica_cpu", 1e6))
         if kind == "postgresql":
             keys += [("WAL bytes", "wal_bytes", 1), ("WAL syncs", "wal_syncs", 1)]
         for label, key, scale in keys:
@@ -667,20 +765,20 @@ def report(measured: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> N
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "produce":
-        produce(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        produce(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:])
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--producers", type=int, default=10)
     parser.add_argument("--idle", type=float, default=10.0)
-    parser.add_argument("--only", choices=["postgresql", "redis"])
+    parser.add_argument("--only", choices=KINDS)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--from-json", help="model a run saved with --json instead of measuring")
     args = parser.parse_args()
     if args.from_json:
         measured = json.loads(Path(args.from_json).read_text())["measured"]
     else:
-        kinds = [args.only] if args.only else ["postgresql", "redis"]
+        kinds = [args.only] if args.only else list(KINDS)
         measured = {k: measure(k, args.tasks, args.producers, args.idle) for k in kinds}
     rows = model(measured)
     if args.json:
