@@ -457,6 +457,8 @@ class EntryStatus:
     last_task_id: str | None = None
     last_enqueued_at: datetime | None = None
     last_state: str | None = None
+    #: The next runs from now, ``next_run`` first (as many as ``status(upcoming=)`` asked).
+    next_runs: tuple[datetime, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         def iso(dt: datetime | None) -> str | None:
@@ -470,11 +472,12 @@ class EntryStatus:
             "last_task_id": self.last_task_id,
             "last_enqueued_at": iso(self.last_enqueued_at),
             "last_state": self.last_state,
+            "next_runs": [iso(run) for run in self.next_runs],
         }
 
 
-async def status(app: App, *, lookback: int = 2) -> list[EntryStatus]:
-    """Every entry of ``app`` with its next run and last enqueue.
+async def status(app: App, *, lookback: int = 2, upcoming: int = 1) -> list[EntryStatus]:
+    """Every entry of ``app`` with its next ``upcoming`` runs and last enqueue.
 
     The last enqueue is read from the broker: the task of one of the ``lookback`` most recent
     ticks, found by its computed id. It is visible while that task exists (pending, running,
@@ -501,6 +504,9 @@ async def status(app: App, *, lookback: int = 2) -> list[EntryStatus]:
                 "last_state": info.state.value,
             }
             break
-        next_run = datetime.fromtimestamp(entry.schedule.next_after(now), zone)
-        out.append(EntryStatus(entry, queue, next_run, **found))
+        runs = [entry.schedule.next_after(now)]
+        while len(runs) < upcoming:
+            runs.append(entry.schedule.next_after(runs[-1]))
+        next_runs = tuple(datetime.fromtimestamp(run, zone) for run in runs)
+        out.append(EntryStatus(entry, queue, next_runs[0], **found, next_runs=next_runs))
     return out

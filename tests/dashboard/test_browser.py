@@ -134,6 +134,9 @@ def env(tmp_path: Path) -> Iterator[Env]:
             raise RuntimeError("partner API timed out")
         return {"pages": 3}
 
+    # A schedule that does not tick during a test (New Year's midnight, UTC).
+    app.add_periodic("0 0 1 1 *", "email:send", name="mail:new-year", payload={"to": "all"})
+
     async def seed() -> None:
         await (await app.broker()).migrate()
         await app.enqueue("report:build", {"month": "2024-05"}, task_id="report-may")
@@ -286,3 +289,21 @@ def test_filter_tasks_and_act_on_a_selection(page: Any, env: Env) -> None:
     page.click('#selection button[data-selection="delete"]')
     assert "1 of 1 task(s) deleted" in page.locator(".notice").inner_text()
     assert "No scheduled tasks" in page.locator("main").inner_text()
+
+
+def test_periodic_schedules_page(page: Any, env: Env) -> None:
+    log_in(page, env)
+    page.click('.top nav a[href="/periodic"]')
+    row = page.locator('table.periodic tr[data-entry="mail:new-year"]')
+    assert "0 0 1 1 *" in row.inner_text()
+    runs = row.locator("td.runs div")
+    assert runs.count() == 3
+    assert [runs.nth(i).inner_text()[5:] for i in range(3)] == ["01-01 00:00:00 UTC"] * 3
+    assert "none found" in row.locator("td.last").inner_text()
+    assert row.locator(".badge.paused").count() == 0
+    page.goto(env.url + "/queues/default")
+    page.click("#pause")
+    page.goto(env.url + "/periodic")
+    assert row.locator(".badge.paused").is_visible()
+    row.locator('a[href="/queues/default"]').click()
+    assert page.locator(".crumbs .badge.paused").is_visible()

@@ -8,12 +8,13 @@ from typing import Annotated
 
 import typer
 
-from durq.cli.common import BrokerOpt, UsageFailure, make_app
+from durq.cli.common import BrokerOpt, UsageFailure, load_app, make_app
 from durq.observability.logging import setup_logging
 
 EPILOG = (
     "Examples:\n\n"
     "  durq dash\n\n"
+    "  durq dash myproject.tasks:app   (also shows its periodic schedules)\n\n"
     "  DURQ_DASH_TOKEN=s3cret-token durq dash --broker postgresql://localhost/app\n\n"
     "  durq dash --read-only --host 0.0.0.0 --token s3cret-token\n\n"
     "Without --token (or $DURQ_DASH_TOKEN) a random token is generated and printed. "
@@ -31,6 +32,15 @@ def _is_loopback(host: str) -> bool:
 
 
 def dash_command(
+    app_path: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[APP]",
+            help="Your app as module:attribute, to show its periodic schedules [default: "
+            "none; queues, tasks and workers need only the broker]",
+            show_default=False,
+        ),
+    ] = None,
     host: Annotated[
         str, typer.Option("--host", help="Interface to bind (loopback by default).")
     ] = "127.0.0.1",
@@ -100,7 +110,7 @@ def dash_command(
     if token is not None and len(token) < 8:
         raise UsageFailure("--token must have at least 8 characters")
     setup_logging(log_level.upper())
-    app = make_app(broker)
+    app = load_app(app_path, broker) if app_path else make_app(broker)
     generated = False
     if not insecure_no_auth and not token:
         token = generate_token()

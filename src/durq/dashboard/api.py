@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from durq import periodic
 from durq.brokers.base import (
     PAYLOAD_FIELD,
     QueueStats,
@@ -35,6 +36,7 @@ from durq.names import NAME_MAX, NAME_PATTERN, TASK_ID_MAX, TASK_ID_PATTERN
 from durq.states import TaskState
 
 if TYPE_CHECKING:
+    from durq.app import App
     from durq.dashboard.app import Dashboard
     from durq.inspector import Inspector
 
@@ -294,6 +296,14 @@ class AdminAPI:
             ),
             route("/api/workers", self.list_workers, "GET", "Live workers", responses=COMMON),
             route(
+                "/api/periodic",
+                self.list_periodic,
+                "GET",
+                "The app's periodic schedules: next runs, the last tick found in the broker, "
+                "whether their queue is paused",
+                responses=COMMON,
+            ),
+            route(
                 "/api/history",
                 self.history,
                 "GET",
@@ -424,6 +434,10 @@ class AdminAPI:
         endpoint.__name__ = f"{action}_task"
         return endpoint
 
+    async def list_periodic(self) -> models.PeriodicList:
+        entries = await periodic_rows(self.dash.app)
+        return models.PeriodicList.model_validate({"entries": entries})
+
     async def list_workers(self) -> models.WorkerList:
         workers = await self.inspector.list_workers()
         return models.WorkerList.model_validate({"workers": [worker_json(w) for w in workers]})
@@ -451,6 +465,18 @@ async def task_page(
     stats = await inspector.queue_stats(queue)
     tasks = await inspector.list_tasks(queue, state, limit=page_size, offset=offset)
     return TaskSearchResult(tasks, stats.sizes.get(state, 0))
+
+
+#: Next runs shown per schedule.
+UPCOMING_RUNS = 3
+
+
+async def periodic_rows(app: App) -> list[dict[str, Any]]:
+    """The app's schedules as the API and the page show them: :func:`durq.periodic.status`
+    with the next runs and whether the queue the ticks go to is paused."""
+    rows = await periodic.status(app, upcoming=UPCOMING_RUNS)
+    paused = {q.name for q in await app.inspector.list_queues() if q.paused}
+    return [{**row.to_dict(), "paused": row.queue in paused} for row in rows]
 
 
 def selection_item(outcome: SelectionOutcome, action: str) -> dict[str, Any]:

@@ -156,6 +156,31 @@ class SelectionResult(_Model):
     results: list[SelectionItem]
 
 
+class PeriodicEntry(_Model):
+    """One schedule of the app the dashboard serves, with its next runs and last tick."""
+
+    name: str
+    schedule: str = Field(description="A cron expression or @every <duration>")
+    tz: str
+    type: str
+    queue: str = Field(description="The queue its ticks go to")
+    paused: bool = Field(description="That queue is paused: ticks are enqueued, not run")
+    payload: dict[str, Any]
+    missed: str
+    tolerance: float
+    retention: float
+    next_run: str = Field(json_schema_extra={"format": "date-time"})
+    next_runs: list[str]
+    last_tick: str | None = Field(json_schema_extra={"format": "date-time"})
+    last_task_id: str | None
+    last_enqueued_at: str | None = Field(json_schema_extra={"format": "date-time"})
+    last_state: State | None  # type: ignore[valid-type]
+
+
+class PeriodicList(_Model):
+    entries: list[PeriodicEntry]
+
+
 class Worker(_Model):
     id: str
     host: str

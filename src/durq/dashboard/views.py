@@ -26,6 +26,7 @@ from durq.dashboard.api import (
     filter_from_query,
     iso,
     paging,
+    periodic_rows,
     selection_item,
     task_page,
     worker_json,
@@ -141,6 +142,7 @@ class Views:
             Route("/login", self.login, methods=["POST"]),
             Route("/logout", self.logout, methods=["POST"]),
             Route("/workers", self.workers, methods=["GET"]),
+            Route("/periodic", self.periodic, methods=["GET"]),
             Route(q, self.queue, methods=["GET"]),
             Route(q + "/search", self.search, methods=["GET"]),
             Route(q + "/pause", self.queue_action("pause"), methods=["POST"]),
@@ -301,6 +303,10 @@ class Views:
             for w in workers
         ]
         return self.render(request, "workers.html", {"nav": "workers", "workers": rows})
+
+    async def periodic(self, request: Request) -> Response:
+        entries = await periodic_rows(self.dash.app)
+        return self.render(request, "periodic.html", {"nav": "periodic", "entries": entries})
 
     # -- login ------------------------------------------------------------------------------
 
