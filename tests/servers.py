@@ -247,66 +247,77 @@ class PgBouncer:
                 self.proc.wait(10)
 
 
+def make_certificates(directory: Path) -> Path:
+    """A CA of its own (``ca.pem``) and a server certificate for 127.0.0.1 signed by it
+    (``server.pem``, ``server.key``), made by ``openssl`` in ``directory``; the CA's path."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise RuntimeError("redis-server and openssl are needed")
+    directory.mkdir(parents=True, exist_ok=True)
+    d = str(directory)
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], cwd=d, check=True, capture_output=True)
+
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=durq test CA",
+    )
+    run(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    )
+    (directory / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    run(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "san.cnf",
+    )
+    return directory / "ca.pem"
+
+
 class TlsRedis:
     """A redis-server of a test's own that speaks only TLS (``--port 0``), with certificates
     made by ``openssl`` for 127.0.0.1 and signed by a CA of its own."""
 
     def __init__(self, data_dir: Path) -> None:
-        binary, openssl = shutil.which("redis-server"), shutil.which("openssl")
-        if binary is None or openssl is None:
+        binary = shutil.which("redis-server")
+        if binary is None:
             raise RuntimeError("redis-server and openssl are needed")
         self.dir = data_dir
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_certificates(self.dir)
         d = str(self.dir)
-
-        def run(*args: str) -> None:
-            subprocess.run([openssl, *args], cwd=d, check=True, capture_output=True)
-
-        run(
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=durq test CA",
-        )
-        run(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=localhost",
-        )
-        (self.dir / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-        run(
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "san.cnf",
-        )
         self.ca = self.dir / "ca.pem"
         self.port = free_port()
         self.proc = subprocess.Popen(
@@ -359,7 +370,9 @@ class RedisCluster:
     ``data_dir``; ``close`` kills every node. ``node_timeout`` (ms) is small so a replica
     takes over within a few seconds of its master's death."""
 
-    def __init__(self, data_dir: Path, *, node_timeout: int = 1500, replicas: int = 1) -> None:
+    def __init__(
+        self, data_dir: Path, *, node_timeout: int = 1500, replicas: int = 1, tls: bool = False
+    ) -> None:
         binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
         if binary is None or cli is None:
             raise RuntimeError("redis-server and redis-cli are needed")
@@ -367,14 +380,17 @@ class RedisCluster:
         self.nodes: dict[int, subprocess.Popen[bytes]] = {}
         self.binary = binary
         self.node_timeout = node_timeout
+        #: TLS only (clients, cluster bus and replication), certificates signed by ``ca``.
+        self.ca = make_certificates(data_dir / "tls") if tls else None
         ports = _free_ports(3 * (1 + replicas))
         try:
             for port in ports:
                 self.start_node(port)
             for port in ports:
                 wait_port(port)
+            tls_args = ["--tls", "--cacert", str(self.ca)] if self.ca else []
             subprocess.run(
-                [cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
+                [cli, *tls_args, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
                  "--cluster-replicas", str(replicas), "--cluster-yes"],
                 check=True, capture_output=True, timeout=60,
             )  # fmt: skip
@@ -387,8 +403,16 @@ class RedisCluster:
     def start_node(self, port: int) -> None:
         node_dir = self.dir / str(port)
         node_dir.mkdir(parents=True, exist_ok=True)
+        listen = ["--port", str(port)]
+        if self.ca is not None:
+            tls = self.ca.parent
+            listen = ["--port", "0", "--tls-port", str(port), "--tls-cluster", "yes",
+                      "--tls-replication", "yes", "--tls-auth-clients", "no",
+                      "--tls-cert-file", str(tls / "server.pem"),
+                      "--tls-key-file", str(tls / "server.key"),
+                      "--tls-ca-cert-file", str(self.ca)]  # fmt: skip
         self.nodes[port] = subprocess.Popen(
-            [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir),
+            [self.binary, *listen, "--bind", "127.0.0.1", "--dir", str(node_dir),
              "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
              "--cluster-node-timeout", str(self.node_timeout), "--save", "",
              "--appendonly", "no", "--repl-diskless-sync-delay", "0"],
@@ -402,11 +426,16 @@ class RedisCluster:
     def url(self, prefix: str | None = None) -> str:
         """``redis+cluster://`` seeded with every node (any one would do)."""
         seeds = ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        if self.ca is not None:
+            query = f"ssl_ca_certs={self.ca}" + (f"&prefix={prefix}" if prefix else "")
+            return f"rediss+cluster://{seeds}/?{query}"
         return f"redis+cluster://{seeds}/" + (f"?prefix={prefix}" if prefix else "")
 
     def client(self, port: int) -> Any:
         import redis
 
+        if self.ca is not None:
+            return redis.Redis(port=port, socket_timeout=5, ssl=True, ssl_ca_certs=str(self.ca))
         return redis.Redis(port=port, socket_timeout=5)
 
     def masters(self) -> dict[int, list[tuple[int, int]]]:

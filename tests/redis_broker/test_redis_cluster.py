@@ -6,6 +6,7 @@ cluster is the conformance suite's ``redis-cluster`` kind."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,7 @@ from durq.brokers.redis.cluster import key_slot
 from durq.brokers.redis.storage import RedisStorage
 from durq.errors import BrokerError, ConfigurationError
 from durq.states import TaskState
-from servers import RedisCluster, unique_name
+from servers import RedisCluster, require_redis_cluster, unique_name
 
 
 @pytest.fixture
@@ -206,3 +207,29 @@ async def test_wait_replicas_confirms_or_fails(redis_cluster: RedisCluster) -> N
 def test_bad_cluster_urls_are_configuration_errors(url: str, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         RedisBroker.from_url(url)
+
+
+async def test_a_tls_cluster(tmp_path: Path) -> None:
+    """``rediss+cluster://``: clients, the cluster bus and replication speak only TLS; tasks
+    of queues on every master, a follow-up into another master's queue and a wake-up."""
+    require_redis_cluster()
+    cluster = RedisCluster(tmp_path / "tls-cluster", tls=True)
+    broker = RedisBroker.from_url(cluster.url("tls"))
+    try:
+        await broker.migrate()
+        queues = ["default", "mail", "q1", "q2", "q3", "q4"]
+        masters = {master_of(cluster, key_slot(f"{{{q}}}")) for q in queues}
+        assert len(masters) == 3
+        for q in queues:
+            await broker.enqueue(task(f"{q}-1", q))
+        leases = await broker.claim(ClaimParams(queues, 10, "w", 60.0))
+        assert sorted(lease.task.id for lease in leases) == sorted(f"{q}-1" for q in queues)
+        first = next(lease for lease in leases if lease.task.queue == "default")
+        follow = task("then", "mail")
+        assert await broker.complete(CompleteParams(first.ref, None, 60, (follow,)))
+        assert await broker.wait_for_work(["mail"], 5.0)
+        (lease,) = await broker.claim(ClaimParams(["mail"], 1, "w", 60.0))
+        assert lease.task.id == "then"
+    finally:
+        await broker.close()
+        cluster.close()
