@@ -5,6 +5,7 @@ cluster is the conformance suite's ``redis-cluster`` kind."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -139,6 +140,30 @@ async def test_ask_during_a_migration_reaches_the_key(
     finally:
         finish_migration(redis_cluster, slot, target)
     assert (await cbroker.claim(ClaimParams([queue], 1, "w", 60.0)))[0].task.id == "t1"
+
+
+async def test_a_script_over_a_half_moved_slot_waits_for_the_move(
+    redis_cluster: RedisCluster, cbroker: RedisBroker
+) -> None:
+    """A script whose keys are split between two nodes mid-migration is refused (TRYAGAIN on
+    the importing node, ASK from the other); the call retries until the move is over."""
+    queue = unique_name("split")
+    await cbroker.enqueue(task("t1", queue))
+    slot, source, target = start_migration(redis_cluster, queue)
+    try:
+        # Only the pending zset moves: the task hash stays behind.
+        pending = f"{cbroker.prefix}:{{{queue}}}:pending"
+        redis_cluster.client(source).execute_command(
+            "MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", pending
+        )
+        claim = asyncio.create_task(cbroker.claim(ClaimParams([queue], 1, "w", 60.0)))
+        await asyncio.sleep(0.5)
+        assert not claim.done()  # retrying, not failed
+        move_keys(redis_cluster, slot, source, target)
+    finally:
+        finish_migration(redis_cluster, slot, target)
+    (lease,) = await asyncio.wait_for(claim, 15)
+    assert lease.task.id == "t1"
 
 
 async def test_a_node_without_the_scripts_gets_them(
