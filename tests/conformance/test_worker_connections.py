@@ -53,6 +53,7 @@ class ServerConnections:
     def __init__(self, kind: str, tag: str, url: str = "") -> None:
         self.kind, self.tag, self.url = kind, tag, url
         self.peak = 0
+        self._clients: list[Any] = []
 
     async def count(self) -> int:
         if self.kind == "postgres":
@@ -67,13 +68,14 @@ class ServerConnections:
                 return int(row[0]) if row else 0
         import redis.asyncio as aioredis
 
+        if not self._clients:  # kept while sampling: no new connection every 50 ms
+            self._clients = [
+                aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+                for url in self.redis_urls
+            ]
         total = 0
-        for url in self.redis_urls:
-            client = aioredis.Redis.from_url(url)
-            try:
-                total += sum(1 for c in await client.client_list() if c.get("name") == self.tag)
-            finally:
-                await client.aclose()
+        for client in self._clients:
+            total += sum(1 for c in await client.client_list() if c.get("name") == self.tag)
         return total
 
     @property
@@ -99,6 +101,8 @@ class ServerConnections:
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
             self.peak = max(self.peak, await self.count())
+            for client in self._clients:
+                await client.aclose()
 
 
 async def test_worker_process_connections_on_the_server(broker_kind: str, broker_url: str) -> None:

@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import random
 from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from redis import exceptions as rex
@@ -73,8 +74,14 @@ def key_slot(key: str | bytes) -> int:
     if start >= 0:
         end = raw.find(b"}", start + 1)
         if end > start + 1:
-            raw = raw[start + 1 : end]
+            return _tag_slot(raw[start + 1 : end])
     return crc16(raw) % SLOTS
+
+
+@lru_cache(maxsize=4096)
+def _tag_slot(tag: bytes) -> int:
+    # Queue keys share a few hash tags (the queue names): CRC16 in Python once per queue.
+    return crc16(tag) % SLOTS
 
 
 #: Commands without a key: any master answers them.
@@ -149,6 +156,7 @@ class ClusterWire:
         #: SHAs of the scripts whose writes ``wait_replicas`` confirms (see storage.py).
         self._confirmed = confirmed
         self.options = options or ClusterOptions()
+        self._options_wait = self.options.wait_replicas
         self._wires: dict[Address, Wire] = {}
         #: The master of each slot (``None`` until the first map is read).
         self._slots: list[Address | None] = [None] * SLOTS
@@ -258,6 +266,18 @@ class ClusterWire:
 
     async def call(self, command: Command) -> Any:
         """One command; its reply (error replies come back as values)."""
+        node = self._slots[slot] if (slot := command_slot(command)) is not None else None
+        if node is not None and (self._options_wait == 0 or command[0] != "EVALSHA"):
+            # The common case, without grouping: one command to the master of a known slot.
+            try:
+                reply = await self._wire(node).call(command)
+            except (rex.ConnectionError, OSError):
+                pass  # the general path retries it within the budget
+            else:
+                if _redirect(reply) is None and not (
+                    is_error(reply) and str(reply).startswith("NOSCRIPT")
+                ):
+                    return reply
         return (await self.call_many([command]))[0]
 
     async def call_many(self, commands: Sequence[Command]) -> list[Any]:
@@ -279,10 +299,17 @@ class ClusterWire:
                 node = ask or await self._node_for(slot)
                 by_node.setdefault(node, []).append((indexes, slot, ask is not None))
             nodes = list(by_node)
-            outcomes = await asyncio.gather(
-                *[self._send(node, commands, by_node[node]) for node in nodes],
-                return_exceptions=True,
-            )
+            outcomes: list[list[list[Any]] | BaseException]
+            if len(nodes) == 1:  # no task per node when one node has them all
+                try:
+                    outcomes = [await self._send(nodes[0], commands, by_node[nodes[0]])]
+                except Exception as exc:
+                    outcomes = [exc]
+            else:
+                outcomes = await asyncio.gather(
+                    *[self._send(node, commands, by_node[node]) for node in nodes],
+                    return_exceptions=True,
+                )
             again: list[tuple[list[int], int | None, Address | None]] = []
             refresh = False
             failure: BaseException | None = None
