@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from durq.bench.isolation import Isolated
 from durq.brokers.base import ClaimParams, CompleteParams, EnqueueParams
 from durq.brokers.redis import RedisBroker
 from durq.brokers.redis.cluster import key_slot
@@ -258,3 +259,25 @@ async def test_a_tls_cluster(tmp_path: Path) -> None:
     finally:
         await broker.close()
         cluster.close()
+
+
+async def test_bench_isolation_cleans_every_master(redis_cluster: RedisCluster) -> None:
+    """``durq bench --broker redis+cluster://...`` removes its keys from every master."""
+    place = Isolated.create(redis_cluster.url())
+    await place.prepare()
+    broker = RedisBroker.from_url(place.url)
+    try:
+        for q in ("default", "mail", "q1", "q2", "q3", "q4"):
+            await broker.enqueue(task("t", q))
+    finally:
+        await broker.close()
+
+    def left() -> int:
+        return sum(
+            len(list(redis_cluster.client(p).scan_iter(match=f"{place.name}:*")))
+            for p in redis_cluster.masters()
+        )
+
+    assert left() > 6
+    await place.cleanup()
+    assert left() == 0

@@ -122,6 +122,10 @@ class Isolated:
     async def _delete_keys(self) -> None:
         import redis.asyncio as aioredis
 
+        if urlsplit(self.base or "").scheme.lower().endswith("+cluster"):
+            await self._delete_cluster_keys()
+            return
+
         client = aioredis.Redis.from_url(_without_param(self.base or "", "prefix"))
         try:
             batch: list[bytes] = []
@@ -134,3 +138,17 @@ class Isolated:
                 await client.delete(*batch)
         finally:
             await client.aclose()
+
+    async def _delete_cluster_keys(self) -> None:
+        """The same on a Redis Cluster: SCAN every master, one UNLINK per key (many slots)."""
+        from durq.brokers.redis.cluster import ClusterWire
+        from durq.brokers.redis.storage import RedisStorage
+
+        storage = RedisStorage(_without_param(self.base or "", "prefix"))
+        try:
+            assert isinstance(storage.wire, ClusterWire)
+            keys = await storage.wire.scan(f"{self._name}:*")
+            for first in range(0, len(keys), 1000):
+                await storage.commands([("UNLINK", key) for key in keys[first : first + 1000]])
+        finally:
+            await storage.close()

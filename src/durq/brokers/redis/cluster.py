@@ -161,6 +161,8 @@ class ClusterWire:
         #: The master of each slot (``None`` until the first map is read).
         self._slots: list[Address | None] = [None] * SLOTS
         self._masters: list[Address] = []
+        #: When a node last failed to answer (loop time): asked last for the map.
+        self._down: dict[Address, float] = {}
         self._refreshing: asyncio.Future[None] | None = None
         self._refresh_loop: asyncio.AbstractEventLoop | None = None
 
@@ -199,14 +201,16 @@ class ClusterWire:
     async def _read_map(self) -> None:
         # Known masters first (the usual case: one moved slot), then the seeds, then every
         # other node ever seen (replicas promoted since the URL was written).
-        candidates = list(dict.fromkeys([*self._masters, *self._seeds, *self._wires]))
+        candidates = self._candidates()
         last: Exception | None = None
         for address in candidates:
             try:
                 reply = await self._wire(address).call(("CLUSTER", "SLOTS"))
             except (rex.ConnectionError, rex.TimeoutError, OSError) as exc:
+                self._down[address] = asyncio.get_running_loop().time()
                 last = exc
                 continue
+            self._down.pop(address, None)
             if is_error(reply):
                 last = error(reply)
                 continue
@@ -227,6 +231,12 @@ class ClusterWire:
             self._slots, self._masters = slots, list(masters)
             return
         raise rex.ConnectionError(f"no node of the Redis Cluster answers: {last}")
+
+    def _candidates(self) -> list[Address]:
+        """Nodes to ask for the map: known masters, the URL's nodes, every node seen; those
+        that failed last go last (a dead host may take the connect timeout to refuse)."""
+        nodes = list(dict.fromkeys([*self._masters, *self._seeds, *self._wires]))
+        return sorted(nodes, key=lambda a: self._down.get(a, 0.0))
 
     async def _node_for(self, slot: int | None) -> Address:
         if not self._masters:
@@ -320,6 +330,7 @@ class ClusterWire:
                         raise outcome
                     # The node is gone (a failover?) or refused: read the map, retry.
                     failure, refresh = outcome, True
+                    self._down[node] = loop.time()
                     again += [(indexes, slot, None) for indexes, slot, _ in units]
                     continue
                 for (indexes, slot, _), replies in zip(units, outcome, strict=True):
@@ -430,6 +441,24 @@ class ClusterWire:
         for (u, p), at in zip(missing, where, strict=True):
             out[u][p] = again[at]
 
+    async def scan(self, match: str) -> list[bytes]:
+        """Every key matching ``match`` on every master (SCAN is per node on a cluster)."""
+        await self.refresh()
+        keys: list[bytes] = []
+        for address in self._masters:
+            cursor: Any = b"0"
+            while True:
+                reply = await self._wire(address).call(
+                    ("SCAN", cursor, "MATCH", match, "COUNT", 1000)
+                )
+                if is_error(reply):
+                    raise error(reply)
+                cursor, found = reply
+                keys += found
+                if cursor in (b"0", 0, "0"):
+                    break
+        return keys
+
     # -- subscriptions and closing --------------------------------------------------------
 
     async def subscriber(self, on_message: Callable[[bytes], None]) -> Subscriber:
@@ -437,9 +466,8 @@ class ClusterWire:
         every node, so one subscription hears every queue."""
         with contextlib.suppress(rex.ConnectionError, rex.TimeoutError, OSError):
             await self.refresh()
-        candidates = list(dict.fromkeys([*self._masters, *self._seeds, *self._wires]))
         last: Exception | None = None
-        for address in candidates:
+        for address in self._candidates():
             try:
                 return await self._wire(address).subscriber(on_message)
             except (rex.ConnectionError, rex.TimeoutError, OSError) as exc:
