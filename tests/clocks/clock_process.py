@@ -1,7 +1,8 @@
 """A durq process for the clock tests, run under libfaketime by ``tests/clocks``.
 
 ``python clock_process.py enqueue URL SECONDS``: enqueue one ``clock:noop`` task with
-``process_in=SECONDS`` and print its id.
+``process_in=SECONDS`` and print its id (the task appends ``noop <id> <pid>`` to a worker's
+MARKER when it runs).
 ``python clock_process.py worker URL MARKER LEASE``: a worker whose ``clock:long`` task
 appends ``start <id> <pid>`` to MARKER, sleeps ``payload["seconds"]`` and appends ``end``;
 its rescuer runs every 0.2 s, so a lease it wrongly takes for expired is stolen at once."""
@@ -19,11 +20,12 @@ MARKER = sys.argv[3] if len(sys.argv) > 3 else os.devnull
 
 
 @app.task("clock:noop", queue="clock")
-def noop(payload: dict[str, object]) -> None:
-    return None
+def noop(payload: dict[str, object], ctx: durq.TaskContext) -> None:
+    with open(MARKER, "a") as fh:
+        fh.write(f"noop {ctx.id} {os.getpid()}\n")
 
 
-@app.task("clock:long", queue="clock", max_retry=0)
+@app.task("clock:long", queue="clock")
 async def long(payload: dict[str, object], ctx: durq.TaskContext) -> None:
     with open(MARKER, "a") as fh:
         fh.write(f"start {ctx.id} {os.getpid()}\n")

@@ -48,7 +48,6 @@ from durq.brokers.sqlite.storage import (
     SQLiteStorage,
     join_write_lock,
     schema_version,
-    transaction,
 )
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock
@@ -164,7 +163,7 @@ class SQLiteBroker(AdminForwarder):
         now = self._s.clock.now()
 
         def run(conn: Conn) -> TaskInfo:
-            info = transaction(conn, lambda c: self._s.insert(c, params, now))
+            info = self._s.transaction(conn, lambda c: self._s.insert(c, params, now))
             self._s.notify([params.queue])
             return info
 
@@ -183,7 +182,7 @@ class SQLiteBroker(AdminForwarder):
         now = self._s.clock.now()
 
         def run(conn: Conn) -> list[EnqueueOutcome]:
-            outcomes = transaction(conn, lambda c: self._insert_many(c, items, now))
+            outcomes = self._s.transaction(conn, lambda c: self._insert_many(c, items, now))
             self._s.notify({o.params.queue for o in outcomes if o.created})
             return outcomes
 
@@ -291,8 +290,9 @@ class SQLiteBroker(AdminForwarder):
                         "queue": queue,
                         "now": now,
                         "limit": params.limit - len(leases),
-                        "lease_expires_at": now + params.lease_seconds,
+                        "lease_seconds": params.lease_seconds,
                         "worker_id": params.worker_id,
+                        **self._s.timeline.lease_params(),
                     },
                 ).fetchall()
                 # RETURNING gives no order guarantee: restore the claim order.
@@ -308,7 +308,7 @@ class SQLiteBroker(AdminForwarder):
                 conn.execute(Q["any_claimable"], {"queue": q, "now": now}).fetchone()[0]
                 for q in queues
             ):
-                leases = transaction(conn, body)
+                leases = self._s.transaction(conn, body)
             else:
                 leases = []
             if len(leases) < params.limit:
@@ -324,20 +324,19 @@ class SQLiteBroker(AdminForwarder):
         """Push every held lease's expiry in one transaction; report lost ones and cancels."""
         if not leases:
             return LeaseReport()
-        expires = self._s.clock.now() + lease_seconds
 
         def body(conn: Conn) -> LeaseReport:
             lost: set[str] = set()
             cancel: set[str] = set()
+            clock = {
+                "now": self._s.clock.now(),
+                "lease_seconds": lease_seconds,
+                **self._s.timeline.lease_params(),
+            }
             for ref in leases:
                 row = conn.execute(
                     Q["extend_lease"],
-                    {
-                        "queue": ref.queue,
-                        "id": ref.id,
-                        "token": ref.token,
-                        "lease_expires_at": expires,
-                    },
+                    {"queue": ref.queue, "id": ref.id, "token": ref.token, **clock},
                 ).fetchone()
                 if row is None:
                     lost.add(ref.id)
@@ -400,7 +399,9 @@ class SQLiteBroker(AdminForwarder):
             "error": p.error,
             "traceback": p.traceback,
             "lost": int(p.lost),
-            "expired_by": None if p.expired_by is None else min(p.expired_by, now),
+            "expired_by": p.expired_by,
+            "now": now,
+            **self._s.timeline.lease_params(),
         }
         if isinstance(p, RetryParams):
             due = now + max(0.0, p.delay)
@@ -464,10 +465,9 @@ class SQLiteBroker(AdminForwarder):
 
     async def expired_leases(self, limit: int) -> list[Lease]:
         """Active tasks whose lease expired by now, oldest expiry first."""
-        now = self._s.clock.now()
+        params = {"now": self._s.clock.now(), "limit": limit, **self._s.timeline.lease_params()}
         rows = await self._s.read(
-            "sqlite.expired_leases",
-            lambda c: c.execute(Q["expired_leases"], {"now": now, "limit": limit}).fetchall(),
+            "sqlite.expired_leases", lambda c: c.execute(Q["expired_leases"], params).fetchall()
         )
         return [Lease(row_to_info(row), row["lease_token"]) for row in rows]
 

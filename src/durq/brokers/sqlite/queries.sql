@@ -52,10 +52,10 @@ SELECT id FROM durq_tasks WHERE unique_key = :unique_key;
 -- name: insert_task
 INSERT INTO durq_tasks (
     id, queue, type, payload, state, max_retry, timeout, deadline, next_process_at,
-    enqueued_at, retention, headers, unique_key, unique_until
+    enqueued_at, retention, headers, unique_key, unique_until, relative_due
 ) VALUES (
     :id, :queue, :type, :payload, :state, :max_retry, :timeout, :deadline, :next_process_at,
-    :now, :retention, :headers, :unique_key, :unique_until
+    :now, :retention, :headers, :unique_key, :unique_until, :relative_due
 )
 RETURNING *;
 
@@ -85,7 +85,9 @@ SELECT EXISTS (
 UPDATE durq_tasks
 SET state = 'active',
     lease_token = lower(hex(randomblob(16))),
-    lease_expires_at = :lease_expires_at,
+    lease_expires_at = :now + :lease_seconds,
+    lease_boot = :boot,
+    lease_mono = :mono + :lease_seconds,
     worker_id = :worker_id,
     started_at = :now,
     cancel_requested = 0
@@ -100,7 +102,11 @@ WHERE rowid IN (
 RETURNING rowid AS seq, *;
 
 -- name: extend_lease
-UPDATE durq_tasks SET lease_expires_at = :lease_expires_at
+-- The lease runs on the monotonic clock of this boot (lease_mono); lease_expires_at is the
+-- same moment on the wall clock, for people to read.
+UPDATE durq_tasks
+SET lease_expires_at = :now + :lease_seconds, lease_boot = :boot,
+    lease_mono = :mono + :lease_seconds
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
 RETURNING cancel_requested;
 
@@ -117,14 +123,16 @@ DELETE FROM durq_tasks
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
 
 -- name: retry
--- Fenced by the token; with :expired_by (the rescuer) also by the lease having expired.
+-- Fenced by the token; with :expired_by (the rescuer) also by the lease having expired (as
+-- in expired_leases). The delay counts on this machine: relative_due.
 UPDATE durq_tasks
 SET state = 'retry', retried = retried + 1, lost = lost + :lost, last_error = :error,
-    traceback = :traceback,
-    next_process_at = :next_process_at, lease_token = NULL, lease_expires_at = NULL,
-    cancel_requested = 0
+    traceback = :traceback, next_process_at = :next_process_at, relative_due = 1,
+    lease_token = NULL, lease_expires_at = NULL, cancel_requested = 0
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
-  AND (:expired_by IS NULL OR lease_expires_at <= :expired_by);
+  AND (:expired_by IS NULL
+       OR CASE WHEN lease_boot IS NULL THEN lease_expires_at <= :now
+               ELSE lease_boot IS NOT :boot OR lease_mono <= :mono END);
 
 -- name: archive
 UPDATE durq_tasks
@@ -132,7 +140,9 @@ SET state = 'archived', retried = retried + :count_attempt, lost = lost + :lost,
     last_error = :error, traceback = :traceback, lease_token = NULL, lease_expires_at = NULL, unique_key = NULL,
     unique_until = NULL, cancel_requested = 0
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
-  AND (:expired_by IS NULL OR lease_expires_at <= :expired_by);
+  AND (:expired_by IS NULL
+       OR CASE WHEN lease_boot IS NULL THEN lease_expires_at <= :now
+               ELSE lease_boot IS NOT :boot OR lease_mono <= :mono END);
 
 -- name: requeue
 -- Graceful shutdown (W7): back to pending, due now, without counting an attempt.
@@ -170,8 +180,13 @@ WHERE state IN ('scheduled', 'retry') AND next_process_at <= :now
 RETURNING queue;
 
 -- name: expired_leases
+-- A lease of another boot expired with it (the machine restarted); one of this boot when the
+-- monotonic clock passed it, whatever the wall clock says. Leases written before schema 3
+-- have no boot: the wall clock decides.
 SELECT * FROM durq_tasks
-WHERE state = 'active' AND lease_expires_at <= :now
+WHERE state = 'active'
+  AND CASE WHEN lease_boot IS NULL THEN lease_expires_at <= :now
+           ELSE lease_boot IS NOT :boot OR lease_mono <= :mono END
 ORDER BY lease_expires_at
 LIMIT :limit;
 
@@ -303,3 +318,25 @@ UPDATE durq_queues SET paused = :paused WHERE name = :queue;
 
 -- name: live_workers
 SELECT * FROM durq_workers WHERE last_heartbeat > :since ORDER BY started_at, id;
+
+-- ---------------------------------------------------------------- the machine's clocks
+
+-- name: clock_get
+SELECT boot, wall_offset FROM durq_clock WHERE id = 1;
+
+-- name: clock_set
+INSERT INTO durq_clock (id, boot, wall_offset) VALUES (1, :boot, :wall_offset)
+ON CONFLICT (id) DO UPDATE SET boot = excluded.boot, wall_offset = excluded.wall_offset;
+
+-- name: clock_shift
+-- The wall clock stepped by :by: the moments counted from a duration on this machine move
+-- with it (delays of scheduled and retry tasks, unique ttls, retention, displayed lease
+-- expiries), so they still come that long after they were set. A caller's process_at stays.
+UPDATE durq_tasks
+SET next_process_at = next_process_at
+        + CASE WHEN relative_due = 1 AND state IN ('scheduled', 'retry') THEN :by ELSE 0 END,
+    unique_until = unique_until + :by,
+    expires_at = expires_at + :by,
+    lease_expires_at = lease_expires_at + :by
+WHERE (relative_due = 1 AND state IN ('scheduled', 'retry'))
+   OR unique_until IS NOT NULL OR expires_at IS NOT NULL OR lease_expires_at IS NOT NULL;

@@ -20,6 +20,7 @@ from typing import TypeVar
 from durq.brokers import mailbox, sqlfiles
 from durq.brokers.base import EnqueueParams, minute_of
 from durq.brokers.sqlite.errors import map_error
+from durq.brokers.sqlite.timeline import Timeline
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock, utc_day
 from durq.errors import (
@@ -101,6 +102,8 @@ class SQLiteStorage:
     ) -> None:
         self.path = os.path.abspath(path)
         self.clock = clock
+        #: Leases on the machine's monotonic clock; steps of the wall clock noticed.
+        self.timeline = Timeline(clock)
         self.busy_timeout = busy_timeout
         self.poll_interval = poll_interval
         # Key of the in-process wake-up registry: every broker on this file shares it.
@@ -131,7 +134,17 @@ class SQLiteStorage:
 
     async def write(self, operation: str, fn: Callable[[Conn], T]) -> T:
         """``fn`` inside one ``BEGIN IMMEDIATE`` transaction."""
-        return await self.call(operation, lambda conn: transaction(conn, fn))
+        return await self.call(operation, lambda conn: self.transaction(conn, fn))
+
+    def transaction(self, conn: Conn, fn: Callable[[Conn], T]) -> T:
+        """``fn`` in a write transaction that first catches up with a step of the wall
+        clock (see :class:`~durq.brokers.sqlite.timeline.Timeline`)."""
+
+        def body(c: Conn) -> T:
+            self.timeline.check(c, Q)
+            return fn(c)
+
+        return transaction(conn, body)
 
     async def write_waking(self, operation: str, fn: Callable[[Conn, set[str]], T]) -> T:
         """``fn(conn, woken)`` inside one transaction; once it committed, wake the waiters of
@@ -317,6 +330,7 @@ class SQLiteStorage:
                 "timeout": p.timeout,
                 "deadline": p.deadline,
                 "next_process_at": now if until is None else until,
+                "relative_due": 1 if until is not None and p.process_in else 0,
                 "now": now,
                 "retention": p.retention,
                 "headers": json.dumps(p.headers, separators=(",", ":"), sort_keys=True),
