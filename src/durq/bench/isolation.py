@@ -113,7 +113,8 @@ class Isolated:
         from psycopg import sql
 
         dsn = _without_param(self.base or "", "schema")
-        dsn = _without_param(_without_param(dsn, "pool_min"), "pool_max")
+        for ours in ("pool_min", "pool_max", "pool_max_idle"):
+            dsn = _without_param(dsn, ours)
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             await conn.execute(
                 sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self._name))

@@ -45,7 +45,12 @@ from durq.brokers.postgres.rows import (
     Row,
     claimed_info,
 )
-from durq.brokers.postgres.storage import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_MAX, PostgresStorage
+from durq.brokers.postgres.storage import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_POOL_MAX,
+    DEFAULT_POOL_MAX_IDLE,
+    PostgresStorage,
+)
 from durq.brokers.postgres.wakeup import Listener
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock, to_datetime, utc_day
@@ -64,7 +69,8 @@ class PostgresBroker(AdminForwarder):
     inspector in :class:`PostgresAdmin`, both on one :class:`PostgresStorage`.
 
     URL: ``postgresql://user@host:port/db?schema=durq`` (``schema`` defaults to ``durq``;
-    ``pool_min``/``pool_max`` size the pool; other parameters go to libpq)."""
+    ``pool_min``/``pool_max`` size the pool, ``pool_max_idle`` (seconds) is how long an unused
+    pooled connection stays open; other parameters go to libpq)."""
 
     name = "postgres"
     capabilities = frozenset(
@@ -87,6 +93,7 @@ class PostgresBroker(AdminForwarder):
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         pool_min: int = 1,
         pool_max: int = DEFAULT_POOL_MAX,
+        pool_max_idle: float = DEFAULT_POOL_MAX_IDLE,
         pgbouncer: bool = False,
         listen_url: str | None = None,
     ) -> None:
@@ -97,6 +104,7 @@ class PostgresBroker(AdminForwarder):
             connect_timeout=connect_timeout,
             pool_min=pool_min,
             pool_max=pool_max,
+            pool_max_idle=pool_max_idle,
             pgbouncer=pgbouncer,
             listen_url=listen_url,
         )

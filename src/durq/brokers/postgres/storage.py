@@ -35,6 +35,9 @@ DEFAULT_SCHEMA = "durq"
 #: answering BrokerUnavailableError: bounded, so an unreachable server never hangs a caller.
 DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_POOL_MAX = 10
+#: Seconds a pooled connection may stay unused before the pool closes it (one at a time,
+#: down to ``pool_min``): psycopg_pool's default.
+DEFAULT_POOL_MAX_IDLE = 600.0
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -90,6 +93,7 @@ class PostgresStorage:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         pool_min: int = 1,
         pool_max: int = DEFAULT_POOL_MAX,
+        pool_max_idle: float = DEFAULT_POOL_MAX_IDLE,
         pgbouncer: bool = False,
         listen_url: str | None = None,
     ) -> None:
@@ -105,6 +109,7 @@ class PostgresStorage:
         self.connect_timeout = connect_timeout
         self._pool_min = pool_min
         self._pool_max = max(pool_max, pool_min, 1)
+        self._pool_max_idle = pool_max_idle
         #: Behind a transaction-pooling PgBouncer: no named prepared statements, and LISTEN
         #: only on ``listen_url`` (a session of its own straight to PostgreSQL).
         self._pgbouncer = pgbouncer
@@ -136,6 +141,13 @@ class PostgresStorage:
                         f"listen_url must be a postgresql:// URL, not {value!r}"
                     )
                 options["listen_url"] = value
+            elif key == "pool_max_idle":
+                try:
+                    options[key] = float(value)
+                except ValueError:
+                    options[key] = 0.0
+                if not options[key] > 0:
+                    raise ConfigurationError(f"pool_max_idle must be seconds > 0, not {value!r}")
             elif key in ("pool_min", "pool_max"):
                 try:
                     options[key] = int(value)
@@ -247,6 +259,7 @@ class PostgresStorage:
                 kwargs=kwargs,
                 min_size=self._pool_min,
                 max_size=self._pool_max,
+                max_idle=self._pool_max_idle,
                 timeout=self.connect_timeout,
                 # psycopg_pool's reconnect backoff doubles without a cap: a long attempt
                 # would leave us minutes behind a server that is back. Give up early

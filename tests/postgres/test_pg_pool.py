@@ -1,0 +1,75 @@
+"""The worker's pool gives back the connections a burst opened (``pool_max_idle``), counted
+on the real server by ``application_name``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+import durq
+from conformance.apps import wait_until
+from durq.brokers.postgres import PostgresBroker
+from durq.errors import ConfigurationError
+from servers import PG_DSN, unique_name
+
+
+async def server_connections(tag: str) -> int:
+    async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (tag,)
+        )
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+
+def test_pool_max_idle_is_ours_and_checked() -> None:
+    dsn, options = PostgresBroker.parse_url(f"{PG_DSN}?pool_max_idle=2.5&sslmode=disable")
+    assert options == {"pool_max_idle": 2.5} and "pool_max_idle" not in dsn
+    for bad in ("0", "-1", "soon"):
+        with pytest.raises(ConfigurationError, match="pool_max_idle"):
+            PostgresBroker.parse_url(f"{PG_DSN}?pool_max_idle={bad}")
+
+
+async def test_idle_worker_closes_what_a_burst_opened(pg_url: str) -> None:
+    tag = unique_name("durqpool")
+    app = durq.App(f"{pg_url}&application_name={tag}&pool_max=5&pool_max_idle=1")
+    await app.new_broker().migrate()
+    done: list[int] = []
+
+    @app.task("pool:leaf", queue="pool")
+    async def leaf(payload: dict[str, Any]) -> None:
+        done.append(1)
+
+    @app.task("pool:fan", queue="pool")
+    async def fan(payload: dict[str, Any]) -> None:
+        await asyncio.sleep(0.05)  # overlap the handlers: their enqueues grow the pool
+        await leaf.enqueue({})
+
+    producer = durq.App(pg_url)
+    peak = 0
+    try:
+        async with app.worker(queues=["pool"], concurrency=10, shutdown_timeout=5):
+            await producer.enqueue_many(
+                [durq.EnqueueRequest("pool:fan", {}, queue="pool") for _ in range(60)]
+            )
+
+            async def drained() -> bool:
+                nonlocal peak
+                peak = max(peak, await server_connections(tag))
+                return len(done) == 60
+
+            await wait_until(drained, timeout=60)
+            assert peak >= 4, f"the burst should have grown the pool (peak {peak})"
+
+            # Idle now: the pool closes an unused connection every second, down to what the
+            # worker's own ticks keep using (one or two) and the LISTEN connection.
+            async def shrunk() -> bool:
+                return await server_connections(tag) <= 3
+
+            await wait_until(shrunk, timeout=60)
+    finally:
+        await app.close()
+        await producer.close()
