@@ -8,6 +8,7 @@ from durq.errors import (
     BrokerUnavailableError,
     DuplicateTaskError,
     DurqError,
+    GroupNotFoundError,
     InvalidNameError,
     InvalidStateError,
     NotReady,
@@ -17,6 +18,7 @@ from durq.errors import (
     TaskIDConflictError,
     TaskNotFoundError,
 )
+from durq.groups import Group
 from durq.options import EnqueueRequest
 from durq.states import TaskState
 from durq.task import TaskContext, TaskInfo
@@ -42,6 +44,8 @@ __all__ = [
     "DurqError",
     "EnqueueOutcome",
     "EnqueueRequest",
+    "Group",
+    "GroupNotFoundError",
     "InvalidNameError",
     "InvalidStateError",
     "NotReady",

@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, overload
 
-from durq import backoff, continuations, durations, webhooks
+from durq import backoff, continuations, durations, groups, webhooks
 from durq.brokers import FullBroker, open_broker, resolve_url
 from durq.brokers.base import (
     CAP_CROSS_QUEUE_FOLLOW_UPS,
@@ -25,6 +25,7 @@ from durq.brokers.base import (
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.codec import DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_RESULT
 from durq.errors import ConfigurationError, ValidationError
+from durq.groups import Group
 from durq.names import check_queue, check_type
 from durq.options import (
     DEFAULT_MAX_HEADER_BYTES,
@@ -33,6 +34,7 @@ from durq.options import (
     Moment,
     TaskDefaults,
     build_params,
+    new_task_id,
 )
 from durq.payloads import HandlerShape, inspect_handler, validate
 from durq.periodic import PeriodicEntry, PeriodicRegistry
@@ -524,6 +526,48 @@ class App:
                 self._created(outcome.info)
         return outcomes
 
+    async def enqueue_group(
+        self,
+        requests: Iterable[EnqueueRequest],
+        *,
+        then: continuations.Then | str | None = None,
+        retention: Duration | None = None,
+    ) -> Group:
+        """Enqueue the tasks of ``requests`` as one group: all are created, or none (the
+        first refused member raises its TaskIDConflictError / DuplicateTaskError).
+
+        ``then``: the follow-up (:class:`durq.Then` or a task type) created exactly once,
+        when the last member has finished (completed, archived or deleted), with every
+        member's id, state and result or error (see :mod:`durq.groups`). ``retention``: how
+        long the group's record stays visible after that (default one day)."""
+        params = [self.params(r) for r in requests]
+        keep = durations.seconds(retention)
+        group = groups.build(
+            new_task_id(),
+            params,
+            then,
+            self,
+            retention=groups.DEFAULT_RETENTION if keep is None else keep,
+            max_payload=self.max_payload,
+        )
+        broker = await self.broker()
+        for p in group.members:
+            self._check_follow_up_queue(broker, p)
+        if CAP_CROSS_QUEUE_FOLLOW_UPS not in broker.capabilities:
+            queues = {p.queue for p in group.members}
+            if group.then is not None:
+                queues.add(group.then.queue)
+            if len(queues) > 1:
+                raise ValidationError(
+                    f"the {broker.name} broker keeps a group in one queue: its members and "
+                    f"its follow-up must all be in {group.queue!r}"
+                )
+        with self._sending(list(group.members)) as sent:
+            infos = await broker.enqueue_group(replace(group, members=tuple(sent)))
+        for info in infos:
+            self._created(info)
+        return Group(group.id, group.queue, tuple(infos), group.then.id if group.then else None)
+
     # -- the sync face ------------------------------------------------------------------------
 
     def _runner(self) -> SyncRunner:
@@ -570,6 +614,17 @@ class App:
         with self._sending([params]) as (sent,):
             result = joined.enqueue_sync_in(sent, connection)
         return self._created(result)
+
+    def enqueue_group_sync(
+        self,
+        requests: Iterable[EnqueueRequest],
+        *,
+        then: continuations.Then | str | None = None,
+        retention: Duration | None = None,
+    ) -> Group:
+        """Blocking :meth:`enqueue_group`."""
+        items = list(requests)
+        return self._runner().run(lambda: self.enqueue_group(items, then=then, retention=retention))
 
     def run_sync(self, make: Callable[[], Awaitable[R]]) -> R:
         """Run ``make()`` (a coroutine using this app) on the sync face's loop."""

@@ -152,10 +152,10 @@ def build(
         return ()
     body: dict[str, Any] = {
         "task": {"id": task.id, "queue": task.queue, "type": task.type, "state": outcome},
-        "payload": _json_or_none(task.raw_payload),
+        "payload": json_or_none(task.raw_payload),
     }
     if outcome == COMPLETED:
-        body["result"] = _json_or_none(result)
+        body["result"] = json_or_none(result)
     else:
         body["error"] = error
     payload = _encode(body, max_payload)
@@ -233,7 +233,8 @@ def _extra(task: TaskInfo) -> dict[str, Any]:
     return {"task_id": task.id, "task_type": task.type, "queue": task.queue}
 
 
-def _json_or_none(raw: bytes | None) -> Any:
+def json_or_none(raw: bytes | None) -> Any:
+    """Stored JSON decoded; ``None`` for none or for undecodable data."""
     if raw is None:
         return None
     try:

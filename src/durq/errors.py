@@ -79,6 +79,10 @@ class QueueNotFoundError(DurqError, LookupError):
     """No such queue."""
 
 
+class GroupNotFoundError(DurqError, LookupError):
+    """No group with this id in this queue."""
+
+
 class InvalidStateError(DurqError):
     """The task is not in a state that allows this operation."""
 

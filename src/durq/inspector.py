@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from durq import lifecycle
+from durq import groups, lifecycle
 from durq.brokers.base import (
     PAYLOAD_FIELD,
+    GroupInfo,
     MinuteCounts,
     QueueStats,
     TaskFilter,
@@ -123,6 +124,11 @@ class Inspector:
     async def get_task_info(self, queue: str, task_id: str) -> TaskInfo:
         """One task by id; TaskNotFoundError if absent."""
         return await (await self._admin()).get_task(check_queue(queue), check_task_id(task_id))
+
+    async def get_group(self, queue: str, group_id: str) -> GroupInfo:
+        """A group's progress (total, finished, members by state) by its queue and id;
+        GroupNotFoundError if absent or past its retention."""
+        return await (await self._admin()).get_group(check_queue(queue), groups.check_id(group_id))
 
     async def run_task(self, queue: str, task_id: str) -> TaskInfo:
         """Make a scheduled, retry or archived task pending now."""

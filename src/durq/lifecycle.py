@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from durq import codec, continuations
+from durq import codec, continuations, groups
 from durq.brokers.base import (
     ArchiveParams,
     CompleteParams,
@@ -70,7 +70,8 @@ def completed(
         now=now,
         max_payload=max_payload,
     )
-    return CompleteParams(lease.ref, result, task.retention, follow_ups)
+    member = groups.outcome(task, groups.COMPLETED, result=result, max_payload=max_payload)
+    return CompleteParams(lease.ref, result, task.retention, follow_ups, group=member)
 
 
 def failed(
@@ -113,7 +114,10 @@ def gave_up(
         now=now,
         max_payload=max_payload,
     )
-    return ArchiveParams(lease.ref, error, count_attempt=count_attempt, follow_ups=follow_ups)
+    member = groups.outcome(task, groups.ARCHIVED, error=error, max_payload=max_payload)
+    return ArchiveParams(
+        lease.ref, error, count_attempt=count_attempt, follow_ups=follow_ups, group=member
+    )
 
 
 # -- the rescuer: expired leases -----------------------------------------------------------
@@ -140,7 +144,10 @@ def lease_expired(lease: Lease, *, now: float, max_lost: int) -> LeaseMove:
         last_error=error,
     )
     follow_ups = continuations.for_archived(after)
-    return ArchiveParams(lease.ref, error, follow_ups=follow_ups, lost=True, expired_by=now)
+    member = groups.outcome(task, groups.ARCHIVED, error=error)
+    return ArchiveParams(
+        lease.ref, error, follow_ups=follow_ups, lost=True, expired_by=now, group=member
+    )
 
 
 def after_move(task: TaskInfo, change: LeaseMove) -> TaskInfo:
@@ -283,13 +290,18 @@ async def _steer(
                 return flagged
             continue
         follow_ups: tuple[EnqueueParams, ...] = ()
+        member = None
         if to is TaskState.ARCHIVED:
             after = dataclasses.replace(
                 task, state=TaskState.ARCHIVED, last_error=error or task.last_error
             )
             follow_ups = continuations.for_archived(after)
+            member = groups.outcome(task, groups.ARCHIVED, error=after.last_error or "archived")
+        # A member deleted unfinished: the broker records its stored "deleted" entry.
         moved = await broker.move_task(
-            TaskMove(queue, task_id, task.state, to, error=error, follow_ups=follow_ups)
+            TaskMove(
+                queue, task_id, task.state, to, error=error, follow_ups=follow_ups, group=member
+            )
         )
         if moved is not None:
             return moved

@@ -12,6 +12,8 @@ TASK_ID_MAX = 200
 # patterns, shells or URLs.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
 _TASK_ID = re.compile(r"^[A-Za-z0-9_.:\-@+=/]+$")
+# Group ids are parts of storage keys: no ":" (Redis derives a group's keys by suffix).
+_GROUP_ID = re.compile(r"^[A-Za-z0-9_\-]+$")
 #: The patterns, for documents that describe valid names (the admin API's OpenAPI).
 NAME_PATTERN = _NAME.pattern
 TASK_ID_PATTERN = _TASK_ID.pattern
@@ -32,6 +34,11 @@ def check_task_id(task_id: str) -> str:
     return _check(task_id, "task id", _TASK_ID, TASK_ID_MAX)
 
 
+def check_group_id(group_id: str) -> str:
+    """Return a valid group id (letters, digits, ``_``, ``-``) or raise InvalidNameError."""
+    return _check(group_id, "group id", _GROUP_ID, NAME_MAX)
+
+
 # Names seen valid before; queues and types repeat on every enqueue, so check each once.
 _known: set[tuple[str, str]] = set()
 _KNOWN_MAX = 10_000
@@ -48,10 +55,12 @@ def _check(value: object, what: str, pattern: re.Pattern[str], limit: int) -> st
         raise InvalidNameError(
             f"invalid {what} {value!r}: use letters, digits and {_allowed(pattern)}"
         )
-    if what != "task id" and len(_known) < _KNOWN_MAX:
+    if what in ("queue name", "task type") and len(_known) < _KNOWN_MAX:
         _known.add((what, value))
     return value
 
 
 def _allowed(pattern: re.Pattern[str]) -> str:
+    if pattern is _GROUP_ID:
+        return "_ -"
     return "_ . : -" if pattern is _NAME else "_ . : - @ + = /"

@@ -252,3 +252,26 @@ def test_worker_refuses_a_schedule_without_a_handler(cli: Cli) -> None:
     result = cli("worker", "cron_app:app")
     assert_one_line_error(result, 2, "'reports:refresh'")
     assert "no handler" in result.err
+
+
+def test_group_get_shows_progress_and_task_get_names_the_group(cli: Cli) -> None:
+    cli.ok("migrate")
+    app = durq.App(cli.url)
+    try:
+        group = app.enqueue_group_sync(
+            [durq.EnqueueRequest("part", {"i": i}) for i in range(3)], then="merge"
+        )
+        app.run_sync(lambda: app.inspector.delete_task("default", group.tasks[1].id))
+    finally:
+        app.close_sync()
+    shown = cli.ok("group", "get", group.id).out
+    assert f"group {group.id} (queue default): 1/3 finished" in shown
+    assert "1 deleted, 2 pending" in shown and f"group:{group.id}" in shown
+    data = cli.ok("group", "get", group.id, "--json").json()
+    assert data["total"] == 3 and data["finished"] == 1
+    assert data["by_state"] == {"pending": 2, "deleted": 1}
+    assert [m["id"] for m in data["members"]] == [t.id for t in group.tasks]
+    assert f"{group.id} (queue default)" in cli.ok("task", "get", group.tasks[0].id).out
+    missing = cli("group", "get", "nope")
+    assert missing.code == 1 and missing.err_lines == ["error: no group 'nope' in queue 'default'"]
+    assert cli("group", "get", "bad:id").code == 2

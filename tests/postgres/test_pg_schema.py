@@ -119,7 +119,7 @@ def describe(schema: str) -> str:
             "WHERE n.nspname = %s ORDER BY 1, 3",
             (schema,),
         ):
-            lines.append(f"constraint {table} {definition}")
+            lines.append(f"constraint {table} {definition.replace(schema, '<schema>')}")
         for table, name, definition in conn.execute(
             "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = %s "
             "ORDER BY 1, 2",

@@ -28,6 +28,12 @@ Contract notes that every backend honours (the conformance suite checks each):
 * Follow-ups (``follow_ups`` of the params) are created in the same atomic step as the move
   (one transaction, one script), and never when the fence fails; a follow-up whose task id
   (or unique key) exists is skipped without failing the move.
+* Groups (:class:`GroupParams`): the members are created all or none. A move that carries
+  a :class:`MemberOutcome` (complete, archive, the inspector's archive) records the member's
+  first final outcome and counts it finished in the same atomic step; deleting a member that
+  has not finished records its ``unfinished`` entry with state ``deleted``. The step that
+  counts the last member creates the group's follow-up (payload: ``then.payload``, the
+  members' entries in group order joined by ``,``, then ``tail``), exactly once.
 * ``list_workers`` shows workers whose last heartbeat is younger than 60 s.
 * Backend failures to reach the server raise :class:`~durq.errors.BrokerUnavailableError`
   with ``operation`` set (``"sqlite.claim"``), never a driver exception.
@@ -115,6 +121,138 @@ class EnqueueOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupParams:
+    """A group to create: its members, all or none, and the follow-up of its fan-in.
+
+    The members' headers name the group (:mod:`durq.groups` builds all of this)."""
+
+    id: str
+    #: The queue whose storage holds the group's record (its first member's).
+    queue: str
+    members: tuple[EnqueueParams, ...]
+    #: Per member, in order: its entry in the follow-up's payload if it is deleted unfinished.
+    unfinished: tuple[bytes, ...]
+    #: The fan-in task; its ``payload`` is the head the members' entries are appended to.
+    then: EnqueueParams | None = None
+    #: Bytes closing the follow-up's payload after the members' entries.
+    tail: bytes = b""
+    #: Seconds the group's record is kept once its last member finished.
+    retention: float = 0.0
+
+
+def fan_in_payload(head: bytes, entries: Sequence[bytes], tail: bytes) -> bytes:
+    """The payload of a group's follow-up: ``head``, the entries joined by ``,``, ``tail``."""
+    return b"".join((head, b",".join(entries), tail))
+
+
+def follow_up_options(p: EnqueueParams) -> str:
+    """A group's follow-up without its payload, as stored in the group's record (JSON)."""
+    return json.dumps(
+        {
+            "id": p.id,
+            "queue": p.queue,
+            "type": p.type,
+            "max_retry": p.max_retry,
+            "timeout": p.timeout,
+            "retention": p.retention,
+            "headers": p.headers,
+        },
+        separators=(",", ":"),
+        sort_keys=True,
+    )
+
+
+def follow_up_from(options: str | bytes, payload: bytes) -> EnqueueParams:
+    """The follow-up stored by :func:`follow_up_options`, with its built ``payload``."""
+    o = json.loads(options)
+    return EnqueueParams(
+        id=o["id"],
+        queue=o["queue"],
+        type=o["type"],
+        payload=payload,
+        max_retry=int(o["max_retry"]),
+        timeout=o["timeout"],
+        retention=float(o["retention"]),
+        headers=dict(o["headers"]),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MemberOutcome:
+    """How a group member finished, recorded by the move that carries it: only a member's
+    first final outcome counts (a rerun archived member does not count twice)."""
+
+    group: str
+    #: The group's queue (:attr:`GroupParams.queue`).
+    group_queue: str
+    #: ``"completed"`` or ``"archived"``.
+    state: str
+    #: The member's entry in the follow-up's payload (JSON).
+    entry: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMemberInfo:
+    """One member of a group: its state now (``completed``/``archived``/``deleted`` once it
+    finished, else its task's state, ``None`` if gone)."""
+
+    id: str
+    queue: str
+    type: str
+    state: str | None
+    finished: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """A group as the inspector shows it: progress and its members."""
+
+    id: str
+    queue: str
+    total: int
+    finished: int
+    created_at: float
+    #: When the last member finished (and the follow-up was created); ``None`` before.
+    finished_at: float | None
+    #: The follow-up's task id and queue, ``None`` for a group without one.
+    then_id: str | None
+    then_queue: str | None
+    members: tuple[GroupMemberInfo, ...]
+
+    @property
+    def by_state(self) -> dict[str, int]:
+        """How many members are in each state (finished members by their outcome)."""
+        counts: dict[str, int] = {}
+        for m in self.members:
+            key = m.state or "gone"
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "queue": self.queue,
+            "total": self.total,
+            "finished": self.finished,
+            "by_state": self.by_state,
+            "created_at": self.created_at,
+            "finished_at": self.finished_at,
+            "then_id": self.then_id,
+            "then_queue": self.then_queue,
+            "members": [
+                {
+                    "id": m.id,
+                    "queue": m.queue,
+                    "type": m.type,
+                    "state": m.state,
+                    "finished": m.finished,
+                }
+                for m in self.members
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimParams:
     """Take up to ``limit`` claimable tasks, filling from ``queues`` in the order given."""
 
@@ -163,6 +301,8 @@ class CompleteParams:
     #: Tasks to create in the same atomic step, only if the lease is held.
     #: One whose id exists already is skipped; the completion still succeeds.
     follow_ups: tuple[EnqueueParams, ...] = ()
+    #: A group member's outcome, recorded in the same atomic step.
+    group: MemberOutcome | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +338,8 @@ class ArchiveParams:
     #: As :attr:`RetryParams.lost` and :attr:`RetryParams.expired_by`.
     lost: bool = False
     expired_by: float | None = None
+    #: As :attr:`CompleteParams.group`.
+    group: MemberOutcome | None = None
 
 
 #: A fenced move of a held lease out of active (see :meth:`Broker.move_leases`).
@@ -221,6 +363,8 @@ class TaskMove:
     error: str | None = None
     #: Tasks to create in the same atomic step, only if the fence holds.
     follow_ups: tuple[EnqueueParams, ...] = ()
+    #: As :attr:`CompleteParams.group` (an archive of a group member).
+    group: MemberOutcome | None = None
 
     @property
     def kind(self) -> str:
@@ -420,6 +564,10 @@ class Broker(Protocol):
     ) -> list[EnqueueOutcome]:
         """Create many tasks in one round trip where the backend can; one outcome per item."""
 
+    async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
+        """Create a group's record and all its members atomically, or nothing: the first
+        refused member raises its TaskIDConflictError/DuplicateTaskError."""
+
     async def claim(self, params: ClaimParams) -> list[Lease]:
         """Lease up to ``params.limit`` claimable tasks (state active, new fencing token,
         ``lease_expires_at = now + lease_seconds``). Never hands one task to two callers."""
@@ -524,6 +672,9 @@ class Admin(Protocol):
         ``move.expect``; the task after the move (before it, when deleted), or ``None`` when
         the fence failed (moved meanwhile, or gone)."""
 
+    async def get_group(self, queue: str, group_id: str) -> GroupInfo:
+        """One group by its queue and id; GroupNotFoundError if absent (or expired)."""
+
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """Flag an active task so its worker cancels the handler (W12); ``None`` if the
         task is not active (or gone)."""
@@ -583,6 +734,10 @@ class AdminForwarder:
     async def move_task(self, move: TaskMove) -> TaskInfo | None:
         """See :meth:`Admin.move_task`."""
         return await self.admin.move_task(move)
+
+    async def get_group(self, queue: str, group_id: str) -> GroupInfo:
+        """See :meth:`Admin.get_group`."""
+        return await self.admin.get_group(queue, group_id)
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """See :meth:`Admin.request_cancel`."""

@@ -9,8 +9,18 @@ placeholders. Both SQLite and PostgreSQL load theirs through this module.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
+
+from durq.brokers.base import (
+    GroupInfo,
+    GroupMemberInfo,
+    GroupParams,
+    follow_up_from,
+    follow_up_options,
+)
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$")
 _MIGRATION = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -83,3 +93,43 @@ def load_migrations(package: str) -> tuple[Migration, ...]:
             f"{package} migrations must be numbered 0001, 0002, ... without gaps, found {versions}"
         )
     return tuple(found)
+
+
+def group_row(p: GroupParams, now: float | None) -> dict[str, Any]:
+    """The parameters of both dialects' ``insert_group`` statement."""
+    return {
+        "queue": p.queue,
+        "id": p.id,
+        "total": len(p.members),
+        "now": now,
+        "retention": p.retention,
+        "then_task": None if p.then is None else follow_up_options(p.then),
+        "then_head": None if p.then is None else p.then.payload,
+        "then_tail": p.tail,
+    }
+
+
+def group_info(group: Mapping[str, Any], members: Iterable[Mapping[str, Any]]) -> GroupInfo:
+    """A group as both SQL dialects read it: its ``groups`` row and its ``group_members``
+    rows joined with the members' tasks (``task_state``), in group order."""
+    then = None if group["then_task"] is None else follow_up_from(group["then_task"], b"")
+    return GroupInfo(
+        id=group["id"],
+        queue=group["queue"],
+        total=group["total"],
+        finished=group["finished"],
+        created_at=group["created_at"],
+        finished_at=group["finished_at"],
+        then_id=then.id if then else None,
+        then_queue=then.queue if then else None,
+        members=tuple(
+            GroupMemberInfo(
+                m["task_id"],
+                m["queue"],
+                m["type"],
+                m["state"] or m["task_state"],
+                m["state"] is not None,
+            )
+            for m in members
+        ),
+    )

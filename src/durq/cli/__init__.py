@@ -19,6 +19,7 @@ from durq.cli import (
     dash,
     demo,
     enqueue,
+    group,
     migrate,
     queue,
     scheduler,
@@ -49,6 +50,7 @@ app = typer.Typer(
 worker.register(app)
 enqueue.register(app)
 task.register(app)
+group.register(app)
 queue.register(app)
 workers.register(app)
 migrate.register(app)

@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from durq import groups
 from durq.app import App
 from durq.cli.common import (
     BrokerOpt,
@@ -107,6 +108,9 @@ def print_task(info: TaskInfo, *, title: str | None = None) -> None:
         else:
             text = str(value)
         table.add_row(key, text if key == "state" else escape(text))
+    member_of = groups.member_of(info)
+    if member_of is not None:  # durq group get shows its progress
+        table.add_row("group", escape(f"{member_of[0]} (queue {member_of[1]})"))
     console.print(table)
 
 

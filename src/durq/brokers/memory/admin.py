@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from durq.brokers.base import (
+    GroupInfo,
     MinuteCounts,
     QueueStats,
     TaskMove,
@@ -13,7 +14,7 @@ from durq.brokers.base import (
 )
 from durq.brokers.memory.storage import WAITING, A, P, Row, Store, X
 from durq.clock import Clock, utc_day
-from durq.errors import QueueNotFoundError, TaskNotFoundError
+from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState
 from durq.task import TaskInfo
 
@@ -156,9 +157,9 @@ class MemoryAdmin:
             kind = move.kind
             if kind == "delete":
                 info = row.info()
+                woken |= store.forget(row, now)
                 store.delete(row)
-                return info
-            if kind == "run":
+            elif kind == "run":
                 self._run(row, now)
                 woken.add(row.queue)
             else:
@@ -168,9 +169,24 @@ class MemoryAdmin:
                 if move.error is not None:
                     row.last_error = move.error
                 woken |= store.insert_follow_ups(move.follow_ups, now)
-            info = row.info()
+                if move.group is not None:
+                    woken |= store.finish_member(
+                        row.queue, row.id, move.group.state, move.group.entry, now
+                    )
+            if kind != "delete":
+                info = row.info()
         store.notify(woken)
         return info
+
+    async def get_group(self, queue: str, group_id: str) -> GroupInfo:
+        """One group; GroupNotFoundError if absent or expired."""
+        with self._store.lock:
+            now = self._clock.now()
+            group = self._store.groups.get((queue, group_id))
+            done = None if group is None else group.finished_at
+            if group is None or (done is not None and done + group.params.retention <= now):
+                raise GroupNotFoundError(f"no group {group_id!r} in queue {queue!r}")
+            return group.info(self._store.tasks, now)
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """Flag an active task for its worker (W12)."""
@@ -188,11 +204,14 @@ class MemoryAdmin:
             now = self._clock.now()
             self._require_queue(queue)
             rows = [row for row in self._store.rows(queue) if row.state is state]
+            woken: set[str] = set()
             for row in rows:
                 if to is P:
                     self._run(row, now)
                 else:
+                    woken |= self._store.forget(row, now)
                     self._store.delete(row)
         if rows and to is P:
-            self._store.notify([queue])
+            woken.add(queue)
+        self._store.notify(woken)
         return len(rows)

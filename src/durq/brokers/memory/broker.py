@@ -22,6 +22,7 @@ from durq.brokers.base import (
     CompleteParams,
     EnqueueOutcome,
     EnqueueParams,
+    GroupParams,
     Lease,
     LeaseMove,
     LeaseRef,
@@ -119,6 +120,14 @@ class MemoryBroker(AdminForwarder):
         store.notify({o.params.queue for o in outcomes if o.created})
         return outcomes
 
+    async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
+        """The group and all its members in one step, or nothing."""
+        store = self._store
+        with store.lock:
+            infos = [row.info() for row in store.insert_group(params, self._clock.now())]
+        store.notify({i.queue for i in infos if i.state is P})
+        return infos
+
     def _no_connection(self, connection: Any) -> None:
         if connection is not None:
             raise ConfigurationError(
@@ -188,6 +197,8 @@ class MemoryBroker(AdminForwarder):
             store.delete(row)
         store.bump(row.queue, now, failed=False)
         woken |= store.insert_follow_ups(p.follow_ups, now)
+        if p.group is not None:
+            woken |= store.finish_member(row.queue, row.id, p.group.state, p.group.entry, now)
         return True
 
     async def complete(self, params: CompleteParams) -> bool:
@@ -228,6 +239,8 @@ class MemoryBroker(AdminForwarder):
         else:
             store.move(row, X)
             woken |= store.insert_follow_ups(p.follow_ups, now)
+            if p.group is not None:
+                woken |= store.finish_member(row.queue, row.id, p.group.state, p.group.entry, now)
         if count:
             store.bump(row.queue, now, failed=True)
         return True
@@ -302,6 +315,7 @@ class MemoryBroker(AdminForwarder):
             expired = [row for row in store.tasks.values() if row.gone(now)][:limit]
             for row in expired:
                 store.delete(row)
+            store.drop_expired_groups(now)
         return len(expired)
 
     # -- wake-up ---------------------------------------------------------------------------------

@@ -11,10 +11,18 @@ import secrets
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from durq.brokers import mailbox
-from durq.brokers.base import EnqueueParams, WorkerInfo, minute_of
+from durq.brokers.base import (
+    EnqueueParams,
+    GroupInfo,
+    GroupMemberInfo,
+    GroupParams,
+    WorkerInfo,
+    fan_in_payload,
+    minute_of,
+)
 from durq.brokers.mailbox import Mailbox
 from durq.clock import to_datetime, utc_day
 from durq.errors import DuplicateTaskError, TaskIDConflictError
@@ -107,6 +115,38 @@ class Row:
         self.cancel_requested = False
 
 
+@dataclass(slots=True, eq=False)
+class Group:
+    """One group's record: the members' entries and the follow-up it creates."""
+
+    params: GroupParams
+    created_at: float
+    #: Per member, in order: its entry in the follow-up, and its final state once finished.
+    entries: list[bytes]
+    states: list[str | None]
+    finished: int = 0
+    finished_at: float | None = None
+
+    def info(self, tasks: dict[tuple[str, str], Row], now: float) -> GroupInfo:
+        members = []
+        for p, state in zip(self.params.members, self.states, strict=True):
+            row = tasks.get((p.queue, p.id))
+            live = None if row is None or row.gone(now) else row.state.value
+            members.append(GroupMemberInfo(p.id, p.queue, p.type, state or live, state is not None))
+        then = self.params.then
+        return GroupInfo(
+            id=self.params.id,
+            queue=self.params.queue,
+            total=len(self.entries),
+            finished=self.finished,
+            created_at=self.created_at,
+            finished_at=self.finished_at,
+            then_id=then.id if then else None,
+            then_queue=then.queue if then else None,
+            members=tuple(members),
+        )
+
+
 @dataclass(slots=True)
 class Queue:
     name: str
@@ -130,6 +170,9 @@ class Store:
         #: ``(queue, minute start) -> [processed, failed]``.
         self.minutes: dict[tuple[str, int], list[int]] = {}
         self.workers: dict[str, WorkerInfo] = {}
+        #: ``(queue, group id) -> Group``, and each unfinished member's group and position.
+        self.groups: dict[tuple[str, str], Group] = {}
+        self.members: dict[tuple[str, str], tuple[Group, int]] = {}
         self._seq = itertools.count(1)
         # Key in the in-process wake-up registry (never an SQLite file's absolute path).
         self._key = f"memory://{name}"
@@ -237,6 +280,66 @@ class Store:
             if row.state is P:
                 woken.add(p.queue)
         return woken
+
+    def check_insert(self, p: EnqueueParams, now: float) -> None:
+        """Raise what :meth:`insert` would raise for ``p``, writing nothing."""
+        existing = self.tasks.get((p.queue, p.id))
+        if existing is not None and not existing.gone(now):
+            raise TaskIDConflictError(
+                f"task {p.id!r} already exists in queue {p.queue!r} ({existing.state})",
+                existing=existing.info(),
+            )
+        if p.unique_key is not None:
+            holder = self.unique.get(p.unique_key)
+            if holder is not None and (holder.unique_until is None or holder.unique_until > now):
+                raise DuplicateTaskError(
+                    f"an identical task {holder.id!r} is already queued", existing_id=holder.id
+                )
+
+    def insert_group(self, p: GroupParams, now: float) -> list[Row]:
+        """Create a group and its members, or raise the first refusal writing nothing."""
+        for member in p.members:
+            self.check_insert(member, now)
+        group = Group(p, now, list(p.unfinished), [None] * len(p.members))
+        rows = [self.insert(member, now) for member in p.members]
+        self.groups[(p.queue, p.id)] = group
+        for i, member in enumerate(p.members):
+            self.members[(member.queue, member.id)] = (group, i)
+        return rows
+
+    def finish_member(
+        self, queue: str, task_id: str, state: str, entry: bytes | None, now: float
+    ) -> set[str]:
+        """Record a member's final outcome (``entry`` None: its stored deleted entry) and
+        create the group's follow-up if it was the last; the queues that got work."""
+        found = self.members.pop((queue, task_id), None)
+        if found is None:
+            return set()
+        group, i = found
+        group.states[i] = state
+        if entry is not None:
+            group.entries[i] = entry
+        group.finished += 1
+        if group.finished < len(group.entries):
+            return set()
+        group.finished_at = now
+        then = group.params.then
+        if then is None:
+            return set()
+        payload = fan_in_payload(then.payload, group.entries, group.params.tail)
+        return self.insert_follow_ups([replace(then, payload=payload)], now)
+
+    def forget(self, row: Row, now: float) -> set[str]:
+        """A task is deleted by the inspector: an unfinished member finishes as deleted."""
+        if row.state in (C, X):
+            return set()
+        return self.finish_member(row.queue, row.id, "deleted", None, now)
+
+    def drop_expired_groups(self, now: float) -> None:
+        for key, group in list(self.groups.items()):
+            done = group.finished_at
+            if done is not None and done + group.params.retention <= now:
+                del self.groups[key]
 
     def lease(self, row: Row, now: float, lease_seconds: float, worker_id: str) -> str:
         self.move(row, A)

@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 from durq.brokers.base import (
+    EnqueueOutcome,
+    GroupInfo,
     MinuteCounts,
     QueueStats,
     TaskMove,
@@ -15,10 +17,11 @@ from durq.brokers.base import (
     first_counted_minute,
 )
 from durq.brokers.postgres.rows import Row
-from durq.brokers.postgres.storage import PostgresStorage
+from durq.brokers.postgres.storage import AsyncConn, PostgresStorage
+from durq.brokers.sqlfiles import group_info
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import utc_day
-from durq.errors import QueueNotFoundError, TaskNotFoundError
+from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState
 from durq.task import TaskInfo
 
@@ -141,10 +144,32 @@ class PostgresAdmin:
         }
         query = f"{move.kind}_task"
         follow_ups = move.follow_ups
+
+        async def groups(conn: AsyncConn, rows: list[Row]) -> list[EnqueueOutcome]:
+            if not rows:
+                return []
+            if move.to is None:  # deleted: an unfinished group member finishes as deleted
+                return await self._s.forget(conn, move.queue, move.id, "")
+            if move.group is not None:
+                return await self._s.finish_members(conn, [(move.queue, move.id, move.group)])
+            return []
+
         rows = await self._s.write_with_follow_ups(
-            query, query, params, lambda rows: follow_ups if rows else ()
+            query, query, params, lambda rows: follow_ups if rows else (), groups
         )
         return row_to_info(rows[0]) if rows else None
+
+    async def get_group(self, queue: str, group_id: str) -> GroupInfo:
+        """One group with its members; GroupNotFoundError if absent or expired."""
+        key = {"queue": queue, "id": group_id, "now": self._s.now()}
+        async with self._s.connection("get_group") as conn, conn.transaction():
+            cur = await conn.execute(self._s.q["get_group"], key)
+            g = await cur.fetchone()
+            if g is None:
+                raise GroupNotFoundError(f"no group {group_id!r} in queue {queue!r}")
+            cur = await conn.execute(self._s.q["group_members"], key)
+            members = await cur.fetchall()
+        return group_info(g, members)
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """Flag an active task for its worker (W12)."""
@@ -166,7 +191,12 @@ class PostgresAdmin:
             row = await self._s.fetch_one("run_all", "run_all", params)
             count = int(row["n"]) if row else 0
         else:
-            count = await self._s.rowcount("delete_all", "delete_all", params)
+            async with self._s.connection("delete_all") as conn, conn.transaction():
+                # Unfinished group members among them finish as deleted, first.
+                created = await self._s.forget(conn, queue, None, state.value)
+                cur = await conn.execute(self._s.q["delete_all"], params)
+                count = max(cur.rowcount, 0)
+            self._s.notify_created(created)
         if count == 0:
             await self._require_queue("move_all", queue)
         return count

@@ -27,6 +27,7 @@ from durq.brokers.base import (
     CompleteParams,
     EnqueueOutcome,
     EnqueueParams,
+    GroupParams,
     Lease,
     LeaseMove,
     LeaseRef,
@@ -49,6 +50,7 @@ from durq.brokers.postgres.storage import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_POOL_MAX,
     DEFAULT_POOL_MAX_IDLE,
+    AsyncConn,
     PostgresStorage,
 )
 from durq.brokers.postgres.wakeup import Listener
@@ -178,6 +180,15 @@ class PostgresBroker(AdminForwarder):
         (outcome,) = await self.enqueue_many([params], connection=connection)
         return _unwrap(outcome)
 
+    async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
+        """The group's record and every member in one transaction, or nothing."""
+        async with self._s.connection("enqueue_group") as conn, conn.transaction():
+            infos = await self._s.insert_group(conn, params)
+        self._s.notify_created(
+            [EnqueueOutcome(p, info=i) for p, i in zip(params.members, infos, strict=True)]
+        )
+        return infos
+
     async def enqueue_many(
         self, items: Sequence[EnqueueParams], *, connection: Any = None
     ) -> list[EnqueueOutcome]:
@@ -304,7 +315,7 @@ class PostgresBroker(AdminForwarder):
             "now": self._s.sql_now(),
             "day": utc_day(now),
         }
-        if any(i.follow_ups for i in items):
+        if any(i.follow_ups or i.group for i in items):
             # Continuations: the follow-ups of the leases still held, in the same transaction.
             def follow_ups(rows: list[Row]) -> list[EnqueueParams]:
                 held = {(r["queue"], r["id"]) for r in rows}
@@ -316,7 +327,22 @@ class PostgresBroker(AdminForwarder):
                         out.extend(item.follow_ups)
                 return out
 
-            rows = await self._s.write_with_follow_ups("complete", "complete", params, follow_ups)
+            # Group members: their outcomes and fan-in, in the same transaction.
+            async def groups(conn: AsyncConn, rows: list[Row]) -> list[EnqueueOutcome]:
+                held = {(r["queue"], r["id"]) for r in rows}
+                finished = []
+                for item in items:
+                    key = (item.lease.queue, item.lease.id)
+                    if item.group is not None and key in held:
+                        held.discard(key)
+                        finished.append((*key, item.group))
+                if not finished:
+                    return []
+                return await self._s.finish_members(conn, finished)
+
+            rows = await self._s.write_with_follow_ups(
+                "complete", "complete", params, follow_ups, groups
+            )
         else:
             rows = await self._s.fetch("complete", "complete", params)
         done = {(r["queue"], r["id"]) for r in rows}
@@ -363,6 +389,9 @@ class PostgresBroker(AdminForwarder):
                 done.append(held)
                 if held and isinstance(p, ArchiveParams) and p.follow_ups:
                     created += await self._s.drive(conn, self._s.plan(p.follow_ups, None))
+                if held and isinstance(p, ArchiveParams) and p.group is not None:
+                    finished = [(p.lease.queue, p.lease.id, p.group)]
+                    created += await self._s.finish_members(conn, finished)
         self._s.notify_created(created)
         return done
 
@@ -373,7 +402,7 @@ class PostgresBroker(AdminForwarder):
 
     async def archive(self, params: ArchiveParams) -> bool:
         """Give up on the task; ``False`` if the lease is no longer held."""
-        if params.follow_ups:
+        if params.follow_ups or params.group is not None:
             (done,) = await self.move_leases([params])
             return done
         row = await self._s.fetch_one("archive", *self._lease_move(params, self._s.now()))
@@ -426,9 +455,10 @@ class PostgresBroker(AdminForwarder):
         )
         if limit <= 0:
             return 0
-        return await self._s.rowcount(
-            "delete_expired", "delete_expired", {"now": now, "limit": limit}
-        )
+        params = {"now": now, "limit": limit}
+        # Finished groups past their retention go in the same bounded way.
+        await self._s.rowcount("delete_expired", "delete_expired_groups", params)
+        return await self._s.rowcount("delete_expired", "delete_expired", params)
 
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Wait for a NOTIFY on one of ``queues``, or ``timeout`` seconds.

@@ -551,3 +551,75 @@ SELECT count(*) AS n FROM r, woken;
 DELETE FROM {schema}.tasks
 WHERE queue = %(queue)s AND state = %(state)s
   AND NOT (state = 'completed' AND expires_at <= {now});
+
+-- name: insert_group
+INSERT INTO {schema}.groups (queue, id, total, created_at, retention, then_task, then_head,
+                             then_tail)
+VALUES (%(queue)s, %(id)s, %(total)s, {now}, %(retention)s, %(then_task)s, %(then_head)s,
+        %(then_tail)s);
+
+-- name: insert_group_members
+INSERT INTO {schema}.group_members (group_queue, group_id, position, queue, task_id, type,
+                                    entry)
+SELECT %(group_queue)s, %(group_id)s, m.position - 1, m.queue, m.task_id, m.type, m.entry
+FROM unnest(%(queues)s::text[], %(ids)s::text[], %(types)s::text[], %(entries)s::bytea[])
+     WITH ORDINALITY AS m (queue, task_id, type, entry, position);
+
+-- name: finish_member
+-- A member's first final outcome; a second one (a rerun archived member) matches no row.
+UPDATE {schema}.group_members SET state = %(state)s, entry = %(entry)s
+WHERE group_queue = %(group_queue)s AND group_id = %(group_id)s
+  AND queue = %(queue)s AND task_id = %(id)s AND state IS NULL
+RETURNING group_queue, group_id;
+
+-- name: forget_member
+-- An unfinished member deleted by the inspector keeps its stored "deleted" entry.
+UPDATE {schema}.group_members SET state = 'deleted'
+WHERE queue = %(queue)s AND task_id = %(id)s AND state IS NULL
+RETURNING group_queue, group_id;
+
+-- name: forget_members_in_state
+-- Before deleting every task of one state: its unfinished members finish as deleted.
+UPDATE {schema}.group_members SET state = 'deleted'
+WHERE queue = %(queue)s AND state IS NULL
+  AND task_id IN (SELECT id FROM {schema}.tasks WHERE queue = %(queue)s AND state = %(state)s)
+RETURNING group_queue, group_id;
+
+-- name: count_finished
+-- The fan-in check: the row lock makes concurrent completions of one group wait for each
+-- other, and each sees the count the previous one committed.
+UPDATE {schema}.groups
+SET finished = finished + %(n)s,
+    finished_at = CASE WHEN finished + %(n)s >= total THEN {now} END
+WHERE queue = %(group_queue)s AND id = %(group_id)s
+RETURNING finished, total, then_task, then_head, then_tail;
+
+-- name: group_entries
+SELECT entry FROM {schema}.group_members
+WHERE group_queue = %(group_queue)s AND group_id = %(group_id)s
+ORDER BY position;
+
+-- name: get_group
+SELECT * FROM {schema}.groups
+WHERE queue = %(queue)s AND id = %(id)s
+  AND NOT (finished_at IS NOT NULL AND finished_at + retention <= {now});
+
+-- name: group_members
+SELECT m.task_id, m.queue, m.type, m.state, t.state AS task_state
+FROM {schema}.group_members AS m
+LEFT JOIN {schema}.tasks AS t
+  ON t.queue = m.queue AND t.id = m.task_id
+  AND NOT (t.state = 'completed' AND t.expires_at <= {now})
+WHERE m.group_queue = %(queue)s AND m.group_id = %(id)s
+ORDER BY m.position;
+
+-- name: delete_expired_groups
+-- Janitor: finished groups past their retention (their members go by the foreign key).
+WITH victims AS (
+    SELECT queue, id FROM {schema}.groups
+    WHERE finished_at IS NOT NULL AND finished_at + retention <= {now}
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {schema}.groups AS g USING victims AS v
+WHERE g.queue = v.queue AND g.id = v.id;

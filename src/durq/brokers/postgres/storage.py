@@ -7,7 +7,8 @@ import contextlib
 import hashlib
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from functools import cache
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -18,7 +19,14 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from durq.brokers import sqlfiles
-from durq.brokers.base import EnqueueOutcome, EnqueueParams
+from durq.brokers.base import (
+    EnqueueOutcome,
+    EnqueueParams,
+    GroupParams,
+    MemberOutcome,
+    fan_in_payload,
+    follow_up_from,
+)
 from durq.brokers.postgres.errors import translate
 from durq.brokers.postgres.rows import EnqueuePlan, Row, enqueue_plan
 from durq.brokers.postgres.wakeup import Notifier
@@ -29,6 +37,7 @@ from durq.errors import (
     SchemaError,
 )
 from durq.states import TaskState
+from durq.task import TaskInfo
 
 DEFAULT_SCHEMA = "durq"
 #: Seconds to wait for a connection (TCP connect, or a free pooled connection) before
@@ -313,10 +322,13 @@ class PostgresStorage:
         query: str,
         params: dict[str, Any],
         follow_ups: Callable[[list[Row]], Sequence[EnqueueParams]],
+        after: Callable[[AsyncConn, list[Row]], Awaitable[list[EnqueueOutcome]]] | None = None,
     ) -> list[Row]:
         """Run one named statement and create the follow-ups its rows call for, in one
         transaction; notify after the commit. Follow-ups whose id exists are
-        skipped (the enqueue plan reports them as conflicts; nothing is raised)."""
+        skipped (the enqueue plan reports them as conflicts; nothing is raised).
+        ``after``: more writes of the same transaction (group outcomes), which may create
+        tasks too."""
         async with self.connection(method) as conn:
             async with conn.transaction():
                 cur = await conn.execute(self.q[query], params)
@@ -325,8 +337,88 @@ class PostgresStorage:
                 created: list[EnqueueOutcome] = []
                 if extra:
                     created = await self.drive(conn, self.plan(extra, None))
+                if after is not None:
+                    created += await after(conn, rows)
         self.notify_created(created)
         return rows
+
+    # ------------------------------------------------------------------ groups
+
+    async def insert_group(self, conn: AsyncConn, p: GroupParams) -> list[TaskInfo]:
+        """Create a group's record and its members in the caller's transaction; the first
+        refused member raises (the transaction rolls everything back)."""
+        outcomes: list[EnqueueOutcome] = await self.drive(conn, self.plan(p.members, None))
+        for outcome in outcomes:
+            if outcome.error is not None:
+                raise outcome.error
+        await conn.execute(self.q["insert_group"], sqlfiles.group_row(p, self.sql_now()))
+        await conn.execute(
+            self.q["insert_group_members"],
+            {
+                "group_queue": p.queue,
+                "group_id": p.id,
+                "queues": [m.queue for m in p.members],
+                "ids": [m.id for m in p.members],
+                "types": [m.type for m in p.members],
+                "entries": list(p.unfinished),
+            },
+        )
+        return [o.info for o in outcomes if o.info is not None]
+
+    async def finish_members(
+        self, conn: AsyncConn, finished: Sequence[tuple[str, str, MemberOutcome]]
+    ) -> list[EnqueueOutcome]:
+        """Record members' outcomes (``(queue, task id, outcome)``) and count them."""
+        rows: list[Row] = []
+        # One lock order (group, then task) for every transaction: no deadlock between two
+        # batches that finish members of the same groups.
+        for queue, task_id, o in sorted(finished, key=lambda f: (f[2].group_queue, f[2].group)):
+            cur = await conn.execute(
+                self.q["finish_member"],
+                {
+                    "group_queue": o.group_queue,
+                    "group_id": o.group,
+                    "queue": queue,
+                    "id": task_id,
+                    "state": o.state,
+                    "entry": o.entry,
+                },
+            )
+            rows += await cur.fetchall()
+        return await self.count_finished(conn, rows)
+
+    async def forget(
+        self, conn: AsyncConn, queue: str, task_id: str | None, state: str
+    ) -> list[EnqueueOutcome]:
+        """Before the inspector deletes a task (``task_id``) or every task of ``state``: the
+        unfinished group members among them finish as deleted."""
+        if task_id is not None:
+            cur = await conn.execute(self.q["forget_member"], {"queue": queue, "id": task_id})
+        else:
+            cur = await conn.execute(
+                self.q["forget_members_in_state"], {"queue": queue, "state": state}
+            )
+        return await self.count_finished(conn, await cur.fetchall())
+
+    async def count_finished(self, conn: AsyncConn, rows: list[Row]) -> list[EnqueueOutcome]:
+        """Count newly finished members (one row per member: its group) and create the
+        follow-up of each group whose last member this was."""
+        created: list[EnqueueOutcome] = []
+        counts = Counter((r["group_queue"], r["group_id"]) for r in rows)
+        for (group_queue, group_id), n in sorted(counts.items()):
+            key = {"group_queue": group_queue, "group_id": group_id}
+            cur = await conn.execute(
+                self.q["count_finished"], {**key, "n": n, "now": self.sql_now()}
+            )
+            g = await cur.fetchone()
+            if g is None or g["finished"] < g["total"] or g["then_task"] is None:
+                continue
+            cur = await conn.execute(self.q["group_entries"], key)
+            entries = [bytes(r["entry"]) for r in await cur.fetchall()]
+            payload = fan_in_payload(bytes(g["then_head"]), entries, bytes(g["then_tail"]))
+            follow_up = follow_up_from(g["then_task"], payload)
+            created += await self.drive(conn, self.plan([follow_up], None))
+        return created
 
     async def fetch(self, method: str, query: str, params: dict[str, Any]) -> list[Row]:
         """Run one named query on a pooled connection; its rows (empty if none)."""

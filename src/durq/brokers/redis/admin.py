@@ -8,6 +8,8 @@ from datetime import timedelta
 from typing import Any
 
 from durq.brokers.base import (
+    GroupInfo,
+    GroupMemberInfo,
     MinuteCounts,
     QueueStats,
     TaskMove,
@@ -20,7 +22,7 @@ from durq.brokers.redis.keys import QueueKeys
 from durq.brokers.redis.rows import pairs, task_info
 from durq.brokers.redis.storage import RedisStorage, _Call
 from durq.clock import utc_day
-from durq.errors import QueueNotFoundError, TaskNotFoundError
+from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState
 from durq.task import TaskInfo
 
@@ -223,7 +225,8 @@ class RedisAdmin:
             self._task_keys(k, move.id),
             [now, move.expect.value, to, move.error or "", k.notify],
         )
-        call = self._s.with_follow_ups(call, move.follow_ups, now)
+        name, keys, args = self._s.with_follow_ups(call, move.follow_ups, now)
+        call = (name, keys, [*args, *self._s.member_args(move.group)])
         async with self._s.op("move_task"):
             await self._s.ensure()
             if move.follow_ups:
@@ -232,6 +235,57 @@ class RedisAdmin:
             if reply[0] == b"ok" and move.follow_ups:
                 await self._s.drain_outboxes(self._s.outbox_queues(move.queue, move.follow_ups))
         return task_info(move.queue, reply[1]) if reply[0] == b"ok" else None
+
+    async def get_group(self, queue: str, group_id: str) -> GroupInfo:
+        """One group with its members; GroupNotFoundError if absent (or expired: Redis
+        drops a finished group's keys after its retention)."""
+        g = self._s.keys.queue(queue).group(group_id)
+        now = self._s.clock.now()
+        async with self._s.op("get_group"):
+            await self._s.ensure()
+            head, entries, states = await self._s.commands(
+                [("HGETALL", g), ("HGETALL", f"{g}:e"), ("HGETALL", f"{g}:s")]
+            )
+            fields = _pairs(head)
+            done = fields.get("finished_at")
+            # Past its retention it counts as gone, before Redis expires the keys.
+            over = done is not None and float(done) + float(fields["retention"]) <= now
+            if not fields or over:
+                raise GroupNotFoundError(f"no group {group_id!r} in queue {queue!r}")
+            total = int(fields["total"])
+            final = {int(k): v for k, v in _pairs(states).items()}
+            members = [
+                json.loads(v) for _, v in sorted(((int(k), v) for k, v in _pairs(entries).items()))
+            ]
+            # The live state of members that have not finished: one HGET each.
+            live_keys = [
+                self._s.keys.queue(m["queue"]).task(m["id"])
+                for i, m in enumerate(members)
+                if i not in final
+            ]
+            live = await self._s.commands([("HGET", key, "state") for key in live_keys])
+        live_states = iter(live)
+        out = []
+        for i, m in enumerate(members):
+            if i in final:
+                state: str | None = final[i]
+            else:
+                raw = next(live_states)
+                state = None if raw is None else bytes(raw).decode()
+            out.append(GroupMemberInfo(m["id"], m["queue"], m["type"], state, i in final))
+        then_id, then_queue = fields.get("a3"), fields.get("tq")
+        finished_at = fields.get("finished_at")
+        return GroupInfo(
+            id=group_id,
+            queue=queue,
+            total=total,
+            finished=int(fields["finished"]),
+            created_at=float(fields["created_at"]),
+            finished_at=None if finished_at is None else float(finished_at),
+            then_id=then_id,
+            then_queue=then_queue,
+            members=tuple(out),
+        )
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """Flag an active task for its worker (W12)."""
@@ -327,3 +381,8 @@ class RedisAdmin:
             data["last_heartbeat"] = float(beat)
             out.append(WorkerInfo(**data))
         return out
+
+
+def _pairs(reply: Any) -> dict[str, str]:
+    """An HGETALL reply as ``{field: value}``, values as text."""
+    return {k: bytes(v).decode() for k, v in pairs(reply or []).items()}

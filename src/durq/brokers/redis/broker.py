@@ -24,6 +24,7 @@ from durq.brokers.base import (
     CompleteParams,
     EnqueueOutcome,
     EnqueueParams,
+    GroupParams,
     Lease,
     LeaseMove,
     LeaseRef,
@@ -32,6 +33,7 @@ from durq.brokers.base import (
     WorkerInfo,
 )
 from durq.brokers.redis.admin import WORKER_TTL, RedisAdmin
+from durq.brokers.redis.cluster import key_slot
 from durq.brokers.redis.keys import DEFAULT_PREFIX
 from durq.brokers.redis.rows import pairs, task_info
 from durq.brokers.redis.storage import (
@@ -49,6 +51,7 @@ from durq.errors import (
     BrokerError,
     DuplicateTaskError,
     TaskIDConflictError,
+    ValidationError,
 )
 from durq.task import TaskInfo
 
@@ -167,6 +170,59 @@ class RedisBroker(AdminForwarder):
                 existing_id=existing_id,
             ),
         )
+
+    async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
+        """The group's record and every member in one script, or nothing."""
+        now = self._s.clock.now()
+        qk = self._s.keys.queue(params.queue)
+        if self._s.cluster:
+            self._one_slot(params)
+        g = qk.group(params.id)
+        keys: list[str] = [g, f"{g}:e"]
+        then: list[Scalar] = [""] * 21
+        if params.then is not None:
+            (_, then_keys, then_args), _ = self._s.enqueue_call(params.then, now)
+            then = [*then_keys, *then_args]
+        then_queue = "" if params.then is None else params.then.queue
+        args: list[Scalar] = [
+            self._s.now_arg(),
+            len(params.members),
+            params.retention,
+            *then,
+            params.tail,
+            then_queue,
+        ]
+        infos: list[TaskInfo] = []
+        for p, entry in zip(params.members, params.unfinished, strict=True):
+            (_, more_keys, more_args), info = self._s.enqueue_call(p, now)
+            keys += more_keys
+            args += [*more_args, entry]
+            infos.append(info)
+        async with self._s.op("enqueue_group"):
+            await self._s.ensure()
+            queues = [p.queue for p in params.members]
+            if params.then is not None:
+                queues.append(params.then.queue)
+            await self._s.remember_queues(queues)
+            reply = await self._s.eval("enqueue_group", keys, args)
+        if reply[0] != b"ok":
+            i = int(reply[1])
+            error = self._enqueue_outcome(params.members[i], infos[i], [reply[0], reply[2]]).error
+            assert error is not None
+            raise error
+        return [self._s.stamped(p, i, reply[1]) for p, i in zip(params.members, infos, strict=True)]
+
+    def _one_slot(self, params: GroupParams) -> None:
+        """On a Redis Cluster one script must stay in one hash slot: the group's queue."""
+        queues = {p.queue for p in params.members}
+        if params.then is not None:
+            queues.add(params.then.queue)
+        slots = {key_slot(self._s.keys.queue(q).base) for q in queues | {params.queue}}
+        if len(slots) > 1:
+            raise ValidationError(
+                "on a Redis Cluster a group's members and its follow-up must be in queues of "
+                f"one hash slot (those of {params.queue!r}): {sorted(queues)}"
+            )
 
     @staticmethod
     def _no_connection(connection: Any) -> None:
@@ -324,7 +380,9 @@ class RedisBroker(AdminForwarder):
                 MINUTE_TTL,
             ],
         )
-        return self._s.with_follow_ups(call, p.follow_ups, now)
+        name, keys, args = self._s.with_follow_ups(call, p.follow_ups, now)
+        # A group member's outcome goes last (see complete.lua).
+        return name, keys, [*args, *self._s.member_args(p.group)]
 
     async def complete(self, params: CompleteParams) -> bool:
         """Completed (kept for its retention) or deleted; False if the lease is lost.
@@ -427,8 +485,9 @@ class RedisBroker(AdminForwarder):
             ],
         )
         name, keys, args = self._s.with_follow_ups(call, p.follow_ups, now)
-        # The traceback goes last, after the follow-ups' arguments (see archive.lua).
-        return name, keys, [*args, p.traceback or ""]
+        # The traceback and a group member's outcome go last, after the follow-ups'
+        # arguments (see archive.lua).
+        return name, keys, [*args, p.traceback or "", *self._s.member_args(p.group)]
 
     async def move_leases(self, moves: Sequence[LeaseMove]) -> list[bool]:
         """One retry/archive script per move (each atomic with its follow-ups), all in one

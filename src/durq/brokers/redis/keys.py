@@ -22,8 +22,16 @@ Layout (``P`` is the prefix, default ``durq``; ``Q`` a queue name)::
     P:{Q}:outbox                hash     follow-ups into another slot, not yet created (cluster)
     P:{Q}:minutes:<YYYY-MM-DD>  hash     p:<minute> / f:<minute> of that day's minutes
     P:{Q}:notify                channel  pub/sub wake-ups (not a key)
+    P:{Q}:g:<group id>          hash     a group whose first member is in Q: total, finished,
+                                         retention, the follow-up's enqueue keys and arguments
+    P:{Q}:g:<group id>:e        hash     position -> the member's entry in the follow-up
+    P:{Q}:g:<group id>:s        hash     position -> the member's final state, once finished
 
-Every key of one queue carries the hash tag ``{Q}``, so each script touches one slot. Queue
+Every key of one queue carries the hash tag ``{Q}``, so each script touches one slot. A group
+member's task hash names its group's hash (field ``g``, the ``:e``/``:s`` keys are derived
+from it in the scripts); a group whose members or follow-up live in other queues than its
+first member makes scripts touch several slots: atomic on a single node, refused by a Redis
+Cluster (as cross-queue follow-ups). Queue
 names, task ids and the prefix are checked here again (no braces, no glob characters, no
 whitespace), so a name can never move a key into another queue's or another prefix's space.
 """
@@ -35,7 +43,7 @@ from datetime import date
 from functools import lru_cache
 
 from durq.errors import ConfigurationError, InvalidNameError
-from durq.names import check_queue, check_task_id
+from durq.names import check_group_id, check_queue, check_task_id
 
 #: The prefix is also used as a glob by cleanup tools, so glob characters are refused.
 _PREFIX = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -105,6 +113,11 @@ class QueueKeys:
     def task(self, task_id: str) -> str:
         """The hash of one task."""
         return self.task_prefix + _safe(check_task_id(task_id), "task id")
+
+    def group(self, group_id: str) -> str:
+        """The hash of one group; its entries and states are this key + ``:e`` / ``:s``
+        (group ids hold no ``:``, so no two groups' keys can meet)."""
+        return f"{self.base}:g:{check_group_id(group_id)}"
 
     def stats_day(self, day: date) -> str:
         """The daily counter hash of ``day`` (its key ends in ``YYYY-MM-DD``)."""

@@ -18,6 +18,7 @@ from importlib import resources
 SCRIPT_NAMES = (
     "enqueue",
     "enqueue_many",
+    "enqueue_group",
     "claim",
     "extend",
     "complete",

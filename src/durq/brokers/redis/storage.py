@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import redis.asyncio as aioredis
 from redis import exceptions as rex
 
-from durq.brokers.base import MINUTE_COUNTS_KEEP, EnqueueParams
+from durq.brokers.base import MINUTE_COUNTS_KEEP, EnqueueParams, MemberOutcome
 from durq.brokers.redis.cluster import (
     DEFAULT_RETRY,
     DEFAULT_WAIT_TIMEOUT_MS,
@@ -469,6 +469,14 @@ class RedisStorage:
                 await self.command("HDEL", outbox, field)
                 created += 1
         return created
+
+    @staticmethod
+    def member_args(outcome: MemberOutcome | None) -> list[Scalar]:
+        """The last two arguments of complete/archive/admin_move: a group member's final
+        state and entry ("" and "" for a task that is no member)."""
+        if outcome is None:
+            return ["", ""]
+        return [outcome.state, outcome.entry]
 
     async def remember_queues(self, queues: Sequence[str]) -> None:
         """Add queues to the known set (once per queue per broker object)."""

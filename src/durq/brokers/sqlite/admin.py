@@ -7,6 +7,7 @@ import sqlite3
 from typing import Any
 
 from durq.brokers.base import (
+    GroupInfo,
     MinuteCounts,
     QueueStats,
     TaskMove,
@@ -15,10 +16,11 @@ from durq.brokers.base import (
     WorkerInfo,
     first_counted_minute,
 )
-from durq.brokers.sqlite.storage import Conn, Q, SQLiteStorage
+from durq.brokers.sqlfiles import group_info
+from durq.brokers.sqlite.storage import Conn, Q, SQLiteStorage, snapshot
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import utc_day
-from durq.errors import QueueNotFoundError, TaskNotFoundError
+from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState
 from durq.task import TaskInfo
 
@@ -190,13 +192,31 @@ class SQLiteAdmin:
             row = conn.execute(Q[query], params).fetchone()
             if row is None:
                 return None
+            if move.to is None:
+                woken.update(self._s.forget(conn, move.queue, move.id, "", now))
             if move.follow_ups:
                 woken.update(self._s.insert_follow_ups(conn, move.follow_ups, now))
+            if move.group is not None:
+                woken.update(self._s.finish_member(conn, move.queue, move.id, move.group, now))
             if move.to is TaskState.PENDING:
                 woken.add(move.queue)
             return row_to_info(row)
 
         return await self._s.write_waking(f"sqlite.{query}", body)
+
+    async def get_group(self, queue: str, group_id: str) -> GroupInfo:
+        """One group with its members; GroupNotFoundError if absent or expired."""
+        now = self._s.clock.now()
+        key = {"queue": queue, "id": group_id, "now": now}
+
+        def run(conn: Conn) -> GroupInfo:
+            g = conn.execute(Q["get_group"], key).fetchone()
+            if g is None:
+                raise GroupNotFoundError(f"no group {group_id!r} in queue {queue!r}")
+            members = conn.execute(Q["group_members"], key).fetchall()
+            return group_info(g, members)
+
+        return await self._s.call("sqlite.get_group", lambda c: snapshot(c, run))
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """Flag an active task for its worker (W12)."""
@@ -213,16 +233,18 @@ class SQLiteAdmin:
         state = TaskState(state)
         query = "run_all" if to is TaskState.PENDING else "delete_all"
 
-        def body(conn: Conn) -> int:
+        def body(conn: Conn, woken: set[str]) -> int:
             self._require_queue(conn, queue)
-            return conn.execute(
+            if to is None:
+                woken.update(self._s.forget(conn, queue, None, state.value, now))
+            count: int = conn.execute(
                 Q[query], {"queue": queue, "state": state.value, "now": now}
             ).rowcount
+            if count and to is TaskState.PENDING:
+                woken.add(queue)
+            return count
 
-        count = await self._s.write(f"sqlite.{query}", body)
-        if count and to is TaskState.PENDING:
-            self._s.notify([queue])
-        return count
+        return await self._s.write_waking(f"sqlite.{query}", body)
 
     # ------------------------------------------------------------------ workers
 

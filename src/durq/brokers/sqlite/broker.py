@@ -29,6 +29,7 @@ from durq.brokers.base import (
     CompleteParams,
     EnqueueOutcome,
     EnqueueParams,
+    GroupParams,
     Lease,
     LeaseMove,
     LeaseRef,
@@ -52,6 +53,7 @@ from durq.brokers.sqlite.storage import (
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import ConfigurationError, DuplicateTaskError, SchemaError, TaskIDConflictError
+from durq.states import TaskState
 from durq.task import TaskInfo
 
 #: Worker rows silent for this long are deleted when another worker registers.
@@ -187,6 +189,17 @@ class SQLiteBroker(AdminForwarder):
             return outcomes
 
         return await self._s.call("sqlite.enqueue_many", run)
+
+    async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
+        """The group's record and every member in one transaction, or nothing."""
+        now = self._s.clock.now()
+
+        def run(conn: Conn) -> list[TaskInfo]:
+            infos = transaction(conn, lambda c: self._s.insert_group(c, params, now))
+            self._s.notify({i.queue for i in infos if i.state is TaskState.PENDING})
+            return infos
+
+        return await self._s.call("sqlite.enqueue_group", run)
 
     def _insert_many(
         self, conn: Exec, items: Sequence[EnqueueParams], now: float
@@ -363,6 +376,8 @@ class SQLiteBroker(AdminForwarder):
             self._s.bump(conn, p.lease.queue, now, failed=False)
         if p.follow_ups:
             woken.update(self._s.insert_follow_ups(conn, p.follow_ups, now))
+        if p.group is not None:
+            woken.update(self._s.finish_member(conn, p.lease.queue, p.lease.id, p.group, now))
         return True
 
     async def complete(self, params: CompleteParams) -> bool:
@@ -418,6 +433,8 @@ class SQLiteBroker(AdminForwarder):
             self._s.bump(conn, lease.queue, now, failed=True)
         if isinstance(p, ArchiveParams) and p.follow_ups:
             woken.update(self._s.insert_follow_ups(conn, p.follow_ups, now))
+        if isinstance(p, ArchiveParams) and p.group is not None:
+            woken.update(self._s.finish_member(conn, lease.queue, lease.id, p.group, now))
         return True
 
     async def move_leases(self, moves: Sequence[LeaseMove]) -> list[bool]:
@@ -477,6 +494,9 @@ class SQLiteBroker(AdminForwarder):
 
         def run(conn: Conn) -> int:
             conn.execute(Q["prune_minute_stats"], {"before": now - MINUTE_COUNTS_KEEP})
+            # Finished groups past their retention go in the same bounded way.
+            conn.execute(Q["delete_expired_group_members"], {"now": now, "limit": limit})
+            conn.execute(Q["delete_expired_groups"], {"now": now, "limit": limit})
             deleted: int = conn.execute(Q["delete_expired"], {"now": now, "limit": limit}).rowcount
             return deleted
 

@@ -340,3 +340,79 @@ SET next_process_at = next_process_at
     lease_expires_at = lease_expires_at + :by
 WHERE (relative_due = 1 AND state IN ('scheduled', 'retry'))
    OR unique_until IS NOT NULL OR expires_at IS NOT NULL OR lease_expires_at IS NOT NULL;
+
+-- name: insert_group
+INSERT INTO durq_groups (queue, id, total, created_at, retention, then_task, then_head,
+                         then_tail)
+VALUES (:queue, :id, :total, :now, :retention, :then_task, :then_head, :then_tail);
+
+-- name: insert_group_member
+INSERT INTO durq_group_members (group_queue, group_id, position, queue, task_id, type, entry)
+VALUES (:group_queue, :group_id, :position, :queue, :task_id, :type, :entry);
+
+-- name: finish_member
+-- A member's first final outcome; a second one (a rerun archived member) matches no row.
+UPDATE durq_group_members SET state = :state, entry = :entry
+WHERE group_queue = :group_queue AND group_id = :group_id
+  AND queue = :queue AND task_id = :id AND state IS NULL
+RETURNING group_queue, group_id;
+
+-- name: forget_member
+-- An unfinished member deleted by the inspector keeps its stored "deleted" entry.
+UPDATE durq_group_members SET state = 'deleted'
+WHERE queue = :queue AND task_id = :id AND state IS NULL
+RETURNING group_queue, group_id;
+
+-- name: forget_members_in_state
+-- Before deleting every task of one state: its unfinished members finish as deleted.
+UPDATE durq_group_members SET state = 'deleted'
+WHERE queue = :queue AND state IS NULL
+  AND task_id IN (SELECT id FROM durq_tasks WHERE queue = :queue AND state = :state)
+RETURNING group_queue, group_id;
+
+-- name: count_finished
+-- The fan-in check, in the transaction that recorded the outcomes.
+UPDATE durq_groups
+SET finished = finished + :n,
+    finished_at = CASE WHEN finished + :n >= total THEN :now END
+WHERE queue = :group_queue AND id = :group_id
+RETURNING finished, total, then_task, then_head, then_tail;
+
+-- name: group_entries
+SELECT entry FROM durq_group_members
+WHERE group_queue = :group_queue AND group_id = :group_id
+ORDER BY position;
+
+-- name: get_group
+SELECT * FROM durq_groups
+WHERE queue = :queue AND id = :id
+  AND NOT (finished_at IS NOT NULL AND finished_at + retention <= :now);
+
+-- name: group_members
+SELECT m.task_id, m.queue, m.type, m.state, t.state AS task_state
+FROM durq_group_members AS m
+LEFT JOIN durq_tasks AS t
+  ON t.queue = m.queue AND t.id = m.task_id
+  AND NOT (t.state = 'completed' AND t.expires_at <= :now)
+WHERE m.group_queue = :queue AND m.group_id = :id
+ORDER BY m.position;
+
+-- name: delete_expired_group_members
+-- Janitor, first of two: the members of a bounded batch of finished groups past retention.
+DELETE FROM durq_group_members
+WHERE (group_queue, group_id) IN (
+    SELECT queue, id FROM durq_groups
+    WHERE finished_at IS NOT NULL AND finished_at + retention <= :now
+    ORDER BY queue, id
+    LIMIT :limit
+);
+
+-- name: delete_expired_groups
+-- Then the same batch of groups (same order, nothing changed them in between).
+DELETE FROM durq_groups
+WHERE (queue, id) IN (
+    SELECT queue, id FROM durq_groups
+    WHERE finished_at IS NOT NULL AND finished_at + retention <= :now
+    ORDER BY queue, id
+    LIMIT :limit
+);

@@ -13,12 +13,20 @@ import json
 import os
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from durq.brokers import mailbox, sqlfiles
-from durq.brokers.base import EnqueueParams, minute_of
+from durq.brokers.base import (
+    EnqueueParams,
+    GroupParams,
+    MemberOutcome,
+    fan_in_payload,
+    follow_up_from,
+    minute_of,
+)
 from durq.brokers.sqlite.errors import map_error
 from durq.brokers.sqlite.timeline import Timeline
 from durq.brokers.sqlrows import row_to_info
@@ -357,6 +365,74 @@ class SQLiteStorage:
             if info.state is TaskState.PENDING:
                 queues.add(p.queue)
         return queues
+
+    # ------------------------------------------------------------------ groups
+
+    def insert_group(self, conn: Exec, p: GroupParams, now: float) -> list[TaskInfo]:
+        """Create a group's record and its members; the first refusal raises (the caller's
+        transaction rolls everything back)."""
+        infos = [self.insert(conn, member, now) for member in p.members]
+        conn.execute(Q["insert_group"], sqlfiles.group_row(p, now))
+        conn.executemany(
+            Q["insert_group_member"],
+            [
+                {
+                    "group_queue": p.queue,
+                    "group_id": p.id,
+                    "position": i,
+                    "queue": m.queue,
+                    "task_id": m.id,
+                    "type": m.type,
+                    "entry": entry,
+                }
+                for i, (m, entry) in enumerate(zip(p.members, p.unfinished, strict=True))
+            ],
+        )
+        return infos
+
+    def finish_member(
+        self, conn: Exec, queue: str, task_id: str, outcome: MemberOutcome, now: float
+    ) -> set[str]:
+        """Record a member's outcome and count it (see :meth:`count_finished`)."""
+        rows = conn.execute(
+            Q["finish_member"],
+            {
+                "group_queue": outcome.group_queue,
+                "group_id": outcome.group,
+                "queue": queue,
+                "id": task_id,
+                "state": outcome.state,
+                "entry": outcome.entry,
+            },
+        ).fetchall()
+        return self.count_finished(conn, rows, now)
+
+    def forget(
+        self, conn: Exec, queue: str, task_id: str | None, state: str, now: float
+    ) -> set[str]:
+        """Before the inspector deletes a task (``task_id``) or every task of ``state``: the
+        unfinished group members among them finish as deleted."""
+        if task_id is not None:
+            rows = conn.execute(Q["forget_member"], {"queue": queue, "id": task_id}).fetchall()
+        else:
+            rows = conn.execute(
+                Q["forget_members_in_state"], {"queue": queue, "state": state}
+            ).fetchall()
+        return self.count_finished(conn, rows, now)
+
+    def count_finished(self, conn: Exec, rows: list[sqlite3.Row], now: float) -> set[str]:
+        """Count newly finished members (one row per member: its group) and create the
+        follow-up of each group whose last member this was; the queues that got work."""
+        woken: set[str] = set()
+        for (group_queue, group_id), n in Counter((r[0], r[1]) for r in rows).items():
+            key = {"group_queue": group_queue, "group_id": group_id}
+            g = conn.execute(Q["count_finished"], {**key, "n": n, "now": now}).fetchone()
+            if g is None or g["finished"] < g["total"] or g["then_task"] is None:
+                continue
+            entries = [bytes(r[0]) for r in conn.execute(Q["group_entries"], key)]
+            payload = fan_in_payload(bytes(g["then_head"]), entries, bytes(g["then_tail"]))
+            woken |= self.insert_follow_ups(conn, [follow_up_from(g["then_task"], payload)], now)
+        return woken
 
     def bump(self, conn: Conn, queue: str, now: float, *, failed: bool, count: int = 1) -> None:
         """Add ``count`` processed (and as many failed, if ``failed``) to the counters of

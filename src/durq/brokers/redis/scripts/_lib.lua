@@ -224,3 +224,69 @@ local function enqueue_follow_ups(nk, na)
     end
   end
 end
+
+-- Groups. A member's task hash holds its group's hash key ("g") and its position ("gp"). The
+-- group hash: total, finished, retention, and its follow-up as enqueue.lua's KEYS (k1..k6)
+-- and ARGV (a1..a15; a5 is the payload's head), with "tail" closing the payload; g..':e'
+-- maps position -> entry (first the member's "deleted" entry), g..':s' position -> final
+-- state. These keys are read from the task hash: one slot when the group and its members
+-- share a queue, several (single node only) otherwise.
+--
+-- Record a member's first final outcome (entry "" keeps the stored "deleted" entry), count
+-- it, and when it was the last create the follow-up (exactly once: HSETNX on the state).
+-- Call before the task hash is deleted.
+local function finish_member(task_key, state, entry, now_s)
+  now_s = clock(now_s)
+  local at = redis.call('HMGET', task_key, 'g', 'gp')
+  local g, pos = at[1], at[2]
+  if not g or redis.call('HSETNX', g .. ':s', pos, state) == 0 then
+    return
+  end
+  if entry ~= '' then
+    redis.call('HSET', g .. ':e', pos, entry)
+  end
+  local finished = redis.call('HINCRBY', g, 'finished', 1)
+  local head = redis.call('HMGET', g, 'total', 'retention', 'a5', 'tail')
+  local total = tonumber(head[1])
+  if finished < total then
+    return
+  end
+  redis.call('HSET', g, 'finished_at', now_s)
+  if head[3] then
+    local fields = {}
+    for i = 0, total - 1 do
+      fields[#fields + 1] = tostring(i)
+    end
+    local entries = redis.call('HMGET', g .. ':e', unpack(fields))
+    local k = redis.call('HMGET', g, 'k1', 'k2', 'k3', 'k4', 'k5', 'k6')
+    local a = redis.call('HMGET', g, 'a1', 'a2', 'a3', 'a4', 'a5', 'a6', 'a7', 'a8', 'a9',
+      'a10', 'a11', 'a12', 'a13', 'a14', 'a15')
+    -- Due now (no process_at, no delay), pending, the members' entries between head and tail.
+    a[1] = now_s
+    a[5] = head[3] .. table.concat(entries, ',') .. head[4]
+    a[9] = ''
+    a[10] = 'pending'
+    a[15] = ''
+    local _, pending = enqueue_task(k[1], k, 1, now_s, a, 2)
+    if pending then
+      redis.call('PUBLISH', a[2], '1')
+    end
+  end
+  -- The record stays for the group's retention, then Redis drops it.
+  local ms = math.floor(tonumber(head[2]) * 1000)
+  for _, key in ipairs({g, g .. ':e', g .. ':s'}) do
+    if ms > 0 then
+      redis.call('PEXPIRE', key, ms)
+    else
+      redis.call('DEL', key)
+    end
+  end
+end
+
+-- A task the inspector deletes: an unfinished group member finishes as deleted.
+local function forget_member(task_key, now_s)
+  local state = redis.call('HGET', task_key, 'state')
+  if state ~= 'completed' and state ~= 'archived' then
+    finish_member(task_key, 'deleted', '', now_s)
+  end
+end

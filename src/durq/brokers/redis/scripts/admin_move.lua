@@ -8,6 +8,8 @@
 -- ARGV[4] last_error to set ("" keeps the current one)      ARGV[5] wake-up channel
 -- Then, per follow-up i = 0, 1, ...: KEYS[9+6i .. 14+6i] and ARGV[6+15i .. 20+15i] as KEYS
 -- and ARGV of enqueue.lua.
+-- Last two ARGV: a group member's final state when archived ("" for none) and its entry.
+-- An unfinished group member that is deleted finishes as deleted.
 -- Returns {"ok", <HGETALL after (before, when deleted)>} | {"fenced"}.
 -- Complexity: O(log n).
 local zsets = {pending = KEYS[2], scheduled = KEYS[3], retry = KEYS[4], active = KEYS[5],
@@ -21,6 +23,7 @@ redis.call('ZREM', zsets[cur[1]], cur[2])
 local to = ARGV[3]
 if to == 'deleted' then
   local before = redis.call('HGETALL', KEYS[1])
+  forget_member(KEYS[1], ARGV[1])
   free_unique(KEYS[8], KEYS[1])
   redis.call('DEL', KEYS[1])
   return {'ok', before}
@@ -39,5 +42,8 @@ else
   end
   redis.call('ZADD', KEYS[7], ARGV[1], cur[2])
   enqueue_follow_ups(8, 5)
+  if ARGV[#ARGV - 1] ~= '' then
+    finish_member(KEYS[1], ARGV[#ARGV - 1], ARGV[#ARGV], ARGV[1])
+  end
 end
 return {'ok', redis.call('HGETALL', KEYS[1])}

@@ -11,7 +11,8 @@
 -- KEYS[7] per-minute counters of the day    ARGV[8] their TTL (s)
 -- Then, per follow-up task i = 0, 1, ...: KEYS[8+6i .. 13+6i]
 -- and ARGV[9+15i .. 23+15i] as KEYS and ARGV of enqueue.lua (see complete.lua).
--- Last ARGV: the attempt's traceback, "" for none.
+-- Then the attempt's traceback ("" for none), a group member's final state ("" for no group
+-- member) and its entry: the last three ARGV.
 -- Returns 1, or 0 (nothing changed) when the fence fails.
 -- Complexity: O(log n).
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'lease_expires_at')
@@ -26,8 +27,8 @@ redis.call('ZREM', KEYS[2], cur[3])
 free_unique(KEYS[4], KEYS[1])
 redis.call('HSET', KEYS[1], 'state', 'archived', 'last_error', ARGV[3], 'archived_at', now)
 redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel')
-if ARGV[#ARGV] ~= '' then
-  redis.call('HSET', KEYS[1], 'traceback', ARGV[#ARGV])
+if ARGV[#ARGV - 2] ~= '' then
+  redis.call('HSET', KEYS[1], 'traceback', ARGV[#ARGV - 2])
 else
   redis.call('HDEL', KEYS[1], 'traceback')
 end
@@ -40,4 +41,7 @@ if ARGV[6] == '1' then
   redis.call('HINCRBY', KEYS[1], 'lost', 1)
 end
 enqueue_follow_ups(7, 8)
+if ARGV[#ARGV - 1] ~= '' then
+  finish_member(KEYS[1], ARGV[#ARGV - 1], ARGV[#ARGV], now)
+end
 return 1

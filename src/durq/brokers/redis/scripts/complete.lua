@@ -10,6 +10,7 @@
 -- ARGV[9+15i .. 23+15i] as KEYS and ARGV of enqueue.lua. Created only if the lease is held;
 -- one whose id is taken is skipped. Keys of another queue are another hash slot: atomic on
 -- a single node, refused by a Redis Cluster.
+-- Last two ARGV: a group member's final state ("" for no group member) and its entry.
 -- Returns 1, or 0 (nothing changed) when the lease is no longer held.
 -- Complexity: O(log n).
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm')
@@ -19,6 +20,9 @@ end
 redis.call('ZREM', KEYS[2], cur[3])
 free_unique(KEYS[4], KEYS[1])
 local now = clock(ARGV[2])
+if ARGV[#ARGV - 1] ~= '' then
+  finish_member(KEYS[1], ARGV[#ARGV - 1], ARGV[#ARGV], now)
+end
 if tonumber(ARGV[3]) > 0 then
   local expires = later(now, ARGV[3])
   redis.call('HSET', KEYS[1], 'state', 'completed', 'completed_at', now,
