@@ -59,8 +59,10 @@ async def measure(kind: str, groups: int, size: int, tmp: str) -> dict[str, Any]
     url = url_for(kind, tmp, tag)
     app = durq.App(url)
     try:
+        migrator = app.new_broker()
+        await migrator.migrate()
+        await migrator.close()
         broker = await app.broker()
-        await broker.migrate()
 
         def requests(g: int) -> list[durq.EnqueueRequest]:
             return [durq.EnqueueRequest("bench:part", {"g": g, "i": i}) for i in range(size)]

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 #: Header of a member task: ``{"id": <group id>, "queue": <group queue>, "size": N}``.
 HEADER = "durq-group"
-#: Header of the follow-up naming the group it fans in.
+#: Header of the follow-up naming the group it fans in: ``{"id": <group id>, "queue": ...}``.
 FOLLOWS_HEADER = "durq-follows-group"
 #: How long a finished group's record is kept by default (seconds).
 DEFAULT_RETENTION = 86400.0
@@ -71,9 +71,10 @@ def follow_up_id(group_id: str) -> str:
     return f"group:{group_id}"
 
 
-def of(task: TaskInfo) -> tuple[str, str] | None:
-    """``(group id, group queue)`` of a member task, or ``None``."""
-    raw = task.headers.get(HEADER)
+def of(task: TaskInfo, header: str = HEADER) -> tuple[str, str] | None:
+    """``(group id, group queue)`` of a member task (of the group a follow-up fans in, with
+    ``header=FOLLOWS_HEADER``), or ``None``."""
+    raw = task.headers.get(header)
     if raw is None:
         return None
     try:
@@ -88,6 +89,14 @@ def member_of(task: TaskInfo) -> tuple[str, str] | None:
     unreadable header)."""
     try:
         return of(task)
+    except ValueError:
+        return None
+
+
+def followed_by(task: TaskInfo) -> tuple[str, str] | None:
+    """``(group id, group queue)`` of the group whose follow-up ``task`` is, or ``None``."""
+    try:
+        return of(task, FOLLOWS_HEADER)
     except ValueError:
         return None
 
@@ -138,7 +147,7 @@ def build(
             max_retry=int(spec["max_retry"]),
             timeout=spec.get("timeout"),
             retention=float(spec.get("retention") or 0.0),
-            headers={FOLLOWS_HEADER: group_id},
+            headers={FOLLOWS_HEADER: header},
         )
         tail = b"]}"
     return GroupParams(

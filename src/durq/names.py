@@ -17,6 +17,7 @@ _GROUP_ID = re.compile(r"^[A-Za-z0-9_\-]+$")
 #: The patterns, for documents that describe valid names (the admin API's OpenAPI).
 NAME_PATTERN = _NAME.pattern
 TASK_ID_PATTERN = _TASK_ID.pattern
+GROUP_ID_PATTERN = _GROUP_ID.pattern
 
 
 def check_queue(name: str) -> str:

@@ -71,6 +71,15 @@ async def other(payload: dict[str, Any], ctx: durq.TaskContext) -> dict[str, Any
     return await _run(ctx, float(payload.get("ms", 10)) / 1000)
 
 
+@app.task("chaos:merge", queue=QUEUE, max_retry=25)
+async def merge(payload: dict[str, Any], ctx: durq.TaskContext) -> dict[str, Any]:
+    # A group's follow-up: returns what it was told about its members (the test checks it).
+    ledger("start", ctx)
+    states = [m["state"] for m in payload["members"]]
+    ledger("end", ctx)
+    return {"size": payload["group"]["size"], "completed": states.count("completed")}
+
+
 @app.task("chaos:sync", queue=QUEUE, max_retry=25)
 def sync_work(payload: dict[str, Any], ctx: durq.TaskContext) -> dict[str, Any]:
     ledger("start", ctx)

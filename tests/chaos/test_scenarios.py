@@ -20,6 +20,7 @@ from chaos.harness import (
     enqueue_work,
     final_states,
     percentile,
+    storm,
     wait_done,
 )
 from chaos.test_storm import migrate
@@ -239,4 +240,97 @@ async def test_due_during_redis_outage_full(clusters, record, throwaway_redis) -
     server: PrivateRedis = throwaway_redis("--appendonly", "yes", "--appendfsync", "everysec")
     await due_during_outage(
         f"{server.url}?prefix=due", server.kill, server.start, clusters, record, tasks=2000
+    )
+
+
+# -- groups: one follow-up per group, with every member, under a kill storm ---------------------
+
+
+async def groups_storm(
+    url: str,
+    clusters,
+    record,
+    *,
+    groups: int,
+    size: int,
+    ms: int,
+    kill_every: float,
+    timeout: float,
+) -> None:
+    """Workers are killed at random while they complete the members of many groups, the
+    last members of a group often at the same instant on different workers: every group gets
+    its follow-up, created once, after its last member, listing every member as completed."""
+    await migrate(url)
+    app = durq.App(url)
+    made = []
+    try:
+        for g in range(groups):
+            made.append(
+                await app.enqueue_group(
+                    [
+                        EnqueueRequest(
+                            "chaos:work",
+                            {"ms": 20},
+                            queue=QUEUE,
+                            task_id=f"g{g}-{i}",
+                            retention=3600,
+                        )
+                        for i in range(size)
+                    ],
+                    then=durq.Then("chaos:merge", queue=QUEUE, retention=3600),
+                )
+            )
+    finally:
+        await app.close()
+    ids = [t.id for group in made for t in group.tasks] + [f"group:{g.id}" for g in made]
+    cluster = clusters(url, 3, "--lease", "2", "--concurrency", "8", "--rescue", "0.5")
+    cluster.start_all()
+    await cluster.wait_ready()
+    await storm(cluster, url, len(ids), kill_every=kill_every, timeout=timeout)
+    cluster.stop()
+    report = check(
+        ids, cluster.runs(), await final_states(url), deaths=cluster.deaths, kills=cluster.kills
+    )
+    report.extra.update(groups=groups, size=size)
+    record(report)
+    assert report.ok, report.summary()
+    assert report.kills >= 1
+    app = durq.App(url)
+    try:
+        for group in made:
+            info = await app.inspector.get_group(QUEUE, group.id)
+            assert (info.finished, info.total) == (size, size)
+            follow = await app.inspector.get_task_info(QUEUE, f"group:{group.id}")
+            assert follow.result == {"size": size, "completed": size}, follow
+    finally:
+        await app.close()
+
+
+async def test_groups_under_kills_short(tmp_path, clusters, record) -> None:
+    await groups_storm(
+        sqlite_url(tmp_path),
+        clusters,
+        record,
+        groups=20,
+        size=20,
+        ms=250,
+        kill_every=0.7,
+        timeout=120,
+    )
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(400)
+async def test_groups_under_kills_full(broker_url, clusters, record) -> None:
+    if broker_url.startswith("memory:"):
+        pytest.skip("worker processes cannot share a memory:// broker")
+    await groups_storm(
+        broker_url,
+        clusters,
+        record,
+        groups=100,
+        size=30,
+        ms=50,
+        kill_every=1.0,
+        timeout=300,
     )

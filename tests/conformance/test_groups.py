@@ -16,7 +16,7 @@ import pytest
 
 import durq
 from conformance.apps import FAST, exists, marker_lines, wait_for_state, worker_process
-from durq import lifecycle
+from durq import groups, lifecycle
 from durq.brokers import FullBroker
 from durq.brokers.base import ClaimParams
 from durq.clock import FakeClock
@@ -109,7 +109,7 @@ async def test_follow_up_once_with_every_members_outcome(app: durq.App) -> None:
     assert info.finished == info.total == 5 and info.finished_at is not None
     assert info.by_state == {"completed": 2, "archived": 2, "deleted": 1}
     follow = await app.inspector.get_task_info("default", f"group:{group.id}")
-    assert follow.headers["durq-follows-group"] == group.id
+    assert groups.followed_by(follow) == (group.id, "default")
     # A finished member deleted or archived again later changes nothing.
     await app.inspector.delete_task("default", ids[1])
     assert (await app.inspector.get_group("default", group.id)).finished == 5

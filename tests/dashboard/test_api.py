@@ -163,3 +163,27 @@ async def test_a_failed_task_shows_its_traceback(
     page = (await client.get(f"/queues/default/tasks/{info.id}")).text
     assert 'id="traceback"' in page and "KeyError: &#39;total&#39;" in page
     assert "reply &lt;unusable&gt;" in page
+
+
+async def test_group_progress_in_the_api_and_on_the_task_page(
+    app: durq.App, api: httpx.AsyncClient, client: httpx.AsyncClient
+) -> None:
+    group = await app.enqueue_group(
+        [durq.EnqueueRequest("part:x", {"i": i}) for i in range(3)], then="part:merge"
+    )
+    first, second, _ = (t.id for t in group.tasks)
+    await app.inspector.cancel_task("default", second)
+    body = (await api.get(f"/api/queues/default/groups/{group.id}")).json()
+    assert (body["total"], body["finished"]) == (3, 1)
+    assert body["by_state"] == {"pending": 2, "archived": 1}
+    assert body["then_id"] == f"group:{group.id}" and body["finished_at"] is None
+    assert [m["id"] for m in body["members"]] == [t.id for t in group.tasks]
+    task = (await api.get(f"/api/queues/default/tasks/{first}")).json()
+    assert task["group"] == {"id": group.id, "queue": "default"}
+    missing = await api.get("/api/queues/default/groups/nope")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    assert (await api.get("/api/queues/default/groups/bad:id")).status_code in (400, 422)
+    page = (await client.get(f"/queues/default/tasks/{first}")).text
+    assert 'id="group"' in page and "1 of 3 finished" in page
+    assert f'href="/queues/default/tasks/{second}"' in page
+    assert f"group:{group.id}" in page  # the follow-up to come

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from durq import periodic
+from durq import groups, periodic
 from durq.brokers.base import (
     PAYLOAD_FIELD,
     QueueStats,
@@ -32,7 +32,7 @@ from durq.dashboard import models
 from durq.errors import TaskNotFoundError, ValidationError
 from durq.inspector import SEARCH_FIELDS_MAX, SEARCH_TEXT_MAX, parse_state, task_filter
 from durq.lifecycle import SelectionOutcome
-from durq.names import NAME_MAX, NAME_PATTERN, TASK_ID_MAX, TASK_ID_PATTERN
+from durq.names import GROUP_ID_PATTERN, NAME_MAX, NAME_PATTERN, TASK_ID_MAX, TASK_ID_PATTERN
 from durq.states import TaskState
 
 if TYPE_CHECKING:
@@ -73,6 +73,15 @@ TaskId = Annotated[
 OptionalState = Annotated[
     models.State | None,  # type: ignore[valid-type]
     Query(description="Task state [default: pending]"),
+]
+GroupId = Annotated[
+    str,
+    Path(
+        pattern=GROUP_ID_PATTERN,
+        min_length=1,
+        max_length=NAME_MAX,
+        description="A group id (durq.Group.id)",
+    ),
 ]
 RequiredState = Annotated[models.State, Query(description="Task state")]  # type: ignore[valid-type]
 Page = Annotated[int, Query(ge=1, le=MAX_PAGE)]
@@ -245,6 +254,13 @@ class AdminAPI:
                 responses={**COMMON, **NOT_FOUND},
             ),
             route(
+                q + "/groups/{group_id}",
+                self.get_group,
+                "GET",
+                "A group's progress (total, finished, members by state) and its follow-up",
+                responses={**COMMON, **NOT_FOUND},
+            ),
+            route(
                 q + "/tasks:bulk",
                 self.selection,
                 "POST",
@@ -413,7 +429,13 @@ class AdminAPI:
     async def get_task(self, queue: QueueName, task_id: TaskId) -> models.Task:
         _not_an_action(task_id)
         info = await self.inspector.get_task_info(queue, task_id)
-        return models.Task.model_validate(info.to_dict())
+        member_of = groups.member_of(info)
+        group = None if member_of is None else {"id": member_of[0], "queue": member_of[1]}
+        return models.Task.model_validate({**info.to_dict(), "group": group})
+
+    async def get_group(self, queue: QueueName, group_id: GroupId) -> models.Group:
+        info = await self.inspector.get_group(queue, group_id)
+        return models.Group.model_validate(info.to_dict())
 
     async def delete_task(self, queue: QueueName, task_id: TaskId) -> Response:
         _not_an_action(task_id)

@@ -34,6 +34,7 @@ from durq.dashboard.views import Views
 from durq.errors import (
     BrokerUnavailableError,
     DurqError,
+    GroupNotFoundError,
     InvalidStateError,
     QueueNotFoundError,
     SchemaError,
@@ -93,6 +94,7 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 ERROR_STATUS: list[tuple[type[DurqError], int, str]] = [
     (TaskNotFoundError, 404, "not_found"),
     (QueueNotFoundError, 404, "not_found"),
+    (GroupNotFoundError, 404, "not_found"),
     (InvalidStateError, 409, "invalid_state"),
     (ValidationError, 400, "bad_request"),
     (BrokerUnavailableError, 503, "broker_unavailable"),

@@ -77,6 +77,13 @@ class _TaskFields(_Model):
     cancel_requested: bool = Field(description="An active task asked to cancel")
 
 
+class GroupRef(_Model):
+    """The group a task belongs to (``GET /api/queues/{queue}/groups/{id}``)."""
+
+    id: str
+    queue: str
+
+
 class Task(_TaskFields):
     """One task with everything it holds."""
 
@@ -86,6 +93,35 @@ class Task(_TaskFields):
         default=None, description="The last failed attempt's traceback, with its chain"
     )
     headers: dict[str, str]
+    group: GroupRef | None = Field(
+        default=None, description="The group of a task enqueued with enqueue_group"
+    )
+
+
+class GroupMember(_Model):
+    id: str
+    queue: str
+    type: str
+    state: str | None = Field(
+        description="completed, archived or deleted once finished; else the task's state "
+        "(null when it is gone)"
+    )
+    finished: bool
+
+
+class Group(_Model):
+    """A group's progress: its members by state, and its fan-in follow-up."""
+
+    id: str
+    queue: str
+    total: int
+    finished: int
+    by_state: dict[str, int]
+    created_at: float = Field(description="Epoch seconds")
+    finished_at: float | None = Field(description="When the last member finished")
+    then_id: str | None = Field(description="The follow-up's task id, null for none")
+    then_queue: str | None
+    members: list[GroupMember]
 
 
 class TaskSummary(_TaskFields):

@@ -18,6 +18,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
+from durq import groups
 from durq.brokers.base import TaskFilter
 from durq.dashboard import security
 from durq.dashboard.api import (
@@ -31,9 +32,10 @@ from durq.dashboard.api import (
     task_page,
     worker_json,
 )
-from durq.errors import ValidationError
+from durq.errors import GroupNotFoundError, ValidationError
 from durq.inspector import parse_state
 from durq.states import TaskState
+from durq.task import TaskInfo
 
 if TYPE_CHECKING:
     from durq.dashboard.app import Dashboard
@@ -66,6 +68,10 @@ SELECTION_BY_STATE: dict[TaskState, tuple[str, ...]] = {
 }
 #: Query parameters of the queue page besides its filters.
 PAGE_PARAMS = TASK_LIST_PARAMS | {"notice", "ns"}
+
+
+#: Members listed on a task page's group card (the rest are counted).
+GROUP_MEMBERS_SHOWN = 50
 
 
 def filter_fields(where: TaskFilter) -> dict[str, str]:
@@ -288,8 +294,27 @@ class Views:
                 "task": info,
                 "data": data,
                 "actions": ACTIONS_BY_STATE.get(info.state, ()),
+                **await self._group_of(info),
             },
         )
+
+    async def _group_of(self, info: TaskInfo) -> dict[str, Any]:
+        """The group card of a member or of a group's follow-up (empty for other tasks)."""
+        member_of = groups.member_of(info)
+        found = member_of or groups.followed_by(info)
+        if found is None:
+            return {}
+        group_id, queue = found
+        try:
+            group = await self.inspector.get_group(queue, group_id)
+        except (GroupNotFoundError, ValidationError):
+            group = None
+        return {
+            "group_id": group_id,
+            "group": group,
+            "group_members": group.members[:GROUP_MEMBERS_SHOWN] if group else (),
+            "is_follow_up": member_of is None,
+        }
 
     async def workers(self, request: Request) -> Response:
         workers = await self.inspector.list_workers()

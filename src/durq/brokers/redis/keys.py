@@ -30,8 +30,8 @@ Layout (``P`` is the prefix, default ``durq``; ``Q`` a queue name)::
 Every key of one queue carries the hash tag ``{Q}``, so each script touches one slot. A group
 member's task hash names its group's hash (field ``g``, the ``:e``/``:s`` keys are derived
 from it in the scripts); a group whose members or follow-up live in other queues than its
-first member makes scripts touch several slots: atomic on a single node, refused by a Redis
-Cluster (as cross-queue follow-ups). Queue
+first member makes scripts touch several slots: atomic on a single node; on a Redis Cluster
+``enqueue_group`` refuses such a group. Queue
 names, task ids and the prefix are checked here again (no braces, no glob characters, no
 whitespace), so a name can never move a key into another queue's or another prefix's space.
 """
