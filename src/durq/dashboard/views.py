@@ -303,7 +303,7 @@ class Views:
         member_of = groups.member_of(info)
         found = member_of or groups.followed_by(info)
         if found is None:
-            return {}
+            return {"group_id": None}
         group_id, queue = found
         try:
             group = await self.inspector.get_group(queue, group_id)
