@@ -1,4 +1,4 @@
--- durq PostgreSQL schema, version 4: groups. A group's record keeps its members' outcomes
+-- durq PostgreSQL schema, version 5: groups. A group's record keeps its members' outcomes
 -- (so the fan-in follow-up can be built when members were deleted on completion) and the
 -- follow-up to create when the last member finishes. Completions of a group's members
 -- serialise on the group's row (UPDATE ... RETURNING), so exactly one sees the last count.
