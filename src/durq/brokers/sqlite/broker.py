@@ -195,7 +195,7 @@ class SQLiteBroker(AdminForwarder):
         now = self._s.clock.now()
 
         def run(conn: Conn) -> list[TaskInfo]:
-            infos = transaction(conn, lambda c: self._s.insert_group(c, params, now))
+            infos = self._s.transaction(conn, lambda c: self._s.insert_group(c, params, now))
             self._s.notify({i.queue for i in infos if i.state is TaskState.PENDING})
             return infos
 

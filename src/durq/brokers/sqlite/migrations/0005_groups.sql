@@ -1,4 +1,4 @@
--- durq SQLite schema, version 4: groups. A group's record keeps its members' outcomes (so
+-- durq SQLite schema, version 5: groups. A group's record keeps its members' outcomes (so
 -- the fan-in follow-up can be built when members were deleted on completion) and the
 -- follow-up to create when the last member finishes.
 CREATE TABLE durq_groups (
