@@ -17,6 +17,7 @@ from durq import backoff, continuations, durations, groups, webhooks
 from durq.brokers import FullBroker, open_broker, resolve_url
 from durq.brokers.base import (
     CAP_CROSS_QUEUE_FOLLOW_UPS,
+    CAP_CROSS_QUEUE_GROUPS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     EnqueueOutcome,
     EnqueueParams,
@@ -553,14 +554,14 @@ class App:
         broker = await self.broker()
         for p in group.members:
             self._check_follow_up_queue(broker, p)
-        if CAP_CROSS_QUEUE_FOLLOW_UPS not in broker.capabilities:
+        if CAP_CROSS_QUEUE_GROUPS not in broker.capabilities:
             queues = {p.queue for p in group.members}
             if group.then is not None:
                 queues.add(group.then.queue)
             if len(queues) > 1:
                 raise ValidationError(
-                    f"the {broker.name} broker keeps a group in one queue: its members and "
-                    f"its follow-up must all be in {group.queue!r}"
+                    f"this {broker.name} broker keeps a group in one queue: its members and "
+                    f"its follow-up must all be in {group.queue!r}, not {sorted(queues)}"
                 )
         with self._sending(list(group.members)) as sent:
             infos = await broker.enqueue_group(replace(group, members=tuple(sent)))

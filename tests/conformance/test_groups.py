@@ -18,7 +18,7 @@ import durq
 from conformance.apps import FAST, exists, marker_lines, wait_for_state, worker_process
 from durq import groups, lifecycle
 from durq.brokers import FullBroker
-from durq.brokers.base import ClaimParams
+from durq.brokers.base import CAP_CROSS_QUEUE_GROUPS, ClaimParams
 from durq.clock import FakeClock
 from durq.errors import GroupNotFoundError, ValidationError
 from durq.states import TaskState
@@ -265,3 +265,26 @@ async def test_finished_group_is_kept_for_its_retention(
     with pytest.raises(GroupNotFoundError):
         await broker.get_group("default", group.id)
     assert await exists(app, "default", f"group:{group.id}")  # the follow-up stays
+
+
+async def test_members_in_several_queues(broker: FullBroker, clock: FakeClock) -> None:
+    """Members in two queues and the follow-up in a third fan in like one queue does where
+    the broker writes across queues atomically; a Redis Cluster refuses queues of several
+    hash slots at enqueue, writing nothing."""
+    app = durq.App(broker)
+    requests = [R("m:x", {"i": 0}, queue="qa"), R("m:x", {"i": 1}, queue="qb")]
+    then = durq.Then("m:done", queue="qc")
+    if CAP_CROSS_QUEUE_GROUPS not in broker.capabilities:
+        with pytest.raises(ValidationError):
+            await app.enqueue_group(requests, then=then)
+        assert not [q for q in await broker.list_queues() if q.size]
+        return
+    group = await app.enqueue_group(requests, then=then)
+    assert group.queue == "qa"
+    leases = [*await _claim_all(broker, "qa", 1), *await _claim_all(broker, "qb", 1)]
+    for lease in leases:
+        assert await broker.complete(lifecycle.completed(lease, b"7", now=clock.now()))
+    (follow,) = await _claim_all(broker, "qc", 1)
+    members = json.loads(follow.task.raw_payload)["members"]
+    assert [(m["queue"], m["result"]) for m in members] == [("qa", 7), ("qb", 7)]
+    assert (await broker.get_group("qa", group.id)).finished == 2

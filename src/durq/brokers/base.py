@@ -67,6 +67,9 @@ CAP_ATOMIC_FOLLOW_UPS = "atomic_follow_ups"
 #: single Redis node write it atomically; a Redis Cluster writes it to the completing queue's
 #: outbox atomically and creates it in the other queue's slot right after.
 CAP_CROSS_QUEUE_FOLLOW_UPS = "cross_queue_follow_ups"
+#: A group's members and its follow-up may be in several queues, still counted and created
+#: in one atomic step. All but a Redis Cluster (one script stays in one hash slot there).
+CAP_CROSS_QUEUE_GROUPS = "cross_queue_groups"
 #: Brokers in other processes (workers, the CLI) see the same tasks. All but ``memory://``.
 CAP_MULTI_PROCESS = "multi_process"
 

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
+    CAP_CROSS_QUEUE_GROUPS,
     MINUTE_COUNTS_KEEP,
     AdminForwarder,
     ArchiveParams,
@@ -50,7 +51,9 @@ class MemoryBroker(AdminForwarder):
     hot path here, the inspector in :class:`MemoryAdmin`."""
 
     name = "memory"
-    capabilities: frozenset[str] = frozenset({CAP_ATOMIC_FOLLOW_UPS, CAP_CROSS_QUEUE_FOLLOW_UPS})
+    capabilities: frozenset[str] = frozenset(
+        {CAP_ATOMIC_FOLLOW_UPS, CAP_CROSS_QUEUE_FOLLOW_UPS, CAP_CROSS_QUEUE_GROUPS}
+    )
 
     def __init__(self, name: str = "", *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.url = f"memory://{name}"

@@ -17,6 +17,7 @@ from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
+    CAP_CROSS_QUEUE_GROUPS,
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
@@ -82,6 +83,7 @@ class PostgresBroker(AdminForwarder):
             CAP_CROSS_PROCESS_NOTIFY,
             CAP_ATOMIC_FOLLOW_UPS,
             CAP_CROSS_QUEUE_FOLLOW_UPS,
+            CAP_CROSS_QUEUE_GROUPS,
             CAP_SYNC_CONNECTION_ENQUEUE,
         }
     )

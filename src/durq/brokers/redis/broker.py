@@ -17,6 +17,7 @@ from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
+    CAP_CROSS_QUEUE_GROUPS,
     CAP_MULTI_PROCESS,
     AdminForwarder,
     ArchiveParams,
@@ -72,13 +73,15 @@ class RedisBroker(AdminForwarder):
 
     name = "redis"
     #: Cross-queue follow-ups: one script touches two queues' hash slots on a single node;
-    #: on a Redis Cluster they go through the outbox. See docs/brokers/redis.md.
+    #: on a Redis Cluster they go through the outbox. Cross-queue groups: a single node only
+    #: (the broker object drops it on a cluster). See docs/brokers/redis.md.
     capabilities = frozenset(
         {
             CAP_MULTI_PROCESS,
             CAP_CROSS_PROCESS_NOTIFY,
             CAP_ATOMIC_FOLLOW_UPS,
             CAP_CROSS_QUEUE_FOLLOW_UPS,
+            CAP_CROSS_QUEUE_GROUPS,
         }
     )
 
@@ -100,6 +103,8 @@ class RedisBroker(AdminForwarder):
         )
         self.admin = RedisAdmin(self._s)
         self._wakeups = Wakeups(self._s)
+        if self._s.cluster:
+            self.capabilities = self.capabilities - {CAP_CROSS_QUEUE_GROUPS}
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
