@@ -559,10 +559,11 @@ VALUES (%(queue)s, %(id)s, %(total)s, {now}, %(retention)s, %(then_task)s, %(the
         %(then_tail)s);
 
 -- name: insert_group_members
+-- The arrays arrive in binary (%(x)b), as in enqueue: text dumping costs several times more.
 INSERT INTO {schema}.group_members (group_queue, group_id, position, queue, task_id, type,
                                     entry)
 SELECT %(group_queue)s, %(group_id)s, m.position - 1, m.queue, m.task_id, m.type, m.entry
-FROM unnest(%(queues)s::text[], %(ids)s::text[], %(types)s::text[], %(entries)s::bytea[])
+FROM unnest(%(queues)b::text[], %(ids)b::text[], %(types)b::text[], %(entries)b::bytea[])
      WITH ORDINALITY AS m (queue, task_id, type, entry, position);
 
 -- name: finish_member
