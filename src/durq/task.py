@@ -57,10 +57,17 @@ class TaskInfo:
         return self.max_retry + 1
 
     @property
+    def attempts(self) -> int:
+        """Finished attempts: the failed ones (``retried``) and, once completed, the one that
+        succeeded."""
+        return self.retried + (1 if self.state is TaskState.COMPLETED else 0)
+
+    @property
     def attempts_label(self) -> str:
         """Finished attempts out of those allowed, e.g. ``3/3`` for an archived task with
-        ``max_retry=2`` (``retried`` counts finished attempts, so it can exceed ``max_retry``)."""
-        return f"{self.retried}/{self.max_attempts}"
+        ``max_retry=2``, ``1/3`` for one that succeeded at once (failed attempts can exceed
+        ``max_retry`` when a worker was lost)."""
+        return f"{self.attempts}/{self.max_attempts}"
 
     @cached_property
     def payload(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from tests.cli.clikit import REPO, Cli, assert_one_line_error
 
 import durq
 import durq.brokers.base
-from durq.brokers.base import ArchiveParams, ClaimParams, RetryParams
+from durq.brokers.base import ArchiveParams, ClaimParams, CompleteParams, RetryParams
 
 
 def test_enqueue_then_task_get_json_roundtrip(cli: Cli) -> None:
@@ -230,6 +230,24 @@ def test_attempts_never_read_more_than_allowed(cli: Cli) -> None:
     shown = cli.ok("task", "get", "flaky").out
     assert "3/3" in shown and 'File "jobs.py", line 3' in shown
     assert cli.ok("task", "get", "flaky", "--json").json()["traceback"].endswith("boom\n")
+
+
+def test_a_completed_task_counts_its_successful_attempt(cli: Cli) -> None:
+    cli.ok("enqueue", "t", "--task-id", "done", "--max-retry", "5", "--retention", "1h")
+    lease = _claim_one(cli)
+    app = durq.App(cli.url)
+
+    async def complete() -> None:
+        broker = await app.broker()
+        assert await broker.complete(CompleteParams(lease.ref, b"1", retention=3600))
+
+    try:
+        app.run_sync(complete)
+    finally:
+        app.close_sync()
+    shown = cli.ok("task", "get", "done").out
+    assert "1/6" in shown and "0/6" not in shown
+    assert "1/6" in cli.ok("task", "ls", "--state", "completed").out
 
 
 def test_cancel_of_an_active_task_says_it_is_a_request(cli: Cli) -> None:
