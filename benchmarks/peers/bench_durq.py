@@ -27,12 +27,13 @@ URLS = {
 app = durq.App(URLS[BROKER])
 
 
-@app.task("noop")
+# retention=0: no result kept, like the peers' no-op tasks (durq's default keeps it an hour).
+@app.task("noop", retention=0)
 async def noop(payload: dict[str, Any]) -> None:
     mark()
 
 
-@app.task("probe")
+@app.task("probe", retention=0)
 async def probe(payload: dict[str, Any]) -> None:
     mark_latency(payload)
 

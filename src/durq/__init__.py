@@ -15,8 +15,11 @@ from durq.errors import (
     PayloadError,
     QueueNotFoundError,
     SkipRetry,
+    TaskArchivedError,
+    TaskCancelledError,
     TaskIDConflictError,
     TaskNotFoundError,
+    WaitTimeoutError,
 )
 from durq.groups import Group
 from durq.options import EnqueueRequest
@@ -53,6 +56,8 @@ __all__ = [
     "QueueNotFoundError",
     "QueueStats",
     "SkipRetry",
+    "TaskArchivedError",
+    "TaskCancelledError",
     "TaskContext",
     "TaskDef",
     "TaskIDConflictError",
@@ -60,6 +65,7 @@ __all__ = [
     "TaskNotFoundError",
     "TaskState",
     "Then",
+    "WaitTimeoutError",
     "Worker",
     "WorkerHooks",
     "WorkerInfo",

@@ -30,6 +30,7 @@ from durq.groups import Group
 from durq.names import check_queue, check_type
 from durq.options import (
     DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_RETENTION,
     Duration,
     EnqueueRequest,
     Moment,
@@ -37,8 +38,9 @@ from durq.options import (
     build_params,
     new_task_id,
 )
-from durq.payloads import HandlerShape, inspect_handler, validate
+from durq.payloads import HandlerShape, inspect_handler, rebuild_result, validate
 from durq.periodic import PeriodicEntry, PeriodicRegistry
+from durq.results import wait_for_end
 from durq.sync import SyncRunner
 from durq.task import TaskInfo
 
@@ -107,6 +109,31 @@ class TaskDef(Generic[T, R]):
     def enqueue_sync(self, payload: T | None = None, **options: Any) -> TaskInfo:
         """Blocking :meth:`enqueue`, for WSGI code."""
         return self.app.enqueue_sync(self.type, payload, **options)
+
+    async def wait(
+        self,
+        task: TaskInfo | str,
+        *,
+        queue: str | None = None,
+        timeout: Duration | None = None,
+    ) -> R:
+        """:meth:`App.wait` for a task of this type: the result, rebuilt into the handler's
+        return model when it has one (a dataclass, pydantic or msgspec model). A task id
+        alone is looked up in ``queue``, by default this type's queue."""
+        if isinstance(task, str):
+            queue = queue or self.defaults.queue
+        result = await self.app.wait(task, queue=queue, timeout=timeout)
+        return cast(R, rebuild_result(self.shape.result_model, result))
+
+    def wait_sync(
+        self,
+        task: TaskInfo | str,
+        *,
+        queue: str | None = None,
+        timeout: Duration | None = None,
+    ) -> R:
+        """Blocking :meth:`wait`, for WSGI code and scripts."""
+        return self.app.run_sync(lambda: self.wait(task, queue=queue, timeout=timeout))
 
     def __repr__(self) -> str:
         return f"<TaskDef {self.type!r} queue={self.defaults.queue!r}>"
@@ -214,15 +241,18 @@ class App:
     ) -> TaskDecorator:
         """Register a handler for task ``type``.
 
+        ``retention``: how long a completed task and its result are kept (default an hour,
+        :data:`~durq.options.DEFAULT_RETENTION`; ``0`` deletes it at once).
         ``retry_delay`` is a callable ``(retried, exc) -> seconds`` or a policy name:
         ``"exponential"`` (default, capped, with jitter) or ``"capped_power_of_two"``
         (``min(2**n, 300)`` s)."""
         check_type(type)
+        keep = durations.seconds(retention)
         defaults = TaskDefaults(
             queue=check_queue(queue or self.default_queue),
             max_retry=max_retry,
             timeout=durations.seconds(timeout),
-            retention=durations.seconds(retention) or 0.0,
+            retention=DEFAULT_RETENTION if keep is None else keep,
             unique=durations.seconds(unique),
         )
         policy = backoff.resolve(retry_delay)
@@ -630,6 +660,48 @@ class App:
     def run_sync(self, make: Callable[[], Awaitable[R]]) -> R:
         """Run ``make()`` (a coroutine using this app) on the sync face's loop."""
         return self._runner().run(make)
+
+    # -- results ----------------------------------------------------------------------------
+
+    async def wait(
+        self,
+        task: TaskInfo | str,
+        *,
+        queue: str | None = None,
+        timeout: Duration | None = None,
+    ) -> Any:
+        """Wait until the task ends and return its result (decoded JSON).
+
+        ``task`` is the :class:`TaskInfo` enqueue returned, or a task id in ``queue``
+        (default: the app's default queue). ``timeout`` bounds the wait (``None``: none).
+        Raises :class:`~durq.TaskArchivedError` (with ``last_error`` and ``traceback``) when
+        the task failed for good, :class:`~durq.TaskCancelledError` when it was cancelled,
+        :class:`~durq.WaitTimeoutError` when ``timeout`` passed first (the task goes on),
+        :class:`~durq.TaskNotFoundError` when there is no such task, or it was deleted
+        before its end was read (``retention=0`` keeps no result).
+
+        The wait is woken by the broker's notification of the task's end, not by polling;
+        it also reads the task again every few seconds in case a notification was lost
+        (see :mod:`durq.results`)."""
+        if isinstance(task, TaskInfo):
+            task_id, queue = task.id, queue or task.queue
+        else:
+            task_id, queue = task, queue or self.default_queue
+        check_queue(queue)
+        limit = durations.seconds(timeout)
+        broker = await self.broker()
+        info = await wait_for_end(broker, queue, task_id, limit)
+        return info.result
+
+    def wait_sync(
+        self,
+        task: TaskInfo | str,
+        *,
+        queue: str | None = None,
+        timeout: Duration | None = None,
+    ) -> Any:
+        """Blocking :meth:`wait`, for WSGI code and scripts."""
+        return self.run_sync(lambda: self.wait(task, queue=queue, timeout=timeout))
 
     # -- inspector and worker ---------------------------------------------------------------
 

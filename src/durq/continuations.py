@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from durq import codec, durations, names, webhooks
 from durq.brokers.base import EnqueueParams
 from durq.errors import ValidationError
-from durq.options import check_max_retry
+from durq.options import DEFAULT_RETENTION, check_max_retry
 
 if TYPE_CHECKING:
     from durq.app import App
@@ -55,7 +55,7 @@ class Then:
 
     ``queue``, ``max_retry``, ``timeout`` and ``retention`` default to the options the
     follow-up type is registered with in the enqueuing app (else: the task's own queue,
-    25 retries, no timeout, deleted on completion). ``on_archived``: also run it when the
+    25 retries, no timeout, kept an hour after completion). ``on_archived``: also run it when the
     task is archived (retries used up, SkipRetry, cancelled, worker lost), with ``"error"``
     in place of ``"result"``; ``on_completed=False`` with it: only then (a failure handler)."""
 
@@ -94,7 +94,7 @@ def resolve(then: Then | str, task_queue: str, app: App) -> str:
         raise ValidationError("Then.timeout must be > 0")
     retention = durations.seconds(then.retention)
     if retention is None:
-        retention = defaults.retention if defaults is not None else 0.0
+        retention = defaults.retention if defaults is not None else DEFAULT_RETENTION
     if retention < 0:
         raise ValidationError("Then.retention must be >= 0")
     if not then.on_completed and not then.on_archived:

@@ -75,6 +75,32 @@ class TaskNotFoundError(DurqError, LookupError):
     """No task with this id in this queue."""
 
 
+class TaskArchivedError(DurqError):
+    """The task was archived: it failed for good and has no result."""
+
+    def __init__(self, message: str | None = None, *, info: TaskInfo | None = None) -> None:
+        super().__init__(message)
+        #: The archived task as last read.
+        self.info = info
+        #: Its one-line error and the last failed attempt's traceback (``None`` if none).
+        self.last_error = info.last_error if info is not None else None
+        self.traceback = info.traceback if info is not None else None
+
+
+class TaskCancelledError(TaskArchivedError):
+    """The task was cancelled (archived without a result)."""
+
+
+class WaitTimeoutError(DurqError, TimeoutError):
+    """The task did not end within the wait's timeout; it goes on (this is the wait's own
+    limit, not the task's ``timeout``, whose expiry fails an attempt)."""
+
+    def __init__(self, message: str | None = None, *, info: TaskInfo | None = None) -> None:
+        super().__init__(message)
+        #: The task as last read before the wait gave up.
+        self.info = info
+
+
 class QueueNotFoundError(DurqError, LookupError):
     """No such queue."""
 

@@ -51,6 +51,12 @@ class EnqueueRequest:
     then: Any = None
 
 
+#: How long a completed task and its result are kept when no ``retention`` is given: long
+#: enough to read a result (``app.wait``, ``durq task get``) well after it was written.
+#: ``retention=0`` deletes a completed task at once.
+DEFAULT_RETENTION = 3600.0
+
+
 @dataclass(frozen=True)
 class TaskDefaults:
     """Options that a task type (``@app.task``) or the app sets for every enqueue."""
@@ -58,7 +64,7 @@ class TaskDefaults:
     queue: str = "default"
     max_retry: int = 25
     timeout: float | None = None
-    retention: float = 0.0
+    retention: float = DEFAULT_RETENTION
     unique: float | None = None
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from durq.codec import to_jsonable
-from durq.errors import PayloadError
+from durq.errors import PayloadError, ValidationError
 from durq.task import TaskContext
 
 
@@ -23,6 +23,8 @@ class HandlerShape:
     model: type | None
     wants_context: bool
     takes_payload: bool
+    #: The return annotation when it is a model: a waited result is rebuilt into it.
+    result_model: type | None = None
 
 
 def inspect_handler(fn: Callable[..., Any]) -> HandlerShape:
@@ -43,7 +45,9 @@ def inspect_handler(fn: Callable[..., Any]) -> HandlerShape:
             takes_payload = True
             if isinstance(hint, type) and is_model(hint):
                 model = hint
-    return HandlerShape(model, wants_context, takes_payload)
+    returns = hints.get("return")
+    result_model = returns if isinstance(returns, type) and is_model(returns) else None
+    return HandlerShape(model, wants_context, takes_payload, result_model)
 
 
 def is_model(tp: type) -> bool:
@@ -79,6 +83,18 @@ def build(model: type, data: Any) -> Any:
     except Exception as exc:  # each library has its own ValidationError
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise PayloadError(f"invalid payload for {model.__name__}: {reason}") from exc
+
+
+def rebuild_result(model: type | None, data: Any) -> Any:
+    """A stored result (plain JSON data) as the handler's return model, if it has one."""
+    if model is None or data is None or isinstance(data, model):
+        return data
+    try:
+        validate = getattr(model, "model_validate", None)
+        return validate(data) if validate is not None else msgspec.convert(data, model)
+    except Exception as exc:  # each library has its own ValidationError
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValidationError(f"the stored result does not fit {model.__name__}: {reason}") from exc
 
 
 def validate(model: type | None, payload: Any) -> Any:

@@ -91,7 +91,9 @@ async def test_E5_options_are_stored(app: durq.App) -> None:
     assert stored.deadline is not None
     assert abs(stored.deadline.timestamp() - deadline.timestamp()) < 0.01
     default = await app.enqueue("x:y", {})
-    assert default.max_retry == 25 and default.retention == 0
+    assert default.max_retry == 25 and default.retention == 3600  # an hour unless set
+    kept_nothing = await app.enqueue("x:y", {}, retention=0)
+    assert kept_nothing.retention == 0
 
 
 @dataclasses.dataclass

@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 from brokerkit import C, claim, params, picture, put, snapshot
 
+import durq
+from durq import lifecycle
 from durq.brokers import FullBroker
 from durq.brokers.base import CompleteParams
 from durq.clock import FakeClock
 from durq.errors import TaskNotFoundError
+from durq.options import DEFAULT_RETENTION
 
 
 async def test_E5_janitor_deletes_only_after_retention(
@@ -48,3 +51,22 @@ async def test_E5_past_retention_is_gone_before_the_janitor(
     clock.advance(10)
     with pytest.raises(TaskNotFoundError):
         await broker.get_task("default", "t")
+
+
+async def test_E5_default_retention_keeps_a_result_an_hour_then_the_janitor_deletes_it(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    app = durq.App(broker, clock=clock)
+    info = await app.enqueue("test:task", {})  # no retention given: the default
+    assert info.retention == DEFAULT_RETENTION == 3600
+    (lease,) = await claim(broker)
+    assert lease.task.retention == DEFAULT_RETENTION
+    assert await broker.complete(lifecycle.completed(lease, b'{"ok": true}', now=clock.now()))
+    clock.advance(DEFAULT_RETENTION - 1)
+    assert await broker.delete_expired(100) == 0
+    done = await broker.get_task("default", info.id)
+    assert done.state is C and done.result == {"ok": True}
+    clock.advance(1)
+    assert await broker.delete_expired(100) == 1
+    with pytest.raises(TaskNotFoundError):
+        await broker.get_task("default", info.id)

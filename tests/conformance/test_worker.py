@@ -221,7 +221,7 @@ async def test_W6_result_is_stored_while_retained(app: durq.App) -> None:
     async def add(payload: dict[str, Any]) -> dict[str, int]:
         return {"sum": payload["a"] + payload["b"]}
 
-    @app.task("calc:gone")
+    @app.task("calc:gone", retention=0)
     async def gone(payload: dict[str, Any]) -> int:
         return 1
 

@@ -1,7 +1,8 @@
 """A real worker process for the kill and signal tests: ``python worker_process.py URL MARKER``.
 
 Its ``sleepy`` task writes MARKER (``start <id> <pid>``) when it starts and sleeps long; its
-``returns`` task writes ``return <id> <pid>`` and returns at once."""
+``returns`` task writes ``return <id> <pid>`` and returns at once; its ``answer`` task returns
+``{"answer": n}``, kept (retention) for a waiter."""
 
 from __future__ import annotations
 
@@ -31,6 +32,12 @@ def returns(payload: dict[str, object], ctx: durq.TaskContext) -> dict[str, obje
     with open(marker, "a") as fh:
         fh.write(f"return {ctx.id} {os.getpid()} {ctx.retried}\n")
     return {"n": payload.get("n")}
+
+
+@app.task("test:answer", queue="kill", retention=600)
+def answer(payload: dict[str, object]) -> dict[str, object]:
+    # For App.wait across processes: kept after success so the waiter can read the result.
+    return {"answer": payload.get("n")}
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import durq
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Documents whose Python blocks are complete scripts (or continue the script before them).
-RUNNABLE = ["README.md", "docs/web.md", "docs/groups.md"]
+RUNNABLE = ["README.md", "docs/web.md", "docs/groups.md", "docs/results.md"]
 BLOCK = re.compile(r"^```python\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 SCRIPT_NAME = re.compile(r"^# ([\w/.-]+\.py)$")
 

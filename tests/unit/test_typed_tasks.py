@@ -39,9 +39,11 @@ SNIPPET = """
     reveal_type(sync_charge)
 
     async def web() -> None:
-        await charge.enqueue(Order(user_id=1))
+        info = await charge.enqueue(Order(user_id=1))
         await charge.enqueue(123)
         charge.enqueue_sync("x")
+        reveal_type(await charge.wait(info))
+        reveal_type(sync_charge.wait_sync(info.id))
 """
 
 
@@ -74,6 +76,8 @@ def test_handler_annotations_type_the_task_and_its_enqueue(tmp_path: Path) -> No
     revealed = [line for line in lines if "Revealed type" in line]
     assert "durq.app.TaskDef[snippet.Order, snippet.Receipt]" in revealed[0]
     assert "durq.app.TaskDef[snippet.Order, int]" in revealed[1]
+    # The awaited result is the handler's return type.
+    assert '"snippet.Receipt"' in revealed[2] and 'is "int"' in revealed[3]
     errors = [line for line in lines if ": error:" in line]
     assert len(errors) == 2, lines
     assert '"enqueue" of "TaskDef"' in errors[0] and '"int"' in errors[0]

@@ -91,7 +91,7 @@ async def test_enqueue_validates_and_stores_the_webhook(make_app: AppFactory) ->
         "retention": 86400.0,
     }
     # The result rides in the delivery's payload: the task keeps its own retention.
-    assert info.retention == 0
+    assert info.retention == 3600  # the default (an hour), not the delivery's
     webhooks.install(app, None, queue="hooks", max_retry=3, timeout=2, retention=60)
     (outcome,) = await app.enqueue_many(
         [EnqueueRequest("report:build", {}, headers={"durq-webhook": "https://p.example/x"})]

@@ -45,6 +45,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -273,6 +274,11 @@ class LeaseRef:
     id: str
     token: str
 
+    @property
+    def task_key(self) -> tuple[str, str]:
+        """``(queue, id)`` of the task, as brokers report ended tasks."""
+        return (self.queue, self.id)
+
 
 @dataclass(frozen=True, slots=True)
 class Lease:
@@ -347,6 +353,15 @@ class ArchiveParams:
 
 #: A fenced move of a held lease out of active (see :meth:`Broker.move_leases`).
 LeaseMove = RetryParams | ArchiveParams
+
+
+def ended_by(moves: Sequence[LeaseMove], done: Sequence[bool]) -> list[tuple[str, str]]:
+    """``(queue, id)`` of the tasks that ``moves`` ended: the archives whose fence held."""
+    return [
+        m.lease.task_key
+        for m, ok in zip(moves, done, strict=True)
+        if ok and isinstance(m, ArchiveParams)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -531,6 +546,15 @@ class QueueStats:
         }
 
 
+class EndWatch(Protocol):
+    """A subscription to the end of one task (see :meth:`Broker.watch_end`)."""
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait until the task may have ended (completed, archived or deleted), or
+        ``timeout`` s. ``True`` when notified; a notification that came before this call
+        (since the subscription began) returns at once. Spurious wake-ups are allowed."""
+
+
 @runtime_checkable
 class Broker(Protocol):
     """The hot path: what clients and workers call. All methods are coroutine functions."""
@@ -616,6 +640,16 @@ class Broker(Protocol):
         Level-triggered: an enqueue into ``queues`` that committed after this instance's
         previous ``claim`` started makes it return at once, so nothing slips between a claim
         that came back short and the wait that follows it."""
+
+    def watch_end(self, queue: str, task_id: str) -> AbstractAsyncContextManager[EndWatch]:
+        """Subscribe to the end of one task for the duration of the ``async with`` block.
+
+        Entering returns once the subscription holds, so a task read inside the block that
+        ends afterwards is always notified: ``complete``, ``archive`` (also through
+        ``move_leases``) and the inspector's archive and delete notify, after their commit,
+        through the broker's wake-up channel (other processes included where the broker
+        has ``multi_process``). When the channel may have lost notifications (a reconnect)
+        every watch is woken."""
 
     async def register_worker(self, info: WorkerInfo) -> None:
         """Insert or refresh a worker's row (its heartbeat); also makes its queues known."""

@@ -81,7 +81,11 @@ def enqueue_command(
         str | None, typer.Option("--unique", help="Refuse identical tasks for this long, e.g. 1h.")
     ] = None,
     retention: Annotated[
-        str | None, typer.Option("--retention", help="Keep the completed task, e.g. 24h.")
+        str | None,
+        typer.Option(
+            "--retention",
+            help="Keep the completed task this long (default 1h; 0: delete at once), e.g. 24h.",
+        ),
     ] = None,
     app_path: Annotated[
         str | None,
@@ -98,7 +102,7 @@ def enqueue_command(
 ) -> None:
     """Enqueue one task and print it.
 
-    Without --app the task gets durq's defaults (queue default, 25 retries, deleted on
+    Without --app the task gets durq's defaults (queue default, 25 retries, kept an hour after
     success); with --app it gets the options its @app.task declares."""
     data = parse_json_object(payload)
     if max_retry is not None and max_retry < 0:

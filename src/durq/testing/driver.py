@@ -196,7 +196,7 @@ class TestWorker:
       :class:`~durq.clock.FakeClock`; else a new one starting at ``start`` (default: the
       current time), given to the app (and so to its brokers) until the worker exits.
     * ``scheduler``: also enqueue the app's periodic tasks when their tick is due.
-    * ``keep_completed``: a task deleted on completion (``retention`` 0, the default) is
+    * ``keep_completed``: a task deleted on completion (``retention=0``) is
       kept as completed, with its result, until the worker exits, so the test can look at
       it; meanwhile its task id stays taken. ``False``: deleted at once, as in production.
     """

@@ -162,6 +162,7 @@ class MemoryAdmin:
             elif kind == "run":
                 self._run(row, now)
                 woken.add(row.queue)
+                info = row.info()
             else:
                 if row.state not in WAITING:
                     return None
@@ -173,9 +174,10 @@ class MemoryAdmin:
                     woken |= store.finish_member(
                         row.queue, row.id, move.group.state, move.group.entry, now
                     )
-            if kind != "delete":
                 info = row.info()
         store.notify(woken)
+        if kind != "run":
+            store.ended([(move.queue, move.id)])
         return info
 
     async def get_group(self, queue: str, group_id: str) -> GroupInfo:

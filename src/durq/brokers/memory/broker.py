@@ -8,7 +8,8 @@ atomic (one lock), fenced by lease tokens like the other brokers."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, Self
 from urllib.parse import urlsplit
 
@@ -21,6 +22,7 @@ from durq.brokers.base import (
     ArchiveParams,
     ClaimParams,
     CompleteParams,
+    EndWatch,
     EnqueueOutcome,
     EnqueueParams,
     GroupParams,
@@ -30,8 +32,9 @@ from durq.brokers.base import (
     LeaseReport,
     RetryParams,
     WorkerInfo,
+    ended_by,
 )
-from durq.brokers.mailbox import Waiter
+from durq.brokers.mailbox import Waiter, end_key
 from durq.brokers.memory.admin import WORKER_TTL, MemoryAdmin
 from durq.brokers.memory.storage import A, C, P, R, Row, Store, X, store_for
 from durq.clock import SYSTEM_CLOCK, Clock
@@ -215,6 +218,7 @@ class MemoryBroker(AdminForwarder):
             now = self._clock.now()
             done = [self._complete(p, now, woken) for p in items]
         self._store.notify(woken)
+        self._store.ended(p.lease.task_key for p, ok in zip(items, done, strict=True) if ok)
         return done
 
     def _move(self, p: LeaseMove, now: float, woken: set[str]) -> bool:
@@ -255,6 +259,7 @@ class MemoryBroker(AdminForwarder):
             now = self._clock.now()
             done = [self._move(p, now, woken) for p in moves]
         self._store.notify(woken)
+        self._store.ended(ended_by(moves, done))
         return done
 
     async def retry(self, params: RetryParams) -> bool:
@@ -341,6 +346,12 @@ class MemoryBroker(AdminForwarder):
             return True
         finally:
             self._mailbox.unpark(waiter)
+
+    @asynccontextmanager
+    async def watch_end(self, queue: str, task_id: str) -> AsyncIterator[EndWatch]:
+        """Subscribe to the end of one task: woken by brokers of this process on the name."""
+        async with self._store.watches().watching(end_key(queue, task_id)) as watch:
+            yield watch
 
     # -- workers ---------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from durq.brokers.base import (
     fan_in_payload,
     minute_of,
 )
-from durq.brokers.mailbox import Mailbox
+from durq.brokers.mailbox import Mailbox, Watches
 from durq.clock import to_datetime, utc_day
 from durq.errors import DuplicateTaskError, TaskIDConflictError
 from durq.states import TaskState
@@ -186,6 +186,14 @@ class Store:
     def notify(self, queues: Iterable[str]) -> None:
         """Wake waiters of every broker on this store (call without holding the lock)."""
         mailbox.notify(self._key, queues)
+
+    def watches(self) -> Watches:
+        """The watches of task ends on this store (``App.wait``)."""
+        return mailbox.watches(self._key)
+
+    def ended(self, tasks: Iterable[tuple[str, str]]) -> None:
+        """These ``(queue, id)`` ended: wake their watches (call without holding the lock)."""
+        mailbox.ended(self._key, tasks)
 
     # -- rows (callers hold the lock) ------------------------------------------------------------
 

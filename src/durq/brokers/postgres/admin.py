@@ -157,7 +157,11 @@ class PostgresAdmin:
         rows = await self._s.write_with_follow_ups(
             query, query, params, lambda rows: follow_ups if rows else (), groups
         )
-        return row_to_info(rows[0]) if rows else None
+        if not rows:
+            return None
+        if move.to is not TaskState.PENDING:
+            self._s.ended([(move.queue, move.id)])
+        return row_to_info(rows[0])
 
     async def get_group(self, queue: str, group_id: str) -> GroupInfo:
         """One group with its members; GroupNotFoundError if absent or expired."""

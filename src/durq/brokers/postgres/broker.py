@@ -7,7 +7,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -26,6 +27,7 @@ from durq.brokers.base import (
     ArchiveParams,
     ClaimParams,
     CompleteParams,
+    EndWatch,
     EnqueueOutcome,
     EnqueueParams,
     GroupParams,
@@ -35,7 +37,9 @@ from durq.brokers.base import (
     LeaseReport,
     RetryParams,
     WorkerInfo,
+    ended_by,
 )
+from durq.brokers.mailbox import end_key
 from durq.brokers.postgres.admin import PostgresAdmin
 from durq.brokers.postgres.rows import (
     CLAIM_NEXT_AT,
@@ -54,7 +58,7 @@ from durq.brokers.postgres.storage import (
     AsyncConn,
     PostgresStorage,
 )
-from durq.brokers.postgres.wakeup import Listener
+from durq.brokers.postgres.wakeup import EndListener, Listener
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock, to_datetime, utc_day
 from durq.errors import ConfigurationError
@@ -114,6 +118,7 @@ class PostgresBroker(AdminForwarder):
         )
         self.admin = PostgresAdmin(self._s)
         self._listener: Listener | None = None
+        self._end_listener: EndListener | None = None
         # LISTEN through a transaction pooler hears nothing: without a direct listen_url,
         # workers poll (warned once, when a worker first claims).
         self._polling = pgbouncer and listen_url is None
@@ -167,9 +172,10 @@ class PostgresBroker(AdminForwarder):
 
     async def close(self) -> None:
         """Release every connection (idempotent)."""
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            await listener.close()
+        for listener in (self._listener, self._end_listener):
+            if listener is not None:
+                await listener.close()
+        self._listener = self._end_listener = None
         await self._s.close()
 
     # ------------------------------------------------------------------ enqueue
@@ -348,6 +354,7 @@ class PostgresBroker(AdminForwarder):
         else:
             rows = await self._s.fetch("complete", "complete", params)
         done = {(r["queue"], r["id"]) for r in rows}
+        self._s.ended(done)
         answers: list[bool] = []
         for item in items:
             # A lease named twice in one batch finished once: only its first mention is True.
@@ -395,6 +402,7 @@ class PostgresBroker(AdminForwarder):
                     finished = [(p.lease.queue, p.lease.id, p.group)]
                     created += await self._s.finish_members(conn, finished)
         self._s.notify_created(created)
+        self._s.ended(ended_by(moves, done))
         return done
 
     async def retry(self, params: RetryParams) -> bool:
@@ -408,7 +416,10 @@ class PostgresBroker(AdminForwarder):
             (done,) = await self.move_leases([params])
             return done
         row = await self._s.fetch_one("archive", *self._lease_move(params, self._s.now()))
-        return bool(row and row["n"])
+        if row and row["n"]:
+            self._s.ended([params.lease.task_key])
+            return True
+        return False
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Hand an active task back as pending without counting an attempt (W7)."""
@@ -493,6 +504,20 @@ class PostgresBroker(AdminForwarder):
             dsn = self._s.listen_dsn or self._s.dsn
             self._listener = Listener(dsn, self._s.channel, self._s.connect_kwargs())
         return self._listener
+
+    @asynccontextmanager
+    async def watch_end(self, queue: str, task_id: str) -> AsyncIterator[EndWatch]:
+        """Subscribe to the end of one task: LISTEN on the schema's end channel (one
+        connection per broker object, opened on first use; behind PgBouncer without
+        ``listen_url`` nothing is heard and the caller's re-check finds the end)."""
+        if self._end_listener is None:
+            dsn = self._s.listen_dsn or self._s.dsn
+            self._end_listener = EndListener(dsn, self._s.end_channel, self._s.connect_kwargs())
+        listener = self._end_listener
+        if not self._polling:
+            await listener.ready(self._s.connect_timeout)
+        async with listener.watches.watching(end_key(queue, task_id)) as watch:
+            yield watch
 
     async def register_worker(self, info: WorkerInfo) -> None:
         """Insert or refresh a worker's row (its heartbeat); also makes its queues known."""

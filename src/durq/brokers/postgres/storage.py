@@ -8,7 +8,7 @@ import hashlib
 import logging
 import re
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from functools import cache
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -27,6 +27,7 @@ from durq.brokers.base import (
     fan_in_payload,
     follow_up_from,
 )
+from durq.brokers.mailbox import end_key
 from durq.brokers.postgres.errors import translate
 from durq.brokers.postgres.rows import EnqueuePlan, Row, enqueue_plan
 from durq.brokers.postgres.wakeup import Notifier
@@ -80,12 +81,36 @@ def render_all(schema: str) -> dict[str, bytes]:
 log = logging.getLogger("durq.brokers.postgres")
 
 
-def channel_for(schema: str) -> str:
-    """The NOTIFY channel of a schema (at most 63 bytes, an identifier's limit)."""
-    name = f"durq.{schema}"
+def channel_for(schema: str, kind: str = "") -> str:
+    """The NOTIFY channel of a schema (at most 63 bytes, an identifier's limit): wake-ups of
+    workers, or with ``kind="end"`` the ends of tasks (``App.wait``). Schema names have no
+    dot, so the two never meet."""
+    prefix = f"durq.{kind}." if kind else "durq."
+    name = prefix + schema
     if len(name.encode()) <= 63:
         return name
-    return "durq." + hashlib.sha256(schema.encode()).hexdigest()[:32]
+    return prefix + hashlib.sha256(schema.encode()).hexdigest()[:32]
+
+
+#: Bytes of task keys packed into one end notification (PostgreSQL's limit is 8000).
+_END_PAYLOAD = 7000
+
+
+def pack_ends(keys: list[str]) -> list[str]:
+    """Task keys (``"queue id"``) joined by newlines into as few payloads as fit."""
+    payloads: list[str] = []
+    current: list[str] = []
+    size = 0
+    for key in keys:
+        length = len(key.encode()) + 1
+        if current and size + length > _END_PAYLOAD:
+            payloads.append("\n".join(current))
+            current, size = [], 0
+        current.append(key)
+        size += length
+    if current:
+        payloads.append("\n".join(current))
+    return payloads
 
 
 class PostgresStorage:
@@ -124,9 +149,12 @@ class PostgresStorage:
         self._pgbouncer = pgbouncer
         self.listen_dsn = self.parse_url(listen_url)[0] if listen_url else None
         self._channel = channel_for(schema)
+        #: Where the ends of tasks are announced (``App.wait`` listens; workers do not).
+        self.end_channel = channel_for(schema, "end")
         self.q = render_all(schema)
         self.pool: AsyncConnectionPool[AsyncConn] | None = None
         self.notifier = Notifier(self._send_notify)
+        self.end_notifier = Notifier(self._send_ends)
         self._open_lock = asyncio.Lock()
 
     @staticmethod
@@ -315,6 +343,19 @@ class PostgresStorage:
     async def _send_notify(self, queues: list[str]) -> None:
         async with self.connection("notify") as conn:
             await conn.execute(self.q["notify"], {"channel": self._channel, "queues": queues})
+
+    def ended(self, tasks: Iterable[tuple[str, str]]) -> None:
+        """Announce that ``(queue, id)`` ended; call after the commit. Sent in the background
+        and coalesced like the wake-ups, many tasks to a notification."""
+        keys = [end_key(queue, task_id) for queue, task_id in tasks]
+        if keys:
+            self.end_notifier.add(keys)
+
+    async def _send_ends(self, keys: list[str]) -> None:
+        async with self.connection("notify") as conn:
+            await conn.execute(
+                self.q["notify"], {"channel": self.end_channel, "queues": pack_ends(keys)}
+            )
 
     async def write_with_follow_ups(
         self,
@@ -554,6 +595,7 @@ class PostgresStorage:
     async def close(self) -> None:
         """Send the wake-ups of committed enqueues, then close the pool (idempotent)."""
         await self.notifier.flush()
+        await self.end_notifier.flush()
         pool, self.pool = self.pool, None
         if pool is not None:
             await pool.close()

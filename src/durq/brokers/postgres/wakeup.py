@@ -32,6 +32,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from durq.brokers.mailbox import Watches
+
 log = logging.getLogger("durq.brokers.postgres")
 
 _BACKOFF_START = 0.1
@@ -73,6 +75,14 @@ class Listener:
             if seen is not None and seen >= mark:
                 return True
         return False
+
+    async def ready(self, timeout: float) -> bool:
+        """Start listening if needed and wait (up to ``timeout`` s) until LISTEN runs."""
+        self.start()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._listening.wait()
+        return self._listening.is_set()
 
     async def wait(self, queues: frozenset[str], timeout: float, marks: dict[str, float]) -> bool:
         """Wait for a notification on ``queues``; ``True`` if one came (or may have been lost).
@@ -144,6 +154,21 @@ class Listener:
                 await task
         self._listening.clear()
         self._wake(None)
+
+
+class EndListener(Listener):
+    """Listens on the channel where the ends of tasks are announced (payload: task keys,
+    one per line) and wakes their watches; after every (re)connect it wakes them all."""
+
+    def __init__(self, dsn: str, channel: str, connect_kwargs: dict[str, Any]) -> None:
+        super().__init__(dsn, channel, connect_kwargs)
+        self.watches = Watches()
+
+    def _wake(self, queue: str | None) -> None:
+        if queue is None:
+            self.watches.notify_all()
+        else:
+            self.watches.notify(queue.split("\n"))
 
 
 class Notifier:

@@ -8,7 +8,8 @@ import json
 import logging
 import secrets
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import asdict
 from datetime import date
 from typing import Any, Self
@@ -23,6 +24,7 @@ from durq.brokers.base import (
     ArchiveParams,
     ClaimParams,
     CompleteParams,
+    EndWatch,
     EnqueueOutcome,
     EnqueueParams,
     GroupParams,
@@ -46,7 +48,7 @@ from durq.brokers.redis.storage import (
     Scalar,
     _Call,
 )
-from durq.brokers.redis.wakeup import Wakeups
+from durq.brokers.redis.wakeup import EndWatches, Wakeups
 from durq.clock import SYSTEM_CLOCK, Clock, utc_day
 from durq.errors import (
     BrokerError,
@@ -105,6 +107,7 @@ class RedisBroker(AdminForwarder):
         self._wakeups = Wakeups(self._s)
         if self._s.cluster:
             self.capabilities = self.capabilities - {CAP_CROSS_QUEUE_GROUPS}
+        self._ends = EndWatches(self._s)
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
@@ -146,9 +149,17 @@ class RedisBroker(AdminForwarder):
         (see :mod:`durq.brokers.redis.wakeup`); ``timeout`` bounds the wait."""
         return await self._wakeups.wait(queues, timeout)
 
+    @asynccontextmanager
+    async def watch_end(self, queue: str, task_id: str) -> AsyncIterator[EndWatch]:
+        """Subscribe to the end of one task: the scripts that complete, archive or delete it
+        publish on its end channel (see :class:`durq.brokers.redis.wakeup.EndWatches`)."""
+        async with self._ends.watching(queue, task_id) as watch:
+            yield watch
+
     async def close(self) -> None:
         """Stop the wake-up listener and close every connection (idempotent)."""
         await self._wakeups.close()
+        await self._ends.close()
         await self._s.close()
 
     # -- enqueue --------------------------------------------------------------------------

@@ -26,6 +26,7 @@ Layout (``P`` is the prefix, default ``durq``; ``Q`` a queue name)::
                                          retention, the follow-up's enqueue keys and arguments
     P:{Q}:g:<group id>:e        hash     position -> the member's entry in the follow-up
     P:{Q}:g:<group id>:s        hash     position -> the member's final state, once finished
+    P:{Q}:t:<task id>:end       channel  the task ended (scripts: KEYS[1] .. ':end'; not a key)
 
 Every key of one queue carries the hash tag ``{Q}``, so each script touches one slot. A group
 member's task hash names its group's hash (field ``g``, the ``:e``/``:s`` keys are derived
@@ -118,6 +119,10 @@ class QueueKeys:
         """The hash of one group; its entries and states are this key + ``:e`` / ``:s``
         (group ids hold no ``:``, so no two groups' keys can meet)."""
         return f"{self.base}:g:{check_group_id(group_id)}"
+    def end(self, task_id: str) -> str:
+        """The channel where scripts announce that the task ended (completed, archived or
+        deleted): its hash's name and ``:end``, so a script builds it from ``KEYS[1]``."""
+        return self.task(task_id) + ":end"
 
     def stats_day(self, day: date) -> str:
         """The daily counter hash of ``day`` (its key ends in ``YYYY-MM-DD``)."""

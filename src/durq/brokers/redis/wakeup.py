@@ -1,4 +1,4 @@
-"""Wake-ups on Redis: pub/sub on one channel per queue.
+"""Wake-ups on Redis: pub/sub on one channel per queue, and one per task for its end.
 
 A script that makes a task pending publishes on its queue's channel. The broker object
 subscribes to the channel of every queue it claims from or waits on (one connection for all,
@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+import logging
+from collections.abc import AsyncIterator, Sequence
 
 from redis import exceptions as rex
 
+from durq.brokers.mailbox import Watch, Watches
 from durq.brokers.redis.storage import RedisStorage
 from durq.brokers.redis.wire import Subscriber
+
+log = logging.getLogger("durq.brokers.redis")
 
 #: Reconnect backoff bounds of the subscription (seconds).
 _LISTEN_BACKOFF = (0.05, 2.0)
@@ -160,3 +164,57 @@ class Wakeups:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await listener
+
+
+class EndWatches:
+    """Watches of task ends (``App.wait``): one subscriber connection per broker object,
+    opened on first use, subscribed to the end channel of every watched task. When that
+    connection is lost every watch is woken (messages published meanwhile are gone) and the
+    next watch opens another."""
+
+    def __init__(self, storage: RedisStorage) -> None:
+        self._s = storage
+        self._watches = Watches()
+        self._sub: Subscriber | None = None
+        self._lock = asyncio.Lock()
+
+    def _on_message(self, channel: bytes) -> None:
+        self._watches.notify([channel.decode()])
+
+    async def _subscriber(self) -> Subscriber:
+        async with self._lock:
+            sub = self._sub
+            if sub is None or sub.closed:
+                sub = self._sub = await self._s.wire.subscriber(self._on_message)
+                sub.lost.add_done_callback(lambda _: self._lost(sub))
+            return sub
+
+    def _lost(self, sub: Subscriber) -> None:
+        if self._sub is sub:
+            self._sub = None
+        self._watches.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def watching(self, queue: str, task_id: str) -> AsyncIterator[Watch]:
+        """A watch of the task's end channel, subscribed before the block starts."""
+        channel = self._s.keys.queue(queue).end(task_id)
+        watch = Watch()
+        self._watches.add(channel, watch)
+        sub: Subscriber | None = None
+        try:
+            try:
+                sub = await self._subscriber()
+                await sub.subscribe([channel])
+            except (rex.RedisError, OSError, TimeoutError) as exc:
+                # Unheard: the caller's slow re-check finds the end instead.
+                log.warning("cannot subscribe to a task's end (re-checking instead): %s", exc)
+            yield watch
+        finally:
+            if self._watches.discard(channel, watch) and sub is not None:
+                sub.unsubscribe([channel])
+
+    async def close(self) -> None:
+        """Close the subscriber connection (idempotent)."""
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            sub.close()

@@ -423,6 +423,12 @@ class Subscriber(_Protocol):
             for future in futures:
                 await future
 
+    def unsubscribe(self, channels: Sequence[str]) -> None:
+        """UNSUBSCRIBE from ``channels`` (no wait: the confirmations are ignored)."""
+        if self.closed or self.transport is None or self.transport.is_closing():
+            return
+        self.transport.write(_pack(("UNSUBSCRIBE", *channels)))
+
     async def watch(self, ping_every: float) -> None:
         """Return when the connection is lost; PING every ``ping_every`` s so a peer that
         went silent is noticed (raises TimeoutError when a PING is not answered)."""

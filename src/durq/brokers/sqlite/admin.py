@@ -202,7 +202,10 @@ class SQLiteAdmin:
                 woken.add(move.queue)
             return row_to_info(row)
 
-        return await self._s.write_waking(f"sqlite.{query}", body)
+        info = await self._s.write_waking(f"sqlite.{query}", body)
+        if info is not None and move.to is not TaskState.PENDING:
+            self._s.ended([(move.queue, move.id)])
+        return info
 
     async def get_group(self, queue: str, group_id: str) -> GroupInfo:
         """One group with its members; GroupNotFoundError if absent or expired."""

@@ -11,10 +11,12 @@ import json
 import os
 import sqlite3
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from durq.brokers import mailbox
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
@@ -28,6 +30,7 @@ from durq.brokers.base import (
     ArchiveParams,
     ClaimParams,
     CompleteParams,
+    EndWatch,
     EnqueueOutcome,
     EnqueueParams,
     GroupParams,
@@ -37,6 +40,7 @@ from durq.brokers.base import (
     LeaseReport,
     RetryParams,
     WorkerInfo,
+    ended_by,
 )
 from durq.brokers.mailbox import Waiter
 from durq.brokers.sqlite.admin import WORKER_TTL, SQLiteAdmin
@@ -386,9 +390,12 @@ class SQLiteBroker(AdminForwarder):
         """Completed (kept ``retention`` s with its result) or deleted; fenced by the token.
         Its follow-ups are created in the same transaction."""
         now = self._s.clock.now()
-        return await self._s.write_waking(
+        done = await self._s.write_waking(
             "sqlite.complete", lambda c, woken: self._complete(c, params, now, woken)
         )
+        if done:
+            self._s.ended([params.lease.task_key])
+        return done
 
     async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
         """``complete`` for several tasks in one transaction."""
@@ -404,7 +411,9 @@ class SQLiteBroker(AdminForwarder):
                 self._s.bump(conn, queue, now, failed=False, count=count)
             return done
 
-        return await self._s.write_waking("sqlite.complete_many", body)
+        done = await self._s.write_waking("sqlite.complete_many", body)
+        self._s.ended(p.lease.task_key for p, ok in zip(items, done, strict=True) if ok)
+        return done
 
     def _move(self, conn: Conn, p: LeaseMove, now: float, woken: set[str]) -> bool:
         """One fenced retry or archive, its counters and its follow-ups."""
@@ -444,9 +453,11 @@ class SQLiteBroker(AdminForwarder):
         if not moves:
             return []
         now = self._s.clock.now()
-        return await self._s.write_waking(
+        done = await self._s.write_waking(
             "sqlite.move_leases", lambda c, woken: [self._move(c, p, now, woken) for p in moves]
         )
+        self._s.ended(ended_by(moves, done))
+        return done
 
     async def retry(self, params: RetryParams) -> bool:
         """State retry for ``delay`` seconds, ``retried`` + 1; fenced by the token."""
@@ -541,6 +552,16 @@ class SQLiteBroker(AdminForwarder):
         finally:
             self._s.mailbox.unpark(waiter)
 
+    @asynccontextmanager
+    async def watch_end(self, queue: str, task_id: str) -> AsyncIterator[EndWatch]:
+        """Subscribe to the end of one task: at once for this process (shared registry),
+        within ``poll_interval`` for other processes (``PRAGMA data_version`` changed: the
+        wait returns and the caller reads the task again)."""
+        watches = mailbox.watches(self._s.key)
+        async with watches.watching(mailbox.end_key(queue, task_id)) as local:
+            version = await self._s.call("sqlite.watch_end", _data_version)
+            yield _FileWatch(self._s, local, version)
+
     # ------------------------------------------------------------------ workers
 
     async def register_worker(self, info: WorkerInfo) -> None:
@@ -579,6 +600,30 @@ class SQLiteBroker(AdminForwarder):
         await self._s.write(
             "sqlite.unregister_worker", lambda c: c.execute(Q["delete_worker"], {"id": worker_id})
         )
+
+
+class _FileWatch:
+    """A task-end watch on an SQLite file: this process's notifications, and commits of
+    other processes seen through ``PRAGMA data_version`` (the wake-up channel workers use)."""
+
+    def __init__(self, storage: SQLiteStorage, local: mailbox.Watch, version: int) -> None:
+        self._s = storage
+        self._local = local
+        self._version = version
+
+    async def wait(self, timeout: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout)
+        while True:
+            remaining = deadline - loop.time()
+            if await self._local.wait(min(self._s.poll_interval, max(0.0, remaining))):
+                return True
+            version = await self._s.call("sqlite.watch_end", _data_version)
+            if version != self._version:
+                self._version = version  # another process committed: maybe this task's end
+                return True
+            if remaining <= self._s.poll_interval:
+                return False
 
 
 def _data_version(conn: Conn) -> int:

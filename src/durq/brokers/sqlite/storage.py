@@ -306,6 +306,10 @@ class SQLiteStorage:
         """Wake idle waiters of this process on this file (called after a commit)."""
         mailbox.notify(self.key, queues)
 
+    def ended(self, tasks: Iterable[tuple[str, str]]) -> None:
+        """These ``(queue, id)`` ended: wake this process's watches of them (after a commit)."""
+        mailbox.ended(self.key, tasks)
+
     def insert(self, conn: Exec, p: EnqueueParams, now: float) -> TaskInfo:
         """Create one task or raise its conflict; a refusal writes nothing of its own."""
         key = {"queue": p.queue, "id": p.id, "now": now}

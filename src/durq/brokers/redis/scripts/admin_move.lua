@@ -10,6 +10,7 @@
 -- and ARGV of enqueue.lua.
 -- Last two ARGV: a group member's final state when archived ("" for none) and its entry.
 -- An unfinished group member that is deleted finishes as deleted.
+-- Archive and delete publish on the task's end channel (KEYS[1] .. ':end', see keys.py).
 -- Returns {"ok", <HGETALL after (before, when deleted)>} | {"fenced"}.
 -- Complexity: O(log n).
 local zsets = {pending = KEYS[2], scheduled = KEYS[3], retry = KEYS[4], active = KEYS[5],
@@ -26,6 +27,7 @@ if to == 'deleted' then
   forget_member(KEYS[1], ARGV[1])
   free_unique(KEYS[8], KEYS[1])
   redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', KEYS[1] .. ':end', '1')
   return {'ok', before}
 end
 if to == 'pending' then
@@ -45,5 +47,6 @@ else
   if ARGV[#ARGV - 1] ~= '' then
     finish_member(KEYS[1], ARGV[#ARGV - 1], ARGV[#ARGV], ARGV[1])
   end
+  redis.call('PUBLISH', KEYS[1] .. ':end', '1')
 end
 return {'ok', redis.call('HGETALL', KEYS[1])}

@@ -13,6 +13,8 @@
 -- and ARGV[9+15i .. 23+15i] as KEYS and ARGV of enqueue.lua (see complete.lua).
 -- Then the attempt's traceback ("" for none), a group member's final state ("" for no group
 -- member) and its entry: the last three ARGV.
+-- Last ARGV: the attempt's traceback, "" for none.
+-- Publishes on the task's end channel (KEYS[1] .. ':end', see keys.py) when it changed.
 -- Returns 1, or 0 (nothing changed) when the fence fails.
 -- Complexity: O(log n).
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'lease_expires_at')
@@ -44,4 +46,5 @@ enqueue_follow_ups(7, 8)
 if ARGV[#ARGV - 1] ~= '' then
   finish_member(KEYS[1], ARGV[#ARGV - 1], ARGV[#ARGV], now)
 end
+redis.call('PUBLISH', KEYS[1] .. ':end', '1')
 return 1

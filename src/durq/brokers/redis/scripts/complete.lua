@@ -11,6 +11,7 @@
 -- one whose id is taken is skipped. Keys of another queue are another hash slot: atomic on
 -- a single node, refused by a Redis Cluster.
 -- Last two ARGV: a group member's final state ("" for no group member) and its entry.
+-- Publishes on the task's end channel (KEYS[1] .. ':end', see keys.py) when it changed.
 -- Returns 1, or 0 (nothing changed) when the lease is no longer held.
 -- Complexity: O(log n).
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm')
@@ -37,4 +38,5 @@ else
 end
 count(KEYS[5], KEYS[6], ARGV[7], 1, 0, KEYS[7], now, ARGV[8])
 enqueue_follow_ups(7, 8)
+redis.call('PUBLISH', KEYS[1] .. ':end', '1')
 return 1
