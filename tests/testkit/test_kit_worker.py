@@ -235,7 +235,7 @@ async def test_tasks_filters_by_type_queue_and_state(app: durq.App) -> None:
 
 
 async def test_completed_tasks_can_be_deleted_as_in_production(app: durq.App) -> None:
-    @app.task("t:quick")
+    @app.task("t:quick", retention=0)  # deleted on success: nothing kept in production
     async def quick(payload: dict[str, Any]) -> int:
         return 1
 
