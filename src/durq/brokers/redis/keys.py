@@ -119,6 +119,7 @@ class QueueKeys:
         """The hash of one group; its entries and states are this key + ``:e`` / ``:s``
         (group ids hold no ``:``, so no two groups' keys can meet)."""
         return f"{self.base}:g:{check_group_id(group_id)}"
+
     def end(self, task_id: str) -> str:
         """The channel where scripts announce that the task ended (completed, archived or
         deleted): its hash's name and ``:end``, so a script builds it from ``KEYS[1]``."""
