@@ -3,7 +3,7 @@
 -- draws its throughput chart from these, so the chart survives a restart.
 CREATE TABLE {schema}.stats_minute (
     queue      text NOT NULL,
-    minute     bigint NOT NULL CHECK (minute % 60 = 0),
+    minute     bigint NOT NULL CHECK (mod(minute, 60) = 0),
     processed  bigint NOT NULL DEFAULT 0,
     failed     bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (queue, minute)
