@@ -36,6 +36,7 @@ from durq.options import (
     Moment,
     TaskDefaults,
     build_params,
+    check_priority,
     new_task_id,
 )
 from durq.payloads import HandlerShape, inspect_handler, rebuild_result, validate
@@ -60,6 +61,7 @@ _THEN_FIELDS = (
     "max_retry",
     "timeout",
     "retention",
+    "priority",
 )
 
 #: Called with the headers of every new task, e.g. to inject trace context.
@@ -238,11 +240,13 @@ class App:
         retention: Duration | None = None,
         unique: Duration | None = None,
         retry_delay: str | backoff.RetryDelay | None = None,
+        priority: int = 0,
     ) -> TaskDecorator:
         """Register a handler for task ``type``.
 
         ``retention``: how long a completed task and its result are kept (default an hour,
         :data:`~durq.options.DEFAULT_RETENTION`; ``0`` deletes it at once).
+        ``priority``: the default of its tasks (see :meth:`enqueue`).
         ``retry_delay`` is a callable ``(retried, exc) -> seconds`` or a policy name:
         ``"exponential"`` (default, capped, with jitter) or ``"capped_power_of_two"``
         (``min(2**n, 300)`` s)."""
@@ -254,6 +258,7 @@ class App:
             timeout=durations.seconds(timeout),
             retention=DEFAULT_RETENTION if keep is None else keep,
             unique=durations.seconds(unique),
+            priority=check_priority(priority),
         )
         policy = backoff.resolve(retry_delay)
 
@@ -468,6 +473,7 @@ class App:
         deadline: Moment | None = None,
         retention: Duration | None = None,
         unique: Duration | None = None,
+        priority: int | None = None,
         headers: Mapping[str, str] | None = None,
         connection: Any = None,
         webhook: str | None = None,
@@ -479,6 +485,9 @@ class App:
         :class:`~durq.DuplicateTaskError` within a ``unique`` ttl,
         :class:`~durq.PayloadError` for a bad payload and
         :class:`~durq.BrokerUnavailableError` when the broker cannot be reached.
+        ``priority``: an integer from -100 to 100 (default: the task type's, else 0); within
+        its queue a higher one is claimed first, then the earlier due time, then the earlier
+        enqueue. InvalidPriorityError outside the range.
         ``connection``: an open SQL connection whose transaction the task joins.
         ``webhook``: an http(s) URL that receives the result or final error by signed POST
         (see :mod:`durq.webhooks`); ValidationError for any other URL.
@@ -498,6 +507,7 @@ class App:
             deadline=deadline,
             retention=retention,
             unique=unique,
+            priority=priority,
             then=then,
         )
         return await self.enqueue_request(request, connection=connection)

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from durq import codec, durations, names, webhooks
 from durq.brokers.base import EnqueueParams
-from durq.errors import ValidationError
-from durq.options import DEFAULT_RETENTION, check_max_retry
+from durq.errors import InvalidPriorityError, ValidationError
+from durq.options import DEFAULT_RETENTION, check_max_retry, check_priority
 
 if TYPE_CHECKING:
     from durq.app import App
@@ -53,9 +53,10 @@ log = logging.getLogger("durq.continuations")
 class Then:
     """A follow-up task of type ``type`` that runs when the enqueued task finishes.
 
-    ``queue``, ``max_retry``, ``timeout`` and ``retention`` default to the options the
-    follow-up type is registered with in the enqueuing app (else: the task's own queue,
-    25 retries, no timeout, kept an hour after completion). ``on_archived``: also run it when the
+    ``queue``, ``max_retry``, ``timeout``, ``retention`` and ``priority`` default to the
+    options the follow-up type is registered with in the enqueuing app (else: the task's own
+    queue, 25 retries, no timeout, kept an hour after completion, priority 0).
+    ``on_archived``: also run it when the
     task is archived (retries used up, SkipRetry, cancelled, worker lost), with ``"error"``
     in place of ``"result"``; ``on_completed=False`` with it: only then (a failure handler)."""
 
@@ -66,6 +67,7 @@ class Then:
     max_retry: int | None = None
     timeout: Duration | None = None
     retention: Duration | None = None
+    priority: int | None = None
 
 
 def resolve(then: Then | str, task_queue: str, app: App) -> str:
@@ -97,6 +99,13 @@ def resolve(then: Then | str, task_queue: str, app: App) -> str:
         retention = defaults.retention if defaults is not None else DEFAULT_RETENTION
     if retention < 0:
         raise ValidationError("Then.retention must be >= 0")
+    priority = then.priority
+    if priority is None:
+        priority = defaults.priority if defaults is not None else 0
+    try:
+        priority = check_priority(priority)
+    except ValidationError as exc:
+        raise InvalidPriorityError(f"Then.{exc.message}") from None
     if not then.on_completed and not then.on_archived:
         raise ValidationError("Then runs on completion, on archiving, or both: not on neither")
     spec = {
@@ -108,6 +117,8 @@ def resolve(then: Then | str, task_queue: str, app: App) -> str:
         "timeout": timeout,
         "retention": retention,
     }
+    if priority:  # absent when 0: headers of tasks without one stay as they were
+        spec["priority"] = priority
     return json.dumps(spec, separators=(",", ":"), sort_keys=True)
 
 
@@ -169,6 +180,7 @@ def build(
             timeout=spec.get("timeout"),
             retention=float(spec.get("retention") or 0.0),
             headers={PARENT_HEADER: task.id},
+            priority=int(spec.get("priority", 0)),
         ),
     )
 

@@ -29,6 +29,10 @@ class InvalidNameError(ValidationError):
     """Invalid queue name or task type."""
 
 
+class InvalidPriorityError(ValidationError):
+    """A task priority must be an integer from -100 to 100."""
+
+
 class PayloadError(ValidationError):
     """The payload cannot be encoded as a JSON object within the size limit."""
 

@@ -12,7 +12,7 @@ from typing import Any
 from durq import codec, durations, names
 from durq.brokers.base import EnqueueParams
 from durq.durations import MAX_DURATION
-from durq.errors import ValidationError
+from durq.errors import InvalidPriorityError, ValidationError
 
 #: The latest moment durq accepts (9999-01-01 UTC): every broker and ``datetime`` hold it.
 MAX_EPOCH = 253_370_764_800.0
@@ -22,8 +22,12 @@ MAX_RETRY = 2**31 - 1
 MAX_HEADERS = 100
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024
 MAX_HEADER_KEY = 200
+#: The range of a task's priority: higher runs first within its queue; 0 is the default.
+#: Bounded so every broker orders it exactly (Redis folds it into a sorted-set score).
+MIN_PRIORITY = -100
+MAX_PRIORITY = 100
 
-__all__ = ["MAX_DURATION", "MAX_EPOCH", "MAX_HEADERS", "MAX_RETRY"]
+__all__ = ["MAX_DURATION", "MAX_EPOCH", "MAX_HEADERS", "MAX_PRIORITY", "MAX_RETRY", "MIN_PRIORITY"]
 
 Duration = float | int | timedelta | str
 Moment = datetime | float | int
@@ -46,6 +50,8 @@ class EnqueueRequest:
     deadline: Moment | None = None
     retention: Duration | None = None
     unique: Duration | None = None
+    #: From :data:`MIN_PRIORITY` to :data:`MAX_PRIORITY`; higher is claimed first in its queue.
+    priority: int | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     #: A continuation: a :class:`durq.Then` or a task type (see :mod:`durq.continuations`).
     then: Any = None
@@ -66,6 +72,7 @@ class TaskDefaults:
     timeout: float | None = None
     retention: float = DEFAULT_RETENTION
     unique: float | None = None
+    priority: int = 0
 
 
 def new_task_id() -> str:
@@ -102,6 +109,23 @@ def check_max_retry(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_RETRY:
         shown = repr(value) if not isinstance(value, int) or value < 10**12 else "a huge number"
         raise ValidationError(f"max_retry must be an integer from 0 to {MAX_RETRY}, got {shown}")
+    return value
+
+
+def check_priority(value: object) -> int:
+    """``value`` if it is an integer from :data:`MIN_PRIORITY` to :data:`MAX_PRIORITY`;
+    InvalidPriorityError (a ValidationError) otherwise."""
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or not (MIN_PRIORITY <= value <= MAX_PRIORITY)
+    ):
+        shown = (
+            repr(value) if not isinstance(value, int) or abs(value) < 10**12 else "a huge number"
+        )
+        raise InvalidPriorityError(
+            f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {shown:.60}"
+        )
     return value
 
 
@@ -167,6 +191,7 @@ def build_params(
     unique = durations.seconds(request.unique)
     if unique is None:
         unique = defaults.unique
+    priority = check_priority(defaults.priority if request.priority is None else request.priority)
     payload = codec.encode_payload(payload_json, max_bytes=max_payload)
     headers = check_headers(request.headers, max_header_bytes)
     return EnqueueParams(
@@ -183,4 +208,5 @@ def build_params(
         unique_key=codec.unique_key(queue, task_type, payload) if unique else None,
         unique_ttl=unique or None,
         headers=headers,
+        priority=priority,
     )

@@ -50,6 +50,8 @@ class TaskInfo:
     #: The last failed attempt's traceback with its exception chain (bounded), when the
     #: broker returns it: one task's get, not lists.
     traceback: str | None = None
+    #: Higher is claimed first within the queue (see :data:`durq.options.MAX_PRIORITY`).
+    priority: int = 0
 
     @property
     def max_attempts(self) -> int:
@@ -120,6 +122,7 @@ class TaskInfo:
             "type": self.type,
             "payload": payload,
             "state": self.state.value,
+            "priority": self.priority,
             "max_retry": self.max_retry,
             "retried": self.retried,
             "last_error": self.last_error,

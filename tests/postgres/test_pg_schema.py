@@ -12,8 +12,9 @@ import pytest
 from psycopg import sql
 
 from durq.brokers.postgres import PostgresBroker
-from durq.brokers.postgres.storage import MIGRATIONS, QUERIES
+from durq.brokers.postgres.storage import MIGRATIONS, QUERIES, render
 from durq.errors import SchemaError
+from durq.states import TaskState
 from durq.task import TaskInfo
 from servers import PG_DSN
 
@@ -170,3 +171,88 @@ def test_queries_file_has_no_duplicate_or_empty_blocks() -> None:
     assert all(text.strip() for text in named.values())
     for required in ("claim", "enqueue", "complete", "extend_leases", "expired_leases"):
         assert required in named
+
+
+async def test_priority_migration_keeps_existing_tasks_claimable_in_order(
+    pg_url: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the schema before priority with tasks in every waiting state: after migrating,
+    each has priority 0 and the claim takes the due ones in due-time order."""
+    from durq.brokers.base import ClaimParams
+    from durq.brokers.postgres import storage
+    from durq.clock import FakeClock
+
+    (adding,) = [m for m in MIGRATIONS if m.label.endswith("_priority")]
+    before = [m for m in MIGRATIONS if m.version < adding.version]
+    monkeypatch.setattr(storage, "MIGRATIONS", tuple(before))
+    old = PostgresBroker.from_url(pg_url)
+    try:
+        assert await old.migrate() == [m.label for m in before]
+    finally:
+        await old.close()
+    monkeypatch.undo()
+
+    t0 = 1_800_000_000.0
+    rows = [  # id, state, next_process_at
+        ("late", "pending", t0 + 1),
+        ("early", "pending", t0),
+        ("due-scheduled", "scheduled", t0 + 0.5),
+        ("future-retry", "retry", t0 + 3600),
+        ("done", "completed", t0),
+    ]
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        for task_id, state, at in rows:
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {}.tasks (queue, id, type, payload, state, max_retry, "
+                    "next_process_at, enqueued_at, expires_at) "
+                    "VALUES ('default', %s, 't', '{{}}', %s, 3, %s, %s, %s)"
+                ).format(sql.Identifier(schema)),
+                (task_id, state, at, t0, t0 + 3600 if state == "completed" else None),
+            )
+
+    clock = FakeClock(t0 + 10)
+    broker = PostgresBroker.from_url(pg_url, clock=clock)
+    try:
+        assert adding.label in await broker.migrate()
+        await broker.connect()
+        assert {t.priority for t in await broker.list_tasks("default", TaskState.PENDING)} == {0}
+        got = await broker.claim(ClaimParams(["default"], 10, "w", 30.0))
+        assert [lease.task.id for lease in got] == ["early", "due-scheduled", "late"]
+        assert (await broker.get_task("default", "future-retry")).state is TaskState.RETRY
+        assert (await broker.get_task("default", "done")).priority == 0
+    finally:
+        await broker.close()
+    with psycopg.connect(PG_DSN) as conn:
+        (definition,) = conn.execute(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND indexname = %s",
+            (schema, "tasks_claimable"),
+        ).fetchone() or (None,)
+    assert definition is not None and "priority DESC" in definition
+
+
+async def test_claim_reads_the_claim_index_in_order(pg_url: str, schema: str) -> None:
+    """The claim's per-queue scan walks tasks_claimable in claim order: no sort, no seq scan
+    (planner costs put aside with enable_seqscan/enable_sort off, as for a large table)."""
+    broker = PostgresBroker.from_url(pg_url)
+    try:
+        await broker.migrate()
+    finally:
+        await broker.close()
+    claim = render(QUERIES["claim"], schema).decode().replace("%(queues)b", "%(queues)s")
+    params = {
+        "queues": ["default"],
+        "limit": 10,
+        "now": 0.0,
+        "lease_seconds": 30.0,
+        "worker_id": "w",
+    }
+    with psycopg.connect(PG_DSN) as conn:
+        conn.execute("SET enable_seqscan = off")
+        conn.execute("SET enable_sort = off")
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + claim, params))
+        conn.rollback()
+    lines = plan.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if "Index Scan using tasks_claimable" in line]
+    # Rows are locked straight off the index: no sort between them and the scan.
+    assert "LockRows" in lines[at - 1], plan

@@ -154,6 +154,56 @@ def test_claim_uses_the_partial_index() -> None:
     plan = " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {Q['claim']}", names))
     assert "durq_tasks_claimable" in plan
     assert "TEMP B-TREE" not in plan  # the index order is the claim order
+    # The claim's first step finds due scheduled/retry rows by range, not by a table scan.
+    names = dict.fromkeys(re.findall(r":([a-z_]+)", Q["promote_queue"]))
+    plan = " ".join(
+        row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {Q['promote_queue']}", names)
+    )
+    assert "INDEX durq_tasks_state (queue=? AND state=? AND next_process_at<?)" in plan, plan
+
+
+async def test_priority_migration_keeps_existing_tasks_claimable_in_order(
+    tmp_path: Path,
+) -> None:
+    """From the schema before priority with tasks in every waiting state: after migrating,
+    each has priority 0 and the claim takes the due ones in due-time order."""
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.execute(Q["migrations_table"])
+    (adding,) = [m for m in MIGRATIONS if m.label.endswith("_priority")]
+    for migration in MIGRATIONS:
+        if migration.version >= adding.version:
+            break
+        for statement in split_statements(migration.sql):
+            conn.execute(statement)
+        conn.execute(
+            Q["record_migration"], {"version": migration.version, "name": "old", "now": 0.0}
+        )
+    t0 = 1_800_000_000.0
+    for task_id, state, at in [
+        ("late", "pending", t0 + 1),
+        ("early", "pending", t0),
+        ("due-scheduled", "scheduled", t0 + 0.5),
+        ("future-retry", "retry", t0 + 3600),
+    ]:
+        conn.execute(
+            "INSERT INTO durq_tasks (id, queue, type, payload, state, max_retry, "
+            "next_process_at, enqueued_at) VALUES (?, 'default', 't', ?, ?, 3, ?, ?)",
+            (task_id, b"{}", state, at, t0),
+        )
+    conn.commit()
+    conn.close()
+
+    broker = SQLiteBroker(str(path), clock=FakeClock(t0 + 10))
+    try:
+        assert adding.file in await broker.migrate()
+        await broker.connect()
+        got = await broker.claim(ClaimParams(["default"], 10, "w", 30.0))
+        assert [lease.task.id for lease in got] == ["early", "due-scheduled", "late"]
+        assert {lease.task.priority for lease in got} == {0}
+        assert (await broker.get_task("default", "future-retry")).priority == 0
+    finally:
+        await broker.close()
 
 
 def test_named_sql_parser() -> None:

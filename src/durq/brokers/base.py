@@ -11,8 +11,9 @@ Contract notes that every backend honours (the conformance suite checks each):
 
 * A task is claimable when its state is pending, or scheduled/retry with
   ``next_process_at <= now``; a backend may take due scheduled/retry rows directly in
-  ``claim`` (SQL) or forward them in ``promote_due`` (Redis). Claim order within a queue:
-  ``next_process_at``, then enqueue order. Paused queues give nothing.
+  ``claim`` or forward them in ``promote_due``. Claim order within a queue: ``priority``
+  (higher first), then ``next_process_at``, then enqueue order. A task keeps its priority
+  through retries, rescues and requeues. Paused queues give nothing.
 * Every mutation of an active task names its :class:`LeaseRef`; the backend changes the task
   only if it is still active *with that token* (fencing) and answers ``False`` otherwise.
 * A completed task whose retention has passed counts as gone for ``task_id`` conflicts even
@@ -74,6 +75,11 @@ CAP_CROSS_QUEUE_GROUPS = "cross_queue_groups"
 #: Brokers in other processes (workers, the CLI) see the same tasks. All but ``memory://``.
 CAP_MULTI_PROCESS = "multi_process"
 
+#: A claim first moves up to this many (or ``limit``, if more) due scheduled/retry tasks of
+#: each queue to pending, then takes pending tasks in priority order: so tasks that fall due
+#: together are ordered by priority, while one claim stays short in a backlog of due tasks.
+CLAIM_FORWARD = 100
+
 
 @dataclass(frozen=True, slots=True)
 class EnqueueParams:
@@ -94,6 +100,9 @@ class EnqueueParams:
     unique_key: str | None = None
     unique_ttl: float | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    #: Higher is claimed first within the queue (checked by the client against the bounds
+    #: in :mod:`durq.options`; the SQL brokers also CHECK them).
+    priority: int = 0
     #: A delay in seconds (``process_in``): scheduled until the broker's clock, read in the
     #: same statement or script that stores the task, plus this. Wins over ``process_at``.
     process_in: float | None = None
@@ -160,6 +169,7 @@ def follow_up_options(p: EnqueueParams) -> str:
             "timeout": p.timeout,
             "retention": p.retention,
             "headers": p.headers,
+            "priority": p.priority,
         },
         separators=(",", ":"),
         sort_keys=True,
@@ -178,6 +188,7 @@ def follow_up_from(options: str | bytes, payload: bytes) -> EnqueueParams:
         timeout=o["timeout"],
         retention=float(o["retention"]),
         headers=dict(o["headers"]),
+        priority=int(o.get("priority", 0)),  # absent in records written before priority
     )
 
 

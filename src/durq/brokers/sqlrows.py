@@ -53,4 +53,5 @@ def row_to_info(row: TaskRow) -> TaskInfo:
         cancel_requested=bool(row["cancel_requested"]),
         # Statements that return chosen columns leave the (possibly long) traceback out.
         traceback=row["traceback"] if "traceback" in row.keys() else None,
+        priority=row["priority"],
     )

@@ -157,7 +157,7 @@ class MemoryBroker(AdminForwarder):
                 if queue is None or queue.paused:
                     continue
                 due = [row for row in queue.waiting.values() if row.next_process_at <= now]
-                due.sort(key=lambda row: (row.next_process_at, row.seq))
+                due.sort(key=Row.claim_order)
                 for row in due[: params.limit - len(leases)]:
                     token = store.lease(row, now, params.lease_seconds, params.worker_id)
                     leases.append(Lease(row.info(), token))

@@ -72,6 +72,7 @@ class Row:
     cancel_requested: bool = False
     unique_key: str | None = None
     unique_until: float | None = None
+    priority: int = 0
 
     def info(self) -> TaskInfo:
         return make_info(
@@ -97,6 +98,7 @@ class Row:
             worker_id=self.worker_id,
             cancel_requested=self.cancel_requested,
             traceback=self.traceback,
+            priority=self.priority,
         )
 
     def gone(self, now: float) -> bool:
@@ -108,6 +110,10 @@ class Row:
 
     def due(self, now: float) -> bool:
         return self.state in WAITING and self.next_process_at <= now
+
+    def claim_order(self) -> tuple[int, float, int]:
+        """Claim order within a queue: higher priority, then due time, then enqueue order."""
+        return (-self.priority, self.next_process_at, self.seq)
 
     def end_lease(self) -> None:
         self.lease_token = None
@@ -267,6 +273,7 @@ class Store:
             deadline=p.deadline,
             retention=p.retention,
             headers=dict(p.headers),
+            priority=p.priority,
         )
         if p.unique_key is not None:
             row.unique_key = p.unique_key

@@ -22,6 +22,7 @@ from durq.brokers.base import (
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
+    CLAIM_FORWARD,
     MINUTE_COUNTS_KEEP,
     AdminForwarder,
     ArchiveParams,
@@ -43,6 +44,7 @@ from durq.brokers.mailbox import end_key
 from durq.brokers.postgres.admin import PostgresAdmin
 from durq.brokers.postgres.rows import (
     CLAIM_NEXT_AT,
+    CLAIM_PRIORITY,
     CLAIM_QUEUE,
     CLAIM_SEQ,
     CLAIM_STARTED,
@@ -247,7 +249,7 @@ class PostgresBroker(AdminForwarder):
     # ------------------------------------------------------------------ claim and leases
 
     async def claim(self, params: ClaimParams) -> list[Lease]:
-        """Lease up to ``limit`` due tasks in one statement (SKIP LOCKED: never twice)."""
+        """Lease up to ``limit`` due tasks in one round trip (SKIP LOCKED: never twice)."""
         queues = list(dict.fromkeys(params.queues))
         if not queues or params.limit <= 0:
             return []
@@ -255,14 +257,20 @@ class PostgresBroker(AdminForwarder):
         for queue in queues:
             self._claim_marks[queue] = mark
         self._start_listening()
-        async with self._s.connection("claim") as conn:
+        now = self._s.sql_now()
+        async with self._s.connection("claim") as conn, conn.pipeline():
+            # Both statements go out in one round trip; each commits on its own.
             cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(
+                self._s.q["claim_forward"],
+                {"queues": queues, "now": now, "forward": max(params.limit, CLAIM_FORWARD)},
+            )
             await cur.execute(
                 self._s.q["claim"],
                 {
                     "queues": queues,
                     "limit": params.limit,
-                    "now": self._s.sql_now(),
+                    "now": now,
                     "lease_seconds": float(params.lease_seconds),
                     "worker_id": params.worker_id,
                 },
@@ -271,10 +279,17 @@ class PostgresBroker(AdminForwarder):
         if not rows:
             return []
         if len(rows) > 1:
-            # UPDATE … RETURNING has no order: restore queue order, then due time, then seq.
+            # UPDATE … RETURNING has no order: restore queue order, then the claim order.
             order = {q: i for i, q in enumerate(queues)}
-            rows.sort(key=lambda r: (order[r[CLAIM_QUEUE]], r[CLAIM_NEXT_AT], r[CLAIM_SEQ]))
-        # One statement: every row has the same start and lease expiry, read by the server.
+            rows.sort(
+                key=lambda r: (
+                    order[r[CLAIM_QUEUE]],
+                    -r[CLAIM_PRIORITY],
+                    r[CLAIM_NEXT_AT],
+                    r[CLAIM_SEQ],
+                )
+            )
+        # One claim statement: every row has the same start and lease expiry, read by the server.
         started = to_datetime(rows[0][CLAIM_STARTED])
         expires = to_datetime(rows[0][CLAIM_UNTIL])
         worker = params.worker_id

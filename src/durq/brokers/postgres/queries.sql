@@ -60,10 +60,10 @@ WITH x AS (
         %(states)b::text[], %(max_retries)b::integer[], %(timeouts)b::float8[],
         %(deadlines)b::float8[], %(process_ats)b::float8[], %(process_ins)b::float8[],
         %(retentions)b::float8[], %(unique_keys)b::text[], %(unique_ttls)b::float8[],
-        %(headers)b::text[]
+        %(headers)b::text[], %(priorities)b::integer[]
     ) WITH ORDINALITY AS x(queue, id, type, payload, state, max_retry, timeout, deadline,
                            process_at, process_in, retention, unique_key, unique_ttl, headers,
-                           ord)
+                           priority, ord)
 ),
 clock AS (
     SELECT {now} AS now
@@ -71,11 +71,11 @@ clock AS (
 ins AS (
     INSERT INTO {schema}.tasks AS t (
         queue, id, type, payload, state, max_retry, timeout, deadline, next_process_at,
-        enqueued_at, retention, unique_key, unique_until, headers
+        enqueued_at, retention, unique_key, unique_until, headers, priority
     )
     SELECT queue, id, type, payload, state, max_retry, timeout, deadline,
            coalesce(clock.now + process_in, process_at, clock.now),
-           clock.now, retention, unique_key, clock.now + unique_ttl, headers::jsonb
+           clock.now, retention, unique_key, clock.now + unique_ttl, headers::jsonb, priority
     FROM x, clock
     ORDER BY ord
     ON CONFLICT DO NOTHING
@@ -105,13 +105,13 @@ WITH clock AS (
 ins AS (
     INSERT INTO {schema}.tasks AS t (
         queue, id, type, payload, state, max_retry, timeout, deadline, next_process_at,
-        enqueued_at, retention, unique_key, unique_until, headers
+        enqueued_at, retention, unique_key, unique_until, headers, priority
     )
     SELECT %(queue)s, %(id)s, %(type)s, %(payload)s, %(state)s, %(max_retry)s, %(timeout)s,
            %(deadline)s,
            coalesce(clock.now + %(process_in)s::float8, %(process_at)s::float8, clock.now),
            clock.now, %(retention)s, %(unique_key)s, clock.now + %(unique_ttl)s::float8,
-           %(headers)s::jsonb
+           %(headers)s::jsonb, %(priority)s
     FROM clock
     ON CONFLICT DO NOTHING
     RETURNING t.queue, t.state
@@ -160,28 +160,50 @@ WHERE unique_key = ANY(%(keys)b::text[])
 
 -- ---------------------------------------------------------------- claim and leases
 
+-- name: claim_forward
+-- The claim's first step (same round trip, its own transaction): due scheduled/retry rows of
+-- the claimed queues become pending, a bounded batch per queue (through tasks_by_state),
+-- keeping their due time, so the claim then sees them in priority order. SKIP LOCKED: a row
+-- that another claim is moving is left to it.
+WITH due AS (
+    SELECT c.queue, c.id
+    FROM unnest(%(queues)b::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT t.queue, t.id
+        FROM {schema}.tasks AS t
+        WHERE t.queue = q.name
+          AND t.state IN ('scheduled', 'retry')
+          AND t.next_process_at <= {now}
+        LIMIT %(forward)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+)
+UPDATE {schema}.tasks AS t
+SET state = 'pending'
+FROM due
+WHERE t.queue = due.queue AND t.id = due.id;
+
 -- name: claim
--- One round trip: pick due rows per queue through the partial index (tasks_claimable),
--- lock them with SKIP LOCKED so concurrent workers take different rows (W10), fill from the
--- queues in the order given, and mark them active with a fresh fencing token and lease.
--- Due scheduled/retry rows are taken directly: no forwarding step is needed to claim them.
+-- One statement: pick pending rows per queue in claim order (higher priority, then due
+-- time, then enqueue order) through the partial index tasks_claimable, lock them with SKIP
+-- LOCKED so concurrent workers take different rows (W10), fill from the queues in the order
+-- given, and mark them active with a fresh fencing token and lease.
 WITH due AS (
     SELECT c.queue, c.id
     FROM unnest(%(queues)b::text[]) WITH ORDINALITY AS q(name, ord)
     CROSS JOIN LATERAL (
-        SELECT t.queue, t.id, t.next_process_at, t.seq
+        SELECT t.queue, t.id, t.priority, t.next_process_at, t.seq
         FROM {schema}.tasks AS t
         WHERE t.queue = q.name
-          AND t.state IN ('pending', 'scheduled', 'retry')
-          AND t.next_process_at <= {now}
-        ORDER BY t.next_process_at, t.seq
+          AND t.state = 'pending'
+        ORDER BY t.priority DESC, t.next_process_at, t.seq
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) AS c
     WHERE NOT EXISTS (
         SELECT 1 FROM {schema}.queues AS p WHERE p.name = q.name AND p.paused
     )
-    ORDER BY q.ord, c.next_process_at, c.seq
+    ORDER BY q.ord, c.priority DESC, c.next_process_at, c.seq
     LIMIT %(limit)s
 )
 UPDATE {schema}.tasks AS t
@@ -195,7 +217,7 @@ FROM due
 WHERE t.queue = due.queue AND t.id = due.id
 RETURNING t.id, t.queue, t.type, t.payload, t.max_retry, t.retried, t.last_error, t.timeout,
           t.deadline, t.next_process_at, t.enqueued_at, t.retention, t.lost, t.headers::text,
-          t.lease_token, t.seq, t.started_at, t.lease_expires_at;
+          t.lease_token, t.seq, t.started_at, t.lease_expires_at, t.priority;
 
 -- name: extend_leases
 -- Heartbeat for many leases at once; the rows not returned are leases no longer held.

@@ -32,11 +32,12 @@ _MAX_ROUNDS = 4
 CLAIM_COLUMNS = (
     "id", "queue", "type", "payload", "max_retry", "retried", "last_error", "timeout",
     "deadline", "next_process_at", "enqueued_at", "retention", "lost", "headers",
-    "lease_token", "seq", "started_at", "lease_expires_at",
+    "lease_token", "seq", "started_at", "lease_expires_at", "priority",
 )  # fmt: skip
-CLAIM_QUEUE, CLAIM_NEXT_AT, CLAIM_TOKEN, CLAIM_SEQ, CLAIM_STARTED, CLAIM_UNTIL = (
-    CLAIM_COLUMNS.index(c)
-    for c in ("queue", "next_process_at", "lease_token", "seq", "started_at", "lease_expires_at")
+_CLAIM_INDEXED = ("queue", "next_process_at", "lease_token", "seq", "started_at",
+                  "lease_expires_at", "priority")  # fmt: skip
+CLAIM_QUEUE, CLAIM_NEXT_AT, CLAIM_TOKEN, CLAIM_SEQ, CLAIM_STARTED, CLAIM_UNTIL, CLAIM_PRIORITY = (
+    CLAIM_COLUMNS.index(c) for c in _CLAIM_INDEXED
 )
 
 
@@ -49,7 +50,8 @@ def claimed_info(
     """A claimed row (``CLAIM_COLUMNS``, a tuple) as the active task the handler gets; the
     fields the claim itself set are passed in rather than decoded once per row."""
     (task_id, queue, type_, payload, max_retry, retried, last_error, timeout, deadline,
-     next_at, enqueued_at, retention, lost, headers, _token, _seq, *_) = row  # fmt: skip
+     next_at, enqueued_at, retention, lost, headers, _token, _seq, _started, _until,
+     priority) = row  # fmt: skip
     return make_info(
         id=task_id,
         queue=queue,
@@ -72,6 +74,7 @@ def claimed_info(
         lease_expires_at=lease_until,
         worker_id=worker_id,
         cancel_requested=False,
+        priority=priority,
     )
 
 
@@ -100,6 +103,7 @@ def created_info(p: EnqueueParams, state: TaskState, next_at: float, now: float)
         lease_expires_at=None,
         worker_id=None,
         cancel_requested=False,
+        priority=int(p.priority),
     )
 
 
@@ -158,6 +162,7 @@ def insert_params(
         "unique_keys": [p.unique_key for p in items],
         "unique_ttls": [_ttl(p) for p in items],
         "headers": [_headers_json(p.headers) for p in items],
+        "priorities": [int(p.priority) for p in items],
         "now": sql_now,
         "channel": channel,
     }
@@ -182,6 +187,7 @@ def insert_one_params(
         "unique_key": p.unique_key,
         "unique_ttl": _ttl(p),
         "headers": _headers_json(p.headers),
+        "priority": int(p.priority),
         "now": sql_now,
         "channel": channel,
     }

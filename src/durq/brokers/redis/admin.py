@@ -23,6 +23,7 @@ from durq.brokers.redis.rows import pairs, task_info
 from durq.brokers.redis.storage import RedisStorage, _Call
 from durq.clock import utc_day
 from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
+from durq.options import MAX_PRIORITY, MIN_PRIORITY
 from durq.states import TaskState
 from durq.task import TaskInfo
 
@@ -37,6 +38,10 @@ SEARCH_CHUNK = 250
 WORKER_FRESH = 60.0
 #: Worker records expire after this long without a heartbeat (server time; garbage only).
 WORKER_TTL = 3600
+
+
+#: Priority bands of the pending zset (one per priority, see scripts/_lib.lua).
+PRIORITY_BANDS = MAX_PRIORITY - MIN_PRIORITY + 1
 
 
 class RedisAdmin:
@@ -77,13 +82,12 @@ class RedisAdmin:
                 ("ZCARD", k.retry),
                 ("ZCARD", k.archived),
                 ("ZCOUNT", k.completed, f"({now!r}", "+inf"),
-                ("ZRANGE", k.pending, 0, 0, "WITHSCORES"),
                 ("HMGET", k.stats, "processed", "failed"),
                 ("HMGET", k.stats_day(utc_day(now)), "processed", "failed"),
             ]
         )
-        oldest = r[7]  # [member, score] or []
-        total, today = r[8], r[9]
+        oldest = await self._s.eval("oldest_pending", [k.pending], [PRIORITY_BANDS])
+        total, today = r[7], r[8]
         return QueueStats(
             name=queue,
             paused=bool(r[0]),
@@ -95,7 +99,7 @@ class RedisAdmin:
                 TaskState.ARCHIVED: r[5],
                 TaskState.COMPLETED: r[6],
             },
-            oldest_pending_age=max(0.0, now - float(oldest[1])) if oldest else 0.0,
+            oldest_pending_age=max(0.0, now - float(oldest)) if oldest else 0.0,
             processed_today=int(today[0] or 0),
             failed_today=int(today[1] or 0),
             processed_total=int(total[0] or 0),
@@ -121,7 +125,8 @@ class RedisAdmin:
     async def list_tasks(
         self, queue: str, state: TaskState, *, limit: int = 50, offset: int = 0
     ) -> list[TaskInfo]:
-        """Tasks of one queue in one state, oldest first (zset order: time, then enqueue)."""
+        """Tasks of one queue in one state in zset order: oldest first (time, then enqueue);
+        pending ones in claim order (priority first)."""
         state = TaskState(state)
         async with self._s.op("list_tasks"):
             await self._s.ensure()

@@ -20,6 +20,7 @@ from durq.brokers.base import (
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
     CAP_MULTI_PROCESS,
+    CLAIM_FORWARD,
     AdminForwarder,
     ArchiveParams,
     ClaimParams,
@@ -195,7 +196,7 @@ class RedisBroker(AdminForwarder):
             self._one_slot(params)
         g = qk.group(params.id)
         keys: list[str] = [g, f"{g}:e"]
-        then: list[Scalar] = [""] * 21
+        then: list[Scalar] = [""] * 22  # enqueue.lua's 6 KEYS and 16 ARGV
         if params.then is not None:
             (_, then_keys, then_args), _ = self._s.enqueue_call(params.then, now)
             then = [*then_keys, *then_args]
@@ -340,7 +341,7 @@ class RedisBroker(AdminForwarder):
                         params.worker_id,
                         secrets.token_hex(8),
                         k.task_prefix,
-                        max(remaining, 100),
+                        max(remaining, CLAIM_FORWARD),
                     ],
                 )
                 for token, flat in rows:

@@ -29,6 +29,7 @@ SCRIPT_NAMES = (
     "expired",
     "janitor",
     "admin_move",
+    "oldest_pending",
     "admin_cancel",
     "admin_run_all",
     "admin_delete_all",

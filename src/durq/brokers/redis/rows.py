@@ -72,4 +72,5 @@ def task_info(queue: str, flat: Sequence[Any] | dict[Any, Any]) -> TaskInfo:
         worker_id=_opt_str(h, "worker_id"),
         cancel_requested=h.get("cancel") == b"1",
         traceback=_opt_str(h, "traceback") or None,
+        priority=int(h.get("prio", 0)),
     )

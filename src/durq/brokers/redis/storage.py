@@ -356,7 +356,7 @@ class RedisStorage:
     def enqueue_fields(
         self, p: EnqueueParams, k: QueueKeys, now: float
     ) -> tuple[list[Scalar], TaskInfo]:
-        """The 13 per-task arguments of enqueue.lua / enqueue_many.lua, and the TaskInfo the
+        """The 14 per-task arguments of enqueue.lua / enqueue_many.lua, and the TaskInfo the
         task will have if it is created (built from the params: the script returns no row;
         its times are ``now`` until :meth:`stamped` puts in the clock the script read)."""
         npa = p.scheduled_until(now)
@@ -377,6 +377,7 @@ class RedisStorage:
             float(p.unique_ttl or 0.0) if unique else "",
             json.dumps(headers) if headers else "",
             float(p.process_in) if p.process_in else "",
+            int(p.priority),
         ]
         enqueued_at = to_datetime(now)
         info = make_info(
@@ -392,6 +393,7 @@ class RedisStorage:
             enqueued_at=enqueued_at,
             retention=p.retention,
             headers=dict(headers),
+            priority=p.priority,
         )
         return fields, info
 

@@ -25,6 +25,7 @@ from durq.brokers.base import (
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
+    CLAIM_FORWARD,
     MINUTE_COUNTS_KEEP,
     AdminForwarder,
     ArchiveParams,
@@ -297,12 +298,15 @@ class SQLiteBroker(AdminForwarder):
         # Notifications up to here are answered by this claim; later ones stay for the wait.
         self._s.mailbox.take(queues)
 
+        forward = max(params.limit, CLAIM_FORWARD)
+
         def body(conn: Conn) -> list[Lease]:
             paused = {row[0] for row in conn.execute(Q["paused_queues"])}
             leases: list[Lease] = []
             for queue in queues:
                 if queue in paused:
                     continue
+                conn.execute(Q["promote_queue"], {"queue": queue, "now": now, "bound": forward})
                 rows = conn.execute(
                     Q["claim"],
                     {
@@ -315,7 +319,7 @@ class SQLiteBroker(AdminForwarder):
                     },
                 ).fetchall()
                 # RETURNING gives no order guarantee: restore the claim order.
-                rows.sort(key=lambda r: (r["next_process_at"], r["seq"]))
+                rows.sort(key=lambda r: (-r["priority"], r["next_process_at"], r["seq"]))
                 leases.extend(Lease(row_to_info(r), r["lease_token"]) for r in rows)
                 if len(leases) >= params.limit:
                     break

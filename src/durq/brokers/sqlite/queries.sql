@@ -52,10 +52,10 @@ SELECT id FROM durq_tasks WHERE unique_key = :unique_key;
 -- name: insert_task
 INSERT INTO durq_tasks (
     id, queue, type, payload, state, max_retry, timeout, deadline, next_process_at,
-    enqueued_at, retention, headers, unique_key, unique_until, relative_due
+    enqueued_at, retention, headers, unique_key, unique_until, relative_due, priority
 ) VALUES (
     :id, :queue, :type, :payload, :state, :max_retry, :timeout, :deadline, :next_process_at,
-    :now, :retention, :headers, :unique_key, :unique_until, :relative_due
+    :now, :retention, :headers, :unique_key, :unique_until, :relative_due, :priority
 )
 RETURNING *;
 
@@ -78,10 +78,21 @@ SELECT EXISTS (
       AND next_process_at <= :now
 );
 
+-- name: promote_queue
+-- The claim's first step: due scheduled/retry rows of one queue become pending (a bounded
+-- batch, by durq_tasks_state), keeping their due time, so the claim below sees them in order.
+UPDATE durq_tasks SET state = 'pending'
+WHERE rowid IN (
+    SELECT rowid FROM durq_tasks
+    WHERE queue = :queue AND state IN ('scheduled', 'retry') AND next_process_at <= :now
+    LIMIT :bound
+);
+
 -- name: claim
--- Due claimable rows of one queue (partial index durq_tasks_claimable), oldest first, each
--- given a fresh random fencing token. Runs inside BEGIN IMMEDIATE: no other connection can
--- write between the SELECT and the UPDATE, so no task is handed out twice (W10).
+-- Pending rows of one queue in claim order (partial index durq_tasks_claimable): higher
+-- priority, then due time, then enqueue order; each given a fresh random fencing token.
+-- Runs inside BEGIN IMMEDIATE: no other connection can write between the SELECT and the
+-- UPDATE, so no task is handed out twice (W10).
 UPDATE durq_tasks
 SET state = 'active',
     lease_token = lower(hex(randomblob(16))),
@@ -93,10 +104,8 @@ SET state = 'active',
     cancel_requested = 0
 WHERE rowid IN (
     SELECT rowid FROM durq_tasks
-    WHERE queue = :queue
-      AND state IN ('pending', 'scheduled', 'retry')
-      AND next_process_at <= :now
-    ORDER BY next_process_at, rowid
+    WHERE queue = :queue AND state = 'pending'
+    ORDER BY priority DESC, next_process_at, rowid
     LIMIT :limit
 )
 RETURNING rowid AS seq, *;

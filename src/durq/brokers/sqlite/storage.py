@@ -350,6 +350,7 @@ class SQLiteStorage:
                 "unique_until": None
                 if p.unique_key is None or p.unique_ttl is None
                 else now + p.unique_ttl,
+                "priority": p.priority,
             },
         ).fetchone()
         conn.execute(Q["ensure_queue"], {"queue": p.queue, "now": now})

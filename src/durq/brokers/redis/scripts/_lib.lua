@@ -8,6 +8,8 @@
 --     strings unchanged; sums are written with %.17g, so no precision is lost;
 --   * every state zset member is "<16 hex digits of the enqueue sequence><task id>", so equal
 --     scores sort in enqueue order; the task hash keeps its member in field "m";
+--   * the pending zset's score is the ready score (below): priority first, then ready time;
+--     the other zsets are scored by a time;
 --   * replies never carry Lua numbers that are not integers (Redis would truncate them);
 --   * payload, headers and result are stored in chunks "<tag>:0", "<tag>:1", ... (see below).
 
@@ -38,6 +40,26 @@ end
 -- The task id inside a zset member.
 local function member_id(m)
   return string.sub(m, 17)
+end
+
+-- The pending zset orders by priority, then ready time (next_process_at), then enqueue order
+-- (the member). Priority p (-100..100, stored as field "prio" when not 0) moves the score by
+-- whole bands of 2^32 s, wider than any epoch time to 2106: score = time - p * 2^32, so a
+-- higher priority sorts first and, within one priority, the earlier time does. At |p| = 100
+-- the score keeps the time to about 0.1 ms (a double's 53 bits); ties go to enqueue order.
+-- Priority 0 (the default) stores the time string itself, unchanged.
+local BAND = 4294967296
+local function ready_score(npa, prio)
+  if not prio or prio == '' or prio == '0' then
+    return npa
+  end
+  return string.format('%.17g', tonumber(npa) - tonumber(prio) * BAND)
+end
+
+-- The ready time a pending score holds (the inverse of ready_score).
+local function ready_time(score)
+  local s = tonumber(score)
+  return s - math.floor(s / BAND) * BAND
 end
 
 -- Drop the task's uniqueness lock (E4) if the task still owns it.
@@ -74,8 +96,8 @@ local function count(stats_key, day_key, day_ttl, processed, failed, minute_key,
   end
 end
 
--- Move up to `bound` members of zset `src` whose score is <= now into `pending` (same
--- score), marking their hashes pending. Returns how many moved.
+-- Move up to `bound` members of zset `src` whose score (a time) is <= now into `pending` at
+-- their ready score, marking their hashes pending. Returns how many moved.
 local function forward_due(src, pending, task_prefix, now, bound)
   local due = redis.call('ZRANGEBYSCORE', src, '-inf', now, 'WITHSCORES', 'LIMIT', 0, bound)
   local moved = 0
@@ -83,9 +105,10 @@ local function forward_due(src, pending, task_prefix, now, bound)
     local m, score = due[i], due[i + 1]
     redis.call('ZREM', src, m)
     local key = task_prefix .. member_id(m)
-    if redis.call('EXISTS', key) == 1 then
+    local prio = redis.call('HGET', key, 'prio')
+    if prio or redis.call('EXISTS', key) == 1 then
       redis.call('HSET', key, 'state', 'pending')
-      redis.call('ZADD', pending, score, m)
+      redis.call('ZADD', pending, ready_score(score, prio), m)
       moved = moved + 1
     end
   end
@@ -135,7 +158,8 @@ end
 -- a[ao+1..ao+12]: id, type, payload, max_retry, timeout (""), deadline (""),
 -- process_at ("" = now), state (pending | scheduled), retention, unique key (""),
 -- unique lock ttl in seconds (""), headers JSON (""), then a[ao+13] the delay in seconds
--- ("" = none: process_at holds); the delay and the ttl count from the broker's clock.
+-- ("" = none: process_at holds; the delay and the ttl count from the broker's clock) and
+-- a[ao+14] the priority ("0" = default).
 -- Returns <the clock it read> (created) | {"conflict", <HGETALL of the existing task>} |
 -- {"duplicate", <task id>}, and whether the task is pending now (the caller publishes the
 -- wake-up).
@@ -187,12 +211,14 @@ local function enqueue_task(task_key, qk, qo, now_s, a, ao)
   if a[ao + 5] ~= '' then f[n + 1] = 'timeout'; f[n + 2] = a[ao + 5]; n = n + 2 end
   if a[ao + 6] ~= '' then f[n + 1] = 'deadline'; f[n + 2] = a[ao + 6]; n = n + 2 end
   if unique ~= '' then f[n + 1] = 'unique_key'; f[n + 2] = unique; n = n + 2 end
+  local prio = a[ao + 14]
+  if prio ~= '0' then f[n + 1] = 'prio'; f[n + 2] = prio; n = n + 2 end
   n = add_chunked(f, n, 'p', a[ao + 3])
   if a[ao + 12] ~= '' then n = add_chunked(f, n, 'h', a[ao + 12]) end
   redis.call('HSET', task_key, unpack(f, 1, n))
 
   if state == 'pending' then
-    redis.call('ZADD', qk[qo + 1], npa, m)
+    redis.call('ZADD', qk[qo + 1], ready_score(npa, prio), m)
     return now_s, true
   end
   redis.call('ZADD', qk[qo + 2], npa, m)
@@ -200,18 +226,18 @@ local function enqueue_task(task_key, qk, qo, now_s, a, ao)
 end
 
 -- Create the follow-up tasks passed after a script's own keys and arguments:
--- groups of 6 KEYS from index nk + 1 and of 15 ARGV from index na + 1, laid out as KEYS and
+-- groups of 6 KEYS from index nk + 1 and of 16 ARGV from index na + 1, laid out as KEYS and
 -- ARGV of enqueue.lua. A follow-up whose id or unique key is taken is skipped.
 -- On a Redis Cluster a follow-up into another hash slot comes with its 6 KEYS all naming
--- this queue's outbox hash: its 15 ARGV are kept there (netstrings, field "<channel> <id>")
+-- this queue's outbox hash: its 16 ARGV are kept there (netstrings, field "<channel> <id>")
 -- and the client runs them as enqueue.lua in the other slot, then deletes the field.
 local function enqueue_follow_ups(nk, na)
   local n = (#KEYS - nk) / 6
   for i = 0, n - 1 do
-    local ko, ao = nk + 6 * i, na + 15 * i
+    local ko, ao = nk + 6 * i, na + 16 * i
     if KEYS[ko + 1] == KEYS[ko + 2] then
       local parts = {}
-      for j = 1, 15 do
+      for j = 1, 16 do
         local v = ARGV[ao + j]
         parts[j] = #v .. ':' .. v
       end
@@ -227,7 +253,7 @@ end
 
 -- Groups. A member's task hash holds its group's hash key ("g") and its position ("gp"). The
 -- group hash: total, finished, retention, and its follow-up as enqueue.lua's KEYS (k1..k6)
--- and ARGV (a1..a15; a5 is the payload's head), with "tail" closing the payload; g..':e'
+-- and ARGV (a1..a16; a5 is the payload's head), with "tail" closing the payload; g..':e'
 -- maps position -> entry (first the member's "deleted" entry), g..':s' position -> final
 -- state. These keys are read from the task hash: one slot when the group and its members
 -- share a queue, several (single node only) otherwise.
@@ -260,7 +286,7 @@ local function finish_member(task_key, state, entry, now_s)
     local entries = redis.call('HMGET', g .. ':e', unpack(fields))
     local k = redis.call('HMGET', g, 'k1', 'k2', 'k3', 'k4', 'k5', 'k6')
     local a = redis.call('HMGET', g, 'a1', 'a2', 'a3', 'a4', 'a5', 'a6', 'a7', 'a8', 'a9',
-      'a10', 'a11', 'a12', 'a13', 'a14', 'a15')
+      'a10', 'a11', 'a12', 'a13', 'a14', 'a15', 'a16')
     -- Due now (no process_at, no delay), pending, the members' entries between head and tail.
     a[1] = now_s
     a[5] = head[3] .. table.concat(entries, ',') .. head[4]

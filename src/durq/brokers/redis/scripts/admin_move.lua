@@ -6,7 +6,7 @@
 -- ARGV[1] now         ARGV[2] expected state (the fence)
 -- ARGV[3] to: "pending" (due now, wakes workers) | "archived" | "deleted"
 -- ARGV[4] last_error to set ("" keeps the current one)      ARGV[5] wake-up channel
--- Then, per follow-up i = 0, 1, ...: KEYS[9+6i .. 14+6i] and ARGV[6+15i .. 20+15i] as KEYS
+-- Then, per follow-up i = 0, 1, ...: KEYS[9+6i .. 14+6i] and ARGV[6+16i .. 21+16i] as KEYS
 -- and ARGV of enqueue.lua.
 -- Last two ARGV: a group member's final state when archived ("" for none) and its entry.
 -- An unfinished group member that is deleted finishes as deleted.
@@ -15,7 +15,7 @@
 -- Complexity: O(log n).
 local zsets = {pending = KEYS[2], scheduled = KEYS[3], retry = KEYS[4], active = KEYS[5],
   completed = KEYS[6], archived = KEYS[7]}
-local cur = redis.call('HMGET', KEYS[1], 'state', 'm', 'expires_at')
+local cur = redis.call('HMGET', KEYS[1], 'state', 'm', 'expires_at', 'prio')
 if cur[1] ~= ARGV[2] or cur[1] == 'active'
     or (cur[1] == 'completed' and tonumber(cur[3]) <= tonumber(ARGV[1])) then
   return {'fenced'}
@@ -34,7 +34,7 @@ if to == 'pending' then
   redis.call('HSET', KEYS[1], 'state', 'pending', 'npa', ARGV[1])
   -- A fresh start for the poison-pill count, as on the SQL brokers (lost 0 is not stored).
   redis.call('HDEL', KEYS[1], 'archived_at', 'lost', 'cancel')
-  redis.call('ZADD', KEYS[2], ARGV[1], cur[2])
+  redis.call('ZADD', KEYS[2], ready_score(ARGV[1], cur[4]), cur[2])
   redis.call('PUBLISH', ARGV[5], '1')
 else
   free_unique(KEYS[8], KEYS[1])

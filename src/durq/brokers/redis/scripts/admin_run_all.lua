@@ -12,7 +12,7 @@ for _, m in ipairs(batch) do
   local key = ARGV[2] .. member_id(m)
   redis.call('HSET', key, 'state', 'pending', 'npa', ARGV[1])
   redis.call('HDEL', key, 'archived_at', 'lost', 'cancel')  -- lost 0: a fresh poison-pill count
-  redis.call('ZADD', KEYS[2], ARGV[1], m)
+  redis.call('ZADD', KEYS[2], ready_score(ARGV[1], redis.call('HGET', key, 'prio')), m)
 end
 if #batch > 0 then
   redis.call('PUBLISH', ARGV[4], '1')

@@ -10,7 +10,7 @@
 --         (the rescuer)
 -- KEYS[7] per-minute counters of the day    ARGV[8] their TTL (s)
 -- Then, per follow-up task i = 0, 1, ...: KEYS[8+6i .. 13+6i]
--- and ARGV[9+15i .. 23+15i] as KEYS and ARGV of enqueue.lua (see complete.lua).
+-- and ARGV[9+16i .. 24+16i] as KEYS and ARGV of enqueue.lua (see complete.lua).
 -- Then the attempt's traceback ("" for none), a group member's final state ("" for no group
 -- member) and its entry: the last three ARGV.
 -- Last ARGV: the attempt's traceback, "" for none.

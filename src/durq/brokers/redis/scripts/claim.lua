@@ -1,5 +1,6 @@
--- claim: lease up to ARGV[2] claimable tasks of one queue. Due scheduled/retry tasks are
--- forwarded to pending first (bounded), so they are claimable without waiting for a promoter.
+-- claim: lease up to ARGV[2] claimable tasks of one queue, in pending-score order (priority,
+-- then ready time, then enqueue order). Due scheduled/retry tasks are forwarded to pending
+-- first (bounded), so they are claimable without waiting for a promoter.
 --
 -- KEYS[1] pending zset   KEYS[2] scheduled zset   KEYS[3] retry zset
 -- KEYS[4] active zset    KEYS[5] paused flag

@@ -7,7 +7,7 @@
 -- ARGV[7] TTL of the daily counters (s)
 -- KEYS[7] per-minute counters of the day    ARGV[8] their TTL (s)
 -- Then, per follow-up (continuation) i = 0, 1, ...: KEYS[8+6i .. 13+6i] and
--- ARGV[9+15i .. 23+15i] as KEYS and ARGV of enqueue.lua. Created only if the lease is held;
+-- ARGV[9+16i .. 24+16i] as KEYS and ARGV of enqueue.lua. Created only if the lease is held;
 -- one whose id is taken is skipped. Keys of another queue are another hash slot: atomic on
 -- a single node, refused by a Redis Cluster.
 -- Last two ARGV: a group member's final state ("" for no group member) and its entry.

@@ -8,6 +8,7 @@
 -- ARGV[9] process_at ("")   ARGV[10] state: pending | scheduled        ARGV[11] retention
 -- ARGV[12] unique key ("")  ARGV[13] unique lock ttl, s ("")           ARGV[14] headers JSON ("")
 -- ARGV[15] delay, s ("" = none): next_process_at is then now + delay
+-- ARGV[16] priority ("0" = default)
 -- Returns <the clock it read> (created) | {"conflict", <HGETALL of the existing task>} |
 -- {"duplicate", <task id>}.
 -- Complexity: O(log n) in the size of the target zset.

@@ -5,13 +5,13 @@
 -- ARGV[1] fencing token  ARGV[2] wake-up channel
 -- Returns 1, or 0 (nothing changed) when the lease is no longer held.
 -- Complexity: O(log n).
-local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'npa')
+local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'npa', 'prio')
 if cur[1] ~= 'active' or cur[2] ~= ARGV[1] then
   return 0
 end
 redis.call('ZREM', KEYS[2], cur[3])
 redis.call('HSET', KEYS[1], 'state', 'pending')
 redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel', 'worker_id')
-redis.call('ZADD', KEYS[3], cur[4], cur[3])
+redis.call('ZADD', KEYS[3], ready_score(cur[4], cur[5]), cur[3])
 redis.call('PUBLISH', ARGV[2], '1')
 return 1
