@@ -187,3 +187,14 @@ async def test_group_progress_in_the_api_and_on_the_task_page(
     assert 'id="group"' in page and "1 of 3 finished" in page
     assert f'href="/queues/default/tasks/{second}"' in page
     assert f"group:{group.id}" in page  # the follow-up to come
+
+
+async def test_priority_in_task_and_list(app: durq.App, api: httpx.AsyncClient) -> None:
+    await app.enqueue("email:send", {"n": 1}, task_id="urgent", priority=90)
+    await app.enqueue("email:send", {"n": 2}, task_id="plain")
+    r = await api.get("/api/queues/default/tasks/urgent")
+    assert r.status_code == 200 and r.json()["priority"] == 90
+    r = await api.get("/api/queues/default/tasks", params={"state": "pending"})
+    assert {t["id"]: t["priority"] for t in r.json()["tasks"]} == {"urgent": 90, "plain": 0}
+    doc = (await api.get("/api/openapi.json")).json()
+    assert doc["components"]["schemas"]["Task"]["properties"]["priority"]["maximum"] == 100

@@ -72,3 +72,14 @@ async def test_actions_from_forms(app: durq.App, api: httpx.AsyncClient) -> None
 def test_age_format() -> None:
     assert age(0) == "-" and age(5) == "5s" and age(75) == "1m 15s"
     assert age(3700) == "1h 01m" and age(90000) == "1d 01h"
+
+
+async def test_task_and_queue_pages_show_the_priority(
+    app: durq.App, api: httpx.AsyncClient
+) -> None:
+    await app.enqueue("email:send", {}, task_id="urgent-7", priority=-42)
+    r = await api.get("/queues/default/tasks/urgent-7")
+    assert r.status_code == 200
+    assert re.search(r"<dt>Priority</dt><dd>-42</dd>", r.text)
+    r = await api.get("/queues/default")
+    assert r.status_code == 200 and re.search(r'<td class="n">-42</td>', r.text)

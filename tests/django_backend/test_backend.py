@@ -178,8 +178,8 @@ def test_run_after_waits_and_results_are_retained(alias: str) -> None:
 def test_validation_is_django_s_and_durq_s() -> None:
     with pytest.raises(InvalidTask, match="Queue 'other' is not valid"):
         tasks.add.using(queue_name="other")
-    with pytest.raises(InvalidTask, match="does not support setting priority"):
-        tasks.add.using(priority=5)
+    with pytest.raises(InvalidTask, match="priority"):
+        tasks.add.using(priority=101)
     with pytest.raises(InvalidTask, match="aware datetime"):
         tasks.add.using(run_after=timezone.now().replace(tzinfo=None))
     with pytest.raises(InvalidTask, match="queue name"):
@@ -195,3 +195,21 @@ def test_unknown_options_are_refused() -> None:
         DurqBackend("x", {"OPTIONS": {"brokerurl": "sqlite:///x.db"}})
     with pytest.raises(InvalidTask, match="either"):
         DurqBackend("x", {"OPTIONS": {"broker_url": "sqlite:///x.db", "database": "default"}})
+
+
+@pytest.mark.parametrize("alias", ALL_ALIASES)
+def test_priority_is_durq_s_and_runs_higher_first(alias: str) -> None:
+    backend = backend_for(alias)
+    low = tasks.add.using(backend=alias, priority=-100).enqueue(1, 1)
+    high = tasks.add.using(backend=alias, priority=100).enqueue(2, 2)
+    plain = tasks.add.using(backend=alias).enqueue(3, 3)
+    info = backend.app.run_sync(lambda: backend.app.inspector.get_task_info("default", high.id))
+    assert info.priority == 100
+    assert backend.get_result(low.id).task.priority == -100  # reads back as enqueued
+    assert backend.get_result(plain.id).task.priority == 0
+
+    # One at a time, so each start is a claim of its own.
+    run_until_finished(backend, [low.id, high.id, plain.id], queues=["default"], concurrency=1)
+
+    started = sorted((backend.get_result(r.id).started_at, r.id) for r in (low, high, plain))
+    assert [task_id for _, task_id in started] == [high.id, plain.id, low.id]

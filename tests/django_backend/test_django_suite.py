@@ -71,9 +71,6 @@ class RunningDurqBackend(DurqBackend):
 
 
 RUNNING = f"{__name__}.RunningDurqBackend"
-NO_PRIORITY = (
-    "durq has no per-task priority yet: DurqBackend refuses a priority (supports_priority=False)"
-)
 DUMMY_INTERNALS = "reads or clears DummyBackend's in-memory result list"
 
 
@@ -104,12 +101,6 @@ class DurqTaskTestCase(test_tasks.TaskTestCase):
         result = await django_tasks.noop_task.aenqueue()
         self.assertEqual(result.status, "READY")
         self.assertEqual(await default_task_backend.aget_result(result.id), result)
-
-    test_using_priority = unittest.skip(NO_PRIORITY)(test_tasks.TaskTestCase.test_using_priority)
-    test_chained_using = unittest.skip(NO_PRIORITY)(test_tasks.TaskTestCase.test_chained_using)
-    test_invalid_priority = unittest.skip(NO_PRIORITY)(
-        test_tasks.TaskTestCase.test_invalid_priority
-    )
 
 
 @override_settings(TASKS={"default": durq_backend([])})

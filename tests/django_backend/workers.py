@@ -29,7 +29,11 @@ class _Watch(WorkerHooks):
 
 
 def run_until_finished(
-    backend: DurqBackend, ids: Iterable[str], *, queues: Iterable[str] = ("default",)
+    backend: DurqBackend,
+    ids: Iterable[str],
+    *,
+    queues: Iterable[str] = ("default",),
+    concurrency: int = 4,
 ) -> dict[str, str]:
     """Run a worker (in a thread of its own, with its own event loop) until every task of
     ``ids`` has ended an attempt (completed, archived or waiting for a retry)."""
@@ -38,7 +42,9 @@ def run_until_finished(
     register(app, registry.discover(backend.task_modules), backend.alias)
 
     async def main() -> None:
-        worker = app.worker(queues=list(queues), concurrency=4, hooks=[watch], scheduler=False)
+        worker = app.worker(
+            queues=list(queues), concurrency=concurrency, hooks=[watch], scheduler=False
+        )
         async with worker:
             await asyncio.to_thread(watch.done.wait, 60)
         await app.close()

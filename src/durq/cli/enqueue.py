@@ -25,6 +25,7 @@ EPILOG = (
     "Examples:\n\n"
     '  durq enqueue email:send --payload \'{"to": "a@b.c"}\'\n\n'
     "  durq enqueue report:build --queue low --process-in 30s --max-retry 3\n\n"
+    "  durq enqueue report:build --priority 10   (claimed before lower priorities)\n\n"
     "  durq enqueue report:build --app examples.quickstart:app   (the task's own options)\n\n"
     '  durq enqueue email:send --payload \'{"to": "a@b.c"}\' --task-id order-1 --json\n\n'
     "A second enqueue with the same --task-id in the same queue is refused (exit 1) and the "
@@ -87,6 +88,13 @@ def enqueue_command(
             help="Keep the completed task this long (default 1h; 0: delete at once), e.g. 24h.",
         ),
     ] = None,
+    priority: Annotated[
+        int | None,
+        typer.Option(
+            "--priority",
+            help="-100 to 100; higher is claimed first within the queue [default: 0]",
+        ),
+    ] = None,
     app_path: Annotated[
         str | None,
         typer.Option(
@@ -116,6 +124,7 @@ def enqueue_command(
         "timeout": _duration(timeout, "--timeout"),
         "unique": _duration(unique, "--unique"),
         "retention": _duration(retention, "--retention"),
+        "priority": priority,
     }
 
     async def body(app: App) -> TaskInfo:

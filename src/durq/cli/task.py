@@ -94,7 +94,7 @@ def print_task(info: TaskInfo, *, title: str | None = None) -> None:
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     for key in (
-        "id", "queue", "type", "state", "attempts", "last_error", "payload",
+        "id", "queue", "type", "state", "priority", "attempts", "last_error", "payload",
         "result", "timeout", "deadline", "next_process_at", "enqueued_at", "started_at",
         "completed_at", "retention", "worker_id", "traceback",
     ):  # fmt: skip
@@ -117,7 +117,9 @@ def print_task(info: TaskInfo, *, title: str | None = None) -> None:
 def print_tasks(tasks: Sequence[TaskInfo], *, title: str) -> None:
     """Several tasks as one table."""
     table = make_table(title)
-    for name in ("id", "type", "state", "attempts", "next / done at", "last error / result"):
+    for name in (
+        "id", "type", "state", "priority", "attempts", "next / done at", "last error / result",
+    ):  # fmt: skip
         table.add_column(name, overflow="fold")
     for info in tasks:
         state = info.state.value
@@ -130,6 +132,7 @@ def print_tasks(tasks: Sequence[TaskInfo], *, title: str) -> None:
             info.id,
             info.type,
             styled_state(state),
+            str(info.priority),
             info.attempts_label,
             fmt_time(when),
             escape(_short(detail)),

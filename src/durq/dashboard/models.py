@@ -62,6 +62,9 @@ class _TaskFields(_Model):
     queue: str
     type: str
     state: State  # type: ignore[valid-type]
+    priority: int = Field(
+        ge=-100, le=100, description="Higher is claimed first within the queue (default 0)"
+    )
     max_retry: int
     retried: int
     last_error: str | None

@@ -87,9 +87,7 @@ class DurqBackend(BaseTaskBackend):  # type: ignore[misc]
     supports_defer = True  # run_after: durq's process_at
     supports_async_task = True  # async functions run on the worker's event loop
     supports_get_result = True  # from any process, while the result is retained
-    # durq picks tasks by queue weight, not by a per-task priority: refuse priorities rather
-    # than accept one and ignore it.
-    supports_priority = False
+    supports_priority = True  # durq's priority: the same -100..100 range, higher first
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -220,6 +218,7 @@ class DurqBackend(BaseTaskBackend):  # type: ignore[misc]
             max_retry=self.max_retry,
             timeout=self.timeout,
             retention=self.retention,
+            priority=records.django_to_durq_priority(task.priority),
             headers=records.task_headers(task, self.alias),
         )
 

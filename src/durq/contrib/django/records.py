@@ -1,8 +1,9 @@
 """How a Django task lives in durq, and how durq's task record reads back as a TaskResult.
 
 A Django task is one durq task whose type is the function's module path and whose payload is
-``{"args": [...], "kwargs": {...}}``. Headers carry the backend alias, the priority and the
-``run_after`` the task was enqueued with, so the reconstructed ``Task`` equals the enqueued one.
+``{"args": [...], "kwargs": {...}}``; its priority is durq's (the same -100..100 range, higher
+first). Headers carry the backend alias and the ``run_after`` the task was enqueued with, so
+the reconstructed ``Task`` equals the enqueued one.
 
 Errors: durq keeps the last error of a task as text. For a Django task that text is
 ``"<exception class path> @ <ISO time it failed>"`` on the first line and the traceback after
@@ -18,16 +19,16 @@ from typing import Any
 
 from django.conf import settings
 from django.tasks import Task, TaskResult, TaskResultStatus
-from django.tasks.base import TaskError
+from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskError
 from django.utils import timezone
 
+from durq.options import MAX_PRIORITY, MIN_PRIORITY
 from durq.states import TaskState
 from durq.task import TaskInfo
 from durq.worker.executor import MAX_ERROR
 
 #: Headers of a Django task (durq carries them from the enqueuer to the worker).
 HEADER_BACKEND = "django-backend"
-HEADER_PRIORITY = "django-priority"
 HEADER_RUN_AFTER = "django-run-after"
 
 STATUS = {
@@ -138,11 +139,20 @@ def to_result(info: TaskInfo, task: Task, alias: str) -> TaskResult:
     return result
 
 
+def django_to_durq_priority(priority: int) -> int:
+    """Django's task priority as durq's: both run from -100 to 100, higher first, default 0,
+    so the value carries over unchanged (Django validates the range before this)."""
+    return max(MIN_PRIORITY, min(MAX_PRIORITY, priority))
+
+
+def durq_to_django_priority(priority: int) -> int:
+    """durq's task priority as Django's (see :func:`django_to_durq_priority`)."""
+    return int(max(TASK_MIN_PRIORITY, min(TASK_MAX_PRIORITY, priority)))
+
+
 def task_headers(task: Task, alias: str) -> dict[str, str]:
     """What the worker and ``get_result`` need to rebuild the enqueued ``Task``."""
     headers = {HEADER_BACKEND: alias}
-    if task.priority:
-        headers[HEADER_PRIORITY] = str(task.priority)
     if task.run_after is not None:
         headers[HEADER_RUN_AFTER] = task.run_after.isoformat()
     return headers
@@ -155,7 +165,7 @@ def rebuild(base: Task, info: TaskInfo) -> Task:
     changes: dict[str, Any] = {
         "queue_name": info.queue,
         "backend": headers.get(HEADER_BACKEND, base.backend),
-        "priority": int(headers.get(HEADER_PRIORITY, "0")),
+        "priority": durq_to_django_priority(info.priority),
         "run_after": datetime.fromisoformat(run_after) if run_after else None,
     }
     if all(getattr(base, k) == v for k, v in changes.items()):
