@@ -36,7 +36,7 @@ from durq.brokers.base import (
 )
 from durq.brokers.mailbox import Waiter, end_key
 from durq.brokers.memory.admin import WORKER_TTL, MemoryAdmin
-from durq.brokers.memory.storage import A, C, P, R, Row, Store, X, store_for
+from durq.brokers.memory.storage import C, P, R, Row, Store, X, store_for
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import (
     ConfigurationError,
@@ -159,7 +159,9 @@ class MemoryBroker(AdminForwarder):
                 due = [row for row in queue.waiting.values() if row.next_process_at <= now]
                 due.sort(key=Row.claim_order)
                 for row in due[: params.limit - len(leases)]:
-                    token = store.lease(row, now, params.lease_seconds, params.worker_id)
+                    token = store.lease(
+                        row, now, self._clock.monotonic(), params.lease_seconds, params.worker_id
+                    )
                     leases.append(Lease(row.info(), token))
                 if len(leases) >= params.limit:
                     break
@@ -172,13 +174,14 @@ class MemoryBroker(AdminForwarder):
         lost: set[str] = set()
         cancel: set[str] = set()
         with self._store.lock:
-            now = self._clock.now()
+            now, mono = self._clock.now(), self._clock.monotonic()
             for ref in leases:
                 row = self._held(ref)
                 if row is None:
                     lost.add(ref.id)
                     continue
                 row.lease_expires_at = now + lease_seconds
+                row.lease_mono = mono + lease_seconds
                 if row.cancel_requested:
                     cancel.add(ref.id)
         return LeaseReport(lost=frozenset(lost), cancel=frozenset(cancel))
@@ -228,9 +231,7 @@ class MemoryBroker(AdminForwarder):
         row = self._held(p.lease)
         if row is None:
             return False
-        if p.expired_by is not None and (
-            row.lease_expires_at is None or row.lease_expires_at > min(p.expired_by, now)
-        ):
+        if p.expired_by is not None and not row.lease_expired(self._clock.monotonic()):
             return False
         count = not isinstance(p, ArchiveParams) or p.count_attempt
         row.retried += int(count)
@@ -304,13 +305,8 @@ class MemoryBroker(AdminForwarder):
     async def expired_leases(self, limit: int) -> list[Lease]:
         """Active tasks whose lease expired by now, oldest expiry first."""
         with self._store.lock:
-            now = self._clock.now()
-            expired = [
-                row
-                for row in self._store.tasks.values()
-                if row.state is A and row.lease_expires_at is not None
-                if row.lease_expires_at <= now
-            ]
+            mono = self._clock.monotonic()
+            expired = [row for row in self._store.tasks.values() if row.lease_expired(mono)]
             expired.sort(key=lambda row: row.lease_expires_at or 0.0)
             return [Lease(row.info(), row.lease_token or "") for row in expired[:limit]]
 

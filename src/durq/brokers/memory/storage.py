@@ -68,6 +68,9 @@ class Row:
     started_at: float | None = None
     lease_token: str | None = None
     lease_expires_at: float | None = None
+    #: The same expiry on the monotonic clock, which decides: a step of the wall clock
+    #: expires no lease.
+    lease_mono: float | None = None
     worker_id: str | None = None
     cancel_requested: bool = False
     unique_key: str | None = None
@@ -118,7 +121,12 @@ class Row:
     def end_lease(self) -> None:
         self.lease_token = None
         self.lease_expires_at = None
+        self.lease_mono = None
         self.cancel_requested = False
+
+    def lease_expired(self, mono: float) -> bool:
+        """Active, and its lease ran out on the monotonic clock reading ``mono``."""
+        return self.state is A and self.lease_mono is not None and self.lease_mono <= mono
 
 
 @dataclass(slots=True, eq=False)
@@ -356,10 +364,11 @@ class Store:
             if done is not None and done + group.params.retention <= now:
                 del self.groups[key]
 
-    def lease(self, row: Row, now: float, lease_seconds: float, worker_id: str) -> str:
+    def lease(self, row: Row, now: float, mono: float, lease_seconds: float, worker_id: str) -> str:
         self.move(row, A)
         row.lease_token = secrets.token_hex(16)
         row.lease_expires_at = now + lease_seconds
+        row.lease_mono = mono + lease_seconds
         row.worker_id = worker_id
         row.started_at = now
         row.cancel_requested = False

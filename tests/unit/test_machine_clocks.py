@@ -1,6 +1,6 @@
-"""SQLite's clocks: leases on the monotonic clock of one boot, and delays that keep their
-length when the machine's wall clock steps (FakeClock.step moves the wall clock only).
-The same with real processes under libfaketime: tests/clocks."""
+"""The one-machine brokers' clocks: leases on the monotonic clock (SQLite: of one boot), and
+on SQLite delays that keep their length when the wall clock steps (FakeClock.step moves the
+wall clock only). The same with real processes under libfaketime: tests/clocks."""
 
 from __future__ import annotations
 
@@ -73,3 +73,20 @@ def test_the_boot_id_is_read_from_the_kernel(tmp_path: Path) -> None:
     (tmp_path / "boot_id").write_text("2f7d\n")
     assert boot_id(tmp_path / "boot_id") == "2f7d"
     assert boot_id(tmp_path / "missing") is None
+
+
+async def test_memory_leases_ignore_a_step_of_the_wall_clock_too() -> None:
+    from durq.brokers.memory import MemoryBroker
+
+    clock = FakeClock()
+    broker = MemoryBroker("clock-step", clock=clock)
+    await broker.connect()
+    try:
+        await broker.enqueue(task("held"))
+        await broker.claim(ClaimParams(["q"], 1, "w", 30))
+        clock.step(120)
+        assert await broker.expired_leases(10) == []
+        clock.advance(31)
+        assert [x.task.id for x in await broker.expired_leases(10)] == ["held"]
+    finally:
+        await broker.close()
