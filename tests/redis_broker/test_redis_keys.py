@@ -107,8 +107,11 @@ def test_each_script_documents_keys_argv_and_return_and_never_scans(name: str) -
     assert text.startswith(f"-- {name}:")
     assert "KEYS[1]" in header and "ARGV[1]" in header and "Returns" in header
     calls = re.findall(r"redis\.call\('([A-Z]+)'", load_scripts()[name].source.decode())
-    # TIME is allowed: Redis replicates a script's effects, so scripts read the server's clock.
     assert calls and not {"KEYS", "SCAN", "FLUSHDB", "FLUSHALL"} & set(calls)
+    # Scripts may read the server's clock (Redis replicates a script's effects), in one place
+    # only: clock() of _lib.lua (a test's injected clock replaces it there).
+    assert "'TIME'" not in text
+    assert (_SCRIPTS / "_lib.lua").read_text().count("redis.call('TIME')") == 1
 
 
 def test_no_key_name_is_built_outside_keys_py() -> None:
