@@ -229,6 +229,10 @@ class ClusterWire:
                 last = rex.ConnectionError(f"{address[0]}:{address[1]} serves no slot yet")
                 continue
             self._slots, self._masters = slots, list(masters)
+            if address not in masters:
+                # A seed that is a replica answered: no connection kept to it (the budget
+                # is one per master).
+                self._wire(address).close()
             return
         raise rex.ConnectionError(f"no node of the Redis Cluster answers: {last}")
 
