@@ -71,7 +71,7 @@ class SQLiteBroker(AdminForwarder):
     hot path here, the inspector in :class:`SQLiteAdmin`, both on one :class:`SQLiteStorage`."""
 
     name = "sqlite"
-    #: Other processes are noticed by polling ``PRAGMA data_version``. E8 joins a caller's
+    #: Other processes wake waiters by datagram; ``PRAGMA data_version`` polling backs it. E8 joins a caller's
     #: ``sqlite3.Connection`` on the same file (see :meth:`enqueue_sync_in`).
     capabilities: frozenset[str] = frozenset(
         {
@@ -522,17 +522,21 @@ class SQLiteBroker(AdminForwarder):
     # ------------------------------------------------------------------ wake-up
 
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
-        """Wait for an enqueue into ``queues``: at once for this process (shared registry),
-        within ``poll_interval`` for other processes (``PRAGMA data_version`` changes).
+        """Wait for an enqueue into ``queues``: at once for this process (shared registry)
+        and for other processes on this machine (a datagram, see ``wakeup.py``); within
+        ``poll_interval`` in any case (``PRAGMA data_version`` changes), should a datagram
+        be lost.
 
         Level-triggered: work announced since this broker's last claim returns at once."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout)
         waiter = Waiter(loop, queues)
         self._s.mailbox.park(waiter)  # before looking: nothing slips between
+        watching = False
         try:
             if self._s.mailbox.take(queues):
                 return True
+            watching = self._s.watch(loop)  # before the data_version look, see watch()
             version = await self._s.call("sqlite.wait_for_work", _data_version)
             if self._s.seen_version is not None and version != self._s.seen_version:
                 self._s.seen_version = version  # another connection committed since we looked
@@ -554,6 +558,8 @@ class SQLiteBroker(AdminForwarder):
                     self._s.seen_version = version
                     return True
         finally:
+            if watching:
+                self._s.unwatch()
             self._s.mailbox.unpark(waiter)
 
     @asynccontextmanager

@@ -27,6 +27,7 @@ from durq.brokers.base import (
     follow_up_from,
     minute_of,
 )
+from durq.brokers.sqlite import wakeup
 from durq.brokers.sqlite.errors import map_error
 from durq.brokers.sqlite.timeline import Timeline
 from durq.brokers.sqlrows import row_to_info
@@ -120,6 +121,13 @@ class SQLiteStorage:
         # data_version when this broker last looked for work (claim or wake-up): a change
         # since then means another connection committed, maybe an enqueue.
         self.seen_version: int | None = None
+        # Other processes: datagrams through the sockets next to the file (see wakeup.py).
+        wake_dir = wakeup.directory_for(self.key)
+        self.listener = wakeup.Listener(wake_dir)
+        self.sender = wakeup.Sender(wake_dir)
+        self._watchers = 0
+        self._watch_loop: asyncio.AbstractEventLoop | None = None
+        self._watch_fd = -1
         self._executor: ThreadPoolExecutor | None = None
         # The sync face may call from several threads: one executor, hence one connection.
         self._executor_lock = threading.Lock()
@@ -286,6 +294,11 @@ class SQLiteStorage:
 
     async def close(self) -> None:
         """Close the connection and stop the database thread (idempotent)."""
+        if self._watch_loop is not None:
+            self._watch_loop.remove_reader(self._watch_fd)
+            self._watchers, self._watch_loop = 0, None
+        self.listener.close()
+        self.sender.close()
         with self._executor_lock:
             executor, self._executor = self._executor, None
         if executor is None:
@@ -303,8 +316,46 @@ class SQLiteStorage:
     # ------------------------------------------------------------------ shared writes
 
     def notify(self, queues: Iterable[str]) -> None:
-        """Wake idle waiters of this process on this file (called after a commit)."""
-        mailbox.notify(self.key, queues)
+        """Wake idle waiters on this file, of this process and of others (after a commit)."""
+        wanted = frozenset(queues)
+        mailbox.notify(self.key, wanted)
+        self.sender.send(wanted)
+
+    # ------------------------------------------------------------------ wake-ups of other processes
+
+    def watch(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """While a ``wait_for_work`` runs on ``loop``: datagrams of other processes post to
+        the mailbox. ``False`` when the channel is unavailable (the poll serves alone).
+        Datagrams that came before are dropped: the caller's ``data_version`` look, made
+        after this, answers for their commits."""
+        if self._watchers:
+            if self._watch_loop is not loop:
+                return False  # another event loop watches: this one polls
+            self._watchers += 1
+            return True
+        sock = self.listener.open()
+        if sock is None:
+            return False
+        self.listener.drain()
+        try:
+            loop.add_reader(sock.fileno(), self._on_datagram)
+        except NotImplementedError:  # an event loop without readers: poll
+            return False
+        self._watchers, self._watch_loop, self._watch_fd = 1, loop, sock.fileno()
+        return True
+
+    def unwatch(self) -> None:
+        if self._watchers == 0:
+            return
+        self._watchers -= 1
+        if self._watchers == 0 and self._watch_loop is not None:
+            self._watch_loop.remove_reader(self._watch_fd)
+            self._watch_loop = None
+
+    def _on_datagram(self) -> None:
+        queues = self.listener.drain()
+        if queues:
+            self.mailbox.post(frozenset(queues))
 
     def ended(self, tasks: Iterable[tuple[str, str]]) -> None:
         """These ``(queue, id)`` ended: wake this process's watches of them (after a commit)."""
