@@ -14,6 +14,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 from durq.brokers import resolve_url
+from durq.errors import ValidationError
+from durq.limits import parse_rate
 
 #: The bound on waits inside a process: anything longer belongs in the task queue.
 IN_MEMORY_WAIT_LIMIT = 2.0
@@ -74,8 +76,11 @@ class Settings:
     #: Circuit breaker: consecutive failures that open it, seconds it stays open.
     breaker_failures: int = 5
     breaker_reset: float = 30.0
-    #: Bulkhead: concurrent calls per partner system.
+    #: Bulkhead: concurrent calls per partner system. For the insurance partner it is a
+    #: durq limit, so it holds across every worker process and machine.
     bulkhead: int = 8
+    #: The insurance partner's rate (``"50/s"``, ``"600/m"``): a durq limit too.
+    partner_rate: str = "50/s"
     #: Health probe cache (seconds).
     health_ttl: float = 5.0
     #: Seconds a write of the orders store waits for the SQLite write lock before the
@@ -113,6 +118,10 @@ class Settings:
                 raise ConfigError(f"{name} must be > 0")
         if self.log_format not in ("text", "json"):
             raise ConfigError("INSURANCE_LOG_FORMAT is text or json")
+        try:
+            parse_rate(self.partner_rate)
+        except ValidationError as exc:
+            raise ConfigError(f"INSURANCE_PARTNER_RATE: {exc}") from None
 
     @property
     def uses_postgres_orders(self) -> bool:
@@ -127,6 +136,7 @@ class Settings:
             "INSURANCE_DATABASE_SCHEMA": self.database_schema,
             "INSURANCE_TOKENS": _pairs(self.tokens),
             "INSURANCE_PARTNER_URL": self.partner_url,
+            "INSURANCE_PARTNER_RATE": self.partner_rate,
             "INSURANCE_WAREHOUSES": _pairs(self.warehouses),
             "INSURANCE_MONOLITH": "1" if self.monolith else "0",
             "INSURANCE_LOG_FORMAT": self.log_format,
@@ -168,6 +178,7 @@ class Settings:
             database_schema=env.get("INSURANCE_DATABASE_SCHEMA", "insurance"),
             tokens=parse_pairs(env.get("INSURANCE_TOKENS", ""), "INSURANCE_TOKENS"),
             partner_url=env.get("INSURANCE_PARTNER_URL", cls.partner_url).rstrip("/"),
+            partner_rate=env.get("INSURANCE_PARTNER_RATE") or cls.partner_rate,
             warehouses=parse_pairs(env.get("INSURANCE_WAREHOUSES", ""), "INSURANCE_WAREHOUSES"),
             monolith=flag("MONOLITH", True),
             **{

@@ -206,6 +206,13 @@ async def coverage_attempt(runtime: Runtime, order: Order) -> str:
     return status.policy_number
 
 
+def partner_limit(settings: Settings) -> durq.Limit:
+    """The insurance partner's bulkhead and rate, as one durq limit."""
+    return durq.Limit(
+        "partner:insurance", concurrency=settings.bulkhead, rate=settings.partner_rate
+    )
+
+
 def register(app: durq.App, runtimes: Runtimes, settings: Settings) -> durq.TaskDef[Any, Any]:
     """Register the coverage task on ``app``."""
     timeout = settings.fanout_timeout + 2 * (settings.call_timeout + settings.in_memory_wait) + 5
@@ -218,6 +225,9 @@ def register(app: durq.App, runtimes: Runtimes, settings: Settings) -> durq.Task
         retry_delay=retry_policy(settings),
         timeout=timeout,
         retention=7 * 24 * 3600,
+        # One attempt makes one call to the insurance partner: its bulkhead and its rate
+        # hold across every worker process and pod, counted by the broker.
+        limit=partner_limit(settings),
     )
     async def check_coverage(payload: CoveragePayload, ctx: durq.TaskContext) -> dict[str, Any]:
         """Poll the insurance partner for one order until it is covered or given up."""

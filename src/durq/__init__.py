@@ -23,6 +23,7 @@ from durq.errors import (
     WaitTimeoutError,
 )
 from durq.groups import Group
+from durq.limits import Limit
 from durq.options import EnqueueRequest
 from durq.states import TaskState
 from durq.task import TaskContext, TaskInfo
@@ -53,6 +54,7 @@ __all__ = [
     "InvalidNameError",
     "InvalidPriorityError",
     "InvalidStateError",
+    "Limit",
     "NotReady",
     "PayloadError",
     "QueueNotFoundError",

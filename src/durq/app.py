@@ -18,6 +18,7 @@ from durq.brokers import FullBroker, open_broker, resolve_url
 from durq.brokers.base import (
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
+    CAP_LIMITS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     EnqueueOutcome,
     EnqueueParams,
@@ -27,6 +28,7 @@ from durq.clock import SYSTEM_CLOCK, Clock
 from durq.codec import DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_RESULT
 from durq.errors import ConfigurationError, ValidationError
 from durq.groups import Group
+from durq.limits import LimitOption, as_limits
 from durq.names import check_queue, check_type
 from durq.options import (
     DEFAULT_MAX_HEADER_BYTES,
@@ -241,6 +243,7 @@ class App:
         unique: Duration | None = None,
         retry_delay: str | backoff.RetryDelay | None = None,
         priority: int = 0,
+        limit: LimitOption = None,
     ) -> TaskDecorator:
         """Register a handler for task ``type``.
 
@@ -249,7 +252,8 @@ class App:
         ``priority``: the default of its tasks (see :meth:`enqueue`).
         ``retry_delay`` is a callable ``(retried, exc) -> seconds`` or a policy name:
         ``"exponential"`` (default, capped, with jitter) or ``"capped_power_of_two"``
-        (``min(2**n, 300)`` s)."""
+        (``min(2**n, 300)`` s). ``limit``: one :class:`durq.Limit` or several, enforced
+        across every worker (an enqueue's ``limit=`` replaces them)."""
         check_type(type)
         keep = durations.seconds(retention)
         defaults = TaskDefaults(
@@ -259,6 +263,7 @@ class App:
             retention=DEFAULT_RETENTION if keep is None else keep,
             unique=durations.seconds(unique),
             priority=check_priority(priority),
+            limits=as_limits(limit),
         )
         policy = backoff.resolve(retry_delay)
 
@@ -443,6 +448,8 @@ class App:
 
     @staticmethod
     def _check_follow_up_queue(broker: FullBroker, params: EnqueueParams) -> None:
+        if params.limits and CAP_LIMITS not in broker.capabilities:
+            raise ConfigurationError(f"the {broker.name} broker does not enforce limits")
         if CAP_CROSS_QUEUE_FOLLOW_UPS in broker.capabilities:
             return
         spec = continuations.spec_of(params.headers)
@@ -478,6 +485,7 @@ class App:
         connection: Any = None,
         webhook: str | None = None,
         then: continuations.Then | str | None = None,
+        limit: LimitOption = None,
     ) -> TaskInfo:
         """Enqueue one task and return its :class:`TaskInfo`.
 
@@ -492,7 +500,8 @@ class App:
         ``webhook``: an http(s) URL that receives the result or final error by signed POST
         (see :mod:`durq.webhooks`); ValidationError for any other URL.
         ``then``: a follow-up task (:class:`durq.Then` or a task type) enqueued atomically
-        with this task's completion (see :mod:`durq.continuations`)."""
+        with this task's completion (see :mod:`durq.continuations`).
+        ``limit``: :class:`durq.Limit` (one or several) for this task instead of its type's."""
         request = self._request(
             type,
             payload,
@@ -509,6 +518,7 @@ class App:
             unique=unique,
             priority=priority,
             then=then,
+            limit=limit,
         )
         return await self.enqueue_request(request, connection=connection)
 

@@ -12,6 +12,7 @@ from durq import groups, lifecycle
 from durq.brokers.base import (
     PAYLOAD_FIELD,
     GroupInfo,
+    LimitStats,
     MinuteCounts,
     QueueStats,
     TaskFilter,
@@ -193,3 +194,9 @@ class Inspector:
     async def list_workers(self) -> list[WorkerInfo]:
         """Live worker processes."""
         return await (await self._admin()).list_workers()
+
+    async def list_limits(self, queue: str | None = None) -> list[LimitStats]:
+        """Flow-control keys (of one queue, or all): running attempts, the limit, tokens
+        left and tasks held back (see :class:`durq.Limit`)."""
+        name = None if queue is None else check_queue(queue)
+        return await (await self._admin()).list_limits(name)

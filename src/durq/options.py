@@ -13,6 +13,7 @@ from durq import codec, durations, names
 from durq.brokers.base import EnqueueParams
 from durq.durations import MAX_DURATION
 from durq.errors import InvalidPriorityError, ValidationError
+from durq.limits import Limit, LimitOption, as_limits, resolve_all
 
 #: The latest moment durq accepts (9999-01-01 UTC): every broker and ``datetime`` hold it.
 MAX_EPOCH = 253_370_764_800.0
@@ -55,6 +56,8 @@ class EnqueueRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     #: A continuation: a :class:`durq.Then` or a task type (see :mod:`durq.continuations`).
     then: Any = None
+    #: Flow-control limits (:class:`durq.Limit`, one or several), replacing the task type's.
+    limit: LimitOption = None
 
 
 #: How long a completed task and its result are kept when no ``retention`` is given: long
@@ -73,6 +76,7 @@ class TaskDefaults:
     retention: float = DEFAULT_RETENTION
     unique: float | None = None
     priority: int = 0
+    limits: tuple[Limit, ...] = ()
 
 
 def new_task_id() -> str:
@@ -194,6 +198,7 @@ def build_params(
     priority = check_priority(defaults.priority if request.priority is None else request.priority)
     payload = codec.encode_payload(payload_json, max_bytes=max_payload)
     headers = check_headers(request.headers, max_header_bytes)
+    limits = defaults.limits if request.limit is None else as_limits(request.limit)
     return EnqueueParams(
         id=task_id,
         queue=queue,
@@ -209,4 +214,5 @@ def build_params(
         unique_ttl=unique or None,
         headers=headers,
         priority=priority,
+        limits=resolve_all(limits, payload_json),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import MISSING, dataclass, field
 from datetime import datetime
 from functools import cached_property
@@ -13,6 +14,51 @@ from durq.states import TaskState
 
 #: Characters of payload and result a list shows per task.
 PREVIEW_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSpec:
+    """One flow-control limit as stored with a task: its resolved key (counted per queue),
+    at most ``concurrency`` attempts running at once, at most ``rate`` starts per ``per``
+    seconds (a token bucket holding up to ``rate`` tokens). Built by :class:`durq.Limit`."""
+
+    key: str
+    concurrency: int | None = None
+    rate: int | None = None
+    per: float | None = None
+
+    def to_json(self) -> list[Any]:
+        """The stored form: ``[key, concurrency, rate, per]``."""
+        return [self.key, self.concurrency, self.rate, self.per]
+
+    @classmethod
+    def from_json(cls, item: Any) -> LimitSpec:
+        """Back from :meth:`to_json`."""
+        key, concurrency, rate, per = item
+        return cls(str(key), concurrency, rate, None if per is None else float(per))
+
+    def describe(self) -> str:
+        """``"3 at once, 20/1s"``: the limit in words."""
+        parts = []
+        if self.concurrency is not None:
+            parts.append(f"{self.concurrency} at once")
+        if self.rate is not None:
+            parts.append(f"{self.rate}/{self.per:g}s")
+        return ", ".join(parts)
+
+
+def limits_to_json(limits: tuple[LimitSpec, ...]) -> str | None:
+    """The stored column of a task's limits; ``None`` when it has none."""
+    if not limits:
+        return None
+    return json.dumps([s.to_json() for s in limits], separators=(",", ":"))
+
+
+def limits_from_json(text: str | bytes | None) -> tuple[LimitSpec, ...]:
+    """A task's limits from their stored column."""
+    if not text:
+        return ()
+    return tuple(LimitSpec.from_json(item) for item in json.loads(text))
 
 
 @dataclass(frozen=True)
@@ -52,6 +98,10 @@ class TaskInfo:
     traceback: str | None = None
     #: Higher is claimed first within the queue (see :data:`durq.options.MAX_PRIORITY`).
     priority: int = 0
+    #: Flow-control limits the task counts against (:class:`durq.Limit`), resolved at enqueue.
+    limits: tuple[LimitSpec, ...] = ()
+    #: The limit key a pending task waits on (its limit was full when a worker looked).
+    held_by: str | None = None
 
     @property
     def max_attempts(self) -> int:
@@ -138,6 +188,11 @@ class TaskInfo:
             "worker_id": self.worker_id,
             "cancel_requested": self.cancel_requested,
             "headers": dict(self.headers),
+            "limits": [
+                {"key": s.key, "concurrency": s.concurrency, "rate": s.rate, "per": s.per}
+                for s in self.limits
+            ],
+            "held_by": self.held_by,
         }
 
 

@@ -293,3 +293,29 @@ def test_group_get_shows_progress_and_task_get_names_the_group(cli: Cli) -> None
     missing = cli("group", "get", "nope")
     assert missing.code == 1 and missing.err_lines == ["error: no group 'nope' in queue 'default'"]
     assert cli("group", "get", "bad:id").code == 2
+
+
+def test_limit_ls_shows_running_waiting_and_tokens(cli: Cli) -> None:
+    assert "no limits counted yet" in cli.ok("limit", "ls").out
+    app = durq.App(cli.url)
+
+    async def fill() -> None:
+        limit = [durq.Limit("partner:{p}", concurrency=1), durq.Limit("api", rate="5/m")]
+        for _ in range(3):
+            await app.enqueue("partner:call", {"p": "acme"}, limit=limit)
+        broker = await app.broker()
+        await broker.claim(ClaimParams(["default"], 10, "w1", 30.0))
+
+    try:
+        app.run_sync(fill)
+    finally:
+        app.close_sync()
+    rows = {r["key"]: r for r in cli.ok("limit", "ls", "--json").json()}
+    assert rows["partner:acme"]["running"] == 1
+    assert rows["partner:acme"]["concurrency"] == 1
+    assert rows["partner:acme"]["waiting"] == 2
+    assert (rows["api"]["rate"], rows["api"]["per"]) == (5, 60.0)
+    assert 3.9 < rows["api"]["tokens"] < 5  # one taken, refilling at 1 per 12 s
+    table = cli.ok("limit", "ls", "--queue", "default").out
+    assert "partner:acme" in table and "1/1" in table and "5/60s" in table
+    assert_one_line_error(cli("limit", "ls", "--queue", "bad queue"), 2, "queue")

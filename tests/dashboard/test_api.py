@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 import durq
+from durq.brokers.base import ClaimParams
 from durq.dashboard import create_dashboard
 from durq.states import TaskState
 
@@ -23,6 +24,32 @@ async def test_queues_and_one_queue(app: durq.App, api: httpx.AsyncClient) -> No
     assert by_name["default"]["paused"] is False
     r = await api.get("/api/queues/low")
     assert r.status_code == 200 and r.json()["size"] == 1
+
+
+async def test_limits(app: durq.App, api: httpx.AsyncClient) -> None:
+    limit = durq.Limit("partner:{p}", concurrency=1)
+    held = [(await app.enqueue("call", {"p": "acme"}, limit=limit)).id for _ in range(2)]
+    broker = await app.broker()
+    await broker.claim(ClaimParams(["default"], 10, "w1", 30.0))
+    r = await api.get("/api/limits")
+    assert r.status_code == 200
+    assert r.json()["limits"] == [
+        {
+            "queue": "default",
+            "key": "partner:acme",
+            "running": 1,
+            "concurrency": 1,
+            "rate": None,
+            "per": None,
+            "tokens": None,
+            "waiting": 1,
+        }
+    ]
+    task = (await api.get(f"/api/queues/default/tasks/{held[1]}")).json()
+    assert task["held_by"] == "partner:acme"
+    assert task["limits"] == [{"key": "partner:acme", "concurrency": 1, "rate": None, "per": None}]
+    r = await api.get("/api/queues/default/tasks", params={"state": "pending"})
+    assert [t["held_by"] for t in r.json()["tasks"]] == ["partner:acme"]
 
 
 async def test_tasks_paginated(app: durq.App, api: httpx.AsyncClient) -> None:

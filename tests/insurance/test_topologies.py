@@ -51,6 +51,25 @@ def test_split_api_and_durq_worker_cli(
     assert service.wait_status(location, "COVERED", timeout=20)["policy_number"]
 
 
+def test_partner_bulkhead_holds_across_worker_processes(
+    start_service: Any, settings: Settings, sim: Sim, split_worker: Any
+) -> None:
+    """Two worker processes of 10 slots each, a bulkhead of 2: the partner never sees more
+    than 2 calls at once, because the limit is counted by the broker, not per process."""
+    split = settings.with_(monolith=False, bulkhead=2, warehouses={})
+    service: Service = start_service(split)
+    sim.configure(latency=0.1, pending_polls=0)
+    sim.http.post("/_sim/reset").raise_for_status()
+    locations = [service.alice.post("/orders", json=ITEMS).headers["Location"] for _ in range(8)]
+    for _ in range(2):
+        split_worker([sys.executable, "-m", "examples.insurance.worker"], split)
+    for location in locations:
+        service.wait_status(location, "COVERED", timeout=30)
+    stats = sim.stats()
+    assert stats["calls"] >= 16
+    assert stats["max_in_flight"] == 2
+
+
 # -- PostgreSQL: the order and its task in one transaction ---------------------------------
 
 

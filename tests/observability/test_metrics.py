@@ -9,6 +9,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 import durq
+from durq.brokers.base import ClaimParams
 from durq.observability import metrics
 
 
@@ -100,6 +101,22 @@ async def test_queue_collector_is_cached(app: durq.App) -> None:
     assert got[("durq_queue_size", (("queue", "low"), ("state", "scheduled")))] == 1
     assert got[("durq_queue_paused", (("queue", "low"),))] == 0
     assert ("durq_queue_oldest_pending_age_seconds", (("queue", "default"),)) in got
+
+
+async def test_limit_gauges(app: durq.App) -> None:
+    collector = metrics.QueueCollector(app, ttl=0)
+    limit = durq.Limit("partner:{p}", concurrency=2, rate="10/s")
+    for _ in range(3):
+        await app.enqueue("a:b", {"p": "acme"}, limit=limit)
+    broker = await app.broker()
+    await broker.claim(ClaimParams(["default"], 10, "w1", 30.0))
+    await collector.refresh()
+    got = samples(metrics.exposition(collector.registry)[0].decode())
+    key = (("key", "partner:acme"), ("queue", "default"))
+    assert got[("durq_limit_running", key)] == 2
+    assert got[("durq_limit_concurrency", key)] == 2
+    assert got[("durq_limit_waiting", key)] == 1
+    assert 7.9 < got[("durq_limit_tokens", key)] <= 10
 
 
 async def test_metrics_server_serves_metrics_and_probes(app: durq.App) -> None:

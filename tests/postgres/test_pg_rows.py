@@ -24,10 +24,11 @@ def task(task_id: str, **options: object) -> EnqueueParams:
 
 
 def test_claim_returns_the_columns_claimed_info_reads() -> None:
-    text = QUERIES["claim"]
-    returning = text[text.rindex("RETURNING") + len("RETURNING") :]
-    columns = [re.sub(r"::\w+$", "", c.strip()).removeprefix("t.") for c in returning.split(",")]
+    text = QUERIES["claimed_columns"]
+    columns = [re.sub(r"::\w+$", "", c.strip()).removeprefix("t.") for c in text.split(",")]
     assert tuple(columns) == CLAIM_COLUMNS
+    for name in ("claim", "claim_limited_write"):
+        assert "RETURNING {claimed_columns}" in QUERIES[name]
 
 
 async def test_enqueue_answers_what_the_row_holds(pg: PostgresBroker, clock: FakeClock) -> None:

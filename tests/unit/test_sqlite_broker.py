@@ -150,8 +150,9 @@ def test_claim_uses_the_partial_index() -> None:
     for migration in MIGRATIONS:
         for statement in split_statements(migration.sql):
             conn.execute(statement)
-    names = dict.fromkeys(re.findall(r":([a-z_]+)", Q["claim"]))
-    plan = " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {Q['claim']}", names))
+    query = Q["claim_candidates"]
+    names = dict.fromkeys(re.findall(r":([a-z_]+)", query))
+    plan = " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {query}", names))
     assert "durq_tasks_claimable" in plan
     assert "TEMP B-TREE" not in plan  # the index order is the claim order
     # The claim's first step finds due scheduled/retry rows by range, not by a table scan.

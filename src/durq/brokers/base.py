@@ -14,6 +14,9 @@ Contract notes that every backend honours (the conformance suite checks each):
   ``claim`` or forward them in ``promote_due``. Claim order within a queue: ``priority``
   (higher first), then ``next_process_at``, then enqueue order. A task keeps its priority
   through retries, rescues and requeues. Paused queues give nothing.
+* Every move of an active task out of it (complete, retry, archive, requeue, and the
+  rescuer's ``move_leases``) gives back the running slot of each of its limit keys, in the
+  same atomic step, and wakes the queue's workers when tasks are held on such a key.
 * Every mutation of an active task names its :class:`LeaseRef`; the backend changes the task
   only if it is still active *with that token* (fencing) and answers ``False`` otherwise.
 * A completed task whose retention has passed counts as gone for ``task_id`` conflicts even
@@ -45,7 +48,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -53,7 +56,7 @@ from typing import Any, Protocol, runtime_checkable
 from durq.clock import Clock
 from durq.errors import DuplicateTaskError, TaskIDConflictError
 from durq.states import TaskState
-from durq.task import TaskInfo
+from durq.task import LimitSpec, TaskInfo
 
 # Capability names a backend may declare; conformance tests that need one skip by name.
 #: ``enqueue(..., connection=)`` joins the caller's open transaction.
@@ -74,6 +77,9 @@ CAP_CROSS_QUEUE_FOLLOW_UPS = "cross_queue_follow_ups"
 CAP_CROSS_QUEUE_GROUPS = "cross_queue_groups"
 #: Brokers in other processes (workers, the CLI) see the same tasks. All but ``memory://``.
 CAP_MULTI_PROCESS = "multi_process"
+#: The claim enforces the flow-control limits tasks carry (``EnqueueParams.limits``); a
+#: task with limits is refused at enqueue by a broker without it.
+CAP_LIMITS = "limits"
 
 #: A claim first moves up to this many (or ``limit``, if more) due scheduled/retry tasks of
 #: each queue to pending, then takes pending tasks in priority order: so tasks that fall due
@@ -103,6 +109,8 @@ class EnqueueParams:
     #: Higher is claimed first within the queue (checked by the client against the bounds
     #: in :mod:`durq.options`; the SQL brokers also CHECK them).
     priority: int = 0
+    #: Flow-control limits the claim enforces (resolved keys; counted per queue).
+    limits: tuple[LimitSpec, ...] = ()
     #: A delay in seconds (``process_in``): scheduled until the broker's clock, read in the
     #: same statement or script that stores the task, plus this. Wins over ``process_at``.
     process_in: float | None = None
@@ -301,6 +309,18 @@ class Lease:
     @property
     def ref(self) -> LeaseRef:
         return LeaseRef(self.task.queue, self.task.id, self.token)
+
+
+class Claimed(list[Lease]):
+    """What :meth:`Broker.claim` returns: the leases, in claim order, and ``wake_at``, the
+    broker time at which a task held back by a rate limit may be taken (``None``: no such
+    task, or a running attempt must end first, and its end wakes the workers)."""
+
+    wake_at: float | None = None
+
+    def __init__(self, leases: Iterable[Lease] = (), wake_at: float | None = None) -> None:
+        super().__init__(leases)
+        self.wake_at = wake_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -557,6 +577,36 @@ class QueueStats:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class LimitStats:
+    """One flow-control key of a queue as the inspector shows it."""
+
+    queue: str
+    key: str
+    #: Attempts of the key running now (leases held).
+    running: int
+    #: The limit the last task of the key carried.
+    concurrency: int | None
+    rate: int | None
+    per: float | None
+    #: Tokens in the bucket now (``None`` without a rate).
+    tokens: float | None
+    #: Pending tasks held back on this key.
+    waiting: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "key": self.key,
+            "running": self.running,
+            "concurrency": self.concurrency,
+            "rate": self.rate,
+            "per": self.per,
+            "tokens": None if self.tokens is None else round(self.tokens, 3),
+            "waiting": self.waiting,
+        }
+
+
 class EndWatch(Protocol):
     """A subscription to the end of one task (see :meth:`Broker.watch_end`)."""
 
@@ -608,7 +658,14 @@ class Broker(Protocol):
 
     async def claim(self, params: ClaimParams) -> list[Lease]:
         """Lease up to ``params.limit`` claimable tasks (state active, new fencing token,
-        ``lease_expires_at = now + lease_seconds``). Never hands one task to two callers."""
+        ``lease_expires_at = now + lease_seconds``). Never hands one task to two callers.
+
+        Flow control, atomically with the lease: a task is taken only if each of its
+        ``limits`` has room (running < concurrency, a token in the bucket), and counts one
+        running and one token on each; a task without room is held (stays pending, out of
+        the claimable set) and the claim goes on with the next task. Held tasks come back
+        in a later claim once their key has room. May return :class:`Claimed` to say when
+        a token comes for a held task."""
 
     async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
         """Heartbeat: push the expiry of every held lease; report lost ones and cancel asks."""
@@ -741,6 +798,10 @@ class Admin(Protocol):
     async def list_workers(self) -> list[WorkerInfo]:
         """Worker processes that sent a heartbeat recently."""
 
+    async def list_limits(self, queue: str | None = None) -> list[LimitStats]:
+        """Flow-control keys (of one queue, or all) that a claim has counted, by queue and
+        key: running attempts, the limit, tokens left, tasks held back."""
+
 
 class FullBroker(Broker, Admin, Protocol):
     """What a backend class implements: both seams."""
@@ -806,3 +867,7 @@ class AdminForwarder:
     async def list_workers(self) -> list[WorkerInfo]:
         """See :meth:`Admin.list_workers`."""
         return await self.admin.list_workers()
+
+    async def list_limits(self, queue: str | None = None) -> list[LimitStats]:
+        """See :meth:`Admin.list_limits`."""
+        return await self.admin.list_limits(queue)

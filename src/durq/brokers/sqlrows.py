@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from durq.clock import to_datetime
 from durq.states import TaskState
-from durq.task import TaskInfo, make_info
+from durq.task import LimitSpec, TaskInfo, limits_from_json, make_info
 
 
 def headers_of(raw: Any) -> dict[str, str]:
@@ -29,6 +29,7 @@ class TaskRow(Protocol):
 def row_to_info(row: TaskRow) -> TaskInfo:
     """A whole task row (``SELECT *``; a ``sqlite3.Row`` or a psycopg dict row)."""
     result, timeout = row["result"], row["timeout"]
+    keys = row.keys()
     return make_info(
         id=row["id"],
         queue=row["queue"],
@@ -52,6 +53,15 @@ def row_to_info(row: TaskRow) -> TaskInfo:
         worker_id=row["worker_id"],
         cancel_requested=bool(row["cancel_requested"]),
         # Statements that return chosen columns leave the (possibly long) traceback out.
-        traceback=row["traceback"] if "traceback" in row.keys() else None,
+        traceback=row["traceback"] if "traceback" in keys else None,
         priority=row["priority"],
+        limits=limits_of(row["limits"]) if "limits" in keys else (),
+        held_by=row["held_by"] if "held_by" in keys else None,
     )
+
+
+def limits_of(raw: Any) -> tuple[LimitSpec, ...]:
+    """The limits column: JSON text (SQLite, a claim's ``::text``) or decoded ``jsonb``."""
+    if raw is None:
+        return ()
+    return limits_from_json(raw if isinstance(raw, str) else json.dumps(raw))

@@ -20,6 +20,7 @@ from durq.cli import (
     demo,
     enqueue,
     group,
+    limit,
     migrate,
     queue,
     scheduler,
@@ -53,6 +54,7 @@ task.register(app)
 group.register(app)
 queue.register(app)
 workers.register(app)
+limit.register(app)
 migrate.register(app)
 demo.register(app)
 bench.register(app)

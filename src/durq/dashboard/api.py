@@ -320,6 +320,13 @@ class AdminAPI:
                 responses=COMMON,
             ),
             route(
+                "/api/limits",
+                self.list_limits,
+                "GET",
+                "Flow-control keys: running, limit, tokens left, tasks waiting",
+                responses=COMMON,
+            ),
+            route(
                 "/api/history",
                 self.history,
                 "GET",
@@ -463,6 +470,10 @@ class AdminAPI:
     async def list_workers(self) -> models.WorkerList:
         workers = await self.inspector.list_workers()
         return models.WorkerList.model_validate({"workers": [worker_json(w) for w in workers]})
+
+    async def list_limits(self, queue: str | None = None) -> models.LimitList:
+        limits = await self.inspector.list_limits(queue)
+        return models.LimitList.model_validate({"limits": [s.to_dict() for s in limits]})
 
     async def history(self) -> models.History:
         return models.History.model_validate(await self.dash.history.series())

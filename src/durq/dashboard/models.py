@@ -57,6 +57,15 @@ class QueueList(_Model):
     queues: list[Queue]
 
 
+class TaskLimit(_Model):
+    """One flow-control limit a task counts against."""
+
+    key: str
+    concurrency: int | None
+    rate: int | None = Field(description="Starts allowed per `per` seconds")
+    per: float | None
+
+
 class _TaskFields(_Model):
     id: str
     queue: str
@@ -78,6 +87,10 @@ class _TaskFields(_Model):
     lost: int
     worker_id: str | None
     cancel_requested: bool = Field(description="An active task asked to cancel")
+    limits: list[TaskLimit] = Field(default_factory=list)
+    held_by: str | None = Field(
+        default=None, description="The limit key a pending task waits on (no room when looked at)"
+    )
 
 
 class GroupRef(_Model):
@@ -234,6 +247,23 @@ class Worker(_Model):
 
 class WorkerList(_Model):
     workers: list[Worker]
+
+
+class Limit(_Model):
+    """One flow-control key of a queue."""
+
+    queue: str
+    key: str
+    running: int = Field(description="Attempts of the key running now")
+    concurrency: int | None = Field(description="At most this many at once")
+    rate: int | None = Field(description="At most this many starts per `per` seconds")
+    per: float | None
+    tokens: float | None = Field(description="Starts the rate allows right now")
+    waiting: int = Field(description="Pending tasks held back on this key")
+
+
+class LimitList(_Model):
+    limits: list[Limit]
 
 
 class HistoryPoint(_Model):

@@ -178,6 +178,7 @@ class QueueCollector(Collector):
         self._monotonic = monotonic
         self._fetched_at: float | None = None
         self._queues: list[Any] = []
+        self._limits: list[Any] = []
         self._up = 0
         self._lock: asyncio.Lock | None = None
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -195,6 +196,7 @@ class QueueCollector(Collector):
                 return
             try:
                 self._queues = await self.app.inspector.list_queues()
+                self._limits = await self.app.inspector.list_limits()
                 self._up = 1
             except DurqError as exc:
                 log.warning("metrics: cannot read queues: %s", exc)
@@ -214,6 +216,29 @@ class QueueCollector(Collector):
             "durq_queue_paused", "1 when the queue is paused.", labels=["queue"]
         )
         up = GaugeMetricFamily("durq_broker_up", "1 when the last read of the queues succeeded.")
+        labels = ["queue", "key"]
+        running = GaugeMetricFamily(
+            "durq_limit_running", "Attempts of a limit key running now.", labels=labels
+        )
+        concurrency = GaugeMetricFamily(
+            "durq_limit_concurrency",
+            "A limit key's concurrency (at most this many at once).",
+            labels=labels,
+        )
+        tokens = GaugeMetricFamily(
+            "durq_limit_tokens", "Starts a limit key's rate allows right now.", labels=labels
+        )
+        waiting = GaugeMetricFamily(
+            "durq_limit_waiting", "Pending tasks held back on a limit key.", labels=labels
+        )
+        for lim in self._limits:
+            key = [lim.queue, lim.key]
+            running.add_metric(key, lim.running)
+            waiting.add_metric(key, lim.waiting)
+            if lim.concurrency is not None:
+                concurrency.add_metric(key, lim.concurrency)
+            if lim.tokens is not None:
+                tokens.add_metric(key, lim.tokens)
         for q in self._queues:
             for state in TaskState:
                 size.add_metric([q.name, state.value], q.sizes.get(state, 0))
@@ -223,6 +248,10 @@ class QueueCollector(Collector):
         yield size
         yield age
         yield paused
+        yield running
+        yield concurrency
+        yield tokens
+        yield waiting
         yield up
 
 

@@ -10,7 +10,7 @@ import logging
 import random
 from collections.abc import Mapping
 
-from durq.brokers.base import Broker, ClaimParams
+from durq.brokers.base import Broker, Claimed, ClaimParams
 from durq.errors import BrokerUnavailableError
 from durq.worker.executor import Executor
 
@@ -102,10 +102,15 @@ class Fetcher:
             for lease in leases:
                 self.executor.submit(lease)
             if len(leases) < free and not self._stop.is_set():
-                await self._wait_for_work(order)
+                timeout = self.poll_interval
+                if isinstance(leases, Claimed) and leases.wake_at is not None:
+                    # A task held by a rate limit: look again when its token comes.
+                    until = leases.wake_at - self.broker.clock.now()
+                    timeout = min(timeout, max(0.001, until))
+                await self._wait_for_work(order, timeout)
 
-    async def _wait_for_work(self, queues: list[str]) -> None:
-        waiter = asyncio.ensure_future(self.broker.wait_for_work(queues, self.poll_interval))
+    async def _wait_for_work(self, queues: list[str], timeout: float) -> None:
+        waiter = asyncio.ensure_future(self.broker.wait_for_work(queues, timeout))
         stopper = asyncio.ensure_future(self._stop.wait())
         try:
             await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from durq.brokers.base import (
     GroupInfo,
+    LimitStats,
     MinuteCounts,
     QueueStats,
     TaskMove,
@@ -35,6 +36,18 @@ class MemoryAdmin:
             since = self._clock.now() - WORKER_TTL
             live = [w for w in self._store.workers.values() if w.last_heartbeat > since]
         return sorted(live, key=lambda w: (w.started_at, w.id))
+
+    async def list_limits(self, queue: str | None = None) -> list[LimitStats]:
+        """Flow-control keys by queue and key."""
+        with self._store.lock:
+            now = self._clock.now()
+            names = sorted(self._store.queues) if queue is None else [queue]
+            return [
+                stats
+                for name in names
+                if name in self._store.queues
+                for stats in self._store.queues[name].limit_stats(now)
+            ]
 
     def _stats(self, name: str, now: float) -> QueueStats:
         store = self._store

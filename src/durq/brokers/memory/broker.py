@@ -13,13 +13,16 @@ from contextlib import asynccontextmanager
 from typing import Any, Self
 from urllib.parse import urlsplit
 
+from durq.brokers import limiter
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
+    CAP_LIMITS,
     MINUTE_COUNTS_KEEP,
     AdminForwarder,
     ArchiveParams,
+    Claimed,
     ClaimParams,
     CompleteParams,
     EndWatch,
@@ -55,7 +58,7 @@ class MemoryBroker(AdminForwarder):
 
     name = "memory"
     capabilities: frozenset[str] = frozenset(
-        {CAP_ATOMIC_FOLLOW_UPS, CAP_CROSS_QUEUE_FOLLOW_UPS, CAP_CROSS_QUEUE_GROUPS}
+        {CAP_ATOMIC_FOLLOW_UPS, CAP_CROSS_QUEUE_FOLLOW_UPS, CAP_CROSS_QUEUE_GROUPS, CAP_LIMITS}
     )
 
     def __init__(self, name: str = "", *, clock: Clock = SYSTEM_CLOCK) -> None:
@@ -149,20 +152,35 @@ class MemoryBroker(AdminForwarder):
         queues = list(dict.fromkeys(params.queues))
         self._mailbox.take(queues)  # notifications so far are answered by this claim
         store = self._store
-        leases: list[Lease] = []
+        leases = Claimed()
         with store.lock:
             now = self._clock.now()
             for name in queues:
                 queue = store.queues.get(name)
                 if queue is None or queue.paused:
                     continue
+                if queue.counters:
+                    queue.let_back(now)
                 due = [row for row in queue.waiting.values() if row.next_process_at <= now]
                 due.sort(key=Row.claim_order)
-                for row in due[: params.limit - len(leases)]:
+                for row in due:
+                    if len(leases) >= params.limit:
+                        break
+                    if row.limits:
+                        full = limiter.blocking(row.limits, queue.counters, now)
+                        if full is not None:
+                            queue.hold(row, full)  # no head-of-line blocking: skip it
+                            continue
+                        for spec in row.limits:
+                            limiter.take(spec, queue.counters[spec.key], now)
                     token = store.lease(
                         row, now, self._clock.monotonic(), params.lease_seconds, params.worker_id
                     )
                     leases.append(Lease(row.info(), token))
+                if queue.counters:
+                    wake_at = queue.wake_at(now)
+                    if wake_at is not None and (leases.wake_at is None or wake_at < leases.wake_at):
+                        leases.wake_at = wake_at
                 if len(leases) >= params.limit:
                     break
         if len(leases) >= params.limit:
@@ -195,6 +213,8 @@ class MemoryBroker(AdminForwarder):
         row = self._held(p.lease)
         if row is None:
             return False
+        if row.limits and store.queues[row.queue].release(row):
+            woken.add(row.queue)
         if p.retention > 0:
             store.move(row, C)
             row.completed_at = now
@@ -233,6 +253,8 @@ class MemoryBroker(AdminForwarder):
             return False
         if p.expired_by is not None and not row.lease_expired(self._clock.monotonic()):
             return False
+        if row.limits and store.queues[row.queue].release(row):
+            woken.add(row.queue)
         count = not isinstance(p, ArchiveParams) or p.count_attempt
         row.retried += int(count)
         row.lost += int(p.lost)
@@ -278,6 +300,8 @@ class MemoryBroker(AdminForwarder):
             row = self._held(lease)
             if row is None:
                 return False
+            if row.limits:
+                store.queues[row.queue].release(row)
             store.move(row, P)
             row.next_process_at = self._clock.now()
             row.end_lease()

@@ -13,12 +13,13 @@ import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
-from durq.brokers import mailbox
+from durq.brokers import limiter, mailbox
 from durq.brokers.base import (
     EnqueueParams,
     GroupInfo,
     GroupMemberInfo,
     GroupParams,
+    LimitStats,
     WorkerInfo,
     fan_in_payload,
     minute_of,
@@ -27,7 +28,7 @@ from durq.brokers.mailbox import Mailbox, Watches
 from durq.clock import to_datetime, utc_day
 from durq.errors import DuplicateTaskError, TaskIDConflictError
 from durq.states import TaskState
-from durq.task import TaskInfo, make_info
+from durq.task import LimitSpec, TaskInfo, make_info
 
 P, S, A, R, X, C = (
     TaskState.PENDING,
@@ -76,6 +77,9 @@ class Row:
     unique_key: str | None = None
     unique_until: float | None = None
     priority: int = 0
+    limits: tuple[LimitSpec, ...] = ()
+    #: The limit key this waiting task is held on (out of ``Queue.waiting`` meanwhile).
+    held: str | None = None
 
     def info(self) -> TaskInfo:
         return make_info(
@@ -102,6 +106,8 @@ class Row:
             cancel_requested=self.cancel_requested,
             traceback=self.traceback,
             priority=self.priority,
+            limits=self.limits,
+            held_by=self.held,
         )
 
     def gone(self, now: float) -> bool:
@@ -168,6 +174,67 @@ class Queue:
     paused: bool = False
     #: Tasks of the queue that a claim may take once due (pending, scheduled, retry).
     waiting: dict[str, Row] = field(default_factory=dict)
+    #: Flow-control keys of the queue, and the waiting tasks held on each.
+    counters: dict[str, limiter.Counter] = field(default_factory=dict)
+    held: dict[str, dict[str, Row]] = field(default_factory=dict)
+
+    def hold(self, row: Row, key: str) -> None:
+        """Take a waiting task out of the claimable set until ``key`` has room."""
+        self.waiting.pop(row.id, None)
+        self.held.setdefault(key, {})[row.id] = row
+        row.held = key
+        self.counters[key].waiting = True
+
+    def unhold(self, row: Row) -> None:
+        if row.held is None:
+            return
+        rows = self.held.get(row.held)
+        if rows is not None:
+            rows.pop(row.id, None)
+            if not rows:
+                del self.held[row.held]
+        row.held = None
+        if row.state in WAITING:
+            self.waiting[row.id] = row
+
+    def let_back(self, now: float) -> None:
+        """Held tasks of keys that have room again go back to the claimable set, oldest
+        first, as many as there is room."""
+        for key, counter in self.counters.items():
+            if not counter.waiting:
+                continue
+            rows = sorted(self.held.get(key, {}).values(), key=lambda r: (r.next_process_at, r.seq))
+            room = counter.room(now)
+            for row in rows[:room]:
+                self.unhold(row)
+            if room >= len(rows):
+                counter.waiting = False
+
+    def wake_at(self, now: float) -> float | None:
+        """When a token comes for a key with held tasks (the claim's ``wake_at``)."""
+        times = [
+            t
+            for c in self.counters.values()
+            if c.waiting and (t := c.next_room_at(now)) is not None
+        ]
+        return min(times, default=None)
+
+    def release(self, row: Row) -> bool:
+        """An attempt of ``row`` ended: give back its running slots; whether tasks are
+        held on one of its keys (the queue's workers should look again)."""
+        wake = False
+        for spec in row.limits:
+            counter = self.counters.get(spec.key)
+            if counter is not None:
+                counter.running = max(0, counter.running - 1)
+                wake = wake or counter.waiting
+        return wake
+
+    def limit_stats(self, now: float) -> list[LimitStats]:
+        return [
+            c.stats(self.name, key, len(self.held.get(key, ())), now)
+            for key, c in sorted(self.counters.items())
+        ]
 
 
 class Store:
@@ -223,7 +290,9 @@ class Store:
 
     def move(self, row: Row, state: TaskState) -> None:
         """Change a row's state, keeping the queue's index of waiting rows right."""
-        waiting = self.queues[row.queue].waiting
+        queue = self.queues[row.queue]
+        queue.unhold(row)
+        waiting = queue.waiting
         if state in WAITING:
             waiting[row.id] = row
         else:
@@ -239,7 +308,9 @@ class Store:
 
     def delete(self, row: Row) -> None:
         self.release_unique(row)
-        self.queues[row.queue].waiting.pop(row.id, None)
+        queue = self.queues[row.queue]
+        queue.unhold(row)
+        queue.waiting.pop(row.id, None)
         del self.tasks[(row.queue, row.id)]
 
     def insert(self, p: EnqueueParams, now: float) -> Row:
@@ -282,6 +353,7 @@ class Store:
             retention=p.retention,
             headers=dict(p.headers),
             priority=p.priority,
+            limits=p.limits,
         )
         if p.unique_key is not None:
             row.unique_key = p.unique_key

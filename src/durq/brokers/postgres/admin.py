@@ -8,6 +8,7 @@ from typing import Any
 from durq.brokers.base import (
     EnqueueOutcome,
     GroupInfo,
+    LimitStats,
     MinuteCounts,
     QueueStats,
     TaskMove,
@@ -16,6 +17,7 @@ from durq.brokers.base import (
     WorkerInfo,
     first_counted_minute,
 )
+from durq.brokers.limiter import stored
 from durq.brokers.postgres.rows import Row
 from durq.brokers.postgres.storage import AsyncConn, PostgresStorage
 from durq.brokers.sqlfiles import group_info
@@ -219,6 +221,12 @@ class PostgresAdmin:
     async def unpause_queue(self, queue: str) -> None:
         """Resume handing out tasks of ``queue``."""
         await self._set_paused("unpause_queue", queue, False)
+
+    async def list_limits(self, queue: str | None = None) -> list[LimitStats]:
+        """Flow-control keys by queue and key (W13)."""
+        rows = await self._s.fetch("list_limits", "list_limits", {"queue": queue})
+        now = self._s.now()
+        return [stored(r).stats(r["queue"], r["key"], r["held_count"], now) for r in rows]
 
     async def list_workers(self) -> list[WorkerInfo]:
         """Worker processes that sent a heartbeat recently."""

@@ -4,21 +4,25 @@ enqueue inside the caller's transaction (E8). See docs/brokers/postgresql.md."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
-from psycopg.rows import tuple_row
+from psycopg.rows import dict_row, tuple_row
 
+from durq.brokers import limiter
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
+    CAP_LIMITS,
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
@@ -26,6 +30,7 @@ from durq.brokers.base import (
     MINUTE_COUNTS_KEEP,
     AdminForwarder,
     ArchiveParams,
+    Claimed,
     ClaimParams,
     CompleteParams,
     EndWatch,
@@ -43,6 +48,7 @@ from durq.brokers.base import (
 from durq.brokers.mailbox import end_key
 from durq.brokers.postgres.admin import PostgresAdmin
 from durq.brokers.postgres.rows import (
+    CLAIM_LIMITED,
     CLAIM_NEXT_AT,
     CLAIM_PRIORITY,
     CLAIM_QUEUE,
@@ -64,7 +70,7 @@ from durq.brokers.postgres.wakeup import EndListener, Listener
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock, to_datetime, utc_day
 from durq.errors import ConfigurationError
-from durq.task import TaskInfo
+from durq.task import LimitSpec, TaskInfo, limits_from_json
 
 log = logging.getLogger("durq.brokers.postgres")
 
@@ -91,6 +97,7 @@ class PostgresBroker(AdminForwarder):
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_CROSS_QUEUE_GROUPS,
             CAP_SYNC_CONNECTION_ENQUEUE,
+            CAP_LIMITS,
         }
     )
 
@@ -130,6 +137,7 @@ class PostgresBroker(AdminForwarder):
         # When each queue was last claimed from (monotonic): a wake-up that arrives between a
         # short claim and the next wait makes that wait return at once (level-triggered).
         self._claim_marks: dict[str, float] = {}
+        self._limit_lock = limit_lock_id(self._s.schema)
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> PostgresBroker:
@@ -276,8 +284,12 @@ class PostgresBroker(AdminForwarder):
                 },
             )
             rows = await cur.fetchall()
-        if not rows:
-            return []
+        limited = bool(rows and rows[0][CLAIM_LIMITED])
+        rows = [r for r in rows if r[0] is not None]  # one row of NULLs: nothing leased
+        if limited and len(rows) < params.limit:
+            wake_at = await self._claim_limited(queues, params, rows)
+        else:
+            wake_at = None
         if len(rows) > 1:
             # UPDATE … RETURNING has no order: restore queue order, then the claim order.
             order = {q: i for i, q in enumerate(queues)}
@@ -289,14 +301,58 @@ class PostgresBroker(AdminForwarder):
                     r[CLAIM_SEQ],
                 )
             )
-        # One claim statement: every row has the same start and lease expiry, read by the server.
-        started = to_datetime(rows[0][CLAIM_STARTED])
-        expires = to_datetime(rows[0][CLAIM_UNTIL])
+        # Start and lease expiry as the server read them (a claim of limited tasks is a
+        # statement of its own, with its own).
         worker = params.worker_id
-        return [
-            Lease(task=claimed_info(r, started, expires, worker), token=r[CLAIM_TOKEN])
-            for r in rows
-        ]
+        return Claimed(
+            (
+                Lease(
+                    task=claimed_info(
+                        r, to_datetime(r[CLAIM_STARTED]), to_datetime(r[CLAIM_UNTIL]), worker
+                    ),
+                    token=r[CLAIM_TOKEN],
+                )
+                for r in rows
+            ),
+            wake_at,
+        )
+
+    async def _claim_limited(
+        self, queues: list[str], params: ClaimParams, out: list[tuple[Any, ...]]
+    ) -> float | None:
+        """W13: lease due tasks with limits into ``out`` (up to ``params.limit``), counting
+        their keys, holding those without room; let held tasks back where there is room.
+
+        One transaction per round, claims with limits taking turns (an advisory lock):
+        counters are locked in key order, as outcomes lock them. A round that held tasks
+        looks again, since held tasks left the index. Returns when a token comes for a
+        held task (the claim's ``wake_at``)."""
+        q = self._s.q
+        wake_at: float | None = None
+        for _ in range(_LIMITED_ROUNDS):
+            want = params.limit - len(out)
+            async with self._s.connection("claim") as conn:
+                try:
+                    async with conn.transaction():
+                        # The broker's clock, read once: one moment for the whole round.
+                        cur = await conn.execute(
+                            q["claim_limited_lock"],
+                            {"lock": self._limit_lock, "now": self._s.sql_now()},
+                        )
+                        row = await cur.fetchone()
+                        assert row is not None
+                        now = float(row["now"])
+                        batch = await _LimitRound.run(conn, q, queues, want, now)
+                        rows = await batch.write(conn, q, params.lease_seconds, params.worker_id)
+                except psycopg.errors.DeadlockDetected:
+                    # With a rescuer's batch of outcomes: give up this round, not the claim.
+                    log.debug("claim of limited tasks met a deadlock; trying again later")
+                    return wake_at
+            out.extend(rows)
+            wake_at = batch.wake_at()
+            if not batch.held or not batch.full or len(out) >= params.limit:
+                break
+        return wake_at
 
     async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
         """Heartbeat: push the expiry of every held lease; report lost ones and cancel asks."""
@@ -368,6 +424,7 @@ class PostgresBroker(AdminForwarder):
             )
         else:
             rows = await self._s.fetch("complete", "complete", params)
+        self._wake(r["queue"] for r in rows if r["wake"])
         done = {(r["queue"], r["id"]) for r in rows}
         self._s.ended(done)
         answers: list[bool] = []
@@ -403,6 +460,7 @@ class PostgresBroker(AdminForwarder):
             return []
         now = self._s.now()
         done: list[bool] = []
+        woken: set[str] = set()
         created: list[EnqueueOutcome] = []
         async with self._s.connection("move_leases") as conn, conn.transaction():
             for p in moves:
@@ -411,6 +469,8 @@ class PostgresBroker(AdminForwarder):
                 row = await cur.fetchone()
                 held = bool(row and row["n"])
                 done.append(held)
+                if held and row and row["wake"]:
+                    woken.add(p.lease.queue)
                 if held and isinstance(p, ArchiveParams) and p.follow_ups:
                     created += await self._s.drive(conn, self._s.plan(p.follow_ups, None))
                 if held and isinstance(p, ArchiveParams) and p.group is not None:
@@ -418,11 +478,23 @@ class PostgresBroker(AdminForwarder):
                     created += await self._s.finish_members(conn, finished)
         self._s.notify_created(created)
         self._s.ended(ended_by(moves, done))
+        self._wake(woken)
         return done
+
+    def _wake(self, queues: Iterable[str]) -> None:
+        """Wake the workers of queues where an ended attempt freed a key tasks wait on."""
+        wanted = set(queues)
+        if wanted:
+            self._s.notifier.add(wanted)
 
     async def retry(self, params: RetryParams) -> bool:
         """Schedule the next attempt; ``False`` if the lease is no longer held."""
         row = await self._s.fetch_one("retry", *self._lease_move(params, self._s.now()))
+        return self._moved(row, params.lease.queue)
+
+    def _moved(self, row: Row | None, queue: str) -> bool:
+        if row and row["n"] and row["wake"]:
+            self._wake([queue])
         return bool(row and row["n"])
 
     async def archive(self, params: ArchiveParams) -> bool:
@@ -433,8 +505,7 @@ class PostgresBroker(AdminForwarder):
         row = await self._s.fetch_one("archive", *self._lease_move(params, self._s.now()))
         if row and row["n"]:
             self._s.ended([params.lease.task_key])
-            return True
-        return False
+        return self._moved(row, params.lease.queue)
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Hand an active task back as pending without counting an attempt (W7)."""
@@ -571,3 +642,138 @@ def _unwrap(outcome: EnqueueOutcome) -> TaskInfo:
 
 
 __all__ = ["PostgresBroker"]
+
+
+#: Rounds of held tasks one claim goes through before it answers (each a transaction),
+#: and how many due tasks past its free slots a round looks at.
+_LIMITED_ROUNDS = 8
+_LOOK_AHEAD = 100
+
+
+def limit_lock_id(schema: str) -> int:
+    """The advisory lock claims with limits take turns on: one per schema."""
+    digest = hashlib.sha256(f"durq-limits:{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+class _LimitRound:
+    """One round of a claim of limited tasks, inside its transaction: let held tasks back,
+    read the due candidates, lock and count their keys; then :meth:`write` it all."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        #: ``queue -> key -> counter`` of every key this round read or created.
+        self.counters: dict[str, dict[str, limiter.Counter]] = {}
+        self.leased: list[tuple[str, str]] = []
+        self.held: list[tuple[str, str, str]] = []
+        #: The round saw as many candidates as it asked for: more may be due.
+        self.full = False
+        #: Keys with held tasks as the round found them (read, not locked).
+        self.waiting: dict[tuple[str, str], limiter.Counter] = {}
+
+    @classmethod
+    async def run(
+        cls, conn: Any, q: dict[str, bytes], queues: list[str], want: int, now: float
+    ) -> _LimitRound:
+        self = cls(now)
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(q["claim_limited_waiting"], {"queues": queues})
+        rooms = {}
+        for r in await cur.fetchall():
+            counter = self.waiting[(r["queue"], r["key"])] = limiter.stored(r)
+            room = counter.room(now)
+            if room > 0:
+                rooms[(r["queue"], r["key"])] = room
+        emptied: set[tuple[str, str]] = set()
+        if rooms:
+            keys = list(rooms)
+            await cur.execute(
+                q["claim_limited_let_back"],
+                {
+                    "queues": [k[0] for k in keys],
+                    "keys": [k[1] for k in keys],
+                    "rooms": [rooms[k] for k in keys],
+                },
+            )
+            moved = Counter((r["queue"], r["key"]) for r in await cur.fetchall())
+            emptied = {k for k in keys if moved[k] < rooms[k]}  # nothing left held on it
+        # Look past ``want``: each candidate without room is held once and for all.
+        look = want + _LOOK_AHEAD
+        await cur.execute(
+            q["claim_limited_candidates"], {"queues": queues, "now": now, "limit": look}
+        )
+        candidates = await cur.fetchall()
+        self.full = len(candidates) >= look
+        specs = {
+            (r["queue"], r["id"]): limits_from_json(r["limits"]) for r in candidates if r["limits"]
+        }
+        keys = sorted({(qn, s.key) for (qn, _), ss in specs.items() for s in ss} | emptied)
+        if keys:
+            await cur.execute(
+                q["claim_limited_counters"],
+                {"queues": [k[0] for k in keys], "keys": [k[1] for k in keys]},
+            )
+            for r in await cur.fetchall():
+                self.counters.setdefault(r["queue"], {})[r["key"]] = limiter.stored(r)
+        for queue, key in emptied:
+            found = self.counters.get(queue, {}).get(key)
+            if found is not None:
+                found.waiting = False
+        for r in candidates:
+            if len(self.leased) >= want:
+                break  # the rest stay as they are, unlocked at commit
+            task = (r["queue"], r["id"])
+            self.admit(task, specs.get(task, ()))
+        return self
+
+    def admit(self, task: tuple[str, str], specs: tuple[LimitSpec, ...]) -> None:
+        if specs:
+            counters = self.counters.setdefault(task[0], {})
+            full = limiter.blocking(specs, counters, self.now)
+            if full is not None:
+                counters[full].waiting = True
+                self.held.append((*task, full))
+                return
+            for spec in specs:
+                limiter.take(spec, counters[spec.key], self.now)
+        self.leased.append(task)
+
+    async def write(
+        self, conn: Any, q: dict[str, bytes], lease_seconds: float, worker_id: str
+    ) -> list[tuple[Any, ...]]:
+        """Save the counters, hold, lease: one statement; the leased rows."""
+        saved = [(qn, k, c) for qn, keys in self.counters.items() for k, c in keys.items()]
+        cur = conn.cursor(row_factory=tuple_row)
+        await cur.execute(
+            q["claim_limited_write"],
+            {
+                "c_queues": [qn for qn, _, _ in saved],
+                "c_keys": [k for _, k, _ in saved],
+                "c_running": [c.running for _, _, c in saved],
+                "c_concurrency": [c.concurrency for _, _, c in saved],
+                "c_rate": [c.rate for _, _, c in saved],
+                "c_per": [c.per for _, _, c in saved],
+                "c_tokens": [float(c.tokens) for _, _, c in saved],
+                "c_refilled_at": [float(c.refilled_at) for _, _, c in saved],
+                "c_waiting": [c.waiting for _, _, c in saved],
+                "h_queues": [h[0] for h in self.held],
+                "h_ids": [h[1] for h in self.held],
+                "h_keys": [h[2] for h in self.held],
+                "l_queues": [t[0] for t in self.leased],
+                "l_ids": [t[1] for t in self.leased],
+                "now": self.now,
+                "lease_seconds": float(lease_seconds),
+                "worker_id": worker_id,
+            },
+        )
+        rows: list[tuple[Any, ...]] = await cur.fetchall()
+        return rows
+
+    def wake_at(self) -> float | None:
+        """When a token comes for a key with held tasks."""
+        seen = dict(self.waiting)
+        seen.update(((qn, k), c) for qn, keys in self.counters.items() for k, c in keys.items())
+        times = [
+            t for c in seen.values() if c.waiting and (t := c.next_room_at(self.now)) is not None
+        ]
+        return min(times, default=None)

@@ -60,10 +60,10 @@ WITH x AS (
         %(states)b::text[], %(max_retries)b::integer[], %(timeouts)b::float8[],
         %(deadlines)b::float8[], %(process_ats)b::float8[], %(process_ins)b::float8[],
         %(retentions)b::float8[], %(unique_keys)b::text[], %(unique_ttls)b::float8[],
-        %(headers)b::text[], %(priorities)b::integer[]
+        %(headers)b::text[], %(priorities)b::integer[], %(limits)b::text[]
     ) WITH ORDINALITY AS x(queue, id, type, payload, state, max_retry, timeout, deadline,
                            process_at, process_in, retention, unique_key, unique_ttl, headers,
-                           priority, ord)
+                           priority, limits, ord)
 ),
 clock AS (
     SELECT {now} AS now
@@ -71,11 +71,12 @@ clock AS (
 ins AS (
     INSERT INTO {schema}.tasks AS t (
         queue, id, type, payload, state, max_retry, timeout, deadline, next_process_at,
-        enqueued_at, retention, unique_key, unique_until, headers, priority
+        enqueued_at, retention, unique_key, unique_until, headers, priority, limits
     )
     SELECT queue, id, type, payload, state, max_retry, timeout, deadline,
            coalesce(clock.now + process_in, process_at, clock.now),
-           clock.now, retention, unique_key, clock.now + unique_ttl, headers::jsonb, priority
+           clock.now, retention, unique_key, clock.now + unique_ttl, headers::jsonb, priority,
+           limits::jsonb
     FROM x, clock
     ORDER BY ord
     ON CONFLICT DO NOTHING
@@ -105,13 +106,13 @@ WITH clock AS (
 ins AS (
     INSERT INTO {schema}.tasks AS t (
         queue, id, type, payload, state, max_retry, timeout, deadline, next_process_at,
-        enqueued_at, retention, unique_key, unique_until, headers, priority
+        enqueued_at, retention, unique_key, unique_until, headers, priority, limits
     )
     SELECT %(queue)s, %(id)s, %(type)s, %(payload)s, %(state)s, %(max_retry)s, %(timeout)s,
            %(deadline)s,
            coalesce(clock.now + %(process_in)s::float8, %(process_at)s::float8, clock.now),
            clock.now, %(retention)s, %(unique_key)s, clock.now + %(unique_ttl)s::float8,
-           %(headers)s::jsonb, %(priority)s
+           %(headers)s::jsonb, %(priority)s, %(limits)s::jsonb
     FROM clock
     ON CONFLICT DO NOTHING
     RETURNING t.queue, t.state
@@ -183,41 +184,140 @@ SET state = 'pending'
 FROM due
 WHERE t.queue = due.queue AND t.id = due.id;
 
--- name: claim
--- One statement: pick pending rows per queue in claim order (higher priority, then due
--- time, then enqueue order) through the partial index tasks_claimable, lock them with SKIP
--- LOCKED so concurrent workers take different rows (W10), fill from the queues in the order
--- given, and mark them active with a fresh fencing token and lease.
-WITH due AS (
-    SELECT c.queue, c.id
-    FROM unnest(%(queues)b::text[]) WITH ORDINALITY AS q(name, ord)
-    CROSS JOIN LATERAL (
-        SELECT t.queue, t.id, t.priority, t.next_process_at, t.seq
-        FROM {schema}.tasks AS t
-        WHERE t.queue = q.name
-          AND t.state = 'pending'
-        ORDER BY t.priority DESC, t.next_process_at, t.seq
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS c
-    WHERE NOT EXISTS (
-        SELECT 1 FROM {schema}.queues AS p WHERE p.name = q.name AND p.paused
-    )
-    ORDER BY q.ord, c.priority DESC, c.next_process_at, c.seq
-    LIMIT %(limit)s
-)
-UPDATE {schema}.tasks AS t
+-- name: lease_set
+-- A fragment (claim, claim_limited_write): an active lease with a fresh fencing token.
 SET state = 'active',
     lease_token = gen_random_uuid()::text,
     lease_expires_at = {now} + %(lease_seconds)s,
     worker_id = %(worker_id)s,
     started_at = {now},
-    cancel_requested = false
-FROM due
-WHERE t.queue = due.queue AND t.id = due.id
-RETURNING t.id, t.queue, t.type, t.payload, t.max_retry, t.retried, t.last_error, t.timeout,
-          t.deadline, t.next_process_at, t.enqueued_at, t.retention, t.lost, t.headers::text,
-          t.lease_token, t.seq, t.started_at, t.lease_expires_at, t.priority;
+    cancel_requested = false;
+
+-- name: claimed_columns
+-- A fragment (claim, claim_limited_write): the columns of a claimed row, in the order
+-- rows.CLAIM_COLUMNS names them.
+t.id, t.queue, t.type, t.payload, t.max_retry, t.retried, t.last_error, t.timeout,
+t.deadline, t.next_process_at, t.enqueued_at, t.retention, t.lost, t.headers::text,
+t.lease_token, t.seq, t.started_at, t.lease_expires_at, t.priority, t.limits::text;
+
+-- name: claimable_due
+-- A fragment, not run alone: spliced into claim and claim_limited_candidates in place of
+-- {claimable_due}. Due rows per queue through the partial index (tasks_claimable; held rows
+-- are out of it), locked with SKIP LOCKED so concurrent workers take different rows (W10),
+-- filled from the queues in the order given, with their limits.
+SELECT c.queue, c.id, c.limits, c.priority, c.next_process_at, c.seq
+FROM unnest(%(queues)b::text[]) WITH ORDINALITY AS q(name, ord)
+CROSS JOIN LATERAL (
+    SELECT t.queue, t.id, t.priority, t.next_process_at, t.seq, t.limits
+    FROM {schema}.tasks AS t
+    WHERE t.queue = q.name
+      AND t.state = 'pending'
+      AND t.held_by IS NULL
+    ORDER BY t.priority DESC, t.next_process_at, t.seq
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS c
+WHERE NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.name = q.name AND p.paused)
+ORDER BY q.ord, c.priority DESC, c.next_process_at, c.seq
+LIMIT %(limit)s;
+
+-- name: claim
+-- One round trip: take due rows (claimable_due) and mark those without limits active with
+-- a fresh fencing token and lease. Due scheduled/retry rows are taken directly: no
+-- forwarding step is needed to claim them. Rows with limits are not leased here (W13): the
+-- last column says whether some were due, or tasks are held on a key of these queues, and
+-- the broker then runs claim_limited. Without a lease the answer is one row of NULLs.
+WITH due AS (
+    {claimable_due}
+),
+leased AS (
+    UPDATE {schema}.tasks AS t
+    {lease_set}
+    FROM due
+    WHERE t.queue = due.queue AND t.id = due.id AND due.limits IS NULL
+    RETURNING {claimed_columns}
+),
+more AS (
+    SELECT EXISTS (SELECT 1 FROM due WHERE due.limits IS NOT NULL)
+        OR EXISTS (
+            SELECT 1 FROM {schema}.limits AS l
+            WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
+        ) AS limited
+)
+SELECT leased.*, more.limited FROM more LEFT JOIN leased ON true;
+
+-- name: claim_limited_lock
+-- W13: claims that count limits take turns (one transaction-scoped lock per schema), so
+-- held tasks and the "waiting" flags never race; claims of unlimited tasks never take it.
+SELECT pg_advisory_xact_lock(%(lock)s), {now} AS now;
+
+-- name: claim_limited_waiting
+-- Keys of these queues with tasks held on them (partial index limits_waiting). Not locked:
+-- only claims (in turn) change the flags; outcomes only lower running, so room read here
+-- can be short, never too much.
+SELECT l.*
+FROM {schema}.limits AS l
+WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
+  AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.name = l.queue AND p.paused);
+
+-- name: claim_limited_let_back
+-- Held tasks of keys with room again rejoin the claim index, oldest first, as many as there
+-- is room; the answer names the key of each.
+UPDATE {schema}.tasks AS t
+SET held_by = NULL
+FROM (
+    SELECT h.queue, h.id, x.key
+    FROM unnest(%(queues)b::text[], %(keys)b::text[], %(rooms)b::integer[]) AS x(queue, key, room)
+    CROSS JOIN LATERAL (
+        SELECT b.queue, b.id FROM {schema}.tasks AS b
+        WHERE b.queue = x.queue AND b.held_by = x.key
+        ORDER BY b.priority DESC, b.next_process_at, b.seq
+        LIMIT x.room
+    ) AS h
+) AS back
+WHERE t.queue = back.queue AND t.id = back.id
+RETURNING back.queue, back.key;
+
+-- name: claim_limited_candidates
+-- The due rows claim_limited looks at, with their limits, locked as claim locks them.
+SELECT due.queue, due.id, due.limits::text AS limits
+FROM ({claimable_due}) AS due;
+
+-- name: claim_limited_counters
+-- The counters a claim changes, locked in key order (outcomes lock in the same order).
+SELECT l.*
+FROM {schema}.limits AS l
+JOIN unnest(%(queues)b::text[], %(keys)b::text[]) AS x(queue, key)
+  ON l.queue = x.queue AND l.key = x.key
+ORDER BY l.queue, l.key
+FOR UPDATE OF l;
+
+-- name: claim_limited_write
+-- Save the counters, hold the tasks without room, lease the admitted ones.
+WITH saved AS (
+    INSERT INTO {schema}.limits AS l
+        (queue, key, running, concurrency, rate, per, tokens, refilled_at, waiting)
+    SELECT *
+    FROM unnest(%(c_queues)b::text[], %(c_keys)b::text[], %(c_running)b::integer[],
+                %(c_concurrency)b::integer[], %(c_rate)b::integer[], %(c_per)b::float8[],
+                %(c_tokens)b::float8[], %(c_refilled_at)b::float8[], %(c_waiting)b::bool[])
+    ON CONFLICT (queue, key) DO UPDATE
+    SET running = excluded.running, concurrency = excluded.concurrency,
+        rate = excluded.rate, per = excluded.per, tokens = excluded.tokens,
+        refilled_at = excluded.refilled_at, waiting = excluded.waiting
+),
+held AS (
+    UPDATE {schema}.tasks AS t
+    SET held_by = h.key
+    FROM unnest(%(h_queues)b::text[], %(h_ids)b::text[], %(h_keys)b::text[])
+         AS h(queue, id, key)
+    WHERE t.queue = h.queue AND t.id = h.id
+)
+UPDATE {schema}.tasks AS t
+{lease_set}
+FROM unnest(%(l_queues)b::text[], %(l_ids)b::text[]) AS x(queue, id)
+WHERE t.queue = x.queue AND t.id = x.id
+RETURNING {claimed_columns};
 
 -- name: extend_leases
 -- Heartbeat for many leases at once; the rows not returned are leases no longer held.
@@ -227,6 +327,30 @@ FROM unnest(%(queues)b::text[], %(ids)b::text[], %(tokens)b::text[]) AS x(queue,
 WHERE t.queue = x.queue AND t.id = x.id
   AND t.state = 'active' AND t.lease_token = x.token
 RETURNING t.queue, t.id, t.cancel_requested;
+
+-- name: release_limits
+-- A fragment, not run alone: the CTEs spliced into the outcome statements in place of
+-- {release_limits}. W13: each limit key of the attempts that ended (CTE "ended", with
+-- their limits) gives its running slot back; counters are locked in key order, as claims
+-- lock them. "released" says for each key whether tasks are held on it.
+freed AS (
+    SELECT f.queue, f.key, f.n
+    FROM (
+        SELECT d.queue, e.v ->> 0 AS key, count(*) AS n
+        FROM ended AS d CROSS JOIN LATERAL jsonb_array_elements(d.limits) AS e(v)
+        GROUP BY 1, 2
+    ) AS f
+    JOIN {schema}.limits AS l ON l.queue = f.queue AND l.key = f.key
+    ORDER BY f.queue, f.key
+    FOR UPDATE OF l
+),
+released AS (
+    UPDATE {schema}.limits AS l
+    SET running = greatest(l.running - freed.n, 0)
+    FROM freed
+    WHERE l.queue = freed.queue AND l.key = freed.key
+    RETURNING l.queue, l.waiting
+);
 
 -- name: complete
 -- Finish many leases in one statement: keep the row with its result while retention > 0,
@@ -246,32 +370,35 @@ kept AS (
     FROM x
     WHERE t.queue = x.queue AND t.id = x.id AND x.retention > 0
       AND t.state = 'active' AND t.lease_token = x.token
-    RETURNING t.queue, t.id
+    RETURNING t.queue, t.id, t.limits
 ),
 gone AS (
     DELETE FROM {schema}.tasks AS t
     USING x
     WHERE t.queue = x.queue AND t.id = x.id AND x.retention <= 0
       AND t.state = 'active' AND t.lease_token = x.token
-    RETURNING t.queue, t.id
+    RETURNING t.queue, t.id, t.limits
 ),
-done AS (
-    SELECT queue, id FROM kept UNION ALL SELECT queue, id FROM gone
+ended AS (
+    SELECT queue, id, limits FROM kept UNION ALL SELECT queue, id, limits FROM gone
 ),
+{release_limits},
 counted AS (
     INSERT INTO {schema}.stats AS s (queue, day, processed, failed)
-    SELECT queue, %(day)s, count(*), 0 FROM done GROUP BY queue
+    SELECT queue, %(day)s, count(*), 0 FROM ended GROUP BY queue
     ON CONFLICT (queue, day) DO UPDATE SET processed = s.processed + excluded.processed
 ),
 counted_minute AS (
     INSERT INTO {schema}.stats_minute AS s (queue, minute, processed, failed)
-    SELECT queue, (floor({now} / 60) * 60)::bigint, count(*), 0 FROM done GROUP BY queue
+    SELECT queue, (floor({now} / 60) * 60)::bigint, count(*), 0 FROM ended GROUP BY queue
     ON CONFLICT (queue, minute) DO UPDATE SET processed = s.processed + excluded.processed
 )
-SELECT queue, id FROM done;
+SELECT d.queue, d.id,
+       EXISTS (SELECT 1 FROM released AS r WHERE r.queue = d.queue AND r.waiting) AS wake
+FROM ended AS d;
 
 -- name: retry
-WITH r AS (
+WITH ended AS (
     UPDATE {schema}.tasks AS t
     SET state = 'retry', retried = t.retried + 1, lost = t.lost + %(lost)s,
         last_error = %(error)s, traceback = %(traceback)s,
@@ -281,25 +408,26 @@ WITH r AS (
       AND t.state = 'active' AND t.lease_token = %(token)s
       AND (%(expired_by)s::float8 IS NULL
            OR t.lease_expires_at <= least(%(expired_by)s::float8, {now}))
-    RETURNING t.queue
+    RETURNING t.queue, t.limits
 ),
+{release_limits},
 counted AS (
     INSERT INTO {schema}.stats AS s (queue, day, processed, failed)
-    SELECT queue, %(day)s, 1, 1 FROM r
+    SELECT queue, %(day)s, 1, 1 FROM ended
     ON CONFLICT (queue, day) DO UPDATE
     SET processed = s.processed + 1, failed = s.failed + 1
 ),
 counted_minute AS (
     INSERT INTO {schema}.stats_minute AS s (queue, minute, processed, failed)
-    SELECT queue, (floor({now} / 60) * 60)::bigint, 1, 1 FROM r
+    SELECT queue, (floor({now} / 60) * 60)::bigint, 1, 1 FROM ended
     ON CONFLICT (queue, minute) DO UPDATE
     SET processed = s.processed + 1, failed = s.failed + 1
 )
-SELECT count(*) AS n FROM r;
+SELECT count(*) AS n, EXISTS (SELECT 1 FROM released WHERE waiting) AS wake FROM ended;
 
 -- name: archive
 -- Give up: the unique key is released (E4 holds only until the task completes or archives).
-WITH a AS (
+WITH ended AS (
     UPDATE {schema}.tasks AS t
     SET state = 'archived',
         retried = t.retried + CASE WHEN %(count_attempt)s THEN 1 ELSE 0 END,
@@ -312,33 +440,35 @@ WITH a AS (
       AND t.state = 'active' AND t.lease_token = %(token)s
       AND (%(expired_by)s::float8 IS NULL
            OR t.lease_expires_at <= least(%(expired_by)s::float8, {now}))
-    RETURNING t.queue
+    RETURNING t.queue, t.limits
 ),
+{release_limits},
 counted AS (
     INSERT INTO {schema}.stats AS s (queue, day, processed, failed)
-    SELECT queue, %(day)s, 1, 1 FROM a WHERE %(count_attempt)s
+    SELECT queue, %(day)s, 1, 1 FROM ended WHERE %(count_attempt)s
     ON CONFLICT (queue, day) DO UPDATE
     SET processed = s.processed + 1, failed = s.failed + 1
 ),
 counted_minute AS (
     INSERT INTO {schema}.stats_minute AS s (queue, minute, processed, failed)
-    SELECT queue, (floor({now} / 60) * 60)::bigint, 1, 1 FROM a WHERE %(count_attempt)s
+    SELECT queue, (floor({now} / 60) * 60)::bigint, 1, 1 FROM ended WHERE %(count_attempt)s
     ON CONFLICT (queue, minute) DO UPDATE
     SET processed = s.processed + 1, failed = s.failed + 1
 )
-SELECT count(*) AS n FROM a;
+SELECT count(*) AS n, EXISTS (SELECT 1 FROM released WHERE waiting) AS wake FROM ended;
 
 -- name: requeue
 -- Graceful shutdown hands the task back (W7): due now, no attempt counted; wake workers.
-WITH r AS (
+WITH ended AS (
     UPDATE {schema}.tasks AS t
     SET state = 'pending', next_process_at = {now},
         lease_token = NULL, lease_expires_at = NULL, cancel_requested = false
     WHERE t.queue = %(queue)s AND t.id = %(id)s
       AND t.state = 'active' AND t.lease_token = %(token)s
-    RETURNING t.queue
-)
-SELECT count(pg_notify(%(channel)s, queue)) AS n FROM r;
+    RETURNING t.queue, t.limits
+),
+{release_limits}
+SELECT count(pg_notify(%(channel)s, queue)) AS n FROM ended;
 
 -- name: promote_due
 -- For the inspector's view only (claim takes due rows itself): flip due scheduled/retry rows
@@ -527,7 +657,8 @@ WHERE queue = %(queue)s AND id = %(id)s
 -- The inspector's moves are fenced by the state the move was decided on (expect).
 WITH r AS (
     UPDATE {schema}.tasks AS t
-    SET state = 'pending', next_process_at = {now}, lost = 0, cancel_requested = false
+    SET state = 'pending', next_process_at = {now}, lost = 0, cancel_requested = false,
+        held_by = NULL
     WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = %(expect)s
     RETURNING t.*
 ),
@@ -539,7 +670,7 @@ SELECT r.* FROM r, woken;
 -- name: archive_task
 UPDATE {schema}.tasks AS t
 SET state = 'archived', last_error = coalesce(%(error)s, t.last_error),
-    unique_key = NULL, unique_until = NULL
+    unique_key = NULL, unique_until = NULL, held_by = NULL
 WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = %(expect)s
 RETURNING t.*;
 
@@ -559,7 +690,8 @@ RETURNING *;
 -- name: run_all
 WITH r AS (
     UPDATE {schema}.tasks AS t
-    SET state = 'pending', next_process_at = {now}, lost = 0, cancel_requested = false
+    SET state = 'pending', next_process_at = {now}, lost = 0, cancel_requested = false,
+        held_by = NULL
     WHERE t.queue = %(queue)s AND t.state = %(state)s
     RETURNING t.queue
 ),
@@ -646,3 +778,11 @@ WITH victims AS (
 )
 DELETE FROM {schema}.groups AS g USING victims AS v
 WHERE g.queue = v.queue AND g.id = v.id;
+-- name: list_limits
+-- W13: every counted key of one queue (NULL: all), with the tasks held on it.
+SELECT l.*,
+       (SELECT count(*) FROM {schema}.tasks AS t
+        WHERE t.queue = l.queue AND t.held_by = l.key) AS held_count
+FROM {schema}.limits AS l
+WHERE %(queue)s::text IS NULL OR l.queue = %(queue)s::text
+ORDER BY l.queue, l.key;

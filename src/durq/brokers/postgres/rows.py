@@ -12,11 +12,11 @@ from datetime import datetime
 from typing import Any
 
 from durq.brokers.base import EnqueueOutcome, EnqueueParams
-from durq.brokers.sqlrows import headers_of, row_to_info
+from durq.brokers.sqlrows import headers_of, limits_of, row_to_info
 from durq.clock import to_datetime
 from durq.errors import DuplicateTaskError, TaskIDConflictError
 from durq.states import TaskState
-from durq.task import TaskInfo, make_info
+from durq.task import TaskInfo, limits_to_json, make_info
 
 Row = dict[str, Any]
 #: One statement to run: a query name from ``queries.sql`` and its parameters.
@@ -32,13 +32,16 @@ _MAX_ROUNDS = 4
 CLAIM_COLUMNS = (
     "id", "queue", "type", "payload", "max_retry", "retried", "last_error", "timeout",
     "deadline", "next_process_at", "enqueued_at", "retention", "lost", "headers",
-    "lease_token", "seq", "started_at", "lease_expires_at", "priority",
+    "lease_token", "seq", "started_at", "lease_expires_at", "priority", "limits",
 )  # fmt: skip
 _CLAIM_INDEXED = ("queue", "next_process_at", "lease_token", "seq", "started_at",
                   "lease_expires_at", "priority")  # fmt: skip
 CLAIM_QUEUE, CLAIM_NEXT_AT, CLAIM_TOKEN, CLAIM_SEQ, CLAIM_STARTED, CLAIM_UNTIL, CLAIM_PRIORITY = (
     CLAIM_COLUMNS.index(c) for c in _CLAIM_INDEXED
 )
+CLAIM_LIMITS = CLAIM_COLUMNS.index("limits")
+#: ``claim`` adds one column: whether tasks with limits were due or are held (W13).
+CLAIM_LIMITED = len(CLAIM_COLUMNS)
 
 
 def claimed_info(
@@ -51,7 +54,7 @@ def claimed_info(
     fields the claim itself set are passed in rather than decoded once per row."""
     (task_id, queue, type_, payload, max_retry, retried, last_error, timeout, deadline,
      next_at, enqueued_at, retention, lost, headers, _token, _seq, _started, _until,
-     priority) = row  # fmt: skip
+     priority, *_) = row  # fmt: skip
     return make_info(
         id=task_id,
         queue=queue,
@@ -75,6 +78,7 @@ def claimed_info(
         worker_id=worker_id,
         cancel_requested=False,
         priority=priority,
+        limits=limits_of(row[CLAIM_LIMITS]),
     )
 
 
@@ -104,6 +108,7 @@ def created_info(p: EnqueueParams, state: TaskState, next_at: float, now: float)
         worker_id=None,
         cancel_requested=False,
         priority=int(p.priority),
+        limits=p.limits,
     )
 
 
@@ -164,6 +169,7 @@ def insert_params(
         "headers": [_headers_json(p.headers) for p in items],
         "priorities": [int(p.priority) for p in items],
         "now": sql_now,
+        "limits": [limits_to_json(p.limits) for p in items],
         "channel": channel,
     }
 
@@ -189,6 +195,7 @@ def insert_one_params(
         "headers": _headers_json(p.headers),
         "priority": int(p.priority),
         "now": sql_now,
+        "limits": limits_to_json(p.limits),
         "channel": channel,
     }
 

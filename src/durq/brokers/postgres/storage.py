@@ -64,11 +64,18 @@ MIGRATIONS: tuple[sqlfiles.Migration, ...] = sqlfiles.load_migrations(__package_
 #: (one value for the whole statement), unless the ``now`` parameter carries a test's clock.
 NOW = sql.SQL("coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8)")
 
+#: Named blocks of ``queries.sql`` that are parts of other statements, not run alone.
+FRAGMENTS = ("release_limits", "claimable_due", "lease_set", "claimed_columns")
+
 
 def render(text: str, schema: str) -> bytes:
     """A statement as bytes with the schema quoted in (the schema cannot be a parameter; bytes:
-    psycopg runs it as is) and ``{now}`` spelled out."""
-    composed = sql.SQL(text).format(schema=sql.Identifier(schema), now=NOW)
+    psycopg runs it as is) and ``{now}`` spelled out. ``{release_limits}``,
+    ``{claimable_due}`` and the others of :data:`FRAGMENTS` are the blocks of those names,
+    each shared by several statements."""
+    name = sql.Identifier(schema)
+    fragments = {f: sql.SQL(QUERIES[f]).format(schema=name, now=NOW) for f in FRAGMENTS}
+    composed = sql.SQL(text).format(schema=name, now=NOW, **fragments)
     return composed.as_bytes(None)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from durq.brokers.base import (
     GroupInfo,
     GroupMemberInfo,
+    LimitStats,
     MinuteCounts,
     QueueStats,
     TaskMove,
@@ -19,7 +20,7 @@ from durq.brokers.base import (
     first_counted_minute,
 )
 from durq.brokers.redis.keys import QueueKeys
-from durq.brokers.redis.rows import pairs, task_info
+from durq.brokers.redis.rows import pairs, stored_counter, task_info
 from durq.brokers.redis.storage import RedisStorage, _Call
 from durq.clock import utc_day
 from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
@@ -69,6 +70,7 @@ class RedisAdmin:
             k.completed,
             k.archived,
             k.unique,
+            k.held,
         ]
 
     async def _stats(self, queue: str, now: float) -> QueueStats:
@@ -84,6 +86,7 @@ class RedisAdmin:
                 ("ZCOUNT", k.completed, f"({now!r}", "+inf"),
                 ("HMGET", k.stats, "processed", "failed"),
                 ("HMGET", k.stats_day(utc_day(now)), "processed", "failed"),
+                ("ZCARD", k.held),
             ]
         )
         oldest = await self._s.eval("oldest_pending", [k.pending], [PRIORITY_BANDS])
@@ -92,7 +95,7 @@ class RedisAdmin:
             name=queue,
             paused=bool(r[0]),
             sizes={
-                TaskState.PENDING: r[1],
+                TaskState.PENDING: r[1] + r[10],  # held tasks are pending too (W13)
                 TaskState.SCHEDULED: r[2],
                 TaskState.ACTIVE: r[3],
                 TaskState.RETRY: r[4],
@@ -135,10 +138,18 @@ class RedisAdmin:
                 return []
             zset = k.by_state(state.value)
             members = await self._members(zset, state is TaskState.COMPLETED, offset, limit)
+            if state is TaskState.PENDING and len(members) < limit:
+                members = [*members, *await self._held_members(k, offset, limit - len(members))]
             if not members:
                 return []
             rows = await self._s.commands([("HGETALL", k.task(m[16:].decode())) for m in members])
             return [task_info(queue, row) for row in rows if row]
+
+    async def _held_members(self, k: QueueKeys, offset: int, count: int) -> list[bytes]:
+        """Pending tasks held on a limit key come after the claimable ones (W13)."""
+        start = max(0, offset - int(await self._s.command("ZCARD", k.pending)))
+        held: Any = await self._s.command("ZRANGE", k.held, start, start + count - 1)
+        return [bytes(h).split(b"\0", 1)[1] for h in held]
 
     async def _members(self, zset: str, completed: bool, start: int, count: int) -> Any:
         if completed:
@@ -336,13 +347,22 @@ class RedisAdmin:
                 lambda k: [k.by_state(state.value), k.pending],
                 lambda k: [k.notify],
             )
-        return await self._in_batches(
+        deleted = await self._in_batches(
             "delete_all",
             queue,
             "admin_delete_all",
             lambda k: [k.by_state(state.value), k.unique],
-            lambda k: [],
+            lambda k: [""],
         )
+        if state is TaskState.PENDING:  # and those held on a limit key (W13)
+            deleted += await self._in_batches(
+                "delete_all",
+                queue,
+                "admin_delete_all",
+                lambda k: [k.held, k.unique],
+                lambda k: ["held"],
+            )
+        return deleted
 
     async def pause_queue(self, queue: str) -> None:
         """Stop handing out tasks of ``queue`` (the claim script reads P:{Q}:paused)."""
@@ -364,6 +384,32 @@ class RedisAdmin:
                     ("SREM", self._s.keys.paused, queue),
                 ]
             )
+
+    async def list_limits(self, queue: str | None = None) -> list[LimitStats]:
+        """Flow-control keys by queue and key (W13)."""
+        async with self._s.op("list_limits"):
+            await self._s.ensure()
+            queues = await self._s.all_queues() if queue is None else [queue]
+            now = self._s.clock.now()
+            out: list[LimitStats] = []
+            for name in queues:
+                k = self._s.keys.queue(name)
+                raw: Any = await self._s.command("HGETALL", k.limits)
+                fields = pairs(raw)
+                counts = await self._s.commands(
+                    [
+                        (
+                            "ZLEXCOUNT",
+                            k.held,
+                            b"[" + key.encode() + b"\0",
+                            b"(" + key.encode() + b"\1",
+                        )
+                        for key in sorted(fields)
+                    ]
+                )
+                for key, held in zip(sorted(fields), counts, strict=True):
+                    out.append(stored_counter(fields[key]).stats(name, key, int(held), now))
+            return out
 
     async def list_workers(self) -> list[WorkerInfo]:
         """Workers whose last heartbeat (broker clock) is younger than 60 s."""

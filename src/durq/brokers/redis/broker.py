@@ -19,10 +19,12 @@ from durq.brokers.base import (
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
+    CAP_LIMITS,
     CAP_MULTI_PROCESS,
     CLAIM_FORWARD,
     AdminForwarder,
     ArchiveParams,
+    Claimed,
     ClaimParams,
     CompleteParams,
     EndWatch,
@@ -63,6 +65,9 @@ log = logging.getLogger("durq.brokers.redis")
 
 #: Due scheduled/retry tasks forwarded per queue per promote call (and at least per claim).
 PROMOTE_BOUND = 1000
+#: Tasks one claim script may set aside, held on a full limit key, before it answers (a long
+#: run of held tasks at the head of a queue is set aside over several calls, W13).
+HOLD_BOUND = 1000
 #: Tasks per enqueue_many script call: bounds how long one call holds the server.
 ENQUEUE_CHUNK = 500
 
@@ -85,6 +90,7 @@ class RedisBroker(AdminForwarder):
             CAP_ATOMIC_FOLLOW_UPS,
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_CROSS_QUEUE_GROUPS,
+            CAP_LIMITS,
         }
     )
 
@@ -196,7 +202,7 @@ class RedisBroker(AdminForwarder):
             self._one_slot(params)
         g = qk.group(params.id)
         keys: list[str] = [g, f"{g}:e"]
-        then: list[Scalar] = [""] * 22  # enqueue.lua's 6 KEYS and 16 ARGV
+        then: list[Scalar] = [""] * 23  # enqueue.lua's 6 KEYS and 17 ARGV
         if params.then is not None:
             (_, then_keys, then_args), _ = self._s.enqueue_call(params.then, now)
             then = [*then_keys, *then_args]
@@ -320,7 +326,7 @@ class RedisBroker(AdminForwarder):
 
     async def claim(self, params: ClaimParams) -> list[Lease]:
         """Fill up to ``limit`` leases from the queues in order: one script per queue."""
-        leases: list[Lease] = []
+        leases = Claimed()
         # Level-triggered wake-ups: what was published before this claim started is covered
         # by it; only notifications from now on make the next wait_for_work return at once.
         await self._wakeups.before_claim(params.queues)
@@ -331,9 +337,18 @@ class RedisBroker(AdminForwarder):
                 if remaining <= 0:
                     break
                 k = self._s.keys.queue(queue)
-                rows = await self._s.eval(
+                rows, wake_at = await self._s.eval(
                     "claim",
-                    [k.pending, k.scheduled, k.retry, k.active, k.paused],
+                    [
+                        k.pending,
+                        k.scheduled,
+                        k.retry,
+                        k.active,
+                        k.paused,
+                        k.limits,
+                        k.held,
+                        k.limit_waiting,
+                    ],
                     [
                         self._s.now_arg(),
                         remaining,
@@ -342,10 +357,13 @@ class RedisBroker(AdminForwarder):
                         secrets.token_hex(8),
                         k.task_prefix,
                         max(remaining, CLAIM_FORWARD),
+                        HOLD_BOUND,
                     ],
                 )
                 for token, flat in rows:
                     leases.append(Lease(task_info(queue, flat), token.decode()))
+                if wake_at and (leases.wake_at is None or float(wake_at) < leases.wake_at):
+                    leases.wake_at = float(wake_at)
         return leases
 
     async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
@@ -385,6 +403,8 @@ class RedisBroker(AdminForwarder):
                 k.stats,
                 k.stats_day(day or utc_day(now)),
                 k.minutes(day or utc_day(now)),
+                k.limits,
+                k.limit_waiting,
             ],
             [
                 p.lease.token,
@@ -395,6 +415,7 @@ class RedisBroker(AdminForwarder):
                 p.result or b"",
                 DAY_TTL,
                 MINUTE_TTL,
+                k.notify,
             ],
         )
         name, keys, args = self._s.with_follow_ups(call, p.follow_ups, now)
@@ -465,6 +486,8 @@ class RedisBroker(AdminForwarder):
                     k.stats,
                     k.stats_day(day),
                     k.minutes(day),
+                    k.limits,
+                    k.limit_waiting,
                 ],
                 [
                     p.lease.token,
@@ -477,6 +500,7 @@ class RedisBroker(AdminForwarder):
                     p.traceback or "",
                     self._s.now_arg(),
                     MINUTE_TTL,
+                    k.notify,
                 ],
             )
         call: _Call = (
@@ -489,6 +513,8 @@ class RedisBroker(AdminForwarder):
                 k.stats,
                 k.stats_day(day),
                 k.minutes(day),
+                k.limits,
+                k.limit_waiting,
             ],
             [
                 p.lease.token,
@@ -499,6 +525,7 @@ class RedisBroker(AdminForwarder):
                 lost,
                 expired_by,
                 MINUTE_TTL,
+                k.notify,
             ],
         )
         name, keys, args = self._s.with_follow_ups(call, p.follow_ups, now)
@@ -560,7 +587,9 @@ class RedisBroker(AdminForwarder):
             await self._s.ensure()
             return bool(
                 await self._s.eval(
-                    "requeue", [k.task(lease.id), k.active, k.pending], [lease.token, k.notify]
+                    "requeue",
+                    [k.task(lease.id), k.active, k.pending, k.limits, k.limit_waiting],
+                    [lease.token, k.notify],
                 )
             )
 

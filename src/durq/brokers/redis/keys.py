@@ -27,6 +27,9 @@ Layout (``P`` is the prefix, default ``durq``; ``Q`` a queue name)::
     P:{Q}:g:<group id>:e        hash     position -> the member's entry in the follow-up
     P:{Q}:g:<group id>:s        hash     position -> the member's final state, once finished
     P:{Q}:t:<task id>:end       channel  the task ended (scripts: KEYS[1] .. ':end'; not a key)
+    P:{Q}:limits                hash     limit key -> its counter (running, token bucket)
+    P:{Q}:held                  zset     "<limit key>\0<member>": pending tasks held on a key
+    P:{Q}:limwait               set      limit keys with held tasks
 
 Every key of one queue carries the hash tag ``{Q}``, so each script touches one slot. A group
 member's task hash names its group's hash (field ``g``, the ``:e``/``:s`` keys are derived
@@ -80,6 +83,9 @@ class QueueKeys:
         "archived",
         "base",
         "completed",
+        "held",
+        "limit_waiting",
+        "limits",
         "name",
         "notify",
         "outbox",
@@ -108,6 +114,9 @@ class QueueKeys:
         self.stats = f"{self.base}:stats"
         self.notify = f"{self.base}:notify"
         self.outbox = f"{self.base}:outbox"
+        self.limits = f"{self.base}:limits"
+        self.held = f"{self.base}:held"
+        self.limit_waiting = f"{self.base}:limwait"
         #: Scripts that discover task ids in a zset build the task key from this (same slot).
         self.task_prefix = f"{self.base}:t:"
 

@@ -6,9 +6,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from durq.brokers.limiter import Counter
 from durq.clock import to_datetime
 from durq.states import TaskState
-from durq.task import TaskInfo, make_info
+from durq.task import TaskInfo, limits_from_json, make_info
 
 
 def pairs(flat: Sequence[Any] | dict[Any, Any]) -> dict[str, bytes]:
@@ -73,4 +74,20 @@ def task_info(queue: str, flat: Sequence[Any] | dict[Any, Any]) -> TaskInfo:
         cancel_requested=h.get("cancel") == b"1",
         traceback=_opt_str(h, "traceback") or None,
         priority=int(h.get("prio", 0)),
+        limits=limits_from_json(h.get("L")),
+        held_by=_opt_str(h, "held_by"),
+    )
+
+
+def stored_counter(raw: bytes) -> Counter:
+    """A limit key's counter as ``claim.lua`` stores it:
+    ``running|concurrency|rate|per|tokens|refilled_at`` (empty for none)."""
+    running, concurrency, rate, per, tokens, at = raw.decode().split("|")
+    return Counter(
+        running=int(running),
+        concurrency=int(concurrency) if concurrency else None,
+        rate=int(float(rate)) if rate else None,
+        per=float(per) if per else None,
+        tokens=float(tokens),
+        refilled_at=float(at),
     )

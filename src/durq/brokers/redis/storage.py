@@ -33,7 +33,7 @@ from durq.errors import (
     SchemaError,
 )
 from durq.states import TaskState
-from durq.task import TaskInfo, make_info
+from durq.task import TaskInfo, limits_to_json, make_info
 
 #: The oldest server the scripts run on (ZADD GT/LT, GETDEL, ZRANGE options...).
 MIN_REDIS_VERSION = (6, 2)
@@ -378,6 +378,7 @@ class RedisStorage:
             json.dumps(headers) if headers else "",
             float(p.process_in) if p.process_in else "",
             int(p.priority),
+            limits_to_json(p.limits) or "",
         ]
         enqueued_at = to_datetime(now)
         info = make_info(
@@ -394,6 +395,7 @@ class RedisStorage:
             retention=p.retention,
             headers=dict(headers),
             priority=p.priority,
+            limits=p.limits,
         )
         return fields, info
 

@@ -6,8 +6,10 @@ import json
 import sqlite3
 from typing import Any
 
+from durq.brokers import limiter
 from durq.brokers.base import (
     GroupInfo,
+    LimitStats,
     MinuteCounts,
     QueueStats,
     TaskMove,
@@ -61,6 +63,18 @@ class SQLiteAdmin:
             processed_total=counters[2],
             failed_total=counters[3],
         )
+
+    async def list_limits(self, queue: str | None = None) -> list[LimitStats]:
+        """Flow-control keys by queue and key (W13)."""
+        now = self._s.clock.now()
+
+        def run(conn: Conn) -> list[LimitStats]:
+            return [
+                limiter.stored(row).stats(row["queue"], row["key"], row["held_count"], now)
+                for row in conn.execute(Q["list_limits"], {"queue": queue}).fetchall()
+            ]
+
+        return await self._s.read("sqlite.list_limits", run)
 
     async def list_queues(self) -> list[QueueStats]:
         """Every known queue with its sizes and counters, by name."""

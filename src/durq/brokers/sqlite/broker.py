@@ -16,12 +16,13 @@ from contextlib import asynccontextmanager
 from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from durq.brokers import mailbox
+from durq.brokers import limiter, mailbox
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
+    CAP_LIMITS,
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
@@ -29,6 +30,7 @@ from durq.brokers.base import (
     MINUTE_COUNTS_KEEP,
     AdminForwarder,
     ArchiveParams,
+    Claimed,
     ClaimParams,
     CompleteParams,
     EndWatch,
@@ -60,7 +62,7 @@ from durq.brokers.sqlrows import row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import ConfigurationError, DuplicateTaskError, SchemaError, TaskIDConflictError
 from durq.states import TaskState
-from durq.task import TaskInfo
+from durq.task import LimitSpec, TaskInfo, limits_from_json
 
 #: Worker rows silent for this long are deleted when another worker registers.
 FORGET_WORKERS_AFTER = 24 * 3600.0
@@ -80,6 +82,7 @@ class SQLiteBroker(AdminForwarder):
             CAP_ATOMIC_FOLLOW_UPS,
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_CROSS_QUEUE_GROUPS,
+            CAP_LIMITS,
             CAP_TRANSACTIONAL_ENQUEUE,
             CAP_SYNC_CONNECTION_ENQUEUE,
         }
@@ -300,32 +303,19 @@ class SQLiteBroker(AdminForwarder):
 
         forward = max(params.limit, CLAIM_FORWARD)
 
-        def body(conn: Conn) -> list[Lease]:
+        def body(conn: Conn) -> Claimed:
             paused = {row[0] for row in conn.execute(Q["paused_queues"])}
-            leases: list[Lease] = []
+            leases = Claimed()
             for queue in queues:
                 if queue in paused:
                     continue
                 conn.execute(Q["promote_queue"], {"queue": queue, "now": now, "bound": forward})
-                rows = conn.execute(
-                    Q["claim"],
-                    {
-                        "queue": queue,
-                        "now": now,
-                        "limit": params.limit - len(leases),
-                        "lease_seconds": params.lease_seconds,
-                        "worker_id": params.worker_id,
-                        **self._s.timeline.lease_params(),
-                    },
-                ).fetchall()
-                # RETURNING gives no order guarantee: restore the claim order.
-                rows.sort(key=lambda r: (-r["priority"], r["next_process_at"], r["seq"]))
-                leases.extend(Lease(row_to_info(r), r["lease_token"]) for r in rows)
+                self._claim_queue(conn, queue, params, now, leases)
                 if len(leases) >= params.limit:
                     break
             return leases
 
-        def run(conn: Conn) -> list[Lease]:
+        def run(conn: Conn) -> Claimed:
             version = _data_version(conn)  # before the claim reads: later commits stay news
             if any(
                 conn.execute(Q["any_claimable"], {"queue": q, "now": now}).fetchone()[0]
@@ -333,7 +323,7 @@ class SQLiteBroker(AdminForwarder):
             ):
                 leases = self._s.transaction(conn, body)
             else:
-                leases = []
+                leases = Claimed()
             if len(leases) < params.limit:
                 self._s.seen_version = version
             return leases
@@ -342,6 +332,51 @@ class SQLiteBroker(AdminForwarder):
         if len(leases) >= params.limit:
             self._s.mailbox.post(frozenset(queues))  # a full claim may have left work behind
         return leases
+
+    def _claim_queue(
+        self, conn: Conn, queue: str, params: ClaimParams, now: float, leases: Claimed
+    ) -> None:
+        """Lease due tasks of one queue into ``leases`` until it holds ``params.limit``.
+
+        Tasks without limits are leased as they come; a limited one only if each of its
+        keys has room (W13), else it is held and the next one is looked at (no head-of-line
+        blocking). Held tasks leave the claimable index, so the loop ends."""
+        counters = _LimitCounters(conn, queue, now)
+        counters.let_back()
+        while len(leases) < params.limit:
+            want = params.limit - len(leases)
+            rows = conn.execute(
+                Q["claim_candidates"], {"queue": queue, "now": now, "limit": want}
+            ).fetchall()
+            chosen: list[int] = []
+            held = 0
+            for row in rows:
+                if row["limits"] is None:
+                    chosen.append(row["rowid"])
+                elif counters.admit(row["rowid"], limits_from_json(row["limits"])):
+                    chosen.append(row["rowid"])
+                else:
+                    held += 1
+            counters.save()
+            if chosen:
+                claimed = conn.execute(
+                    Q["claim"],
+                    {
+                        "rowids": json.dumps(chosen),
+                        "now": now,
+                        "lease_seconds": params.lease_seconds,
+                        "worker_id": params.worker_id,
+                        **self._s.timeline.lease_params(),
+                    },
+                ).fetchall()
+                # RETURNING gives no order guarantee: restore the claim order.
+                claimed.sort(key=lambda r: (-r["priority"], r["next_process_at"], r["seq"]))
+                leases.extend(Lease(row_to_info(r), r["lease_token"]) for r in claimed)
+            if not held or len(rows) < want:
+                break  # no task held back: nothing more is claimable now
+        wake_at = counters.wake_at()
+        if wake_at is not None and (leases.wake_at is None or wake_at < leases.wake_at):
+            leases.wake_at = wake_at
 
     async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
         """Push every held lease's expiry in one transaction; report lost ones and cancels."""
@@ -380,7 +415,7 @@ class SQLiteBroker(AdminForwarder):
             )
         else:
             cursor = conn.execute(Q["complete_delete"], ref)
-        if cursor.rowcount != 1:
+        if not self._ended(conn, p.lease.queue, cursor, woken):
             return False
         if bump:
             self._s.bump(conn, p.lease.queue, now, failed=False)
@@ -437,13 +472,13 @@ class SQLiteBroker(AdminForwarder):
             due = now + max(0.0, p.delay)
             cursor = conn.execute(Q["retry"], {**fence, "next_process_at": due})
             counted = True
-            if cursor.rowcount == 1 and p.delay <= 0:
-                woken.add(lease.queue)
         else:
             cursor = conn.execute(Q["archive"], {**fence, "count_attempt": int(p.count_attempt)})
             counted = p.count_attempt
-        if cursor.rowcount != 1:
+        if not self._ended(conn, lease.queue, cursor, woken):
             return False
+        if isinstance(p, RetryParams) and p.delay <= 0:
+            woken.add(lease.queue)
         if counted:
             self._s.bump(conn, lease.queue, now, failed=True)
         if isinstance(p, ArchiveParams) and p.follow_ups:
@@ -477,12 +512,29 @@ class SQLiteBroker(AdminForwarder):
         """Back to pending without counting an attempt (graceful shutdown, W7)."""
         now = self._s.clock.now()
         params = {"queue": lease.queue, "id": lease.id, "token": lease.token, "now": now}
-        done = await self._s.write(
-            "sqlite.requeue", lambda c: c.execute(Q["requeue"], params).rowcount == 1
+        done = await self._s.write_waking(
+            "sqlite.requeue",
+            lambda c, woken: self._ended(c, lease.queue, c.execute(Q["requeue"], params), woken),
         )
         if done:
             self._s.notify([lease.queue])
         return done
+
+    @staticmethod
+    def _ended(conn: Conn, queue: str, cursor: sqlite3.Cursor, woken: set[str]) -> bool:
+        """Whether a fenced move of an active task (``RETURNING limits``) held; if so, its
+        limit keys give their running slot back in the same transaction (W13)."""
+        rows = cursor.fetchall()
+        if len(rows) != 1:
+            return False
+        limits = rows[0]["limits"]
+        if limits is not None:
+            waiting = conn.execute(
+                Q["release_limits"], {"queue": queue, "limits": limits}
+            ).fetchall()
+            if any(row["waiting"] for row in waiting):
+                woken.add(queue)  # a held task may be taken now
+        return True
 
     # ------------------------------------------------------------------ maintenance
 
@@ -638,3 +690,81 @@ class _FileWatch:
 
 def _data_version(conn: Conn) -> int:
     return int(conn.execute(Q["data_version"]).fetchone()[0])
+
+
+class _LimitCounters:
+    """The flow-control counters of one queue that a claim touches, read once and written
+    back before the lease (inside the claim's transaction, W13)."""
+
+    def __init__(self, conn: Conn, queue: str, now: float) -> None:
+        self._conn = conn
+        self._queue = queue
+        self._now = now
+        self._counters: dict[str, limiter.Counter] = {}
+        self._dirty: set[str] = set()
+
+    def _load(self, keys: Sequence[str]) -> None:
+        missing = [k for k in keys if k not in self._counters]
+        if not missing:
+            return
+        rows = self._conn.execute(
+            Q["limit_counters"], {"queue": self._queue, "keys": json.dumps(missing)}
+        )
+        for row in rows:
+            self._counters[row["key"]] = limiter.stored(row)
+
+    def let_back(self) -> None:
+        """Held tasks of keys with room again rejoin the claimable set."""
+        for row in self._conn.execute(Q["waiting_limits"], {"queue": self._queue}).fetchall():
+            counter = self._counters[row["key"]] = limiter.stored(row)
+            room = counter.room(self._now)
+            if room <= 0:
+                continue
+            moved = self._conn.execute(
+                Q["let_back"], {"queue": self._queue, "key": row["key"], "room": room}
+            ).rowcount
+            if moved < room:  # none left held on it
+                counter.waiting = False
+                self._dirty.add(row["key"])
+
+    def admit(self, rowid: int, specs: tuple[LimitSpec, ...]) -> bool:
+        """Count one start of a task with ``specs``, or hold it on its first full key."""
+        self._load([s.key for s in specs])
+        full = limiter.blocking(specs, self._counters, self._now)
+        if full is not None:
+            self._conn.execute(Q["hold_task"], {"key": full, "rowid": rowid})
+            self._counters[full].waiting = True
+            self._dirty.add(full)
+            return False
+        for spec in specs:
+            limiter.take(spec, self._counters[spec.key], self._now)
+            self._dirty.add(spec.key)
+        return True
+
+    def save(self) -> None:
+        for key in self._dirty:
+            c = self._counters[key]
+            self._conn.execute(
+                Q["save_limit_counter"],
+                {
+                    "queue": self._queue,
+                    "key": key,
+                    "running": c.running,
+                    "concurrency": c.concurrency,
+                    "rate": c.rate,
+                    "per": c.per,
+                    "tokens": c.tokens,
+                    "refilled_at": c.refilled_at,
+                    "waiting": int(c.waiting),
+                },
+            )
+        self._dirty.clear()
+
+    def wake_at(self) -> float | None:
+        """When a token comes for a key with held tasks."""
+        times = [
+            t
+            for c in self._counters.values()
+            if c.waiting and (t := c.next_room_at(self._now)) is not None
+        ]
+        return min(times, default=None)

@@ -52,10 +52,10 @@ SELECT id FROM durq_tasks WHERE unique_key = :unique_key;
 -- name: insert_task
 INSERT INTO durq_tasks (
     id, queue, type, payload, state, max_retry, timeout, deadline, next_process_at,
-    enqueued_at, retention, headers, unique_key, unique_until, relative_due, priority
+    enqueued_at, retention, headers, unique_key, unique_until, relative_due, priority, limits
 ) VALUES (
     :id, :queue, :type, :payload, :state, :max_retry, :timeout, :deadline, :next_process_at,
-    :now, :retention, :headers, :unique_key, :unique_until, :relative_due, :priority
+    :now, :retention, :headers, :unique_key, :unique_until, :relative_due, :priority, :limits
 )
 RETURNING *;
 
@@ -70,13 +70,24 @@ SELECT name FROM durq_queues WHERE paused = 1;
 
 -- name: any_claimable
 -- A read before taking the write lock: idle workers polling empty queues never contend
--- with writers (WAL readers do not block).
+-- with writers (WAL readers do not block). Held tasks count when their key may have room.
 SELECT EXISTS (
     SELECT 1 FROM durq_tasks
     WHERE queue = :queue
       AND state IN ('pending', 'scheduled', 'retry')
       AND next_process_at <= :now
-);
+      AND held_by IS NULL
+) OR EXISTS (SELECT 1 FROM durq_limits WHERE queue = :queue AND waiting = 1);
+
+-- name: claim_candidates
+-- Pending rows of one queue in claim order (partial index durq_tasks_claimable): higher
+-- priority, then due time, then enqueue order, with their limits: the claim leases those without limits and checks the others' counters.
+-- Runs inside BEGIN IMMEDIATE: no other connection can write between this read and the
+-- lease, so no task is handed out twice (W10) and no counter is read stale (W13).
+SELECT rowid, limits FROM durq_tasks
+WHERE queue = :queue AND state = 'pending' AND held_by IS NULL
+ORDER BY priority DESC, next_process_at, rowid
+LIMIT :limit;
 
 -- name: promote_queue
 -- The claim's first step: due scheduled/retry rows of one queue become pending (a bounded
@@ -89,10 +100,7 @@ WHERE rowid IN (
 );
 
 -- name: claim
--- Pending rows of one queue in claim order (partial index durq_tasks_claimable): higher
--- priority, then due time, then enqueue order; each given a fresh random fencing token.
--- Runs inside BEGIN IMMEDIATE: no other connection can write between the SELECT and the
--- UPDATE, so no task is handed out twice (W10).
+-- Lease the chosen rows (a JSON array of rowids), each with a fresh random fencing token.
 UPDATE durq_tasks
 SET state = 'active',
     lease_token = lower(hex(randomblob(16))),
@@ -102,13 +110,48 @@ SET state = 'active',
     worker_id = :worker_id,
     started_at = :now,
     cancel_requested = 0
+WHERE rowid IN (SELECT value FROM json_each(:rowids))
+RETURNING rowid AS seq, *;
+
+-- name: limit_counters
+-- The counters of the keys a claim looks at (a JSON array of keys).
+SELECT * FROM durq_limits
+WHERE queue = :queue AND key IN (SELECT value FROM json_each(:keys));
+
+-- name: save_limit_counter
+INSERT INTO durq_limits (queue, key, running, concurrency, rate, per, tokens, refilled_at,
+                         waiting)
+VALUES (:queue, :key, :running, :concurrency, :rate, :per, :tokens, :refilled_at, :waiting)
+ON CONFLICT (queue, key) DO UPDATE
+SET running = excluded.running, concurrency = excluded.concurrency, rate = excluded.rate,
+    per = excluded.per, tokens = excluded.tokens, refilled_at = excluded.refilled_at,
+    waiting = excluded.waiting;
+
+-- name: hold_task
+-- W13: a task whose key has no room leaves the claimable index until the key has room.
+UPDATE durq_tasks SET held_by = :key WHERE rowid = :rowid;
+
+-- name: waiting_limits
+-- Keys of a queue that may have held tasks (partial index durq_limits_waiting).
+SELECT * FROM durq_limits WHERE queue = :queue AND waiting = 1;
+
+-- name: let_back
+-- Held tasks of a key that has room again, oldest first, as many as there is room.
+UPDATE durq_tasks SET held_by = NULL
 WHERE rowid IN (
     SELECT rowid FROM durq_tasks
-    WHERE queue = :queue AND state = 'pending'
+    WHERE queue = :queue AND held_by = :key
     ORDER BY priority DESC, next_process_at, rowid
-    LIMIT :limit
-)
-RETURNING rowid AS seq, *;
+    LIMIT :room
+);
+
+-- name: release_limits
+-- An attempt ended: one running fewer on each key of the task (its stored limits);
+-- returns whether tasks wait on any of them (the queue's workers should look again).
+UPDATE durq_limits SET running = max(running - 1, 0)
+WHERE queue = :queue
+  AND key IN (SELECT json_extract(value, '$[0]') FROM json_each(:limits))
+RETURNING waiting;
 
 -- name: extend_lease
 -- The lease runs on the monotonic clock of this boot (lease_mono); lease_expires_at is the
@@ -125,11 +168,13 @@ UPDATE durq_tasks
 SET state = 'completed', completed_at = :now, result = :result, retention = :retention,
     expires_at = :now + :retention, lease_token = NULL, lease_expires_at = NULL,
     unique_key = NULL, unique_until = NULL, cancel_requested = 0
-WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
+RETURNING limits;
 
 -- name: complete_delete
 DELETE FROM durq_tasks
-WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
+RETURNING limits;
 
 -- name: retry
 -- Fenced by the token; with :expired_by (the rescuer) also by the lease having expired (as
@@ -141,7 +186,8 @@ SET state = 'retry', retried = retried + 1, lost = lost + :lost, last_error = :e
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
   AND (:expired_by IS NULL
        OR CASE WHEN lease_boot IS NULL THEN lease_expires_at <= :now
-               ELSE lease_boot IS NOT :boot OR lease_mono <= :mono END);
+               ELSE lease_boot IS NOT :boot OR lease_mono <= :mono END)
+RETURNING limits;
 
 -- name: archive
 UPDATE durq_tasks
@@ -151,14 +197,16 @@ SET state = 'archived', retried = retried + :count_attempt, lost = lost + :lost,
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
   AND (:expired_by IS NULL
        OR CASE WHEN lease_boot IS NULL THEN lease_expires_at <= :now
-               ELSE lease_boot IS NOT :boot OR lease_mono <= :mono END);
+               ELSE lease_boot IS NOT :boot OR lease_mono <= :mono END)
+RETURNING limits;
 
 -- name: requeue
 -- Graceful shutdown (W7): back to pending, due now, without counting an attempt.
 UPDATE durq_tasks
 SET state = 'pending', next_process_at = :now, lease_token = NULL, lease_expires_at = NULL,
     cancel_requested = 0
-WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
+RETURNING limits;
 
 -- name: bump_stats
 INSERT INTO durq_stats (queue, day, processed, failed) VALUES (:queue, :day, :processed, :failed)
@@ -291,15 +339,16 @@ ORDER BY page.next_process_at, page.seq_;
 
 -- name: run_task
 -- The inspector's moves are fenced by the state the move was decided on (:expect).
+-- A held task goes back to the claimable set (the next claim holds it again if need be).
 UPDATE durq_tasks
-SET state = 'pending', next_process_at = :now, lost = 0, cancel_requested = 0
+SET state = 'pending', next_process_at = :now, lost = 0, cancel_requested = 0, held_by = NULL
 WHERE queue = :queue AND id = :id AND state = :expect
 RETURNING *;
 
 -- name: archive_task
 UPDATE durq_tasks
 SET state = 'archived', last_error = coalesce(:error, last_error),
-    unique_key = NULL, unique_until = NULL
+    unique_key = NULL, unique_until = NULL, held_by = NULL
 WHERE queue = :queue AND id = :id AND state = :expect
 RETURNING *;
 
@@ -316,7 +365,7 @@ RETURNING *;
 
 -- name: run_all
 UPDATE durq_tasks
-SET state = 'pending', next_process_at = :now, lost = 0, cancel_requested = 0
+SET state = 'pending', next_process_at = :now, lost = 0, cancel_requested = 0, held_by = NULL
 WHERE queue = :queue AND state = :state;
 
 -- name: delete_all

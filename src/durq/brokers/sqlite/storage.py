@@ -40,7 +40,7 @@ from durq.errors import (
     TaskIDConflictError,
 )
 from durq.states import TaskState
-from durq.task import TaskInfo
+from durq.task import TaskInfo, limits_to_json
 
 T = TypeVar("T")
 Conn = sqlite3.Connection
@@ -402,6 +402,7 @@ class SQLiteStorage:
                 if p.unique_key is None or p.unique_ttl is None
                 else now + p.unique_ttl,
                 "priority": p.priority,
+                "limits": limits_to_json(p.limits),
             },
         ).fetchone()
         conn.execute(Q["ensure_queue"], {"queue": p.queue, "now": now})

@@ -159,7 +159,8 @@ end
 -- process_at ("" = now), state (pending | scheduled), retention, unique key (""),
 -- unique lock ttl in seconds (""), headers JSON (""), then a[ao+13] the delay in seconds
 -- ("" = none: process_at holds; the delay and the ttl count from the broker's clock) and
--- a[ao+14] the priority ("0" = default).
+-- a[ao+14] the priority ("0" = default);
+-- a[ao+15] the limits JSON ("" = none; stored as field "L", W13).
 -- Returns <the clock it read> (created) | {"conflict", <HGETALL of the existing task>} |
 -- {"duplicate", <task id>}, and whether the task is pending now (the caller publishes the
 -- wake-up).
@@ -215,6 +216,7 @@ local function enqueue_task(task_key, qk, qo, now_s, a, ao)
   if prio ~= '0' then f[n + 1] = 'prio'; f[n + 2] = prio; n = n + 2 end
   n = add_chunked(f, n, 'p', a[ao + 3])
   if a[ao + 12] ~= '' then n = add_chunked(f, n, 'h', a[ao + 12]) end
+  if a[ao + 15] ~= '' then f[n + 1] = 'L'; f[n + 2] = a[ao + 15]; n = n + 2 end
   redis.call('HSET', task_key, unpack(f, 1, n))
 
   if state == 'pending' then
@@ -226,18 +228,18 @@ local function enqueue_task(task_key, qk, qo, now_s, a, ao)
 end
 
 -- Create the follow-up tasks passed after a script's own keys and arguments:
--- groups of 6 KEYS from index nk + 1 and of 16 ARGV from index na + 1, laid out as KEYS and
+-- groups of 6 KEYS from index nk + 1 and of 17 ARGV from index na + 1, laid out as KEYS and
 -- ARGV of enqueue.lua. A follow-up whose id or unique key is taken is skipped.
 -- On a Redis Cluster a follow-up into another hash slot comes with its 6 KEYS all naming
--- this queue's outbox hash: its 16 ARGV are kept there (netstrings, field "<channel> <id>")
+-- this queue's outbox hash: its 17 ARGV are kept there (netstrings, field "<channel> <id>")
 -- and the client runs them as enqueue.lua in the other slot, then deletes the field.
 local function enqueue_follow_ups(nk, na)
   local n = (#KEYS - nk) / 6
   for i = 0, n - 1 do
-    local ko, ao = nk + 6 * i, na + 16 * i
+    local ko, ao = nk + 6 * i, na + 17 * i
     if KEYS[ko + 1] == KEYS[ko + 2] then
       local parts = {}
-      for j = 1, 16 do
+      for j = 1, 17 do
         local v = ARGV[ao + j]
         parts[j] = #v .. ':' .. v
       end
@@ -253,7 +255,7 @@ end
 
 -- Groups. A member's task hash holds its group's hash key ("g") and its position ("gp"). The
 -- group hash: total, finished, retention, and its follow-up as enqueue.lua's KEYS (k1..k6)
--- and ARGV (a1..a16; a5 is the payload's head), with "tail" closing the payload; g..':e'
+-- and ARGV (a1..a17; a5 is the payload's head), with "tail" closing the payload; g..':e'
 -- maps position -> entry (first the member's "deleted" entry), g..':s' position -> final
 -- state. These keys are read from the task hash: one slot when the group and its members
 -- share a queue, several (single node only) otherwise.
@@ -286,7 +288,7 @@ local function finish_member(task_key, state, entry, now_s)
     local entries = redis.call('HMGET', g .. ':e', unpack(fields))
     local k = redis.call('HMGET', g, 'k1', 'k2', 'k3', 'k4', 'k5', 'k6')
     local a = redis.call('HMGET', g, 'a1', 'a2', 'a3', 'a4', 'a5', 'a6', 'a7', 'a8', 'a9',
-      'a10', 'a11', 'a12', 'a13', 'a14', 'a15', 'a16')
+      'a10', 'a11', 'a12', 'a13', 'a14', 'a15', 'a16', 'a17')
     -- Due now (no process_at, no delay), pending, the members' entries between head and tail.
     a[1] = now_s
     a[5] = head[3] .. table.concat(entries, ',') .. head[4]
@@ -314,5 +316,97 @@ local function forget_member(task_key, now_s)
   local state = redis.call('HGET', task_key, 'state')
   if state ~= 'completed' and state ~= 'archived' then
     finish_member(task_key, 'deleted', '', now_s)
+-- W13 flow control. A key's counter is one field of the queue's limits hash, the string
+-- "running|concurrency|rate|per|tokens|refilled_at" (empty for none): what runs, the token
+-- bucket and the last limit a task of the key carried (brokers/limiter.py does the same in
+-- Python). Tasks held on a key are members "<key>\0<member>" (score 0) of the held zset;
+-- keys with held tasks are in the waiting set. A task's limits are its field "L" (JSON).
+local function load_counter(hash, key)
+  local raw = redis.call('HGET', hash, key)
+  if not raw then
+    return nil
+  end
+  local f = {}
+  for part in string.gmatch(raw .. '|', '([^|]*)|') do
+    f[#f + 1] = part
+  end
+  return {running = tonumber(f[1]) or 0, conc = tonumber(f[2]), rate = tonumber(f[3]),
+    per = tonumber(f[4]), tokens = tonumber(f[5]) or 0, at = tonumber(f[6]) or 0}
+end
+
+local function save_counter(hash, key, c)
+  local function opt(v)
+    if v == nil then return '' end
+    return string.format('%.17g', v)
+  end
+  redis.call('HSET', hash, key, table.concat({string.format('%d', c.running), opt(c.conc),
+    opt(c.rate), opt(c.per), string.format('%.17g', c.tokens), string.format('%.17g', c.at)},
+    '|'))
+end
+
+-- Tokens in the bucket at `now`, refilled at rate/per (the counter's when not given).
+local function bucket_at(c, now, rate, per)
+  rate, per = rate or c.rate, per or c.per
+  if not rate or not per then
+    return nil
+  end
+  local elapsed = now - c.at
+  if elapsed < 0 then elapsed = 0 end
+  return math.min(rate, c.tokens + elapsed * rate / per)
+end
+
+-- How many more attempts of the key may start at `now`.
+local function room_of(c, now)
+  local room = 1000000000
+  if c.conc then room = c.conc - c.running end
+  local tokens = bucket_at(c, now)
+  if tokens then room = math.min(room, math.floor(tokens + 1e-9)) end
+  if room < 0 then return 0 end
+  return room
+end
+
+-- When a token comes, if only the bucket holds the key back (nil otherwise).
+local function next_room_at(c, now)
+  if c.conc and c.running >= c.conc then return nil end
+  local tokens = bucket_at(c, now)
+  if not tokens then return nil end
+  if tokens >= 1 then return now end
+  return now + (1 - tokens) * c.per / c.rate
+end
+
+-- One limit of a task, from its JSON [key, concurrency, rate, per] (cjson.null -> nil).
+local function spec_of(item)
+  local function v(x) if x == cjson.null then return nil end return x end
+  return {key = item[1], conc = v(item[2]), rate = v(item[3]), per = v(item[4])}
+end
+
+-- An attempt of the task ended: one running fewer on each of its keys. Returns whether
+-- tasks are held on one of them (the caller wakes the queue's workers).
+local function release_limits(task_key, limits_hash, waiting_set)
+  local raw = redis.call('HGET', task_key, 'L')
+  if not raw then
+    return false
+  end
+  local wake = false
+  for _, item in ipairs(cjson.decode(raw)) do
+    local key = item[1]
+    local c = load_counter(limits_hash, key)
+    if c then
+      if c.running > 0 then c.running = c.running - 1 end
+      save_counter(limits_hash, key, c)
+    end
+    if redis.call('SISMEMBER', waiting_set, key) == 1 then
+      wake = true
+    end
+  end
+  return wake
+end
+
+-- Forget the held entry of a task leaving the held set by another way (inspector moves).
+local function unhold(task_key, held_zset, m)
+  local key = redis.call('HGET', task_key, 'held_by')
+  if key then
+    redis.call('ZREM', held_zset, key .. '\0' .. m)
+    redis.call('HDEL', task_key, 'held_by', 'hs')
   end
 end

@@ -3,10 +3,11 @@
 --
 -- KEYS[1] task hash   KEYS[2] pending   KEYS[3] scheduled   KEYS[4] retry
 -- KEYS[5] active      KEYS[6] completed KEYS[7] archived    KEYS[8] unique hash
+-- KEYS[9] held zset (W13: a held pending task leaves it too)
 -- ARGV[1] now         ARGV[2] expected state (the fence)
 -- ARGV[3] to: "pending" (due now, wakes workers) | "archived" | "deleted"
 -- ARGV[4] last_error to set ("" keeps the current one)      ARGV[5] wake-up channel
--- Then, per follow-up i = 0, 1, ...: KEYS[9+6i .. 14+6i] and ARGV[6+16i .. 21+16i] as KEYS
+-- Then, per follow-up i = 0, 1, ...: KEYS[10+6i .. 15+6i] and ARGV[6+17i .. 22+17i] as KEYS
 -- and ARGV of enqueue.lua.
 -- Last two ARGV: a group member's final state when archived ("" for none) and its entry.
 -- An unfinished group member that is deleted finishes as deleted.
@@ -21,6 +22,7 @@ if cur[1] ~= ARGV[2] or cur[1] == 'active'
   return {'fenced'}
 end
 redis.call('ZREM', zsets[cur[1]], cur[2])
+unhold(KEYS[1], KEYS[9], cur[2])
 local to = ARGV[3]
 if to == 'deleted' then
   local before = redis.call('HGETALL', KEYS[1])
@@ -43,7 +45,7 @@ else
     redis.call('HSET', KEYS[1], 'last_error', ARGV[4])
   end
   redis.call('ZADD', KEYS[7], ARGV[1], cur[2])
-  enqueue_follow_ups(8, 5)
+  enqueue_follow_ups(9, 5)
   if ARGV[#ARGV - 1] ~= '' then
     finish_member(KEYS[1], ARGV[#ARGV - 1], ARGV[#ARGV], ARGV[1])
   end

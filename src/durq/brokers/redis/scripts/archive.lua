@@ -9,8 +9,10 @@
 -- ARGV[7] "" or a time: also fenced by the lease having expired by then and by now
 --         (the rescuer)
 -- KEYS[7] per-minute counters of the day    ARGV[8] their TTL (s)
--- Then, per follow-up task i = 0, 1, ...: KEYS[8+6i .. 13+6i]
--- and ARGV[9+16i .. 24+16i] as KEYS and ARGV of enqueue.lua (see complete.lua).
+-- KEYS[8] limits hash    KEYS[9] waiting set (W13: the task's keys give their slot back)
+-- ARGV[9] wake-up channel (published when tasks are held on one of those keys)
+-- Then, per follow-up task i = 0, 1, ...: KEYS[10+6i .. 15+6i]
+-- and ARGV[10+17i .. 26+17i] as KEYS and ARGV of enqueue.lua (see complete.lua).
 -- Then the attempt's traceback ("" for none), a group member's final state ("" for no group
 -- member) and its entry: the last three ARGV.
 -- Last ARGV: the attempt's traceback, "" for none.
@@ -26,6 +28,9 @@ if ARGV[7] ~= '' and not (cur[4] and tonumber(cur[4]) <= tonumber(earliest(ARGV[
   return 0
 end
 redis.call('ZREM', KEYS[2], cur[3])
+if release_limits(KEYS[1], KEYS[8], KEYS[9]) then
+  redis.call('PUBLISH', ARGV[9], '1')
+end
 free_unique(KEYS[4], KEYS[1])
 redis.call('HSET', KEYS[1], 'state', 'archived', 'last_error', ARGV[3], 'archived_at', now)
 redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel')
@@ -42,7 +47,7 @@ end
 if ARGV[6] == '1' then
   redis.call('HINCRBY', KEYS[1], 'lost', 1)
 end
-enqueue_follow_ups(7, 8)
+enqueue_follow_ups(9, 9)
 if ARGV[#ARGV - 1] ~= '' then
   finish_member(KEYS[1], ARGV[#ARGV - 1], ARGV[#ARGV], now)
 end

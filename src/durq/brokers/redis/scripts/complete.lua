@@ -6,8 +6,10 @@
 -- ARGV[4] unused         ARGV[5] "1" if a result follows    ARGV[6] result
 -- ARGV[7] TTL of the daily counters (s)
 -- KEYS[7] per-minute counters of the day    ARGV[8] their TTL (s)
--- Then, per follow-up (continuation) i = 0, 1, ...: KEYS[8+6i .. 13+6i] and
--- ARGV[9+16i .. 24+16i] as KEYS and ARGV of enqueue.lua. Created only if the lease is held;
+-- KEYS[8] limits hash    KEYS[9] waiting set (W13: the task's keys give their slot back)
+-- ARGV[9] wake-up channel (published when tasks are held on one of those keys)
+-- Then, per follow-up (continuation) i = 0, 1, ...: KEYS[10+6i .. 15+6i] and
+-- ARGV[10+17i .. 26+17i] as KEYS and ARGV of enqueue.lua. Created only if the lease is held;
 -- one whose id is taken is skipped. Keys of another queue are another hash slot: atomic on
 -- a single node, refused by a Redis Cluster.
 -- Last two ARGV: a group member's final state ("" for no group member) and its entry.
@@ -19,6 +21,9 @@ if cur[1] ~= 'active' or cur[2] ~= ARGV[1] then
   return 0
 end
 redis.call('ZREM', KEYS[2], cur[3])
+if release_limits(KEYS[1], KEYS[8], KEYS[9]) then
+  redis.call('PUBLISH', ARGV[9], '1')
+end
 free_unique(KEYS[4], KEYS[1])
 local now = clock(ARGV[2])
 if ARGV[#ARGV - 1] ~= '' then
@@ -37,6 +42,6 @@ else
   redis.call('DEL', KEYS[1])
 end
 count(KEYS[5], KEYS[6], ARGV[7], 1, 0, KEYS[7], now, ARGV[8])
-enqueue_follow_ups(7, 8)
+enqueue_follow_ups(9, 9)
 redis.call('PUBLISH', KEYS[1] .. ':end', '1')
 return 1

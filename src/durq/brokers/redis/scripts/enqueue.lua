@@ -9,6 +9,7 @@
 -- ARGV[12] unique key ("")  ARGV[13] unique lock ttl, s ("")           ARGV[14] headers JSON ("")
 -- ARGV[15] delay, s ("" = none): next_process_at is then now + delay
 -- ARGV[16] priority ("0" = default)
+-- ARGV[17] limits JSON ("" = none)
 -- Returns <the clock it read> (created) | {"conflict", <HGETALL of the existing task>} |
 -- {"duplicate", <task id>}.
 -- Complexity: O(log n) in the size of the target zset.

@@ -3,9 +3,9 @@
 -- KEYS[1] group hash     KEYS[2] its entries hash (":e")
 -- Then per member i = 0, 1, ...: KEYS[3+6i .. 8+6i] as KEYS of enqueue.lua.
 -- ARGV[1] now ("" = TIME) ARGV[2] number of members      ARGV[3] retention (s)
--- ARGV[4..9] the follow-up's enqueue.lua KEYS, ARGV[10..25] its ARGV ("" in ARGV[4]: none)
--- ARGV[26] the tail of the follow-up's payload        ARGV[27] the follow-up's queue
--- Then per member i: ARGV[28+17i .. 43+17i] as ARGV of enqueue.lua, ARGV[44+17i] its
+-- ARGV[4..9] the follow-up's enqueue.lua KEYS, ARGV[10..26] its ARGV ("" in ARGV[4]: none)
+-- ARGV[27] the tail of the follow-up's payload        ARGV[28] the follow-up's queue
+-- Then per member i: ARGV[29+18i .. 45+18i] as ARGV of enqueue.lua, ARGV[46+18i] its
 -- "deleted" entry.
 -- Returns {"ok", <the clock it read>} | {"conflict", <member index>, <HGETALL of the
 -- existing task>} | {"duplicate", <member index>, <task id>}.
@@ -17,7 +17,7 @@ local now = tonumber(now_s)
 -- First every check, then every write: a refusal leaves nothing behind.
 local taken = {}
 for i = 0, n - 1 do
-  local ko, ao = 2 + 6 * i, 27 + 17 * i
+  local ko, ao = 2 + 6 * i, 28 + 18 * i
   local task_key = KEYS[ko + 1]
   if redis.call('EXISTS', task_key) == 1 then
     local cur = redis.call('HMGET', task_key, 'state', 'expires_at')
@@ -48,24 +48,24 @@ if ARGV[4] ~= '' then
     g[#g + 1] = 'k' .. j
     g[#g + 1] = ARGV[3 + j]
   end
-  for j = 1, 16 do
+  for j = 1, 17 do
     g[#g + 1] = 'a' .. j
     g[#g + 1] = ARGV[9 + j]
   end
   g[#g + 1] = 'tail'
-  g[#g + 1] = ARGV[26]
-  g[#g + 1] = 'tq'
   g[#g + 1] = ARGV[27]
+  g[#g + 1] = 'tq'
+  g[#g + 1] = ARGV[28]
 end
 redis.call('HSET', KEYS[1], unpack(g))
 
 local entries = {}
 for i = 0, n - 1 do
-  local ko, ao = 2 + 6 * i, 27 + 17 * i
+  local ko, ao = 2 + 6 * i, 28 + 18 * i
   local _, pending = enqueue_task(KEYS[ko + 1], KEYS, ko + 1, now_s, ARGV, ao + 2)
   redis.call('HSET', KEYS[ko + 1], 'g', KEYS[1], 'gp', i)
   entries[#entries + 1] = tostring(i)
-  entries[#entries + 1] = ARGV[ao + 17]
+  entries[#entries + 1] = ARGV[ao + 18]
   if pending then
     redis.call('PUBLISH', ARGV[ao + 2], '1')
   end

@@ -3,6 +3,7 @@
 --
 -- KEYS[1] task hash      KEYS[2] active zset      KEYS[3] pending zset
 -- ARGV[1] fencing token  ARGV[2] wake-up channel
+-- KEYS[4] limits hash    KEYS[5] waiting set (W13: the task's keys give their slot back)
 -- Returns 1, or 0 (nothing changed) when the lease is no longer held.
 -- Complexity: O(log n).
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'npa', 'prio')
@@ -10,6 +11,7 @@ if cur[1] ~= 'active' or cur[2] ~= ARGV[1] then
   return 0
 end
 redis.call('ZREM', KEYS[2], cur[3])
+release_limits(KEYS[1], KEYS[4], KEYS[5])
 redis.call('HSET', KEYS[1], 'state', 'pending')
 redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel', 'worker_id')
 redis.call('ZADD', KEYS[3], ready_score(cur[4], cur[5]), cur[3])

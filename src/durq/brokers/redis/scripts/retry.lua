@@ -12,6 +12,8 @@
 -- ARGV[8] the attempt's traceback, "" for none
 -- ARGV[9] now ("" = TIME)
 -- KEYS[6] per-minute counters of the day    ARGV[10] their TTL (s)
+-- KEYS[7] limits hash    KEYS[8] waiting set (W13: the task's keys give their slot back)
+-- ARGV[11] wake-up channel (published when tasks are held on one of those keys)
 -- Returns 1, or 0 (nothing changed) when the fence fails.
 -- Complexity: O(log n).
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'lease_expires_at')
@@ -24,6 +26,9 @@ if ARGV[6] ~= '' and not (cur[4] and tonumber(cur[4]) <= tonumber(earliest(ARGV[
 end
 local npa = later(now, ARGV[3])
 redis.call('ZREM', KEYS[2], cur[3])
+if release_limits(KEYS[1], KEYS[7], KEYS[8]) then
+  redis.call('PUBLISH', ARGV[11], '1')
+end
 redis.call('HINCRBY', KEYS[1], 'retried', 1)
 if ARGV[5] == '1' then
   redis.call('HINCRBY', KEYS[1], 'lost', 1)

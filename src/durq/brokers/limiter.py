@@ -1,0 +1,136 @@
+"""The arithmetic of one flow-control key, shared by the brokers that claim in Python
+(SQLite, PostgreSQL, memory); Redis's ``claim.lua`` mirrors it.
+
+A key's counter holds how many attempts of it run (``running``) and a token bucket for its
+rate: up to ``rate`` tokens, refilled at ``rate / per`` a second on the broker's clock, one
+taken per start. A claim admits a task only if every limit it carries has room; a task that
+has none is *held* (left pending, out of the claimable set) on the first full key, and the
+next claim after room appears lets that key's held tasks back, as many as there is room.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from durq.brokers.base import LimitStats
+from durq.task import LimitSpec
+
+
+@dataclass(slots=True)
+class Counter:
+    """One key's state: what runs, the bucket, and the last limit a task of it carried."""
+
+    running: int = 0
+    concurrency: int | None = None
+    rate: int | None = None
+    per: float | None = None
+    tokens: float = 0.0
+    refilled_at: float = 0.0
+    #: Some task may be held on this key (cleared when letting tasks back finds none left).
+    waiting: bool = False
+
+    def tokens_at(self, now: float, rate: int | None = None, per: float | None = None) -> float:
+        """Tokens in the bucket at ``now``, refilled at the key's rate (or ``rate``/``per``);
+        unbounded when there is no rate."""
+        if rate is None or per is None:
+            rate, per = self.rate, self.per
+        if rate is None or per is None:
+            return math.inf
+        elapsed = max(0.0, now - self.refilled_at)
+        return min(float(rate), self.tokens + elapsed * rate / per)
+
+    def room(self, now: float) -> int:
+        """How many more attempts of this key may start at ``now``."""
+        room = math.inf
+        if self.concurrency is not None:
+            room = self.concurrency - self.running
+        tokens = self.tokens_at(now)
+        if tokens != math.inf:
+            room = min(room, math.floor(tokens + 1e-9))
+        return max(0, int(min(room, 10**9)))
+
+    def next_room_at(self, now: float) -> float | None:
+        """When a token comes, if the bucket is what holds the key back (``None`` when a
+        running attempt must end first: its end wakes the workers)."""
+        if self.concurrency is not None and self.running >= self.concurrency:
+            return None
+        if self.rate is None or self.per is None:
+            return None
+        missing = 1.0 - self.tokens_at(now)
+        return now if missing <= 0 else now + missing * self.per / self.rate
+
+    def stats(self, queue: str, key: str, waiting: int, now: float) -> LimitStats:
+        """The key as the inspector shows it at ``now``."""
+        return LimitStats(
+            queue=queue,
+            key=key,
+            running=self.running,
+            concurrency=self.concurrency,
+            rate=self.rate,
+            per=self.per,
+            tokens=None if self.rate is None else self.tokens_at(now),
+            waiting=waiting,
+        )
+
+
+def stored(row: Any) -> Counter:
+    """A stored counter (a ``limits`` table row, by column name) as a :class:`Counter`."""
+    return Counter(
+        running=row["running"],
+        concurrency=row["concurrency"],
+        rate=row["rate"],
+        per=row["per"],
+        tokens=row["tokens"],
+        refilled_at=row["refilled_at"],
+        waiting=bool(row["waiting"]),
+    )
+
+
+def fresh(spec: LimitSpec, now: float) -> Counter:
+    """The counter of a key no claim has seen: nothing running, a full bucket."""
+    return Counter(
+        concurrency=spec.concurrency,
+        rate=spec.rate,
+        per=spec.per,
+        tokens=float(spec.rate or 0),
+        refilled_at=now,
+    )
+
+
+def admits(spec: LimitSpec, counter: Counter, now: float) -> bool:
+    """Whether one more attempt under ``spec`` may start (the task's own limit decides)."""
+    if spec.concurrency is not None and counter.running >= spec.concurrency:
+        return False
+    if spec.rate is None:
+        return True
+    # The bucket refills at the task's rate.
+    return counter.tokens_at(now, spec.rate, spec.per) >= 1.0 - 1e-9
+
+
+def take(spec: LimitSpec, counter: Counter, now: float) -> None:
+    """Count one start: a running attempt, a token; the key shows the task's limit."""
+    counter.concurrency = spec.concurrency
+    if spec.rate is not None and spec.per is not None:
+        counter.tokens = counter.tokens_at(now, spec.rate, spec.per) - 1.0
+        counter.rate, counter.per = spec.rate, spec.per
+        counter.refilled_at = now
+    else:
+        counter.rate = counter.per = None
+    counter.running += 1
+
+
+def blocking(specs: tuple[LimitSpec, ...], counters: dict[str, Counter], now: float) -> str | None:
+    """The first key of ``specs`` without room (``None``: all admit). Keys missing from
+    ``counters`` are added fresh."""
+    for spec in specs:
+        counter = counters.get(spec.key)
+        if counter is None:
+            counter = counters[spec.key] = fresh(spec, now)
+        if not admits(spec, counter, now):
+            return spec.key
+    return None
+
+
+__all__ = ["Counter", "admits", "blocking", "fresh", "stored", "take"]

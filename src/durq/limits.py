@@ -1,0 +1,144 @@
+"""Flow control: per-key concurrency and rate limits that every worker honours.
+
+A :class:`Limit` names a key (``"partner:{partner}"`` fills ``{partner}`` from the payload)
+and caps how many attempts of that key run at once (``concurrency``) and how many start per
+period (``rate="10/s"``). It is resolved at enqueue into a :class:`~durq.task.LimitSpec`
+stored with the task, so every worker, whatever code it runs, enforces the same rule; the
+broker checks and counts it atomically in the claim. A key counts the tasks of one queue.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from durq.errors import ValidationError
+from durq.task import LimitSpec
+
+#: The most limits one task may carry, and the longest resolved key.
+MAX_LIMITS = 8
+MAX_KEY = 200
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_PERIOD = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_FORMATTER = string.Formatter()
+
+
+def parse_rate(rate: str | tuple[int, float]) -> tuple[int, float]:
+    """``"10/s"``, ``"600/m"``, ``"5/30s"`` or ``(count, seconds)`` as ``(count, seconds)``."""
+    if isinstance(rate, tuple):
+        count, per = rate
+    else:
+        match = _RATE.match(str(rate)) if isinstance(rate, str) else None
+        if match is None:
+            raise ValidationError(f"invalid rate {rate!r} (examples: '10/s', '600/m', '5/30s')")
+        count = int(match.group(1))
+        per = float(match.group(2) or 1) * _PERIOD[match.group(3) or "s"]
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1 or count > 10**9:
+        raise ValidationError(f"a rate allows 1 to 10^9 starts per period, got {rate!r}")
+    if not isinstance(per, int | float) or not 0.001 <= float(per) <= 86400 * 366:
+        raise ValidationError(f"a rate's period is 1 ms to a year, got {rate!r}")
+    return count, float(per)
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A flow-control limit: at most ``concurrency`` attempts of ``key`` run at once across
+    every worker, and at most ``rate`` start per period (``"10/s"``, ``"600/m"``).
+
+    ``key`` may name payload fields, ``"partner:{partner}"``, so one task type is limited per
+    partner. Give it to ``@app.task(limit=...)`` or to one enqueue (``limit=``); a list gives
+    several (a global one and a per-partner one). A task held back stays pending and never
+    blocks other keys or task types."""
+
+    key: str
+    concurrency: int | None = None
+    rate: str | tuple[int, float] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str) or not self.key:
+            raise ValidationError("a limit needs a key (e.g. 'partner:{partner}')")
+        try:
+            fields = [f for _, f, _, _ in _FORMATTER.parse(self.key) if f is not None]
+        except ValueError as exc:
+            raise ValidationError(f"invalid limit key template {self.key!r}: {exc}") from None
+        for name in fields:
+            if not name.isidentifier():
+                raise ValidationError(
+                    f"limit key {self.key!r}: {{{name}}} must name one payload field"
+                )
+        if self.concurrency is None and self.rate is None:
+            raise ValidationError(f"limit {self.key!r} needs concurrency=, rate= or both")
+        if self.concurrency is not None and (
+            not isinstance(self.concurrency, int)
+            or isinstance(self.concurrency, bool)
+            or not 1 <= self.concurrency <= 10**6
+        ):
+            raise ValidationError(
+                f"limit {self.key!r}: concurrency is an integer from 1 to 10^6, "
+                f"got {self.concurrency!r}"
+            )
+        if self.rate is not None:
+            parse_rate(self.rate)
+
+    def resolve(self, payload: Mapping[str, Any]) -> LimitSpec:
+        """What one task stores: this limit with the key filled from its payload."""
+        key = self.key
+        if "{" in key:
+            values: dict[str, str] = {}
+            for _, name, _, _ in _FORMATTER.parse(key):
+                if name is None:
+                    continue
+                if name not in payload:
+                    raise ValidationError(
+                        f"limit key {self.key!r} needs payload field {name!r}, which is missing"
+                    )
+                value = payload[name]
+                if isinstance(value, dict | list):
+                    raise ValidationError(
+                        f"limit key {self.key!r}: payload field {name!r} must be a scalar"
+                    )
+                values[name] = str(value)
+            key = key.format(**values)
+        if not key or len(key) > MAX_KEY or not key.isprintable():
+            raise ValidationError(
+                f"a limit key is 1-{MAX_KEY} printable characters, got {key!r:.60}"
+            )
+        rate = per = None
+        if self.rate is not None:
+            rate, per = parse_rate(self.rate)
+        return LimitSpec(key, self.concurrency, rate, per)
+
+
+LimitOption = Limit | Iterable[Limit] | None
+
+
+def as_limits(value: LimitOption) -> tuple[Limit, ...]:
+    """``limit=`` as a tuple of :class:`Limit`; ValidationError for anything else."""
+    if value is None:
+        return ()
+    items = (value,) if isinstance(value, Limit) else tuple(value)
+    for item in items:
+        if not isinstance(item, Limit):
+            raise ValidationError(f"limit= takes durq.Limit objects, got {item!r:.60}")
+    if len(items) > MAX_LIMITS:
+        raise ValidationError(f"a task has at most {MAX_LIMITS} limits, got {len(items)}")
+    return items
+
+
+def resolve_all(limits: tuple[Limit, ...], payload: Any) -> tuple[LimitSpec, ...]:
+    """Every limit of one task resolved against its (JSON) payload; one per key, the first
+    given wins a repeated key."""
+    if not limits:
+        return ()
+    fields = payload if isinstance(payload, Mapping) else {}
+    specs: dict[str, LimitSpec] = {}
+    for limit in limits:
+        spec = limit.resolve(fields)
+        specs.setdefault(spec.key, spec)
+    return tuple(specs.values())
+
+
+__all__ = ["MAX_KEY", "MAX_LIMITS", "Limit", "LimitOption", "as_limits", "parse_rate"]

@@ -1,0 +1,106 @@
+"""Flow control at scale, every broker (``make chaos``): 4 ``durq worker`` processes of 50
+slots share the limits of 10 keys; an independent ledger of handler starts and ends shows no
+key ever above its limit, a 20/s key held to its rate over 20 s, and a SIGKILLed worker's
+slots back within its lease. Figures are printed (``-s``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conformance import limits_app
+from conformance.limitkit import (
+    client,
+    enqueue_calls,
+    needs_processes,
+    run_concurrency,
+    wait_for_ledger,
+    workers,
+)
+from durq.options import EnqueueRequest
+
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(400)]
+
+#: The lease and rescue interval of ``durq worker`` (its defaults).
+LEASE, RESCUE_EVERY = 30.0, 5.0
+
+
+def show(what: str, **figures: object) -> None:
+    print(f"\n[limits {what}] {json.dumps(figures)}")
+
+
+@pytest.fixture(params=["sqlite", "postgres", "redis"])
+def broker_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def test_limits_hold_across_four_worker_processes(broker_url: str, tmp_path: Path) -> None:
+    await needs_processes(broker_url)
+    ledger = tmp_path / "ledger.txt"
+    start = time.monotonic()
+    got = await run_concurrency(
+        broker_url, ledger, procs=4, concurrency=50, keys=10, tasks=2000, seconds=0.05,
+        timeout=300, cli=True,
+    )  # fmt: skip
+    took = time.monotonic() - start
+    peak = got.peak_overlap()
+    show("concurrency", seconds=round(took, 1), peak=peak)
+    assert len(got.started()) == 2000
+    assert len(peak) == 10 and max(peak.values()) <= 3, peak
+
+
+async def test_rate_over_twenty_seconds(broker_url: str, tmp_path: Path) -> None:
+    """20/s on one key: starts within 20 s after the first second are 400 ± 10 %."""
+    await needs_processes(broker_url)
+    ledger = tmp_path / "ledger.txt"
+    app = client(broker_url)
+    try:
+        await app.enqueue_many([EnqueueRequest("limits:rated", {}) for _ in range(500)])
+    finally:
+        await app.close()
+    with workers(broker_url, ledger, 4, concurrency=50, cli=True):
+        deadline = time.monotonic() + 120
+        while True:
+            starts = limits_app.Ledger.read(ledger).starts("api")
+            if starts and starts[-1] - starts[0] > 21.5:
+                break
+            assert time.monotonic() < deadline, f"{len(starts)} starts in 120 s"
+            await asyncio.sleep(0.5)
+    first = starts[0]
+    window = [t for t in starts if first + 1 <= t < first + 21]
+    show("rate", starts_in_20s=len(window), expected=400)
+    assert 360 <= len(window) <= 440, len(window)
+
+
+async def test_killed_worker_slots_return_within_its_lease(broker_url: str, tmp_path: Path) -> None:
+    await needs_processes(broker_url)
+    ledger = tmp_path / "ledger.txt"
+    app = client(broker_url)
+    try:
+        await enqueue_calls(app, keys=1, tasks=3, seconds=3600)  # fills partner:p0
+    finally:
+        await app.close()
+    with workers(broker_url, ledger, 1, concurrency=50, cli=True) as (victim,):
+        deadline = time.monotonic() + 60
+        while len(limits_app.Ledger.read(ledger).started()) < 3:
+            assert time.monotonic() < deadline, "the worker never started three tasks"
+            await asyncio.sleep(0.1)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        killed = time.time()
+    app = client(broker_url)
+    try:
+        await enqueue_calls(app, keys=1, tasks=3, seconds=0.01)  # wait on the full key
+    finally:
+        await app.close()
+    with workers(broker_url, ledger, 3, concurrency=50, cli=True):
+        await wait_for_ledger(ledger, 3, timeout=LEASE + RESCUE_EVERY + 60)
+    got = limits_app.Ledger.read(ledger)
+    after = min(at for kind, _, _, at, _ in got.lines if kind == "start" and at > killed)
+    show("kill", slots_back_after_s=round(after - killed, 1), lease=LEASE)
+    assert after - killed < LEASE + RESCUE_EVERY + 10, after - killed

@@ -1,0 +1,80 @@
+"""Flow control (W13) through the app and a real worker: limits given at ``@app.task`` or
+per enqueue, keys filled from the payload, and a worker that never runs more of a key at once
+than its limit while other work flows past the held tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+import durq
+from conformance.apps import FAST
+from conformance.conftest import requires
+from durq.brokers.base import CAP_LIMITS
+from durq.errors import ValidationError
+from durq.task import LimitSpec
+
+
+async def _needs_limits(app: durq.App) -> None:
+    requires(await app.broker(), CAP_LIMITS)
+
+
+async def test_W13_limits_are_stored_with_the_task(app: durq.App) -> None:
+    await _needs_limits(app)
+
+    @app.task(
+        "partner:call",
+        limit=[durq.Limit("partners", concurrency=10), durq.Limit("p:{partner}", rate="5/s")],
+    )
+    async def call(payload: dict[str, Any]) -> None: ...
+
+    info = await call.enqueue({"partner": "acme"})
+    assert info.limits == (LimitSpec("partners", 10), LimitSpec("p:acme", rate=5, per=1.0))
+    got = await app.inspector.get_task_info("default", info.id)
+    assert got.limits == info.limits
+    # Per enqueue, a limit replaces the type's.
+    info = await call.enqueue({"partner": "x"}, limit=durq.Limit("solo", concurrency=1))
+    assert info.limits == (LimitSpec("solo", 1),)
+    with pytest.raises(ValidationError, match="partner"):
+        await call.enqueue({"other": 1})
+
+
+async def test_W13_worker_never_exceeds_a_key_and_others_flow_past(app: durq.App) -> None:
+    await _needs_limits(app)
+    running: dict[str, int] = {}
+    peak: dict[str, int] = {}
+    done: list[str] = []
+
+    @app.task("limited:job", limit=durq.Limit("k:{k}", concurrency=2))
+    async def limited(payload: dict[str, Any]) -> None:
+        key = payload["k"]
+        running[key] = running.get(key, 0) + 1
+        peak[key] = max(peak.get(key, 0), running[key])
+        await asyncio.sleep(0.05)
+        running[key] -= 1
+        done.append(key)
+
+    @app.task("free:job")
+    async def free(payload: dict[str, Any]) -> None:
+        done.append("free")
+
+    await app.enqueue_many(
+        [limited.request({"k": k}) for k in ("a", "b") for _ in range(10)]
+        + [free.request({}) for _ in range(5)]
+    )
+    start = time.monotonic()
+    async with app.worker(concurrency=20, **FAST):
+        while len(done) < 25 and time.monotonic() - start < 30:
+            await asyncio.sleep(0.02)
+    assert len(done) == 25
+    assert peak == {"a": 2, "b": 2}
+    # The unlimited tasks did not wait behind the held ones.
+    assert done.index("free") < done.index("a") + 10
+    stats = {s.key: s for s in await app.inspector.list_limits("default")}
+    assert {k: (s.running, s.waiting, s.concurrency) for k, s in stats.items()} == {
+        "k:a": (0, 0, 2),
+        "k:b": (0, 0, 2),
+    }

@@ -1,0 +1,92 @@
+"""W13 across worker processes, checked by a ledger the handlers write (not by the broker).
+
+A short run for every broker in the default suite; the long one (4 ``durq worker``
+processes of 50 slots, 2,000 tasks, 20 s of rate) is ``tests/chaos/test_limits_storm.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conformance import limits_app
+from conformance.limitkit import (
+    assert_rate,
+    client,
+    enqueue_calls,
+    needs_processes,
+    run_concurrency,
+    wait_for_ledger,
+    workers,
+)
+from durq.options import EnqueueRequest
+
+pytestmark = pytest.mark.timeout(180)
+
+
+async def test_W13_worker_processes_never_run_more_of_a_key_than_its_limit(
+    broker_url: str, tmp_path: Path
+) -> None:
+    await needs_processes(broker_url)
+    ledger = tmp_path / "ledger.txt"
+    got = await run_concurrency(
+        broker_url, ledger, procs=2, concurrency=20, keys=5, tasks=200, seconds=0.02,
+        timeout=90,
+    )  # fmt: skip
+    assert len(got.started()) == 200
+    peak = got.peak_overlap()
+    assert len(peak) == 5 and max(peak.values()) <= 3, peak
+
+
+async def test_W13_rate_across_worker_processes(broker_url: str, tmp_path: Path) -> None:
+    """20/s: a bucket of 20 at once, then never faster than one start per 50 ms."""
+    await needs_processes(broker_url)
+    ledger = tmp_path / "ledger.txt"
+    app = client(broker_url)
+    try:
+        await app.enqueue_many([EnqueueRequest("limits:rated", {}) for _ in range(60)])
+    finally:
+        await app.close()
+    with workers(broker_url, ledger, 2, concurrency=20):
+        await wait_for_ledger(ledger, 60, timeout=60, prefix="api")
+    starts = limits_app.Ledger.read(ledger).starts("api")
+    first = starts[0]
+    assert_rate(starts, 20, slack=0.1)
+    assert starts[-1] - first < 20  # 2 s of tokens; generous on a loaded machine
+
+
+async def test_W13_a_killed_workers_slots_come_back_after_its_lease(
+    broker_url: str, tmp_path: Path
+) -> None:
+    await needs_processes(broker_url)
+    ledger = tmp_path / "ledger.txt"
+    app = client(broker_url)
+    try:
+        # Three long attempts fill the key; three more wait on it.
+        await enqueue_calls(app, keys=1, tasks=3, seconds=600)
+        await enqueue_calls(app, keys=1, tasks=3, seconds=0.01)
+    finally:
+        await app.close()
+    lease = 2.0
+    with workers(broker_url, ledger, 1, concurrency=10, lease=lease) as (victim,):
+        deadline = time.monotonic() + 30
+        while len(limits_app.Ledger.read(ledger).started()) < 3:
+            assert time.monotonic() < deadline, "the first worker never started three tasks"
+            await asyncio.sleep(0.05)
+        time.sleep(0.5)  # nothing else may start: the key is full
+        assert len(limits_app.Ledger.read(ledger).started()) == 3
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        killed = time.time()
+    with workers(broker_url, ledger, 1, concurrency=10, lease=lease):
+        deadline = time.monotonic() + 30
+        while len(limits_app.Ledger.read(ledger).ended()) < 3:
+            assert time.monotonic() < deadline, "the held tasks never ran"
+            await asyncio.sleep(0.05)
+    got = limits_app.Ledger.read(ledger)
+    after = [at for kind, _, _, at, _ in got.lines if kind == "start" and at > killed]
+    # The rescuer (every 0.3 s here) frees the slots once the 2 s lease is over.
+    assert after and min(after) - killed < lease + 10, min(after) - killed
