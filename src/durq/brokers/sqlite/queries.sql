@@ -474,3 +474,11 @@ WHERE (queue, id) IN (
     ORDER BY queue, id
     LIMIT :limit
 );
+
+-- name: list_limits
+-- W13: every counted key of one queue (NULL: all), with the tasks held on it.
+SELECT l.*, (SELECT count(*) FROM durq_tasks AS t
+             WHERE t.queue = l.queue AND t.held_by = l.key) AS held_count
+FROM durq_limits AS l
+WHERE :queue IS NULL OR l.queue = :queue
+ORDER BY l.queue, l.key;

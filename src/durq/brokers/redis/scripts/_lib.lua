@@ -316,6 +316,9 @@ local function forget_member(task_key, now_s)
   local state = redis.call('HGET', task_key, 'state')
   if state ~= 'completed' and state ~= 'archived' then
     finish_member(task_key, 'deleted', '', now_s)
+  end
+end
+
 -- W13 flow control. A key's counter is one field of the queue's limits hash, the string
 -- "running|concurrency|rate|per|tokens|refilled_at" (empty for none): what runs, the token
 -- bucket and the last limit a task of the key carried (brokers/limiter.py does the same in
