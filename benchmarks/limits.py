@@ -10,7 +10,8 @@ a real :class:`durq.Worker` with ``--concurrency`` slots) started after the task
 * ``unlimited_with_held``: the same N tasks queued *behind* M tasks of one key limited to
   one at a time (each sleeps 1 s), so M - 1 of them wait, held, in the same queue the whole
   run; the figure counts the unlimited tasks only. The two alternate ``--rounds`` times; the
-  medians are compared.
+  medians are compared, as throughput and as the worker process's CPU per unlimited task
+  (the steadier figure on a shared machine).
 * ``at_limit``: K tasks of one key with ``concurrency=C`` that each sleep D s; expected
   ``C / D`` tasks/s.
 * ``at_rate``: R no-op tasks of one key with ``rate="X/s"``; starts/s after the first full
@@ -79,13 +80,15 @@ class Clock(WorkerHooks):
     def __init__(self, watched: str, expected: int) -> None:
         self.watched, self.expected = watched, expected
         self.first: float | None = None
+        self.cpu_first = 0.0
         self.starts: list[float] = []
         self.done = 0
 
     def task_started(self, task: TaskInfo) -> None:
         if task.type == self.watched:
             now = time.time()
-            self.first = self.first or now
+            if self.first is None:
+                self.first, self.cpu_first = now, time.process_time()
             self.starts.append(now)
 
     def task_finished(self, task: TaskInfo, outcome: str, duration: float) -> None:
@@ -93,7 +96,8 @@ class Clock(WorkerHooks):
             return
         self.done += 1
         if self.done == self.expected:
-            line = {"first": self.first, "last": time.time(), "starts": self.starts}
+            cpu = time.process_time() - self.cpu_first  # every thread of the worker process
+            line = {"first": self.first, "last": time.time(), "starts": self.starts, "cpu": cpu}
             sys.stdout.write(json.dumps(line) + "\n")
             sys.stdout.flush()
 
@@ -144,10 +148,11 @@ async def scenario(
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     c = args.concurrency
-    free, with_held = [], []
+    free, with_held, cpu_free, cpu_held = [], [], [], []
     for _ in range(args.rounds):
         r = await scenario(args.broker, [("bench:free", args.tasks)], "bench:free", c)
         free.append(args.tasks / (r["last"] - r["first"]))
+        cpu_free.append(1e6 * r["cpu"] / args.tasks)
         r = await scenario(
             args.broker,
             [("bench:held", args.held), ("bench:free", args.tasks)],
@@ -155,6 +160,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             c,
         )
         with_held.append(args.tasks / (r["last"] - r["first"]))
+        cpu_held.append(1e6 * r["cpu"] / args.tasks)
     k = AT_LIMIT[0] * 40
     r = await scenario(args.broker, [("bench:at_limit", k)], "bench:at_limit", c)
     at_limit = k / (r["last"] - r["first"])
@@ -174,6 +180,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "held_tasks": args.held - 1,
         },
         "unlimited_change_pct": round(100 * (held - base) / base, 1),
+        # CPU of the worker process per unlimited task (us): steadier than throughput on a
+        # loaded machine; on SQLite it includes the database work, elsewhere the client's.
+        "worker_cpu_us_per_task": {
+            "unlimited": round(statistics.median(cpu_free)),
+            "with_held": round(statistics.median(cpu_held)),
+        },
         "at_limit": {
             "concurrency": AT_LIMIT[0],
             "task_seconds": AT_LIMIT[1],

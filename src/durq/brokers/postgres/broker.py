@@ -56,6 +56,7 @@ from durq.brokers.postgres.rows import (
     CLAIM_STARTED,
     CLAIM_TOKEN,
     CLAIM_UNTIL,
+    CLAIM_WAKE_AT,
     Row,
     claimed_info,
 )
@@ -285,11 +286,10 @@ class PostgresBroker(AdminForwarder):
             )
             rows = await cur.fetchall()
         limited = bool(rows and rows[0][CLAIM_LIMITED])
+        wake_at: float | None = rows[0][CLAIM_WAKE_AT] if rows else None
         rows = [r for r in rows if r[0] is not None]  # one row of NULLs: nothing leased
         if limited and len(rows) < params.limit:
             wake_at = await self._claim_limited(queues, params, rows)
-        else:
-            wake_at = None
         if len(rows) > 1:
             # UPDATE … RETURNING has no order: restore queue order, then the claim order.
             order = {q: i for i, q in enumerate(queues)}

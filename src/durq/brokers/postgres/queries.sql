@@ -225,8 +225,9 @@ LIMIT %(limit)s;
 -- One round trip: take due rows (claimable_due) and mark those without limits active with
 -- a fresh fencing token and lease. Due scheduled/retry rows are taken directly: no
 -- forwarding step is needed to claim them. Rows with limits are not leased here (W13): the
--- last column says whether some were due, or tasks are held on a key of these queues, and
--- the broker then runs claim_limited. Without a lease the answer is one row of NULLs.
+-- column "limited" says whether some were due, or tasks are held on a key of these queues
+-- that has room again, and the broker then runs claim_limited; "wake_at" when a token comes
+-- for a key whose bucket holds tasks back. Without a lease the answer is one row of NULLs.
 WITH due AS (
     {claimable_due}
 ),
@@ -237,14 +238,22 @@ leased AS (
     WHERE t.queue = due.queue AND t.id = due.id AND due.limits IS NULL
     RETURNING {claimed_columns}
 ),
+held AS (
+    -- Keys of these queues with held tasks, when nothing else holds them back than the
+    -- bucket: next_token is when its next token comes.
+    SELECT l.running, l.concurrency, l.rate,
+           l.refilled_at + (1 - l.tokens) * l.per / l.rate AS next_token
+    FROM {schema}.limits AS l
+    WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
+      AND (l.concurrency IS NULL OR l.running < l.concurrency)
+),
 more AS (
     SELECT EXISTS (SELECT 1 FROM due WHERE due.limits IS NOT NULL)
-        OR EXISTS (
-            SELECT 1 FROM {schema}.limits AS l
-            WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
-        ) AS limited
+        OR EXISTS (SELECT 1 FROM held WHERE held.rate IS NULL OR held.next_token <= {now})
+        AS limited,
+        (SELECT min(held.next_token) FROM held WHERE held.rate IS NOT NULL) AS wake_at
 )
-SELECT leased.*, more.limited FROM more LEFT JOIN leased ON true;
+SELECT leased.*, more.limited, more.wake_at FROM more LEFT JOIN leased ON true;
 
 -- name: claim_limited_lock
 -- W13: claims that count limits take turns (one transaction-scoped lock per schema), so

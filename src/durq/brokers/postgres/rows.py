@@ -40,8 +40,9 @@ CLAIM_QUEUE, CLAIM_NEXT_AT, CLAIM_TOKEN, CLAIM_SEQ, CLAIM_STARTED, CLAIM_UNTIL, 
     CLAIM_COLUMNS.index(c) for c in _CLAIM_INDEXED
 )
 CLAIM_LIMITS = CLAIM_COLUMNS.index("limits")
-#: ``claim`` adds one column: whether tasks with limits were due or are held (W13).
-CLAIM_LIMITED = len(CLAIM_COLUMNS)
+#: ``claim`` adds two columns (W13): whether claim_limited should run, and when a token
+#: comes for a key whose bucket holds tasks back.
+CLAIM_LIMITED, CLAIM_WAKE_AT = len(CLAIM_COLUMNS), len(CLAIM_COLUMNS) + 1
 
 
 def claimed_info(
