@@ -28,6 +28,9 @@ _QUEUE_KEY_ATTRS = [
     "seq",
     "unique",
     "stats",
+    "limits",
+    "held",
+    "limit_waiting",
 ]
 
 
