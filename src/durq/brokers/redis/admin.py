@@ -95,7 +95,7 @@ class RedisAdmin:
             name=queue,
             paused=bool(r[0]),
             sizes={
-                TaskState.PENDING: r[1] + r[10],  # held tasks are pending too (W13)
+                TaskState.PENDING: r[1] + r[9],  # held tasks are pending too (W13)
                 TaskState.SCHEDULED: r[2],
                 TaskState.ACTIVE: r[3],
                 TaskState.RETRY: r[4],
