@@ -270,7 +270,7 @@ async def groups_storm(
                     [
                         EnqueueRequest(
                             "chaos:work",
-                            {"ms": 20},
+                            {"ms": ms},
                             queue=QUEUE,
                             task_id=f"g{g}-{i}",
                             retention=3600,
