@@ -40,6 +40,7 @@ CONCRETE = {
     "/api/queues/{queue}/groups/{group_id}": "/api/queues/default/groups/g-1",
     "/api/workers": "/api/workers",
     "/api/periodic": "/api/periodic",
+    "/api/limits": "/api/limits",
     "/api/history": "/api/history",
     "/": "/",
     "/login": "/login",

@@ -95,6 +95,16 @@ TypeFilter = Annotated[
         examples=["email:send"],
     ),
 ]
+QueueFilter = Annotated[
+    str | None,
+    Query(
+        pattern=NAME_PATTERN,
+        min_length=1,
+        max_length=NAME_MAX,
+        description="Only the keys of this queue",
+        examples=["default"],
+    ),
+]
 ErrorFilter = Annotated[
     str | None,
     Query(
@@ -471,7 +481,7 @@ class AdminAPI:
         workers = await self.inspector.list_workers()
         return models.WorkerList.model_validate({"workers": [worker_json(w) for w in workers]})
 
-    async def list_limits(self, queue: str | None = None) -> models.LimitList:
+    async def list_limits(self, queue: QueueFilter = None) -> models.LimitList:
         limits = await self.inspector.list_limits(queue)
         return models.LimitList.model_validate({"limits": [s.to_dict() for s in limits]})
 
