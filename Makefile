@@ -76,5 +76,10 @@ clean:
 	rm -rf $(VENV) $(DJ_VENV) .pytest_cache .mypy_cache .ruff_cache
 
 # The main job under a burst of orders, every broker, split and monolith (slow: minutes).
+# The burst client is Debian's wrk (installed when missing, as .ci/run installs chromium);
+# without it the load test falls back to httpx and says so.
 loadtest: $(STAMP)
+	@command -v wrk >/dev/null || { echo "installing wrk"; apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk; } || \
+		echo "wrk could not be installed: the burst falls back to httpx"
 	$(BIN)/python benchmarks/loadtest.py $(LOADTEST_ARGS)

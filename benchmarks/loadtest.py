@@ -2,12 +2,18 @@
 service, the way web traffic arrives.
 
 For each broker (SQLite, PostgreSQL, Redis) and each mode, the service runs in its own
-processes and a real HTTP client (httpx, async) sends N ``POST /orders`` with distinct
-Idempotency-Keys at concurrency C, then polls ``GET /orders/{id}`` until every order is final:
+processes and a real HTTP client sends N ``POST /orders`` with distinct Idempotency-Keys and
+bodies at concurrency C, then polls ``GET /orders/{id}`` until every order is final:
 
 * ``split``: the API (uvicorn, ``INSURANCE_MONOLITH=0``) and a worker
   (``python -m examples.insurance.worker``) in two processes, the partner simulator in a third;
 * ``monolith``: ``durq demo`` (API, worker and partner simulator in one process).
+
+The burst client is ``wrk`` (C, Debian's package; ``make loadtest`` installs it when it is
+missing) driven by ``loadtest.lua``: it costs a fraction of a millisecond of CPU per request,
+so the machine's cores go to the service. Without ``wrk`` the burst falls back to httpx
+(async, in this process; 6-10 ms of CPU per request, as much as the service itself), and the
+results say so. Polling and the checks are Python (httpx) in both cases.
 
 Reported per run: orders/s of the burst, 202 latency p50/p95/p99, errors by class (HTTP
 status or transport error), seconds until every order was final, and the exactly-once check:
@@ -30,6 +36,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -256,6 +263,8 @@ class Result:
     mode: str
     orders: int
     concurrency: int
+    #: The burst client: "wrk", or "httpx" when wrk is not installed.
+    client: str = ""
     seconds: float = 0.0
     orders_per_s: float = 0.0
     p50_ms: float = 0.0
@@ -270,17 +279,22 @@ class Result:
     check: str = ""
 
 
-def cpu_seconds(service: Service) -> dict[str, float]:
-    """CPU time (user + system) used so far by each process of the service and this client."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    used = {"client": time.process_time()}
+def cpu_seconds(service: Service, client: int | None = None) -> dict[str, float]:
+    """CPU time (user + system) used so far by each process of the service and by the client
+    (the ``client`` process, else this one)."""
+    used = {"client": time.process_time() if client is None else process_cpu(client)}
     for role, pid in service.roles.items():
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        used[role] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+        used[role] = process_cpu(pid)
     return used
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a running process (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -291,7 +305,92 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def burst(service: Service, result: Result, progress: Progress) -> dict[str, str]:
-    """POST the orders; returns order_id -> Location of the accepted ones."""
+    """POST the orders (wrk, else httpx); returns order_id -> Location of the accepted ones."""
+    wrk = shutil.which("wrk")
+    if wrk is not None and result.client != "httpx":
+        result.client = "wrk"
+        return await wrk_burst(wrk, service, result, progress)
+    result.client = "httpx"
+    return await httpx_burst(service, result, progress)
+
+
+#: wrk's threads: one is enough for thousands of requests per second, and leaves the cores
+#: to the service.
+WRK_THREADS = 1
+
+
+async def wrk_burst(
+    wrk: str, service: Service, result: Result, progress: Progress
+) -> dict[str, str]:
+    """The burst from wrk (``loadtest.lua``): one line per answer on its stderr, the latency
+    percentiles and socket errors on its stdout once it is stopped (SIGINT)."""
+    n, c = result.orders, result.concurrency
+    threads = max(1, min(WRK_THREADS, c))
+    task = progress.add_task(f"{result.broker}/{result.mode}: POST /orders (wrk)", total=n)
+    env = {
+        **os.environ,
+        "LOADTEST_ORDERS": str(n),
+        "LOADTEST_THREADS": str(threads),
+        "LOADTEST_RUN": f"lt-{secrets.token_hex(3)}",
+        "LOADTEST_TOKEN": service.token,
+    }
+    command = [wrk, "-t", str(threads), "-c", str(c), "-d", "3600s", "--timeout", "60s"]
+    command += ["-s", str(HERE / "loadtest.lua"), service.url]
+    errors: Counter[str] = Counter()
+    accepted: dict[str, str] = {}
+    cpu_before = cpu_seconds(service)
+    started = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        *command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    cpu_before["client"] = 0.0
+    finished = 0
+    # A request lost with its connection is never answered: stop when nothing moves for a while.
+    stall = 60.0
+    while finished < threads:
+        try:
+            line = await asyncio.wait_for(proc.stderr.readline(), stall)
+        except TimeoutError:
+            break
+        if not line:
+            break
+        kind, _, rest = line.decode().strip().partition(" ")
+        if kind == "R":
+            status, _, order_id = rest.partition(" ")
+            if status == "202" and order_id.startswith("ord_"):
+                accepted[order_id] = f"/orders/{order_id}"
+            else:
+                errors[f"HTTP {status}"] += 1
+            progress.advance(task)
+        elif kind == "D":
+            finished += 1
+    result.seconds = time.perf_counter() - started
+    cpu_after = cpu_seconds(service, proc.pid)
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGINT)
+    out, rest = await proc.communicate()
+    for line in out.decode().splitlines():
+        kind, *values = line.split()
+        if kind == "L":
+            result.p50_ms, result.p95_ms, result.p99_ms = (int(v) / 1000 for v in values[:3])
+        elif kind == "E":
+            for name, count in zip(("connect", "read", "write", "timeout"), values, strict=True):
+                if int(count):
+                    errors[f"wrk {name} error"] += int(count)
+    if finished < threads and not errors:
+        errors["wrk stopped early"] += 1
+        console.print(f"[dim]wrk:[/] {(out + rest).decode(errors='replace')[-1500:]}")
+    result.cpu_ms = {
+        role: round((cpu_after[role] - cpu_before[role]) * 1000 / n, 2) for role in cpu_before
+    }
+    result.orders_per_s = n / result.seconds
+    result.errors = dict(errors)
+    return accepted
+
+
+async def httpx_burst(service: Service, result: Result, progress: Progress) -> dict[str, str]:
+    """The burst from httpx in this process (when wrk is not installed)."""
     n, c = result.orders, result.concurrency
     latencies: list[float] = []
     errors: Counter[str] = Counter()
@@ -415,6 +514,8 @@ async def check_once(
 
 def run_one(broker: str, mode: str, args: argparse.Namespace) -> Result:
     result = Result(broker, mode, args.orders, args.concurrency)
+    if args.client == "httpx":
+        result.client = "httpx"
     with tempfile.TemporaryDirectory(prefix=f"durq-load-{broker}-{mode}-") as tmp:
         directory = Path(tmp)
         storage = Storage.fresh(broker, directory)
@@ -520,14 +621,14 @@ def markdown(results: list[Result], args: argparse.Namespace, before: str, after
         f"{args.orders} orders at concurrency {args.concurrency}, worker concurrency "
         f"{args.worker_concurrency}; {machine()}; {before} before, {after} after.",
         "",
-        "| broker | mode | orders/s | 202 p50 / p95 / p99 ms | errors | all final after "
+        "| broker | mode | client | orders/s | 202 p50 / p95 / p99 ms | errors | all final after "
         "| COVERED / FAILED | exactly once | CPU ms per order during the burst |",
-        "|---|---|---:|---:|---|---:|---:|---|---|",
+        "|---|---|---|---:|---:|---|---:|---:|---|---|",
     ]
     for r in results:
         final = f"{r.final_after_s:.1f} s" if r.final_after_s is not None else "not all"
         lines.append(
-            f"| {r.broker} | {r.mode} | {r.orders_per_s:,.0f} | "
+            f"| {r.broker} | {r.mode} | {r.client} | {r.orders_per_s:,.0f} | "
             f"{r.p50_ms:.1f} / {r.p95_ms:.1f} / {r.p99_ms:.1f} | {errors_text(r.errors)} | "
             f"{final} | {r.covered} / {r.failed} | {r.check} | {cpu_text(r.cpu_ms)} |"
         )
@@ -539,6 +640,7 @@ def show(results: list[Result]) -> None:
     for column in (
         "broker",
         "mode",
+        "client",
         "orders/s",
         "p50",
         "p95",
@@ -552,6 +654,7 @@ def show(results: list[Result]) -> None:
         table.add_row(
             r.broker,
             r.mode,
+            r.client,
             f"{r.orders_per_s:,.0f}",
             f"{r.p50_ms:.1f}",
             f"{r.p95_ms:.1f}",
@@ -572,6 +675,12 @@ def main(argv: list[str] | None = None) -> int:
         "-c", "--concurrency", type=int, default=50, help="concurrent HTTP requests"
     )
     parser.add_argument("--worker-concurrency", type=int, default=50)
+    parser.add_argument(
+        "--client",
+        choices=("wrk", "httpx"),
+        default="wrk",
+        help="the burst client (wrk falls back to httpx when it is not installed)",
+    )
     parser.add_argument("--brokers", default=",".join(BROKERS))
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--final-timeout", type=float, default=600)
