@@ -17,10 +17,18 @@ import pytest
 from brokerkit import LATER, LEASE, P, claim, params, picture, put, snapshot
 
 from durq.brokers import FullBroker, open_broker
-from durq.brokers.base import ClaimParams, CompleteParams, LeaseRef, RetryParams, WorkerInfo
+from durq.brokers.base import (
+    Claimed,
+    ClaimParams,
+    CompleteParams,
+    LeaseRef,
+    RetryParams,
+    WorkerInfo,
+)
 from durq.clock import FakeClock
 from durq.errors import BrokerUnavailableError, TaskNotFoundError
 from durq.states import TaskState
+from durq.task import LimitSpec
 
 #: The writes of every path that touches the file: enqueue, claim, acknowledge, the
 #: rescuer, the janitor, the promoter, the heartbeat and the inspector's admin calls.
@@ -159,3 +167,34 @@ async def test_enqueue_on_the_callers_connection_waits_within_the_callers_budget
             await broker.get_task("default", "joined")
     else:
         assert (await broker.get_task("default", "joined")).state is P
+
+
+async def test_a_claim_with_only_tasks_held_on_full_keys_takes_no_write_lock(
+    broker: FullBroker, broker_url: str, clock: FakeClock
+) -> None:
+    """Idle workers poll while tasks wait on a full key: they read the counters and leave
+    the write lock to the writers, until an attempt ends and a slot is free."""
+    path = sqlite_path(broker_url)
+    for task_id, limit in (
+        ("k0", LimitSpec("k", concurrency=1)),
+        ("k1", LimitSpec("k", concurrency=1)),
+        ("r0", LimitSpec("r", rate=1, per=10.0)),
+        ("r1", LimitSpec("r", rate=1, per=10.0)),
+    ):
+        await broker.enqueue(params(task_id, limits=(limit,)))
+        clock.advance(0.001)
+    first = await claim(broker, limit=10)
+    assert sorted(lease.task.id for lease in first) == ["k0", "r0"]
+    async with with_budget(broker_url, clock, 0.2) as impatient:
+        with write_lock_held(path):
+            polled = await impatient.claim(ClaimParams(["default"], 10, "w-2", LEASE))
+        assert polled == []
+        # The rate-limited key says when its next token comes.
+        assert isinstance(polled, Claimed) and polled.wake_at is not None
+        assert clock.now() < polled.wake_at <= clock.now() + 10
+        k0 = next(lease for lease in first if lease.task.id == "k0")
+        assert await broker.complete(CompleteParams(k0.ref))
+        with write_lock_held(path), pytest.raises(BrokerUnavailableError):
+            # A free slot: the claim must write to let k1 back.
+            await impatient.claim(ClaimParams(["default"], 10, "w-2", LEASE))
+        assert [lease.task.id for lease in await claim(impatient, limit=10)] == ["k1"]

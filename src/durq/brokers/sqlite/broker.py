@@ -317,13 +317,14 @@ class SQLiteBroker(AdminForwarder):
 
         def run(conn: Conn) -> Claimed:
             version = _data_version(conn)  # before the claim reads: later commits stay news
-            if any(
-                conn.execute(Q["any_claimable"], {"queue": q, "now": now}).fetchone()[0]
-                for q in queues
-            ):
-                leases = self._s.transaction(conn, body)
-            else:
-                leases = Claimed()
+            leases = Claimed()
+            for queue in queues:
+                claimable, wake_at = _may_claim(conn, queue, now)
+                if claimable:
+                    leases = self._s.transaction(conn, body)
+                    break
+                if wake_at is not None and (leases.wake_at is None or wake_at < leases.wake_at):
+                    leases.wake_at = wake_at
             if len(leases) < params.limit:
                 self._s.seen_version = version
             return leases
@@ -690,6 +691,26 @@ class _FileWatch:
 
 def _data_version(conn: Conn) -> int:
     return int(conn.execute(Q["data_version"]).fetchone()[0])
+
+
+def _may_claim(conn: Conn, queue: str, now: float) -> tuple[bool, float | None]:
+    """Read only, before any write lock: whether a claim of ``queue`` may lease a task or let
+    held ones back (a key they wait on has room); if not, when a token comes for such a key.
+
+    While every key with held tasks is full, idle workers thus poll without the write lock
+    (WAL readers contend with nobody); the end of an attempt that frees a slot wakes them
+    (the mailbox in this process, a datagram and ``data_version`` in others)."""
+    if conn.execute(Q["any_claimable"], {"queue": queue, "now": now}).fetchone()[0]:
+        return True, None
+    wake_at: float | None = None
+    for row in conn.execute(Q["waiting_limits"], {"queue": queue}):
+        counter = limiter.stored(row)
+        if counter.room(now) > 0:
+            return True, None
+        at = counter.next_room_at(now)
+        if at is not None and (wake_at is None or at < wake_at):
+            wake_at = at
+    return False, wake_at
 
 
 class _LimitCounters:

@@ -70,14 +70,15 @@ SELECT name FROM durq_queues WHERE paused = 1;
 
 -- name: any_claimable
 -- A read before taking the write lock: idle workers polling empty queues never contend
--- with writers (WAL readers do not block). Held tasks count when their key may have room.
+-- with writers (WAL readers do not block). Held tasks are not counted here: the claim
+-- reads the counters of their keys (waiting_limits) and writes only if one has room.
 SELECT EXISTS (
     SELECT 1 FROM durq_tasks
     WHERE queue = :queue
       AND state IN ('pending', 'scheduled', 'retry')
       AND next_process_at <= :now
       AND held_by IS NULL
-) OR EXISTS (SELECT 1 FROM durq_limits WHERE queue = :queue AND waiting = 1);
+);
 
 -- name: claim_candidates
 -- Pending rows of one queue in claim order (partial index durq_tasks_claimable): higher
