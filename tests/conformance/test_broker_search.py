@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 from brokerkit import LATER, Q, R, claim, params
 
+from conformance.conftest import requires
 from durq.brokers import FullBroker
-from durq.brokers.base import RetryParams, TaskFilter, TaskSearch
+from durq.brokers.base import CAP_LIMITS, RetryParams, TaskFilter, TaskSearch
 from durq.clock import FakeClock
 from durq.errors import QueueNotFoundError
 from durq.states import TaskState
+from durq.task import LimitSpec
 
 P = TaskState.PENDING
 TASKS = [
@@ -98,3 +100,20 @@ async def test_search_pages_in_list_order_with_the_total(broker: FullBroker) -> 
 async def test_search_of_an_unknown_queue_is_refused(broker: FullBroker) -> None:
     with pytest.raises(QueueNotFoundError):
         await broker.search_tasks(TaskSearch("nowhere", P, TaskFilter()))
+
+
+async def test_search_finds_tasks_held_by_a_limit(broker: FullBroker, clock: FakeClock) -> None:
+    """A task held back by its limit is pending: the search shows it with its reason."""
+    requires(broker, CAP_LIMITS)
+    acme = {"partner": "acme"}
+    for task_id in ("h0", "h1", "h2"):
+        await broker.enqueue(params(task_id, payload=acme, limits=(LimitSpec("acme", 1),)))
+        clock.advance(0.001)
+    await broker.enqueue(params("free", payload=acme))
+    assert sorted(lease.task.id for lease in await claim(broker)) == ["free", "h0"]
+    result = await broker.search_tasks(TaskSearch(Q, P, TaskFilter(payload=(("partner", "acme"),))))
+    assert sorted(t.id for t in result.tasks) == ["h1", "h2"]
+    assert result.total == 2 and result.complete
+    assert {t.held_by for t in result.tasks} == {"acme"}
+    page = await broker.search_tasks(TaskSearch(Q, P, TaskFilter(), limit=1, offset=1))
+    assert len(page.tasks) == 1 and page.total == 2

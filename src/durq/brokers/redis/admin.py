@@ -136,14 +136,20 @@ class RedisAdmin:
             k = await self._known(queue)
             if limit <= 0:
                 return []
-            zset = k.by_state(state.value)
-            members = await self._members(zset, state is TaskState.COMPLETED, offset, limit)
-            if state is TaskState.PENDING and len(members) < limit:
-                members = [*members, *await self._held_members(k, offset, limit - len(members))]
+            members = await self._page(k, state, offset, limit)
             if not members:
                 return []
             rows = await self._s.commands([("HGETALL", k.task(m[16:].decode())) for m in members])
             return [task_info(queue, row) for row in rows if row]
+
+    async def _page(self, k: QueueKeys, state: TaskState, start: int, count: int) -> list[bytes]:
+        """Members ``start`` to ``start + count`` of one state in its order; pending ones
+        held on a limit key come after the claimable ones."""
+        zset = k.by_state(state.value)
+        members = list(await self._members(zset, state is TaskState.COMPLETED, start, count))
+        if state is TaskState.PENDING and len(members) < count:
+            members += await self._held_members(k, start, count - len(members))
+        return members
 
     async def _held_members(self, k: QueueKeys, offset: int, count: int) -> list[bytes]:
         """Pending tasks held on a limit key come after the claimable ones (W13)."""
@@ -171,10 +177,9 @@ class RedisAdmin:
         async with self._s.op("search_tasks"):
             await self._s.ensure()
             k = await self._known(search.queue)
-            zset = k.by_state(state.value)
             while scanned < SEARCH_SCAN:
                 count = min(SEARCH_CHUNK, SEARCH_SCAN - scanned)
-                members = await self._members(zset, state is TaskState.COMPLETED, scanned, count)
+                members = await self._page(k, state, scanned, count)
                 if members:
                     rows = await self._s.commands(
                         [("HGETALL", k.task(m[16:].decode())) for m in members]
@@ -191,7 +196,7 @@ class RedisAdmin:
                     complete = True
                     break
             if not complete:
-                complete = not await self._members(zset, state is TaskState.COMPLETED, scanned, 1)
+                complete = not await self._page(k, state, scanned, 1)
         return TaskSearchResult(hits, total, complete=complete, scanned=scanned)
 
     async def minute_counts(self, queue: str | None, since: float) -> list[MinuteCounts]:
