@@ -15,14 +15,13 @@ import pytest
 
 from conformance import limits_app
 from conformance.limitkit import (
-    client,
-    enqueue_calls,
+    enqueue,
     needs_processes,
     run_concurrency,
+    starts_after,
     wait_for_ledger,
     workers,
 )
-from durq.options import EnqueueRequest
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(400)]
 
@@ -58,11 +57,7 @@ async def test_rate_over_twenty_seconds(broker_url: str, tmp_path: Path) -> None
     """20/s on one key: starts within 20 s after the first second are 400 ± 10 %."""
     await needs_processes(broker_url)
     ledger = tmp_path / "ledger.txt"
-    app = client(broker_url)
-    try:
-        await app.enqueue_many([EnqueueRequest("limits:rated", {}) for _ in range(500)])
-    finally:
-        await app.close()
+    await enqueue(broker_url, rated=500)
     with workers(broker_url, ledger, 4, concurrency=50, cli=True):
         deadline = time.monotonic() + 120
         while True:
@@ -80,27 +75,15 @@ async def test_rate_over_twenty_seconds(broker_url: str, tmp_path: Path) -> None
 async def test_killed_worker_slots_return_within_its_lease(broker_url: str, tmp_path: Path) -> None:
     await needs_processes(broker_url)
     ledger = tmp_path / "ledger.txt"
-    app = client(broker_url)
-    try:
-        await enqueue_calls(app, keys=1, tasks=3, seconds=3600)  # fills partner:p0
-    finally:
-        await app.close()
+    await enqueue(broker_url, calls=(1, 3, 3600))  # fills partner:p0
     with workers(broker_url, ledger, 1, concurrency=50, cli=True) as (victim,):
-        deadline = time.monotonic() + 60
-        while len(limits_app.Ledger.read(ledger).started()) < 3:
-            assert time.monotonic() < deadline, "the worker never started three tasks"
-            await asyncio.sleep(0.1)
+        await wait_for_ledger(ledger, 3, timeout=60, kind="start")
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
         killed = time.time()
-    app = client(broker_url)
-    try:
-        await enqueue_calls(app, keys=1, tasks=3, seconds=0.01)  # wait on the full key
-    finally:
-        await app.close()
+    await enqueue(broker_url, calls=(1, 3, 0.01))  # wait on the full key
     with workers(broker_url, ledger, 3, concurrency=50, cli=True):
         await wait_for_ledger(ledger, 3, timeout=LEASE + RESCUE_EVERY + 60)
-    got = limits_app.Ledger.read(ledger)
-    after = min(at for kind, _, _, at, _ in got.lines if kind == "start" and at > killed)
+    after = min(starts_after(ledger, killed))
     show("kill", slots_back_after_s=round(after - killed, 1), lease=LEASE)
     assert after - killed < LEASE + RESCUE_EVERY + 10, after - killed

@@ -91,13 +91,25 @@ async def needs_processes(broker_url: str) -> None:
     await migrated(broker_url)
 
 
-async def wait_for_ledger(ledger: Path, ended: int, timeout: float, prefix: str = "") -> None:
+async def wait_for_ledger(
+    ledger: Path, count: int, timeout: float, prefix: str = "", *, kind: str = "end"
+) -> limits_app.Ledger:
+    """Wait until ``count`` attempts of keys starting with ``prefix`` wrote their ``kind``
+    line (``"start"`` or ``"end"``); the ledger then."""
     deadline = time.monotonic() + timeout
-    while len(limits_app.Ledger.read(ledger).ended(prefix)) < ended:
-        assert time.monotonic() < deadline, (
-            f"only {len(limits_app.Ledger.read(ledger).ended(prefix))} of {ended} ended"
-        )
-        await asyncio.sleep(0.1)
+    while True:
+        got = limits_app.Ledger.read(ledger)
+        seen = got.started(prefix) if kind == "start" else got.ended(prefix)
+        if len(seen) >= count:
+            return got
+        assert time.monotonic() < deadline, f"only {len(seen)} of {count} {kind}ed"
+        await asyncio.sleep(0.05)
+
+
+def starts_after(ledger: Path, moment: float) -> list[float]:
+    """When attempts started after ``moment`` (wall clock), in order."""
+    lines = limits_app.Ledger.read(ledger).lines
+    return sorted(at for kind, _, _, at, _ in lines if kind == "start" and at > moment)
 
 
 async def enqueue_calls(app: durq.App, keys: int, tasks: int, seconds: float) -> None:
@@ -109,15 +121,25 @@ async def enqueue_calls(app: durq.App, keys: int, tasks: int, seconds: float) ->
         await app.enqueue_many(requests[start : start + 500])
 
 
+async def enqueue(broker_url: str, *, calls: tuple[int, int, float] | None = None,
+                  rated: int = 0) -> None:  # fmt: skip
+    """Queue ``calls`` (keys, tasks, seconds each: see :func:`enqueue_calls`) and ``rated``
+    tasks of the ``api`` key (20/s) from a client of their own."""
+    app = client(broker_url)
+    try:
+        if calls is not None:
+            await enqueue_calls(app, *calls)
+        if rated:
+            await app.enqueue_many([EnqueueRequest("limits:rated", {}) for _ in range(rated)])
+    finally:
+        await app.close()
+
+
 async def run_concurrency(
     broker_url: str, ledger: Path, *, procs: int, concurrency: int, keys: int, tasks: int,
     seconds: float, timeout: float, cli: bool = False,
 ) -> limits_app.Ledger:  # fmt: skip
-    app = client(broker_url)
-    try:
-        await enqueue_calls(app, keys, tasks, seconds)
-    finally:
-        await app.close()
+    await enqueue(broker_url, calls=(keys, tasks, seconds))
     with workers(broker_url, ledger, procs, concurrency=concurrency, cli=cli):
         await wait_for_ledger(ledger, tasks, timeout)
     return limits_app.Ledger.read(ledger)

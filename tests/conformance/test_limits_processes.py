@@ -5,7 +5,6 @@ processes of 50 slots, 2,000 tasks, 20 s of rate) is ``tests/chaos/test_limits_s
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import time
 from pathlib import Path
@@ -15,14 +14,13 @@ import pytest
 from conformance import limits_app
 from conformance.limitkit import (
     assert_rate,
-    client,
-    enqueue_calls,
+    enqueue,
     needs_processes,
     run_concurrency,
+    starts_after,
     wait_for_ledger,
     workers,
 )
-from durq.options import EnqueueRequest
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -45,14 +43,10 @@ async def test_W13_rate_across_worker_processes(broker_url: str, tmp_path: Path)
     """20/s: a bucket of 20 at once, then never faster than one start per 50 ms."""
     await needs_processes(broker_url)
     ledger = tmp_path / "ledger.txt"
-    app = client(broker_url)
-    try:
-        await app.enqueue_many([EnqueueRequest("limits:rated", {}) for _ in range(60)])
-    finally:
-        await app.close()
+    await enqueue(broker_url, rated=60)
     with workers(broker_url, ledger, 2, concurrency=20):
-        await wait_for_ledger(ledger, 60, timeout=60, prefix="api")
-    starts = limits_app.Ledger.read(ledger).starts("api")
+        got = await wait_for_ledger(ledger, 60, timeout=60, prefix="api")
+    starts = got.starts("api")
     first = starts[0]
     assert_rate(starts, 20, slack=0.1)
     assert starts[-1] - first < 20  # 2 s of tokens; generous on a loaded machine
@@ -63,30 +57,19 @@ async def test_W13_a_killed_workers_slots_come_back_after_its_lease(
 ) -> None:
     await needs_processes(broker_url)
     ledger = tmp_path / "ledger.txt"
-    app = client(broker_url)
-    try:
-        # Three long attempts fill the key; three more wait on it.
-        await enqueue_calls(app, keys=1, tasks=3, seconds=600)
-        await enqueue_calls(app, keys=1, tasks=3, seconds=0.01)
-    finally:
-        await app.close()
+    # Three long attempts fill the key; three more wait on it.
+    await enqueue(broker_url, calls=(1, 3, 600))
+    await enqueue(broker_url, calls=(1, 3, 0.01))
     lease = 2.0
     with workers(broker_url, ledger, 1, concurrency=10, lease=lease) as (victim,):
-        deadline = time.monotonic() + 30
-        while len(limits_app.Ledger.read(ledger).started()) < 3:
-            assert time.monotonic() < deadline, "the first worker never started three tasks"
-            await asyncio.sleep(0.05)
+        await wait_for_ledger(ledger, 3, timeout=30, kind="start")
         time.sleep(0.5)  # nothing else may start: the key is full
         assert len(limits_app.Ledger.read(ledger).started()) == 3
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
         killed = time.time()
     with workers(broker_url, ledger, 1, concurrency=10, lease=lease):
-        deadline = time.monotonic() + 30
-        while len(limits_app.Ledger.read(ledger).ended()) < 3:
-            assert time.monotonic() < deadline, "the held tasks never ran"
-            await asyncio.sleep(0.05)
-    got = limits_app.Ledger.read(ledger)
-    after = [at for kind, _, _, at, _ in got.lines if kind == "start" and at > killed]
+        await wait_for_ledger(ledger, 3, timeout=30)
+    after = starts_after(ledger, killed)
     # The rescuer (every 0.3 s here) frees the slots once the 2 s lease is over.
     assert after and min(after) - killed < lease + 10, min(after) - killed
