@@ -161,6 +161,12 @@ def test_claim_uses_the_partial_index() -> None:
         row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {Q['promote_queue']}", names)
     )
     assert "INDEX durq_tasks_state (queue=? AND state=? AND next_process_at<?)" in plan, plan
+    # The idle check finds pending rows through the claim index too, past any held rows.
+    names = dict.fromkeys(re.findall(r":([a-z_]+)", Q["any_claimable"]))
+    plan = " ".join(
+        row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {Q['any_claimable']}", names)
+    )
+    assert "INDEX durq_tasks_claimable (queue=?)" in plan, plan
 
 
 async def test_priority_migration_keeps_existing_tasks_claimable_in_order(
