@@ -60,6 +60,17 @@ def build_app(url: str) -> durq.App:
     async def build_report(payload: dict[str, Any]) -> dict[str, Any]:
         return {"rows": 1204, "region": payload["region"]}
 
+    @app.task(
+        "coverage.check",
+        queue="partners",
+        limit=[
+            durq.Limit("partner:{partner}", concurrency=2),  # a bulkhead per partner
+            durq.Limit("partner-api", rate="300/h"),  # the partners' gateway
+        ],
+    )
+    async def check_coverage(payload: dict[str, Any]) -> dict[str, Any]:
+        return {"covered": True}
+
     app.add_periodic("@every 5m", "email:send", name="digest:5m", payload={"to": "ops@x.io"})
     app.add_periodic(
         "0 6 * * 1-5",
@@ -135,6 +146,15 @@ async def seed(app: durq.App) -> dict[str, str]:
         )
     for i in range(27):
         await app.enqueue("email:send", {"to": f"user{i}@example.com", "template": "welcome"})
+    # Partner calls in flight, claimed as a worker would and left running; the partner with
+    # the most calls has its two slots taken and the rest wait on its limit.
+    for i, partner in enumerate(["acme"] * 5 + ["initech"] * 2 + ["umbrella"]):
+        await app.enqueue(
+            "coverage.check",
+            {"partner": partner, "policy": f"POL-{3000 + i}"},
+            task_id=f"cov-{3000 + i}",
+        )
+    await (await app.broker()).claim(ClaimParams(["partners"], 8, "screens", 3600.0))
     await app.inspector.pause_queue("reports")
     await app.enqueue("report.build", {"region": "latam"})
     archived = await app.inspector.list_tasks("billing", "archived", limit=1)
@@ -169,6 +189,7 @@ def photograph(url: str, ids: dict[str, str], chromium: str, out: Path) -> list[
         ("task", f"/queues/billing/tasks/{ids['archived']}"),
         ("search", "/queues/billing?state=scheduled&payload.partner=acme"),
         ("periodic", "/periodic"),
+        ("limits", "/limits"),
     ]
     written = []
     with sync_playwright() as p:

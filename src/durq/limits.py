@@ -43,6 +43,19 @@ def parse_rate(rate: str | tuple[int, float]) -> tuple[int, float]:
     return count, float(per)
 
 
+def format_rate(rate: int | None, per: float | None) -> str:
+    """A stored rate as it is written in a :class:`Limit`: ``"10/s"``, ``"600/m"``,
+    ``"5/30s"``; ``"-"`` for none."""
+    if rate is None or per is None:
+        return "-"
+    for unit in ("d", "h", "m", "s"):
+        if per == _PERIOD[unit]:
+            return f"{rate}/{unit}"
+    if per >= 1:
+        return f"{rate}/{per:g}s"
+    return f"{rate}/{per * 1000:g}ms"
+
+
 @dataclass(frozen=True)
 class Limit:
     """A flow-control limit: at most ``concurrency`` attempts of ``key`` run at once across
@@ -141,4 +154,12 @@ def resolve_all(limits: tuple[Limit, ...], payload: Any) -> tuple[LimitSpec, ...
     return tuple(specs.values())
 
 
-__all__ = ["MAX_KEY", "MAX_LIMITS", "Limit", "LimitOption", "as_limits", "parse_rate"]
+__all__ = [
+    "MAX_KEY",
+    "MAX_LIMITS",
+    "Limit",
+    "LimitOption",
+    "as_limits",
+    "format_rate",
+    "parse_rate",
+]

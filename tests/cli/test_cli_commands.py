@@ -317,5 +317,5 @@ def test_limit_ls_shows_running_waiting_and_tokens(cli: Cli) -> None:
     assert (rows["api"]["rate"], rows["api"]["per"]) == (5, 60.0)
     assert 3.9 < rows["api"]["tokens"] < 5  # one taken, refilling at 1 per 12 s
     table = cli.ok("limit", "ls", "--queue", "default").out
-    assert "partner:acme" in table and "1/1" in table and "5/60s" in table
+    assert "partner:acme" in table and "1/1" in table and "5/m" in table  # as written in the Limit
     assert_one_line_error(cli("limit", "ls", "--queue", "bad queue"), 2, "queue")

@@ -170,6 +170,11 @@ def browser() -> Iterator[Any]:
 @pytest.fixture
 def page(browser: Any, env: Env) -> Iterator[Any]:
     """A fresh browser context (no cookies) per test."""
+    yield from fresh_page(browser)
+
+
+def fresh_page(browser: Any) -> Iterator[Any]:
+    """A page in a new context; at the end, no script error or CSP violation was logged."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     pg = context.new_page()
     pg.set_default_timeout(10_000)
@@ -187,7 +192,7 @@ def shot(page: Any, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)
 
 
-def log_in(page: Any, env: Env) -> None:
+def log_in(page: Any, env: Env | LimitsEnv) -> None:
     page.goto(env.url + "/")
     page.fill("#token", TOKEN)
     page.click("button[type=submit]")
@@ -307,3 +312,115 @@ def test_periodic_schedules_page(page: Any, env: Env) -> None:
     assert row.locator(".badge.paused").is_visible()
     row.locator('a[href="/queues/default"]').click()
     assert page.locator(".crumbs .badge.paused").is_visible()
+
+
+@dataclass
+class LimitsEnv:
+    """A dashboard and a worker on one broker, with tasks of one key waiting on its limit."""
+
+    app: durq.App
+    url: str
+    release: threading.Event
+    ids: list[str]
+
+    def states(self) -> list[str]:
+        async def get() -> list[str]:
+            try:
+                infos = [await self.app.inspector.get_task_info("partners", i) for i in self.ids]
+                return [info.state.value for info in infos]
+            finally:
+                await self.app.close()
+
+        return run_async(get)
+
+
+@pytest.fixture
+def limits_env(broker_url: str) -> Iterator[LimitsEnv]:
+    """Three calls to one partner with a limit of one at a time: the worker runs the first
+    (which waits for ``release``) and holds the other two back, on the broker under test."""
+    app = durq.App(broker_url)
+    release = threading.Event()
+    # A memory:// name's tasks live while a broker object on it does; the test's own calls
+    # close theirs, so one is kept for the whole test (unused on the other brokers).
+    keeper = app.new_broker()
+
+    @app.task(
+        "partner:call", queue="partners", limit=durq.Limit("partner:{partner}", concurrency=1)
+    )
+    def call(payload: dict) -> dict:
+        release.wait(30)
+        return {"called": payload["partner"]}
+
+    @app.task("email:send", queue="default")
+    async def send(payload: dict) -> None:
+        return None
+
+    async def seed() -> list[str]:
+        migrator = app.new_broker()
+        await migrator.migrate()
+        await migrator.close()
+        try:
+            ids = [(await call.enqueue({"partner": "acme", "n": i})).id for i in range(3)]
+            await app.enqueue("email:send", {"to": "a@b.c"}, process_in=3600)
+            return ids
+        finally:
+            await app.close()
+
+    ids = run_async(seed)
+    settings = DashboardSettings(refresh_seconds=2)
+    with LiveServer(create_dashboard(app, token=TOKEN, settings=settings)) as server:
+        with WorkerThread(app):
+            e = LimitsEnv(app, server.url, release, ids)
+            try:
+                wait_for(lambda: sorted(e.states()) == ["active", "pending", "pending"])
+                yield e
+            finally:
+                release.set()
+    del keeper
+
+
+@pytest.fixture
+def limits_page(browser: Any, limits_env: LimitsEnv) -> Iterator[Any]:
+    yield from fresh_page(browser)
+
+
+def test_limits_page_shows_running_and_held_tasks(
+    limits_page: Any, limits_env: LimitsEnv, broker_kind: str
+) -> None:
+    page, env = limits_page, limits_env
+    log_in(page, env)
+    page.click('.top nav a[href="/limits"]')
+    row = page.locator('table.limits tr[data-queue="partners"][data-key="partner:acme"]')
+
+    # A task is counted as held once a worker has looked at it and found no room.
+    def waiting() -> str:
+        page.reload()
+        return str(row.locator('[data-field="waiting"]').inner_text())
+
+    wait_for(lambda: waiting() == "2")
+    assert row.locator('[data-field="running"]').inner_text() == "1 FULL"
+    assert row.locator('[data-field="concurrency"]').inner_text() == "1"
+    assert page.locator("#sum-waiting").inner_text() == "2"
+    shot(page, f"limits-held-{broker_kind}")
+
+    # Filter by queue: a queue without limits says so in plain words.
+    page.select_option("#limit-filter select[name=queue]", "default")
+    page.click("#limit-filter button[type=submit]")
+    assert page.url.endswith("/limits?queue=default")
+    shot(page, f"limits-empty-{broker_kind}")
+    assert (
+        "No limit key has been counted in queue default"
+        in page.locator("#limits-empty").inner_text()
+    )
+    page.select_option("#limit-filter select[name=queue]", "partners")
+    page.click("#limit-filter button[type=submit]")
+    assert row.is_visible()
+
+    # The held tasks are pending in their queue; once the first call ends they all run.
+    row.locator('[data-field="waiting"] a').click()
+    assert page.locator("table.tasks tbody tr").count() == 2
+    env.release.set()
+    wait_for(lambda: env.states() == ["completed"] * 3, timeout=20)
+    page.goto(env.url + "/limits?queue=partners")
+    assert row.locator('[data-field="running"]').inner_text() == "0"
+    assert row.locator('[data-field="waiting"]').inner_text() == "0"

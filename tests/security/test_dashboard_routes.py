@@ -47,6 +47,7 @@ CONCRETE = {
     "/logout": "/logout",
     "/workers": "/workers",
     "/periodic": "/periodic",
+    "/limits": "/limits?queue=default",
     "/queues/{queue}/selection": "/queues/default/selection",
     "/queues/{queue}": "/queues/default",
     "/queues/{queue}/search": "/queues/default/search?q=evil",
@@ -171,13 +172,18 @@ async def test_every_mutation_needs_csrf_and_same_origin(guard, client, app) -> 
 
 
 async def test_html_in_task_data_and_errors_is_escaped_on_every_page(guard, client, app) -> None:
-    # Give the task an error message and a result containing markup too.
+    # Give the task an error message and a result containing markup too, and a limit key.
     await app.inspector.run_task("default", "evil-1")
+    limited = await app.enqueue(
+        "evil:task", {"html": EVIL}, limit=durq.Limit("k:{html}", concurrency=1)
+    )
     async with app.worker(queues=["default"], concurrency=1, poll_interval=0.05):
         import asyncio
 
         for _ in range(200):
-            if (await app.inspector.get_task_info("default", "evil-1")).state.value == "archived":
+            ids = ("evil-1", limited.id)
+            states = [(await app.inspector.get_task_info("default", i)).state.value for i in ids]
+            if states == ["archived", "archived"]:
                 break
             await asyncio.sleep(0.02)
     info = await app.inspector.get_task_info("default", "evil-1")
@@ -186,6 +192,8 @@ async def test_html_in_task_data_and_errors_is_escaped_on_every_page(guard, clie
     pages = [
         "/",
         "/workers",
+        "/limits",
+        f"/limits?queue={EVIL}",
         "/queues/default",
         "/queues/default?state=archived",
         f"/queues/default/search?q={EVIL}",
@@ -208,6 +216,7 @@ async def test_html_in_task_data_and_errors_is_escaped_on_every_page(guard, clie
         assert r.headers.get("x-content-type-options") == "nosniff", page
     detail = await client.get("/queues/default/tasks/evil-1")
     assert "&lt;script&gt;" in detail.text
+    assert "k:&lt;script&gt;" in (await client.get("/limits")).text
 
 
 async def test_api_errors_are_json_not_html(client) -> None:

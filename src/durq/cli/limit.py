@@ -9,6 +9,7 @@ import typer
 from durq.app import App
 from durq.brokers.base import LimitStats
 from durq.cli.common import BrokerOpt, JsonOpt, console, make_table, print_json, run
+from durq.limits import format_rate
 
 group = typer.Typer(
     name="limit",
@@ -34,7 +35,7 @@ def print_limits(limits: list[LimitStats]) -> None:
             s.queue,
             s.key,
             f"{s.running}/{s.concurrency}" if s.concurrency is not None else str(s.running),
-            "-" if s.rate is None else f"{s.rate}/{s.per:g}s",
+            format_rate(s.rate, s.per),
             "-" if s.tokens is None else f"{s.tokens:.1f}",
             str(s.waiting),
         )

@@ -34,6 +34,7 @@ from durq.dashboard.api import (
 )
 from durq.errors import GroupNotFoundError, ValidationError
 from durq.inspector import parse_state
+from durq.limits import format_rate
 from durq.states import TaskState
 from durq.task import TaskInfo
 
@@ -69,6 +70,11 @@ SELECTION_BY_STATE: dict[TaskState, tuple[str, ...]] = {
 #: Query parameters of the queue page besides its filters.
 PAGE_PARAMS = TASK_LIST_PARAMS | {"notice", "ns"}
 
+
+#: Query parameters of the limits page.
+LIMITS_PARAMS = frozenset({"queue", "notice", "ns"})
+#: Where the limits page's empty state sends a reader: the flow-control guide.
+FLOW_CONTROL_DOCS = "https://pypi.org/project/durq/"
 
 #: Members listed on a task page's group card (the rest are counted).
 GROUP_MEMBERS_SHOWN = 50
@@ -149,6 +155,7 @@ class Views:
             Route("/logout", self.logout, methods=["POST"]),
             Route("/workers", self.workers, methods=["GET"]),
             Route("/periodic", self.periodic, methods=["GET"]),
+            Route("/limits", self.limits, methods=["GET"]),
             Route(q, self.queue, methods=["GET"]),
             Route(q + "/search", self.search, methods=["GET"]),
             Route(q + "/pause", self.queue_action("pause"), methods=["POST"]),
@@ -332,6 +339,39 @@ class Views:
     async def periodic(self, request: Request) -> Response:
         entries = await periodic_rows(self.dash.app)
         return self.render(request, "periodic.html", {"nav": "periodic", "entries": entries})
+
+    async def limits(self, request: Request) -> Response:
+        """Flow-control keys: what runs under each, its limit, tokens left, tasks held."""
+        unknown = sorted(k for k in request.query_params if k not in LIMITS_PARAMS)
+        if unknown:
+            raise ValidationError(
+                f"unknown query parameter(s) {', '.join(map(repr, unknown))}: filter with queue"
+            )
+        queue = request.query_params.get("queue") or None
+        keys = await self.inspector.list_limits(queue)
+        rows = [
+            {
+                **s.to_dict(),
+                "rate_text": format_rate(s.rate, s.per),
+                "full": s.concurrency is not None and s.running >= s.concurrency,
+            }
+            for s in keys
+        ]
+        queues = sorted({q.name for q in await self.inspector.list_queues()} | {queue or ""})
+        return self.render(
+            request,
+            "limits.html",
+            {
+                "nav": "limits",
+                "limits": rows,
+                "queue": queue,
+                "queues": [q for q in queues if q],
+                # A task counts against each of its keys, so running attempts are not summed.
+                "full": sum(1 for row in rows if row["full"]),
+                "waiting": sum(s.waiting for s in keys),
+                "docs": FLOW_CONTROL_DOCS,
+            },
+        )
 
     # -- login ------------------------------------------------------------------------------
 
