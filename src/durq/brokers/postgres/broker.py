@@ -4,19 +4,16 @@ enqueue inside the caller's transaction (E8). See docs/brokers/postgresql.md."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import tuple_row
 
-from durq.brokers import limiter
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
@@ -48,10 +45,14 @@ from durq.brokers.base import (
 from durq.brokers.mailbox import end_key
 from durq.brokers.postgres.admin import PostgresAdmin
 from durq.brokers.postgres.rows import (
+    CLAIM_DRAINED_KEYS,
+    CLAIM_DRAINED_QUEUES,
     CLAIM_LIMITED,
+    CLAIM_MISSING,
     CLAIM_NEXT_AT,
     CLAIM_PRIORITY,
     CLAIM_QUEUE,
+    CLAIM_SEEN,
     CLAIM_SEQ,
     CLAIM_STARTED,
     CLAIM_TOKEN,
@@ -71,7 +72,7 @@ from durq.brokers.postgres.wakeup import EndListener, Listener
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock, to_datetime, utc_day
 from durq.errors import ConfigurationError
-from durq.task import LimitSpec, TaskInfo, limits_from_json
+from durq.task import TaskInfo
 
 log = logging.getLogger("durq.brokers.postgres")
 
@@ -138,7 +139,9 @@ class PostgresBroker(AdminForwarder):
         # When each queue was last claimed from (monotonic): a wake-up that arrives between a
         # short claim and the next wait makes that wait return at once (level-triggered).
         self._claim_marks: dict[str, float] = {}
-        self._limit_lock = limit_lock_id(self._s.schema)
+        #: Queues where the last claim saw due tasks with limits or tasks held: their claims
+        #: run claim_limited at once (W13).
+        self._limited: set[str] = set()
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> PostgresBroker:
@@ -267,29 +270,47 @@ class PostgresBroker(AdminForwarder):
             self._claim_marks[queue] = mark
         self._start_listening()
         now = self._s.sql_now()
-        async with self._s.connection("claim") as conn, conn.pipeline():
-            # Both statements go out in one round trip; each commits on its own.
-            cur = conn.cursor(row_factory=tuple_row)
-            await cur.execute(
-                self._s.q["claim_forward"],
-                {"queues": queues, "now": now, "forward": max(params.limit, CLAIM_FORWARD)},
-            )
-            await cur.execute(
-                self._s.q["claim"],
-                {
-                    "queues": queues,
-                    "limit": params.limit,
-                    "now": now,
-                    "lease_seconds": float(params.lease_seconds),
-                    "worker_id": params.worker_id,
-                },
-            )
-            rows = await cur.fetchall()
-        limited = bool(rows and rows[0][CLAIM_LIMITED])
+        # Queues where limited work was seen go straight to claim_limited (one statement
+        # for both kinds of task); the others take the plain claim, which only says whether
+        # claim_limited is needed.
+        limited_mode = not self._limited.isdisjoint(queues)
+        values = {
+            "queues": queues,
+            "limit": params.limit,
+            "take": params.limit,
+            "now": now,
+            "lease_seconds": float(params.lease_seconds),
+            "worker_id": params.worker_id,
+        }
+        async with self._s.connection("claim") as conn:
+            try:
+                async with conn.pipeline():
+                    # Both statements go out in one round trip; each commits on its own.
+                    cur = conn.cursor(row_factory=tuple_row)
+                    await cur.execute(
+                        self._s.q["claim_forward"],
+                        {"queues": queues, "now": now, "forward": max(params.limit, CLAIM_FORWARD)},
+                    )
+                    await cur.execute(
+                        self._s.q["claim_limited" if limited_mode else "claim"], values
+                    )
+                    rows = await cur.fetchall()
+            except psycopg.errors.DeadlockDetected:
+                # claim_limited met a batch of outcomes taking locks across statements.
+                log.debug("claim of limited tasks met a deadlock; trying again later")
+                rows = []
         wake_at: float | None = rows[0][CLAIM_WAKE_AT] if rows else None
-        rows = [r for r in rows if r[0] is not None]  # one row of NULLs: nothing leased
-        if limited and len(rows) < params.limit:
-            wake_at = await self._claim_limited(queues, params, rows)
+        if limited_mode:
+            again = await self._limited_answer(queues, rows)
+            rows = [r for r in rows if r[0] is not None]  # one row of NULLs: nothing leased
+            if again and len(rows) < params.limit:
+                wake_at = await self._claim_limited(queues, params, rows, wake_at)
+        else:
+            limited = bool(rows and rows[0][CLAIM_LIMITED])
+            rows = [r for r in rows if r[0] is not None]
+            if limited and len(rows) < params.limit:
+                self._limited.update(queues)
+                wake_at = await self._claim_limited(queues, params, rows, wake_at)
         if len(rows) > 1:
             # UPDATE … RETURNING has no order: restore queue order, then the claim order.
             order = {q: i for i, q in enumerate(queues)}
@@ -318,41 +339,73 @@ class PostgresBroker(AdminForwarder):
         )
 
     async def _claim_limited(
-        self, queues: list[str], params: ClaimParams, out: list[tuple[Any, ...]]
+        self,
+        queues: list[str],
+        params: ClaimParams,
+        out: list[tuple[Any, ...]],
+        wake_at: float | None,
     ) -> float | None:
-        """W13: lease due tasks with limits into ``out`` (up to ``params.limit``), counting
-        their keys, holding those without room; let held tasks back where there is room.
-
-        One transaction per round, claims with limits taking turns (an advisory lock):
-        counters are locked in key order, as outcomes lock them. A round that held tasks
-        looks again, since held tasks left the index. Returns when a token comes for a
-        held task (the claim's ``wake_at``)."""
-        q = self._s.q
-        wake_at: float | None = None
+        """W13: more rounds of claim_limited into ``out`` (up to ``params.limit``), each one
+        statement looking ``_LOOK_AHEAD`` due tasks past the free slots, while a round held
+        tasks and more may be due. Returns when a token comes for a held task."""
         for _ in range(_LIMITED_ROUNDS):
             want = params.limit - len(out)
-            async with self._s.connection("claim") as conn:
-                try:
-                    async with conn.transaction():
-                        # The broker's clock, read once: one moment for the whole round.
-                        cur = await conn.execute(
-                            q["claim_limited_lock"],
-                            {"lock": self._limit_lock, "now": self._s.sql_now()},
-                        )
-                        row = await cur.fetchone()
-                        assert row is not None
-                        now = float(row["now"])
-                        batch = await _LimitRound.run(conn, q, queues, want, now)
-                        rows = await batch.write(conn, q, params.lease_seconds, params.worker_id)
-                except psycopg.errors.DeadlockDetected:
-                    # With a rescuer's batch of outcomes: give up this round, not the claim.
-                    log.debug("claim of limited tasks met a deadlock; trying again later")
-                    return wake_at
-            out.extend(rows)
-            wake_at = batch.wake_at()
-            if not batch.held or not batch.full or len(out) >= params.limit:
+            values = {
+                "queues": queues,
+                "limit": want + _LOOK_AHEAD,
+                "take": want,
+                "now": self._s.sql_now(),
+                "lease_seconds": float(params.lease_seconds),
+                "worker_id": params.worker_id,
+            }
+            try:
+                async with self._s.connection("claim") as conn:
+                    cur = conn.cursor(row_factory=tuple_row)
+                    await cur.execute(self._s.q["claim_limited"], values)
+                    rows = await cur.fetchall()
+            except psycopg.errors.DeadlockDetected:
+                log.debug("claim of limited tasks met a deadlock; trying again later")
+                break
+            again = await self._limited_answer(queues, rows)
+            wake_at = rows[0][CLAIM_WAKE_AT] if rows else None
+            out.extend(r for r in rows if r[0] is not None)
+            if not again or len(out) >= params.limit:
                 break
         return wake_at
+
+    async def _limited_answer(self, queues: list[str], rows: list[tuple[Any, ...]]) -> bool:
+        """Read the extra columns of a claim_limited answer: note whether these queues have
+        limited work, create the counters it found missing and clear the flags of keys it
+        found drained. Whether to claim again at once."""
+        if not rows:
+            return False
+        first = rows[0]
+        if not first[CLAIM_SEEN]:
+            self._limited.difference_update(queues)
+        missing = first[CLAIM_MISSING]
+        if missing is not None:
+            await self._s.fetch(
+                "claim",
+                "claim_limited_create",
+                {"missing": missing, "now": self._s.sql_now()},
+            )
+        drained = first[CLAIM_DRAINED_QUEUES]
+        if drained:
+            await self._settle(drained, first[CLAIM_DRAINED_KEYS])
+        return bool(first[CLAIM_LIMITED]) or missing is not None
+
+    async def _settle(self, queues: list[str], keys: list[str]) -> None:
+        """Clear the "waiting" flag of keys with no task held on them: their counters
+        locked first, then the held tasks read by a statement of its own (a fresh snapshot,
+        after every claim that held a task on them has committed). One round trip."""
+        values = {"queues": queues, "keys": keys}
+        async with self._s.connection("claim") as conn:
+            try:
+                async with conn.pipeline(), conn.transaction():
+                    await conn.execute(self._s.q["claim_limited_settle_lock"], values)
+                    await conn.execute(self._s.q["claim_limited_settle"], values)
+            except psycopg.errors.DeadlockDetected:
+                log.debug("clearing the flags of drained limit keys met a deadlock")
 
     async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
         """Heartbeat: push the expiry of every held lease; report lost ones and cancel asks."""
@@ -485,6 +538,9 @@ class PostgresBroker(AdminForwarder):
         """Wake the workers of queues where an ended attempt freed a key tasks wait on."""
         wanted = set(queues)
         if wanted:
+            # This worker's fetcher claims at once; the others hear the NOTIFY.
+            if self._listener is not None:
+                self._listener.poke(wanted)
             self._s.notifier.add(wanted)
 
     async def retry(self, params: RetryParams) -> bool:
@@ -644,136 +700,7 @@ def _unwrap(outcome: EnqueueOutcome) -> TaskInfo:
 __all__ = ["PostgresBroker"]
 
 
-#: Rounds of held tasks one claim goes through before it answers (each a transaction),
-#: and how many due tasks past its free slots a round looks at.
+#: Rounds of claim_limited one claim goes through before it answers (each one statement),
+#: and how many due tasks past its free slots such a round looks at.
 _LIMITED_ROUNDS = 8
 _LOOK_AHEAD = 100
-
-
-def limit_lock_id(schema: str) -> int:
-    """The advisory lock claims with limits take turns on: one per schema."""
-    digest = hashlib.sha256(f"durq-limits:{schema}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-class _LimitRound:
-    """One round of a claim of limited tasks, inside its transaction: let held tasks back,
-    read the due candidates, lock and count their keys; then :meth:`write` it all."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-        #: ``queue -> key -> counter`` of every key this round read or created.
-        self.counters: dict[str, dict[str, limiter.Counter]] = {}
-        self.leased: list[tuple[str, str]] = []
-        self.held: list[tuple[str, str, str]] = []
-        #: The round saw as many candidates as it asked for: more may be due.
-        self.full = False
-        #: Keys with held tasks as the round found them (read, not locked).
-        self.waiting: dict[tuple[str, str], limiter.Counter] = {}
-
-    @classmethod
-    async def run(
-        cls, conn: Any, q: dict[str, bytes], queues: list[str], want: int, now: float
-    ) -> _LimitRound:
-        self = cls(now)
-        cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(q["claim_limited_waiting"], {"queues": queues})
-        rooms = {}
-        for r in await cur.fetchall():
-            counter = self.waiting[(r["queue"], r["key"])] = limiter.stored(r)
-            room = counter.room(now)
-            if room > 0:
-                rooms[(r["queue"], r["key"])] = room
-        emptied: set[tuple[str, str]] = set()
-        if rooms:
-            keys = list(rooms)
-            await cur.execute(
-                q["claim_limited_let_back"],
-                {
-                    "queues": [k[0] for k in keys],
-                    "keys": [k[1] for k in keys],
-                    "rooms": [rooms[k] for k in keys],
-                },
-            )
-            moved = Counter((r["queue"], r["key"]) for r in await cur.fetchall())
-            emptied = {k for k in keys if moved[k] < rooms[k]}  # nothing left held on it
-        # Look past ``want``: each candidate without room is held once and for all.
-        look = want + _LOOK_AHEAD
-        await cur.execute(
-            q["claim_limited_candidates"], {"queues": queues, "now": now, "limit": look}
-        )
-        candidates = await cur.fetchall()
-        self.full = len(candidates) >= look
-        specs = {
-            (r["queue"], r["id"]): limits_from_json(r["limits"]) for r in candidates if r["limits"]
-        }
-        keys = sorted({(qn, s.key) for (qn, _), ss in specs.items() for s in ss} | emptied)
-        if keys:
-            await cur.execute(
-                q["claim_limited_counters"],
-                {"queues": [k[0] for k in keys], "keys": [k[1] for k in keys]},
-            )
-            for r in await cur.fetchall():
-                self.counters.setdefault(r["queue"], {})[r["key"]] = limiter.stored(r)
-        for queue, key in emptied:
-            found = self.counters.get(queue, {}).get(key)
-            if found is not None:
-                found.waiting = False
-        for r in candidates:
-            if len(self.leased) >= want:
-                break  # the rest stay as they are, unlocked at commit
-            task = (r["queue"], r["id"])
-            self.admit(task, specs.get(task, ()))
-        return self
-
-    def admit(self, task: tuple[str, str], specs: tuple[LimitSpec, ...]) -> None:
-        if specs:
-            counters = self.counters.setdefault(task[0], {})
-            full = limiter.blocking(specs, counters, self.now)
-            if full is not None:
-                counters[full].waiting = True
-                self.held.append((*task, full))
-                return
-            for spec in specs:
-                limiter.take(spec, counters[spec.key], self.now)
-        self.leased.append(task)
-
-    async def write(
-        self, conn: Any, q: dict[str, bytes], lease_seconds: float, worker_id: str
-    ) -> list[tuple[Any, ...]]:
-        """Save the counters, hold, lease: one statement; the leased rows."""
-        saved = [(qn, k, c) for qn, keys in self.counters.items() for k, c in keys.items()]
-        cur = conn.cursor(row_factory=tuple_row)
-        await cur.execute(
-            q["claim_limited_write"],
-            {
-                "c_queues": [qn for qn, _, _ in saved],
-                "c_keys": [k for _, k, _ in saved],
-                "c_running": [c.running for _, _, c in saved],
-                "c_concurrency": [c.concurrency for _, _, c in saved],
-                "c_rate": [c.rate for _, _, c in saved],
-                "c_per": [c.per for _, _, c in saved],
-                "c_tokens": [float(c.tokens) for _, _, c in saved],
-                "c_refilled_at": [float(c.refilled_at) for _, _, c in saved],
-                "c_waiting": [c.waiting for _, _, c in saved],
-                "h_queues": [h[0] for h in self.held],
-                "h_ids": [h[1] for h in self.held],
-                "h_keys": [h[2] for h in self.held],
-                "l_queues": [t[0] for t in self.leased],
-                "l_ids": [t[1] for t in self.leased],
-                "now": self.now,
-                "lease_seconds": float(lease_seconds),
-                "worker_id": worker_id,
-            },
-        )
-        rows: list[tuple[Any, ...]] = await cur.fetchall()
-        return rows
-
-    def wake_at(self) -> float | None:
-        """When a token comes for a key with held tasks."""
-        seen = dict(self.waiting)
-        seen.update(((qn, k), c) for qn, keys in self.counters.items() for k, c in keys.items())
-        times = [
-            t for c in seen.values() if c.waiting and (t := c.next_room_at(self.now)) is not None
-        ]
-        return min(times, default=None)

@@ -185,23 +185,24 @@ FROM due
 WHERE t.queue = due.queue AND t.id = due.id;
 
 -- name: lease_set
--- A fragment (claim, claim_limited_write): an active lease with a fresh fencing token.
+-- A fragment (claim, claim_limited): an active lease with a fresh fencing token.
 SET state = 'active',
     lease_token = gen_random_uuid()::text,
     lease_expires_at = {now} + %(lease_seconds)s,
     worker_id = %(worker_id)s,
     started_at = {now},
-    cancel_requested = false;
+    cancel_requested = false,
+    held_by = NULL;
 
 -- name: claimed_columns
--- A fragment (claim, claim_limited_write): the columns of a claimed row, in the order
+-- A fragment (claim, claim_limited): the columns of a claimed row, in the order
 -- rows.CLAIM_COLUMNS names them.
 t.id, t.queue, t.type, t.payload, t.max_retry, t.retried, t.last_error, t.timeout,
 t.deadline, t.next_process_at, t.enqueued_at, t.retention, t.lost, t.headers::text,
 t.lease_token, t.seq, t.started_at, t.lease_expires_at, t.priority, t.limits::text;
 
 -- name: claimable_due
--- A fragment, not run alone: spliced into claim and claim_limited_candidates in place of
+-- A fragment, not run alone: spliced into claim and claim_limited in place of
 -- {claimable_due}. Due rows per queue through the partial index (tasks_claimable; held rows
 -- are out of it), locked with SKIP LOCKED so concurrent workers take different rows (W10),
 -- filled from the queues in the order given, with their limits.
@@ -255,78 +256,289 @@ more AS (
 )
 SELECT leased.*, more.limited, more.wake_at FROM more LEFT JOIN leased ON true;
 
--- name: claim_limited_lock
--- W13: claims that count limits take turns (one transaction-scoped lock per schema), so
--- held tasks and the "waiting" flags never race; claims of unlimited tasks never take it.
-SELECT pg_advisory_xact_lock(%(lock)s), {now} AS now;
-
--- name: claim_limited_waiting
--- Keys of these queues with tasks held on them (partial index limits_waiting). Not locked:
--- only claims (in turn) change the flags; outcomes only lower running, so room read here
--- can be short, never too much.
-SELECT l.*
-FROM {schema}.limits AS l
-WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
-  AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.name = l.queue AND p.paused);
-
--- name: claim_limited_let_back
--- Held tasks of keys with room again rejoin the claim index, oldest first, as many as there
--- is room; the answer names the key of each.
-UPDATE {schema}.tasks AS t
-SET held_by = NULL
-FROM (
-    SELECT h.queue, h.id, x.key
-    FROM unnest(%(queues)b::text[], %(keys)b::text[], %(rooms)b::integer[]) AS x(queue, key, room)
+-- name: claim_limited
+-- W13: the claim when due tasks carry limits or tasks are held, in one statement (one round
+-- trip, no lock of its own): due rows as claim takes them (claimable_due, up to %(limit)s,
+-- the look-ahead) plus, for each key of these queues with held tasks and room again, its
+-- oldest held tasks (as many as the room); the counters of their keys locked FOR UPDATE in
+-- key order (outcomes lock them in the same order, so claims and outcomes never deadlock).
+-- "walk" then goes through the limited candidates in claim order as the Python limiter
+-- does: a task is admitted if each of its limits has room after the starts admitted before
+-- it, held on the first full key otherwise; nothing is decided past %(take)s leases. The
+-- leased rows, the held ones and the counters are written by the same statement.
+-- Answer: the leased rows, each with "again" (the look-ahead was full and some slots stay
+-- free: claim once more), "wake_at" (when a token comes for a key its bucket holds back),
+-- "seen" (limited tasks were candidates, or held ones have room: the next claim of these
+-- queues should be this statement, not claim), the keys with room where no held task was
+-- found ("drained": claim_limited_settle clears their flag), and keys without a counter
+-- ("missing": claim_limited_create adds it, their tasks wait for the next claim). Without a
+-- lease the answer is one row of NULLs with those columns.
+WITH RECURSIVE clock AS (
+    SELECT {now} AS now
+),
+due AS (
+    {claimable_due}
+),
+waiting AS (
+    -- Keys with tasks held on them and, by the last limit a task of it carried, their room.
+    SELECT l.queue, l.key,
+           least(
+               %(take)s::bigint,
+               l.concurrency - l.running,
+               floor(least(l.rate::float8,
+                           l.tokens + greatest(0, clock.now - l.refilled_at) * l.rate / l.per)
+                     + 1e-9)::bigint
+           ) AS room,
+           l.concurrency, l.running, l.rate, l.per, l.tokens, l.refilled_at
+    FROM {schema}.limits AS l, clock
+    WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
+      AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.name = l.queue AND p.paused)
+),
+back AS (
+    -- Held tasks of keys with room, oldest first (tasks_held), locked as due rows are.
+    SELECT b.queue, b.id, b.limits, b.priority, b.next_process_at, b.seq, w.key AS held_on
+    FROM waiting AS w
     CROSS JOIN LATERAL (
-        SELECT b.queue, b.id FROM {schema}.tasks AS b
-        WHERE b.queue = x.queue AND b.held_by = x.key
-        ORDER BY b.priority DESC, b.next_process_at, b.seq
-        LIMIT x.room
-    ) AS h
-) AS back
-WHERE t.queue = back.queue AND t.id = back.id
-RETURNING back.queue, back.key;
+        SELECT t.queue, t.id, t.limits, t.priority, t.next_process_at, t.seq
+        FROM {schema}.tasks AS t
+        WHERE t.queue = w.queue AND t.held_by = w.key AND t.state = 'pending'
+        ORDER BY t.priority DESC, t.next_process_at, t.seq
+        LIMIT greatest(w.room, 0)
+        FOR UPDATE SKIP LOCKED
+    ) AS b
+    WHERE w.room > 0
+),
+cand AS MATERIALIZED (
+    -- Every candidate in claim order: queue order, then priority, due time, enqueue order.
+    SELECT c.queue, c.id, c.limits,
+           row_number() OVER (ORDER BY q.ord, c.priority DESC, c.next_process_at, c.seq) AS n
+    FROM (
+        SELECT queue, id, limits, priority, next_process_at, seq FROM due
+        UNION ALL
+        SELECT queue, id, limits, priority, next_process_at, seq FROM back
+    ) AS c
+    JOIN unnest(%(queues)b::text[]) WITH ORDINALITY AS q(name, ord) ON q.name = c.queue
+),
+lim AS MATERIALIZED (
+    -- The limited candidates, numbered, with how many unlimited ones come before each.
+    SELECT row_number() OVER (ORDER BY n) AS i, n - row_number() OVER (ORDER BY n) AS free,
+           queue, id, limits
+    FROM cand
+    WHERE limits IS NOT NULL
+),
+specs AS MATERIALIZED (
+    SELECT lim.i, lim.queue, e.li, e.v ->> 0 AS key, (e.v ->> 1)::integer AS concurrency,
+           (e.v ->> 2)::integer AS rate, (e.v ->> 3)::float8 AS per
+    FROM lim CROSS JOIN LATERAL jsonb_array_elements(lim.limits) WITH ORDINALITY AS e(v, li)
+),
+counters AS (
+    SELECT l.queue, l.key, l.running, l.tokens, l.refilled_at
+    FROM {schema}.limits AS l
+    WHERE (l.queue, l.key) IN (SELECT s.queue, s.key FROM specs AS s)
+    ORDER BY l.queue, l.key
+    FOR UPDATE OF l
+),
+steps AS MATERIALIZED (
+    -- Per limited candidate, each limit in the task's order: [slot, key, no counter yet,
+    -- starts it admits now by the task's own limit (null: no bound)].
+    SELECT lim.i, lim.free,
+           jsonb_agg(
+               jsonb_build_array(
+                   jsonb_build_array(s.queue, s.key)::text,
+                   s.key,
+                   k.queue IS NULL,
+                   least(
+                       s.concurrency - k.running,
+                       floor(least(s.rate::float8,
+                                   k.tokens + greatest(0, clock.now - k.refilled_at)
+                                              * s.rate / s.per)
+                             + 1e-9)
+                   )
+               ) ORDER BY s.li
+           ) AS checks
+    FROM lim
+    JOIN specs AS s ON s.i = lim.i
+    CROSS JOIN clock
+    LEFT JOIN counters AS k ON k.queue = s.queue AND k.key = s.key
+    GROUP BY lim.i, lim.free
+),
+walk (i, taken, admitted, verdict, blocked) AS (
+    -- taken: starts admitted so far per slot; verdict: lease, hold, missing, or past (the
+    -- claim had its fill before this candidate: left as it is).
+    SELECT 0::bigint, jsonb_build_object(), 0::bigint, NULL::text, NULL::text
+    UNION ALL
+    SELECT st.i,
+           CASE WHEN d.verdict = 'lease' THEN w.taken || v.plus ELSE w.taken END,
+           w.admitted + CASE WHEN d.verdict = 'lease' THEN 1 ELSE 0 END,
+           d.verdict, v.blocked
+    FROM walk AS w
+    JOIN steps AS st ON st.i = w.i + 1
+    CROSS JOIN LATERAL (
+        SELECT bool_or(x.missing) AS missing,
+               bool_and(x.fits) AS fits,
+               (array_agg(x.key ORDER BY x.li) FILTER (WHERE NOT x.fits))[1] AS blocked,
+               jsonb_object_agg(x.slot, x.used + 1) AS plus
+        FROM (
+            SELECT c.li, c.v ->> 1 AS key, c.v ->> 0 AS slot, (c.v ->> 2)::boolean AS missing,
+                   u.used,
+                   NOT (c.v ->> 2)::boolean
+                   AND (c.v -> 3 = 'null'::jsonb OR u.used < (c.v ->> 3)::float8) AS fits
+            FROM jsonb_array_elements(st.checks) WITH ORDINALITY AS c(v, li)
+            CROSS JOIN LATERAL (
+                SELECT coalesce((w.taken ->> (c.v ->> 0))::integer, 0) AS used
+            ) AS u
+        ) AS x
+    ) AS v
+    CROSS JOIN LATERAL (
+        SELECT CASE
+            WHEN w.admitted + st.free >= %(take)s THEN 'past'
+            WHEN v.missing THEN 'missing'
+            WHEN v.fits THEN 'lease'
+            ELSE 'hold'
+        END AS verdict
+    ) AS d
+),
+missing AS (
+    SELECT DISTINCT ON (s.queue, s.key) s.queue, s.key, s.concurrency, s.rate, s.per
+    FROM specs AS s
+    WHERE NOT EXISTS (SELECT 1 FROM counters AS k WHERE k.queue = s.queue AND k.key = s.key)
+    ORDER BY s.queue, s.key, s.i
+),
+decided AS MATERIALIZED (
+    -- Nothing is decided while a key has no counter: the broker adds it and claims again.
+    SELECT lim.queue, lim.id, lim.i, w.verdict, w.blocked
+    FROM lim
+    JOIN walk AS w ON w.i = lim.i
+    WHERE NOT EXISTS (SELECT 1 FROM missing)
+),
+chosen AS (
+    -- Unlimited candidates and admitted ones, the first %(take)s in claim order.
+    SELECT x.queue, x.id
+    FROM (
+        SELECT c.queue, c.id, row_number() OVER (ORDER BY c.n) AS r
+        FROM cand AS c
+        LEFT JOIN decided AS d ON d.queue = c.queue AND d.id = c.id
+        WHERE (c.limits IS NULL OR d.verdict = 'lease') AND NOT EXISTS (SELECT 1 FROM missing)
+    ) AS x
+    WHERE x.r <= %(take)s
+),
+leased AS (
+    UPDATE {schema}.tasks AS t
+    {lease_set}
+    FROM chosen
+    WHERE t.queue = chosen.queue AND t.id = chosen.id
+    RETURNING {claimed_columns}
+),
+held AS (
+    UPDATE {schema}.tasks AS t
+    SET held_by = d.blocked
+    FROM decided AS d
+    WHERE d.verdict = 'hold' AND t.queue = d.queue AND t.id = d.id
+),
+taken AS (
+    -- Per key: starts admitted, and the limit of the last task admitted (the key shows it).
+    SELECT s.queue, s.key, count(*) AS n,
+           (array_agg(s.concurrency ORDER BY s.i DESC))[1] AS concurrency,
+           (array_agg(s.rate ORDER BY s.i DESC))[1] AS rate,
+           (array_agg(s.per ORDER BY s.i DESC))[1] AS per
+    FROM specs AS s
+    JOIN decided AS d ON d.i = s.i AND d.verdict = 'lease'
+    GROUP BY s.queue, s.key
+),
+holds AS (
+    SELECT DISTINCT d.queue, d.blocked AS key FROM decided AS d WHERE d.verdict = 'hold'
+),
+changes AS (
+    SELECT coalesce(t.queue, h.queue) AS queue, coalesce(t.key, h.key) AS key,
+           coalesce(t.n, 0) AS n, t.concurrency, t.rate, t.per, h.key IS NOT NULL AS held
+    FROM taken AS t
+    FULL JOIN holds AS h ON h.queue = t.queue AND h.key = t.key
+),
+saved AS (
+    -- The rows are locked (counters): l is their latest version.
+    UPDATE {schema}.limits AS l
+    SET running = l.running + x.n,
+        concurrency = CASE WHEN x.n > 0 THEN x.concurrency ELSE l.concurrency END,
+        tokens = CASE WHEN x.n > 0 AND x.rate IS NOT NULL
+                      THEN least(x.rate::float8,
+                                 l.tokens + greatest(0, clock.now - l.refilled_at)
+                                            * x.rate / x.per) - x.n
+                      ELSE l.tokens END,
+        refilled_at = CASE WHEN x.n > 0 AND x.rate IS NOT NULL THEN clock.now
+                           ELSE l.refilled_at END,
+        rate = CASE WHEN x.n > 0 THEN x.rate ELSE l.rate END,
+        per = CASE WHEN x.n > 0 THEN x.per ELSE l.per END,
+        waiting = l.waiting OR x.held
+    FROM changes AS x, clock
+    WHERE l.queue = x.queue AND l.key = x.key
+    RETURNING l.queue, l.key, l.running, l.concurrency, l.rate, l.per, l.tokens,
+              l.refilled_at, l.waiting
+),
+tokens_due AS (
+    -- When the next token comes for keys with held tasks that only their bucket holds back.
+    SELECT min(k.refilled_at + (1 - k.tokens) * k.per / k.rate) AS at
+    FROM (
+        SELECT queue, key, running, concurrency, rate, per, tokens, refilled_at FROM saved
+        WHERE waiting
+        UNION ALL
+        SELECT w.queue, w.key, w.running, w.concurrency, w.rate, w.per, w.tokens,
+               w.refilled_at
+        FROM waiting AS w
+        WHERE NOT EXISTS (SELECT 1 FROM changes AS x WHERE x.queue = w.queue AND x.key = w.key)
+    ) AS k
+    WHERE k.rate IS NOT NULL AND (k.concurrency IS NULL OR k.running < k.concurrency)
+),
+drained AS (
+    SELECT w.queue, w.key
+    FROM waiting AS w
+    WHERE w.room > 0
+      AND (SELECT count(*) FROM back AS b WHERE b.queue = w.queue AND b.held_on = w.key)
+          < w.room
+      AND NOT EXISTS (SELECT 1 FROM holds AS h WHERE h.queue = w.queue AND h.key = w.key)
+),
+more AS (
+    SELECT (SELECT count(*) FROM due) >= %(limit)s
+           AND (SELECT count(*) FROM chosen) < %(take)s AS again,
+           (SELECT at FROM tokens_due) AS wake_at,
+           EXISTS (SELECT 1 FROM lim) OR EXISTS (SELECT 1 FROM waiting WHERE room > 0) AS seen,
+           (SELECT array_agg(queue) FROM drained) AS drained_queues,
+           (SELECT array_agg(key) FROM drained) AS drained_keys,
+           (SELECT jsonb_agg(jsonb_build_array(queue, key, concurrency, rate, per))::text
+            FROM missing) AS missing
+)
+SELECT leased.*, more.again, more.wake_at, more.seen, more.drained_queues,
+       more.drained_keys, more.missing
+FROM more LEFT JOIN leased ON true;
 
--- name: claim_limited_candidates
--- The due rows claim_limited looks at, with their limits, locked as claim locks them.
-SELECT due.queue, due.id, due.limits::text AS limits
-FROM ({claimable_due}) AS due;
+-- name: claim_limited_create
+-- Counters for keys no claim has counted yet: nothing running, a full bucket. A claim that
+-- found none left those tasks as they were; the next claim counts them.
+INSERT INTO {schema}.limits AS l (queue, key, concurrency, rate, per, tokens, refilled_at)
+SELECT x.v ->> 0, x.v ->> 1, (x.v ->> 2)::integer, (x.v ->> 3)::integer,
+       (x.v ->> 4)::float8, coalesce((x.v ->> 3)::float8, 0), {now}
+FROM jsonb_array_elements(%(missing)s::jsonb) AS x(v)
+ON CONFLICT (queue, key) DO NOTHING;
 
--- name: claim_limited_counters
--- The counters a claim changes, locked in key order (outcomes lock in the same order).
-SELECT l.*
+-- name: claim_limited_settle_lock
+-- Keys where a claim found room but no held task: lock their counters (key order), so that
+-- claim_limited_settle, the next statement of the same transaction, reads the held tasks
+-- after every claim that held one on them has committed.
+SELECT l.key
 FROM {schema}.limits AS l
 JOIN unnest(%(queues)b::text[], %(keys)b::text[]) AS x(queue, key)
   ON l.queue = x.queue AND l.key = x.key
 ORDER BY l.queue, l.key
 FOR UPDATE OF l;
 
--- name: claim_limited_write
--- Save the counters, hold the tasks without room, lease the admitted ones.
-WITH saved AS (
-    INSERT INTO {schema}.limits AS l
-        (queue, key, running, concurrency, rate, per, tokens, refilled_at, waiting)
-    SELECT *
-    FROM unnest(%(c_queues)b::text[], %(c_keys)b::text[], %(c_running)b::integer[],
-                %(c_concurrency)b::integer[], %(c_rate)b::integer[], %(c_per)b::float8[],
-                %(c_tokens)b::float8[], %(c_refilled_at)b::float8[], %(c_waiting)b::bool[])
-    ON CONFLICT (queue, key) DO UPDATE
-    SET running = excluded.running, concurrency = excluded.concurrency,
-        rate = excluded.rate, per = excluded.per, tokens = excluded.tokens,
-        refilled_at = excluded.refilled_at, waiting = excluded.waiting
-),
-held AS (
-    UPDATE {schema}.tasks AS t
-    SET held_by = h.key
-    FROM unnest(%(h_queues)b::text[], %(h_ids)b::text[], %(h_keys)b::text[])
-         AS h(queue, id, key)
-    WHERE t.queue = h.queue AND t.id = h.id
-)
-UPDATE {schema}.tasks AS t
-{lease_set}
-FROM unnest(%(l_queues)b::text[], %(l_ids)b::text[]) AS x(queue, id)
-WHERE t.queue = x.queue AND t.id = x.id
-RETURNING {claimed_columns};
+-- name: claim_limited_settle
+-- ... and clear their "waiting" flag if no task is held on them (tasks_held).
+UPDATE {schema}.limits AS l
+SET waiting = false
+FROM unnest(%(queues)b::text[], %(keys)b::text[]) AS x(queue, key)
+WHERE l.queue = x.queue AND l.key = x.key AND l.waiting
+  AND NOT EXISTS (
+      SELECT 1 FROM {schema}.tasks AS t WHERE t.queue = l.queue AND t.held_by = l.key
+  );
 
 -- name: extend_leases
 -- Heartbeat for many leases at once; the rows not returned are leases no longer held.

@@ -110,6 +110,12 @@ class Listener:
         finally:
             self._waiters.discard(waiter)
 
+    def poke(self, queues: Iterable[str]) -> None:
+        """Wake this process's waiters of ``queues`` now, as their NOTIFY will (it also goes
+        to the other processes, a round trip later)."""
+        for queue in queues:
+            self._wake(queue)
+
     def _wake(self, queue: str | None) -> None:
         if queue is not None:
             self._last_seen[queue] = time.monotonic()

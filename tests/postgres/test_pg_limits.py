@@ -1,0 +1,114 @@
+"""Flow control on PostgreSQL: the claim of limited tasks is one statement, a freed slot is
+taken by the next claim, and concurrent claims on many connections never overrun a key."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator
+
+from durq.brokers.base import ClaimParams, CompleteParams, EnqueueParams
+from durq.brokers.postgres import PostgresBroker
+from durq.task import LimitSpec
+
+
+def task(task_id: str, key: str, concurrency: int) -> EnqueueParams:
+    return EnqueueParams(
+        id=task_id,
+        queue="default",
+        type="t",
+        payload=b"{}",
+        limits=(LimitSpec(key, concurrency=concurrency),),
+    )
+
+
+def claim_params(limit: int = 10, worker: str = "w") -> ClaimParams:
+    return ClaimParams(["default"], limit, worker, 30)
+
+
+class Checkouts:
+    """How many pooled connections a broker's calls take, by method."""
+
+    def __init__(self, broker: PostgresBroker) -> None:
+        self.counts: Counter[str] = Counter()
+        storage = broker._s
+        taken = storage.connection
+
+        @contextlib.asynccontextmanager
+        async def counted(method: str) -> AsyncIterator[object]:
+            self.counts[method] += 1
+            async with taken(method) as conn:
+                yield conn
+
+        storage.connection = counted  # type: ignore[method-assign]
+
+
+async def test_a_freed_slot_is_taken_by_one_claim_statement(make_pg) -> None:
+    """The key's held task comes back in the claim that follows the completion: one
+    round trip (the due-time step and the claim, pipelined), nothing else."""
+    broker = await make_pg()
+    await broker.enqueue_many([task(f"t{i}", "k", 1) for i in range(3)])
+    (first,) = await broker.claim(claim_params())
+    assert await broker.complete(CompleteParams(first.ref))
+    checkouts = Checkouts(broker)
+    (second,) = await broker.claim(claim_params())
+    assert second.task.id == "t1"
+    assert checkouts.counts["claim"] == 1  # (the completion's wake-ups go in the background)
+    held = await broker.get_task("default", "t2")
+    assert held.held_by == "k"
+
+
+async def test_a_freed_slot_wakes_this_processs_worker_at_once(make_pg) -> None:
+    """The completion that frees a slot wakes this broker's own waiting fetcher before its
+    NOTIFY has made the round trip through the server."""
+    broker = await make_pg()
+    await broker.enqueue_many([task(f"t{i}", "k", 1) for i in range(2)])
+    (lease,) = await broker.claim(claim_params())
+    assert await broker.claim(claim_params()) == []
+    assert await broker.wait_for_work(["default"], 0.5) in (True, False)  # listening now
+    waiting = asyncio.create_task(broker.wait_for_work(["default"], 30))
+    await asyncio.sleep(0.05)
+    assert await broker.complete(CompleteParams(lease.ref))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert waiting.done() and waiting.result()
+
+
+async def test_concurrent_claims_never_run_more_of_a_key_than_its_limit(make_pg) -> None:
+    """Six brokers (six pools) claim and complete at once: at no moment do more attempts of
+    a key hold leases than its limit, and every task runs once."""
+    brokers = [await make_pg() for _ in range(6)]
+    keys = {"a": 1, "b": 2, "c": 3}
+    await brokers[0].enqueue_many(
+        [task(f"{key}{i}", key, n) for key, n in keys.items() for i in range(40)]
+    )
+    running: Counter[str] = Counter()
+    most: Counter[str] = Counter()
+    seen: Counter[str] = Counter()
+
+    async def drain(n: int) -> None:
+        broker, idle = brokers[n], 0
+        while idle < 20:
+            leases = await broker.claim(claim_params(4, f"w{n}"))
+            if not leases:
+                idle += 1
+                await asyncio.sleep(0.01)
+                continue
+            idle = 0
+            for lease in leases:
+                key = lease.task.id[0]
+                running[key] += 1
+                most[key] = max(most[key], running[key])
+                seen[lease.task.id] += 1
+            await asyncio.sleep(0.002)
+            for lease in leases:  # counted out before the slot is given back
+                running[lease.task.id[0]] -= 1
+            assert all(await broker.complete_many([CompleteParams(x.ref) for x in leases]))
+
+    await asyncio.gather(*(drain(n) for n in range(len(brokers))))
+    assert len(seen) == 120 and set(seen.values()) == {1}
+    assert all(most[key] <= n for key, n in keys.items()), most
+    assert most["c"] >= 2  # the limit, not a lock, decided
+    limits = {s.key: (s.running, s.waiting) for s in await brokers[0].list_limits("default")}
+    assert limits == {"a": (0, 0), "b": (0, 0), "c": (0, 0)}
