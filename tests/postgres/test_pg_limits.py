@@ -8,7 +8,13 @@ import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
 
-from durq.brokers.base import ClaimParams, CompleteParams, EnqueueParams
+from durq.brokers.base import (
+    ArchiveParams,
+    ClaimParams,
+    CompleteParams,
+    EnqueueParams,
+    RetryParams,
+)
 from durq.brokers.postgres import PostgresBroker
 from durq.task import LimitSpec
 
@@ -112,3 +118,20 @@ async def test_concurrent_claims_never_run_more_of_a_key_than_its_limit(make_pg)
     assert most["c"] >= 2  # the limit, not a lock, decided
     limits = {s.key: (s.running, s.waiting) for s in await brokers[0].list_limits("default")}
     assert limits == {"a": (0, 0), "b": (0, 0), "c": (0, 0)}
+
+
+async def test_a_batch_of_moves_gives_every_slot_back(make_pg) -> None:
+    """The rescuer's batch (several retry/archive moves in one transaction) locks all their
+    counters first, in key order, and gives each key its slot back."""
+    broker = await make_pg()
+    await broker.enqueue_many([task(f"{key}{i}", key, 1) for key in "ba" for i in range(2)])
+    leases = await broker.claim(claim_params())
+    assert sorted(x.task.id for x in leases) == ["a0", "b0"]
+    moves = [
+        RetryParams(leases[0].ref, "boom", 3600),
+        ArchiveParams(leases[1].ref, "boom"),
+    ]
+    assert await broker.move_leases(moves) == [True, True]
+    limits = {s.key: (s.running, s.waiting) for s in await broker.list_limits("default")}
+    assert limits == {"a": (0, 1), "b": (0, 1)}
+    assert sorted(x.task.id for x in await broker.claim(claim_params())) == ["a1", "b1"]

@@ -516,6 +516,13 @@ class PostgresBroker(AdminForwarder):
         woken: set[str] = set()
         created: list[EnqueueOutcome] = []
         async with self._s.connection("move_leases") as conn, conn.transaction():
+            if len(moves) > 1:
+                # Each move locks its counters; take them all first, in key order, as claims
+                # do, so that a batch and a claim never wait for each other in a cycle.
+                await conn.execute(
+                    self._s.q["move_leases_lock"],
+                    {"queues": [p.lease.queue for p in moves], "ids": [p.lease.id for p in moves]},
+                )
             for p in moves:
                 query, values = self._lease_move(p, now)
                 cur = await conn.execute(self._s.q[query], values)

@@ -646,6 +646,21 @@ counted_minute AS (
 )
 SELECT count(*) AS n, EXISTS (SELECT 1 FROM released WHERE waiting) AS wake FROM ended;
 
+-- name: move_leases_lock
+-- Before a batch of retry/archive moves in one transaction: the counters of all their tasks'
+-- limit keys, locked in key order (each move then finds its own already locked).
+SELECT l.key
+FROM {schema}.limits AS l
+WHERE (l.queue, l.key) IN (
+    SELECT t.queue, e.v ->> 0
+    FROM {schema}.tasks AS t
+    JOIN unnest(%(queues)b::text[], %(ids)b::text[]) AS x(queue, id)
+      ON t.queue = x.queue AND t.id = x.id
+    CROSS JOIN LATERAL jsonb_array_elements(t.limits) AS e(v)
+)
+ORDER BY l.queue, l.key
+FOR UPDATE OF l;
+
 -- name: archive
 -- Give up: the unique key is released (E4 holds only until the task completes or archives).
 WITH ended AS (
