@@ -188,6 +188,7 @@ def driver_args(args: argparse.Namespace) -> list[str]:
         str(args.bulk_chunk),
         "--concurrency",
         str(args.concurrency),
+        *(["--enqueue-only"] if args.enqueue_only else []),
     ]
 
 
@@ -401,6 +402,11 @@ def main() -> None:
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated peer names")
     parser.add_argument("--brokers", default="sqlite,redis,postgresql")
     parser.add_argument("--no-durq", action="store_true")
+    parser.add_argument(
+        "--enqueue-only",
+        action="store_true",
+        help="only the enqueue figures (one-by-one, 50 callers, bulk): no worker is started",
+    )
     parser.add_argument("--upgrade", action="store_true", help="reinstall the peers")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--no-doc", action="store_true", help="leave docs/benchmarks.md alone")
@@ -429,8 +435,10 @@ def main() -> None:
             ready.append(name)
 
     systems: list[tuple[str, str]] = []  # (system, broker)
+    # The enqueue figures do not depend on the worker command: one durq row per broker.
+    variants = ["durq"] if args.enqueue_only else list(DURQ_VARIANTS)
     if not args.no_durq:
-        systems += [(variant, b) for b in brokers for variant in DURQ_VARIANTS]
+        systems += [(variant, b) for b in brokers for variant in variants]
     systems += [(p, PEERS[p][3]) for p in ready]
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {s: [] for s in systems}
     for repeat in range(args.repeats):
@@ -498,13 +506,17 @@ def main() -> None:
         log(f"no plot: {plot_error}")
     markdown = (
         f"Run {stamp} (UTC) · `{command}` · {args.tasks:,} no-op tasks, "
-        f"{args.latency_tasks:,} latency probes at {args.latency_rate:g}/s · "
-        f"median of {args.repeats} · machine: {summary['machine_line']} · {summary['servers']}\n\n"
+        + (
+            "enqueue figures only · "
+            if args.enqueue_only
+            else f"{args.latency_tasks:,} latency probes at {args.latency_rate:g}/s · "
+        )
+        + f"median of {args.repeats} · machine: {summary['machine_line']} · {summary['servers']}\n\n"
         + table(results, failures)
     )
     md_path = RESULTS / f"{stamp}.md"
     md_path.write_text(f"# Benchmark {stamp}\n\n{markdown}\n\n![throughput]({png_path.name})\n")
-    if not args.no_doc:
+    if not args.no_doc and not args.enqueue_only:  # the doc's table has every column
         update_doc(markdown)
     print(markdown)
     log(f"wrote {md_path.relative_to(ROOT)} and {png_path.relative_to(ROOT)}")

@@ -16,6 +16,8 @@ every peer and prints one JSON object:
 5. with the worker idle, enqueue M probes at a fixed rate, each carrying ``time.time()``; the
    handler appends ``now - t`` to a per-process file: pickup latency enqueue -> handler start.
 
+``--enqueue-only`` stops after step 3 (the enqueue figures alone).
+
 Redis peers use database 5 of the local server (flushed before and after); PostgreSQL peers
 use the database ``durq_bench`` (dropped and created again by the harness before each peer).
 """
@@ -212,6 +214,8 @@ async def _run(driver: Driver) -> dict[str, Any]:
             except Exception as exc:  # a client that cannot be shared: a dash, and why
                 result["enqueue_concurrent_per_s"] = None
                 result["enqueue_concurrent_error"] = f"{type(exc).__name__}: {exc}"[:200]
+            if args.enqueue_only:
+                return result
             await driver.close()
             await driver.reset()
             await driver.open()
@@ -225,6 +229,8 @@ async def _run(driver: Driver) -> dict[str, Any]:
                         await driver.enqueue({"i": i})
         else:
             result["enqueue_concurrent_per_s"] = None
+        if args.enqueue_only:
+            return result
         log = open(os.path.join(SIGNAL_DIR, "worker.log"), "wb")
         env = {**os.environ, "PYTHONPATH": str(HERE), **driver.worker_env()}
         cpu_before = _children_cpu()
@@ -330,6 +336,7 @@ def main() -> None:
     parser.add_argument("--latency-rate", type=float, default=100.0)
     parser.add_argument("--bulk-chunk", type=int, default=1_000)
     parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--enqueue-only", action="store_true", help="skip the worker phases")
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
     driver_class: type[Driver] = importlib.import_module(args.driver).DRIVER

@@ -42,6 +42,7 @@ from durq.brokers.base import (
     WorkerInfo,
     ended_by,
 )
+from durq.brokers.batcher import EnqueueBatcher
 from durq.brokers.mailbox import end_key
 from durq.brokers.postgres.admin import PostgresAdmin
 from durq.brokers.postgres.rows import (
@@ -129,6 +130,7 @@ class PostgresBroker(AdminForwarder):
         )
         self.admin = PostgresAdmin(self._s)
         self._listener: Listener | None = None
+        self._batcher = EnqueueBatcher(self._enqueue_one, self.enqueue_many)
         self._end_listener: EndListener | None = None
         # LISTEN through a transaction pooler hears nothing: without a direct listen_url,
         # workers poll (warned once, when a worker first claims).
@@ -198,8 +200,16 @@ class PostgresBroker(AdminForwarder):
         """Create one task; the database's constraints enforce E3 and E4.
 
         ``connection``: a psycopg ``AsyncConnection`` or ``Connection`` of the caller; the
-        task is written in its transaction (no commit here) and exists only if it commits."""
+        task is written in its transaction (no commit here) and exists only if it commits.
+        Without one, calls made while another is in flight go together as one multi-row
+        insert (see :mod:`durq.brokers.batcher`)."""
+        if connection is None:
+            return await self._batcher.enqueue(params)
         (outcome,) = await self.enqueue_many([params], connection=connection)
+        return _unwrap(outcome)
+
+    async def _enqueue_one(self, params: EnqueueParams) -> TaskInfo:
+        (outcome,) = await self.enqueue_many([params])
         return _unwrap(outcome)
 
     async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:

@@ -38,6 +38,7 @@ from durq.brokers.base import (
     RetryParams,
     WorkerInfo,
 )
+from durq.brokers.batcher import EnqueueBatcher
 from durq.brokers.redis.admin import WORKER_TTL, RedisAdmin
 from durq.brokers.redis.cluster import key_slot
 from durq.brokers.redis.keys import DEFAULT_PREFIX
@@ -115,6 +116,7 @@ class RedisBroker(AdminForwarder):
         if self._s.cluster:
             self.capabilities = self.capabilities - {CAP_CROSS_QUEUE_GROUPS}
         self._ends = EndWatches(self._s)
+        self._batcher = EnqueueBatcher(self._enqueue_one, self.enqueue_many)
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
@@ -259,10 +261,15 @@ class RedisBroker(AdminForwarder):
     async def enqueue(self, params: EnqueueParams, *, connection: Any = None) -> TaskInfo:
         """Create one task: one script checks the id (E3) and uniqueness (E4) and writes it.
 
-        The hot path of one-by-one enqueue: no context manager, the reply is 1 on success
-        and the TaskInfo comes from the params."""
+        Calls made while another is in flight go together as one ``enqueue_many`` (see
+        :mod:`durq.brokers.batcher`)."""
         if connection is not None:
             self._no_connection(connection)
+        return await self._batcher.enqueue(params)
+
+    async def _enqueue_one(self, params: EnqueueParams) -> TaskInfo:
+        """The hot path of one-by-one enqueue: no context manager, the reply is the clock
+        the script read on success and the TaskInfo comes from the params."""
         now = self._s.clock.now()
         call, info = self._s.enqueue_call(params, now)
         try:

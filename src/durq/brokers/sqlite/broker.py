@@ -45,6 +45,7 @@ from durq.brokers.base import (
     WorkerInfo,
     ended_by,
 )
+from durq.brokers.batcher import EnqueueBatcher
 from durq.brokers.mailbox import Waiter
 from durq.brokers.sqlite.admin import WORKER_TTL, SQLiteAdmin
 from durq.brokers.sqlite.storage import (
@@ -129,6 +130,7 @@ class SQLiteBroker(AdminForwarder):
             path, clock=clock, busy_timeout=busy_timeout, poll_interval=poll_interval
         )
         self.admin = SQLiteAdmin(self._s)
+        self._batcher = EnqueueBatcher(self._enqueue_one, self.enqueue_many)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.path}>"
@@ -172,6 +174,10 @@ class SQLiteBroker(AdminForwarder):
         if connection is not None:
             # Not self.connect(): migrating needs the write lock the caller may hold.
             return self.enqueue_sync_in(params, connection)
+        # Calls made while another is in flight go together in one transaction.
+        return await self._batcher.enqueue(params)
+
+    async def _enqueue_one(self, params: EnqueueParams) -> TaskInfo:
         now = self._s.clock.now()
 
         def run(conn: Conn) -> TaskInfo:
