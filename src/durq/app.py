@@ -528,6 +528,8 @@ class App:
         params = self.params(request)
         broker = await self.broker()
         self._check_follow_up_queue(broker, params)
+        if not self.send_hooks:  # the common case: no ExitStack per call
+            return self._created(await broker.enqueue(params, connection=connection))
         with self._sending([params]) as (sent,):
             info = await broker.enqueue(sent, connection=connection)
         return self._created(info)
