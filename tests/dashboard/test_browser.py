@@ -406,7 +406,7 @@ def test_limits_page_shows_running_and_held_tasks(
     # Filter by queue: a queue without limits says so in plain words.
     page.select_option("#limit-filter select[name=queue]", "default")
     page.click("#limit-filter button[type=submit]")
-    assert page.url.endswith("/limits?queue=default")
+    page.wait_for_url(env.url + "/limits?queue=default")
     shot(page, f"limits-empty-{broker_kind}")
     assert (
         "No limit key has been counted in queue default"
@@ -414,10 +414,13 @@ def test_limits_page_shows_running_and_held_tasks(
     )
     page.select_option("#limit-filter select[name=queue]", "partners")
     page.click("#limit-filter button[type=submit]")
+    page.wait_for_url(env.url + "/limits?queue=partners")
     assert row.is_visible()
 
     # The held tasks are pending in their queue; once the first call ends they all run.
     row.locator('[data-field="waiting"] a').click()
+    page.wait_for_url(env.url + "/queues/partners?state=pending")  # count() does not wait
+    page.wait_for_load_state()
     assert page.locator("table.tasks tbody tr").count() == 2
     env.release.set()
     wait_for(lambda: env.states() == ["completed"] * 3, timeout=20)
