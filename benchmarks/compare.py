@@ -1,0 +1,165 @@
+"""Builds of durq side by side, ``make bench``'s figures, the same run: is a change faster?
+
+Each build is a Python interpreter whose environment has that build of durq installed (for
+an older commit: ``git worktree add /tmp/old <commit>``, a venv there, ``pip install -e
+'/tmp/old[all]'``). Both are driven by *this* tree's ``peers/_common.py`` and
+``peers/bench_durq.py``, so the workloads, the clocks and the shipped ``durq worker`` command
+line are the same; only the installed durq differs. Runs alternate A, B, B, A, ... (the order
+reversed every round) per broker so a change in the machine's other load touches every build
+alike; the table gives the median of each figure and each build's ratio to the first (for
+latency and CPU, lower is better).
+
+Storage is private to this tool: Redis database ``--redis-db`` (flushed before each run) and
+the PostgreSQL database ``durq_compare`` (dropped and created again per run, dropped at the
+end), so it can run beside ``make bench``.
+
+    .venv/bin/python benchmarks/compare.py --build before=/tmp/old/.venv/bin/python \\
+        --build after=.venv/bin/python [--brokers sqlite,redis,postgresql] [--rounds 3] \\
+        [--tasks 10000] [--latency-tasks 500] [--worker-args "--log-level WARNING"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+PG_DB = "durq_compare"
+
+#: (label, key in the driver's JSON); rates: higher is better, CPU and latency: lower
+FIGURES: list[tuple[str, str]] = [
+    ("enqueue one-by-one /s", "enqueue_per_s"),
+    ("enqueue, 50 callers /s", "enqueue_concurrent_per_s"),
+    ("enqueue bulk /s", "enqueue_bulk_per_s"),
+    ("process /s", "process_per_s"),
+    ("process /s from 1st", "process_from_first_per_s"),
+    ("worker CPU ms per task", "worker_cpu_ms_per_task"),
+    ("pickup p50 ms", "p50"),
+    ("pickup p99 ms", "p99"),
+]
+
+
+def recreate_database(drop_only: bool = False) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(PG_DB))
+        )
+        if not drop_only:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(PG_DB)))
+
+
+def run_once(python: str, broker: str, args: argparse.Namespace) -> dict[str, Any]:
+    if broker == "postgresql":
+        recreate_database()
+    signals = tempfile.mkdtemp(prefix="durq-compare-")
+    env = {
+        **os.environ,
+        "BENCH_SIGNAL_DIR": signals,
+        "BENCH_DURQ_BROKER": broker,
+        "BENCH_DURQ_WORKER_ARGS": args.worker_args,
+        "BENCH_REDIS_URL": f"redis://127.0.0.1:6379/{args.redis_db}",
+        "BENCH_PG_DSN": f"postgresql://postgres@127.0.0.1:5432/{PG_DB}",
+    }
+    cmd = [
+        python,
+        str(HERE / "peers" / "_common.py"),
+        "bench_durq",
+        "--tasks",
+        str(args.tasks),
+        "--latency-tasks",
+        str(args.latency_tasks),
+    ]
+    try:
+        proc = subprocess.run(
+            cmd, cwd=HERE / "peers", env=env, capture_output=True, text=True, timeout=1800
+        )
+    finally:
+        shutil.rmtree(signals, ignore_errors=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{python} on {broker}: {proc.stderr.strip().splitlines()[-3:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result.update(result.pop("latency_ms", {}) or {})
+    if result.get("worker_cpu_s") is not None:
+        result["worker_cpu_ms_per_task"] = 1000 * result["worker_cpu_s"] / args.tasks
+    return result
+
+
+def median(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--build",
+        action="append",
+        required=True,
+        help="LABEL=PYTHON of a build (two or more; ratios are to the first)",
+    )
+    parser.add_argument("--brokers", default="sqlite,redis,postgresql")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=10_000)
+    parser.add_argument("--latency-tasks", type=int, default=500)
+    parser.add_argument("--worker-args", default="", help='extra flags for "durq worker"')
+    parser.add_argument("--redis-db", type=int, default=13)
+    parser.add_argument("--json", type=Path, help="also write every run's figures here")
+    args = parser.parse_args()
+    specs = [spec.split("=", 1) for spec in args.build]
+    if len(specs) < 2 or any(len(s) != 2 for s in specs):
+        parser.error("give two or more --build LABEL=PYTHON")
+    # Absolute, not resolved: the interpreter's path inside its venv is what selects the venv.
+    builds = [(label, os.path.abspath(python)) for label, python in specs]
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    try:
+        for broker in args.brokers.split(","):
+            for r in range(args.rounds):
+                order = builds if r % 2 == 0 else builds[::-1]
+                for label, python in order:
+                    print(f"{broker} round {r + 1}: {label}", file=sys.stderr, flush=True)
+                    runs.setdefault((broker, label), []).append(run_once(python, broker, args))
+    finally:
+        if "postgresql" in args.brokers:
+            recreate_database(drop_only=True)
+    labels = [label for label, _ in builds]
+    first = labels[0]
+    load = os.getloadavg()
+    print(
+        f"`durq worker {args.worker_args}`".replace(" `", "`")
+        + f" · {args.tasks:,} tasks, {args.latency_tasks} probes · median of {args.rounds} runs"
+        f" each, alternating · {os.cpu_count()} CPUs, load average at the end"
+        f" {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}\n"
+    )
+    ratios = [f"{label} / {first}" for label in labels[1:]]
+    print("| broker | figure | " + " | ".join(labels + ratios) + " |")
+    print("|---|---|" + "---:|" * (2 * len(labels) - 1))
+    for broker in args.brokers.split(","):
+        for name, key in FIGURES:
+            found = [median(runs[(broker, label)], key) for label in labels]
+            values = [v for v in found if v is not None]
+            if len(values) < len(found):
+                continue
+            base = values[0]
+            cells = [f"{v:,.1f}" for v in values]
+            cells += [f"{v / base:.2f}" if base else "—" for v in values[1:]]
+            print(f"| {broker} | {name} | " + " | ".join(cells) + " |")
+    if args.json:
+        args.json.write_text(
+            json.dumps({f"{k[0]}/{k[1]}": v for k, v in runs.items()}, indent=1) + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
