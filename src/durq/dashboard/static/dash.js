@@ -1,4 +1,4 @@
-// durq dashboard: confirmations, live queue counts and the throughput chart.
+// durq dashboard: confirmations, live queue and limit counts and the throughput chart.
 // No libraries and no inline script (the page's CSP forbids both); all text goes through
 // textContent, never innerHTML.
 (function () {
@@ -68,6 +68,41 @@
     } catch (err) { /* keep the last numbers; the next tick retries */ }
   }
   if (table) setInterval(refreshQueues, refresh);
+
+  // Limits page: refresh each key's numbers in place.
+  const limits = document.getElementById("limits");
+  async function refreshLimits() {
+    try {
+      const data = await getJSON(limits.dataset.source);
+      let full = 0, waiting = 0;
+      for (const s of data.limits) {
+        const isFull = s.concurrency !== null && s.running >= s.concurrency;
+        if (isFull) full += 1;
+        waiting += s.waiting;
+        const row = Array.from(limits.tBodies[0].rows).find(
+          (r) => r.dataset.queue === s.queue && r.dataset.key === s.key);
+        if (!row) continue;  // a new key: shown on the next page load
+        const cell = (field) => row.querySelector(`[data-field="${field}"]`);
+        cell("running").querySelector(".v").textContent = String(s.running);
+        let badge = cell("running").querySelector(".badge");
+        if (isFull && !badge) {
+          badge = document.createElement("span");
+          badge.className = "badge warn";
+          badge.title = "no room: new tasks of this key wait";
+          badge.textContent = "full";
+          cell("running").append(" ", badge);
+        } else if (!isFull && badge) {
+          badge.remove();
+        }
+        cell("concurrency").textContent = s.concurrency === null ? "-" : String(s.concurrency);
+        cell("tokens").textContent = s.tokens === null ? "-" : s.tokens.toFixed(1);
+        cell("waiting").querySelector("a").textContent = String(s.waiting);
+      }
+      document.getElementById("sum-full").textContent = String(full);
+      document.getElementById("sum-waiting").textContent = String(waiting);
+    } catch (err) { /* keep the last numbers; the next tick retries */ }
+  }
+  if (limits) setInterval(refreshLimits, refresh);
 
   // The chart: two polylines (processed, failed) over the last hour, drawn as SVG.
   const chart = document.getElementById("chart");
