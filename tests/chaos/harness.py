@@ -297,7 +297,19 @@ class Cluster:
         return proc.pid
 
     def kill_random_and_restart(self) -> None:
-        slot = self.rng.randrange(self.size)
+        """SIGKILL a random worker that has started taking tasks, and start it again. One
+        still starting is spared: on a busy machine a start can take longer than the storm's
+        period, and killing starters would stop all progress (not a fault of the broker)."""
+        ready = [
+            slot
+            for slot, proc in enumerate(self.procs)
+            if proc is not None
+            and proc.poll() is None
+            and (self.dir / f"ready-{proc.pid}").exists()
+        ]
+        if not ready:
+            return
+        slot = self.rng.choice(ready)
         self.kill(slot)
         self.start(slot)
         self.restarts += 1
