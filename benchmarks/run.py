@@ -14,6 +14,9 @@ durq included, runs through the same driver code (``peers/_common.py``; durq's d
   completion (handlers append one byte to a file);
 * M probes at a fixed rate into the idle worker: pickup latency enqueue -> handler start.
 
+``--enqueue-only`` stops after the enqueue figures (no worker started, one durq row per broker,
+``docs/benchmarks.md`` left alone).
+
 ``durq bench`` is a different tool: a quick in-process measurement of durq alone.
 
 Medians over ``--repeats`` runs go to ``benchmarks/results/<timestamp>.md`` (with ratios
@@ -453,9 +456,14 @@ def main() -> None:
                     result = run_peer(system, args)
                 result["broker"] = broker
                 runs[(system, broker)].append(result)
-                log(
-                    f"  process {result.get('process_per_s')}/s in {time.monotonic() - started:.0f}s"
+                figures = (
+                    f"enqueue {result.get('enqueue_per_s')}/s, 50 callers "
+                    f"{result.get('enqueue_concurrent_per_s')}/s, bulk "
+                    f"{result.get('enqueue_bulk_per_s')}/s"
+                    if args.enqueue_only
+                    else f"process {result.get('process_per_s')}/s"
                 )
+                log(f"  {figures} in {time.monotonic() - started:.0f}s")
             except Exception as exc:
                 log(f"  failed: {exc}")
                 failures[f"{system} ({broker})"] = f"run failed: {exc}"[:300]
