@@ -38,7 +38,8 @@ end
 
 local function order(i)
    headers["Idempotency-Key"] = run .. "-" .. i
-   local body = string.format('{"items":[{"sku":"A-%d","qty":%d}]}', i % 97, i % 1000 + 1)
+   -- Quantities stay within the simulated warehouses' stock (100 units of every SKU).
+   local body = string.format('{"items":[{"sku":"A-%d","qty":%d}]}', i % 97, i % 9 + 1)
    return wrk.format("POST", "/orders", headers, body)
 end
 

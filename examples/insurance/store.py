@@ -480,10 +480,16 @@ class PostgresOrderStore(_OrderQueries):
         return Order.from_row(row) if row is not None else None
 
     async def _find_or_insert(self, conn: Any, order: NewOrder) -> Order | None:
-        """Insert ``order`` in the open transaction, or return the one saved under its key."""
+        """Insert ``order`` in the open transaction, or return the one saved under its key.
+
+        The insert comes first (one round trip when the order is new, the usual case); a
+        conflict leaves the transaction usable and the saved order is read then."""
+        cur = await conn.execute(self.q["insert_order"], _params(order, time.time()))
+        if await cur.fetchone() is not None:
+            return None
         existing = await self._find(conn, order)
         if existing is None:
-            await conn.execute(self.q["insert_order"], _params(order, time.time()))
+            raise RuntimeError(f"order {order.id} conflicts with an order of another key")
         return existing
 
     async def insert_or_get(self, order: NewOrder) -> Order | None:

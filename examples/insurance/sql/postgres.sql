@@ -21,10 +21,15 @@ CREATE TABLE IF NOT EXISTS {schema}.orders (
 );
 
 -- name: insert_order
+-- One round trip for the usual case: a row back means inserted; none means an order with
+-- this Idempotency-Key exists (committed, or committed by a concurrent request this one
+-- waited for), which find_by_key then reads.
 INSERT INTO {schema}.orders (id, customer, idempotency_key, request_hash, items, status,
                              task_id, created_at, updated_at)
 VALUES (%(id)s, %(customer)s, %(idempotency_key)s, %(request_hash)s, %(items)s::jsonb,
-        'PENDING', %(task_id)s, %(now)s, %(now)s);
+        'PENDING', %(task_id)s, %(now)s, %(now)s)
+ON CONFLICT DO NOTHING
+RETURNING id;
 
 -- name: find_by_key
 SELECT * FROM {schema}.orders
