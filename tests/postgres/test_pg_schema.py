@@ -231,28 +231,48 @@ async def test_priority_migration_keeps_existing_tasks_claimable_in_order(
     assert definition is not None and "priority DESC" in definition
 
 
+def claim_plan(schema: str, name: str, **params: object) -> list[str]:
+    """EXPLAIN of one claim statement, planner costs put aside (enable_seqscan and
+    enable_sort off) as for a large table."""
+    text = render(QUERIES[name], schema).decode().replace("b::", "s::")
+    values = {"queues": ["default"], "now": 0.0, "lease_seconds": 30.0, "worker_id": "w"}
+    with psycopg.connect(PG_DSN) as conn:
+        conn.execute("SET enable_seqscan = off")
+        conn.execute("SET enable_sort = off")
+        lines = [r[0] for r in conn.execute("EXPLAIN " + text, {**values, **params})]
+        conn.rollback()
+    return lines
+
+
+def locked_off(lines: list[str], index: str) -> bool:
+    """Whether rows read through ``index`` are locked straight off it (no sort between)."""
+    (at,) = [i for i, line in enumerate(lines) if f"Index Scan using {index} " in line]
+    return "LockRows" in lines[at - 1]
+
+
 async def test_claim_reads_the_claim_index_in_order(pg_url: str, schema: str) -> None:
-    """The claim's per-queue scan walks tasks_claimable in claim order: no sort, no seq scan
-    (planner costs put aside with enable_seqscan/enable_sort off, as for a large table)."""
+    """The claim's per-queue scan walks tasks_claimable in claim order: no sort, no seq scan."""
     broker = PostgresBroker.from_url(pg_url)
     try:
         await broker.migrate()
     finally:
         await broker.close()
-    claim = render(QUERIES["claim"], schema).decode().replace("%(queues)b", "%(queues)s")
-    params = {
-        "queues": ["default"],
-        "limit": 10,
-        "now": 0.0,
-        "lease_seconds": 30.0,
-        "worker_id": "w",
-    }
-    with psycopg.connect(PG_DSN) as conn:
-        conn.execute("SET enable_seqscan = off")
-        conn.execute("SET enable_sort = off")
-        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + claim, params))
-        conn.rollback()
-    lines = plan.splitlines()
-    (at,) = [i for i, line in enumerate(lines) if "Index Scan using tasks_claimable" in line]
-    # Rows are locked straight off the index: no sort between them and the scan.
-    assert "LockRows" in lines[at - 1], plan
+    lines = claim_plan(schema, "claim", limit=10)
+    assert locked_off(lines, "tasks_claimable"), "\n".join(lines)
+
+
+async def test_claim_limited_reads_through_the_indexes(pg_url: str, schema: str) -> None:
+    """The claim of limited tasks reads due rows through tasks_claimable and held ones
+    through tasks_held, each locked straight off its index, and the keys with held tasks
+    through limits_waiting: nothing scans the tables."""
+    broker = PostgresBroker.from_url(pg_url)
+    try:
+        await broker.migrate()
+    finally:
+        await broker.close()
+    lines = claim_plan(schema, "claim_limited", limit=10, take=10)
+    plan = "\n".join(lines)
+    assert locked_off(lines, "tasks_claimable"), plan
+    assert locked_off(lines, "tasks_held"), plan
+    assert "limits_waiting" in plan and "limits_pkey" in plan, plan
+    assert "Seq Scan" not in plan, plan

@@ -306,7 +306,7 @@ class PostgresBroker(AdminForwarder):
                     )
                     rows = await cur.fetchall()
             except psycopg.errors.DeadlockDetected:
-                # claim_limited met a batch of outcomes taking locks across statements.
+                # Not expected (every writer locks counters in key order); never fatal.
                 log.debug("claim of limited tasks met a deadlock; trying again later")
                 rows = []
         wake_at: float | None = rows[0][CLAIM_WAKE_AT] if rows else None
@@ -356,31 +356,35 @@ class PostgresBroker(AdminForwarder):
         wake_at: float | None,
     ) -> float | None:
         """W13: more rounds of claim_limited into ``out`` (up to ``params.limit``), each one
-        statement looking ``_LOOK_AHEAD`` due tasks past the free slots, while a round held
-        tasks and more may be due. Returns when a token comes for a held task."""
+        statement, while a round held tasks and more may be due. Each looks further past
+        the free slots than the one before (``_LOOK_AHEAD``, then twice as far...), so a long
+        backlog on a full key is held in a few rounds. Returns when a token comes for a held
+        task."""
+        look = _LOOK_AHEAD
         for _ in range(_LIMITED_ROUNDS):
             want = params.limit - len(out)
             values = {
                 "queues": queues,
-                "limit": want + _LOOK_AHEAD,
+                "limit": want + look,
                 "take": want,
                 "now": self._s.sql_now(),
                 "lease_seconds": float(params.lease_seconds),
                 "worker_id": params.worker_id,
             }
-            try:
-                async with self._s.connection("claim") as conn:
+            async with self._s.connection("claim") as conn:
+                try:
                     cur = conn.cursor(row_factory=tuple_row)
                     await cur.execute(self._s.q["claim_limited"], values)
                     rows = await cur.fetchall()
-            except psycopg.errors.DeadlockDetected:
-                log.debug("claim of limited tasks met a deadlock; trying again later")
-                break
+                except psycopg.errors.DeadlockDetected:
+                    log.debug("claim of limited tasks met a deadlock; trying again later")
+                    break
             again = await self._limited_answer(queues, rows)
             wake_at = rows[0][CLAIM_WAKE_AT] if rows else None
             out.extend(r for r in rows if r[0] is not None)
             if not again or len(out) >= params.limit:
                 break
+            look = min(2 * look, _LOOK_AHEAD_MAX)
         return wake_at
 
     async def _limited_answer(self, queues: list[str], rows: list[tuple[Any, ...]]) -> bool:
@@ -718,6 +722,7 @@ __all__ = ["PostgresBroker"]
 
 
 #: Rounds of claim_limited one claim goes through before it answers (each one statement),
-#: and how many due tasks past its free slots such a round looks at.
+#: and how many due tasks past its free slots the first such round looks at (and the most).
 _LIMITED_ROUNDS = 8
 _LOOK_AHEAD = 100
+_LOOK_AHEAD_MAX = 3200

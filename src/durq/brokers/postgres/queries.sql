@@ -332,11 +332,15 @@ specs AS MATERIALIZED (
     FROM lim CROSS JOIN LATERAL jsonb_array_elements(lim.limits) WITH ORDINALITY AS e(v, li)
 ),
 counters AS (
-    SELECT l.queue, l.key, l.running, l.tokens, l.refilled_at
-    FROM {schema}.limits AS l
-    WHERE (l.queue, l.key) IN (SELECT s.queue, s.key FROM specs AS s)
-    ORDER BY l.queue, l.key
-    FOR UPDATE OF l
+    -- Each key looked up by itself (limits_pkey) and locked, in key order.
+    SELECT c.queue, c.key, c.running, c.tokens, c.refilled_at
+    FROM (SELECT DISTINCT s.queue, s.key FROM specs AS s ORDER BY s.queue, s.key) AS x
+    CROSS JOIN LATERAL (
+        SELECT l.queue, l.key, l.running, l.tokens, l.refilled_at
+        FROM {schema}.limits AS l
+        WHERE l.queue = x.queue AND l.key = x.key
+        FOR UPDATE
+    ) AS c
 ),
 steps AS MATERIALIZED (
     -- Per limited candidate, each limit in the task's order: [slot, key, no counter yet,
