@@ -31,8 +31,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from run import recreate_pg_database  # this directory is on sys.path when run as a script
+
 HERE = Path(__file__).resolve().parent
-PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 PG_DB = "durq_compare"
 
 #: (label, key in the driver's JSON); rates: higher is better, CPU and latency: lower
@@ -48,21 +49,9 @@ FIGURES: list[tuple[str, str]] = [
 ]
 
 
-def recreate_database(drop_only: bool = False) -> None:
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(PG_DB))
-        )
-        if not drop_only:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(PG_DB)))
-
-
 def run_once(python: str, broker: str, args: argparse.Namespace) -> dict[str, Any]:
     if broker == "postgresql":
-        recreate_database()
+        recreate_pg_database(name=PG_DB)
     signals = tempfile.mkdtemp(prefix="durq-compare-")
     env = {
         **os.environ,
@@ -132,7 +121,7 @@ def main() -> None:
                     runs.setdefault((broker, label), []).append(run_once(python, broker, args))
     finally:
         if "postgresql" in args.brokers:
-            recreate_database(drop_only=True)
+            recreate_pg_database(drop_only=True, name=PG_DB)
     labels = [label for label, _ in builds]
     first = labels[0]
     load = os.getloadavg()

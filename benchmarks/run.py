@@ -143,16 +143,17 @@ def reset_redis() -> None:
         client.close()
 
 
-def recreate_pg_database(drop_only: bool = False) -> None:
+def recreate_pg_database(drop_only: bool = False, name: str = PG_DB) -> None:
+    """Drop the benchmark database ``name`` and (unless ``drop_only``) create it empty."""
     import psycopg
     from psycopg import sql
 
     with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
         conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(PG_DB))
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
         if not drop_only:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(PG_DB)))
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
 def reset_for(broker: str) -> None:
