@@ -138,16 +138,7 @@ class EnqueueBatcher:
             self._next(lane, len(batch))
 
     async def _each(self, batch: _Waiting) -> None:
-        results: list[TaskInfo | BaseException]
-        if len(batch) == 1:
-            try:
-                results = [await self._one(batch[0][0])]
-            except Exception as exc:
-                results = [exc]
-        else:
-            results = await asyncio.gather(
-                *(self._one(p) for p, _ in batch), return_exceptions=True
-            )
+        results = await asyncio.gather(*(self._one(p) for p, _ in batch), return_exceptions=True)
         for (_, future), result in zip(batch, results, strict=True):
             if future.done():
                 continue
