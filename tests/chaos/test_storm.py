@@ -163,7 +163,9 @@ async def redis_storm(clusters, record, server: PrivateRedis, **sizes: Any) -> N
 
 
 async def test_postgres_storm_short(clusters, record, throwaway_pg) -> None:
-    await pg_storm(clusters, record, throwaway_pg(), tasks=1500, timeout=90, crash_at=2.5)
+    # 150 ms tasks: 1,500 over 32 slots take at least 7 s, so the crash (at the first kill
+    # check after 2.5 s) always comes mid-run, however fast the machine.
+    await pg_storm(clusters, record, throwaway_pg(), tasks=1500, timeout=90, crash_at=2.5, ms=150)
 
 
 @pytest.mark.chaos
@@ -174,7 +176,7 @@ async def test_postgres_storm_full(clusters, record, throwaway_pg) -> None:
 
 async def test_redis_storm_short(clusters, record, throwaway_redis) -> None:
     server = throwaway_redis("--appendonly", "yes", "--appendfsync", "everysec")
-    await redis_storm(clusters, record, server, tasks=1500, timeout=90, crash_at=2.5)
+    await redis_storm(clusters, record, server, tasks=1500, timeout=90, crash_at=2.5, ms=150)
 
 
 @pytest.mark.chaos
