@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -31,6 +32,7 @@ from pydantic import BaseModel
 import durq
 from durq.backoff import RetryDelay
 from durq.brokers.base import CAP_TRANSACTIONAL_ENQUEUE
+from durq.web import Answer, answer_for_error, queued, unavailable
 
 from .config import Settings
 from .partners import (
@@ -46,7 +48,7 @@ from .resilience import (
     SystemUnavailableError,
     retry_briefly,
 )
-from .store import Order, OrderStore, open_store
+from .store import NewOrder, Order, OrderStore, open_store
 
 log = logging.getLogger("insurance.coverage")
 
@@ -159,6 +161,32 @@ class Runtimes:
         runtime = self._by_loop.pop(asyncio.get_running_loop(), None)
         if runtime is not None:
             await runtime.aclose()
+
+
+async def enqueue_coverage(
+    app: durq.App, orders: Sequence[NewOrder], connection: Any = None
+) -> list[Answer]:
+    """Queue the coverage task of each order, in ``connection``'s transaction when given
+    (E8), all in one ``enqueue_many``; the web contract's answer for each: 202 queued,
+    200 already accepted (its task exists), 503 (the broker is unavailable)."""
+    requests = [
+        # FINALIZE: archived by any path -> the order becomes FAILED.
+        durq.EnqueueRequest(COVERAGE_TASK, {"order_id": o.id}, task_id=o.task_id, then=FINALIZE)
+        for o in orders
+    ]
+    try:
+        outcomes = await app.enqueue_many(requests, connection=connection)
+    except durq.BrokerUnavailableError:
+        return [unavailable() for _ in orders]
+    answers = []
+    for order, outcome in zip(orders, outcomes, strict=True):
+        location, extra = f"/orders/{order.id}", {"order_id": order.id}
+        if outcome.info is not None:
+            answers.append(queued(outcome.info, location=location, extra=extra))
+            continue
+        answer = answer_for_error(outcome.error, location=location, extra=extra)
+        answers.append(answer if answer is not None else unavailable())
+    return answers
 
 
 def retry_policy(settings: Settings) -> str | RetryDelay:

@@ -183,8 +183,9 @@ async def check_rollback_leaves_neither(app: Any, store: Any) -> None:
         task_id="coverage:ord_" + "0" * 24,
     )
 
-    async def enqueue_then_fail(connection: Any) -> Any:
+    async def enqueue_then_fail(orders: Any, connection: Any) -> Any:
         assert connection is not None  # the task joins the order's transaction (E8)
+        assert [o.id for o in orders] == [order.id]
         await app.enqueue(
             "insurance:check_coverage",
             {"order_id": order.id},

@@ -20,20 +20,28 @@ CREATE TABLE IF NOT EXISTS {schema}.orders (
     UNIQUE (customer, idempotency_key)
 );
 
--- name: insert_order
--- One round trip for the usual case: a row back means inserted; none means an order with
--- this Idempotency-Key exists (committed, or committed by a concurrent request this one
--- waited for), which find_by_key then reads.
+-- name: insert_orders
+-- The orders of concurrent requests in one statement, one round trip in the usual case: the
+-- ids returned were inserted; an order not returned has an Idempotency-Key that is taken
+-- (committed, or committed by a concurrent request this one waited for), which
+-- find_by_keys then reads. Column arrays, one element per order.
 INSERT INTO {schema}.orders (id, customer, idempotency_key, request_hash, items, status,
                              task_id, created_at, updated_at)
-VALUES (%(id)s, %(customer)s, %(idempotency_key)s, %(request_hash)s, %(items)s::jsonb,
-        'PENDING', %(task_id)s, %(now)s, %(now)s)
+SELECT id, customer, idempotency_key, request_hash, items::jsonb, 'PENDING', task_id,
+       %(now)s, %(now)s
+FROM unnest(%(ids)s::text[], %(customers)s::text[], %(keys)s::text[], %(hashes)s::text[],
+            %(items)s::text[], %(task_ids)s::text[])
+     AS x(id, customer, idempotency_key, request_hash, items, task_id)
 ON CONFLICT DO NOTHING
 RETURNING id;
 
--- name: find_by_key
-SELECT * FROM {schema}.orders
-WHERE customer = %(customer)s AND idempotency_key = %(idempotency_key)s;
+-- name: find_by_keys
+SELECT o.* FROM {schema}.orders AS o
+JOIN unnest(%(customers)s::text[], %(keys)s::text[]) AS x(customer, key)
+  ON o.customer = x.customer AND o.idempotency_key = x.key;
+
+-- name: delete_orders
+DELETE FROM {schema}.orders WHERE id = ANY(%(ids)s::text[]) AND status = 'PENDING';
 
 -- name: get_for_customer
 SELECT * FROM {schema}.orders WHERE id = %(id)s AND customer = %(customer)s;
@@ -63,5 +71,3 @@ WHERE id = %(id)s AND status = 'PENDING';
 -- name: count_orders
 SELECT count(*) FROM {schema}.orders;
 
--- name: delete_order
-DELETE FROM {schema}.orders WHERE id = %(id)s AND status = 'PENDING';
