@@ -39,6 +39,7 @@ from durq.options import (
     TaskDefaults,
     build_params,
     check_priority,
+    make_request,
     new_task_id,
 )
 from durq.payloads import HandlerShape, inspect_handler, rebuild_result, validate
@@ -526,7 +527,8 @@ class App:
         """:meth:`enqueue` of a request built beforehand (an adapter's, e.g. Django's), with
         the same checks, hooks and errors."""
         params = self.params(request)
-        broker = await self.broker()
+        # The loop's broker without awaiting broker() (a coroutine per call) once it exists.
+        broker = self._brokers.get(asyncio.get_running_loop()) or await self.broker()
         self._check_follow_up_queue(broker, params)
         if not self.send_hooks:  # the common case: no ExitStack per call
             return self._created(await broker.enqueue(params, connection=connection))
@@ -554,7 +556,7 @@ class App:
         if webhook is not None:
             headers = webhooks.with_webhook(headers, webhook)
         name = type.type if isinstance(type, TaskDef) else type
-        return EnqueueRequest(name, payload, headers=headers or {}, **options)
+        return make_request(type=name, payload=payload, headers=headers or {}, **options)
 
     def _created(self, info: TaskInfo) -> TaskInfo:
         for hook in self.enqueue_hooks:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -58,6 +58,23 @@ class EnqueueRequest:
     then: Any = None
     #: Flow-control limits (:class:`durq.Limit`, one or several), replacing the task type's.
     limit: LimitOption = None
+
+
+_REQUEST_DEFAULTS = {f.name: f.default for f in fields(EnqueueRequest) if f.default is not MISSING}
+_REQUEST_FIELDS = frozenset(f.name for f in fields(EnqueueRequest))
+
+
+def make_request(**values: Any) -> EnqueueRequest:
+    """The same EnqueueRequest as ``EnqueueRequest(**values)``, without the frozen
+    dataclass's per-field ``object.__setattr__`` (its fields set as one dict): every
+    ``App.enqueue`` builds one: 1.5 against 3.8 us (timeit, min of 9), about 5 % of the
+    client's CPU per enqueue. TypeError for a missing or unknown field."""
+    given = {**_REQUEST_DEFAULTS, "headers": {}, **values}
+    if given.keys() != _REQUEST_FIELDS:
+        raise TypeError(f"EnqueueRequest fields: {sorted(given.keys() ^ _REQUEST_FIELDS)}")
+    request = object.__new__(EnqueueRequest)
+    object.__setattr__(request, "__dict__", given)
+    return request
 
 
 #: How long a completed task and its result are kept when no ``retention`` is given: long

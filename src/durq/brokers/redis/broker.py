@@ -60,6 +60,7 @@ from durq.errors import (
     TaskIDConflictError,
     ValidationError,
 )
+from durq.states import TaskState
 from durq.task import TaskInfo
 
 log = logging.getLogger("durq.brokers.redis")
@@ -174,9 +175,9 @@ class RedisBroker(AdminForwarder):
     # -- enqueue --------------------------------------------------------------------------
 
     @staticmethod
-    def _enqueue_outcome(p: EnqueueParams, info: TaskInfo, reply: Any) -> EnqueueOutcome:
+    def _enqueue_outcome(p: EnqueueParams, state: TaskState, reply: Any) -> EnqueueOutcome:
         if isinstance(reply, bytes):  # created, stamped with this clock reading
-            return EnqueueOutcome(p, info=RedisStorage.stamped(p, info, reply))
+            return EnqueueOutcome(p, info=RedisStorage.created(p, state, reply))
         tag = reply[0]
         if tag == b"conflict":
             existing = task_info(p.queue, reply[1])
@@ -217,12 +218,12 @@ class RedisBroker(AdminForwarder):
             params.tail,
             then_queue,
         ]
-        infos: list[TaskInfo] = []
+        states: list[TaskState] = []
         for p, entry in zip(params.members, params.unfinished, strict=True):
-            (_, more_keys, more_args), info = self._s.enqueue_call(p, now)
+            (_, more_keys, more_args), state = self._s.enqueue_call(p, now)
             keys += more_keys
             args += [*more_args, entry]
-            infos.append(info)
+            states.append(state)
         async with self._s.op("enqueue_group"):
             await self._s.ensure()
             queues = [p.queue for p in params.members]
@@ -232,10 +233,12 @@ class RedisBroker(AdminForwarder):
             reply = await self._s.eval("enqueue_group", keys, args)
         if reply[0] != b"ok":
             i = int(reply[1])
-            error = self._enqueue_outcome(params.members[i], infos[i], [reply[0], reply[2]]).error
+            error = self._enqueue_outcome(params.members[i], states[i], [reply[0], reply[2]]).error
             assert error is not None
             raise error
-        return [self._s.stamped(p, i, reply[1]) for p, i in zip(params.members, infos, strict=True)]
+        return [
+            self._s.created(p, s, reply[1]) for p, s in zip(params.members, states, strict=True)
+        ]
 
     def _one_slot(self, params: GroupParams) -> None:
         """On a Redis Cluster one script must stay in one hash slot: the group's queue."""
@@ -271,7 +274,7 @@ class RedisBroker(AdminForwarder):
         """The hot path of one-by-one enqueue: no context manager, the reply is the clock
         the script read on success and the TaskInfo comes from the params."""
         now = self._s.clock.now()
-        call, info = self._s.enqueue_call(params, now)
+        call, state = self._s.enqueue_call(params, now)
         try:
             if not self._s.ready:
                 await self.connect()
@@ -284,10 +287,10 @@ class RedisBroker(AdminForwarder):
                 raise
             raise mapped from exc
         if not isinstance(reply, bytes):
-            error = self._enqueue_outcome(params, info, reply).error
+            error = self._enqueue_outcome(params, state, reply).error
             assert error is not None
             raise error
-        return self._s.stamped(params, info, reply)
+        return self._s.created(params, state, reply)
 
     async def enqueue_many(
         self, items: Sequence[EnqueueParams], *, connection: Any = None
@@ -301,7 +304,7 @@ class RedisBroker(AdminForwarder):
         by_queue: dict[str, list[int]] = defaultdict(list)
         for i, p in enumerate(items):
             by_queue[p.queue].append(i)
-        infos: list[TaskInfo | None] = [None] * len(items)
+        states: list[TaskState] = [TaskState.PENDING] * len(items)
         calls: list[_Call] = []
         chunks: list[list[int]] = []
         for queue, indexes in by_queue.items():
@@ -313,7 +316,7 @@ class RedisBroker(AdminForwarder):
                 for i in chunk:
                     p = items[i]
                     keys.append(k.task(p.id))
-                    fields, infos[i] = self._s.enqueue_fields(p, k, now)
+                    fields, states[i] = self._s.enqueue_fields(p, k, now)
                     args += fields
                 calls.append(("enqueue_many", keys, args))
                 chunks.append(chunk)
@@ -324,9 +327,7 @@ class RedisBroker(AdminForwarder):
         outcomes: list[EnqueueOutcome | None] = [None] * len(items)
         for chunk, reply in zip(chunks, replies, strict=True):
             for i, item_reply in zip(chunk, reply, strict=True):
-                info = infos[i]
-                assert info is not None
-                outcomes[i] = self._enqueue_outcome(items[i], info, item_reply)
+                outcomes[i] = self._enqueue_outcome(items[i], states[i], item_reply)
         return [o for o in outcomes if o is not None]
 
     # -- claim and leases -----------------------------------------------------------------
