@@ -1,4 +1,6 @@
--- _lib.lua: helpers prepended to every script of this directory (not an operation itself).
+-- _lib.lua: helpers prepended to the scripts of this directory (not an operation itself).
+-- A script gets only the helpers it names, and those they name (lua.py): keep each
+-- top-level definition one `local function name(...)` or `local NAME = ...`.
 --
 -- Conventions shared by all scripts:
 --   * times are epoch seconds on the broker's clock: `now` arguments are "" and the script
