@@ -288,6 +288,9 @@ class Result:
     errors: dict[str, int] = field(default_factory=dict)
     #: CPU milliseconds per order during the burst, by process (and the HTTP client).
     cpu_ms: dict[str, float] = field(default_factory=dict)
+    #: CPU milliseconds per order of the worker (the demo in monolith mode) from the start of
+    #: the burst until every order was final: what one order costs it in all.
+    worker_cpu_ms: float = 0.0
     final_after_s: float | None = None
     covered: int = 0
     failed: int = 0
@@ -682,7 +685,11 @@ def run_one(broker: str, mode: str, args: argparse.Namespace) -> Result:
         service = Service(mode, storage, directory, args.worker_concurrency, args.api_processes)
         try:
             service.start()
-            profiler = start_profiler(service.api_pid, directory, args) if args.profile else None
+            profilers = {
+                role: start_profiler(pid, directory / f"{role}.profile", args)
+                for role, pid in service.roles.items()
+                if args.profile and role in ("api", "worker", "demo")
+            }
             with Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
@@ -694,12 +701,16 @@ def run_one(broker: str, mode: str, args: argparse.Namespace) -> Result:
 
                 async def drive() -> None:
                     started = time.perf_counter()
+                    worker = service.roles.get("worker", service.api_pid)
+                    cpu_before = process_cpu(worker)
                     accepted = await burst(service, result, progress)
-                    if profiler is not None:
-                        stop_profiler(profiler, broker, mode, args)
+                    for role, profiler in profilers.items():
+                        stop_profiler(profiler, f"{broker}-{mode}-{role}", args)
                     final = await until_final(
                         service, result, accepted, started, progress, args.final_timeout
                     )
+                    spent = process_cpu(worker) - cpu_before
+                    result.worker_cpu_ms = round(spent * 1000 / max(1, len(accepted)), 2)
                     await check_once(service, result, accepted, final)
 
                 with asyncio.Runner(loop_factory=client_loop()) as runner:
@@ -728,8 +739,7 @@ def problem_lines(log: Path, limit: int = 40) -> list[str]:
 # -- profiling (py-spy) -----------------------------------------------------------------------
 
 
-def start_profiler(pid: int, directory: Path, args: argparse.Namespace) -> subprocess.Popen[bytes]:
-    out = directory / "profile.txt"
+def start_profiler(pid: int, out: Path, args: argparse.Namespace) -> subprocess.Popen[bytes]:
     spy = [
         str(Path(sys.executable).with_name("py-spy")),
         "record",
@@ -742,13 +752,12 @@ def start_profiler(pid: int, directory: Path, args: argparse.Namespace) -> subpr
     return subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def stop_profiler(
-    proc: subprocess.Popen[bytes], broker: str, mode: str, args: argparse.Namespace
-) -> None:
-    """py-spy writes its collapsed stacks on SIGINT; keep them next to the results."""
+def stop_profiler(proc: subprocess.Popen[bytes], name: str, args: argparse.Namespace) -> None:
+    """py-spy writes its collapsed stacks on SIGINT; keep them next to the results
+    (``<broker>-<mode>-<role>.txt``)."""
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=60)
-    target = Path(args.profile) / f"{broker}-{mode}.txt"
+    target = Path(args.profile) / f"{name}.txt"
     target.parent.mkdir(parents=True, exist_ok=True)
     source = Path(proc.args[proc.args.index("--output") + 1])  # type: ignore[index,union-attr]
     if source.exists():
@@ -786,15 +795,17 @@ def markdown(results: list[Result], args: argparse.Namespace, before: str, after
         f"{after} after.",
         "",
         "| broker | mode | client | orders/s | 202 p50 / p95 / p99 ms | errors | all final after "
-        "| COVERED / FAILED | exactly once | CPU ms per order during the burst |",
-        "|---|---|---|---:|---:|---|---:|---:|---|---|",
+        "| COVERED / FAILED | exactly once | CPU ms per order during the burst "
+        "| worker CPU ms per order, all told |",
+        "|---|---|---|---:|---:|---|---:|---:|---|---|---:|",
     ]
     for r in results:
         final = f"{r.final_after_s:.1f} s" if r.final_after_s is not None else "not all"
         lines.append(
             f"| {r.broker} | {r.mode} | {r.client} | {r.orders_per_s:,.0f} | "
             f"{r.p50_ms:.1f} / {r.p95_ms:.1f} / {r.p99_ms:.1f} | {errors_text(r.errors)} | "
-            f"{final} | {r.covered} / {r.failed} | {r.check} | {cpu_text(r.cpu_ms)} |"
+            f"{final} | {r.covered} / {r.failed} | {r.check} | {cpu_text(r.cpu_ms)} | "
+            f"{r.worker_cpu_ms:.1f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -866,7 +877,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results to this JSON file")
     parser.add_argument("--markdown", help="write the table to this Markdown file")
     parser.add_argument(
-        "--profile", help="py-spy the API process during the burst; stacks to this directory"
+        "--profile",
+        help="py-spy the API and worker processes during the burst; stacks to this directory",
     )
     args = parser.parse_args(argv)
     PG_DSN, REDIS_URL = args.pg, args.redis

@@ -31,5 +31,16 @@ async def main() -> None:
         await app.close()
 
 
+def run() -> None:
+    """:func:`main` on uvloop's event loop when it is installed (as uvicorn picks it for the
+    API): less CPU per socket event than asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    run()
