@@ -91,7 +91,6 @@ def claimed_info(
 def created_info(p: EnqueueParams, state: TaskState, next_at: float, now: float) -> TaskInfo:
     """The TaskInfo of a row the enqueue statement just inserted from ``p``: every column is
     known from the params, so the statement returns none of them."""
-    enqueued_at = to_datetime(now)
     return make_info(
         id=p.id,
         queue=p.queue,
@@ -103,8 +102,8 @@ def created_info(p: EnqueueParams, state: TaskState, next_at: float, now: float)
         last_error=None,
         timeout=_f(p.timeout),
         deadline=to_datetime(_f(p.deadline)),
-        next_process_at=enqueued_at if next_at == now else to_datetime(next_at),
-        enqueued_at=enqueued_at,
+        next_process_at=to_datetime(next_at),
+        enqueued_at=to_datetime(now),
         completed_at=None,
         raw_result=None,
         retention=float(p.retention),
