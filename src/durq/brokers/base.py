@@ -676,6 +676,18 @@ class Broker(Protocol):
     async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
         """``complete`` for several tasks in one round trip."""
 
+    async def complete_and_claim(
+        self, items: Sequence[CompleteParams], claim: ClaimParams
+    ) -> tuple[list[bool], list[Lease]]:
+        """``complete_many(items)`` then ``claim(claim)`` in one round trip where the backend
+        can (one transaction on SQLite, one pipeline on PostgreSQL and Redis): a busy worker
+        acknowledges the tasks it finished and takes the next ones at once.
+
+        The completions are stored before the claim runs, so the claim may fill the slots
+        they free and a crash at any moment leaves the worker with no more unacknowledged
+        leases than slots. Answers as the two calls would; on an error, as with
+        ``complete_many``, some completions may have been stored."""
+
     async def retry(self, params: RetryParams) -> bool:
         """Schedule the next attempt; ``False`` if the lease is no longer held."""
 

@@ -272,9 +272,34 @@ class PostgresBroker(AdminForwarder):
 
     async def claim(self, params: ClaimParams) -> list[Lease]:
         """Lease up to ``limit`` due tasks in one round trip (SKIP LOCKED: never twice)."""
-        queues = list(dict.fromkeys(params.queues))
-        if not queues or params.limit <= 0:
+        if not params.queues or params.limit <= 0:
             return []
+        _, leases = await self._claim(params)
+        return leases
+
+    async def complete_and_claim(
+        self, items: Sequence[CompleteParams], claim: ClaimParams
+    ) -> tuple[list[bool], list[Lease]]:
+        """The complete statement ahead of the claim's in one pipeline: one round trip, one
+        implicit transaction (committed by the pipeline's closing Sync)."""
+        if not items:
+            return [], await self.claim(claim)
+        if not claim.queues or claim.limit <= 0 or any(i.follow_ups or i.group for i in items):
+            # Follow-ups and groups complete in a transaction of their own.
+            return await self.complete_many(items), await self.claim(claim)
+        values = self._complete_values(items)
+        rows, leases = await self._claim(claim, values)
+        if rows is None:  # the claim's deadlock rolled the completions back: alone, then
+            rows = await self._s.fetch("complete", "complete", values)
+        return self._completed(items, rows), leases
+
+    async def _claim(
+        self, params: ClaimParams, complete: dict[str, Any] | None = None
+    ) -> tuple[list[Row] | None, Claimed]:
+        """The claim, after the complete statement with ``complete`` when given: its rows
+        come first (``None`` when a deadlock rolled it back with the claim)."""
+        queues = list(dict.fromkeys(params.queues))
+        completed: list[Row] | None = []
         mark = time.monotonic()
         for queue in queues:
             self._claim_marks[queue] = mark
@@ -295,7 +320,10 @@ class PostgresBroker(AdminForwarder):
         async with self._s.connection("claim") as conn:
             try:
                 async with conn.pipeline():
-                    # Both statements go out in one round trip; each commits on its own.
+                    # The statements go out in one round trip, in one implicit transaction
+                    # (the Sync at the pipeline's end commits it): completions, then claim.
+                    if complete is not None:
+                        done = await conn.execute(self._s.q["complete"], complete)
                     cur = conn.cursor(row_factory=tuple_row)
                     await cur.execute(
                         self._s.q["claim_forward"],
@@ -305,10 +333,13 @@ class PostgresBroker(AdminForwarder):
                         self._s.q["claim_limited" if limited_mode else "claim"], values
                     )
                     rows = await cur.fetchall()
+                    if complete is not None:
+                        completed = await done.fetchall()
             except psycopg.errors.DeadlockDetected:
                 # Not expected (every writer locks counters in key order); never fatal.
                 log.debug("claim of limited tasks met a deadlock; trying again later")
                 rows = []
+                completed = None
         wake_at: float | None = rows[0][CLAIM_WAKE_AT] if rows else None
         if limited_mode:
             again = await self._limited_answer(queues, rows)
@@ -335,7 +366,7 @@ class PostgresBroker(AdminForwarder):
         # Start and lease expiry as the server read them (a claim of limited tasks is a
         # statement of its own, with its own).
         worker = params.worker_id
-        return Claimed(
+        return completed, Claimed(
             (
                 Lease(
                     task=claimed_info(
@@ -447,20 +478,23 @@ class PostgresBroker(AdminForwarder):
         (done,) = await self.complete_many([params])
         return done
 
-    async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
-        """``complete`` for several tasks in one statement."""
-        if not items:
-            return []
-        now = self._s.now()
-        params = {
+    def _complete_values(self, items: Sequence[CompleteParams]) -> dict[str, Any]:
+        """The parameters of the complete statement for ``items``."""
+        return {
             "queues": [i.lease.queue for i in items],
             "ids": [i.lease.id for i in items],
             "tokens": [i.lease.token for i in items],
             "results": [None if i.result is None else bytes(i.result) for i in items],
             "retentions": [float(i.retention) for i in items],
             "now": self._s.sql_now(),
-            "day": utc_day(now),
+            "day": utc_day(self._s.now()),
         }
+
+    async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
+        """``complete`` for several tasks in one statement."""
+        if not items:
+            return []
+        params = self._complete_values(items)
         if any(i.follow_ups or i.group for i in items):
             # Continuations: the follow-ups of the leases still held, in the same transaction.
             def follow_ups(rows: list[Row]) -> list[EnqueueParams]:
@@ -491,6 +525,11 @@ class PostgresBroker(AdminForwarder):
             )
         else:
             rows = await self._s.fetch("complete", "complete", params)
+        return self._completed(items, rows)
+
+    def _completed(self, items: Sequence[CompleteParams], rows: list[Row]) -> list[bool]:
+        """Wake and announce what the complete statement's ``rows`` ended; one answer per
+        item."""
         self._wake(r["queue"] for r in rows if r["wake"])
         done = {(r["queue"], r["id"]) for r in rows}
         self._s.ended(done)

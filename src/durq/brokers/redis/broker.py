@@ -340,39 +340,87 @@ class RedisBroker(AdminForwarder):
         await self._wakeups.before_claim(params.queues)
         async with self._s.op("claim"):
             await self._s.ensure()
-            for queue in dict.fromkeys(params.queues):
-                remaining = params.limit - len(leases)
-                if remaining <= 0:
-                    break
-                k = self._s.keys.queue(queue)
-                rows, wake_at = await self._s.eval(
-                    "claim",
-                    [
-                        k.pending,
-                        k.scheduled,
-                        k.retry,
-                        k.active,
-                        k.paused,
-                        k.limits,
-                        k.held,
-                        k.limit_waiting,
-                    ],
-                    [
-                        self._s.now_arg(),
-                        remaining,
-                        float(params.lease_seconds),
-                        params.worker_id,
-                        secrets.token_hex(8),
-                        k.task_prefix,
-                        max(remaining, CLAIM_FORWARD),
-                        HOLD_BOUND,
-                    ],
-                )
-                for token, flat in rows:
-                    leases.append(Lease(task_info(queue, flat), token.decode()))
-                if wake_at and (leases.wake_at is None or float(wake_at) < leases.wake_at):
-                    leases.wake_at = float(wake_at)
+            await self._claim_into(leases, list(dict.fromkeys(params.queues)), params)
         return leases
+
+    async def complete_and_claim(
+        self, items: Sequence[CompleteParams], claim: ClaimParams
+    ) -> tuple[list[bool], list[Lease]]:
+        """The complete scripts and the first queue's claim script in one pipeline: Redis
+        runs them in the order sent, so the completions are stored before the claim."""
+        queues = list(dict.fromkeys(claim.queues))
+        if not items:
+            return [], await self.claim(claim)
+        if not queues or claim.limit <= 0 or self._spans_nodes(items, queues[0]):
+            return await self.complete_many(items), await self.claim(claim)
+        now = self._s.clock.now()
+        leases = Claimed()
+        await self._wakeups.before_claim(queues)
+        async with self._s.op("complete_and_claim"):
+            await self._s.ensure()
+            await self._remember_follow_ups(items)
+            day = utc_day(now)
+            calls = [self._complete_call(p, now, day) for p in items]
+            *replies, first = await self._s.eval_many(
+                [*calls, self._claim_call(queues[0], claim.limit, claim)]
+            )
+            self._take(queues[0], first, leases)
+            await self._claim_into(leases, queues[1:], claim)
+        done = [bool(r) for r in replies]
+        await self._drain_follow_ups(items, done)
+        return done, leases
+
+    def _spans_nodes(self, items: Sequence[CompleteParams], queue: str) -> bool:
+        """On a cluster, whether completions of another queue than the claimed one (maybe
+        another node, written at the same time, so not surely before the claim) are in
+        ``items``."""
+        return self._s.cluster and any(p.lease.queue != queue for p in items)
+
+    async def _claim_into(
+        self, leases: Claimed, queues: Sequence[str], params: ClaimParams
+    ) -> None:
+        for queue in queues:
+            remaining = params.limit - len(leases)
+            if remaining <= 0:
+                break
+            self._take(
+                queue, await self._s.eval(*self._claim_call(queue, remaining, params)), leases
+            )
+
+    def _claim_call(self, queue: str, limit: int, params: ClaimParams) -> _Call:
+        k = self._s.keys.queue(queue)
+        return (
+            "claim",
+            [
+                k.pending,
+                k.scheduled,
+                k.retry,
+                k.active,
+                k.paused,
+                k.limits,
+                k.held,
+                k.limit_waiting,
+            ],
+            [
+                self._s.now_arg(),
+                limit,
+                float(params.lease_seconds),
+                params.worker_id,
+                secrets.token_hex(8),
+                k.task_prefix,
+                max(limit, CLAIM_FORWARD),
+                HOLD_BOUND,
+            ],
+        )
+
+    @staticmethod
+    def _take(queue: str, reply: Any, leases: Claimed) -> None:
+        """Add the leases of one claim script's ``reply`` to ``leases``."""
+        rows, wake_at = reply
+        for token, flat in rows:
+            leases.append(Lease(task_info(queue, flat), token.decode()))
+        if wake_at and (leases.wake_at is None or float(wake_at) < leases.wake_at):
+            leases.wake_at = float(wake_at)
 
     async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
         """One extend script per queue, all in one pipeline."""
@@ -463,12 +511,19 @@ class RedisBroker(AdminForwarder):
         now = self._s.clock.now()
         async with self._s.op("complete_many"):
             await self._s.ensure()
-            follow_queues = [f.queue for p in items for f in p.follow_ups]
-            if follow_queues:
-                await self._s.remember_queues(follow_queues)
+            await self._remember_follow_ups(items)
             day = utc_day(now)  # once per batch, not per task
             replies = await self._s.eval_many([self._complete_call(p, now, day) for p in items])
         done = [bool(r) for r in replies]
+        await self._drain_follow_ups(items, done)
+        return done
+
+    async def _remember_follow_ups(self, items: Sequence[CompleteParams]) -> None:
+        follow_queues = [f.queue for p in items for f in p.follow_ups]
+        if follow_queues:
+            await self._s.remember_queues(follow_queues)
+
+    async def _drain_follow_ups(self, items: Sequence[CompleteParams], done: list[bool]) -> None:
         await self._drain(
             [
                 q
@@ -477,7 +532,6 @@ class RedisBroker(AdminForwarder):
                 for q in self._s.outbox_queues(p.lease.queue, p.follow_ups)
             ]
         )
-        return done
 
     def _lease_move_call(self, p: LeaseMove, now: float, day: date) -> _Call:
         """The retry.lua or archive.lua call of one fenced move (with its follow-ups)."""

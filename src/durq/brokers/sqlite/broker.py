@@ -307,27 +307,15 @@ class SQLiteBroker(AdminForwarder):
         # Notifications up to here are answered by this claim; later ones stay for the wait.
         self._s.mailbox.take(queues)
 
-        forward = max(params.limit, CLAIM_FORWARD)
-
-        def body(conn: Conn) -> Claimed:
-            paused = {row[0] for row in conn.execute(Q["paused_queues"])}
-            leases = Claimed()
-            for queue in queues:
-                if queue in paused:
-                    continue
-                conn.execute(Q["promote_queue"], {"queue": queue, "now": now, "bound": forward})
-                self._claim_queue(conn, queue, params, now, leases)
-                if len(leases) >= params.limit:
-                    break
-            return leases
-
         def run(conn: Conn) -> Claimed:
             version = _data_version(conn)  # before the claim reads: later commits stay news
             leases = Claimed()
             for queue in queues:
                 claimable, wake_at = _may_claim(conn, queue, now)
                 if claimable:
-                    leases = self._s.transaction(conn, body)
+                    leases = self._s.transaction(
+                        conn, lambda c: self._claim_queues(c, queues, params, now)
+                    )
                     break
                 if wake_at is not None and (leases.wake_at is None or wake_at < leases.wake_at):
                     leases.wake_at = wake_at
@@ -336,8 +324,58 @@ class SQLiteBroker(AdminForwarder):
             return leases
 
         leases = await self._s.call("sqlite.claim", run)
+        self._claimed(queues, params, leases)
+        return leases
+
+    async def complete_and_claim(
+        self, items: Sequence[CompleteParams], claim: ClaimParams
+    ) -> tuple[list[bool], list[Lease]]:
+        """``complete_many`` and ``claim`` in one write transaction: the lock is taken for
+        the completions anyway, so the claim skips its read-only look for work."""
+        if not items:
+            return [], await self.claim(claim)
+        if claim.limit <= 0:
+            return await self.complete_many(items), []
+        now = self._s.clock.now()
+        queues = list(dict.fromkeys(claim.queues))
+        self._s.mailbox.take(queues)
+        woken: set[str] = set()
+
+        def body(conn: Conn) -> tuple[list[bool], Claimed]:
+            done = self._complete_batch(conn, items, now, woken)
+            return done, self._claim_queues(conn, queues, claim, now)
+
+        def run(conn: Conn) -> tuple[list[bool], Claimed]:
+            version = _data_version(conn)
+            done, leases = self._s.transaction(conn, body)
+            if len(leases) < claim.limit:
+                self._s.seen_version = version
+            return done, leases
+
+        done, leases = await self._s.call("sqlite.complete_and_claim", run)
+        self._s.notify(woken)
+        self._s.ended(p.lease.task_key for p, ok in zip(items, done, strict=True) if ok)
+        self._claimed(queues, claim, leases)
+        return done, leases
+
+    def _claimed(self, queues: list[str], params: ClaimParams, leases: Claimed) -> None:
         if len(leases) >= params.limit:
             self._s.mailbox.post(frozenset(queues))  # a full claim may have left work behind
+
+    def _claim_queues(
+        self, conn: Conn, queues: list[str], params: ClaimParams, now: float
+    ) -> Claimed:
+        """The claim's writes, inside the caller's transaction."""
+        forward = max(params.limit, CLAIM_FORWARD)
+        paused = {row[0] for row in conn.execute(Q["paused_queues"])}
+        leases = Claimed()
+        for queue in queues:
+            if queue in paused:
+                continue
+            conn.execute(Q["promote_queue"], {"queue": queue, "now": now, "bound": forward})
+            self._claim_queue(conn, queue, params, now, leases)
+            if len(leases) >= params.limit:
+                break
         return leases
 
     def _claim_queue(
@@ -449,16 +487,20 @@ class SQLiteBroker(AdminForwarder):
             return []
         now = self._s.clock.now()
 
-        def body(conn: Conn, woken: set[str]) -> list[bool]:
-            done = [self._complete(conn, p, now, woken, bump=False) for p in items]
-            # One counter update per queue for the batch, not one per task.
-            per_queue = Counter(p.lease.queue for p, ok in zip(items, done, strict=True) if ok)
-            for queue, count in per_queue.items():
-                self._s.bump(conn, queue, now, failed=False, count=count)
-            return done
-
-        done = await self._s.write_waking("sqlite.complete_many", body)
+        done = await self._s.write_waking(
+            "sqlite.complete_many", lambda c, woken: self._complete_batch(c, items, now, woken)
+        )
         self._s.ended(p.lease.task_key for p, ok in zip(items, done, strict=True) if ok)
+        return done
+
+    def _complete_batch(
+        self, conn: Conn, items: Sequence[CompleteParams], now: float, woken: set[str]
+    ) -> list[bool]:
+        done = [self._complete(conn, p, now, woken, bump=False) for p in items]
+        # One counter update per queue for the batch, not one per task.
+        per_queue = Counter(p.lease.queue for p, ok in zip(items, done, strict=True) if ok)
+        for queue, count in per_queue.items():
+            self._s.bump(conn, queue, now, failed=False, count=count)
         return done
 
     def _move(self, conn: Conn, p: LeaseMove, now: float, woken: set[str]) -> bool:
