@@ -76,3 +76,30 @@ async def test_a_wrong_number_of_answers_fails_the_callers_instead_of_hanging() 
         pass
     else:
         raise AssertionError("the caller must get the error")
+
+
+async def test_carried_acks_wait_for_the_claim_and_go_alone_when_it_idles() -> None:
+    broker = RecordingBroker()
+    broker.release.set()
+    woken: list[int] = []
+    stored: list[str] = []
+    acker = Acker(
+        broker,  # type: ignore[arg-type]
+        on_waiting=lambda: woken.append(1),
+        on_stored=lambda acks: stored.extend(p.lease.id for p in acks),
+    )
+    acker.carry()
+    a = asyncio.create_task(acker.complete(params("a")))
+    b = asyncio.create_task(acker.complete(params("b", "stale")))
+    await asyncio.sleep(0)
+    assert broker.batches == [] and acker.waiting == 2 and len(woken) == 2
+    batch = acker.take()
+    acker.answer(batch, [True, False])  # as the fetcher does with complete_and_claim's answer
+    assert (await a, await b) == (True, False)
+    assert stored == ["a", "b"]
+    c = asyncio.create_task(acker.complete(params("c")))
+    await asyncio.sleep(0)
+    assert broker.batches == []
+    acker.send_alone()  # the fetcher waits for work: what waits goes out at once
+    assert await c is True
+    assert broker.batches == [["c"]]

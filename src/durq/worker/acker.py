@@ -1,49 +1,104 @@
 """Acknowledges completed tasks in batches without delaying a lone one.
 
-The first ack goes out at once; acks that arrive while it is in flight ride together in the
-next ``complete_many`` round trip. Under load that is one round trip for many tasks; when idle
-it is exactly one call per task, as before."""
+While the fetcher is busy (claiming, or waiting for a slot), the acks it will carry wait for
+its next claim: :meth:`Acker.take` hands them over and one ``complete_and_claim`` round trip
+stores them and takes the next tasks into the slots they free. Otherwise the first ack goes
+out at once, and acks that arrive while it is in flight ride together in the next
+``complete_many`` round trip. Under load that is one round trip for many tasks; when idle it
+is exactly one call per task."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 
 from durq.brokers.base import Broker, CompleteParams
 from durq.errors import BrokerError
 
+#: An ack waiting to be sent, and the caller waiting for its answer.
+Pending = tuple[CompleteParams, "asyncio.Future[bool]"]
+
 
 class Acker:
-    def __init__(self, broker: Broker, max_batch: int = 500) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        max_batch: int = 500,
+        *,
+        on_waiting: Callable[[], None] = lambda: None,
+        on_stored: Callable[[Sequence[CompleteParams]], None] = lambda _: None,
+    ) -> None:
         self.broker = broker
         self.max_batch = max_batch
-        self._waiting: list[tuple[CompleteParams, asyncio.Future[bool]]] = []
+        #: Called when an ack starts waiting for the fetcher (it may claim with it now).
+        self.on_waiting = on_waiting
+        #: Called with the acks the broker answered, before their callers resume.
+        self.on_stored = on_stored
+        self._waiting: list[Pending] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._carried = False
+
+    @property
+    def waiting(self) -> int:
+        """Acks not yet sent."""
+        return len(self._waiting)
 
     async def complete(self, params: CompleteParams) -> bool:
         """Complete one task; ``False`` if its lease is no longer held."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiting.append((params, future))
-        if self._flusher is None or self._flusher.done():
+        if self._carried:
+            self.on_waiting()
+        elif self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush(), name="durq-acker")
         # Shielded: a cancelled caller must not cancel the batch other tasks ride in.
         return await asyncio.shield(future)
 
+    def carry(self) -> None:
+        """The fetcher's next claim carries the acks that arrive from now on."""
+        self._carried = True
+
+    def send_alone(self) -> None:
+        """The fetcher will not claim soon: send what waits, and later acks, at once."""
+        self._carried = False
+        if self._waiting and (self._flusher is None or self._flusher.done()):
+            self._flusher = asyncio.create_task(self._flush(), name="durq-acker")
+
+    def take(self) -> list[Pending]:
+        """The waiting acks (up to ``max_batch``), for the fetcher to send with its claim;
+        it reports their answers with :meth:`answer` or :meth:`fail`."""
+        batch = self._waiting[: self.max_batch]
+        del self._waiting[: self.max_batch]
+        return batch
+
+    def answer(self, batch: Sequence[Pending], held: Sequence[bool]) -> None:
+        if len(held) != len(batch):  # a broker bug must not leave callers waiting
+            self.fail(
+                batch,
+                BrokerError(
+                    f"complete_many answered {len(held)} results for {len(batch)} tasks",
+                    operation="acker.complete_many",
+                ),
+            )
+            return
+        self.on_stored([params for params, _ in batch])
+        for (_, future), ok in zip(batch, held, strict=True):
+            if not future.done():
+                future.set_result(ok)
+
+    @staticmethod
+    def fail(batch: Sequence[Pending], exc: BaseException) -> None:
+        """Each caller decides whether to retry."""
+        for _, future in batch:
+            if not future.done():
+                future.set_exception(exc)
+
     async def _flush(self) -> None:
-        while self._waiting:
-            batch = self._waiting[: self.max_batch]
-            del self._waiting[: self.max_batch]
+        while self._waiting and not self._carried:
+            batch = self.take()
             try:
                 held = await self.broker.complete_many([params for params, _ in batch])
-                if len(held) != len(batch):  # a broker bug must not leave callers waiting
-                    raise BrokerError(
-                        f"complete_many answered {len(held)} results for {len(batch)} tasks",
-                        operation="acker.complete_many",
-                    )
-            except Exception as exc:  # each caller decides whether to retry
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
+            except Exception as exc:
+                self.fail(batch, exc)
                 continue
-            for (_, future), ok in zip(batch, held, strict=True):
-                if not future.done():
-                    future.set_result(ok)
+            self.answer(batch, held)

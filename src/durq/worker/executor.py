@@ -12,7 +12,7 @@ import functools
 import logging
 import time
 import traceback
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -22,6 +22,7 @@ from durq.backoff import exponential
 from durq.brokers.base import (
     ArchiveParams,
     Broker,
+    CompleteParams,
     Lease,
     LeaseRef,
 )
@@ -81,6 +82,8 @@ class Running:
     reason: str | None = None
     #: The handler has returned; its outcome is being reported and must not be interrupted.
     settling: bool = False
+    #: Its completion is stored: the slot is free, though the attempt ends a moment later.
+    stored: bool = False
 
 
 class Executor:
@@ -105,8 +108,10 @@ class Executor:
         self.running: dict[LeaseRef, Running] = {}
         #: Attempts in ``running`` whose handler returned (waiting for their ack).
         self._settling = 0
+        #: Attempts in ``running`` whose completion the broker stored.
+        self._stored = 0
         self.slot_freed = asyncio.Event()
-        self.acker = Acker(broker)
+        self.acker = Acker(broker, on_waiting=self.slot_freed.set, on_stored=self._completed)
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="durq-task")
 
     @property
@@ -114,7 +119,7 @@ class Executor:
         # A slot is a lease this worker holds: a running handler, or one that returned and
         # whose outcome is not yet acknowledged. Counting the latter bounds what a SIGKILL
         # makes run again to ``concurrency`` tasks (docs/guarantees.md).
-        return self.concurrency - len(self.running)
+        return self.concurrency - len(self.running) + self._stored
 
     def leases(self) -> list[LeaseRef]:
         return [r.lease.ref for r in self.running.values()]
@@ -126,9 +131,21 @@ class Executor:
         task.add_done_callback(lambda _t: self._release(key))
         self._busy_changed()
 
+    def _completed(self, acks: Sequence[CompleteParams]) -> None:
+        """The broker stored these completions: their slots are free at once, without
+        waiting a loop turn or two for their attempts to end."""
+        for params in acks:
+            running = self.running.get(params.lease)
+            if running is not None and not running.stored:
+                running.stored = True
+                self._stored += 1
+        self.slot_freed.set()
+
     def _release(self, key: LeaseRef) -> None:
         running = self.running.pop(key, None)
         self.slot_freed.set()
+        if running is not None and running.stored:
+            self._stored -= 1
         if running is not None and running.settling:
             self._settling -= 1
         else:

@@ -73,40 +73,63 @@ class Fetcher:
             self._task = None
 
     async def _run(self) -> None:
+        try:
+            await self._loop()
+        finally:
+            self.executor.acker.send_alone()
+
+    async def _loop(self) -> None:
+        executor, acker = self.executor, self.executor.acker
         failures = 0
         while not self._stop.is_set():
-            free = self.executor.free_slots
-            if free <= 0:
-                self.executor.slot_freed.clear()
-                if self.executor.free_slots <= 0:
-                    await self.executor.slot_freed.wait()
+            # Acks of finished tasks wait for this loop's next claim, which stores them first
+            # and so may fill their slots: one round trip where ack and claim took two.
+            acker.carry()
+            if executor.free_slots + acker.waiting <= 0:
+                executor.slot_freed.clear()
+                if executor.free_slots + acker.waiting <= 0:
+                    await executor.slot_freed.wait()
                 continue
+            acks = acker.take()
+            # A slot is a lease held and not acknowledged (docs/guarantees.md): the tasks
+            # whose acks ride in this claim give theirs to it.
+            free = executor.free_slots + len(acks)
             order = queue_order(self.queues, self.strict, self._rng)
+            params = ClaimParams(order, free, self.worker_id, self.lease_seconds)
             try:
-                leases = await self.broker.claim(
-                    ClaimParams(order, free, self.worker_id, self.lease_seconds)
-                )
+                if acks:
+                    held, leases = await self.broker.complete_and_claim(
+                        [ack for ack, _ in acks], params
+                    )
+                    acker.answer(acks, held)
+                else:
+                    leases = await self.broker.claim(params)
                 failures = 0
-            except BrokerUnavailableError as exc:
+            except asyncio.CancelledError:
+                # Whether the acks were stored is unknown: their attempts send them again.
+                acker.fail(acks, BrokerUnavailableError(operation="fetcher.complete_and_claim"))
+                raise
+            except Exception as exc:
+                acker.fail(acks, exc)  # each attempt retries its own ack as before
+                acker.send_alone()
                 failures += 1
                 delay = min(0.1 * 2**failures, 5.0)
-                log.warning("cannot claim tasks (%s); retrying in %.1fs", exc, delay)
-                await self._sleep(delay)
-                continue
-            except Exception:  # a dead fetcher would leave a live worker that takes nothing
-                failures += 1
-                delay = min(0.1 * 2**failures, 5.0)
-                log.exception("claim failed; retrying in %.1fs", delay)
+                if isinstance(exc, BrokerUnavailableError):
+                    log.warning("cannot claim tasks (%s); retrying in %.1fs", exc, delay)
+                else:  # a dead fetcher would leave a live worker that takes nothing
+                    log.exception("claim failed; retrying in %.1fs", delay)
                 await self._sleep(delay)
                 continue
             for lease in leases:
-                self.executor.submit(lease)
+                executor.submit(lease)
             if len(leases) < free and not self._stop.is_set():
                 timeout = self.poll_interval
                 if isinstance(leases, Claimed) and leases.wake_at is not None:
                     # A task held by a rate limit: look again when its token comes.
                     until = leases.wake_at - self.broker.clock.now()
                     timeout = min(timeout, max(0.001, until))
+                # Idle until work comes: an ack goes out at once, not with the next claim.
+                acker.send_alone()
                 await self._wait_for_work(order, timeout)
 
     async def _wait_for_work(self, queues: list[str], timeout: float) -> None:
