@@ -291,6 +291,9 @@ class Result:
     #: CPU milliseconds per order of the worker (the demo in monolith mode) from the start of
     #: the burst until every order was final: what one order costs it in all.
     worker_cpu_ms: float = 0.0
+    #: The API process during the burst: % of the time on a CPU, % waiting runnable for one
+    #: (a starved process waits; a busy event loop runs).
+    api_sched: tuple[int, int] = (0, 0)
     final_after_s: float | None = None
     covered: int = 0
     failed: int = 0
@@ -338,15 +341,36 @@ def percentile(values: list[float], q: float) -> float:
 async def burst(service: Service, result: Result, progress: Progress) -> dict[str, str]:
     """POST the orders (at ``result.rate``, else as fast as wrk or httpx go); returns
     order_id -> Location of the accepted ones."""
+    before, started = scheduled(service.api_pid), time.perf_counter()
     if result.rate:
         result.client = f"open loop {result.rate:g}/s"
-        return await open_loop_burst(service, result, progress)
-    wrk = shutil.which("wrk")
-    if wrk is not None and result.client != "httpx":
+        accepted = await open_loop_burst(service, result, progress)
+    elif (wrk := shutil.which("wrk")) is not None and result.client != "httpx":
         result.client = "wrk"
-        return await wrk_burst(wrk, service, result, progress)
-    result.client = "httpx"
-    return await httpx_burst(service, result, progress)
+        accepted = await wrk_burst(wrk, service, result, progress)
+    else:
+        result.client = "httpx"
+        accepted = await httpx_burst(service, result, progress)
+    after, elapsed = scheduled(service.api_pid), time.perf_counter() - started
+    ran, waited = ((b - a) / 1e9 / elapsed for a, b in zip(before, after, strict=True))
+    result.api_sched = (round(100 * ran), round(100 * waited))
+    return accepted
+
+
+def scheduled(pid: int) -> tuple[int, int]:
+    """Nanoseconds a process (every thread, and its children) has run on a CPU, and waited
+    runnable for one (``/proc/<pid>/task/*/schedstat``; zeros where not available)."""
+    ran = waited = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            fields = stat.read_text().split()
+        except OSError:
+            continue
+        ran, waited = ran + int(fields[0]), waited + int(fields[1])
+    for child in children(pid):
+        more = scheduled(child)
+        ran, waited = ran + more[0], waited + more[1]
+    return ran, waited
 
 
 #: wrk's threads: one is enough for thousands of requests per second, and leaves the cores
@@ -796,8 +820,8 @@ def markdown(results: list[Result], args: argparse.Namespace, before: str, after
         "",
         "| broker | mode | client | orders/s | 202 p50 / p95 / p99 ms | errors | all final after "
         "| COVERED / FAILED | exactly once | CPU ms per order during the burst "
-        "| worker CPU ms per order, all told |",
-        "|---|---|---|---:|---:|---|---:|---:|---|---|---:|",
+        "| worker CPU ms per order, all told | API on a CPU / waiting for one |",
+        "|---|---|---|---:|---:|---|---:|---:|---|---|---:|---:|",
     ]
     for r in results:
         final = f"{r.final_after_s:.1f} s" if r.final_after_s is not None else "not all"
@@ -805,7 +829,7 @@ def markdown(results: list[Result], args: argparse.Namespace, before: str, after
             f"| {r.broker} | {r.mode} | {r.client} | {r.orders_per_s:,.0f} | "
             f"{r.p50_ms:.1f} / {r.p95_ms:.1f} / {r.p99_ms:.1f} | {errors_text(r.errors)} | "
             f"{final} | {r.covered} / {r.failed} | {r.check} | {cpu_text(r.cpu_ms)} | "
-            f"{r.worker_cpu_ms:.1f} |"
+            f"{r.worker_cpu_ms:.1f} | {r.api_sched[0]} % / {r.api_sched[1]} % |"
         )
     return "\n".join(lines) + "\n"
 
