@@ -7,6 +7,7 @@ import asyncio
 import os
 import re
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -262,3 +263,29 @@ async def test_claim_after_close_reopens(tmp_path: Path) -> None:
     got = await broker.claim(ClaimParams(["default"], 5, "w", 30))
     assert [lease.task.id for lease in got] == ["t"]
     await broker.close()
+
+
+async def test_the_wal_is_checkpointed_in_the_background(tmp_path: Path) -> None:
+    """Commits wake a checkpoint on another thread: the log's frames reach the database file
+    without any caller checkpointing, and close() ends that thread."""
+    broker = SQLiteBroker(str(tmp_path / "q.db"))
+    await broker.connect()
+    for i in range(20):
+        await broker.enqueue(task(f"t{i}"))
+    checkpointer = broker._s.checkpointer
+    deadline = time.monotonic() + 5
+    while (checkpointer.last is None or checkpointer.last[2] < checkpointer.last[1]) and (
+        time.monotonic() < deadline
+    ):
+        await asyncio.sleep(0.02)
+    assert checkpointer.last is not None
+    busy, frames, copied = checkpointer.last
+    assert busy == 0 and frames > 0 and copied == frames
+    # Another connection reading only the database file (no WAL) sees the tasks.
+    copy = sqlite3.connect(f"file:{tmp_path / 'q.db'}?immutable=1", uri=True)
+    try:
+        assert copy.execute("SELECT count(*) FROM durq_tasks").fetchone()[0] == 20
+    finally:
+        copy.close()
+    await broker.close()
+    assert not [t for t in threading.enumerate() if t.name == "durq-sqlite-checkpoint"]

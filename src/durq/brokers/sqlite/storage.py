@@ -28,6 +28,7 @@ from durq.brokers.base import (
     minute_of,
 )
 from durq.brokers.sqlite import wakeup
+from durq.brokers.sqlite.checkpoint import Checkpointer
 from durq.brokers.sqlite.errors import map_error
 from durq.brokers.sqlite.timeline import Timeline
 from durq.brokers.sqlrows import row_to_info
@@ -125,6 +126,8 @@ class SQLiteStorage:
         wake_dir = wakeup.directory_for(self.key)
         self.listener = wakeup.Listener(wake_dir)
         self.sender = wakeup.Sender(wake_dir)
+        # Copies the WAL back into the file after commits, off the callers' path.
+        self.checkpointer = Checkpointer(self.path)
         self._watchers = 0
         self._watch_loop: asyncio.AbstractEventLoop | None = None
         self._watch_fd = -1
@@ -160,7 +163,9 @@ class SQLiteStorage:
             self.timeline.check(c, Q)
             return fn(c)
 
-        return transaction(conn, body)
+        result = transaction(conn, body)
+        self.checkpointer.poke()
+        return result
 
     async def write_waking(self, operation: str, fn: Callable[[Conn, set[str]], T]) -> T:
         """``fn(conn, woken)`` inside one transaction; once it committed, wake the waiters of
@@ -271,6 +276,7 @@ class SQLiteStorage:
             )
 
     def _close_conn(self) -> None:
+        self.checkpointer.close()
         if self._conn is not None:
             conn, self._conn = self._conn, None
             conn.close()
