@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Mapping
 
 #: How long after a commit the checkpoint runs: commits meanwhile share it.
 DEFAULT_DELAY = 0.05
@@ -26,8 +27,11 @@ class Checkpointer:
 
     The thread starts with the first poke and ends with :meth:`close`."""
 
-    def __init__(self, path: str, *, delay: float = DEFAULT_DELAY) -> None:
+    def __init__(
+        self, path: str, queries: Mapping[str, str], *, delay: float = DEFAULT_DELAY
+    ) -> None:
         self.path = path
+        self.q = queries  # the package's named statements (queries.sql)
         self.delay = delay
         #: ``(busy, log frames, checkpointed frames)`` of the last checkpoint, for tests.
         self.last: tuple[int, int, int] | None = None
@@ -71,7 +75,7 @@ class Checkpointer:
                 try:
                     if conn is None:
                         conn = sqlite3.connect(self.path, isolation_level=None)
-                        conn.execute("PRAGMA synchronous = NORMAL")
+                        conn.execute(self.q["synchronous_normal"])
                     self._checkpoint(conn)
                 except sqlite3.Error:
                     pass  # e.g. locked by a migration: the next commit asks again
@@ -85,7 +89,7 @@ class Checkpointer:
         which keeps the log short and away from the automatic checkpoint's threshold."""
         previous = -1
         for _ in range(MAX_PASSES):
-            row = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            row = conn.execute(self.q["wal_checkpoint"]).fetchone()
             self.last = busy, frames, copied = int(row[0]), int(row[1]), int(row[2])
             if busy or copied < frames or frames == previous or self._stop.is_set():
                 return

@@ -24,6 +24,13 @@ INSERT INTO durq_schema_migrations (version, name, applied_at) VALUES (:version,
 -- Changes whenever ANOTHER connection commits: the cross-process wake-up signal.
 PRAGMA data_version;
 
+-- name: wal_checkpoint
+-- Copies the write-ahead log into the database file without blocking writers (checkpoint.py).
+PRAGMA wal_checkpoint(PASSIVE);
+
+-- name: synchronous_normal
+PRAGMA synchronous = NORMAL;
+
 -- ---------------------------------------------------------------- enqueue
 
 -- name: database_list

@@ -127,7 +127,7 @@ class SQLiteStorage:
         self.listener = wakeup.Listener(wake_dir)
         self.sender = wakeup.Sender(wake_dir)
         # Copies the WAL back into the file after commits, off the callers' path.
-        self.checkpointer = Checkpointer(self.path)
+        self.checkpointer = Checkpointer(self.path, Q)
         self._watchers = 0
         self._watch_loop: asyncio.AbstractEventLoop | None = None
         self._watch_fd = -1
