@@ -56,6 +56,8 @@ class Ledger:
         lines = []
         if path.exists():
             for raw in path.read_text().splitlines():
+                if len(raw.split()) != 5:
+                    continue  # a line a worker process is still writing
                 kind, key, task_id, at, pid = raw.split()
                 lines.append((kind, key, task_id, float(at), int(pid)))
         return cls(lines)
