@@ -409,7 +409,7 @@ def create_app(settings: Settings | None = None, *, configure_logging: bool = Tr
             task_id=task_id,
         )
         # The three-answer contract (H1-H3) comes from the enqueue; concurrent requests'
-        # orders share one transaction and one enqueue_many (store.GroupCommit).
+        # orders share one transaction and one enqueue_many (store.group_commit).
         created = await rt.store.create(new, enqueue)
         fields = {"order_id": order_id, "customer": who, "task_id": task_id}
         if created.existing is not None:

@@ -4,7 +4,7 @@
 in the queue, answer 202). Concurrent requests share the work: while one transaction is in
 flight, the orders that arrive wait and then go together as the next one (one commit, one
 multi-row enqueue for all of them), each request keeping its own answer (see
-:class:`GroupCommit`). How the order and its task are tied, by pairing:
+:func:`group_commit`). How the order and its task are tied, by pairing:
 
 * **PostgreSQL broker** (``transactional_enqueue``): the order row and the durq task are
   written in *one* transaction on one connection; a rollback leaves neither.
@@ -28,7 +28,6 @@ import os
 import re
 import sqlite3
 import time
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -213,23 +212,17 @@ async def save_then_enqueue(
     return out
 
 
-_Waiting = list[tuple[NewOrder, Enqueue, "asyncio.Future[Created]"]]
+#: An order to save, and the enqueue step of its task.
+_Job = tuple[NewOrder, Enqueue]
 _WriteMany = Callable[[Sequence[NewOrder], Enqueue], Awaitable[list[Created]]]
 
 
-class _Lane:
-    """The requests of one event loop: whether a transaction is in flight, and who waits."""
-
-    __slots__ = ("busy", "sender", "waiting")
-
-    def __init__(self) -> None:
-        self.busy = False
-        self.waiting: _Waiting = []
-        self.sender: asyncio.Task[None] | None = None
+class _MixedSteps(Exception):
+    """Orders with different enqueue steps cannot share one transaction."""
 
 
-class GroupCommit:
-    """Orders of concurrent requests share one transaction.
+def group_commit(write_many: _WriteMany) -> durq.Coalescer[_Job, Created]:
+    """Orders of concurrent requests share one transaction (a :class:`durq.Coalescer`).
 
     The first order of an idle moment is written at once, alone (no timer: a lone request
     waits for nothing but its own transaction). Orders that arrive while a transaction is
@@ -245,98 +238,20 @@ class GroupCommit:
     :class:`durq.BrokerUnavailableError`, which no order of the batch would have escaped,
     goes to every request of the batch."""
 
-    def __init__(self, write_many: _WriteMany, *, max_batch: int = 200) -> None:
-        self._write = write_many
-        self._max = max_batch
-        self._lanes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Lane] = (
-            weakref.WeakKeyDictionary()
-        )
+    async def one(job: _Job) -> Created:
+        order, enqueue = job
+        (created,) = await write_many([order], enqueue)
+        return created
 
-    async def create(self, order: NewOrder, enqueue: Enqueue) -> Created:
-        loop = asyncio.get_running_loop()
-        lane = self._lanes.get(loop)
-        if lane is None:
-            lane = self._lanes[loop] = _Lane()
-        if not lane.busy:
-            lane.busy = True
-            try:
-                (created,) = await self._write([order], enqueue)
-                return created
-            finally:
-                self._next(lane, 1)
-        future: asyncio.Future[Created] = loop.create_future()
-        lane.waiting.append((order, enqueue, future))
-        return await future
+    async def many(jobs: Sequence[_Job]) -> list[Created]:
+        enqueue = jobs[0][1]
+        if any(step is not enqueue for _, step in jobs):
+            # One transaction runs one enqueue step: each order then goes alone. (The API
+            # passes one step for every request; only callers that mix steps meet this.)
+            raise _MixedSteps
+        return await write_many([order for order, _ in jobs], enqueue)
 
-    def _next(self, lane: _Lane, answered: int) -> None:
-        """A transaction for ``answered`` requests ended. Their callers run next in this
-        pass of the loop: write what waits one pass later (a callback, not a timer)."""
-        if answered <= 1 and not lane.waiting:
-            lane.busy = False
-            lane.sender = None
-            return
-        asyncio.get_running_loop().call_soon(self._flush, lane)
-
-    def _flush(self, lane: _Lane) -> None:
-        batch: _Waiting = []
-        later: _Waiting = []
-        ids: set[str] = set()
-        for item in lane.waiting:
-            order, enqueue, future = item
-            if future.done():  # its caller gave up
-                continue
-            if batch and (len(batch) >= self._max or order.id in ids or enqueue is not batch[0][1]):
-                later.append(item)
-                continue
-            batch.append(item)
-            ids.add(order.id)
-        lane.waiting = later
-        if batch:
-            lane.sender = asyncio.get_running_loop().create_task(self._send(lane, batch))
-        else:
-            lane.busy = False
-            lane.sender = None
-
-    async def _send(self, lane: _Lane, batch: _Waiting) -> None:
-        enqueue = batch[0][1]
-        try:
-            try:
-                outcomes = await self._write([order for order, _, _ in batch], enqueue)
-            except durq.BrokerUnavailableError as exc:
-                for _, _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                return
-            except Exception:
-                if len(batch) == 1:
-                    raise
-                # Something refused the batch as a whole: again one by one, so only the
-                # request it belongs to fails.
-                await self._each(batch)
-                return
-            for (_, _, future), created in zip(batch, outcomes, strict=True):
-                if not future.done():
-                    future.set_result(created)
-        except Exception as exc:
-            for _, _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-        finally:
-            for _, _, future in batch:  # this task was cancelled (the loop is closing)
-                if not future.done():
-                    future.cancel()
-            self._next(lane, len(batch))
-
-    async def _each(self, batch: _Waiting) -> None:
-        for order, enqueue, future in batch:
-            try:
-                (created,) = await self._write([order], enqueue)
-            except Exception as exc:
-                if not future.done():
-                    future.set_exception(exc)
-            else:
-                if not future.done():
-                    future.set_result(created)
+    return durq.Coalescer(one, many, max_batch=200, apart=lambda job: job[0].id)
 
 
 # -- SQLite -----------------------------------------------------------------------------------
@@ -386,7 +301,7 @@ class SQLiteOrderStore(_OrderQueries):
         self._writer = _Connection(path, "orders-writer")
         self._reader = _Connection(path, "orders-reader")
         self._turn: asyncio.Lock | None = None
-        self._batches = GroupCommit(self._create_many)
+        self._batches = group_commit(self._create_many)
 
     @classmethod
     def from_url(cls, url: str, *, transactional: bool = False) -> SQLiteOrderStore:
@@ -434,7 +349,7 @@ class SQLiteOrderStore(_OrderQueries):
         await self._reader.close()
 
     async def create(self, order: NewOrder, enqueue: Enqueue) -> Created:
-        return await self._batches.create(order, enqueue)
+        return await self._batches.send((order, enqueue))
 
     async def _create_many(self, orders: Sequence[NewOrder], enqueue: Enqueue) -> list[Created]:
         if not self.transactional:
@@ -608,7 +523,7 @@ class PostgresOrderStore(_OrderQueries):
         self.schema = schema
         self.transactional = transactional
         self._pool: Any = None
-        self._batches = GroupCommit(self._create_many)
+        self._batches = group_commit(self._create_many)
         from psycopg import sql
 
         raw = load_queries("postgres")
@@ -633,7 +548,7 @@ class PostgresOrderStore(_OrderQueries):
             self._pool = None
 
     async def create(self, order: NewOrder, enqueue: Enqueue) -> Created:
-        return await self._batches.create(order, enqueue)
+        return await self._batches.send((order, enqueue))
 
     async def _create_many(self, orders: Sequence[NewOrder], enqueue: Enqueue) -> list[Created]:
         if not self.transactional:

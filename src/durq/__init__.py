@@ -3,6 +3,7 @@
 from durq.app import App, TaskDef
 from durq.backoff import capped_power_of_two, exponential, fixed
 from durq.brokers.base import EnqueueOutcome, QueueStats, WorkerInfo
+from durq.coalescer import Coalescer
 from durq.continuations import Then
 from durq.errors import (
     BrokerUnavailableError,
@@ -45,6 +46,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "App",
     "BrokerUnavailableError",
+    "Coalescer",
     "DuplicateTaskError",
     "DurqError",
     "EnqueueOutcome",

@@ -1,4 +1,4 @@
-"""Concurrent requests' orders share one transaction (``store.GroupCommit``), and each
+"""Concurrent requests' orders share one transaction (``store.group_commit``), and each
 request keeps the answer it would have had alone: on SQLite (orders in the broker's file, or
 apart) and on PostgreSQL."""
 
@@ -157,3 +157,17 @@ async def test_a_batch_that_fails_as_a_whole_is_retried_order_by_order(
     assert await orders_store.count() == 11
     assert await orders_store.get(orders[3].id) is None
     assert await task_ids(app) == {o.task_id for i, o in enumerate(orders) if i != 3}
+
+
+async def test_orders_with_different_enqueue_steps_never_share_a_transaction(
+    store: tuple[OrderStore, durq.App],
+) -> None:
+    orders_store, app = store
+    one, other = Counting(app), Counting(app)
+    orders = [new_order(i) for i in range(12)]
+    created = await asyncio.gather(
+        *(orders_store.create(o, one if i % 2 else other) for i, o in enumerate(orders))
+    )
+    assert all(c.answer is not None and c.answer.status_code == 202 for c in created)
+    assert sum(one.calls) == sum(other.calls) == 6
+    assert await task_ids(app) == {o.task_id for o in orders}

@@ -1,4 +1,4 @@
-"""How :class:`durq.brokers.batcher.EnqueueBatcher` groups calls into round trips, watched
+"""How :func:`durq.brokers.batcher.enqueue_coalescer` groups calls into round trips, watched
 through the round trips it asks for (the brokers' own behaviour is in tests/conformance)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Sequence
 
 from durq.brokers.base import EnqueueOutcome, EnqueueParams
-from durq.brokers.batcher import EnqueueBatcher
+from durq.brokers.batcher import enqueue_coalescer
 from durq.clock import to_datetime
 from durq.errors import BrokerUnavailableError
 from durq.states import TaskState
@@ -65,18 +65,18 @@ class Store:
 
 async def test_a_lone_caller_is_sent_alone_and_at_once() -> None:
     store = Store()
-    batcher = EnqueueBatcher(store.one, store.many)
+    batcher = enqueue_coalescer(store.one, store.many)
     for i in range(5):
-        assert (await batcher.enqueue(item(f"t{i}"))).id == f"t{i}"
+        assert (await batcher.send(item(f"t{i}"))).id == f"t{i}"
     assert store.trips == [[f"t{i}"] for i in range(5)]
 
 
 async def test_calls_made_during_a_round_trip_go_together() -> None:
     store = Store()
-    batcher = EnqueueBatcher(store.one, store.many)
+    batcher = enqueue_coalescer(store.one, store.many)
 
     async def caller(c: int) -> list[str]:
-        return [(await batcher.enqueue(item(f"c{c}-{i}"))).id for i in range(4)]
+        return [(await batcher.send(item(f"c{c}-{i}"))).id for i in range(4)]
 
     answers = await asyncio.gather(*(caller(c) for c in range(50)))
     assert answers == [[f"c{c}-{i}" for i in range(4)] for c in range(50)]
@@ -87,9 +87,9 @@ async def test_calls_made_during_a_round_trip_go_together() -> None:
 
 async def test_a_failing_batch_is_sent_again_call_by_call() -> None:
     store = Store()
-    batcher = EnqueueBatcher(store.one, store.many)
+    batcher = enqueue_coalescer(store.one, store.many)
     answers = await asyncio.gather(
-        *(batcher.enqueue(item(i)) for i in ("a", "b", "bad", "c")), return_exceptions=True
+        *(batcher.send(item(i)) for i in ("a", "b", "bad", "c")), return_exceptions=True
     )
     assert [a.id for a in answers if isinstance(a, TaskInfo)] == ["a", "b", "c"]
     assert isinstance(answers[2], ValueError)
@@ -97,9 +97,9 @@ async def test_a_failing_batch_is_sent_again_call_by_call() -> None:
 
 async def test_an_unreachable_broker_fails_every_caller_once() -> None:
     store = Store(down=True)
-    batcher = EnqueueBatcher(store.one, store.many)
+    batcher = enqueue_coalescer(store.one, store.many)
     answers = await asyncio.gather(
-        *(batcher.enqueue(item(f"t{i}")) for i in range(5)), return_exceptions=True
+        *(batcher.send(item(f"t{i}")) for i in range(5)), return_exceptions=True
     )
     assert all(isinstance(a, BrokerUnavailableError) for a in answers)
     assert [len(t) for t in store.trips] == [1, 4]  # not re-sent call by call
@@ -107,12 +107,12 @@ async def test_an_unreachable_broker_fails_every_caller_once() -> None:
 
 async def test_a_cancelled_call_is_not_sent() -> None:
     store = Store()
-    batcher = EnqueueBatcher(store.one, store.many)
+    batcher = enqueue_coalescer(store.one, store.many)
     store.open.clear()
-    first = asyncio.ensure_future(batcher.enqueue(item("first")))
+    first = asyncio.ensure_future(batcher.send(item("first")))
     await asyncio.sleep(0)  # in flight, held
-    gone = asyncio.ensure_future(batcher.enqueue(item("gone")))
-    kept = asyncio.ensure_future(batcher.enqueue(item("kept")))
+    gone = asyncio.ensure_future(batcher.send(item("gone")))
+    kept = asyncio.ensure_future(batcher.send(item("kept")))
     await asyncio.sleep(0)
     gone.cancel()
     store.open.set()

@@ -42,7 +42,7 @@ from durq.brokers.base import (
     WorkerInfo,
     ended_by,
 )
-from durq.brokers.batcher import EnqueueBatcher
+from durq.brokers.batcher import enqueue_coalescer
 from durq.brokers.mailbox import end_key
 from durq.brokers.postgres.admin import PostgresAdmin
 from durq.brokers.postgres.rows import (
@@ -130,7 +130,7 @@ class PostgresBroker(AdminForwarder):
         )
         self.admin = PostgresAdmin(self._s)
         self._listener: Listener | None = None
-        self._batcher = EnqueueBatcher(self._enqueue_one, self.enqueue_many)
+        self._batcher = enqueue_coalescer(self._enqueue_one, self.enqueue_many)
         self._end_listener: EndListener | None = None
         # LISTEN through a transaction pooler hears nothing: without a direct listen_url,
         # workers poll (warned once, when a worker first claims).
@@ -204,7 +204,7 @@ class PostgresBroker(AdminForwarder):
         Without one, calls made while another is in flight go together as one multi-row
         insert (see :mod:`durq.brokers.batcher`)."""
         if connection is None:
-            return await self._batcher.enqueue(params)
+            return await self._batcher.send(params)
         (outcome,) = await self.enqueue_many([params], connection=connection)
         return _unwrap(outcome)
 

@@ -38,7 +38,7 @@ from durq.brokers.base import (
     RetryParams,
     WorkerInfo,
 )
-from durq.brokers.batcher import EnqueueBatcher
+from durq.brokers.batcher import enqueue_coalescer
 from durq.brokers.redis.admin import WORKER_TTL, RedisAdmin
 from durq.brokers.redis.cluster import key_slot
 from durq.brokers.redis.keys import DEFAULT_PREFIX
@@ -117,7 +117,7 @@ class RedisBroker(AdminForwarder):
         if self._s.cluster:
             self.capabilities = self.capabilities - {CAP_CROSS_QUEUE_GROUPS}
         self._ends = EndWatches(self._s)
-        self._batcher = EnqueueBatcher(self._enqueue_one, self.enqueue_many)
+        self._batcher = enqueue_coalescer(self._enqueue_one, self.enqueue_many)
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
@@ -268,7 +268,7 @@ class RedisBroker(AdminForwarder):
         :mod:`durq.brokers.batcher`)."""
         if connection is not None:
             self._no_connection(connection)
-        return await self._batcher.enqueue(params)
+        return await self._batcher.send(params)
 
     async def _enqueue_one(self, params: EnqueueParams) -> TaskInfo:
         """The hot path of one-by-one enqueue: no context manager, the reply is the clock

@@ -45,7 +45,7 @@ from durq.brokers.base import (
     WorkerInfo,
     ended_by,
 )
-from durq.brokers.batcher import EnqueueBatcher
+from durq.brokers.batcher import enqueue_coalescer
 from durq.brokers.mailbox import Waiter
 from durq.brokers.sqlite.admin import WORKER_TTL, SQLiteAdmin
 from durq.brokers.sqlite.storage import (
@@ -130,7 +130,7 @@ class SQLiteBroker(AdminForwarder):
             path, clock=clock, busy_timeout=busy_timeout, poll_interval=poll_interval
         )
         self.admin = SQLiteAdmin(self._s)
-        self._batcher = EnqueueBatcher(self._enqueue_one, self.enqueue_many)
+        self._batcher = enqueue_coalescer(self._enqueue_one, self.enqueue_many)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.path}>"
@@ -175,7 +175,7 @@ class SQLiteBroker(AdminForwarder):
             # Not self.connect(): migrating needs the write lock the caller may hold.
             return self.enqueue_sync_in(params, connection)
         # Calls made while another is in flight go together in one transaction.
-        return await self._batcher.enqueue(params)
+        return await self._batcher.send(params)
 
     async def _enqueue_one(self, params: EnqueueParams) -> TaskInfo:
         now = self._s.clock.now()
