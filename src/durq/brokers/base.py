@@ -80,6 +80,19 @@ CAP_MULTI_PROCESS = "multi_process"
 #: The claim enforces the flow-control limits tasks carry (``EnqueueParams.limits``); a
 #: task with limits is refused at enqueue by a broker without it.
 CAP_LIMITS = "limits"
+#: The broker is a :class:`CompleteAndClaim`: a worker's completions ride in its next claim,
+#: one round trip for both. Without it (``memory://``, which has no round trip to save) the
+#: worker sends ``complete_many``, then ``claim``; it does so too for completions the two
+#: below do not cover. With it alone, only completions without follow-ups or a group
+#: outcome, of the claim's first queue, ride.
+CAP_COMPLETE_AND_CLAIM = "complete_and_claim"
+#: ... also completions with follow-ups or a group member's outcome (SQLite, Redis; on
+#: PostgreSQL those complete in a transaction of their own).
+CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS = "complete_and_claim_follow_ups"
+#: ... also completions of other queues than the claim's first one, still stored before the
+#: claim runs. All but a Redis Cluster (another queue may live on another node, written at
+#: the same time as the claim, not surely before it).
+CAP_COMPLETE_AND_CLAIM_ANY_QUEUE = "complete_and_claim_any_queue"
 
 #: A claim first moves up to this many (or ``limit``, if more) due scheduled/retry tasks of
 #: each queue to pending, then takes pending tasks in priority order: so tasks that fall due
@@ -676,18 +689,6 @@ class Broker(Protocol):
     async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
         """``complete`` for several tasks in one round trip."""
 
-    async def complete_and_claim(
-        self, items: Sequence[CompleteParams], claim: ClaimParams
-    ) -> tuple[list[bool], list[Lease]]:
-        """``complete_many(items)`` then ``claim(claim)`` in one round trip where the backend
-        can (one transaction on SQLite, one pipeline on PostgreSQL and Redis): a busy worker
-        acknowledges the tasks it finished and takes the next ones at once.
-
-        The completions are stored before the claim runs, so the claim may fill the slots
-        they free and a crash at any moment leaves the worker with no more unacknowledged
-        leases than slots. Answers as the two calls would; on an error, as with
-        ``complete_many``, some completions may have been stored."""
-
     async def retry(self, params: RetryParams) -> bool:
         """Schedule the next attempt; ``False`` if the lease is no longer held."""
 
@@ -740,6 +741,29 @@ class Broker(Protocol):
     async def durability_warnings(self) -> list[str]:
         """Server settings under which acknowledged tasks can be lost (the worker logs them
         once at start); empty when there are none or the broker cannot tell."""
+
+
+@runtime_checkable
+class CompleteAndClaim(Protocol):
+    """What a broker declaring :data:`CAP_COMPLETE_AND_CLAIM` also offers."""
+
+    async def complete_and_claim(
+        self, items: Sequence[CompleteParams], claim: ClaimParams
+    ) -> tuple[list[bool], list[Lease]]:
+        """``complete_many(items)`` then ``claim(claim)`` in one round trip (one transaction on
+        SQLite, one pipeline on PostgreSQL and Redis): a busy worker acknowledges the tasks
+        it finished and takes the next ones at once.
+
+        The completions are stored before the claim runs, so the claim may fill the slots
+        they free and a crash at any moment leaves the worker with no more unacknowledged
+        leases than slots. Answers as the two calls would; on an error, as with
+        ``complete_many``, some completions may have been stored.
+
+        Called only with at least one completion, a claim of at least one task in at least
+        one queue, and completions the broker's capabilities say ride in a claim
+        (:data:`CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS`, :data:`CAP_COMPLETE_AND_CLAIM_ANY_QUEUE`):
+        the worker decides (``durq.worker.fetcher.rides_in_claim``) and sends the others
+        as ``complete_many``, then ``claim``."""
 
 
 @runtime_checkable

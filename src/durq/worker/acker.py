@@ -2,7 +2,8 @@
 
 While the fetcher is busy (claiming, or waiting for a slot), the acks it will carry wait for
 its next claim: :meth:`Acker.take` hands them over and one ``complete_and_claim`` round trip
-stores them and takes the next tasks into the slots they free. Otherwise the first ack goes
+stores them and takes the next tasks into the slots they free (where the broker cannot carry
+them, the fetcher sends them as ``complete_many`` just ahead of the claim). Otherwise the first ack goes
 out at once, and acks that arrive while it is in flight ride together in the next
 ``complete_many`` round trip. Under load that is one round trip for many tasks; when idle it
 is exactly one call per task."""

@@ -1,17 +1,33 @@
 """Claims tasks into free slots: a batch per round trip, then waits for a wake-up (W8, W11).
 
 It waits on the broker's notification (LISTEN/NOTIFY, blocking pop, in-process event), bounded
-by ``poll_interval`` so due scheduled tasks and lost notifications are still picked up."""
+by ``poll_interval`` so due scheduled tasks and lost notifications are still picked up.
+
+A busy fetcher's claim carries the acker's acknowledgements. Which completions may ride in a
+claim is decided here, once, from what the broker declares (``CAP_COMPLETE_AND_CLAIM*``); the
+others go as ``complete_many`` ahead of the claim. A broker only stores."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
-from durq.brokers.base import Broker, Claimed, ClaimParams
+from durq.brokers.base import (
+    CAP_COMPLETE_AND_CLAIM,
+    CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
+    CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
+    Broker,
+    Claimed,
+    ClaimParams,
+    CompleteAndClaim,
+    CompleteParams,
+    Lease,
+)
 from durq.errors import BrokerUnavailableError
+from durq.worker.acker import Pending
 from durq.worker.executor import Executor
 
 log = logging.getLogger("durq.worker")
@@ -35,6 +51,48 @@ def queue_order(weights: Mapping[str, int], strict: bool, rng: random.Random) ->
         order.append(queue)
         del remaining[queue]
     return order
+
+
+def rides_in_claim(
+    capabilities: frozenset[str], items: Sequence[CompleteParams], claim: ClaimParams
+) -> bool:
+    """Whether the completions ``items`` can ride in ``claim``, one ``complete_and_claim``
+    round trip, on a broker with ``capabilities``; else they go as ``complete_many``, then
+    the claim (two round trips, the completions still stored first)."""
+    if not items or claim.limit <= 0 or not claim.queues:
+        return False
+    if CAP_COMPLETE_AND_CLAIM not in capabilities:
+        return False
+    if CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS not in capabilities and any(
+        p.follow_ups or p.group is not None for p in items
+    ):
+        return False
+    first = claim.queues[0]
+    return CAP_COMPLETE_AND_CLAIM_ANY_QUEUE in capabilities or all(
+        p.lease.queue == first for p in items
+    )
+
+
+async def complete_then_claim(
+    broker: Broker,
+    items: Sequence[CompleteParams],
+    claim: ClaimParams,
+    stored: Callable[[list[bool]], None],
+) -> list[Lease]:
+    """Store the completions ``items``, then claim: one round trip when they ride in the
+    claim (:func:`rides_in_claim`), else ``complete_many`` and then ``claim``.
+
+    Either way the completions are stored before the claim runs, so it may fill their slots
+    and a crash never leaves more unacknowledged leases than slots. ``stored`` gets their
+    answers (as ``complete_many``'s) as soon as the broker gives them: before a claim sent
+    on its own, which may still fail."""
+    if rides_in_claim(broker.capabilities, items, claim):
+        held, leases = await cast(CompleteAndClaim, broker).complete_and_claim(items, claim)
+        stored(held)
+        return leases
+    if items:
+        stored(await broker.complete_many(items))
+    return await broker.claim(claim)
 
 
 class Fetcher:
@@ -97,13 +155,7 @@ class Fetcher:
             order = queue_order(self.queues, self.strict, self._rng)
             params = ClaimParams(order, free, self.worker_id, self.lease_seconds)
             try:
-                if acks:
-                    held, leases = await self.broker.complete_and_claim(
-                        [ack for ack, _ in acks], params
-                    )
-                    acker.answer(acks, held)
-                else:
-                    leases = await self.broker.claim(params)
+                leases = await self._ack_and_claim(acks, params)
                 failures = 0
             except asyncio.CancelledError:
                 # Whether the acks were stored is unknown: their attempts send them again.
@@ -137,6 +189,12 @@ class Fetcher:
                 # Idle until work comes: an ack goes out at once, not with the next claim.
                 acker.send_alone()
                 await self._wait_for_work(order, timeout)
+
+    async def _ack_and_claim(self, acks: Sequence[Pending], params: ClaimParams) -> list[Lease]:
+        acker = self.executor.acker
+        return await complete_then_claim(
+            self.broker, [ack for ack, _ in acks], params, lambda held: acker.answer(acks, held)
+        )
 
     async def _wait_for_work(self, queues: list[str], timeout: float) -> None:
         waiter = asyncio.ensure_future(self.broker.wait_for_work(queues, timeout))

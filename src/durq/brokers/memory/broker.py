@@ -244,13 +244,6 @@ class MemoryBroker(AdminForwarder):
         self._store.ended(p.lease.task_key for p, ok in zip(items, done, strict=True) if ok)
         return done
 
-    async def complete_and_claim(
-        self, items: Sequence[CompleteParams], claim: ClaimParams
-    ) -> tuple[list[bool], list[Lease]]:
-        """``complete_many`` then ``claim``: in one process there is no round trip to save."""
-        done = await self.complete_many(items)
-        return done, await self.claim(claim)
-
     def _move(self, p: LeaseMove, now: float, woken: set[str]) -> bool:
         """One fenced retry or archive (also fenced by ``expired_by``), its counters and its
         follow-ups."""

@@ -16,6 +16,8 @@ from psycopg.rows import tuple_row
 
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
+    CAP_COMPLETE_AND_CLAIM,
+    CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
@@ -97,6 +99,8 @@ class PostgresBroker(AdminForwarder):
             CAP_TRANSACTIONAL_ENQUEUE,
             CAP_CROSS_PROCESS_NOTIFY,
             CAP_ATOMIC_FOLLOW_UPS,
+            CAP_COMPLETE_AND_CLAIM,
+            CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_CROSS_QUEUE_GROUPS,
             CAP_SYNC_CONNECTION_ENQUEUE,
@@ -281,12 +285,8 @@ class PostgresBroker(AdminForwarder):
         self, items: Sequence[CompleteParams], claim: ClaimParams
     ) -> tuple[list[bool], list[Lease]]:
         """The complete statement ahead of the claim's in one pipeline: one round trip, one
-        implicit transaction (committed by the pipeline's closing Sync)."""
-        if not items:
-            return [], await self.claim(claim)
-        if not claim.queues or claim.limit <= 0 or any(i.follow_ups or i.group for i in items):
-            # Follow-ups and groups complete in a transaction of their own.
-            return await self.complete_many(items), await self.claim(claim)
+        implicit transaction (committed by the pipeline's closing Sync). Plain completions
+        only: follow-ups and group outcomes complete in a transaction of their own."""
         values = self._complete_values(items)
         rows, leases = await self._claim(claim, values)
         if rows is None:  # the claim's deadlock rolled the completions back: alone, then

@@ -16,6 +16,9 @@ from typing import Any, Self
 
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
+    CAP_COMPLETE_AND_CLAIM,
+    CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
+    CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
@@ -90,6 +93,9 @@ class RedisBroker(AdminForwarder):
             CAP_MULTI_PROCESS,
             CAP_CROSS_PROCESS_NOTIFY,
             CAP_ATOMIC_FOLLOW_UPS,
+            CAP_COMPLETE_AND_CLAIM,
+            CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
+            CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_CROSS_QUEUE_GROUPS,
             CAP_LIMITS,
@@ -115,7 +121,12 @@ class RedisBroker(AdminForwarder):
         self.admin = RedisAdmin(self._s)
         self._wakeups = Wakeups(self._s)
         if self._s.cluster:
-            self.capabilities = self.capabilities - {CAP_CROSS_QUEUE_GROUPS}
+            # One script stays in one hash slot; completions of another queue than the
+            # claimed one may be on another node, not surely stored before the claim.
+            self.capabilities = self.capabilities - {
+                CAP_CROSS_QUEUE_GROUPS,
+                CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
+            }
         self._ends = EndWatches(self._s)
         self._batcher = enqueue_coalescer(self._enqueue_one, self.enqueue_many)
 
@@ -347,12 +358,9 @@ class RedisBroker(AdminForwarder):
         self, items: Sequence[CompleteParams], claim: ClaimParams
     ) -> tuple[list[bool], list[Lease]]:
         """The complete scripts and the first queue's claim script in one pipeline: Redis
-        runs them in the order sent, so the completions are stored before the claim."""
+        runs them in the order sent, so the completions are stored before the claim (on a
+        cluster, completions of that queue only: one node)."""
         queues = list(dict.fromkeys(claim.queues))
-        if not items:
-            return [], await self.claim(claim)
-        if not queues or claim.limit <= 0 or self._spans_nodes(items, queues[0]):
-            return await self.complete_many(items), await self.claim(claim)
         now = self._s.clock.now()
         leases = Claimed()
         await self._wakeups.before_claim(queues)
@@ -369,12 +377,6 @@ class RedisBroker(AdminForwarder):
         done = [bool(r) for r in replies]
         await self._drain_follow_ups(items, done)
         return done, leases
-
-    def _spans_nodes(self, items: Sequence[CompleteParams], queue: str) -> bool:
-        """On a cluster, whether completions of another queue than the claimed one (maybe
-        another node, written at the same time, so not surely before the claim) are in
-        ``items``."""
-        return self._s.cluster and any(p.lease.queue != queue for p in items)
 
     async def _claim_into(
         self, leases: Claimed, queues: Sequence[str], params: ClaimParams

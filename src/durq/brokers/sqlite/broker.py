@@ -19,6 +19,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from durq.brokers import limiter, mailbox
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
+    CAP_COMPLETE_AND_CLAIM,
+    CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
+    CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
@@ -81,6 +84,9 @@ class SQLiteBroker(AdminForwarder):
             CAP_MULTI_PROCESS,
             CAP_CROSS_PROCESS_NOTIFY,
             CAP_ATOMIC_FOLLOW_UPS,
+            CAP_COMPLETE_AND_CLAIM,
+            CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
+            CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_CROSS_QUEUE_GROUPS,
             CAP_LIMITS,
@@ -332,10 +338,6 @@ class SQLiteBroker(AdminForwarder):
     ) -> tuple[list[bool], list[Lease]]:
         """``complete_many`` and ``claim`` in one write transaction: the lock is taken for
         the completions anyway, so the claim skips its read-only look for work."""
-        if not items:
-            return [], await self.claim(claim)
-        if claim.limit <= 0:
-            return await self.complete_many(items), []
         now = self._s.clock.now()
         queues = list(dict.fromkeys(claim.queues))
         self._s.mailbox.take(queues)
