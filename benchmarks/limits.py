@@ -1,55 +1,67 @@
 """Flow control figures: what limits cost the work that has none, and how close a key at
 its limit comes to ``concurrency / task duration`` (or to its rate).
 
-Each scenario runs a fresh isolated broker (a temporary SQLite file, a new PostgreSQL schema
-or Redis key prefix, removed afterwards) and one worker process (this file, ``worker`` mode:
-a real :class:`durq.Worker` with ``--concurrency`` slots) started after the tasks are queued:
+Measured the way users run a worker: each scenario queues its tasks on a fresh isolated
+broker (a temporary SQLite file, a new PostgreSQL schema or Redis key prefix, removed
+afterwards), then starts the shipped ``durq worker limits:app --concurrency C`` command as a
+subprocess (INFO logging, the README's default concurrency of 10 unless ``--concurrency``
+says otherwise). Every handler appends one line to a per-process file when it ends (its
+start, its end and the worker process's CPU time from ``getrusage``); the parent counts the
+lines from outside, stops the worker once the watched tasks are done and reads the figures
+from the file. The worker's whole-life CPU comes from the child's rusage after it exits.
 
-* ``unlimited``: N no-op tasks without limits; tasks/s from the first start to the N-th
-  completion.
+* ``unlimited``: N no-op tasks without limits; tasks/s from the first start to the N-th end.
 * ``unlimited_with_held``: the same N tasks queued *behind* M tasks of one key limited to
   one at a time (each sleeps 1 s), so M - 1 of them wait, held, in the same queue the whole
-  run; the figure counts the unlimited tasks only. The two alternate ``--rounds`` times; the
-  medians are compared, as throughput and as the worker process's CPU per unlimited task
-  (the steadier figure on a shared machine).
-* ``at_limit``: K tasks of one key with ``concurrency=C`` that each sleep D s; expected
-  ``C / D`` tasks/s.
-* ``at_rate``: R no-op tasks of one key with ``rate="X/s"``; starts/s after the first full
-  bucket, expected X.
+  run (and one of the worker's slots runs the limited task); the figure counts the unlimited
+  tasks only. The two alternate ``--rounds`` times; the medians are compared, as throughput
+  and as the worker's CPU per unlimited task between the first and the N-th (the steadier
+  figure on a shared machine).
+* ``at_limit``: K tasks of one key with ``concurrency=5`` that each sleep 0.1 s; expected
+  ``5 / 0.1 = 50`` tasks/s.
+* ``at_rate``: R no-op tasks of one key with ``rate="50/s"``; starts/s after the first full
+  bucket, expected 50.
 
-    .venv/bin/python benchmarks/limits.py [--broker URL] [--tasks 5000] [--held 2000]
-        [--concurrency 50] [--rounds 3] [--json]
+    .venv/bin/python benchmarks/limits.py [--broker URL] [--concurrency 10] [--tasks 3000]
+        [--held 1000] [--rounds 5] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import glob
 import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from peers._common import _children_cpu, _file, _stop, _wait
+
 import durq
 from durq.bench.isolation import Isolated, redact
 from durq.options import EnqueueRequest
-from durq.task import TaskInfo
-from durq.worker.hooks import WorkerHooks
 
+HERE = Path(__file__).resolve().parent
 QUEUE = "limits_bench"
 AT_LIMIT = (5, 0.1)  # concurrency, seconds per task
 RATE = 50
+LINE = 49  # bytes of one handler's line: the parent counts them by file size
 
 
 def build(url: str) -> durq.App:
+    """The app ``durq worker limits:app`` runs (and the parent enqueues with)."""
     app = durq.App(url)
 
     @app.task("bench:free", queue=QUEUE, max_retry=0)
     async def free(payload: dict[str, Any]) -> None:
-        return None
+        record("free", time.time())
 
     @app.task("bench:held", queue=QUEUE, max_retry=0, limit=durq.Limit("one", concurrency=1))
     async def held(payload: dict[str, Any]) -> None:
@@ -62,117 +74,126 @@ def build(url: str) -> durq.App:
         limit=durq.Limit("busy", concurrency=AT_LIMIT[0]),
     )
     async def at_limit(payload: dict[str, Any]) -> None:
+        start = time.time()
         await asyncio.sleep(AT_LIMIT[1])
+        record("at_limit", start)
 
     @app.task("bench:rated", queue=QUEUE, max_retry=0, limit=durq.Limit("api", rate=f"{RATE}/s"))
     async def rated(payload: dict[str, Any]) -> None:
-        return None
+        record("rated", time.time())
 
     return app
 
 
-# -- the worker process ------------------------------------------------------------------------
+def record(kind: str, start: float) -> None:
+    """One line of LINE bytes per handler: its start, its end, and the worker process's CPU
+    seconds so far (every thread; one ``getrusage`` and one ``write`` call)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = usage.ru_utime + usage.ru_stime
+    _file(kind).write(f"{start:17.6f} {time.time():17.6f} {cpu:12.6f}\n".encode())
 
 
-class Clock(WorkerHooks):
-    """First start and N-th completion of the watched type; prints one line when done."""
-
-    def __init__(self, watched: str, expected: int) -> None:
-        self.watched, self.expected = watched, expected
-        self.first: float | None = None
-        self.cpu_first = 0.0
-        self.starts: list[float] = []
-        self.done = 0
-
-    def task_started(self, task: TaskInfo) -> None:
-        if task.type == self.watched:
-            now = time.time()
-            if self.first is None:
-                self.first, self.cpu_first = now, time.process_time()
-            self.starts.append(now)
-
-    def task_finished(self, task: TaskInfo, outcome: str, duration: float) -> None:
-        if task.type != self.watched:
-            return
-        self.done += 1
-        if self.done == self.expected:
-            cpu = time.process_time() - self.cpu_first  # every thread of the worker process
-            line = {"first": self.first, "last": time.time(), "starts": self.starts, "cpu": cpu}
-            sys.stdout.write(json.dumps(line) + "\n")
-            sys.stdout.flush()
-
-
-async def work(url: str, concurrency: int, watched: str, expected: int) -> None:
-    app = build(url)
-    clock = Clock(watched, expected)
-    worker = app.worker(
-        queues=[QUEUE], concurrency=concurrency, hooks=[clock], summary_interval=None
-    )
-    await worker.run()
+# `durq worker limits:app` imports this module; the broker comes from DURQ_BROKER_URL.
+app = build(os.environ.get("DURQ_BROKER_URL", "memory://"))
 
 
 # -- the parent --------------------------------------------------------------------------------
 
 
+def ended(signals: str, kind: str) -> int:
+    """How many ``kind`` handlers have ended (cheap enough to poll every few ms)."""
+    paths = glob.glob(os.path.join(signals, f"{kind}-*.txt"))
+    return sum(os.path.getsize(path) // LINE for path in paths)
+
+
+def lines(signals: str, kind: str) -> list[tuple[float, float, float]]:
+    """The complete lines of every worker process's ``kind`` file, in order of start."""
+    rows = []
+    for path in glob.glob(os.path.join(signals, f"{kind}-*.txt")):
+        with open(path, "rb") as f:
+            for line in f.read().split(b"\n")[:-1]:  # the last piece is empty or still written
+                start, end, cpu = line.split()
+                rows.append((float(start), float(end), float(cpu)))
+    return sorted(rows)
+
+
 async def scenario(
     base: str | None, items: list[tuple[str, int]], watched: str, concurrency: int
 ) -> dict[str, Any]:
-    """Queue ``items`` (type, count) in order, run one worker until ``watched`` is done."""
+    """Queue ``items`` (type, count) in order, run ``durq worker`` until the ``watched``
+    tasks (``bench:<kind>``) have all ended; their lines and the worker's whole-life CPU."""
     isolated = Isolated.create(base)
     await isolated.prepare()
+    signals = tempfile.mkdtemp(prefix="durq-limits-")
     try:
-        app = build(isolated.url)
+        producer = build(isolated.url)
         try:
             for task_type, count in items:
-                for start in range(0, count, 1000):
-                    n = min(1000, count - start)
-                    await app.enqueue_many([EnqueueRequest(task_type, {}) for _ in range(n)])
+                for first in range(0, count, 1000):
+                    n = min(1000, count - first)
+                    await producer.enqueue_many([EnqueueRequest(task_type, {}) for _ in range(n)])
         finally:
-            await app.close()
-        expected = dict(items)[watched]
-        argv = [sys.executable, __file__, "worker", isolated.url, str(concurrency), watched]
-        proc = subprocess.Popen([*argv, str(expected)], stdout=subprocess.PIPE, text=True)
-        try:
-            assert proc.stdout is not None
-            line = await asyncio.to_thread(proc.stdout.readline)
-        finally:
-            proc.terminate()
-            proc.wait(30)
-        if not line:
-            raise RuntimeError(f"the worker of {watched} exited without finishing")
-        result: dict[str, Any] = json.loads(line)
-        return result
+            await producer.close()
+        expected = dict(items)[f"bench:{watched}"]
+        env = {**os.environ, "DURQ_BROKER_URL": isolated.url, "BENCH_SIGNAL_DIR": signals}
+        command = [str(Path(sys.executable).parent / "durq"), "worker", "limits:app"]
+        command += ["--queues", QUEUE, "--concurrency", str(concurrency)]
+        cpu_before = _children_cpu()
+        with open(os.path.join(signals, "worker.log"), "wb") as log:
+            proc = subprocess.Popen(
+                command, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+            try:
+                await _wait(lambda: ended(signals, watched) >= expected, 600, watched, proc)
+            finally:
+                _stop(proc)
+        rows = lines(signals, watched)
+        return {"rows": rows, "worker_cpu_s": _children_cpu() - cpu_before}
     finally:
+        for path in glob.glob(os.path.join(signals, "*")):
+            os.remove(path)
+        os.rmdir(signals)
         await isolated.cleanup()
 
 
+def throughput(rows: list[tuple[float, float, float]]) -> float:
+    """Tasks per second from the first start to the last end."""
+    return len(rows) / (max(end for _, end, _ in rows) - rows[0][0])
+
+
+def cpu_per_task_us(rows: list[tuple[float, float, float]]) -> float:
+    """The worker's CPU between the first and the last of these tasks, per task."""
+    cpus = [cpu for _, _, cpu in rows]
+    return 1e6 * (max(cpus) - min(cpus)) / (len(rows) - 1)
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    c = args.concurrency
-    free, with_held, cpu_free, cpu_held = [], [], [], []
+    c, n = args.concurrency, args.tasks
+    free: list[float] = []
+    with_held: list[float] = []
+    cpu_free: list[float] = []
+    cpu_held: list[float] = []
     for _ in range(args.rounds):
-        r = await scenario(args.broker, [("bench:free", args.tasks)], "bench:free", c)
-        free.append(args.tasks / (r["last"] - r["first"]))
-        cpu_free.append(1e6 * r["cpu"] / args.tasks)
-        r = await scenario(
-            args.broker,
-            [("bench:held", args.held), ("bench:free", args.tasks)],
-            "bench:free",
-            c,
-        )
-        with_held.append(args.tasks / (r["last"] - r["first"]))
-        cpu_held.append(1e6 * r["cpu"] / args.tasks)
+        r = await scenario(args.broker, [("bench:free", n)], "free", c)
+        free.append(throughput(r["rows"]))
+        cpu_free.append(cpu_per_task_us(r["rows"]))
+        held_first = [("bench:held", args.held), ("bench:free", n)]
+        r = await scenario(args.broker, held_first, "free", c)
+        with_held.append(throughput(r["rows"]))
+        cpu_held.append(cpu_per_task_us(r["rows"]))
     k = AT_LIMIT[0] * 40
-    r = await scenario(args.broker, [("bench:at_limit", k)], "bench:at_limit", c)
-    at_limit = k / (r["last"] - r["first"])
-    n = RATE * 10
-    r = await scenario(args.broker, [("bench:rated", n)], "bench:rated", c)
-    starts = r["starts"]
-    steady = starts[RATE:]  # after the first full bucket
+    r = await scenario(args.broker, [("bench:at_limit", k)], "at_limit", c)
+    at_limit = throughput(r["rows"])
+    r = await scenario(args.broker, [("bench:rated", RATE * 10)], "rated", c)
+    steady = [start for start, _, _ in r["rows"]][RATE:]  # after the first full bucket
     at_rate = (len(steady) - 1) / (steady[-1] - steady[0]) if len(steady) > 1 else 0.0
     base, held = statistics.median(free), statistics.median(with_held)
+    cpu_base, cpu_with = statistics.median(cpu_free), statistics.median(cpu_held)
     return {
         "broker": redact(args.broker) if args.broker else "sqlite (temporary file)",
-        "concurrency": c,
+        "worker": f"durq worker limits:app --queues {QUEUE} --concurrency {c}",
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "unlimited_per_s": {"median": round(base, 1), "runs": [round(x, 1) for x in free]},
         "unlimited_with_held_per_s": {
             "median": round(held, 1),
@@ -180,11 +201,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "held_tasks": args.held - 1,
         },
         "unlimited_change_pct": round(100 * (held - base) / base, 1),
-        # CPU of the worker process per unlimited task (us): steadier than throughput on a
-        # loaded machine; on SQLite it includes the database work, elsewhere the client's.
+        # The worker's CPU per unlimited task (us): steadier than throughput on a loaded
+        # machine; on SQLite it includes the database work, elsewhere the client's.
         "worker_cpu_us_per_task": {
-            "unlimited": round(statistics.median(cpu_free)),
-            "with_held": round(statistics.median(cpu_held)),
+            "unlimited": round(cpu_base, 1),
+            "with_held": round(cpu_with, 1),
+            "change_pct": round(100 * (cpu_with - cpu_base) / cpu_base, 1),
+            "runs": {
+                "unlimited": [round(x) for x in cpu_free],
+                "with_held": [round(x) for x in cpu_held],
+            },
         },
         "at_limit": {
             "concurrency": AT_LIMIT[0],
@@ -197,16 +223,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "worker":
-        url, concurrency, watched, expected = sys.argv[2:6]
-        asyncio.run(work(url, int(concurrency), watched, int(expected)))
-        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--broker", default=None, help="broker URL (default: temporary SQLite)")
-    parser.add_argument("--tasks", type=int, default=5000, help="unlimited tasks per run")
-    parser.add_argument("--held", type=int, default=2000, help="limited tasks queued ahead")
-    parser.add_argument("--concurrency", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=10, help="durq worker --concurrency")
+    parser.add_argument("--tasks", type=int, default=3000, help="unlimited tasks per run")
+    parser.add_argument("--held", type=int, default=1000, help="limited tasks queued ahead")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     result = asyncio.run(run(args))
@@ -218,5 +240,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
     main()
