@@ -12,11 +12,15 @@ from the file. The worker's whole-life CPU comes from the child's rusage after i
 
 * ``unlimited``: N no-op tasks without limits; tasks/s from the first start to the N-th end.
 * ``unlimited_with_held``: the same N tasks queued *behind* M tasks of one key limited to
-  one at a time (each sleeps 1 s), so M - 1 of them wait, held, in the same queue the whole
-  run (and one of the worker's slots runs the limited task); the figure counts the unlimited
-  tasks only. The two alternate ``--rounds`` times; the medians are compared, as throughput
-  and as the worker's CPU per unlimited task between the first and the N-th (the steadier
-  figure on a shared machine).
+  one at a time, each sleeping longer than the run: one of them runs (it keeps one of the
+  worker's slots) and M - 1 wait, held, in the same queue the whole run. The figure counts
+  the unlimited tasks only.
+* ``unlimited_beside_busy``: the same N tasks behind ONE unlimited task that sleeps as long,
+  so one slot is taken the same way and only the limit and the held tasks differ: what the
+  limits themselves cost, apart from the slot the limited task takes.
+* The three alternate ``--rounds`` times; the medians are compared, as throughput and as the
+  worker's CPU per unlimited task between the first and the N-th (the steadier figure on a
+  shared machine).
 * ``at_limit``: K tasks of one key with ``concurrency=5`` that each sleep 0.1 s; expected
   ``5 / 0.1 = 50`` tasks/s.
 * ``at_rate``: R no-op tasks of one key with ``rate="50/s"``; starts/s after the first full
@@ -34,6 +38,7 @@ import glob
 import json
 import os
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -52,6 +57,7 @@ HERE = Path(__file__).resolve().parent
 QUEUE = "limits_bench"
 AT_LIMIT = (5, 0.1)  # concurrency, seconds per task
 RATE = 50
+LONG = 600.0  # seconds a held or busy task sleeps: longer than any run
 LINE = 49  # bytes of one handler's line: the parent counts them by file size
 
 
@@ -65,7 +71,11 @@ def build(url: str) -> durq.App:
 
     @app.task("bench:held", queue=QUEUE, max_retry=0, limit=durq.Limit("one", concurrency=1))
     async def held(payload: dict[str, Any]) -> None:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(LONG)
+
+    @app.task("bench:busy", queue=QUEUE, max_retry=0)
+    async def busy(payload: dict[str, Any]) -> None:
+        await asyncio.sleep(LONG)
 
     @app.task(
         "bench:at_limit",
@@ -137,7 +147,7 @@ async def scenario(
         expected = dict(items)[f"bench:{watched}"]
         env = {**os.environ, "DURQ_BROKER_URL": isolated.url, "BENCH_SIGNAL_DIR": signals}
         command = [str(Path(sys.executable).parent / "durq"), "worker", "limits:app"]
-        command += ["--queues", QUEUE, "--concurrency", str(concurrency)]
+        command += worker_args(concurrency)
         cpu_before = _children_cpu()
         with open(os.path.join(signals, "worker.log"), "wb") as log:
             proc = subprocess.Popen(
@@ -157,6 +167,12 @@ async def scenario(
         await isolated.cleanup()
 
 
+def worker_args(concurrency: int) -> list[str]:
+    """The README's worker (INFO logging), on the bench queue; a zero shutdown timeout hands
+    the sleeping tasks back at once when the parent stops it."""
+    return ["--queues", QUEUE, "--concurrency", str(concurrency), "--shutdown-timeout", "0"]
+
+
 def throughput(rows: list[tuple[float, float, float]]) -> float:
     """Tasks per second from the first start to the last end."""
     return len(rows) / (max(end for _, end, _ in rows) - rows[0][0])
@@ -170,47 +186,50 @@ def cpu_per_task_us(rows: list[tuple[float, float, float]]) -> float:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     c, n = args.concurrency, args.tasks
-    free: list[float] = []
-    with_held: list[float] = []
-    cpu_free: list[float] = []
-    cpu_held: list[float] = []
+    queued = {
+        "unlimited": [("bench:free", n)],
+        "unlimited_with_held": [("bench:held", args.held), ("bench:free", n)],
+        "unlimited_beside_busy": [("bench:busy", 1), ("bench:free", n)],
+    }
+    rates: dict[str, list[float]] = {name: [] for name in queued}
+    cpus: dict[str, list[float]] = {name: [] for name in queued}
     for _ in range(args.rounds):
-        r = await scenario(args.broker, [("bench:free", n)], "free", c)
-        free.append(throughput(r["rows"]))
-        cpu_free.append(cpu_per_task_us(r["rows"]))
-        held_first = [("bench:held", args.held), ("bench:free", n)]
-        r = await scenario(args.broker, held_first, "free", c)
-        with_held.append(throughput(r["rows"]))
-        cpu_held.append(cpu_per_task_us(r["rows"]))
+        for name, items in queued.items():
+            r = await scenario(args.broker, items, "free", c)
+            rates[name].append(throughput(r["rows"]))
+            cpus[name].append(cpu_per_task_us(r["rows"]))
     k = AT_LIMIT[0] * 40
     r = await scenario(args.broker, [("bench:at_limit", k)], "at_limit", c)
     at_limit = throughput(r["rows"])
     r = await scenario(args.broker, [("bench:rated", RATE * 10)], "rated", c)
     steady = [start for start, _, _ in r["rows"]][RATE:]  # after the first full bucket
     at_rate = (len(steady) - 1) / (steady[-1] - steady[0]) if len(steady) > 1 else 0.0
-    base, held = statistics.median(free), statistics.median(with_held)
-    cpu_base, cpu_with = statistics.median(cpu_free), statistics.median(cpu_held)
+    rate = {name: statistics.median(runs) for name, runs in rates.items()}
+    cpu = {name: statistics.median(runs) for name, runs in cpus.items()}
+
+    def change(figures: dict[str, float], name: str, base: str) -> float:
+        return round(100 * (figures[name] - figures[base]) / figures[base], 1)
+
     return {
         "broker": redact(args.broker) if args.broker else "sqlite (temporary file)",
-        "worker": f"durq worker limits:app --queues {QUEUE} --concurrency {c}",
+        "worker": shlex.join(["durq", "worker", "limits:app", *worker_args(c)]),
         "load_average": [round(x, 2) for x in os.getloadavg()],
-        "unlimited_per_s": {"median": round(base, 1), "runs": [round(x, 1) for x in free]},
-        "unlimited_with_held_per_s": {
-            "median": round(held, 1),
-            "runs": [round(x, 1) for x in with_held],
-            "held_tasks": args.held - 1,
-        },
-        "unlimited_change_pct": round(100 * (held - base) / base, 1),
+        "tasks": n,
+        "held_tasks": args.held - 1,
+        # Unlimited tasks per second, medians of the rounds and every run.
+        "per_s": {name: round(rate[name], 1) for name in queued},
+        "per_s_runs": {name: [round(x, 1) for x in runs] for name, runs in rates.items()},
         # The worker's CPU per unlimited task (us): steadier than throughput on a loaded
         # machine; on SQLite it includes the database work, elsewhere the client's.
-        "worker_cpu_us_per_task": {
-            "unlimited": round(cpu_base, 1),
-            "with_held": round(cpu_with, 1),
-            "change_pct": round(100 * (cpu_with - cpu_base) / cpu_base, 1),
-            "runs": {
-                "unlimited": [round(x) for x in cpu_free],
-                "with_held": [round(x) for x in cpu_held],
-            },
+        "cpu_us": {name: round(cpu[name], 1) for name in queued},
+        "cpu_us_runs": {name: [round(x) for x in runs] for name, runs in cpus.items()},
+        "with_held_vs_unlimited_pct": {
+            "per_s": change(rate, "unlimited_with_held", "unlimited"),
+            "cpu": change(cpu, "unlimited_with_held", "unlimited"),
+        },
+        "with_held_vs_beside_busy_pct": {
+            "per_s": change(rate, "unlimited_with_held", "unlimited_beside_busy"),
+            "cpu": change(cpu, "unlimited_with_held", "unlimited_beside_busy"),
         },
         "at_limit": {
             "concurrency": AT_LIMIT[0],
