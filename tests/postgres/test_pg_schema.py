@@ -134,11 +134,7 @@ async def test_drift_migrations_equal_the_schema_snapshot(pg_url: str, schema: s
     """All migrations applied to an empty schema give exactly the reviewed snapshot.
 
     After adding a migration, regenerate with DURQ_UPDATE_SNAPSHOT=1 and review the diff."""
-    broker = PostgresBroker.from_url(pg_url)
-    try:
-        await broker.migrate()
-    finally:
-        await broker.close()
+    await migrated(pg_url)
     actual = describe(schema)
     if os.environ.get("DURQ_UPDATE_SNAPSHOT") == "1":
         SNAPSHOT.write_text(actual)
@@ -146,11 +142,7 @@ async def test_drift_migrations_equal_the_schema_snapshot(pg_url: str, schema: s
 
 
 async def test_every_task_field_has_a_column(pg_url: str, schema: str) -> None:
-    broker = PostgresBroker.from_url(pg_url)
-    try:
-        await broker.migrate()
-    finally:
-        await broker.close()
+    await migrated(pg_url)
     with psycopg.connect(PG_DSN) as conn:
         columns = {
             r[0]
@@ -231,6 +223,15 @@ async def test_priority_migration_keeps_existing_tasks_claimable_in_order(
     assert definition is not None and "priority DESC" in definition
 
 
+async def migrated(pg_url: str) -> None:
+    """Create the schema of ``pg_url`` (and nothing else)."""
+    broker = PostgresBroker.from_url(pg_url)
+    try:
+        await broker.migrate()
+    finally:
+        await broker.close()
+
+
 def claim_plan(schema: str, name: str, **params: object) -> list[str]:
     """EXPLAIN of one claim statement, planner costs put aside (enable_seqscan and
     enable_sort off) as for a large table."""
@@ -252,11 +253,7 @@ def locked_off(lines: list[str], index: str) -> bool:
 
 async def test_claim_reads_the_claim_index_in_order(pg_url: str, schema: str) -> None:
     """The claim's per-queue scan walks tasks_claimable in claim order: no sort, no seq scan."""
-    broker = PostgresBroker.from_url(pg_url)
-    try:
-        await broker.migrate()
-    finally:
-        await broker.close()
+    await migrated(pg_url)
     lines = claim_plan(schema, "claim", limit=10)
     assert locked_off(lines, "tasks_claimable"), "\n".join(lines)
 
@@ -265,14 +262,22 @@ async def test_claim_limited_reads_through_the_indexes(pg_url: str, schema: str)
     """The claim of limited tasks reads due rows through tasks_claimable and held ones
     through tasks_held, each locked straight off its index, and the keys with held tasks
     through limits_waiting: nothing scans the tables."""
-    broker = PostgresBroker.from_url(pg_url)
-    try:
-        await broker.migrate()
-    finally:
-        await broker.close()
+    await migrated(pg_url)
     lines = claim_plan(schema, "claim_limited", limit=10, take=10)
     plan = "\n".join(lines)
     assert locked_off(lines, "tasks_claimable"), plan
     assert locked_off(lines, "tasks_held"), plan
     assert "limits_waiting" in plan and "limits_pkey" in plan, plan
     assert "Seq Scan" not in plan, plan
+
+
+async def test_claim_forward_reads_due_rows_by_queue_and_state(pg_url: str, schema: str) -> None:
+    """Moving due scheduled and retry rows to pending reads tasks_by_state on the queue AND
+    the state: a backlog of pending or held rows is never read on the way (with the state
+    left to a filter, every claim read every row of the queue)."""
+    await migrated(pg_url)
+    lines = claim_plan(schema, "claim_forward", forward=100)
+    plan = "\n".join(lines)
+    conds = [line for line in lines if "Index Cond" in line and "next_process_at" in line]
+    assert conds and all("state = " in line for line in conds), plan
+    assert "Filter: (state" not in plan and "Seq Scan" not in plan, plan

@@ -165,18 +165,30 @@ WHERE unique_key = ANY(%(keys)b::text[])
 -- The claim's first step (same round trip, its own transaction): due scheduled/retry rows of
 -- the claimed queues become pending, a bounded batch per queue (through tasks_by_state),
 -- keeping their due time, so the claim then sees them in priority order. SKIP LOCKED: a row
--- that another claim is moving is left to it.
+-- that another claim is moving is left to it. One scan per state, each an equality on
+-- (queue, state) and a range on next_process_at: with "state IN (...)" the planner may
+-- leave the state out of the index condition and read every row of the queue (pending and
+-- held ones included) on every claim.
 WITH due AS (
     SELECT c.queue, c.id
     FROM unnest(%(queues)b::text[]) AS q(name)
     CROSS JOIN LATERAL (
-        SELECT t.queue, t.id
-        FROM {schema}.tasks AS t
-        WHERE t.queue = q.name
-          AND t.state IN ('scheduled', 'retry')
-          AND t.next_process_at <= {now}
+        SELECT * FROM (
+            SELECT t.queue, t.id
+            FROM {schema}.tasks AS t
+            WHERE t.queue = q.name AND t.state = 'scheduled' AND t.next_process_at <= {now}
+            LIMIT %(forward)s
+            FOR UPDATE SKIP LOCKED
+        ) AS s
+        UNION ALL
+        SELECT * FROM (
+            SELECT t.queue, t.id
+            FROM {schema}.tasks AS t
+            WHERE t.queue = q.name AND t.state = 'retry' AND t.next_process_at <= {now}
+            LIMIT %(forward)s
+            FOR UPDATE SKIP LOCKED
+        ) AS r
         LIMIT %(forward)s
-        FOR UPDATE SKIP LOCKED
     ) AS c
 )
 UPDATE {schema}.tasks AS t
