@@ -193,11 +193,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     rates: dict[str, list[float]] = {name: [] for name in queued}
     cpus: dict[str, list[float]] = {name: [] for name in queued}
+    lives: dict[str, list[float]] = {name: [] for name in queued}
     for _ in range(args.rounds):
         for name, items in queued.items():
             r = await scenario(args.broker, items, "free", c)
             rates[name].append(throughput(r["rows"]))
             cpus[name].append(cpu_per_task_us(r["rows"]))
+            lives[name].append(r["worker_cpu_s"])
     k = AT_LIMIT[0] * 40
     r = await scenario(args.broker, [("bench:at_limit", k)], "at_limit", c)
     at_limit = throughput(r["rows"])
@@ -223,6 +225,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         # machine; on SQLite it includes the database work, elsewhere the client's.
         "cpu_us": {name: round(cpu[name], 1) for name in queued},
         "cpu_us_runs": {name: [round(x) for x in runs] for name, runs in cpus.items()},
+        # The worker process's whole life (start-up, holding the held tasks, shutdown), from
+        # its rusage once it has exited: seconds, median of the rounds.
+        "worker_life_cpu_s": {
+            name: round(statistics.median(runs), 3) for name, runs in lives.items()
+        },
         "with_held_vs_unlimited_pct": {
             "per_s": change(rate, "unlimited_with_held", "unlimited"),
             "cpu": change(cpu, "unlimited_with_held", "unlimited"),
