@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
-from durq.bench import BenchOptions, run_bench
 from durq.cli.common import BrokerOpt, JsonOpt, UsageFailure, console, print_json
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 EPILOG = (
     "Examples:\n\n"
@@ -56,6 +57,9 @@ def bench_command(
             "--tasks, --concurrency and --bulk-chunk must be >= 1, --latency-tasks >= 0, "
             "--latency-rate > 0"
         )
+    # Imported here, not at the top: every `durq` command (the worker too) imports this module.
+    from durq.bench import BenchOptions, run_bench
+
     options = BenchOptions(
         tasks=tasks,
         concurrency=concurrency,
@@ -73,6 +77,8 @@ def bench_command(
 
 
 def _table(result: dict[str, Any]) -> Table:
+    from rich.table import Table
+
     lat = result["latency_ms"]
     table = Table(
         title=f"durq bench: {result['broker']}, {result['tasks']:,} tasks, "

@@ -11,12 +11,9 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, cast
 
 import typer
-from rich import box
-from rich.console import Console
-from rich.table import Table
 
 from durq.app import App
 from durq.brokers import open_broker, resolve_url
@@ -27,6 +24,10 @@ from durq.errors import (
     TaskIDConflictError,
     ValidationError,
 )
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 T = TypeVar("T")
 
@@ -53,18 +54,42 @@ def make_console() -> Console:
     """The console for people's output on stdout. On a terminal, tables fit its width; piped
     (not a terminal) nothing is wrapped or cut: one table row per line, every id, name, time
     and URL whole, no colour."""
+    from rich.console import Console
+
     terminal = Console(highlight=False)
     if terminal.is_terminal:
         return terminal
     return Console(highlight=False, width=PIPE_WIDTH, soft_wrap=True)
 
 
+class _FirstUseConsole:
+    """Builds the console on first use: rich is imported by the commands that print for
+    people, not by ``durq worker``, which only logs (a faster start)."""
+
+    _console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            self._console = make_console()
+        return getattr(self._console, name)
+
+
 #: Tables for people go to stdout.
-console = make_console()
+console = cast("Console", _FirstUseConsole())
+
+
+def escape(text: str) -> str:
+    """rich's markup escape, importing rich only when a command prints."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 
 
 def make_table(title: str, caption: str | None = None) -> Table:
     """A compact table (no vertical rules)."""
+    from rich import box
+    from rich.table import Table
+
     return Table(
         title=title,
         title_justify="left",

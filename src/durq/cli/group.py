@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
 from durq.app import App
 from durq.brokers.base import GroupInfo
@@ -14,6 +13,7 @@ from durq.cli.common import (
     JsonOpt,
     QueueOpt,
     console,
+    escape,
     examples,
     fmt_time,
     make_table,

@@ -7,8 +7,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
 from durq import groups
 from durq.app import App
@@ -18,6 +16,7 @@ from durq.cli.common import (
     QueueOpt,
     UsageFailure,
     console,
+    escape,
     examples,
     fmt_time,
     make_table,
@@ -89,6 +88,8 @@ def _short(value: Any, limit: int = 60) -> str:
 
 def print_task(info: TaskInfo, *, title: str | None = None) -> None:
     """One task as a two-column table."""
+    from rich.table import Table
+
     data = info.to_dict()
     table = Table(title=title or f"task {info.id}", show_header=False, title_justify="left")
     table.add_column("field", style="bold")
