@@ -1,6 +1,7 @@
 """The worker process: wires the services and owns their start/stop order.
 
-Start: connect, register, heartbeat, rescuer, promoter, janitor, then the fetcher.
+Start: connect, register, the fetcher (the first claim goes first), then heartbeat, rescuer,
+promoter and janitor.
 Stop: the fetcher first (no new claims), wait up to ``shutdown_timeout`` for running tasks,
 hand back the rest as pending, then the services, then unregister and close."""
 
@@ -187,8 +188,6 @@ class Worker:
         ]
         if self.scheduler and len(self.app.schedules):
             self._services.append(PeriodicScheduler(self.app, broker))
-        for service in self._services:
-            service.start()
         self._fetcher = Fetcher(
             broker,
             self._executor,
@@ -198,7 +197,11 @@ class Worker:
             lease_seconds=self.lease_seconds,
             poll_interval=self.poll_interval,
         )
+        # The fetcher first: its first claim takes the connection opened above instead of
+        # waiting behind (or for a new connection beside) the services' first round trips.
         self._fetcher.start()
+        for service in self._services:
+            service.start()
         log.info(
             "worker %s started: queues=%s concurrency=%d broker=%s",
             self.id,
