@@ -90,8 +90,9 @@ def median(runs: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def builds_parser(description: str) -> argparse.ArgumentParser:
+    """The options every tool that sets builds side by side takes: ``--build``, ``--brokers``."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--build",
         action="append",
@@ -99,6 +100,22 @@ def main() -> None:
         help="LABEL=PYTHON of a build (two or more; ratios are to the first)",
     )
     parser.add_argument("--brokers", default="sqlite,redis,postgresql")
+    return parser
+
+
+def parse_builds(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> list[tuple[str, str]]:
+    """``--build LABEL=PYTHON`` options as (label, interpreter) pairs, two or more."""
+    specs = [spec.split("=", 1) for spec in args.build]
+    if len(specs) < 2 or any(len(s) != 2 for s in specs):
+        parser.error("give two or more --build LABEL=PYTHON")
+    # Absolute, not resolved: the interpreter's path inside its venv is what selects the venv.
+    return [(label, os.path.abspath(python)) for label, python in specs]
+
+
+def main() -> None:
+    parser = builds_parser(__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--latency-tasks", type=int, default=500)
@@ -106,11 +123,7 @@ def main() -> None:
     parser.add_argument("--redis-db", type=int, default=13)
     parser.add_argument("--json", type=Path, help="also write every run's figures here")
     args = parser.parse_args()
-    specs = [spec.split("=", 1) for spec in args.build]
-    if len(specs) < 2 or any(len(s) != 2 for s in specs):
-        parser.error("give two or more --build LABEL=PYTHON")
-    # Absolute, not resolved: the interpreter's path inside its venv is what selects the venv.
-    builds = [(label, os.path.abspath(python)) for label, python in specs]
+    builds = parse_builds(parser, args)
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     try:
         for broker in args.brokers.split(","):
