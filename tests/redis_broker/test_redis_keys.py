@@ -125,17 +125,3 @@ def test_no_key_name_is_built_outside_keys_py() -> None:
         text = path.read_text()
         # A hash tag in an f-string, or something glued onto the prefix, means a key name.
         assert "{{" not in text and "prefix}:" not in text, path.name
-
-
-def test_each_script_carries_only_the_helpers_it_reaches() -> None:
-    scripts = load_scripts()
-
-    def defined(name: str) -> set[str]:
-        return set(re.findall(r"^local function (\w+)", scripts[name].source.decode(), re.M))
-
-    # enqueue_task and the helpers it calls, none of the claim's or the groups'.
-    assert {"enqueue_task", "add_chunked", "ready_score", "clock", "later"} <= defined("enqueue")
-    assert not {"forward_due", "finish_member", "spec_of", "count"} & defined("enqueue")
-    assert not defined("admin_cancel")  # names no helper
-    # A helper reached only through another one comes too (complete -> enqueue_task).
-    assert "add_chunked" in defined("complete")

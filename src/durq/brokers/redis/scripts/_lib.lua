@@ -1,6 +1,5 @@
--- _lib.lua: helpers prepended to the scripts of this directory (not an operation itself).
--- A script gets only the helpers it names, and those they name (lua.py): keep each
--- top-level definition one `local function name(...)` or `local NAME = ...`.
+-- _lib.lua: helpers prepended, whole, to every script of this directory (lua.py); not an
+-- operation itself.
 --
 -- Conventions shared by all scripts:
 --   * times are epoch seconds on the broker's clock: `now` arguments are "" and the script
