@@ -68,6 +68,28 @@ class CountingBroker:
         return done, leases
 
 
+async def run_fetcher(
+    app: durq.App, broker: CountingBroker, finished: asyncio.Event, *, poll_interval: float
+) -> Executor:
+    """Run a fetcher with 4 slots on ``broker`` until ``finished``, then drain and stop it."""
+    await broker.connect()
+    executor = Executor(app, broker, concurrency=4, worker_id="w", hooks=[])  # type: ignore[arg-type]
+    fetcher = Fetcher(
+        broker,  # type: ignore[arg-type]
+        executor,
+        queues={"default": 1},
+        strict=True,
+        worker_id="w",
+        lease_seconds=30,
+        poll_interval=poll_interval,
+    )
+    fetcher.start()
+    await asyncio.wait_for(finished.wait(), 10)
+    await asyncio.wait_for(executor.drain(None), 10)
+    await fetcher.stop()
+    return executor
+
+
 @pytest.mark.parametrize("url", ["sqlite", "memory://fetcher-acks"])
 async def test_acks_ride_in_the_next_claim_within_the_slots(url: str, tmp_path: Path) -> None:
     if url == "sqlite":
@@ -85,21 +107,7 @@ async def test_acks_ride_in_the_next_claim_within_the_slots(url: str, tmp_path: 
     for n in range(40):
         await app.enqueue("t:noop", {"n": n})
     broker = CountingBroker(app.new_broker())
-    await broker.connect()
-    executor = Executor(app, broker, concurrency=4, worker_id="w", hooks=[])  # type: ignore[arg-type]
-    fetcher = Fetcher(
-        broker,  # type: ignore[arg-type]
-        executor,
-        queues={"default": 1},
-        strict=True,
-        worker_id="w",
-        lease_seconds=30,
-        poll_interval=0.05,
-    )
-    fetcher.start()
-    await asyncio.wait_for(finished.wait(), 10)
-    await asyncio.wait_for(executor.drain(None), 10)
-    await fetcher.stop()
+    executor = await run_fetcher(app, broker, finished, poll_interval=0.05)
     for _ in range(5):  # the last acks go out on their own once the fetcher idles
         await asyncio.sleep(0.01)
     assert sorted(ran) == list(range(40))
@@ -177,5 +185,34 @@ async def test_acks_sent_alone_are_answered_before_the_claim_that_fails() -> Non
             answers.append,
         )
     assert answers == [[True]]
+    await broker.close()
+    await app.close()
+
+
+async def test_an_idle_workers_ack_rides_in_a_claim_that_fills_its_slot(tmp_path: Path) -> None:
+    """A worker with nothing else to claim sends a finished task's ack in a claim at once,
+    so the slot it frees takes the next task in the same round trip: a key at its
+    concurrency limit hands its slot on without an ack, a wake-up and a claim in turn."""
+    app = durq.App(f"sqlite:///{tmp_path / 'durq.sqlite3'}")
+    done = asyncio.Event()
+    ran: list[int] = []
+
+    @app.task("t:limited", limit=durq.Limit("partner", concurrency=1))
+    async def limited(payload: dict[str, Any]) -> None:
+        await asyncio.sleep(0.01)
+        ran.append(payload["n"])
+        if len(ran) == 5:
+            done.set()
+
+    for n in range(5):
+        await app.enqueue("t:limited", {"n": n})
+    broker = CountingBroker(app.new_broker())
+    # A long poll: only a wake-up or the ack itself can start the held tasks in time.
+    executor = await run_fetcher(app, broker, done, poll_interval=30)
+    assert ran == list(range(5))
+    # Each of the first four acks went in the claim that took the next task; no ack alone.
+    assert "complete_many" not in broker.calls[:-1], broker.calls
+    assert broker.calls.count("complete_and_claim") >= 4, broker.calls
+    await executor.close()
     await broker.close()
     await app.close()

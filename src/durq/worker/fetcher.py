@@ -186,9 +186,13 @@ class Fetcher:
                     # A task held by a rate limit: look again when its token comes.
                     until = leases.wake_at - self.broker.clock.now()
                     timeout = min(timeout, max(0.001, until))
-                # Idle until work comes: an ack goes out at once, not with the next claim.
-                acker.send_alone()
-                await self._wait_for_work(order, timeout)
+                # Idle until work comes, or until an attempt ends: its ack then goes at once,
+                # in a claim, so the slot it frees takes the next task in the same round trip
+                # (a key at its concurrency limit frees its slots this way) rather than the
+                # ack, the wake-up it sends, and a claim one after another.
+                acker.arrived.clear()
+                if not acker.waiting:
+                    await self._wait_for_work(order, timeout)
 
     async def _ack_and_claim(self, acks: Sequence[Pending], params: ClaimParams) -> list[Lease]:
         acker = self.executor.acker
@@ -199,10 +203,11 @@ class Fetcher:
     async def _wait_for_work(self, queues: list[str], timeout: float) -> None:
         waiter = asyncio.ensure_future(self.broker.wait_for_work(queues, timeout))
         stopper = asyncio.ensure_future(self._stop.wait())
+        acked = asyncio.ensure_future(self.executor.acker.arrived.wait())
         try:
-            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({waiter, stopper, acked}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for future in (waiter, stopper):
+            for future in (waiter, stopper, acked):
                 if not future.done():
                     future.cancel()
             if waiter.done() and not waiter.cancelled() and waiter.exception() is not None:
