@@ -332,9 +332,12 @@ class PostgresBroker(AdminForwarder):
                     await cur.execute(
                         self._s.q["claim_limited" if limited_mode else "claim"], values
                     )
-                    rows = await cur.fetchall()
-                    if complete is not None:
-                        completed = await done.fetchall()
+                # Read after the pipeline's end: its Sync brought every result back with the
+                # commit. Fetching inside it would ask for the results first, and the Sync
+                # would then cost a second round trip.
+                rows = await cur.fetchall()
+                if complete is not None:
+                    completed = await done.fetchall()
             except psycopg.errors.DeadlockDetected:
                 # Not expected (every writer locks counters in key order); never fatal.
                 log.debug("claim of limited tasks met a deadlock; trying again later")
