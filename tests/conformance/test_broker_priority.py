@@ -56,6 +56,24 @@ async def test_tasks_falling_due_together_are_claimed_by_priority(
     assert await claim_direct(broker, limit=1) == ["c"]
 
 
+async def test_a_task_falling_due_is_claimed_before_pending_tasks_due_after_it(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    """A scheduled task that fell due is claimed in its order at once, even by a claim with
+    fewer slots than the pending tasks ahead of it in the claim index."""
+    t0 = clock.now()
+    await broker.enqueue(params("scheduled", process_at=t0 + 5))
+    clock.advance(10)
+    await broker.enqueue(params("pending-a"))  # due at t0 + 10, after "scheduled"
+    await broker.enqueue(params("pending-b"))
+    assert await claim_direct(broker, limit=1) == ["scheduled"]
+    assert await claim_direct(broker, limit=1) == ["pending-a"]
+    await broker.enqueue(params("urgent", priority=5, process_at=clock.now() + 1))
+    clock.advance(2)
+    assert await claim_direct(broker, limit=1) == ["urgent"]
+    assert await claim_direct(broker, limit=10) == ["pending-b"]
+
+
 async def test_a_delayed_high_priority_task_does_not_run_before_it_is_due(
     broker: FullBroker, clock: FakeClock
 ) -> None:

@@ -27,7 +27,7 @@ def test_claim_returns_the_columns_claimed_info_reads() -> None:
     text = QUERIES["claimed_columns"]
     columns = [re.sub(r"::\w+$", "", c.strip()).removeprefix("t.") for c in text.split(",")]
     assert tuple(columns) == CLAIM_COLUMNS
-    for name in ("claim", "claim_limited"):
+    for name in ("claim_work", "claim_limited"):
         assert "RETURNING {claimed_columns}" in QUERIES[name]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import os
 from pathlib import Path
 
@@ -161,7 +162,7 @@ async def test_every_task_field_has_a_column(pg_url: str, schema: str) -> None:
 def test_queries_file_has_no_duplicate_or_empty_blocks() -> None:
     named = QUERIES
     assert all(text.strip() for text in named.values())
-    for required in ("claim", "enqueue", "complete", "extend_leases", "expired_leases"):
+    for required in ("complete_claim", "enqueue", "complete", "extend_leases", "expired_leases"):
         assert required in named
 
 
@@ -254,7 +255,20 @@ def locked_off(lines: list[str], index: str) -> bool:
 async def test_claim_reads_the_claim_index_in_order(pg_url: str, schema: str) -> None:
     """The claim's per-queue scan walks tasks_claimable in claim order: no sort, no seq scan."""
     await migrated(pg_url)
-    lines = claim_plan(schema, "claim", limit=10)
+    nothing: list[object] = []
+    lines = claim_plan(
+        schema,
+        "complete_claim",
+        limit=10,
+        take=10,
+        check_due=True,
+        task_queues=nothing,
+        ids=nothing,
+        tokens=nothing,
+        results=nothing,
+        retentions=nothing,
+        day=datetime.date(2026, 1, 1),
+    )
     assert locked_off(lines, "tasks_claimable"), "\n".join(lines)
 
 
@@ -281,3 +295,31 @@ async def test_claim_forward_reads_due_rows_by_queue_and_state(pg_url: str, sche
     conds = [line for line in lines if "Index Cond" in line and "next_process_at" in line]
     assert conds and all("state = " in line for line in conds), plan
     assert "Filter: (state" not in plan and "Seq Scan" not in plan, plan
+
+
+async def test_the_claims_check_for_due_rows_reads_by_queue_and_state(
+    pg_url: str, schema: str
+) -> None:
+    """complete_claim's check for due scheduled and retry rows reads tasks_by_state on the
+    queue AND the state, like claim_forward."""
+    await migrated(pg_url)
+    nothing: list[object] = []
+    lines = claim_plan(
+        schema,
+        "complete_claim",
+        limit=10,
+        take=10,
+        check_due=True,
+        task_queues=nothing,
+        ids=nothing,
+        tokens=nothing,
+        results=nothing,
+        retentions=nothing,
+        day=datetime.date(2026, 1, 1),
+    )
+    plan = "\n".join(lines)
+    conds = [line for line in lines if "Index Cond" in line and "next_process_at <=" in line]
+    assert len(conds) == 2 and all("state = " in line for line in conds), plan
+    filters = [line for line in lines if "Filter" in line]
+    assert not [f for f in filters if "scheduled" in f or "retry" in f], plan
+    assert "Seq Scan" not in plan, plan

@@ -48,8 +48,12 @@ from durq.brokers.batcher import enqueue_coalescer
 from durq.brokers.mailbox import end_key
 from durq.brokers.postgres.admin import PostgresAdmin
 from durq.brokers.postgres.rows import (
+    CLAIM_DONE_IDS,
+    CLAIM_DONE_QUEUES,
+    CLAIM_DONE_WAKE,
     CLAIM_DRAINED_KEYS,
     CLAIM_DRAINED_QUEUES,
+    CLAIM_DUE,
     CLAIM_LIMITED,
     CLAIM_MISSING,
     CLAIM_NEXT_AT,
@@ -299,14 +303,13 @@ class PostgresBroker(AdminForwarder):
         """The claim, after the complete statement with ``complete`` when given: its rows
         come first (``None`` when a deadlock rolled it back with the claim)."""
         queues = list(dict.fromkeys(params.queues))
-        completed: list[Row] | None = []
         mark = time.monotonic()
         for queue in queues:
             self._claim_marks[queue] = mark
         self._start_listening()
         now = self._s.sql_now()
         # Queues where limited work was seen go straight to claim_limited (one statement
-        # for both kinds of task); the others take the plain claim, which only says whether
+        # for both kinds of task); the others take complete_claim, which only says whether
         # claim_limited is needed.
         limited_mode = not self._limited.isdisjoint(queues)
         values = {
@@ -316,33 +319,16 @@ class PostgresBroker(AdminForwarder):
             "now": now,
             "lease_seconds": float(params.lease_seconds),
             "worker_id": params.worker_id,
+            "forward": max(params.limit, CLAIM_FORWARD),
         }
-        async with self._s.connection("claim") as conn:
-            try:
-                async with conn.pipeline():
-                    # The statements go out in one round trip, in one implicit transaction
-                    # (the Sync at the pipeline's end commits it): completions, then claim.
-                    if complete is not None:
-                        done = await conn.execute(self._s.q["complete"], complete)
-                    cur = conn.cursor(row_factory=tuple_row)
-                    await cur.execute(
-                        self._s.q["claim_forward"],
-                        {"queues": queues, "now": now, "forward": max(params.limit, CLAIM_FORWARD)},
-                    )
-                    await cur.execute(
-                        self._s.q["claim_limited" if limited_mode else "claim"], values
-                    )
-                # Read after the pipeline's end: its Sync brought every result back with the
-                # commit. Fetching inside it would ask for the results first, and the Sync
-                # would then cost a second round trip.
-                rows = await cur.fetchall()
-                if complete is not None:
-                    completed = await done.fetchall()
-            except psycopg.errors.DeadlockDetected:
-                # Not expected (every writer locks counters in key order); never fatal.
-                log.debug("claim of limited tasks met a deadlock; trying again later")
-                rows = []
-                completed = None
+        if limited_mode:
+            completed, rows = await self._claim_pipelined(values, complete)
+        else:
+            completed, rows, due = await self._complete_claim(values, complete)
+            if due:
+                # Due scheduled/retry rows wait: nothing was leased (they may come first);
+                # forward them and claim in one more round trip.
+                rows = await self._forward_and_claim(values)
         wake_at: float | None = rows[0][CLAIM_WAKE_AT] if rows else None
         if limited_mode:
             again = await self._limited_answer(queues, rows)
@@ -382,6 +368,84 @@ class PostgresBroker(AdminForwarder):
             wake_at,
         )
 
+    async def _complete_claim(
+        self, values: dict[str, Any], complete: dict[str, Any] | None
+    ) -> tuple[list[Row] | None, list[tuple[Any, ...]], bool]:
+        """complete_claim: the completions and the claim in one statement, one round trip.
+        The completed rows (``None`` when a deadlock rolled them back with the claim), the
+        claim's rows and whether due scheduled/retry rows wait to be forwarded."""
+        params = {**values, **(complete or self._complete_values(())), "check_due": True}
+        rows = await self._claim_rows("complete_claim", params)
+        if rows is None:
+            return None, [], False
+        first = rows[0]
+        wake = set(first[CLAIM_DONE_WAKE] or ())
+        completed: list[Row] = [
+            {"queue": queue, "id": task_id, "wake": queue in wake}
+            for queue, task_id in zip(
+                first[CLAIM_DONE_QUEUES] or (), first[CLAIM_DONE_IDS] or (), strict=True
+            )
+        ]
+        return completed, rows, bool(first[CLAIM_DUE])
+
+    async def _claim_rows(self, query: str, values: dict[str, Any]) -> list[tuple[Any, ...]] | None:
+        """One claim statement's rows, as tuples; ``None`` when a deadlock rolled it back
+        (not expected: every writer locks counters in key order; never fatal)."""
+        async with self._s.connection("claim") as conn:
+            try:
+                cur = conn.cursor(row_factory=tuple_row)
+                await cur.execute(self._s.q[query], values)
+                return await cur.fetchall()
+            except psycopg.errors.DeadlockDetected:
+                log.debug("%s met a deadlock; trying again later", query)
+                return None
+
+    async def _forward_and_claim(self, values: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """claim_forward, then complete_claim (no completions, no check for due rows: a
+        backlog past the forwarded batch waits for the next claim) in the same round trip
+        and transaction, which sees the rows it moved; the claim's rows."""
+        claim = {**values, **self._complete_values(()), "check_due": False}
+        async with self._s.connection("claim") as conn:
+            try:
+                async with conn.pipeline():
+                    await conn.execute(self._s.q["claim_forward"], values)
+                    cur = conn.cursor(row_factory=tuple_row)
+                    await cur.execute(self._s.q["complete_claim"], claim)
+            except psycopg.errors.DeadlockDetected:
+                log.debug("forwarding due tasks met a deadlock; trying again later")
+                return []
+            return await cur.fetchall()
+
+    async def _claim_pipelined(
+        self, values: dict[str, Any], complete: dict[str, Any] | None
+    ) -> tuple[list[Row] | None, list[tuple[Any, ...]]]:
+        """The claim of queues with limited work: the complete statement (when given), the
+        forwarding step and claim_limited, statements of their own in one transaction and
+        one round trip (each sees what the one before it changed)."""
+        completed: list[Row] | None = []
+        async with self._s.connection("claim") as conn:
+            try:
+                async with conn.pipeline():
+                    # The statements go out in one round trip, in one implicit transaction
+                    # (the Sync at the pipeline's end commits it): completions, then claim.
+                    if complete is not None:
+                        done = await conn.execute(self._s.q["complete"], complete)
+                    await conn.execute(self._s.q["claim_forward"], values)
+                    cur = conn.cursor(row_factory=tuple_row)
+                    await cur.execute(self._s.q["claim_limited"], values)
+                # Read after the pipeline's end: its Sync brought every result back with the
+                # commit. Fetching inside it would ask for the results first, and the Sync
+                # would then cost a second round trip.
+                rows = await cur.fetchall()
+                if complete is not None:
+                    completed = await done.fetchall()
+            except psycopg.errors.DeadlockDetected:
+                # Not expected (every writer locks counters in key order); never fatal.
+                log.debug("claim of limited tasks met a deadlock; trying again later")
+                rows = []
+                completed = None
+        return completed, rows
+
     async def _claim_limited(
         self,
         queues: list[str],
@@ -405,14 +469,9 @@ class PostgresBroker(AdminForwarder):
                 "lease_seconds": float(params.lease_seconds),
                 "worker_id": params.worker_id,
             }
-            async with self._s.connection("claim") as conn:
-                try:
-                    cur = conn.cursor(row_factory=tuple_row)
-                    await cur.execute(self._s.q["claim_limited"], values)
-                    rows = await cur.fetchall()
-                except psycopg.errors.DeadlockDetected:
-                    log.debug("claim of limited tasks met a deadlock; trying again later")
-                    break
+            rows = await self._claim_rows("claim_limited", values)
+            if rows is None:
+                break
             again = await self._limited_answer(queues, rows)
             wake_at = rows[0][CLAIM_WAKE_AT] if rows else None
             out.extend(r for r in rows if r[0] is not None)
@@ -484,7 +543,7 @@ class PostgresBroker(AdminForwarder):
     def _complete_values(self, items: Sequence[CompleteParams]) -> dict[str, Any]:
         """The parameters of the complete statement for ``items``."""
         return {
-            "queues": [i.lease.queue for i in items],
+            "task_queues": [i.lease.queue for i in items],
             "ids": [i.lease.id for i in items],
             "tokens": [i.lease.token for i in items],
             "results": [None if i.result is None else bytes(i.result) for i in items],

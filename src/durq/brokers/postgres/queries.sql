@@ -162,8 +162,9 @@ WHERE unique_key = ANY(%(keys)b::text[])
 -- ---------------------------------------------------------------- claim and leases
 
 -- name: claim_forward
--- The claim's first step (same round trip, its own transaction): due scheduled/retry rows of
--- the claimed queues become pending, a bounded batch per queue (through tasks_by_state),
+-- A claim's first step when due scheduled/retry rows are in its queues (always before
+-- claim_limited; before complete_claim when its last answer said so), in the same round trip
+-- and transaction: they become pending, a bounded batch per queue (through tasks_by_state),
 -- keeping their due time, so the claim then sees them in priority order. SKIP LOCKED: a row
 -- that another claim is moving is left to it. One scan per state, each an equality on
 -- (queue, state) and a range on next_process_at: with "state IN (...)" the planner may
@@ -234,14 +235,31 @@ WHERE NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.name = q.name AND p
 ORDER BY q.ord, c.priority DESC, c.next_process_at, c.seq
 LIMIT %(limit)s;
 
--- name: claim
--- One round trip: take due rows (claimable_due) and mark those without limits active with
--- a fresh fencing token and lease. Due scheduled/retry rows are taken directly: no
--- forwarding step is needed to claim them. Rows with limits are not leased here (W13): the
--- column "limited" says whether some were due, or tasks are held on a key of these queues
--- that has room again, and the broker then runs claim_limited; "wake_at" when a token comes
--- for a key whose bucket holds tasks back. Without a lease the answer is one row of NULLs.
-WITH due AS (
+-- name: claim_work
+-- A fragment (complete_claim): take due rows (claimable_due) and mark those without limits
+-- active with a fresh fencing token and lease ("leased"). Rows with limits are not leased
+-- here (W13): "more" says whether some were due, or tasks are held on a key of these queues
+-- that has room again (limited: the broker then runs claim_limited), and when a token comes
+-- for a key whose bucket holds tasks back (wake_at). With check_due, due scheduled/retry rows
+-- in these queues (not yet pending, so not in the claim index) make it lease nothing
+-- ("forward_first"): the broker forwards them and claims again, so the claim order holds.
+forward_first AS (
+    -- One probe per state (as in claim_forward): both the queue and the state are index
+    -- conditions on tasks_by_state, so pending and held rows are never read here.
+    SELECT %(check_due)s::boolean AND (
+        EXISTS (
+            SELECT 1 FROM {schema}.tasks AS t
+            WHERE t.queue = ANY(%(queues)b::text[]) AND t.state = 'scheduled'
+              AND t.next_process_at <= {now}
+        )
+        OR EXISTS (
+            SELECT 1 FROM {schema}.tasks AS t
+            WHERE t.queue = ANY(%(queues)b::text[]) AND t.state = 'retry'
+              AND t.next_process_at <= {now}
+        )
+    ) AS due
+),
+due AS (
     {claimable_due}
 ),
 leased AS (
@@ -249,6 +267,7 @@ leased AS (
     {lease_set}
     FROM due
     WHERE t.queue = due.queue AND t.id = due.id AND due.limits IS NULL
+      AND NOT (SELECT f.due FROM forward_first AS f)
     RETURNING {claimed_columns}
 ),
 held AS (
@@ -265,8 +284,7 @@ more AS (
         OR EXISTS (SELECT 1 FROM held WHERE held.rate IS NULL OR held.next_token <= {now})
         AS limited,
         (SELECT min(held.next_token) FROM held WHERE held.rate IS NOT NULL) AS wake_at
-)
-SELECT leased.*, more.limited, more.wake_at FROM more LEFT JOIN leased ON true;
+);
 
 -- name: claim_limited
 -- W13: the claim when due tasks carry limits or tasks are held, in one statement (one round
@@ -589,12 +607,14 @@ released AS (
     RETURNING l.queue, l.waiting
 );
 
--- name: complete
--- Finish many leases in one statement: keep the row with its result while retention > 0,
--- else delete it; count each as processed. Fenced by state and lease token.
-WITH x AS (
+-- name: complete_work
+-- A fragment (complete, complete_claim): finish many leases (task_queues, ids, tokens):
+-- keep the row with its result while retention > 0, else delete it; count each as
+-- processed. Fenced by state and lease token. "ended" holds the leases finished, "released"
+-- the limit keys they gave a running slot back to.
+x AS (
     SELECT *
-    FROM unnest(%(queues)b::text[], %(ids)b::text[], %(tokens)b::text[],
+    FROM unnest(%(task_queues)b::text[], %(ids)b::text[], %(tokens)b::text[],
                 %(results)b::bytea[], %(retentions)b::float8[])
          AS x(queue, id, token, result, retention)
 ),
@@ -629,10 +649,37 @@ counted_minute AS (
     INSERT INTO {schema}.stats_minute AS s (queue, minute, processed, failed)
     SELECT queue, (floor({now} / 60) * 60)::bigint, count(*), 0 FROM ended GROUP BY queue
     ON CONFLICT (queue, minute) DO UPDATE SET processed = s.processed + excluded.processed
-)
+);
+
+-- name: complete
+-- Finish many leases in one statement (complete_work).
+WITH {complete_work}
 SELECT d.queue, d.id,
        EXISTS (SELECT 1 FROM released AS r WHERE r.queue = d.queue AND r.waiting) AS wake
 FROM ended AS d;
+
+-- name: complete_claim
+-- The busy worker's round trip in one statement: finish its acknowledged leases
+-- (complete_work) and claim (claim_work). The two touch different rows (active, pending)
+-- and share one snapshot: a limit key freed here is seen by the next claim (the answer's
+-- wake_queues make it come at once). The claim's columns come first, then the completed
+-- leases (done_queues, done_ids), the queues of the freed keys that hold tasks (wake_queues)
+-- and whether due scheduled/retry rows wait (forward_first): the broker then runs
+-- claim_forward and this statement again in one round trip. Forwarding is not part of this
+-- statement: its plan would then depend on the queues' count, and the server would plan the
+-- whole statement again on every claim instead of keeping one plan.
+WITH {complete_work},
+{claim_work},
+done AS (
+    SELECT array_agg(d.queue) AS queues, array_agg(d.id) AS ids,
+           array_agg(DISTINCT d.queue) FILTER (
+               WHERE EXISTS (SELECT 1 FROM released AS r WHERE r.queue = d.queue AND r.waiting)
+           ) AS wake
+    FROM ended AS d
+)
+SELECT leased.*, more.limited, more.wake_at, done.queues, done.ids, done.wake,
+       (SELECT f.due FROM forward_first AS f) AS due
+FROM more CROSS JOIN done LEFT JOIN leased ON true;
 
 -- name: retry
 WITH ended AS (

@@ -40,12 +40,17 @@ CLAIM_QUEUE, CLAIM_NEXT_AT, CLAIM_TOKEN, CLAIM_SEQ, CLAIM_STARTED, CLAIM_UNTIL, 
     CLAIM_COLUMNS.index(c) for c in _CLAIM_INDEXED
 )
 CLAIM_LIMITS = CLAIM_COLUMNS.index("limits")
-#: ``claim`` adds two columns (W13): whether claim_limited should run, and when a token
+#: ``complete_claim`` adds two columns (W13): whether claim_limited should run, and when a token
 #: comes for a key whose bucket holds tasks back. ``claim_limited`` adds, in their place,
 #: whether to claim again at once and that time, then whether these queues have limited
 #: work, the keys it found drained (queues, keys) and the counters missing (JSON).
 CLAIM_LIMITED, CLAIM_WAKE_AT = len(CLAIM_COLUMNS), len(CLAIM_COLUMNS) + 1
 CLAIM_SEEN, CLAIM_DRAINED_QUEUES, CLAIM_DRAINED_KEYS, CLAIM_MISSING = (
+    len(CLAIM_COLUMNS) + i for i in range(2, 6)
+)
+#: ``complete_claim`` adds, after those two, the leases it completed (queues, ids), the queues
+#: whose freed limit keys hold tasks, and whether due scheduled/retry rows wait.
+CLAIM_DONE_QUEUES, CLAIM_DONE_IDS, CLAIM_DONE_WAKE, CLAIM_DUE = (
     len(CLAIM_COLUMNS) + i for i in range(2, 6)
 )
 

@@ -64,8 +64,16 @@ MIGRATIONS: tuple[sqlfiles.Migration, ...] = sqlfiles.load_migrations(__package_
 #: (one value for the whole statement), unless the ``now`` parameter carries a test's clock.
 NOW = sql.SQL("coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8)")
 
-#: Named blocks of ``queries.sql`` that are parts of other statements, not run alone.
-FRAGMENTS = ("release_limits", "claimable_due", "lease_set", "claimed_columns")
+#: Named blocks of ``queries.sql`` that are parts of other statements, not run alone. A block
+#: may contain the blocks named before it.
+FRAGMENTS = (
+    "release_limits",
+    "claimable_due",
+    "lease_set",
+    "claimed_columns",
+    "complete_work",
+    "claim_work",
+)
 
 
 def render(text: str, schema: str) -> bytes:
@@ -74,7 +82,9 @@ def render(text: str, schema: str) -> bytes:
     ``{claimable_due}`` and the others of :data:`FRAGMENTS` are the blocks of those names,
     each shared by several statements."""
     name = sql.Identifier(schema)
-    fragments = {f: sql.SQL(QUERIES[f]).format(schema=name, now=NOW) for f in FRAGMENTS}
+    fragments: dict[str, sql.Composable] = {}
+    for fragment in FRAGMENTS:
+        fragments[fragment] = sql.SQL(QUERIES[fragment]).format(schema=name, now=NOW, **fragments)
     composed = sql.SQL(text).format(schema=name, now=NOW, **fragments)
     return composed.as_bytes(None)
 
