@@ -288,9 +288,10 @@ class PostgresBroker(AdminForwarder):
     async def complete_and_claim(
         self, items: Sequence[CompleteParams], claim: ClaimParams
     ) -> tuple[list[bool], list[Lease]]:
-        """The complete statement ahead of the claim's in one pipeline: one round trip, one
-        implicit transaction (committed by the pipeline's closing Sync). Plain completions
-        only: follow-ups and group outcomes complete in a transaction of their own."""
+        """The completions and the claim in one statement (complete_claim; for queues with
+        limited work the complete statement ahead of the claim's in one pipeline): one round
+        trip, one transaction. Plain completions only: follow-ups and group outcomes
+        complete in a transaction of their own."""
         values = self._complete_values(items)
         rows, leases = await self._claim(claim, values)
         if rows is None:  # the claim's deadlock rolled the completions back: alone, then
