@@ -252,11 +252,10 @@ def locked_off(lines: list[str], index: str) -> bool:
     return "LockRows" in lines[at - 1]
 
 
-async def test_claim_reads_the_claim_index_in_order(pg_url: str, schema: str) -> None:
-    """The claim's per-queue scan walks tasks_claimable in claim order: no sort, no seq scan."""
-    await migrated(pg_url)
+def complete_claim_plan(schema: str) -> list[str]:
+    """The plan of a busy worker's claim (``complete_claim``) with no completions to store."""
     nothing: list[object] = []
-    lines = claim_plan(
+    return claim_plan(
         schema,
         "complete_claim",
         limit=10,
@@ -269,6 +268,12 @@ async def test_claim_reads_the_claim_index_in_order(pg_url: str, schema: str) ->
         retentions=nothing,
         day=datetime.date(2026, 1, 1),
     )
+
+
+async def test_claim_reads_the_claim_index_in_order(pg_url: str, schema: str) -> None:
+    """The claim's per-queue scan walks tasks_claimable in claim order: no sort, no seq scan."""
+    await migrated(pg_url)
+    lines = complete_claim_plan(schema)
     assert locked_off(lines, "tasks_claimable"), "\n".join(lines)
 
 
@@ -303,20 +308,7 @@ async def test_the_claims_check_for_due_rows_reads_by_queue_and_state(
     """complete_claim's check for due scheduled and retry rows reads tasks_by_state on the
     queue AND the state, like claim_forward."""
     await migrated(pg_url)
-    nothing: list[object] = []
-    lines = claim_plan(
-        schema,
-        "complete_claim",
-        limit=10,
-        take=10,
-        check_due=True,
-        task_queues=nothing,
-        ids=nothing,
-        tokens=nothing,
-        results=nothing,
-        retentions=nothing,
-        day=datetime.date(2026, 1, 1),
-    )
+    lines = complete_claim_plan(schema)
     plan = "\n".join(lines)
     conds = [line for line in lines if "Index Cond" in line and "next_process_at <=" in line]
     assert len(conds) == 2 and all("state = " in line for line in conds), plan
