@@ -18,9 +18,12 @@ from the file. The worker's whole-life CPU comes from the child's rusage after i
 * ``unlimited_beside_busy``: the same N tasks behind ONE unlimited task that sleeps as long,
   so one slot is taken the same way and only the limit and the held tasks differ: what the
   limits themselves cost, apart from the slot the limited task takes.
-* The three alternate ``--rounds`` times; the medians are compared, as throughput and as the
+* ``unlimited_with_rate_held``: the same N tasks behind M no-op tasks of one key limited to
+  one start an hour: the first runs at once and ends, M - 1 wait, held by the empty bucket,
+  and no slot is taken: limited tasks present in the queue against none, all else equal.
+* The four alternate ``--rounds`` times; the medians are compared, as throughput and as the
   worker's CPU per unlimited task between the first and the N-th (the steadier figure on a
-  shared machine).
+  shared machine), and so is each round's ratio to the unlimited run of the same round.
 * ``at_limit``: K tasks of one key with ``concurrency=5`` that each sleep 0.1 s; expected
   ``5 / 0.1 = 50`` tasks/s.
 * ``at_rate``: R no-op tasks of one key with ``rate="50/s"``; starts/s after the first full
@@ -72,6 +75,10 @@ def build(url: str) -> durq.App:
     @app.task("bench:held", queue=QUEUE, max_retry=0, limit=durq.Limit("one", concurrency=1))
     async def held(payload: dict[str, Any]) -> None:
         await asyncio.sleep(LONG)
+
+    @app.task("bench:rate_held", queue=QUEUE, max_retry=0, limit=durq.Limit("hourly", rate="1/h"))
+    async def rate_held(payload: dict[str, Any]) -> None:
+        pass
 
     @app.task("bench:busy", queue=QUEUE, max_retry=0)
     async def busy(payload: dict[str, Any]) -> None:
@@ -190,6 +197,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "unlimited": [("bench:free", n)],
         "unlimited_with_held": [("bench:held", args.held), ("bench:free", n)],
         "unlimited_beside_busy": [("bench:busy", 1), ("bench:free", n)],
+        "unlimited_with_rate_held": [("bench:rate_held", args.held), ("bench:free", n)],
     }
     rates: dict[str, list[float]] = {name: [] for name in queued}
     cpus: dict[str, list[float]] = {name: [] for name in queued}
@@ -212,6 +220,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     def change(figures: dict[str, float], name: str, base: str) -> float:
         return round(100 * (figures[name] - figures[base]) / figures[base], 1)
 
+    def paired(runs: dict[str, list[float]], name: str, base: str) -> float:
+        """The median of each round's change against the base run of the same round."""
+        ratios = [a / b for a, b in zip(runs[name], runs[base], strict=True)]
+        return round(100 * (statistics.median(ratios) - 1), 1)
+
+    def versus(name: str, base: str) -> dict[str, float]:
+        return {
+            "per_s": change(rate, name, base),
+            "cpu": change(cpu, name, base),
+            "per_s_paired": paired(rates, name, base),
+            "cpu_paired": paired(cpus, name, base),
+        }
+
     return {
         "broker": redact(args.broker) if args.broker else "sqlite (temporary file)",
         "worker": shlex.join(["durq", "worker", "limits:app", *worker_args(c)]),
@@ -230,14 +251,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "worker_life_cpu_s": {
             name: round(statistics.median(runs), 3) for name, runs in lives.items()
         },
-        "with_held_vs_unlimited_pct": {
-            "per_s": change(rate, "unlimited_with_held", "unlimited"),
-            "cpu": change(cpu, "unlimited_with_held", "unlimited"),
-        },
-        "with_held_vs_beside_busy_pct": {
-            "per_s": change(rate, "unlimited_with_held", "unlimited_beside_busy"),
-            "cpu": change(cpu, "unlimited_with_held", "unlimited_beside_busy"),
-        },
+        "with_held_vs_unlimited_pct": versus("unlimited_with_held", "unlimited"),
+        "with_held_vs_beside_busy_pct": versus("unlimited_with_held", "unlimited_beside_busy"),
+        "with_rate_held_vs_unlimited_pct": versus("unlimited_with_rate_held", "unlimited"),
         "at_limit": {
             "concurrency": AT_LIMIT[0],
             "task_seconds": AT_LIMIT[1],
