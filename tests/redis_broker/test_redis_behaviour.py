@@ -17,6 +17,7 @@ from durq.brokers.redis.lua import LuaScript
 from durq.clock import FakeClock
 from durq.errors import QueueNotFoundError
 from durq.states import TaskState
+from durq.task import LimitSpec
 from servers import raw_redis
 
 
@@ -65,6 +66,27 @@ async def test_script_flush_on_a_private_server(private_redis) -> None:
     await raw.script_flush()
     assert len(await broker.claim(claim_params(["default"]))) == 2
     await broker.close()
+
+
+async def test_a_batch_after_script_flush_runs_in_order(private_redis) -> None:
+    """The scripts of a batch the server may not hold are loaded ahead of it: its calls run
+    in the order given (the completion, then the claim that takes the slot it frees), never
+    the refused one after the rest."""
+    server = private_redis()
+    one = (LimitSpec("k", concurrency=1),)
+    broker = RedisBroker.from_url(server.url, clock=FakeClock())
+    await broker.enqueue_many([task("k0", limits=one), task("k1", limits=one)])
+    (lease,) = await broker.claim(claim_params(["default"], 2))
+    await raw_redis(broker).script_flush()
+    await broker.close()
+    fresh = RedisBroker.from_url(server.url, clock=FakeClock())
+    # The claim script is back on the server (a claim ran), the complete script not.
+    assert await fresh.claim(claim_params(["default"], 2)) == []
+    done, leases = await fresh.complete_and_claim(
+        [CompleteParams(lease.ref)], claim_params(["default"], 2)
+    )
+    assert done == [True] and [x.task.id for x in leases] == ["k1"]
+    await fresh.close()
 
 
 class SlotRecorder:

@@ -6,6 +6,7 @@ cluster is the conformance suite's ``redis-cluster`` kind."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from durq.brokers.redis.cluster import key_slot
 from durq.brokers.redis.storage import RedisStorage
 from durq.errors import BrokerError, ConfigurationError
 from durq.states import TaskState
+from durq.task import LimitSpec
 from servers import RedisCluster, require_redis_cluster, unique_name
 
 
@@ -176,6 +178,40 @@ async def test_a_node_without_the_scripts_gets_them(
     await cbroker.enqueue(task("b", "default"))
     leases = await cbroker.claim(ClaimParams(["default"], 5, "w", 60.0))
     assert [lease.task.id for lease in leases] == ["a", "b"]
+
+
+async def test_a_batch_on_a_node_without_its_scripts_runs_in_order(
+    redis_cluster: RedisCluster,
+) -> None:
+    """A new connection does not know what each node's script cache holds: the scripts of a
+    batch are loaded ahead of it, so its calls run in the order given (the completion, then
+    the claim that takes the slot it frees), never the refused one after the rest."""
+    prefix = unique_name("durqtest")
+    url = redis_cluster.url(prefix)
+    setup = RedisBroker.from_url(url)
+    try:
+        await setup.migrate()
+        for task_id in ("k0", "k1"):
+            await setup.enqueue(
+                dataclasses.replace(task(task_id, "default"), limits=(LimitSpec("k", 1),))
+            )
+        (lease,) = await setup.claim(ClaimParams(["default"], 2, "w", 60.0))
+        for port in redis_cluster.masters():
+            redis_cluster.client(port).execute_command("SCRIPT", "FLUSH")
+        fresh = RedisBroker.from_url(url)
+        try:
+            # The claim script is back on the node (a claim ran), the complete script not.
+            assert await fresh.claim(ClaimParams(["default"], 2, "w", 60.0)) == []
+            done, leases = await fresh.complete_and_claim(
+                [CompleteParams(lease.ref)], ClaimParams(["default"], 2, "w", 60.0)
+            )
+        finally:
+            await fresh.close()
+        assert done == [True]
+        assert [x.task.id for x in leases] == ["k1"]
+    finally:
+        await setup.close()
+        redis_cluster.delete_prefix(prefix)
 
 
 async def test_follow_up_left_in_the_outbox_is_created_once(

@@ -31,7 +31,16 @@ from typing import Any
 
 from redis import exceptions as rex
 
-from durq.brokers.redis.wire import Command, Endpoint, Subscriber, Wire, error, is_error
+from durq.brokers.redis.wire import (
+    Command,
+    Endpoint,
+    Subscriber,
+    Wire,
+    error,
+    is_error,
+    loaded,
+    scripts_to_load,
+)
 
 #: Hash slots of a Redis Cluster.
 SLOTS = 16384
@@ -391,8 +400,18 @@ class ClusterWire:
         wait = self.options.wait_replicas if writes else 0
         if wait:
             batch.append(("WAIT", wait, self.options.wait_timeout_ms))
+        # Scripts this node may not hold are loaded ahead in the same write: a NOSCRIPT
+        # refusal in a batch would run the calls after it before the refused one is sent
+        # again (a claim before the completions it carries).
         wire = self._wire(node)
+        loads: list[Command] = []
+        if len(batch) > 1:
+            shas = (str(c[1]) for c in batch if c[0] == "EVALSHA")
+            used = ((sha, self._scripts[sha]) for sha in shas if sha in self._scripts)
+            loads = scripts_to_load(used, wire.scripts)
+        batch[:0] = loads
         replies = await wire.call_many(batch)
+        loaded(wire, loads, replies)
         if wait:
             acked = replies.pop()
             if is_error(acked) or int(acked) < wait:
@@ -434,6 +453,7 @@ class ClusterWire:
                 reply = await wire.call(("SCRIPT", "LOAD", source))
                 if is_error(reply):
                     raise error(reply)
+                wire.scripts.add(sha)
         batch: list[Command] = []
         where: list[int] = []  # the index in ``batch`` of each re-sent call
         for u, p in missing:

@@ -23,7 +23,7 @@ from durq.brokers.redis.cluster import (
 from durq.brokers.redis.errors import map_error, redact
 from durq.brokers.redis.keys import DEFAULT_PREFIX, Keys, QueueKeys, queue_of_channel
 from durq.brokers.redis.lua import LuaScript, load_scripts
-from durq.brokers.redis.wire import Wire, endpoint_of, error, is_error
+from durq.brokers.redis.wire import Wire, endpoint_of, error, is_error, loaded, scripts_to_load
 from durq.clock import SYSTEM_CLOCK, Clock, server_clock_for, to_datetime
 from durq.errors import (
     BrokerError,
@@ -321,6 +321,8 @@ class RedisStorage:
         reply = await self.wire.call(("SCRIPT", "LOAD", script.source))
         if is_error(reply):
             raise error(reply)
+        if isinstance(self.wire, Wire):
+            self.wire.scripts.add(script.sha)
 
     async def eval_many(
         self, calls: Sequence[tuple[str, Sequence[str], Sequence[Scalar]]]
@@ -332,7 +334,13 @@ class RedisStorage:
         commands = [
             ("EVALSHA", scripts[name].sha, len(keys), *keys, *args) for name, keys, args in calls
         ]
-        results = await self.wire.call_many(commands)
+        if isinstance(self.wire, Wire) and len(calls) > 1:  # a cluster loads them per node
+            used = (scripts[name] for name, _, _ in calls)
+            loads = scripts_to_load(((s.sha, s.source) for s in used), self.wire.scripts)
+            results = await self.wire.call_many([*loads, *commands])
+            loaded(self.wire, loads, results)
+        else:
+            results = await self.wire.call_many(commands)
         missing: list[int] = []
         for i, reply in enumerate(results):
             if is_error(reply):

@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import ssl
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -236,6 +236,9 @@ class Wire:
         self._proto: _Protocol | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Lock | None = None
+        #: SHAs of the scripts the server is known to hold since this connection opened
+        #: (a restart empties its cache and drops the connection).
+        self.scripts: set[str] = set()
 
     async def _connection(self) -> _Protocol:
         proto = self._proto
@@ -252,6 +255,7 @@ class Wire:
                 return proto
             proto = await self._open(loop)
             self._proto, self._loop = proto, loop
+            self.scripts = set()
             return proto
 
     async def _open(
@@ -454,6 +458,24 @@ class Subscriber(_Protocol):
         self._pongs.clear()
         if not self.lost.done():
             self.lost.set_result(None)
+
+
+def scripts_to_load(scripts: Iterable[tuple[str, bytes]], known: set[str]) -> list[Command]:
+    """``SCRIPT LOAD`` of the ``scripts`` (SHA, source) of a batch of calls that the server
+    is not ``known`` to hold, to send ahead of the batch in the same write: a script refused
+    with NOSCRIPT inside a batch would run after the calls that follow it (a claim before
+    the completions it carries). A single call needs none: its refusal is sent again."""
+    return [("SCRIPT", "LOAD", source) for sha, source in dict(scripts).items() if sha not in known]
+
+
+def loaded(wire: Wire, loads: Sequence[Command], replies: list[Any]) -> None:
+    """Take the replies of ``loads`` (:func:`scripts_to_load`) off the front of ``replies``
+    and note the scripts on ``wire``; a refused load raises."""
+    for reply in replies[: len(loads)]:
+        if is_error(reply):
+            raise error(reply)
+        wire.scripts.add(reply.decode() if isinstance(reply, bytes) else str(reply))
+    del replies[: len(loads)]
 
 
 def is_error(reply: Any) -> bool:
