@@ -155,6 +155,23 @@ async def test_the_claim_takes_the_limit_slot_the_completion_frees(
     assert stats.running == 1
 
 
+async def test_the_freed_slot_is_taken_after_a_claim_found_the_key_full(
+    broker: FullBroker, clock: FakeClock, send: Send
+) -> None:
+    """A claim that found the key full between the two (a worker at the limit, idle until
+    an attempt ends) changes nothing: the completion's claim takes the held task."""
+    requires(broker, CAP_LIMITS)
+    one = (LimitSpec("k", concurrency=1),)
+    await enqueue(broker, clock, "k0", "k1", "k2", limits=one)
+    (lease,) = await claim(broker, limit=3)
+    assert lease.task.id == "k0"
+    assert await claim(broker, limit=3) == []
+    done, leases = await send(broker, [CompleteParams(lease.ref)], claim_params(3))
+    assert done == [True]
+    assert [x.task.id for x in leases] == ["k1"]
+    assert await snapshot(broker) == picture(active="k1", pending="k2")
+
+
 async def test_no_completions_or_no_slots(broker: FullBroker, clock: FakeClock) -> None:
     """Neither rides in a claim: a claim alone, or the completions alone."""
     await enqueue(broker, clock, "t0", "t1")

@@ -7,7 +7,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence, Set
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -293,16 +293,23 @@ class PostgresBroker(AdminForwarder):
         trip, one transaction. Plain completions only: follow-ups and group outcomes
         complete in a transaction of their own."""
         values = self._complete_values(items)
-        rows, leases = await self._claim(claim, values)
+        served: set[str] = set()
+        rows, leases = await self._claim(claim, values, served)
         if rows is None:  # the claim's deadlock rolled the completions back: alone, then
             rows = await self._s.fetch("complete", "complete", values)
-        return self._completed(items, rows), leases
+        return self._completed(items, rows, served), leases
 
     async def _claim(
-        self, params: ClaimParams, complete: dict[str, Any] | None = None
+        self,
+        params: ClaimParams,
+        complete: dict[str, Any] | None = None,
+        served: set[str] | None = None,
     ) -> tuple[list[Row] | None, Claimed]:
         """The claim, after the complete statement with ``complete`` when given: its rows
-        come first (``None`` when a deadlock rolled it back with the claim)."""
+        come first (``None`` when a deadlock rolled it back with the claim). The queues
+        where those completions freed a limit key with held tasks and this claim already
+        looked at them again are added to ``served``: this worker need not be woken for
+        them."""
         queues = list(dict.fromkeys(params.queues))
         mark = time.monotonic()
         for queue in queues:
@@ -322,14 +329,22 @@ class PostgresBroker(AdminForwarder):
             "worker_id": params.worker_id,
             "forward": max(params.limit, CLAIM_FORWARD),
         }
+        freed: set[str] = set()
         if limited_mode:
+            # claim_limited runs after the completions, in the same transaction: it sees
+            # the slots they freed.
             completed, rows = await self._claim_pipelined(values, complete)
+            if completed is not None:
+                freed.update(queues)
         else:
             completed, rows, due = await self._complete_claim(values, complete)
             if due:
                 # Due scheduled/retry rows wait: nothing was leased (they may come first);
                 # forward them and claim in one more round trip.
                 rows = await self._forward_and_claim(values)
+            # A key these completions freed is not seen by the claim of the same statement.
+            freed.update(r["queue"] for r in completed or () if r["wake"])
+            freed.intersection_update(queues)
         wake_at: float | None = rows[0][CLAIM_WAKE_AT] if rows else None
         if limited_mode:
             again = await self._limited_answer(queues, rows)
@@ -339,9 +354,16 @@ class PostgresBroker(AdminForwarder):
         else:
             limited = bool(rows and rows[0][CLAIM_LIMITED])
             rows = [r for r in rows if r[0] is not None]
-            if limited and len(rows) < params.limit:
+            if (limited or freed) and len(rows) < params.limit:
+                # Held tasks wait on a key with room (or one these completions freed): the
+                # limited claim takes them now, rather than after this worker's own wake-up
+                # and another claim.
                 self._limited.update(queues)
                 wake_at = await self._claim_limited(queues, params, rows, wake_at)
+            else:
+                freed.clear()
+        if served is not None:
+            served.update(freed)
         if len(rows) > 1:
             # UPDATE … RETURNING has no order: restore queue order, then the claim order.
             order = {q: i for i, q in enumerate(queues)}
@@ -590,10 +612,12 @@ class PostgresBroker(AdminForwarder):
             rows = await self._s.fetch("complete", "complete", params)
         return self._completed(items, rows)
 
-    def _completed(self, items: Sequence[CompleteParams], rows: list[Row]) -> list[bool]:
-        """Wake and announce what the complete statement's ``rows`` ended; one answer per
-        item."""
-        self._wake(r["queue"] for r in rows if r["wake"])
+    def _completed(
+        self, items: Sequence[CompleteParams], rows: list[Row], served: Set[str] = frozenset()
+    ) -> list[bool]:
+        """Wake and announce what the complete statement's ``rows`` ended (this worker's
+        claim has looked at the queues in ``served`` since); one answer per item."""
+        self._wake((r["queue"] for r in rows if r["wake"]), served)
         done = {(r["queue"], r["id"]) for r in rows}
         self._s.ended(done)
         answers: list[bool] = []
@@ -657,13 +681,14 @@ class PostgresBroker(AdminForwarder):
         self._wake(woken)
         return done
 
-    def _wake(self, queues: Iterable[str]) -> None:
-        """Wake the workers of queues where an ended attempt freed a key tasks wait on."""
+    def _wake(self, queues: Iterable[str], served: Set[str] = frozenset()) -> None:
+        """Wake the workers of queues where an ended attempt freed a key tasks wait on
+        (this worker's not for ``served``: its claim has looked at them since)."""
         wanted = set(queues)
         if wanted:
             # This worker's fetcher claims at once; the others hear the NOTIFY.
-            if self._listener is not None:
-                self._listener.poke(wanted)
+            if self._listener is not None and wanted - served:
+                self._listener.poke(wanted - served)
             self._s.notifier.add(wanted)
 
     async def retry(self, params: RetryParams) -> bool:
