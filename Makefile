@@ -26,6 +26,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[all,dev]'
+	# Bytecode now, as pip writes it for a regular install: an editable one has none, and
+	# where Python may not write it (PYTHONDONTWRITEBYTECODE) every start compiles durq again.
+	$(BIN)/python -m compileall -q src
 	touch $(STAMP)
 
 $(DJ_STAMP): pyproject.toml
