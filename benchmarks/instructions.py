@@ -10,11 +10,13 @@ counts, under ``valgrind --tool=callgrind``:
 * the server's instructions per task: a private ``redis-server`` runs under callgrind while
   the plain producer sends N1, then N2 tasks (a new server each time), same difference.
 
-Workloads: ``one`` (``app.enqueue`` one after another) and ``bulk`` (``app.enqueue_many`` of
-1,000). Every server is private (a free port, no persistence, a temporary directory).
+Workloads: ``one`` (``app.enqueue`` one after another), ``conc`` (``app.enqueue`` from 50
+concurrent callers, make bench's "50 callers") and ``bulk`` (``app.enqueue_many`` of 1,000).
+Every server is private (a free port, no persistence, a temporary directory).
 
     .venv/bin/python benchmarks/instructions.py --build before=/tmp/old/.venv/bin/python \\
-        --build after=.venv/bin/python [--one 500,2500] [--bulk 2000,6000]
+        --build after=.venv/bin/python [--one 500,2500] [--conc 1000,3000] [--bulk 2000,6000] \\
+        [--workloads one,conc,bulk]
 """
 
 from __future__ import annotations
@@ -49,6 +51,13 @@ def produce(url: str, workload: str, tasks: int) -> None:
         if workload == "one":
             for i in range(tasks):
                 await app.enqueue("noop", {"i": i})
+        elif workload == "conc":
+
+            async def caller(share: range) -> None:
+                for i in share:
+                    await app.enqueue("noop", {"i": i})
+
+            await asyncio.gather(*(caller(range(c, tasks, 50)) for c in range(50)))
         else:
             for first in range(0, tasks, 1000):
                 last = min(tasks, first + 1000)
@@ -120,11 +129,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", action="append", required=True, help="LABEL=PYTHON")
     parser.add_argument("--one", default="500,2500", help="N1,N2 for one-by-one enqueue")
+    parser.add_argument("--conc", default="1000,3000", help="N1,N2 for 50 concurrent callers")
     parser.add_argument("--bulk", default="2000,6000", help="N1,N2 for enqueue_many of 1,000")
+    parser.add_argument("--workloads", default="one,conc,bulk")
     args = parser.parse_args()
     builds = [spec.split("=", 1) for spec in args.build]
     rows: list[tuple[str, str, str, float]] = []
-    for workload, sizes in (("one", args.one), ("bulk", args.bulk)):
+    workloads = args.workloads.split(",")
+    for workload in workloads:
+        sizes = getattr(args, workload)
         n1, n2 = (int(n) for n in sizes.split(","))
         for side in ("client", "server"):
             for label, python in builds:
@@ -133,11 +146,14 @@ def main() -> None:
                 rows.append((workload, side, label, (high - low) / (n2 - n1)))
                 print(f"{workload} {side} {label}: {rows[-1][3]:,.0f}", file=sys.stderr)
     labels = [label for label, _ in builds]
-    print(f"instructions per task (callgrind; {args.one} one-by-one, {args.bulk} bulk)\n")
+    print(
+        f"instructions per task (callgrind; {args.one} one-by-one, {args.conc} from 50 callers,"
+        f" {args.bulk} bulk)\n"
+    )
     ratios = [f"{label} / {labels[0]}" for label in labels[1:]]
     print("| workload | counted | " + " | ".join(labels + ratios) + " |")
     print("|---|---|" + "---:|" * (2 * len(labels) - 1))
-    for workload in ("one", "bulk"):
+    for workload in workloads:
         for side in ("client", "server"):
             values = [v for w, s, _, v in rows if w == workload and s == side]
             cells = [f"{v / 1000:,.1f}k" for v in values]
