@@ -232,7 +232,11 @@ async def _run(driver: Driver) -> dict[str, Any]:
         if args.enqueue_only:
             return result
         log = open(os.path.join(SIGNAL_DIR, "worker.log"), "wb")
-        env = {**os.environ, "PYTHONPATH": str(HERE), **driver.worker_env()}
+        # The driver's own PYTHONPATH stays in front: a build given to compare.py as a wrapper
+        # that sets it (PYTHONPATH=/tmp/old/src) must run its worker on that build too, not
+        # on whatever durq the interpreter's environment has installed.
+        path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(HERE)]))
+        env = {**os.environ, "PYTHONPATH": path, **driver.worker_env()}
         cpu_before = _children_cpu()
         launched = time.time()
         proc = subprocess.Popen(
