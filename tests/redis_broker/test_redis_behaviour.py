@@ -17,7 +17,7 @@ from durq.brokers.redis.lua import LuaScript
 from durq.clock import FakeClock
 from durq.errors import QueueNotFoundError
 from durq.states import TaskState
-from durq.task import LimitSpec
+from durq.task import LimitSpec, TaskInfo
 from servers import raw_redis
 
 
@@ -214,3 +214,33 @@ async def test_pause_of_unknown_queue_and_queues_known_by_workers(rbroker: Redis
     assert stats.name == "mail" and stats.paused
     (worker,) = await rbroker.list_workers()
     assert worker.queues == {"mail": 1}
+
+
+async def test_E9_concurrent_enqueues_share_script_calls(rbroker: RedisBroker) -> None:
+    """50 callers, 10 enqueues each: a script call carries the calls that arrived while the
+    one before was in flight (not one script call per enqueue)."""
+    await rbroker.enqueue(task("warm"))  # connected, queue known
+    wire = rbroker._s.wire
+    scripts: list[int] = []  # EVALSHA commands per round trip
+
+    def counted(send: Any) -> Any:
+        async def run(commands: Any) -> Any:
+            batch = commands if isinstance(commands, list) else [commands]
+            scripts.append(sum(1 for c in batch if c[0] == "EVALSHA"))
+            return await send(commands)
+
+        return run
+
+    wire.call, wire.call_many = counted(wire.call), counted(wire.call_many)  # type: ignore[method-assign]
+
+    async def caller(c: int) -> list[TaskInfo]:
+        return [await rbroker.enqueue(task(f"c{c}-{i}")) for i in range(10)]
+
+    answers = await asyncio.gather(*(caller(c) for c in range(50)))
+    assert [[a.id for a in mine] for mine in answers] == [
+        [f"c{c}-{i}" for i in range(10)] for c in range(50)
+    ]
+    # The first call alone, then one script call per round of the 50 callers: 11, where one
+    # script call per enqueue would be 500.
+    assert sum(scripts) <= 20, scripts
+    assert len(await rbroker.admin.list_tasks("default", TaskState.PENDING, limit=1000)) == 501
