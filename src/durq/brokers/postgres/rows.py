@@ -93,36 +93,6 @@ def claimed_info(
     )
 
 
-def created_info(p: EnqueueParams, state: TaskState, next_at: float, now: float) -> TaskInfo:
-    """The TaskInfo of a row the enqueue statement just inserted from ``p``: every column is
-    known from the params, so the statement returns none of them."""
-    return make_info(
-        id=p.id,
-        queue=p.queue,
-        type=p.type,
-        raw_payload=bytes(p.payload),
-        state=state,
-        max_retry=int(p.max_retry),
-        retried=0,
-        last_error=None,
-        timeout=_f(p.timeout),
-        deadline=to_datetime(_f(p.deadline)),
-        next_process_at=to_datetime(next_at),
-        enqueued_at=to_datetime(now),
-        completed_at=None,
-        raw_result=None,
-        retention=float(p.retention),
-        lost=0,
-        headers=dict(p.headers),
-        started_at=None,
-        lease_expires_at=None,
-        worker_id=None,
-        cancel_requested=False,
-        priority=int(p.priority),
-        limits=p.limits,
-    )
-
-
 def _f(value: float | None) -> float | None:
     return None if value is None else float(value)
 
@@ -259,6 +229,7 @@ def enqueue_plan(
         created = inserted_keys(inserted, batch)
         # The clock the statement read: every row of it was stamped with this one value.
         stamped = float(inserted[0]["now"]) if inserted else now
+        at = to_datetime(stamped)
         refused: list[int] = []
         for i, p, state in zip(todo, batch, states, strict=True):
             if created is not None:
@@ -268,8 +239,7 @@ def enqueue_plan(
                     continue
                 # The same id twice in one batch: the first is inserted, the second refused.
                 created.discard(key)
-            info = created_info(p, state, p.ready_at(stamped), stamped)
-            outcomes[i] = EnqueueOutcome(p, info=info)
+            outcomes[i] = EnqueueOutcome(p, info=p.created(state, stamped, at))
         if not refused:
             todo = []
             break
