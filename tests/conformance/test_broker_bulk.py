@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from brokerkit import C, P, S, params, picture, put, snapshot
+from brokerkit import C, P, Q, S, params, picture, put, snapshot
 
 from durq.brokers import FullBroker
 from durq.clock import FakeClock
@@ -51,6 +51,33 @@ async def test_E9_conflicts_inside_one_batch(broker: FullBroker) -> None:
     assert isinstance(outcomes[3].error, DuplicateTaskError)
     assert outcomes[3].error.existing_id == "u1"
     assert (await broker.get_task("default", "a")).payload == {"id": "a"}
+
+
+async def test_E9_id_conflicts_in_a_batch_without_unique_keys(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    """A batch without unique keys (which a broker may first send as a plain insert) reports
+    each id conflict in its own outcome, reuses an id whose completed task has passed its
+    retention, and creates every other task once."""
+    await put(broker, clock, {"done": C}, retention=100)
+    await put(broker, clock, {"old": C}, retention=10)
+    await put(broker, clock, {"taken": P})
+    clock.advance(10)  # "old" passed its retention; the janitor has not run
+    items = [
+        params("new1"),
+        params("taken"),
+        params("new2"),
+        params("new2", payload={"second": True}),
+        params("done"),
+        params("old"),
+    ]
+    outcomes = await broker.enqueue_many(items)
+    assert [o.params is p for o, p in zip(outcomes, items, strict=True)] == [True] * 6
+    assert [o.created for o in outcomes] == [True, False, True, False, False, True]
+    for refused in (outcomes[1], outcomes[3], outcomes[4]):
+        assert isinstance(refused.error, TaskIDConflictError) and refused.info is None
+    assert (await broker.get_task(Q, "new2")).payload == {"id": "new2"}
+    assert await snapshot(broker) == picture(pending="taken new1 new2 old", completed="done")
 
 
 async def test_E9_empty_batch(broker: FullBroker) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from durq.brokers.base import ClaimParams, EnqueueParams
 from durq.brokers.postgres import PostgresBroker
-from durq.brokers.postgres.rows import CLAIM_COLUMNS
+from durq.brokers.postgres.rows import CLAIM_COLUMNS, EnqueuePlan, Row, enqueue_plan
 from durq.brokers.postgres.storage import QUERIES
 from durq.clock import FakeClock
 from durq.states import TaskState
@@ -54,3 +55,54 @@ async def test_claim_answers_what_the_row_holds(pg: PostgresBroker) -> None:
     for lease in leases:
         assert lease.task == await pg.get_task("default", lease.task.id)
         assert lease.task.state is TaskState.ACTIVE and lease.task.worker_id == "w1"
+
+
+def run_plan(plan: EnqueuePlan, answers: list[list[Row] | None]) -> tuple[list[str], Any]:
+    """Drive an enqueue plan with canned answers: the statements it asked for, its result."""
+    names = []
+    try:
+        name, _ = next(plan)
+        for answer in answers:
+            names.append(name)
+            name, _ = plan.send(answer)
+    except StopIteration as stop:
+        return names, stop.value
+    raise AssertionError(f"the plan asked for more: {name}")
+
+
+def test_a_batch_alone_without_unique_keys_is_one_plain_insert() -> None:
+    """The common bulk enqueue: one statement, without ON CONFLICT's look-ups (enqueue_fresh),
+    every task created on the clock it read."""
+    items = [task("a"), task("b", process_at=200.0)]
+    names, outcomes = run_plan(enqueue_plan(items, 100.0, None, alone=True), [[{"now": 101.0}]])
+    assert names == ["enqueue_fresh"]
+    assert [o.info.state for o in outcomes] == [TaskState.PENDING, TaskState.SCHEDULED]
+    assert outcomes[0].info.enqueued_at == outcomes[0].info.next_process_at
+    assert outcomes[0].info.enqueued_at.timestamp() == 101.0
+
+
+def test_a_refused_plain_insert_goes_again_with_on_conflict() -> None:
+    """A unique violation refused the whole plain insert: the same batch goes as ``enqueue``,
+    whose answer names the rows it inserted; the refused one is looked up."""
+    items = [task("a"), task("b")]
+    answers: list[list[Row] | None] = [
+        None,
+        [{"n": 1, "now": 101.0, "queues": ["default"], "ids": ["a"]}],
+        [],  # enqueue_conflicts: the holder of "b" is gone already
+        [{"n": 1, "now": 102.0}],  # enqueue_one: "b" again
+    ]
+    names, outcomes = run_plan(enqueue_plan(items, 100.0, None, alone=True), answers)
+    assert names == ["enqueue_fresh", "enqueue", "enqueue_conflicts", "enqueue_one"]
+    assert all(o.created for o in outcomes)
+
+
+def test_unique_keys_a_caller_transaction_or_one_task_keep_on_conflict() -> None:
+    """A plain insert is tried only where a refusal is rare and costs nothing but itself: not
+    with unique keys (refusals are their point), not in a caller's transaction (a failed
+    statement would abort it), not for one task (its own statement)."""
+    keyed = [task("a"), task("b", unique_key="k", unique_ttl=60.0)]
+    two = [task("a"), task("b")]
+    assert next(enqueue_plan(keyed, 100.0, None, alone=True))[0] == "enqueue"
+    assert next(enqueue_plan(two, 100.0, "ch"))[0] == "enqueue"
+    assert next(enqueue_plan(two, 100.0, None))[0] == "enqueue"
+    assert next(enqueue_plan([task("a")], 100.0, None, alone=True))[0] == "enqueue_one"

@@ -239,7 +239,7 @@ class PostgresBroker(AdminForwarder):
         if connection is None:
             # Autocommit: each statement commits at once; notify after the commit (see the
             # `enqueue` query for why not inside it).
-            plan = self._s.plan(items, None)
+            plan = self._s.plan(items, None, alone=True)
             async with self._s.connection("enqueue") as conn:
                 result = await self._s.drive(conn, plan)
             self._s.notify_created(result)

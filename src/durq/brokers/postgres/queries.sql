@@ -43,17 +43,12 @@ SELECT extract(epoch FROM clock_timestamp())::float8 AS now;
 
 -- ---------------------------------------------------------------- enqueue (E3, E4, E9)
 
--- name: enqueue
--- Insert a batch in one statement. ON CONFLICT DO NOTHING covers both the primary key (E3)
--- and the unique-key index (E4); the rows not returned were refused and are looked up next.
--- The arrays arrive in binary (%(x)b). The answer is one row: how many were inserted and,
--- only when some were refused, which ones (the client already knows every inserted column).
--- The same statement records the queues. With a channel it also wakes listeners of queues
--- that got pending work, delivered when the surrounding transaction commits (a rollback wakes
--- nobody): used inside a caller's transaction (E8). Without one (NULL) the broker notifies
--- after its own commit (`notify`), because a NOTIFY inside a writing transaction serialises
--- every such commit in the cluster behind one lock, WAL flush included.
-WITH x AS (
+-- name: enqueue_batch
+-- A fragment, not run alone: spliced into enqueue and enqueue_fresh in place of
+-- {enqueue_batch}. Three CTEs: "x", the batch's rows from one array per column, sent in
+-- binary (%(x)b; a column whose values are all NULL comes as one NULL, which unnest pads with
+-- NULLs); "clock", the statement's `now`; "known", which records the queues.
+x AS (
     SELECT *
     FROM unnest(
         %(queues)b::text[], %(ids)b::text[], %(types)b::text[], %(payloads)b::bytea[],
@@ -68,24 +63,41 @@ WITH x AS (
 clock AS (
     SELECT {now} AS now
 ),
-ins AS (
-    INSERT INTO {schema}.tasks AS t (
-        queue, id, type, payload, state, max_retry, timeout, deadline, next_process_at,
-        enqueued_at, retention, unique_key, unique_until, headers, priority, limits
-    )
-    SELECT queue, id, type, payload, state, max_retry, timeout, deadline,
-           coalesce(clock.now + process_in, process_at, clock.now),
-           clock.now, retention, unique_key, clock.now + unique_ttl, headers::jsonb, priority,
-           limits::jsonb
-    FROM x, clock
-    ORDER BY ord
-    ON CONFLICT DO NOTHING
-    RETURNING t.queue, t.id, t.state
-),
 known AS (
     INSERT INTO {schema}.queues (name)
     SELECT DISTINCT queue FROM x
     ON CONFLICT DO NOTHING
+)
+
+-- name: enqueue_insert
+-- A fragment, not run alone: the insert of the rows of "x" (enqueue_batch) in batch order,
+-- spliced into enqueue and enqueue_fresh, which add their conflict clause and answer.
+INSERT INTO {schema}.tasks AS t (
+    queue, id, type, payload, state, max_retry, timeout, deadline, next_process_at,
+    enqueued_at, retention, unique_key, unique_until, headers, priority, limits
+)
+SELECT queue, id, type, payload, state, max_retry, timeout, deadline,
+       coalesce(clock.now + process_in, process_at, clock.now),
+       clock.now, retention, unique_key, clock.now + unique_ttl,
+       coalesce(headers::jsonb, '{{}}'::jsonb), priority, limits::jsonb
+FROM x, clock
+ORDER BY ord
+
+-- name: enqueue
+-- Insert a batch in one statement. ON CONFLICT DO NOTHING covers both the primary key (E3)
+-- and the unique-key index (E4); the rows not returned were refused and are looked up next.
+-- The answer is one row: how many were inserted and, only when some were refused, which ones
+-- (the client already knows every inserted column). The same statement records the queues.
+-- With a channel it also wakes listeners of queues that got pending work, delivered when the
+-- surrounding transaction commits (a rollback wakes nobody): used inside a caller's
+-- transaction (E8). Without one (NULL) the broker notifies after its own commit (`notify`),
+-- because a NOTIFY inside a writing transaction serialises every such commit in the cluster
+-- behind one lock, WAL flush included.
+WITH {enqueue_batch},
+ins AS (
+    {enqueue_insert}
+    ON CONFLICT DO NOTHING
+    RETURNING t.queue, t.id, t.state
 ),
 woken AS (
     SELECT count(pg_notify(%(channel)s, q.queue)) AS n
@@ -96,6 +108,18 @@ SELECT count(ins.id) AS n, (SELECT now FROM clock) AS now,
        CASE WHEN count(ins.id) < %(n)s THEN array_agg(ins.queue) END AS queues,
        CASE WHEN count(ins.id) < %(n)s THEN array_agg(ins.id) END AS ids
 FROM woken LEFT JOIN ins ON true;
+
+-- name: enqueue_fresh
+-- `enqueue` with a plain INSERT, for a batch that commits alone and carries no unique key:
+-- it inserts every row or, at the first conflict (a unique violation), none, and the broker
+-- sends the batch again as `enqueue`. Conflicts are rare there, and ON CONFLICT costs every
+-- row a look-up in each unique index before its insert and one more WAL record after it (a
+-- speculative insertion): a sixth of the server's time per task. The answer: the clock read.
+WITH {enqueue_batch},
+ins AS (
+    {enqueue_insert}
+)
+SELECT now FROM clock;
 
 -- name: enqueue_one
 -- `enqueue` for a single task with plain parameters: one item is the common call, and it

@@ -67,6 +67,8 @@ NOW = sql.SQL("coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp(
 #: Named blocks of ``queries.sql`` that are parts of other statements, not run alone. A block
 #: may contain the blocks named before it.
 FRAGMENTS = (
+    "enqueue_batch",
+    "enqueue_insert",
     "release_limits",
     "claimable_due",
     "lease_set",
@@ -248,9 +250,12 @@ class PostgresStorage:
         """The broker's clock as this process estimates it (the measured offset)."""
         return self._clock.now()
 
-    def plan(self, items: Sequence[EnqueueParams], channel: str | None) -> EnqueuePlan:
-        """The enqueue plan of ``items`` on this broker's clock."""
-        return enqueue_plan(items, self.now(), channel, self.sql_now())
+    def plan(
+        self, items: Sequence[EnqueueParams], channel: str | None, *, alone: bool = False
+    ) -> EnqueuePlan:
+        """The enqueue plan of ``items`` on this broker's clock; ``alone``: on a connection
+        of the pool in autocommit, no transaction around it (see :func:`enqueue_plan`)."""
+        return enqueue_plan(items, self.now(), channel, self.sql_now(), alone=alone)
 
     def sql_now(self) -> float | None:
         """The ``now`` parameter of a statement: ``None`` lets the server read its own clock
@@ -344,8 +349,14 @@ class PostgresStorage:
             try:
                 name, params = next(plan)
                 while True:
-                    await cur.execute(self.q[name], params)
-                    rows: list[Row] = await cur.fetchall() if cur.description else []
+                    rows: list[Row] | None
+                    try:
+                        await cur.execute(self.q[name], params)
+                        rows = await cur.fetchall() if cur.description else []
+                    except psycopg.errors.UniqueViolation:
+                        if name != "enqueue_fresh":
+                            raise
+                        rows = None  # a conflict: the plan sends the batch again with care
                     name, params = plan.send(rows)
             except StopIteration as stop:
                 return stop.value
