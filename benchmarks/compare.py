@@ -2,7 +2,9 @@
 
 Each build is a Python interpreter whose environment has that build of durq installed (for
 an older commit: ``git worktree add /tmp/old <commit>``, a venv there, ``pip install -e
-'/tmp/old[all]'``). Both are driven by *this* tree's ``peers/_common.py`` and
+'/tmp/old[all]'``), or a wrapper script that sets ``PYTHONPATH=/tmp/old/src`` and runs this
+venv's interpreter (the driver passes its ``PYTHONPATH`` on to the worker it starts, so the
+worker runs that build too). Both are driven by *this* tree's ``peers/_common.py`` and
 ``peers/bench_durq.py``, so the workloads, the clocks and the shipped ``durq worker`` command
 line are the same; only the installed durq differs. Runs alternate A, B, B, A, ... (the order
 reversed every round) per broker so a change in the machine's other load touches every build
