@@ -397,8 +397,11 @@ class PostgresBroker(AdminForwarder):
         """complete_claim: the completions and the claim in one statement, one round trip.
         The completed rows (``None`` when a deadlock rolled them back with the claim), the
         claim's rows and whether due scheduled/retry rows wait to be forwarded."""
-        params = {**values, **(complete or self._complete_values(())), "check_due": True}
-        rows = await self._claim_rows("complete_claim", params)
+        if complete is not None and complete["ids"]:
+            query, params = "complete_claim", {**values, **complete, "check_due": True}
+        else:  # nothing to complete: the claim alone, a smaller statement
+            query, params = "claim", {**values, "check_due": True}
+        rows = await self._claim_rows(query, params)
         if rows is None:
             return None, [], False
         first = rows[0]
@@ -424,16 +427,16 @@ class PostgresBroker(AdminForwarder):
                 return None
 
     async def _forward_and_claim(self, values: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """claim_forward, then complete_claim (no completions, no check for due rows: a
-        backlog past the forwarded batch waits for the next claim) in the same round trip
+        """claim_forward, then claim (no check for due rows: a backlog past the forwarded
+        batch waits for the next claim) in the same round trip
         and transaction, which sees the rows it moved; the claim's rows."""
-        claim = {**values, **self._complete_values(()), "check_due": False}
+        claim = {**values, "check_due": False}
         async with self._s.connection("claim") as conn:
             try:
                 async with conn.pipeline():
                     await conn.execute(self._s.q["claim_forward"], values)
                     cur = conn.cursor(row_factory=tuple_row)
-                    await cur.execute(self._s.q["complete_claim"], claim)
+                    await cur.execute(self._s.q["claim"], claim)
             except psycopg.errors.DeadlockDetected:
                 log.debug("forwarding due tasks met a deadlock; trying again later")
                 return []
