@@ -28,15 +28,23 @@ MAX_BATCH = 1000
 
 
 class _Lane(Generic[T, R]):
-    """The calls of one event loop: whether a round trip is in flight, and who waits."""
+    """The calls of one event loop: the batches in flight, and who waits."""
 
-    __slots__ = ("busy", "sender", "waiting")
+    __slots__ = ("carried", "due", "flying", "senders", "waiting")
 
     def __init__(self) -> None:
-        self.busy = False
+        #: Round trips in flight, and the items they carry.
+        self.flying = 0
+        self.carried = 0
+        #: The flush scheduled for the next pass of the loop, if any.
+        self.due: asyncio.Handle | None = None
         self.waiting: list[tuple[T, asyncio.Future[R]]] = []
-        #: The task sending the current batch (kept referenced while it runs).
-        self.sender: asyncio.Task[None] | None = None
+        #: The tasks sending the current batches (kept referenced while they run).
+        self.senders: set[asyncio.Task[None]] = set()
+
+    @property
+    def idle(self) -> bool:
+        return not self.flying and self.due is None and not self.waiting
 
 
 class Coalescer(Generic[T, R]):
@@ -63,6 +71,14 @@ class Coalescer(Generic[T, R]):
     so one coalescer may serve a program that runs several loops (one at a time each).
 
     At most ``max_batch`` items go in one ``many``; more wait for the next round trip.
+
+    ``in_flight`` round trips may be under way at once (1 by default). More than one suits a
+    backend that runs what it is sent in the order sent, on one connection (a pipelined
+    Redis connection): it works on one batch while this process answers the callers of
+    another and gathers the next, instead of each side waiting for the other. The waiting
+    calls are then shared out so that the batches in flight carry about as many each. A
+    batch refused as a whole is then sent again item by item after the next batch may have
+    run (so ``apart`` needs ``in_flight=1``).
     """
 
     def __init__(
@@ -73,14 +89,22 @@ class Coalescer(Generic[T, R]):
         max_batch: int = MAX_BATCH,
         apart: Callable[[T], Hashable] | None = None,
         fail_together: tuple[type[BaseException], ...] = (BrokerUnavailableError,),
+        in_flight: int = 1,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
+        if in_flight < 1:
+            raise ValueError("in_flight must be at least 1")
+        if in_flight > 1 and apart is not None:
+            # A batch refused as a whole goes again item by item, after the next batch may
+            # have run: an item kept apart would no longer surely see its elder's write.
+            raise ValueError("apart needs in_flight=1")
         self._one = one
         self._many = many
         self._max = max_batch
         self._apart = apart
         self._together = fail_together
+        self._depth = in_flight
         self._lanes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Lane[T, R]] = (
             weakref.WeakKeyDictionary()
         )
@@ -91,53 +115,70 @@ class Coalescer(Generic[T, R]):
         lane = self._lanes.get(loop)
         if lane is None:
             lane = self._lanes[loop] = _Lane()
-        if not lane.busy:
-            lane.busy = True
+        if lane.idle:
+            lane.flying = lane.carried = 1
             try:
                 return await self._one(item)
             finally:
                 self._next(lane, 1)
         future: asyncio.Future[R] = loop.create_future()
         lane.waiting.append((item, future))
+        if lane.flying < self._depth and lane.due is None:
+            # Room for another round trip: the others calling in this pass join it.
+            lane.due = loop.call_soon(self._flush, lane)
         return await future
 
     def _next(self, lane: _Lane[T, R], answered: int) -> None:
         """A round trip that ``answered`` calls ended.
 
-        One call, nothing waiting: idle at once, so a caller that sends one item after
-        another always sends alone, at once. Otherwise the callers just answered run next
-        in this pass of the loop and often call again at once: let them, then send all that
-        waits as one batch (a callback one pass later, not a timer). Sending or going idle
-        at once would leave them to a round trip of their own: with 50 callers on Redis,
-        batches of 1 and 49 (or 1 and 50) in turn instead of 50 each time."""
+        One call, nothing else in flight or waiting: idle at once, so a caller that sends
+        one item after another always sends alone, at once. Otherwise the callers just
+        answered run next in this pass of the loop and often call again at once: let them,
+        then send what waits (a callback one pass later, not a timer). Sending or going
+        idle at once would leave them to a round trip of their own: with 50 callers on
+        Redis, batches of 1 and 49 (or 1 and 50) in turn instead of 50 each time."""
+        lane.flying -= 1
+        lane.carried -= answered
         if answered <= 1 and not lane.waiting:
-            lane.busy = False
-            lane.sender = None
             return
-        asyncio.get_running_loop().call_soon(self._flush, lane)
+        if lane.due is not None:
+            # A flush already due would run before these callers call again: a batch of
+            # its share of the calls waiting now, and theirs later in a batch apart.
+            lane.due.cancel()
+        lane.due = asyncio.get_running_loop().call_soon(self._flush, lane)
 
     def _flush(self, lane: _Lane[T, R]) -> None:
-        """Send what waits, or become idle."""
+        """Send what waits (its share, with several round trips in flight), or nothing."""
+        lane.due = None
+        if lane.flying >= self._depth:
+            return  # the next answer flushes
+        live = [entry for entry in lane.waiting if not entry[1].done()]  # not given up
+        # Several round trips in flight: this one takes its share of all the calls under
+        # way, so that the batches keep even sizes (the first call of a busy moment goes
+        # alone, and the next batch would otherwise carry all the others, every time).
+        share = -(-(len(live) + lane.carried) // self._depth)
+        room = min(self._max, max(share, 1))
         batch: list[tuple[T, asyncio.Future[R]]] = []
         later: list[tuple[T, asyncio.Future[R]]] = []
         keys: set[Hashable] = set()
-        for entry in lane.waiting:
-            item, future = entry
-            if future.done():  # its caller gave up (cancelled) while waiting: not sent
-                continue
-            key = self._apart(item) if self._apart is not None else None
-            if len(batch) >= self._max or (key is not None and key in keys):
+        for entry in live:
+            key = self._apart(entry[0]) if self._apart is not None else None
+            if len(batch) >= room or (key is not None and key in keys):
                 later.append(entry)
                 continue
             batch.append(entry)
             if key is not None:
                 keys.add(key)
         lane.waiting = later
-        if batch:
-            lane.sender = asyncio.get_running_loop().create_task(self._send(lane, batch))
-        else:
-            lane.busy = False
-            lane.sender = None
+        if not batch:
+            return
+        lane.flying += 1
+        lane.carried += len(batch)
+        sender = asyncio.get_running_loop().create_task(self._send(lane, batch))
+        lane.senders.add(sender)
+        sender.add_done_callback(lane.senders.discard)
+        if later and lane.flying < self._depth:
+            lane.due = asyncio.get_running_loop().call_soon(self._flush, lane)
 
     async def _send(self, lane: _Lane[T, R], batch: list[tuple[T, asyncio.Future[R]]]) -> None:
         try:

@@ -13,16 +13,19 @@ import durq
 
 
 class Store:
-    """Round trips of one event-loop pass each; records what each carried.
+    """Round trips of one event-loop pass each (or ``passes``); records what each carried.
 
     An item ``bad…`` is refused: alone it raises, in a batch the whole batch raises;
     an item ``own…`` is refused in its own entry of a batch's answers. A round trip that
     carries a held item waits until it is let go."""
 
-    def __init__(self, *, down: bool = False) -> None:
+    def __init__(self, *, down: bool = False, passes: int = 1) -> None:
+        self.passes = passes
         self.trips: list[list[str]] = []
         self.down = down
         self._held: dict[str, asyncio.Event] = {}
+        #: Round trips under way now, and the most there ever were at once.
+        self.flying = self.most = 0
 
     def hold(self, item: str) -> asyncio.Event:
         """Hold the round trip that carries ``item`` until the event is set."""
@@ -31,10 +34,16 @@ class Store:
 
     async def _trip(self, items: list[str]) -> None:
         self.trips.append(items)
-        for item in items:
-            if item in self._held:
-                await self._held[item].wait()
-        await asyncio.sleep(0)
+        self.flying += 1
+        self.most = max(self.most, self.flying)
+        try:
+            for item in items:
+                if item in self._held:
+                    await self._held[item].wait()
+            for _ in range(self.passes):
+                await asyncio.sleep(0)
+        finally:
+            self.flying -= 1
         if self.down:
             raise durq.BrokerUnavailableError("down")
 
@@ -254,3 +263,39 @@ def test_each_event_loop_has_a_lane_of_its_own() -> None:
     for thread, items in trips:
         assert {i[0] for i in items} == {thread.lower()}, trips
     assert ("B", ["b0"]) in trips  # loop B's first call went alone, at once
+
+
+async def test_two_round_trips_in_flight_share_the_callers_evenly() -> None:
+    store = Store(passes=5)
+    c = coalescer(store, in_flight=2)
+
+    async def caller(n: int) -> list[str]:
+        return [await c.send(f"c{n}-{i}") for i in range(4)]
+
+    answers = await asyncio.gather(*(caller(n) for n in range(20)))
+    assert answers == [[f"C{n}-{i}" for i in range(4)] for n in range(20)]
+    assert store.most == 2
+    sent = [item for trip in store.trips for item in trip]
+    assert sorted(sent) == sorted(f"c{n}-{i}" for n in range(20) for i in range(4))
+    # The first call alone, then the others in two halves that keep their size: while one
+    # is in flight the callers of the other are answered and gather again.
+    assert [len(t) for t in store.trips] == [1, 10, 10, 10, 10, 10, 10, 10, 9]
+
+
+async def test_two_in_flight_keep_arrival_order_and_a_lone_caller_alone() -> None:
+    store = Store(passes=5)
+    c = coalescer(store, in_flight=2)
+    for i in range(3):
+        assert await c.send(f"t{i}") == f"T{i}"
+    assert store.trips == [["t0"], ["t1"], ["t2"]]
+    answers = await asyncio.gather(*(c.send(f"a{i}") for i in range(9)))
+    assert answers == [f"A{i}" for i in range(9)]
+    assert store.trips[3:] == [["a0"], ["a1", "a2", "a3", "a4", "a5"], ["a6", "a7", "a8"]]
+
+
+def test_in_flight_is_checked() -> None:
+    store = Store()
+    with pytest.raises(ValueError, match="in_flight"):
+        coalescer(store, in_flight=0)
+    with pytest.raises(ValueError, match="apart"):
+        coalescer(store, in_flight=2, apart=lambda item: item)

@@ -30,12 +30,13 @@ SendMany = Callable[[Sequence[EnqueueParams]], Awaitable[list[EnqueueOutcome]]]
 
 
 def enqueue_coalescer(
-    one: SendOne, many: SendMany, *, max_batch: int = MAX_BATCH
+    one: SendOne, many: SendMany, *, max_batch: int = MAX_BATCH, in_flight: int = 1
 ) -> Coalescer[EnqueueParams, TaskInfo]:
     """One broker's single enqueues, coalesced while a round trip is in flight.
 
     ``one`` sends a single task and raises its refusal; ``many`` sends several and returns
-    one :class:`EnqueueOutcome` per item, in order (a broker's ``enqueue_many``)."""
+    one :class:`EnqueueOutcome` per item, in order (a broker's ``enqueue_many``).
+    ``in_flight``: round trips under way at once (see :class:`~durq.Coalescer`)."""
 
     async def answers(items: Sequence[EnqueueParams]) -> list[TaskInfo | BaseException]:
         return [
@@ -43,7 +44,7 @@ def enqueue_coalescer(
             for o in await many(items)
         ]
 
-    return Coalescer(one, answers, max_batch=max_batch)
+    return Coalescer(one, answers, max_batch=max_batch, in_flight=in_flight)
 
 
 __all__ = ["MAX_BATCH", "enqueue_coalescer"]

@@ -128,7 +128,15 @@ class RedisBroker(AdminForwarder):
                 CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
             }
         self._ends = EndWatches(self._s)
-        self._batcher = enqueue_coalescer(self._enqueue_one, self.enqueue_many)
+        # Two batches in flight: Redis runs one while this process answers the callers of
+        # the other and gathers the next, instead of each side waiting for the other (make
+        # bench's 50 callers on a quiet machine, about 1.2-1.3x; docs/benchmarks.md). Redis
+        # still runs the batches in the order sent: one connection, each batch written
+        # after as many round trips as the one before (connect, a new queue's SADD). A
+        # cluster's batch is split per node and waits on routing before it is written, so
+        # one batch at a time there.
+        depth = 1 if self._s.cluster else 2
+        self._batcher = enqueue_coalescer(self._enqueue_one, self.enqueue_many, in_flight=depth)
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
