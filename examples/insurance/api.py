@@ -25,6 +25,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
+import pydantic_core
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -356,9 +357,11 @@ def create_app(settings: Settings | None = None, *, configure_logging: bool = Tr
             chunks.append(chunk)
         raw = b"".join(chunks)
         try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            # RecursionError: nesting deeper than the parser's stack is malformed input too.
+            # pydantic-core's parser refuses nesting past a fixed depth (200); the standard
+            # library's stops at the interpreter's recursion limit, which other code in the
+            # process may have raised.
+            data = pydantic_core.from_json(raw)
+        except ValueError:
             raise ApiError(400, "malformed_json", "the body is not valid JSON") from None
         try:
             return OrderIn.model_validate(data)

@@ -7,6 +7,8 @@ carry credentials: a foreign Origin gets 401 like any other anonymous caller."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from insurance.conftest import make_settings, settings, sim, sim_server, start_service  # noqa: F401
@@ -96,7 +98,19 @@ def test_authenticated_owner_sees_json_only(svc: Service) -> None:
     assert ALICE not in status.text  # the token never echoes back
 
 
-def test_deeply_nested_json_is_400_not_500(svc: Service) -> None:
+@pytest.mark.parametrize("recursion_limit", [None, 50_000])
+def test_deeply_nested_json_is_400_not_500(svc: Service, recursion_limit: int | None) -> None:
+    """Whatever the interpreter's recursion limit (other code in the process, a test
+    framework, may raise it), deep nesting is refused before validation."""
+    original = sys.getrecursionlimit()
+    sys.setrecursionlimit(recursion_limit or original)
+    try:
+        post_deep_bodies(svc)
+    finally:
+        sys.setrecursionlimit(original)
+
+
+def post_deep_bodies(svc: Service) -> None:
     for body in (b"[" * 30_000, b'{"items": ' + b"[" * 5_000 + b"]" * 5_000 + b"}"):
         r = svc.alice.post("/orders", content=body, headers={"Content-Type": "application/json"})
         assert r.status_code in (400, 413), r.status_code
