@@ -73,3 +73,39 @@ async def test_idle_worker_closes_what_a_burst_opened(pg_url: str) -> None:
     finally:
         await app.close()
         await producer.close()
+
+
+async def test_pooled_connections_keep_one_generic_plan_per_statement(pg_url: str) -> None:
+    """The pool's connections run prepared statements on one generic plan: left to choose,
+    the server planned the claim again on every call after a backlog (more than half of an
+    idle claim's time). Each of a claim's prepared executions shows as a generic plan."""
+    from durq.brokers.base import ClaimParams
+
+    broker = PostgresBroker.from_url(f"{pg_url}&pool_max=1")
+    try:
+        await broker.migrate()
+        for _ in range(12):  # psycopg prepares a statement at its fifth call on a connection
+            await broker.claim(ClaimParams(["default"], 10, "w", 30.0))
+        async with broker._s.connection("test") as conn:
+            cur = await conn.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement LIKE '%forward_first%'"
+            )
+            plans = await cur.fetchall()
+        assert plans and all(p["custom_plans"] == 0 and p["generic_plans"] > 0 for p in plans)
+    finally:
+        await broker.close()
+
+
+async def test_behind_pgbouncer_the_pool_leaves_the_plan_choice_to_the_server(pg_url: str) -> None:
+    """A session setting would reach other clients' sessions through PgBouncer's transaction
+    pooling (and its statements are not prepared): the pool does not set it there."""
+    broker = PostgresBroker.from_url(f"{pg_url}&pool_max=1&pgbouncer=true")
+    try:
+        await broker.migrate()
+        async with broker._s.connection("test") as conn:
+            cur = await conn.execute("SHOW plan_cache_mode")
+            row = await cur.fetchone()
+        assert row is not None and row["plan_cache_mode"] == "auto"
+    finally:
+        await broker.close()

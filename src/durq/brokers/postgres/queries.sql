@@ -34,6 +34,16 @@ SELECT to_regclass(%(table)s) IS NOT NULL AS present;
 -- name: current_version
 SELECT coalesce(max(version), 0) AS version FROM {schema}.schema_migrations;
 
+-- name: generic_plans
+-- Run on each new connection of the broker's pool (not behind PgBouncer, where statements
+-- are not prepared): prepared statements keep one generic plan. Left to choose, the server
+-- took custom plans for the claim after a backlog (its first executions, those it compares
+-- with, were cheap) and planned it again on every call: an idle worker's claim of an empty
+-- queue after 10,000 tasks took 0.85-0.93 ms instead of 0.37 (the code before the claim
+-- grew: 0.33). The guard skips servers before PostgreSQL 12, which lack the setting.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', false) AS mode
+WHERE current_setting('server_version_num')::integer >= 120000;
+
 -- name: ping
 SELECT 1 AS ok;
 

@@ -326,6 +326,7 @@ class PostgresStorage:
                 reconnect_timeout=max(10.0, 2 * self.connect_timeout),
                 open=False,
                 name=f"durq:{self._schema}",
+                configure=None if self._pgbouncer else self._configure,
             )
             async with self.errors(method):
                 try:
@@ -335,6 +336,11 @@ class PostgresStorage:
                     raise
             self.pool = pool
             return pool
+
+    async def _configure(self, conn: AsyncConn) -> None:
+        # A session setting: behind PgBouncer (transaction pooling) it would reach other
+        # clients' sessions, so it is not used there (see the `generic_plans` query).
+        await conn.execute(self.q["generic_plans"])
 
     @contextlib.asynccontextmanager
     async def connection(self, method: str) -> AsyncIterator[AsyncConn]:
