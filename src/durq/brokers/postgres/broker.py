@@ -51,6 +51,7 @@ from durq.brokers.postgres.rows import (
     CLAIM_DONE_IDS,
     CLAIM_DONE_QUEUES,
     CLAIM_DONE_WAKE,
+    CLAIM_DONE_WATCHED,
     CLAIM_DRAINED_KEYS,
     CLAIM_DRAINED_QUEUES,
     CLAIM_DUE,
@@ -406,8 +407,9 @@ class PostgresBroker(AdminForwarder):
             return None, [], False
         first = rows[0]
         wake = set(first[CLAIM_DONE_WAKE] or ())
+        watched = set(first[CLAIM_DONE_WATCHED] or ())
         completed: list[Row] = [
-            {"queue": queue, "id": task_id, "wake": queue in wake}
+            {"queue": queue, "id": task_id, "wake": queue in wake, "watched": task_id in watched}
             for queue, task_id in zip(
                 first[CLAIM_DONE_QUEUES] or (), first[CLAIM_DONE_IDS] or (), strict=True
             )
@@ -621,8 +623,9 @@ class PostgresBroker(AdminForwarder):
         """Wake and announce what the complete statement's ``rows`` ended (this worker's
         claim has looked at the queues in ``served`` since); one answer per item."""
         self._wake((r["queue"] for r in rows if r["wake"]), served)
+        # Ends are announced for the tasks someone waits for (watch_end marked them).
+        self._s.ended((r["queue"], r["id"]) for r in rows if r["watched"])
         done = {(r["queue"], r["id"]) for r in rows}
-        self._s.ended(done)
         answers: list[bool] = []
         for item in items:
             # A lease named twice in one batch finished once: only its first mention is True.
@@ -810,6 +813,9 @@ class PostgresBroker(AdminForwarder):
         if not self._polling:
             await listener.ready(self._s.connect_timeout)
         async with listener.watches.watching(end_key(queue, task_id)) as watch:
+            if not self._polling:
+                # Listening first: the completion that reads the mark announces the end.
+                await self._s.fetch("watch_end", "watch_task", {"queue": queue, "id": task_id})
             yield watch
 
     async def register_worker(self, info: WorkerInfo) -> None:
