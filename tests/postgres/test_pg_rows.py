@@ -9,7 +9,7 @@ from typing import Any
 from durq.brokers.base import ClaimParams, EnqueueParams
 from durq.brokers.postgres import PostgresBroker
 from durq.brokers.postgres.rows import CLAIM_COLUMNS, EnqueuePlan, Row, enqueue_plan
-from durq.brokers.postgres.storage import QUERIES
+from durq.brokers.postgres.storage import QUERIES, raw_statement, render_raw
 from durq.clock import FakeClock
 from durq.states import TaskState
 
@@ -106,3 +106,16 @@ def test_unique_keys_a_caller_transaction_or_one_task_keep_on_conflict() -> None
     assert next(enqueue_plan(two, 100.0, "ch"))[0] == "enqueue"
     assert next(enqueue_plan(two, 100.0, None))[0] == "enqueue"
     assert next(enqueue_plan([task("a")], 100.0, None, alone=True))[0] == "enqueue_one"
+
+
+def test_the_worker_claims_run_as_raw_statements_numbered_once() -> None:
+    """The claims past psycopg's query cache run with ``$n`` parameters, numbered once: each
+    name one number, in order of first use, and nothing of psycopg's syntax left."""
+    statement = raw_statement(b"SELECT %(a)s, %(b)b::text[], %(a)s")
+    assert statement.text == b"SELECT $1, $2::text[], $1"
+    assert statement.params({"b": ["x"], "a": 1, "unused": 0}) == [1, ["x"]]
+    for name, raw in render_raw("durq").items():
+        assert b"%(" not in raw.text, name
+        numbers = {int(n) for n in re.findall(rb"\$(\d+)", raw.text)}
+        assert numbers == set(range(1, len(raw.names) + 1)), name
+        assert b"$" not in QUERIES[name].encode(), name  # no other $ to be confused with

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
+from psycopg import AsyncRawCursor
 from psycopg.rows import tuple_row
 
 from durq.brokers.base import (
@@ -419,10 +420,11 @@ class PostgresBroker(AdminForwarder):
     async def _claim_rows(self, query: str, values: dict[str, Any]) -> list[tuple[Any, ...]] | None:
         """One claim statement's rows, as tuples; ``None`` when a deadlock rolled it back
         (not expected: every writer locks counters in key order; never fatal)."""
+        statement = self._s.raw[query]
         async with self._s.connection("claim") as conn:
             try:
-                cur = conn.cursor(row_factory=tuple_row)
-                await cur.execute(self._s.q[query], values)
+                cur = AsyncRawCursor(conn, row_factory=tuple_row)
+                await cur.execute(statement.text, statement.params(values))
                 return await cur.fetchall()
             except psycopg.errors.DeadlockDetected:
                 log.debug("%s met a deadlock; trying again later", query)
@@ -437,8 +439,9 @@ class PostgresBroker(AdminForwarder):
             try:
                 async with conn.pipeline():
                     await conn.execute(self._s.q["claim_forward"], values)
-                    cur = conn.cursor(row_factory=tuple_row)
-                    await cur.execute(self._s.q["claim"], claim)
+                    cur = AsyncRawCursor(conn, row_factory=tuple_row)
+                    statement = self._s.raw["claim"]
+                    await cur.execute(statement.text, statement.params(claim))
             except psycopg.errors.DeadlockDetected:
                 log.debug("forwarding due tasks met a deadlock; trying again later")
                 return []
@@ -459,8 +462,9 @@ class PostgresBroker(AdminForwarder):
                     if complete is not None:
                         done = await conn.execute(self._s.q["complete"], complete)
                     await conn.execute(self._s.q["claim_forward"], values)
-                    cur = conn.cursor(row_factory=tuple_row)
-                    await cur.execute(self._s.q["claim_limited"], values)
+                    cur = AsyncRawCursor(conn, row_factory=tuple_row)
+                    statement = self._s.raw["claim_limited"]
+                    await cur.execute(statement.text, statement.params(values))
                 # Read after the pipeline's end: its Sync brought every result back with the
                 # commit. Fetching inside it would ask for the results first, and the Sync
                 # would then cost a second round trip.

@@ -722,9 +722,9 @@ FROM more CROSS JOIN done LEFT JOIN leased ON true;
 -- name: claim
 -- complete_claim without completions (an idle worker's claim, the one that picks up a new
 -- task): claim_work alone, the same answer with no completed leases. It leaves out the
--- complete CTEs, and its text stays under psycopg's 4 KB cache limit, where complete_claim's
--- (5.4 KB) is parsed again by psycopg on every call: 0.27-0.34 ms and 187-208 us of client
--- CPU per claim of an empty queue, against 0.48-0.57 ms and 304-336 us.
+-- complete CTEs: 0.27-0.34 ms and 187-208 us of client CPU per claim of an empty queue,
+-- against 0.48-0.57 ms and 304-336 us (with complete_claim's text then parsed again by
+-- psycopg on every call; the claims now run as raw statements, storage.RAW).
 WITH {claim_work}
 SELECT leased.*, more.limited, more.wake_at, NULL::text[] AS queues, NULL::text[] AS ids,
        NULL::text[] AS wake, (SELECT f.due FROM forward_first AS f) AS due,

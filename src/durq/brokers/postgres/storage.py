@@ -9,6 +9,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -91,6 +92,46 @@ def render(text: str, schema: str) -> bytes:
     return composed.as_bytes(None)
 
 
+#: The claims a worker sends on every round trip. Their texts pass psycopg's 4 KB query cache
+#: (``complete_claim`` 5.5 KB, ``claim_limited`` 10 KB), so psycopg would split the text again
+#: for its named parameters on every call (about 0.1 ms of the worker's CPU): they run as raw
+#: queries, their parameters numbered once here.
+RAW = ("complete_claim", "claim", "claim_limited")
+
+_PARAM = re.compile(rb"%\((\w+)\)[sbt]")
+
+
+@dataclass(frozen=True, slots=True)
+class RawStatement:
+    """A named statement with ``$1, $2 ...`` in place of its ``%(name)s`` parameters."""
+
+    text: bytes
+    names: tuple[str, ...]
+
+    def params(self, values: dict[str, Any]) -> list[Any]:
+        """The values of ``values`` in parameter order."""
+        return [values[name] for name in self.names]
+
+
+def raw_statement(query: bytes) -> RawStatement:
+    names: list[str] = []
+
+    def number(match: re.Match[bytes]) -> bytes:
+        name = match.group(1).decode()
+        if name not in names:
+            names.append(name)
+        return b"$%d" % (names.index(name) + 1)
+
+    return RawStatement(_PARAM.sub(number, query), tuple(names))
+
+
+@cache
+def render_raw(schema: str) -> dict[str, RawStatement]:
+    """:data:`RAW` for one schema (rendered once per schema)."""
+    queries = render_all(schema)
+    return {name: raw_statement(queries[name]) for name in RAW}
+
+
 @cache
 def render_all(schema: str) -> dict[str, bytes]:
     """Every named statement for one schema (rendered once per schema; treat as read-only)."""
@@ -171,6 +212,7 @@ class PostgresStorage:
         #: Where the ends of tasks are announced (``App.wait`` listens; workers do not).
         self.end_channel = channel_for(schema, "end")
         self.q = render_all(schema)
+        self.raw = render_raw(schema)
         self.pool: AsyncConnectionPool[AsyncConn] | None = None
         self.notifier = Notifier(self._send_notify)
         self.end_notifier = Notifier(self._send_ends)
