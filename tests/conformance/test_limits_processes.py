@@ -1,7 +1,7 @@
 """W13 across worker processes, checked by a ledger the handlers write (not by the broker).
 
-A short run for every broker in the default suite; the long one (4 ``durq worker``
-processes of 50 slots, 2,000 tasks, 20 s of rate) is ``tests/chaos/test_limits_storm.py``."""
+A short run for every broker; the full-size one (4 ``durq worker`` processes of 50 slots,
+2,000 tasks, 20 s of rate), also in the default suite, is ``tests/chaos/test_limits_storm.py``."""
 
 from __future__ import annotations
 
