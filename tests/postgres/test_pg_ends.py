@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from durq.brokers.base import ClaimParams, CompleteParams, EnqueueParams
+from durq.brokers.base import ClaimParams, CompleteParams, EnqueueParams, Lease
 from durq.brokers.postgres import PostgresBroker
 from servers import PG_DSN
 
@@ -20,39 +20,46 @@ def task(task_id: str) -> EnqueueParams:
     return EnqueueParams(id=task_id, queue="default", type="t", payload=b"{}")
 
 
-async def heard(broker: PostgresBroker, act: Callable[[], Any]) -> list[str]:
-    """The end notifications sent while ``act`` runs (and its background sends settle)."""
+async def heard_until(broker: PostgresBroker, act: Callable[[], Any], last: str) -> list[str]:
+    """The end notifications sent while ``act`` runs, up to and including ``last`` (the
+    notifier sends them in order, after each commit)."""
     async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as conn:
         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(broker._s.end_channel)))
         await act()
-        await asyncio.sleep(0.3)  # the notifier sends after the commit, off the caller's path
-        await conn.execute("SELECT 1")  # notifications arrive with the next answer
         payloads: list[str] = []
-        async for note in conn.notifies(timeout=0.2):
-            payloads.append(note.payload)
-        return payloads
+        async with asyncio.timeout(30):
+            async for note in conn.notifies():
+                payloads.append(note.payload)
+                if last in note.payload.splitlines():
+                    return payloads
+        raise AssertionError("unreachable")
+
+
+async def complete(broker: PostgresBroker, *leases: Lease) -> None:
+    refs = [CompleteParams(lease.ref, retention=60) for lease in leases]
+    done, _ = await broker.complete_and_claim(refs, ClaimParams(["default"], 2, "w", 30))
+    assert done == [True] * len(leases)
 
 
 async def test_only_watched_tasks_have_their_end_announced(pg: PostgresBroker) -> None:
-    await pg.enqueue_many([task("plain"), task("waited"), task("alone")])
-    leases = {
-        lease.task.id: lease for lease in await pg.claim(ClaimParams(["default"], 3, "w", 30))
-    }
+    await pg.enqueue_many([task(i) for i in ("plain", "waited", "alone", "sentinel")])
+    claimed = await pg.claim(ClaimParams(["default"], 4, "w", 30))
+    leases = {lease.task.id: lease for lease in claimed}
     async with pg.watch_end("default", "waited") as watch:
-
-        async def complete_in_claim() -> None:
-            refs = [CompleteParams(leases[i].ref, retention=60) for i in ("plain", "waited")]
-            done, _ = await pg.complete_and_claim(refs, ClaimParams(["default"], 2, "w", 30))
-            assert done == [True, True]
-
-        assert await heard(pg, complete_in_claim) == ["default waited"]
+        payloads = await heard_until(
+            pg, lambda: complete(pg, leases["plain"], leases["waited"]), "default waited"
+        )
+        assert payloads == ["default waited"]
         assert await watch.wait(1.0)
+    # Nobody waits for "alone": nothing is announced before the sentinel's end, sent after.
+    async with pg.watch_end("default", "sentinel"):
 
-    # complete_many: the same statement as a claim's, without the claim
-    async def complete_alone() -> None:
-        assert await pg.complete_many([CompleteParams(leases["alone"].ref)]) == [True]
+        async def alone_then_sentinel() -> None:
+            assert await pg.complete_many([CompleteParams(leases["alone"].ref)]) == [True]
+            await complete(pg, leases["sentinel"])
 
-    assert await heard(pg, complete_alone) == []
+        payloads = await heard_until(pg, alone_then_sentinel, "default sentinel")
+        assert payloads == ["default sentinel"]
 
 
 async def test_a_wait_that_starts_after_the_end_reads_it(pg: PostgresBroker) -> None:
