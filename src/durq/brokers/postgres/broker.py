@@ -7,9 +7,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence, Set
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence, Set
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncRawCursor
@@ -82,6 +82,8 @@ from durq.brokers.sqlrows import row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock, to_datetime, utc_day
 from durq.errors import ConfigurationError
 from durq.task import TaskInfo
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("durq.brokers.postgres")
 
@@ -284,7 +286,7 @@ class PostgresBroker(AdminForwarder):
         """Lease up to ``limit`` due tasks in one round trip (SKIP LOCKED: never twice)."""
         if not params.queues or params.limit <= 0:
             return []
-        _, leases = await self._claim(params)
+        _, leases, _ = await self._claim(params)
         return leases
 
     async def complete_and_claim(
@@ -295,8 +297,7 @@ class PostgresBroker(AdminForwarder):
         trip, one transaction. Plain completions only: follow-ups and group outcomes
         complete in a transaction of their own."""
         values = self._complete_values(items)
-        served: set[str] = set()
-        rows, leases = await self._claim(claim, values, served)
+        rows, leases, served = await self._claim(claim, values)
         if rows is None:  # the claim's deadlock rolled the completions back: alone, then
             rows = await self._s.fetch("complete", "complete", values)
         return self._completed(items, rows, served), leases
@@ -305,13 +306,11 @@ class PostgresBroker(AdminForwarder):
         self,
         params: ClaimParams,
         complete: dict[str, Any] | None = None,
-        served: set[str] | None = None,
-    ) -> tuple[list[Row] | None, Claimed]:
-        """The claim, after the complete statement with ``complete`` when given: its rows
-        come first (``None`` when a deadlock rolled it back with the claim). The queues
-        where those completions freed a limit key with held tasks and this claim already
-        looked at them again are added to ``served``: this worker need not be woken for
-        them."""
+    ) -> tuple[list[Row] | None, Claimed, Set[str]]:
+        """The claim, after the complete statement with ``complete`` when given. Returns
+        the completed rows (``None`` when a deadlock rolled them back with the claim), the
+        leases, and the queues where those completions freed a limit key with held tasks
+        that this claim already looked at again: this worker need not be woken for them."""
         queues = list(dict.fromkeys(params.queues))
         mark = time.monotonic()
         for queue in queues:
@@ -364,8 +363,6 @@ class PostgresBroker(AdminForwarder):
                 wake_at = await self._claim_limited(queues, params, rows, wake_at)
             else:
                 freed.clear()
-        if served is not None:
-            served.update(freed)
         if len(rows) > 1:
             # UPDATE … RETURNING has no order: restore queue order, then the claim order.
             order = {q: i for i, q in enumerate(queues)}
@@ -380,7 +377,7 @@ class PostgresBroker(AdminForwarder):
         # Start and lease expiry as the server read them (a claim of limited tasks is a
         # statement of its own, with its own).
         worker = params.worker_id
-        return completed, Claimed(
+        leases = Claimed(
             (
                 Lease(
                     task=claimed_info(
@@ -392,6 +389,7 @@ class PostgresBroker(AdminForwarder):
             ),
             wake_at,
         )
+        return completed, leases, freed
 
     async def _complete_claim(
         self, values: dict[str, Any], complete: dict[str, Any] | None
@@ -417,35 +415,45 @@ class PostgresBroker(AdminForwarder):
         ]
         return completed, rows, bool(first[CLAIM_DUE])
 
-    async def _claim_rows(self, query: str, values: dict[str, Any]) -> list[tuple[Any, ...]] | None:
-        """One claim statement's rows, as tuples; ``None`` when a deadlock rolled it back
-        (not expected: every writer locks counters in key order; never fatal)."""
-        statement = self._s.raw[query]
+    async def _claim_statements(
+        self, what: str, run: Callable[[AsyncConn], Awaitable[_T]], on_deadlock: _T
+    ) -> _T:
+        """``run`` on a pooled connection. A deadlock rolls its statements back and is never
+        fatal (nor expected: every writer locks counters in key order); it answers
+        ``on_deadlock`` and the worker claims again later."""
         async with self._s.connection("claim") as conn:
             try:
-                cur = AsyncRawCursor(conn, row_factory=tuple_row)
-                await cur.execute(statement.text, statement.params(values))
-                return await cur.fetchall()
+                return await run(conn)
             except psycopg.errors.DeadlockDetected:
-                log.debug("%s met a deadlock; trying again later", query)
-                return None
+                log.debug("%s met a deadlock; trying again later", what)
+                return on_deadlock
+
+    async def _claim_rows(self, query: str, values: dict[str, Any]) -> list[tuple[Any, ...]] | None:
+        """One claim statement's rows, as tuples; ``None`` when a deadlock rolled it back."""
+        statement = self._s.raw[query]
+
+        async def run(conn: AsyncConn) -> list[tuple[Any, ...]] | None:
+            cur = AsyncRawCursor(conn, row_factory=tuple_row)
+            await cur.execute(statement.text, statement.params(values))
+            return await cur.fetchall()
+
+        return await self._claim_statements(query, run, None)
 
     async def _forward_and_claim(self, values: dict[str, Any]) -> list[tuple[Any, ...]]:
         """claim_forward, then claim (no check for due rows: a backlog past the forwarded
         batch waits for the next claim) in the same round trip
         and transaction, which sees the rows it moved; the claim's rows."""
         claim = {**values, "check_due": False}
-        async with self._s.connection("claim") as conn:
-            try:
-                async with conn.pipeline():
-                    await conn.execute(self._s.q["claim_forward"], values)
-                    cur = AsyncRawCursor(conn, row_factory=tuple_row)
-                    statement = self._s.raw["claim"]
-                    await cur.execute(statement.text, statement.params(claim))
-            except psycopg.errors.DeadlockDetected:
-                log.debug("forwarding due tasks met a deadlock; trying again later")
-                return []
+        statement = self._s.raw["claim"]
+
+        async def run(conn: AsyncConn) -> list[tuple[Any, ...]]:
+            async with conn.pipeline():
+                await conn.execute(self._s.q["claim_forward"], values)
+                cur = AsyncRawCursor(conn, row_factory=tuple_row)
+                await cur.execute(statement.text, statement.params(claim))
             return await cur.fetchall()
+
+        return await self._claim_statements("forwarding due tasks", run, [])
 
     async def _claim_pipelined(
         self, values: dict[str, Any], complete: dict[str, Any] | None
@@ -453,30 +461,24 @@ class PostgresBroker(AdminForwarder):
         """The claim of queues with limited work: the complete statement (when given), the
         forwarding step and claim_limited, statements of their own in one transaction and
         one round trip (each sees what the one before it changed)."""
-        completed: list[Row] | None = []
-        async with self._s.connection("claim") as conn:
-            try:
-                async with conn.pipeline():
-                    # The statements go out in one round trip, in one implicit transaction
-                    # (the Sync at the pipeline's end commits it): completions, then claim.
-                    if complete is not None:
-                        done = await conn.execute(self._s.q["complete"], complete)
-                    await conn.execute(self._s.q["claim_forward"], values)
-                    cur = AsyncRawCursor(conn, row_factory=tuple_row)
-                    statement = self._s.raw["claim_limited"]
-                    await cur.execute(statement.text, statement.params(values))
-                # Read after the pipeline's end: its Sync brought every result back with the
-                # commit. Fetching inside it would ask for the results first, and the Sync
-                # would then cost a second round trip.
-                rows = await cur.fetchall()
+        statement = self._s.raw["claim_limited"]
+
+        async def run(conn: AsyncConn) -> tuple[list[Row] | None, list[tuple[Any, ...]]]:
+            async with conn.pipeline():
+                # The statements go out in one round trip, in one implicit transaction
+                # (the Sync at the pipeline's end commits it): completions, then claim.
                 if complete is not None:
-                    completed = await done.fetchall()
-            except psycopg.errors.DeadlockDetected:
-                # Not expected (every writer locks counters in key order); never fatal.
-                log.debug("claim of limited tasks met a deadlock; trying again later")
-                rows = []
-                completed = None
-        return completed, rows
+                    done = await conn.execute(self._s.q["complete"], complete)
+                await conn.execute(self._s.q["claim_forward"], values)
+                cur = AsyncRawCursor(conn, row_factory=tuple_row)
+                await cur.execute(statement.text, statement.params(values))
+            # Read after the pipeline's end: its Sync brought every result back with the
+            # commit. Fetching inside it would ask for the results first, and the Sync
+            # would then cost a second round trip.
+            rows = await cur.fetchall()
+            return (await done.fetchall() if complete is not None else []), rows
+
+        return await self._claim_statements("claim of limited tasks", run, (None, []))
 
     async def _claim_limited(
         self,
@@ -538,13 +540,13 @@ class PostgresBroker(AdminForwarder):
         locked first, then the held tasks read by a statement of its own (a fresh snapshot,
         after every claim that held a task on them has committed). One round trip."""
         values = {"queues": queues, "keys": keys}
-        async with self._s.connection("claim") as conn:
-            try:
-                async with conn.pipeline(), conn.transaction():
-                    await conn.execute(self._s.q["claim_limited_settle_lock"], values)
-                    await conn.execute(self._s.q["claim_limited_settle"], values)
-            except psycopg.errors.DeadlockDetected:
-                log.debug("clearing the flags of drained limit keys met a deadlock")
+
+        async def run(conn: AsyncConn) -> None:
+            async with conn.pipeline(), conn.transaction():
+                await conn.execute(self._s.q["claim_limited_settle_lock"], values)
+                await conn.execute(self._s.q["claim_limited_settle"], values)
+
+        await self._claim_statements("clearing the flags of drained limit keys", run, None)
 
     async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
         """Heartbeat: push the expiry of every held lease; report lost ones and cancel asks."""
