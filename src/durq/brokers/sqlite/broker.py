@@ -229,9 +229,11 @@ class SQLiteBroker(AdminForwarder):
         outcomes: list[EnqueueOutcome] = []
         for p in items:
             try:
-                outcomes.append(EnqueueOutcome(p, info=self._s.insert(conn, p, now)))
+                info = self._s.insert(conn, p, now, record_queue=False)
+                outcomes.append(EnqueueOutcome(p, info=info))
             except (TaskIDConflictError, DuplicateTaskError) as exc:
                 outcomes.append(EnqueueOutcome(p, error=exc))
+        self._s.record_queues(conn, {o.params.queue for o in outcomes if o.created}, now)
         return outcomes
 
     # ------------------------------------------------------------------ E8: the caller's connection

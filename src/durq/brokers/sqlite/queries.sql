@@ -66,6 +66,20 @@ INSERT INTO durq_tasks (
 )
 RETURNING *;
 
+-- name: insert_task_fresh
+-- insert_task for the common case, tried first: a free id and a free key cost this one
+-- statement. A conflict (a live holder, or an expired one still in place) writes nothing
+-- and returns no row; the broker then runs the checks and insert_task.
+INSERT INTO durq_tasks (
+    id, queue, type, payload, state, max_retry, timeout, deadline, next_process_at,
+    enqueued_at, retention, headers, unique_key, unique_until, relative_due, priority, limits
+) VALUES (
+    :id, :queue, :type, :payload, :state, :max_retry, :timeout, :deadline, :next_process_at,
+    :now, :retention, :headers, :unique_key, :unique_until, :relative_due, :priority, :limits
+)
+ON CONFLICT DO NOTHING
+RETURNING *;
+
 -- name: ensure_queue
 INSERT INTO durq_queues (name, paused, created_at) VALUES (:queue, 0, :now)
 ON CONFLICT (name) DO NOTHING;

@@ -367,8 +367,46 @@ class SQLiteStorage:
         """These ``(queue, id)`` ended: wake this process's watches of them (after a commit)."""
         mailbox.ended(self.key, tasks)
 
-    def insert(self, conn: Exec, p: EnqueueParams, now: float) -> TaskInfo:
-        """Create one task or raise its conflict; a refusal writes nothing of its own."""
+    def insert(
+        self, conn: Exec, p: EnqueueParams, now: float, *, record_queue: bool = True
+    ) -> TaskInfo:
+        """Create one task or raise its conflict; a refusal writes nothing of its own.
+        ``record_queue=False``: the caller records the queue (once per batch)."""
+        until = p.scheduled_until(now)
+        values = {
+            "id": p.id,
+            "queue": p.queue,
+            "type": p.type,
+            "payload": p.payload,
+            "state": "pending" if until is None else "scheduled",
+            "max_retry": p.max_retry,
+            "timeout": p.timeout,
+            "deadline": p.deadline,
+            "next_process_at": now if until is None else until,
+            "relative_due": 1 if until is not None and p.process_in else 0,
+            "now": now,
+            "retention": p.retention,
+            "headers": json.dumps(p.headers, separators=(",", ":"), sort_keys=True),
+            "unique_key": p.unique_key,
+            "unique_until": None
+            if p.unique_key is None or p.unique_ttl is None
+            else now + p.unique_ttl,
+            "priority": p.priority,
+            "limits": limits_to_json(p.limits),
+        }
+        # The insert first: a free id and key are the common case, and cost one statement
+        # instead of four.
+        row = conn.execute(Q["insert_task_fresh"], values).fetchone()
+        if row is None:
+            self._make_room(conn, p, now)
+            row = conn.execute(Q["insert_task"], values).fetchone()
+        if record_queue:
+            self.record_queues(conn, (p.queue,), now)
+        return row_to_info(row)
+
+    def _make_room(self, conn: Exec, p: EnqueueParams, now: float) -> None:
+        """After a refused insert: free what only looks taken (a completed task past its
+        retention, a stale unique key) or raise the conflict of a live holder."""
         key = {"queue": p.queue, "id": p.id, "now": now}
         conn.execute(Q["drop_expired_completed"], key)
         existing = self.get_row(conn, p.queue, p.id, now)
@@ -386,33 +424,11 @@ class SQLiteStorage:
                     f"an identical task {holder['id']!r} is already queued",
                     existing_id=holder["id"],
                 )
-        until = p.scheduled_until(now)
-        row = conn.execute(
-            Q["insert_task"],
-            {
-                "id": p.id,
-                "queue": p.queue,
-                "type": p.type,
-                "payload": p.payload,
-                "state": "pending" if until is None else "scheduled",
-                "max_retry": p.max_retry,
-                "timeout": p.timeout,
-                "deadline": p.deadline,
-                "next_process_at": now if until is None else until,
-                "relative_due": 1 if until is not None and p.process_in else 0,
-                "now": now,
-                "retention": p.retention,
-                "headers": json.dumps(p.headers, separators=(",", ":"), sort_keys=True),
-                "unique_key": p.unique_key,
-                "unique_until": None
-                if p.unique_key is None or p.unique_ttl is None
-                else now + p.unique_ttl,
-                "priority": p.priority,
-                "limits": limits_to_json(p.limits),
-            },
-        ).fetchone()
-        conn.execute(Q["ensure_queue"], {"queue": p.queue, "now": now})
-        return row_to_info(row)
+
+    def record_queues(self, conn: Exec, queues: Iterable[str], now: float) -> None:
+        """Record the queues tasks were written to (the inspector lists them)."""
+        for queue in queues:
+            conn.execute(Q["ensure_queue"], {"queue": queue, "now": now})
 
     def insert_follow_ups(
         self, conn: Exec, follow_ups: Iterable[EnqueueParams], now: float
