@@ -911,6 +911,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in [*brokers, *modes]:
         if name not in (*BROKERS, *MODES):
             parser.error(f"unknown broker or mode {name!r}")
+    if args.profile and not Path(sys.executable).with_name("py-spy").exists():
+        parser.error("--profile needs py-spy beside this Python: pip install py-spy")
     before = load()
     results = []
     for broker in brokers:
