@@ -57,19 +57,9 @@ WHERE unique_key = :unique_key
 SELECT id FROM durq_tasks WHERE unique_key = :unique_key;
 
 -- name: insert_task
-INSERT INTO durq_tasks (
-    id, queue, type, payload, state, max_retry, timeout, deadline, next_process_at,
-    enqueued_at, retention, headers, unique_key, unique_until, relative_due, priority, limits
-) VALUES (
-    :id, :queue, :type, :payload, :state, :max_retry, :timeout, :deadline, :next_process_at,
-    :now, :retention, :headers, :unique_key, :unique_until, :relative_due, :priority, :limits
-)
-RETURNING *;
-
--- name: insert_task_fresh
--- insert_task for the common case, tried first: a free id and a free key cost this one
--- statement. A conflict (a live holder, or an expired one still in place) writes nothing
--- and returns no row; the broker then runs the checks and insert_task.
+-- Tried first: a free id and a free key cost this one statement. A conflict (a live holder,
+-- or an expired one still in place) writes nothing and returns no row; the broker then
+-- clears what only looks taken, or raises the live holder's conflict, and tries again.
 INSERT INTO durq_tasks (
     id, queue, type, payload, state, max_retry, timeout, deadline, next_process_at,
     enqueued_at, retention, headers, unique_key, unique_until, relative_due, priority, limits

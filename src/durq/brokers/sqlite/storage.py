@@ -396,10 +396,12 @@ class SQLiteStorage:
         }
         # The insert first: a free id and key are the common case, and cost one statement
         # instead of four.
-        row = conn.execute(Q["insert_task_fresh"], values).fetchone()
+        row = conn.execute(Q["insert_task"], values).fetchone()
         if row is None:
             self._make_room(conn, p, now)
             row = conn.execute(Q["insert_task"], values).fetchone()
+            # The write lock is held: what _make_room found free is still free.
+            assert row is not None, "a holder survived the checks in the same transaction"
         if record_queue:
             self.record_queues(conn, (p.queue,), now)
         return row_to_info(row)
