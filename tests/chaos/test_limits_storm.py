@@ -20,8 +20,10 @@ from conformance.limitkit import (
     enqueue,
     needs_processes,
     run_concurrency,
+    shortfall,
     starts_after,
     wait_for_ledger,
+    witness,
     workers,
 )
 
@@ -56,22 +58,30 @@ async def test_limits_hold_across_four_worker_processes(broker_url: str, tmp_pat
 
 
 async def test_rate_over_twenty_seconds(broker_url: str, tmp_path: Path) -> None:
-    """20/s on one key: starts within 20 s after the first second are 400 ± 10 %."""
+    """20/s on one key: starts within 20 s after the first second are 400 ± 10 %, never
+    more; fewer only by what a stall of the machine or the server (seen by a witness in this
+    process) let the bucket waste."""
     await needs_processes(broker_url)
     ledger = tmp_path / "ledger.txt"
     await enqueue(broker_url, rated=500)
-    with workers(broker_url, ledger, 4, concurrency=50, cli=True):
-        deadline = time.monotonic() + 120
-        while True:
-            starts = limits_app.Ledger.read(ledger).starts("api")
-            if starts and starts[-1] - starts[0] > 21.5:
-                break
-            assert time.monotonic() < deadline, f"{len(starts)} starts in 120 s"
-            await asyncio.sleep(0.5)
+    async with witness(broker_url) as seen:
+        with workers(broker_url, ledger, 4, concurrency=50, cli=True):
+            deadline = time.monotonic() + 120
+            while True:
+                starts = limits_app.Ledger.read(ledger).starts("api")
+                if starts and starts[-1] - starts[0] > 21.5:
+                    break
+                assert time.monotonic() < deadline, f"{len(starts)} starts in 120 s"
+                await asyncio.sleep(0.5)
     first = starts[0]
     window = [t for t in starts if first + 1 <= t < first + 21]
-    show("rate", starts_in_20s=len(window), expected=400)
-    assert 360 <= len(window) <= 440, len(window)
+    lost = shortfall(starts, (first + 1, first + 21), 20, seen.stalls())
+    show(
+        "rate", starts_in_20s=len(window), expected=400, gaps_over_1s=lost.gaps,
+        lost_to_stalls=round(lost.witnessed), lost_otherwise=round(lost.unexplained),
+    )  # fmt: skip
+    assert len(window) <= 440, len(window)
+    assert 360 <= len(window) + lost.witnessed, (len(window), lost)
 
 
 async def test_killed_worker_slots_return_within_its_lease(broker_url: str, tmp_path: Path) -> None:
@@ -89,3 +99,12 @@ async def test_killed_worker_slots_return_within_its_lease(broker_url: str, tmp_
     after = min(starts_after(ledger, killed))
     show("kill", slots_back_after_s=round(after - killed, 1), lease=LEASE)
     assert after - killed < LEASE + RESCUE_EVERY + 10, after - killed
+
+
+def test_shortfall_charges_only_what_the_witness_saw() -> None:
+    starts = [i * 0.05 for i in range(100)] + [8 + i * 0.05 for i in range(100)]
+    seen = shortfall(starts, (0, 13), 20, [(6.0, 7.5)])
+    assert seen.witnessed == pytest.approx((8 - 4.95 - 1) * 20) and seen.unexplained == 0
+    unseen = shortfall(starts, (0, 13), 20, [(9.0, 9.8)])
+    assert unseen.unexplained == pytest.approx((8 - 4.95 - 1) * 20) and unseen.witnessed == 0
+    assert shortfall(starts, (0, 4), 20, [(0, 1)]).gaps == []  # steady: nothing wasted

@@ -4,13 +4,15 @@ ledger they write, and checks on it."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import durq
@@ -152,3 +154,72 @@ def assert_rate(starts: list[float], rate: int, slack: float) -> None:
         for j in range(i, len(starts)):
             allowed = rate + 1 + rate * (starts[j] - starts[i] + slack)
             assert j - i + 1 <= allowed, (i, j, starts[j] - starts[i])
+
+
+@dataclass
+class Witness:
+    """Broker round trips from this process every 0.1 s while workers run: an independent
+    look at the machine and the server. A stretch with no answer for over half a second is a
+    stall of the machine or the server, which no worker could have avoided."""
+
+    answers: list[float] = field(default_factory=list)
+
+    def stalls(self, longer_than: float = 0.5) -> list[tuple[float, float]]:
+        """The stretches (wall clock) between two answers more than ``longer_than`` apart."""
+        pairs = itertools.pairwise(self.answers)
+        return [(a, b) for a, b in pairs if b - a > longer_than]
+
+
+@asynccontextmanager
+async def witness(broker_url: str) -> AsyncIterator[Witness]:
+    seen = Witness()
+    broker = open_broker(broker_url)
+
+    async def run() -> None:
+        while True:
+            try:
+                await broker.ping()
+                seen.answers.append(time.time())
+            except Exception:  # no answer is what a stall looks like
+                pass
+            await asyncio.sleep(0.1)
+
+    task = asyncio.create_task(run())
+    try:
+        yield seen
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await broker.close()
+
+
+@dataclass
+class Shortfall:
+    """Starts a rate limit's bucket let go to waste within a window: while no task started
+    for longer than the bucket takes to fill, its refill overflowed."""
+
+    witnessed: float = 0.0  # tokens lost in gaps the witness saw as a stall
+    unexplained: float = 0.0  # tokens lost in gaps the machine and server did not explain
+    gaps: list[tuple[float, float, bool]] = field(default_factory=list)  # (from, to, seen)
+
+
+def shortfall(
+    starts: list[float], window: tuple[float, float], rate: int, stalls: list[tuple[float, float]]
+) -> Shortfall:
+    """The tokens of ``rate``/s wasted within ``window``: each gap between starts longer than
+    one second (the bucket holds one second's tokens) wastes its excess, charged to the
+    environment when a stall of the witness overlaps it."""
+    lo, hi = window
+    got = Shortfall()
+    for a, b in itertools.pairwise(starts):
+        a, b = max(a, lo), min(b, hi)
+        if b - a <= 1.0:
+            continue
+        seen = any(s < b and a < e for s, e in stalls)
+        lost = (b - a - 1.0) * rate
+        if seen:
+            got.witnessed += lost
+        else:
+            got.unexplained += lost
+        got.gaps.append((round(a - lo, 2), round(b - lo, 2), seen))
+    return got
