@@ -103,6 +103,9 @@ class Report:
     reruns_by_kill: dict[int, int] = field(default_factory=dict)
     #: Killed pid -> of those, the tasks whose handler had returned (completed twice).
     duplicates_by_kill: dict[int, int] = field(default_factory=dict)
+    #: Tasks run again because a crash of the broker server dropped their lease or their
+    #: completion: runs claimed or ended within the writes it may lose (``check``).
+    reruns_by_crash: int = 0
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
@@ -150,7 +153,8 @@ class Report:
             f"p50={percentile(rec, 50):.2f}s p99={percentile(rec, 99):.2f}s "
             f"max={max(rec, default=0.0):.2f}s per kill: re-runs max {self.max_reruns_per_kill}, "
             f"completed twice max {self.max_duplicates_per_kill} "
-            f"mean {self.duplicates_per_kill:.2f} {self.extra or ''}"
+            f"mean {self.duplicates_per_kill:.2f}; re-runs after the server crash "
+            f"{self.reruns_by_crash} {self.extra or ''}"
         )
 
 
@@ -170,7 +174,18 @@ def check(
     deaths: dict[int, tuple[str, float]] | None = None,
     kills: int = 0,
     restarts: int = 0,
+    crashes: Sequence[tuple[float, float]] = (),
+    lost_writes: float = 0.0,
 ) -> Report:
+    """Check the runs against the tasks expected and the broker's final states.
+
+    ``crashes``: when each crash of the broker server began and when it was back. Such a
+    crash explains a second start of a task whose run was claimed or ended from
+    ``lost_writes`` seconds before it began until the server was back: the server may drop
+    that many seconds of acknowledged writes (Redis with ``appendfsync everysec`` when its
+    fsync falls behind; none with PostgreSQL's ``synchronous_commit = on``), and a completion
+    sent during the outage is fenced out if the lease was lost. Those re-runs are counted
+    apart from the kills'."""
     expected_ids = set(expected)
     deaths = deaths or {}
     by_task: dict[str, list[Run]] = defaultdict(list)
@@ -188,6 +203,7 @@ def check(
     recovery: list[float] = []
     reruns: dict[int, int] = defaultdict(int)
     twice: dict[int, int] = defaultdict(int)
+    crash_reruns = 0
     for task_id, task_runs in by_task.items():
         task_runs.sort(key=lambda r: r.start)
         if len(task_runs) > 1:
@@ -196,8 +212,13 @@ def check(
             completed_twice += 1
         for before, after in itertools.pairwise(task_runs):
             # A second start is explained only by the first run's process dying (SIGKILL,
-            # a poison pill) while it ran or before its outcome reached the broker, or by a
-            # hand-back (cancel at shutdown).
+            # a poison pill) while it ran or before its outcome reached the broker, by a
+            # hand-back (cancel at shutdown), or by a server crash that dropped its writes.
+            if before.how == "end" and _crash_explains(before, after, crashes, lost_writes):
+                crash_reruns += 1
+                if after.start < (before.stop if before.stop is not None else float("inf")):
+                    overlaps.append(task_id)
+                continue
             died = deaths.get(before.pid)
             died_after_end = (
                 before.how == "end"
@@ -236,6 +257,19 @@ def check(
         torn_lines=torn,
         reruns_by_kill=dict(reruns),
         duplicates_by_kill=dict(twice),
+        reruns_by_crash=crash_reruns,
+    )
+
+
+def _crash_explains(
+    before: Run, after: Run, crashes: Sequence[tuple[float, float]], lost_writes: float
+) -> bool:
+    """Whether a crash of the server, begun before ``after`` started, may have dropped the
+    lease or the completion of ``before``."""
+    moments = [before.start] if before.stop is None else [before.start, before.stop]
+    return any(
+        after.start >= down and any(down - lost_writes <= m <= up for m in moments)
+        for down, up in crashes
     )
 
 
@@ -427,14 +461,15 @@ async def storm(
     kill_every: float,
     timeout: float,
     during: dict[float, object] | None = None,
-) -> tuple[float, int]:
+) -> tuple[float, list[tuple[float, float]]]:
     """Kill a random worker every ``kill_every`` seconds (and restart it) until ``count`` tasks
     are completed. ``during`` maps seconds-into-the-run to callables run once (server crash).
-    Returns the seconds it took and how many of those callables ran."""
+    Returns the seconds it took and, for each of those callables that ran, when it began and
+    ended (wall clock: the ledger's time)."""
     done = asyncio.create_task(wait_done(url, count, timeout=timeout))
     start = time.monotonic()
     actions = dict(sorted((during or {}).items()))
-    performed = 0
+    performed: list[tuple[float, float]] = []
     try:
         while not done.done():
             await asyncio.wait({done}, timeout=kill_every)
@@ -445,8 +480,9 @@ async def storm(
             elapsed = time.monotonic() - start
             for at in [a for a in actions if a <= elapsed]:
                 action = actions.pop(at)
+                began = time.time()
                 await asyncio.to_thread(action)  # type: ignore[arg-type]
-                performed += 1
+                performed.append((began, time.time()))
         return done.result(), performed
     finally:
         if not done.done():
