@@ -214,19 +214,18 @@ def check(
             # A second start is explained only by the first run's process dying (SIGKILL,
             # a poison pill) while it ran or before its outcome reached the broker, by a
             # hand-back (cancel at shutdown), or by a server crash that dropped its writes.
-            if before.how == "end" and _crash_explains(before, after, crashes, lost_writes):
-                crash_reruns += 1
-                if after.start < (before.stop if before.stop is not None else float("inf")):
-                    overlaps.append(task_id)
-                continue
-            died = deaths.get(before.pid)
+            by_crash = before.how == "end" and _crash_explains(before, after, crashes, lost_writes)
+            crash_reruns += by_crash
+            # A crash's re-run is not charged to a later death of the process as well.
+            died = None if by_crash else deaths.get(before.pid)
             died_after_end = (
                 before.how == "end"
                 and died is not None
                 and before.stop is not None
                 and died[1] >= before.stop
             )
-            if before.how not in ("killed", "cancel", "exited") and not died_after_end:
+            explained = died_after_end or by_crash
+            if before.how not in ("killed", "cancel", "exited") and not explained:
                 unexplained.append(task_id)
             if (
                 died is not None
@@ -265,10 +264,10 @@ def _crash_explains(
     before: Run, after: Run, crashes: Sequence[tuple[float, float]], lost_writes: float
 ) -> bool:
     """Whether a crash of the server, begun before ``after`` started, may have dropped the
-    lease or the completion of ``before``."""
-    moments = [before.start] if before.stop is None else [before.start, before.stop]
+    lease or the completion of ``before`` (a run that ended)."""
+    stop = before.start if before.stop is None else before.stop  # an ended run has one
     return any(
-        after.start >= down and any(down - lost_writes <= m <= up for m in moments)
+        after.start >= down and any(down - lost_writes <= m <= up for m in (before.start, stop))
         for down, up in crashes
     )
 
