@@ -103,8 +103,13 @@ async def test_killed_worker_slots_return_within_its_lease(broker_url: str, tmp_
 
 def test_shortfall_charges_only_what_the_witness_saw() -> None:
     starts = [i * 0.05 for i in range(100)] + [8 + i * 0.05 for i in range(100)]
-    seen = shortfall(starts, (0, 13), 20, [(6.0, 7.5)])
-    assert seen.witnessed == pytest.approx((8 - 4.95 - 1) * 20) and seen.unexplained == 0
+    wasted = (8 - 4.95 - 1) * 20  # a gap from 4.95 s to 8 s: full from 5.95 s
+    seen = shortfall(starts, (0, 13), 20, [(5.0, 8.1)])
+    assert seen.witnessed == pytest.approx(wasted) and seen.unexplained == pytest.approx(0)
     unseen = shortfall(starts, (0, 13), 20, [(9.0, 9.8)])
-    assert unseen.unexplained == pytest.approx((8 - 4.95 - 1) * 20) and unseen.witnessed == 0
+    assert unseen.unexplained == pytest.approx(wasted) and unseen.witnessed == 0
+    # A short stall inside a long gap explains only its own time.
+    part = shortfall(starts, (0, 13), 20, [(6.0, 6.6)])
+    assert part.witnessed == pytest.approx(0.6 * 20)
+    assert part.unexplained == pytest.approx(wasted - 0.6 * 20)
     assert shortfall(starts, (0, 4), 20, [(0, 1)]).gaps == []  # steady: nothing wasted

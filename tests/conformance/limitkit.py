@@ -198,28 +198,26 @@ class Shortfall:
     """Starts a rate limit's bucket let go to waste within a window: while no task started
     for longer than the bucket takes to fill, its refill overflowed."""
 
-    witnessed: float = 0.0  # tokens lost in gaps the witness saw as a stall
-    unexplained: float = 0.0  # tokens lost in gaps the machine and server did not explain
-    gaps: list[tuple[float, float, bool]] = field(default_factory=list)  # (from, to, seen)
+    witnessed: float = 0.0  # tokens lost while the witness saw a stall
+    unexplained: float = 0.0  # tokens lost while the machine and the server answered
+    gaps: list[tuple[float, float, float]] = field(default_factory=list)  # (from, to, seen s)
 
 
 def shortfall(
     starts: list[float], window: tuple[float, float], rate: int, stalls: list[tuple[float, float]]
 ) -> Shortfall:
-    """The tokens of ``rate``/s wasted within ``window``: each gap between starts longer than
-    one second (the bucket holds one second's tokens) wastes its excess, charged to the
-    environment when a stall of the witness overlaps it."""
+    """The tokens of ``rate``/s wasted within ``window``: in each gap between starts, the time
+    past its first second (the bucket holds one second's tokens) wastes them. The part of
+    that time inside a stall of the witness is charged to the environment, the rest is not."""
     lo, hi = window
     got = Shortfall()
     for a, b in itertools.pairwise(starts):
         a, b = max(a, lo), min(b, hi)
         if b - a <= 1.0:
             continue
-        seen = any(s < b and a < e for s, e in stalls)
-        lost = (b - a - 1.0) * rate
-        if seen:
-            got.witnessed += lost
-        else:
-            got.unexplained += lost
-        got.gaps.append((round(a - lo, 2), round(b - lo, 2), seen))
+        full = a + 1.0  # from here on the bucket is full and its refill is lost
+        seen = sum(max(0.0, min(b, e) - max(full, s)) for s, e in stalls)
+        got.witnessed += seen * rate
+        got.unexplained += (b - full - seen) * rate
+        got.gaps.append((round(a - lo, 2), round(b - lo, 2), round(seen, 2)))
     return got
