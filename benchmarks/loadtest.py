@@ -762,10 +762,13 @@ def problem_lines(log: Path, limit: int = 40) -> list[str]:
 
 # -- profiling (py-spy) -----------------------------------------------------------------------
 
+#: py-spy as installed into this virtual environment (``pip install py-spy``).
+PY_SPY = Path(sys.executable).with_name("py-spy")
+
 
 def start_profiler(pid: int, out: Path, args: argparse.Namespace) -> subprocess.Popen[bytes]:
     spy = [
-        str(Path(sys.executable).with_name("py-spy")),
+        str(PY_SPY),
         "record",
         "--pid",
         str(pid),
@@ -911,7 +914,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in [*brokers, *modes]:
         if name not in (*BROKERS, *MODES):
             parser.error(f"unknown broker or mode {name!r}")
-    if args.profile and not Path(sys.executable).with_name("py-spy").exists():
+    if args.profile and not PY_SPY.exists():
         parser.error("--profile needs py-spy beside this Python: pip install py-spy")
     before = load()
     results = []
