@@ -9,7 +9,10 @@ worker runs that build too). Both are driven by *this* tree's ``peers/_common.py
 line are the same; only the installed durq differs. Runs alternate A, B, B, A, ... (the order
 reversed every round) per broker so a change in the machine's other load touches every build
 alike; the table gives the median of each figure and each build's ratio to the first (for
-latency and CPU, lower is better).
+latency and CPU, lower is better). On a shared machine one run's figures can move by a fifth,
+so each ratio comes with its paired spread: the ratio within each round (two runs next to each
+other in time), the middle half of those ratios. A ratio whose whole middle half lies past 5 %
+is a change; one whose middle half straddles 1.0 is not told apart from the noise.
 
 Storage is private to this tool: Redis database ``--redis-db`` (flushed before each run) and
 the PostgreSQL database ``durq_compare`` (dropped and created again per run, dropped at the
@@ -17,7 +20,9 @@ end), so it can run beside ``make bench``.
 
     .venv/bin/python benchmarks/compare.py --build before=/tmp/old/.venv/bin/python \\
         --build after=.venv/bin/python [--brokers sqlite,redis,postgresql] [--rounds 3] \\
-        [--tasks 10000] [--latency-tasks 500] [--worker-args "--log-level WARNING"]
+        [--tasks 10000] [--latency-tasks 500] [--worker-args "--log-level WARNING"] \\
+        [--json runs.json]
+    .venv/bin/python benchmarks/compare.py --report runs.json   # the table of a saved run
 """
 
 from __future__ import annotations
@@ -92,6 +97,59 @@ def median(runs: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def paired_spread(
+    base: list[dict[str, Any]], other: list[dict[str, Any]], key: str
+) -> tuple[float, float] | None:
+    """The middle half (quartiles) of ``other``'s figure over ``base``'s, round by round."""
+    ratios = sorted(
+        o[key] / b[key]
+        for b, o in zip(base, other, strict=False)
+        if b.get(key) and o.get(key) is not None
+    )
+    if not ratios:
+        return None
+    if len(ratios) < 4:
+        return ratios[0], ratios[-1]
+    quartiles = statistics.quantiles(ratios, n=4, method="inclusive")
+    return quartiles[0], quartiles[2]
+
+
+def table(
+    runs: dict[tuple[str, str], list[dict[str, Any]]], labels: list[str], brokers: list[str]
+) -> str:
+    """The Markdown table of ``runs``: medians, ratios to the first build, paired spreads."""
+    first = labels[0]
+    ratios = [f"{label} / {first}" for label in labels[1:]]
+    spreads = [f"{label} / {first}, middle half of rounds" for label in labels[1:]]
+    lines = [
+        "| broker | figure | " + " | ".join(labels + ratios + spreads) + " |",
+        "|---|---|" + "---:|" * (3 * len(labels) - 2),
+    ]
+    for broker in brokers:
+        for name, key in FIGURES:
+            found = [median(runs[(broker, label)], key) for label in labels]
+            values = [v for v in found if v is not None]
+            if len(values) < len(found):
+                continue
+            base = values[0]
+            cells = [f"{v:,.1f}" for v in values]
+            cells += [f"{v / base:.2f}" if base else "—" for v in values[1:]]
+            for label in labels[1:]:
+                spread = paired_spread(runs[(broker, first)], runs[(broker, label)], key)
+                cells.append(f"{spread[0]:.2f} to {spread[1]:.2f}" if spread else "—")
+            lines.append(f"| {broker} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def report(path: Path) -> None:
+    """Print the table of a run saved with ``--json`` (the builds in the order it holds)."""
+    saved: dict[str, list[dict[str, Any]]] = json.loads(path.read_text())
+    runs = {tuple(key.split("/", 1)): value for key, value in saved.items()}
+    brokers = list(dict.fromkeys(broker for broker, _ in runs))
+    labels = list(dict.fromkeys(label for _, label in runs))
+    print(table(runs, labels, brokers))  # type: ignore[arg-type]
+
+
 def builds_parser(description: str) -> argparse.ArgumentParser:
     """The options every tool that sets builds side by side takes: ``--build``, ``--brokers``."""
     parser = argparse.ArgumentParser(description=description)
@@ -117,6 +175,9 @@ def parse_builds(
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--report"] and len(sys.argv) == 3:
+        report(Path(sys.argv[2]))
+        return
     parser = builds_parser(__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=10_000)
@@ -138,7 +199,6 @@ def main() -> None:
         if "postgresql" in args.brokers:
             recreate_pg_database(drop_only=True, name=PG_DB)
     labels = [label for label, _ in builds]
-    first = labels[0]
     load = os.getloadavg()
     print(
         f"`durq worker {args.worker_args}`".replace(" `", "`")
@@ -146,19 +206,7 @@ def main() -> None:
         f" each, alternating · {os.cpu_count()} CPUs, load average at the end"
         f" {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}\n"
     )
-    ratios = [f"{label} / {first}" for label in labels[1:]]
-    print("| broker | figure | " + " | ".join(labels + ratios) + " |")
-    print("|---|---|" + "---:|" * (2 * len(labels) - 1))
-    for broker in args.brokers.split(","):
-        for name, key in FIGURES:
-            found = [median(runs[(broker, label)], key) for label in labels]
-            values = [v for v in found if v is not None]
-            if len(values) < len(found):
-                continue
-            base = values[0]
-            cells = [f"{v:,.1f}" for v in values]
-            cells += [f"{v / base:.2f}" if base else "—" for v in values[1:]]
-            print(f"| {broker} | {name} | " + " | ".join(cells) + " |")
+    print(table(runs, labels, args.brokers.split(",")))
     if args.json:
         args.json.write_text(
             json.dumps({f"{k[0]}/{k[1]}": v for k, v in runs.items()}, indent=1) + "\n"
