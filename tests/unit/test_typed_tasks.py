@@ -4,6 +4,7 @@ result), and dataclass payloads are validated as strictly as pydantic or msgspec
 from __future__ import annotations
 
 import dataclasses
+import sys
 import textwrap
 from pathlib import Path
 
@@ -53,20 +54,26 @@ def run_mypy(tmp_path: Path, source: str) -> list[str]:
     # Where durq's sources are: an editable install is an import hook that mypy cannot follow.
     config = tmp_path / "mypy.ini"
     config.write_text(f"[mypy]\nmypy_path = {Path(durq.__file__).parents[1]}\n")
-    out, err, _ = mypy_api.run(
-        [
-            "--config-file",
-            str(config),
-            "--strict",
-            "--allow-untyped-defs",
-            "--allow-incomplete-defs",
-            "--no-error-summary",
-            "--follow-imports=silent",
-            "--cache-dir",
-            str(tmp_path / ".mypy_cache"),
-            str(module),
-        ]
-    )
+    # mypy raises the interpreter's recursion limit for good (to 2**14): put it back, or a
+    # later test in this process encodes payloads nested deeper than a worker could.
+    limit = sys.getrecursionlimit()
+    try:
+        out, err, _ = mypy_api.run(
+            [
+                "--config-file",
+                str(config),
+                "--strict",
+                "--allow-untyped-defs",
+                "--allow-incomplete-defs",
+                "--no-error-summary",
+                "--follow-imports=silent",
+                "--cache-dir",
+                str(tmp_path / ".mypy_cache"),
+                str(module),
+            ]
+        )
+    finally:
+        sys.setrecursionlimit(limit)
     assert not err, err
     return out.splitlines()
 
