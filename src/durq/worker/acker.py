@@ -4,8 +4,8 @@ While the fetcher runs, every ack waits for its next claim: :meth:`Acker.take` h
 over and one ``complete_and_claim`` round trip stores them and takes the next tasks into the
 slots they free (where the broker cannot carry them, the fetcher sends them as
 ``complete_many`` just ahead of the claim). A busy fetcher claims again as soon as it has
-slots; an idle one wakes when an ack arrives (:attr:`Acker.arrived`) and claims with it at
-once. When the fetcher has stopped or its claims fail, acks go on their own
+slots; an idle one wakes when an ack arrives (:attr:`Acker.on_arrival`) and claims with it
+at once. When the fetcher has stopped or its claims fail, acks go on their own
 (:meth:`send_alone`): the first at once, and those that arrive while it is in flight
 together in the next ``complete_many``."""
 
@@ -39,8 +39,9 @@ class Acker:
         self._waiting: list[Pending] = []
         self._flusher: asyncio.Task[None] | None = None
         self._carried = False
-        #: Set when an ack starts waiting for the fetcher's claim (the fetcher clears it).
-        self.arrived = asyncio.Event()
+        #: Called when an ack starts waiting for the fetcher's claim: an idle fetcher claims
+        #: with it at once (the fetcher sets it).
+        self.on_arrival: Callable[[], None] = lambda: None
 
     @property
     def waiting(self) -> int:
@@ -52,7 +53,7 @@ class Acker:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiting.append((params, future))
         if self._carried:
-            self.arrived.set()
+            self.on_arrival()
             self.on_waiting()
         elif self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush(), name="durq-acker")

@@ -117,15 +117,20 @@ class Fetcher:
         self._rng = random.Random()
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: The broker's wait for work while the fetcher is idle; stopping and an arriving ack
+        #: cancel it (one task a wait, not one per thing it waits for).
+        self._waiter: asyncio.Future[bool] | None = None
 
     def start(self) -> None:
         self._stop.clear()
+        self.executor.acker.on_arrival = self._interrupt
         self._task = asyncio.create_task(self._run(), name="durq-fetcher")
 
     async def stop(self) -> None:
         """Stop claiming. Never interrupts a claim in flight (its leases would be orphaned)."""
         self._stop.set()
         self.executor.slot_freed.set()
+        self._interrupt()
         if self._task is not None:
             await self._task
             self._task = None
@@ -190,7 +195,6 @@ class Fetcher:
                 # in a claim, so the slot it frees takes the next task in the same round trip
                 # (a key at its concurrency limit frees its slots this way) rather than the
                 # ack, the wake-up it sends, and a claim one after another.
-                acker.arrived.clear()
                 if not acker.waiting:
                     await self._wait_for_work(order, timeout)
 
@@ -202,18 +206,21 @@ class Fetcher:
 
     async def _wait_for_work(self, queues: list[str], timeout: float) -> None:
         waiter = asyncio.ensure_future(self.broker.wait_for_work(queues, timeout))
-        stopper = asyncio.ensure_future(self._stop.wait())
-        acked = asyncio.ensure_future(self.executor.acker.arrived.wait())
+        self._waiter = waiter
         try:
-            await asyncio.wait({waiter, stopper, acked}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((waiter,))
         finally:
-            for future in (waiter, stopper, acked):
-                if not future.done():
-                    future.cancel()
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is not None:
-                exc = waiter.exception()
-                log.debug("wait_for_work failed: %s", exc)
-                await self._sleep(self.poll_interval)
+            self._waiter = None
+            if not waiter.done():
+                waiter.cancel()
+        if not waiter.cancelled() and waiter.exception() is not None:
+            log.debug("wait_for_work failed: %s", waiter.exception())
+            await self._sleep(self.poll_interval)
+
+    def _interrupt(self) -> None:
+        """End the wait for work now: the fetcher stops, or an ack wants its claim."""
+        if self._waiter is not None:
+            self._waiter.cancel()
 
     async def _sleep(self, seconds: float) -> None:
         try:
