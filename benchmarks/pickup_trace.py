@@ -1,0 +1,238 @@
+"""Where a pickup's time goes, step by step, per broker and build.
+
+``make bench``'s pickup figure is one number: from ``app.enqueue`` in the driver to the
+handler's start in ``durq worker``. This tool cuts it into the worker's steps by wrapping two
+methods of the worker's broker class in the worker process (timestamps only, no change to
+what they do): when ``wait_for_work`` returned (the wake-up arrived), when ``claim`` was
+called and when it answered, and when the handler started. Per probe, then:
+
+* enqueue → woken: the enqueue, the notification's way to the worker, its wait returning;
+* woken → claim: the worker's loop from the wake-up to the claim call;
+* claim: the claim's round trip with the client's work on either side of it;
+* claim → handler: from the leases to the handler's first line.
+
+Probes are enqueued at ``--rate`` per second on an idle worker (as ``make bench``'s pickup
+phase does); each step's median is taken per run, and the table gives the median of the
+runs and their range. Builds alternate run by run (A, B, B, A, ...) as in ``compare.py``.
+The wrapping adds two calls per step to both builds alike, so compare builds, not these
+figures with ``make bench``'s.
+
+Storage is private to this tool: Redis database ``--redis-db`` (flushed before each run),
+the PostgreSQL database ``durq_pickup`` (created again per run, dropped at the end) and a
+temporary SQLite file.
+
+    .venv/bin/python benchmarks/pickup_trace.py --build before=/tmp/old/py \\
+        --build main=.venv/bin/python [--brokers redis,postgresql] [--runs 5] [--probes 300]
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# This directory is on sys.path when run as a script.
+from compare import builds_parser, parse_builds
+from run import recreate_pg_database
+
+PG_DB = "durq_pickup"
+
+APP = """
+import functools
+import os
+import time
+
+import durq
+
+app = durq.App(os.environ["DURQ_BROKER_URL"])
+_log = open(os.environ["TRACE_LOG"], "a", buffering=1)
+
+
+def _wrap(cls, name):
+    original = getattr(cls, name)
+
+    @functools.wraps(original)
+    async def timed(self, *args, **kwargs):
+        called = time.time()
+        answer = await original(self, *args, **kwargs)
+        _log.write(f"{name} {called:.6f} {time.time():.6f}\\n")
+        return answer
+
+    setattr(cls, name, timed)
+
+
+_broker_class = type(app.new_broker())
+_wrap(_broker_class, "wait_for_work")
+_wrap(_broker_class, "claim")
+
+
+@app.task("trace:probe", retention=0)
+async def probe(payload: dict) -> None:
+    _log.write(f"start {time.time():.6f} {payload['t']:.6f}\\n")
+"""
+
+#: Run by the build's interpreter: a fresh schema, the worker, the probes.
+DRIVE = """
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from trace_app import app
+
+
+async def main(probes: int, rate: float) -> None:
+    broker = app.new_broker()
+    await broker.migrate()
+    await broker.close()
+    await app.enqueue("trace:probe", {"t": time.time()})  # connected before the first probe
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "durq", "worker", "trace_app:app"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        await asyncio.sleep(3.0)  # started, and idle
+        started = time.perf_counter()
+        for i in range(probes):
+            delay = started + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await app.enqueue("trace:probe", {"t": time.time()})
+        await asyncio.sleep(1.0)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+        await app.close()
+
+
+asyncio.run(main(int(sys.argv[1]), float(sys.argv[2])))
+"""
+
+STEPS = ("enqueue → woken", "woken → claim", "claim", "claim → handler", "total")
+
+
+def steps(log: Path) -> dict[str, float]:
+    """Each step's median over the probes of one run, in ms."""
+    waits: list[float] = []
+    claims: list[tuple[float, float]] = []
+    starts: list[tuple[float, float]] = []
+    for line in log.read_text().splitlines():
+        kind, a, b = line.split()
+        if kind == "wait_for_work":
+            waits.append(float(b))
+        elif kind == "claim":
+            claims.append((float(a), float(b)))
+        else:
+            starts.append((float(a), float(b)))
+    waits.sort()
+    claims.sort()
+    calls = [c for c, _ in claims]
+    per_step: dict[str, list[float]] = {step: [] for step in STEPS}
+    for started, enqueued in sorted(starts)[1:]:  # the first was enqueued before the worker
+        i = bisect.bisect_left(calls, started) - 1
+        if i < 0:
+            continue
+        called, answered = claims[i]
+        j = bisect.bisect_left(waits, called) - 1
+        # Only a probe picked up by a wake-up: its claim follows a wait that ended after it
+        # was enqueued (one found by a claim that was running anyway is left out).
+        if j < 0 or waits[j] < enqueued:
+            continue
+        woken = waits[j]
+        for step, seconds in zip(
+            STEPS,
+            (
+                woken - enqueued,
+                called - woken,
+                answered - called,
+                started - answered,
+                started - enqueued,
+            ),
+            strict=True,
+        ):
+            per_step[step].append(1000 * seconds)
+    if not per_step["total"]:
+        raise RuntimeError(f"no probe was picked up by a wake-up ({log})")
+    return {step: statistics.median(values) for step, values in per_step.items()} | {
+        "probes": len(per_step["total"])
+    }
+
+
+def run_once(python: str, url: str, workdir: Path, probes: int, rate: float) -> dict[str, float]:
+    log = workdir / "trace.log"
+    log.unlink(missing_ok=True)
+    env = {**os.environ, "DURQ_BROKER_URL": url, "TRACE_LOG": str(log)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(workdir)]))
+    subprocess.run([python, "-c", DRIVE, str(probes), str(rate)], cwd=workdir, env=env, check=True)
+    return steps(log)
+
+
+def reset(broker: str, url: str, workdir: Path) -> None:
+    if broker == "postgresql":
+        recreate_pg_database(name=PG_DB)
+    elif broker == "redis":
+        import redis
+
+        client = redis.Redis.from_url(url)
+        client.flushdb()
+        client.close()
+    else:
+        for suffix in ("", "-wal", "-shm"):
+            (workdir / f"trace.sqlite3{suffix}").unlink(missing_ok=True)
+
+
+def main() -> None:
+    parser = builds_parser(__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, help="runs per build and broker")
+    parser.add_argument("--probes", type=int, default=300)
+    parser.add_argument("--rate", type=float, default=100.0, help="probes per second")
+    parser.add_argument("--redis-db", type=int, default=11)
+    args = parser.parse_args()
+    builds = parse_builds(parser, args)
+    workdir = Path(tempfile.mkdtemp(prefix="durq-pickup-"))
+    (workdir / "trace_app.py").write_text(APP)
+    urls = {
+        "sqlite": f"sqlite:///{workdir / 'trace.sqlite3'}",
+        "redis": f"redis://127.0.0.1:6379/{args.redis_db}",
+        "postgresql": f"postgresql://postgres@127.0.0.1:5432/{PG_DB}",
+    }
+    print(f"load average before: {os.getloadavg()}", file=sys.stderr)
+    print(
+        f"{args.probes} probes at {args.rate:g}/s a run, {args.runs} runs a build; "
+        "each step's median per run: the median of the runs (their range), ms\n"
+    )
+    print("| broker | build | " + " | ".join(STEPS) + " |")
+    print("|---|---|" + "---:|" * len(STEPS))
+    try:
+        for broker in args.brokers.split(","):
+            runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in builds}
+            for i in range(args.runs):
+                order = builds if i % 2 == 0 else builds[::-1]
+                for name, python in order:
+                    reset(broker, urls[broker], workdir)
+                    runs[name].append(
+                        run_once(python, urls[broker], workdir, args.probes, args.rate)
+                    )
+            for name, _ in builds:
+                cells = []
+                for step in STEPS:
+                    values = [r[step] for r in runs[name]]
+                    cells.append(
+                        f"{statistics.median(values):.3f} ({min(values):.3f} to {max(values):.3f})"
+                    )
+                print(f"| {broker} | {name} | " + " | ".join(cells) + " |")
+    finally:
+        if "postgresql" in args.brokers:
+            recreate_pg_database(drop_only=True, name=PG_DB)
+    print(f"load average after: {os.getloadavg()}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""``benchmarks/pickup_trace.py``'s reading of a worker's trace: each probe's steps."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+
+from pickup_trace import steps
+
+
+def test_a_probe_splits_into_the_steps_of_its_wake_up_and_claim(tmp_path: Path) -> None:
+    log = tmp_path / "trace.log"
+    log.write_text(
+        "start 99.000000 98.000000\n"  # enqueued before the worker: left out
+        "wait_for_work 95.000000 100.002000\n"
+        "claim 100.003000 100.007000\n"
+        "start 100.008000 100.000000\n"
+        # picked up by a claim that did not follow a wake-up for it: left out
+        "claim 101.000000 101.004000\n"
+        "start 101.005000 100.900000\n"
+    )
+    got = steps(log)
+    assert got["probes"] == 1
+    expected = {
+        "enqueue → woken": 2.0,
+        "woken → claim": 1.0,
+        "claim": 4.0,
+        "claim → handler": 1.0,
+        "total": 8.0,
+    }
+    for step, ms in expected.items():
+        assert got[step] == pytest.approx(ms, abs=1e-6)
+
+
+def test_a_trace_without_a_woken_probe_is_an_error(tmp_path: Path) -> None:
+    log = tmp_path / "trace.log"
+    log.write_text("start 1.000000 0.500000\nstart 2.000000 1.500000\n")
+    with pytest.raises(RuntimeError, match="no probe"):
+        steps(log)
