@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,42 @@ def run_once(python: str, broker: str, args: argparse.Namespace) -> dict[str, An
     if result.get("worker_cpu_s") is not None:
         result["worker_cpu_ms_per_task"] = 1000 * result["worker_cpu_s"] / args.tasks
     return result
+
+
+def alternating(builds: list[tuple[str, str]], rounds: int) -> Iterator[tuple[int, str, str]]:
+    """(round, label, python) for each build in each round: A, B, then B, A, and so on, so
+    a drift in the machine's other load touches every build alike."""
+    for r in range(rounds):
+        for label, python in builds if r % 2 == 0 else builds[::-1]:
+            yield r, label, python
+
+
+def private_storage(prefix: str, *, redis_db: int, pg_db: str) -> tuple[Path, dict[str, str]]:
+    """A new temporary folder for a tool, and the URLs of its own storage per broker: a
+    SQLite file in that folder (``store.sqlite3``), a Redis database, a PostgreSQL
+    database."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    return workdir, {
+        "sqlite": f"sqlite:///{workdir / 'store.sqlite3'}",
+        "redis": f"redis://127.0.0.1:6379/{redis_db}",
+        "postgresql": f"postgresql://postgres@127.0.0.1:5432/{pg_db}",
+    }
+
+
+def reset_storage(broker: str, url: str, *, sqlite_file: Path, pg_db: str) -> None:
+    """Empty a tool's own storage before a run: the PostgreSQL database ``pg_db`` created
+    again, the Redis database of ``url`` flushed, or the SQLite file and its WAL removed."""
+    if broker == "postgresql":
+        recreate_pg_database(name=pg_db)
+    elif broker == "redis":
+        import redis
+
+        client = redis.Redis.from_url(url)
+        client.flushdb()
+        client.close()
+    else:
+        for suffix in ("", "-wal", "-shm"):
+            sqlite_file.with_name(sqlite_file.name + suffix).unlink(missing_ok=True)
 
 
 def median(runs: list[dict[str, Any]], key: str) -> float | None:
@@ -190,11 +227,9 @@ def main() -> None:
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     try:
         for broker in args.brokers.split(","):
-            for r in range(args.rounds):
-                order = builds if r % 2 == 0 else builds[::-1]
-                for label, python in order:
-                    print(f"{broker} round {r + 1}: {label}", file=sys.stderr, flush=True)
-                    runs.setdefault((broker, label), []).append(run_once(python, broker, args))
+            for r, label, python in alternating(builds, args.rounds):
+                print(f"{broker} round {r + 1}: {label}", file=sys.stderr, flush=True)
+                runs.setdefault((broker, label), []).append(run_once(python, broker, args))
     finally:
         if "postgresql" in args.brokers:
             recreate_pg_database(drop_only=True, name=PG_DB)

@@ -32,11 +32,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 # This directory is on sys.path when run as a script.
-from compare import builds_parser, parse_builds
+from compare import alternating, builds_parser, parse_builds, private_storage, reset_storage
 from run import recreate_pg_database
 
 PG_DB = "durq_pickup"
@@ -174,20 +173,6 @@ def run_once(python: str, url: str, workdir: Path, probes: int, rate: float) -> 
     return steps(log)
 
 
-def reset(broker: str, url: str, workdir: Path) -> None:
-    if broker == "postgresql":
-        recreate_pg_database(name=PG_DB)
-    elif broker == "redis":
-        import redis
-
-        client = redis.Redis.from_url(url)
-        client.flushdb()
-        client.close()
-    else:
-        for suffix in ("", "-wal", "-shm"):
-            (workdir / f"trace.sqlite3{suffix}").unlink(missing_ok=True)
-
-
 def main() -> None:
     parser = builds_parser(__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs per build and broker")
@@ -196,13 +181,8 @@ def main() -> None:
     parser.add_argument("--redis-db", type=int, default=11)
     args = parser.parse_args()
     builds = parse_builds(parser, args)
-    workdir = Path(tempfile.mkdtemp(prefix="durq-pickup-"))
+    workdir, urls = private_storage("durq-pickup-", redis_db=args.redis_db, pg_db=PG_DB)
     (workdir / "trace_app.py").write_text(APP)
-    urls = {
-        "sqlite": f"sqlite:///{workdir / 'trace.sqlite3'}",
-        "redis": f"redis://127.0.0.1:6379/{args.redis_db}",
-        "postgresql": f"postgresql://postgres@127.0.0.1:5432/{PG_DB}",
-    }
     print(f"load average before: {os.getloadavg()}", file=sys.stderr)
     print(
         f"{args.probes} probes at {args.rate:g}/s a run, {args.runs} runs a build; "
@@ -213,13 +193,11 @@ def main() -> None:
     try:
         for broker in args.brokers.split(","):
             runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in builds}
-            for i in range(args.runs):
-                order = builds if i % 2 == 0 else builds[::-1]
-                for name, python in order:
-                    reset(broker, urls[broker], workdir)
-                    runs[name].append(
-                        run_once(python, urls[broker], workdir, args.probes, args.rate)
-                    )
+            for _, name, python in alternating(builds, args.runs):
+                reset_storage(
+                    broker, urls[broker], sqlite_file=workdir / "store.sqlite3", pg_db=PG_DB
+                )
+                runs[name].append(run_once(python, urls[broker], workdir, args.probes, args.rate))
             for name, _ in builds:
                 cells = []
                 for step in STEPS:

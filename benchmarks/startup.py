@@ -25,12 +25,11 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 # This directory is on sys.path when run as a script.
-from compare import builds_parser, parse_builds
+from compare import alternating, builds_parser, parse_builds, private_storage, reset_storage
 from run import recreate_pg_database
 
 PG_DB = "durq_startup"
@@ -69,23 +68,9 @@ asyncio.run(main())
 """
 
 
-def reset(broker: str, url: str, workdir: Path) -> None:
-    if broker == "postgresql":
-        recreate_pg_database(name=PG_DB)
-    elif broker == "redis":
-        import redis
-
-        client = redis.Redis.from_url(url)
-        client.flushdb()
-        client.close()
-    else:
-        for suffix in ("", "-wal", "-shm"):
-            (workdir / f"startup.sqlite3{suffix}").unlink(missing_ok=True)
-
-
 def launch_once(python: str, broker: str, url: str, workdir: Path) -> tuple[float, float]:
     """Seconds from launch to the first handler, and the CPU seconds the worker used."""
-    reset(broker, url, workdir)
+    reset_storage(broker, url, sqlite_file=workdir / "store.sqlite3", pg_db=PG_DB)
     out = workdir / "out.txt"
     out.unlink(missing_ok=True)
     env = {**os.environ, "DURQ_BROKER_URL": url, "STARTUP_OUT": str(out)}
@@ -116,23 +101,16 @@ def main() -> None:
     parser.add_argument("--redis-db", type=int, default=12)
     args = parser.parse_args()
     builds = parse_builds(parser, args)
-    workdir = Path(tempfile.mkdtemp(prefix="durq-startup-"))
+    workdir, urls = private_storage("durq-startup-", redis_db=args.redis_db, pg_db=PG_DB)
     (workdir / "startup_app.py").write_text(APP)
-    urls = {
-        "sqlite": f"sqlite:///{workdir / 'startup.sqlite3'}",
-        "redis": f"redis://127.0.0.1:6379/{args.redis_db}",
-        "postgresql": f"postgresql://postgres@127.0.0.1:5432/{PG_DB}",
-    }
     print(f"load average before: {os.getloadavg()}", file=sys.stderr)
     print("| broker | build | launch → first handler, median (min) ms | start-up CPU, median ms |")
     print("|---|---|---:|---:|")
     try:
         for broker in args.brokers.split(","):
             runs: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in builds}
-            for i in range(args.runs):
-                order = builds if i % 2 == 0 else builds[::-1]
-                for name, python in order:
-                    runs[name].append(launch_once(python, broker, urls[broker], workdir))
+            for _, name, python in alternating(builds, args.runs):
+                runs[name].append(launch_once(python, broker, urls[broker], workdir))
             for name, _ in builds:
                 walls = [w for w, _ in runs[name]]
                 cpus = [c for _, c in runs[name]]
