@@ -28,6 +28,7 @@ end), so it can run beside ``make bench``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -113,6 +114,18 @@ def private_storage(prefix: str, *, redis_db: int, pg_db: str) -> tuple[Path, di
     }
 
 
+@contextlib.contextmanager
+def dropped_at_the_end(brokers: str, pg_db: str) -> Iterator[None]:
+    """Drop a tool's own PostgreSQL database when the block ends, however it ends, and say
+    the load average then (a figure is read against it)."""
+    try:
+        yield
+    finally:
+        if "postgresql" in brokers:
+            recreate_pg_database(drop_only=True, name=pg_db)
+        print(f"load average after: {os.getloadavg()}", file=sys.stderr)
+
+
 def reset_storage(broker: str, url: str, *, sqlite_file: Path, pg_db: str) -> None:
     """Empty a tool's own storage before a run: the PostgreSQL database ``pg_db`` created
     again, the Redis database of ``url`` flushed, or the SQLite file and its WAL removed."""
@@ -181,10 +194,13 @@ def table(
 def report(path: Path) -> None:
     """Print the table of a run saved with ``--json`` (the builds in the order it holds)."""
     saved: dict[str, list[dict[str, Any]]] = json.loads(path.read_text())
-    runs = {tuple(key.split("/", 1)): value for key, value in saved.items()}
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for key, value in saved.items():
+        broker, label = key.split("/", 1)
+        runs[(broker, label)] = value
     brokers = list(dict.fromkeys(broker for broker, _ in runs))
     labels = list(dict.fromkeys(label for _, label in runs))
-    print(table(runs, labels, brokers))  # type: ignore[arg-type]
+    print(table(runs, labels, brokers))
 
 
 def builds_parser(description: str) -> argparse.ArgumentParser:
@@ -193,7 +209,7 @@ def builds_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--build",
         action="append",
-        required=True,
+        default=[],
         help="LABEL=PYTHON of a build (two or more; ratios are to the first)",
     )
     parser.add_argument("--brokers", default="sqlite,redis,postgresql")
@@ -212,9 +228,6 @@ def parse_builds(
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--report"] and len(sys.argv) == 3:
-        report(Path(sys.argv[2]))
-        return
     parser = builds_parser(__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=10_000)
@@ -222,17 +235,18 @@ def main() -> None:
     parser.add_argument("--worker-args", default="", help='extra flags for "durq worker"')
     parser.add_argument("--redis-db", type=int, default=13)
     parser.add_argument("--json", type=Path, help="also write every run's figures here")
+    parser.add_argument("--report", type=Path, help="print the table of a saved --json run")
     args = parser.parse_args()
+    if args.report:
+        report(args.report)
+        return
     builds = parse_builds(parser, args)
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    try:
+    with dropped_at_the_end(args.brokers, PG_DB):
         for broker in args.brokers.split(","):
             for r, label, python in alternating(builds, args.rounds):
                 print(f"{broker} round {r + 1}: {label}", file=sys.stderr, flush=True)
                 runs.setdefault((broker, label), []).append(run_once(python, broker, args))
-    finally:
-        if "postgresql" in args.brokers:
-            recreate_pg_database(drop_only=True, name=PG_DB)
     labels = [label for label, _ in builds]
     load = os.getloadavg()
     print(

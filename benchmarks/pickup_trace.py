@@ -35,8 +35,14 @@ import sys
 from pathlib import Path
 
 # This directory is on sys.path when run as a script.
-from compare import alternating, builds_parser, parse_builds, private_storage, reset_storage
-from run import recreate_pg_database
+from compare import (
+    alternating,
+    builds_parser,
+    dropped_at_the_end,
+    parse_builds,
+    private_storage,
+    reset_storage,
+)
 
 PG_DB = "durq_pickup"
 
@@ -190,7 +196,7 @@ def main() -> None:
     )
     print("| broker | build | " + " | ".join(STEPS) + " |")
     print("|---|---|" + "---:|" * len(STEPS))
-    try:
+    with dropped_at_the_end(args.brokers, PG_DB):
         for broker in args.brokers.split(","):
             runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in builds}
             for _, name, python in alternating(builds, args.runs):
@@ -206,10 +212,6 @@ def main() -> None:
                         f"{statistics.median(values):.3f} ({min(values):.3f} to {max(values):.3f})"
                     )
                 print(f"| {broker} | {name} | " + " | ".join(cells) + " |")
-    finally:
-        if "postgresql" in args.brokers:
-            recreate_pg_database(drop_only=True, name=PG_DB)
-    print(f"load average after: {os.getloadavg()}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -29,8 +29,14 @@ import time
 from pathlib import Path
 
 # This directory is on sys.path when run as a script.
-from compare import alternating, builds_parser, parse_builds, private_storage, reset_storage
-from run import recreate_pg_database
+from compare import (
+    alternating,
+    builds_parser,
+    dropped_at_the_end,
+    parse_builds,
+    private_storage,
+    reset_storage,
+)
 
 PG_DB = "durq_startup"
 
@@ -106,7 +112,7 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()}", file=sys.stderr)
     print("| broker | build | launch → first handler, median (min) ms | start-up CPU, median ms |")
     print("|---|---|---:|---:|")
-    try:
+    with dropped_at_the_end(args.brokers, PG_DB):
         for broker in args.brokers.split(","):
             runs: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in builds}
             for _, name, python in alternating(builds, args.runs):
@@ -118,10 +124,6 @@ def main() -> None:
                     f"| {broker} | {name} | {1000 * statistics.median(walls):.0f} "
                     f"({1000 * min(walls):.0f}) | {1000 * statistics.median(cpus):.0f} |"
                 )
-    finally:
-        if "postgresql" in args.brokers:
-            recreate_pg_database(drop_only=True, name=PG_DB)
-    print(f"load average after: {os.getloadavg()}", file=sys.stderr)
 
 
 if __name__ == "__main__":
