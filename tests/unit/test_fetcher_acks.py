@@ -216,3 +216,29 @@ async def test_an_idle_workers_ack_rides_in_a_claim_that_fills_its_slot(tmp_path
     await executor.close()
     await broker.close()
     await app.close()
+
+
+async def test_stop_ends_an_idle_wait_at_once(tmp_path: Path) -> None:
+    """An idle fetcher waits on the broker alone; stop() cancels that wait instead of
+    leaving the worker until the poll interval (an hour here) runs out."""
+    app = durq.App(f"sqlite:///{tmp_path / 'durq.sqlite3'}")
+    broker = CountingBroker(app.new_broker())
+    await broker.connect()
+    executor = Executor(app, broker, concurrency=2, worker_id="w", hooks=[])  # type: ignore[arg-type]
+    fetcher = Fetcher(
+        broker,  # type: ignore[arg-type]
+        executor,
+        queues={"default": 1},
+        strict=True,
+        worker_id="w",
+        lease_seconds=30,
+        poll_interval=3600,
+    )
+    fetcher.start()
+    while "claim" not in broker.calls:  # its first claim found nothing: now it waits
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    await asyncio.wait_for(fetcher.stop(), 10)
+    await executor.close()
+    await broker.close()
+    await app.close()
