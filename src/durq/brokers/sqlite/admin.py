@@ -108,7 +108,7 @@ class SQLiteAdmin:
         self._s.notify([queue])
 
     async def _set_paused(self, queue: str, paused: bool) -> None:
-        def run(conn: Conn) -> None:
+        def run(conn: Conn, _: float) -> None:
             if conn.execute(Q["set_paused"], {"queue": queue, "paused": int(paused)}).rowcount == 0:
                 raise QueueNotFoundError(f"no queue named {queue!r}")
 
@@ -192,18 +192,16 @@ class SQLiteAdmin:
     async def move_task(self, move: TaskMove) -> TaskInfo | None:
         """Run, archive or delete one task if it is still in ``move.expect``, with the
         follow-ups, in one transaction."""
-        now = self._s.clock.now()
         params: dict[str, Any] = {
             "queue": move.queue,
             "id": move.id,
             "expect": move.expect.value,
-            "now": now,
             "error": move.error,
         }
         query = f"{move.kind}_task"
 
-        def body(conn: Conn, woken: set[str]) -> TaskInfo | None:
-            row = conn.execute(Q[query], params).fetchone()
+        def body(conn: Conn, now: float, woken: set[str]) -> TaskInfo | None:
+            row = conn.execute(Q[query], {**params, "now": now}).fetchone()
             if row is None:
                 return None
             if move.to is None:
@@ -238,7 +236,7 @@ class SQLiteAdmin:
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """Flag an active task for its worker (W12)."""
 
-        def body(conn: Conn) -> TaskInfo | None:
+        def body(conn: Conn, _: float) -> TaskInfo | None:
             row = conn.execute(Q["request_cancel"], {"queue": queue, "id": task_id}).fetchone()
             return None if row is None else row_to_info(row)
 
@@ -246,11 +244,10 @@ class SQLiteAdmin:
 
     async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
         """Run (``to`` pending) or delete (``to`` None) every task of ``state``."""
-        now = self._s.clock.now()
         state = TaskState(state)
         query = "run_all" if to is TaskState.PENDING else "delete_all"
 
-        def body(conn: Conn, woken: set[str]) -> int:
+        def body(conn: Conn, now: float, woken: set[str]) -> int:
             self._require_queue(conn, queue)
             if to is None:
                 woken.update(self._s.forget(conn, queue, None, state.value, now))

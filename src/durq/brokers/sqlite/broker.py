@@ -184,10 +184,8 @@ class SQLiteBroker(AdminForwarder):
         return await self._batcher.send(params)
 
     async def _enqueue_one(self, params: EnqueueParams) -> TaskInfo:
-        now = self._s.clock.now()
-
         def run(conn: Conn) -> TaskInfo:
-            info = self._s.transaction(conn, lambda c: self._s.insert(c, params, now))
+            info = self._s.transaction(conn, lambda c, now: self._s.insert(c, params, now))
             self._s.notify([params.queue])
             return info
 
@@ -203,10 +201,9 @@ class SQLiteBroker(AdminForwarder):
             return []
         if connection is not None:
             return self.enqueue_many_sync_in(items, connection)
-        now = self._s.clock.now()
 
         def run(conn: Conn) -> list[EnqueueOutcome]:
-            outcomes = self._s.transaction(conn, lambda c: self._insert_many(c, items, now))
+            outcomes = self._s.transaction(conn, lambda c, now: self._insert_many(c, items, now))
             self._s.notify({o.params.queue for o in outcomes if o.created})
             return outcomes
 
@@ -214,10 +211,9 @@ class SQLiteBroker(AdminForwarder):
 
     async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
         """The group's record and every member in one transaction, or nothing."""
-        now = self._s.clock.now()
 
         def run(conn: Conn) -> list[TaskInfo]:
-            infos = self._s.transaction(conn, lambda c: self._s.insert_group(c, params, now))
+            infos = self._s.transaction(conn, lambda c, now: self._s.insert_group(c, params, now))
             self._s.notify({i.queue for i in infos if i.state is TaskState.PENDING})
             return infos
 
@@ -261,7 +257,9 @@ class SQLiteBroker(AdminForwarder):
             return []
         cursor = self._caller_cursor(connection)
         try:
-            return self._insert_many(cursor, items, self._s.clock.now())
+            # Under the caller's write lock: catch up with a step of the wall clock first.
+            now = self._s.timeline.check(cursor, Q, remember=False)
+            return self._insert_many(cursor, items, now)
         except sqlite3.Error as exc:
             raise self._s.map_error(exc, "sqlite.enqueue", caller=True) from exc
         finally:
@@ -308,7 +306,7 @@ class SQLiteBroker(AdminForwarder):
 
     async def claim(self, params: ClaimParams) -> list[Lease]:
         """Lease up to ``limit`` due tasks, filling from the queues in the order given."""
-        now = self._s.clock.now()
+        looked_at = self._s.clock.now()  # for the read-only look; the claim reads its own
         if params.limit <= 0:
             return []
         queues = list(dict.fromkeys(params.queues))  # keep order, drop repeats
@@ -319,10 +317,10 @@ class SQLiteBroker(AdminForwarder):
             version = _data_version(conn)  # before the claim reads: later commits stay news
             leases = Claimed()
             for queue in queues:
-                claimable, wake_at = _may_claim(conn, queue, now)
+                claimable, wake_at = _may_claim(conn, queue, looked_at)
                 if claimable:
                     leases = self._s.transaction(
-                        conn, lambda c: self._claim_queues(c, queues, params, now)
+                        conn, lambda c, now: self._claim_queues(c, queues, params, now)
                     )
                     break
                 if wake_at is not None and (leases.wake_at is None or wake_at < leases.wake_at):
@@ -340,12 +338,11 @@ class SQLiteBroker(AdminForwarder):
     ) -> tuple[list[bool], list[Lease]]:
         """``complete_many`` and ``claim`` in one write transaction: the lock is taken for
         the completions anyway, so the claim skips its read-only look for work."""
-        now = self._s.clock.now()
         queues = list(dict.fromkeys(claim.queues))
         self._s.mailbox.take(queues)
         woken: set[str] = set()
 
-        def body(conn: Conn) -> tuple[list[bool], Claimed]:
+        def body(conn: Conn, now: float) -> tuple[list[bool], Claimed]:
             done = self._complete_batch(conn, items, now, woken)
             return done, self._claim_queues(conn, queues, claim, now)
 
@@ -432,11 +429,11 @@ class SQLiteBroker(AdminForwarder):
         if not leases:
             return LeaseReport()
 
-        def body(conn: Conn) -> LeaseReport:
+        def body(conn: Conn, now: float) -> LeaseReport:
             lost: set[str] = set()
             cancel: set[str] = set()
             clock = {
-                "now": self._s.clock.now(),
+                "now": now,
                 "lease_seconds": lease_seconds,
                 **self._s.timeline.lease_params(),
             }
@@ -477,9 +474,8 @@ class SQLiteBroker(AdminForwarder):
     async def complete(self, params: CompleteParams) -> bool:
         """Completed (kept ``retention`` s with its result) or deleted; fenced by the token.
         Its follow-ups are created in the same transaction."""
-        now = self._s.clock.now()
         done = await self._s.write_waking(
-            "sqlite.complete", lambda c, woken: self._complete(c, params, now, woken)
+            "sqlite.complete", lambda c, now, woken: self._complete(c, params, now, woken)
         )
         if done:
             self._s.ended([params.lease.task_key])
@@ -489,10 +485,9 @@ class SQLiteBroker(AdminForwarder):
         """``complete`` for several tasks in one transaction."""
         if not items:
             return []
-        now = self._s.clock.now()
-
         done = await self._s.write_waking(
-            "sqlite.complete_many", lambda c, woken: self._complete_batch(c, items, now, woken)
+            "sqlite.complete_many",
+            lambda c, now, woken: self._complete_batch(c, items, now, woken),
         )
         self._s.ended(p.lease.task_key for p, ok in zip(items, done, strict=True) if ok)
         return done
@@ -544,9 +539,9 @@ class SQLiteBroker(AdminForwarder):
         """Several fenced retry/archive moves in one transaction."""
         if not moves:
             return []
-        now = self._s.clock.now()
         done = await self._s.write_waking(
-            "sqlite.move_leases", lambda c, woken: [self._move(c, p, now, woken) for p in moves]
+            "sqlite.move_leases",
+            lambda c, now, woken: [self._move(c, p, now, woken) for p in moves],
         )
         self._s.ended(ended_by(moves, done))
         return done
@@ -563,11 +558,12 @@ class SQLiteBroker(AdminForwarder):
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Back to pending without counting an attempt (graceful shutdown, W7)."""
-        now = self._s.clock.now()
-        params = {"queue": lease.queue, "id": lease.id, "token": lease.token, "now": now}
+        ref = {"queue": lease.queue, "id": lease.id, "token": lease.token}
         done = await self._s.write_waking(
             "sqlite.requeue",
-            lambda c, woken: self._ended(c, lease.queue, c.execute(Q["requeue"], params), woken),
+            lambda c, now, woken: self._ended(
+                c, lease.queue, c.execute(Q["requeue"], {**ref, "now": now}), woken
+            ),
         )
         if done:
             self._s.notify([lease.queue])
@@ -593,10 +589,9 @@ class SQLiteBroker(AdminForwarder):
 
     async def promote_due(self) -> int:
         """Move due scheduled/retry tasks to pending (claim also takes them directly)."""
-        now = self._s.clock.now()
         queues = await self._s.write(
             "sqlite.promote_due",
-            lambda c: [row[0] for row in c.execute(Q["promote_due"], {"now": now}).fetchall()],
+            lambda c, now: [row[0] for row in c.execute(Q["promote_due"], {"now": now})],
         )
         if queues:
             self._s.notify(set(queues))
@@ -612,9 +607,8 @@ class SQLiteBroker(AdminForwarder):
 
     async def delete_expired(self, limit: int) -> int:
         """Delete up to ``limit`` completed tasks past their retention."""
-        now = self._s.clock.now()
 
-        def run(conn: Conn) -> int:
+        def run(conn: Conn, now: float) -> int:
             conn.execute(Q["prune_minute_stats"], {"before": now - MINUTE_COUNTS_KEEP})
             # Finished groups past their retention go in the same bounded way.
             conn.execute(Q["delete_expired_group_members"], {"now": now, "limit": limit})
@@ -681,9 +675,8 @@ class SQLiteBroker(AdminForwarder):
 
     async def register_worker(self, info: WorkerInfo) -> None:
         """Insert or refresh the worker's row (its heartbeat); makes its queues known."""
-        now = self._s.clock.now()
 
-        def body(conn: Conn) -> None:
+        def body(conn: Conn, now: float) -> None:
             conn.execute(
                 Q["upsert_worker"],
                 {
@@ -713,7 +706,8 @@ class SQLiteBroker(AdminForwarder):
     async def unregister_worker(self, worker_id: str) -> None:
         """Remove the worker's row at shutdown."""
         await self._s.write(
-            "sqlite.unregister_worker", lambda c: c.execute(Q["delete_worker"], {"id": worker_id})
+            "sqlite.unregister_worker",
+            lambda c, _: c.execute(Q["delete_worker"], {"id": worker_id}),
         )
 
 

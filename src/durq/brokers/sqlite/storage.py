@@ -151,27 +151,27 @@ class SQLiteStorage:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(executor, self._job, operation, fn)
 
-    async def write(self, operation: str, fn: Callable[[Conn], T]) -> T:
-        """``fn`` inside one ``BEGIN IMMEDIATE`` transaction."""
+    async def write(self, operation: str, fn: Callable[[Conn, float], T]) -> T:
+        """``fn(conn, now)`` inside one ``BEGIN IMMEDIATE`` transaction (see
+        :meth:`transaction` for ``now``)."""
         return await self.call(operation, lambda conn: self.transaction(conn, fn))
 
-    def transaction(self, conn: Conn, fn: Callable[[Conn], T]) -> T:
-        """``fn`` in a write transaction that first catches up with a step of the wall
-        clock (see :class:`~durq.brokers.sqlite.timeline.Timeline`)."""
-
-        def body(c: Conn) -> T:
-            self.timeline.check(c, Q)
-            return fn(c)
-
-        result = transaction(conn, body)
+    def transaction(self, conn: Conn, fn: Callable[[Conn, float], T]) -> T:
+        """``fn(conn, now)`` in a write transaction that first catches up with a step of the
+        wall clock (see :class:`~durq.brokers.sqlite.timeline.Timeline`). ``now`` is the wall
+        clock read then, under the write lock: a moment read before the lock may predate a
+        step another process has meanwhile applied to the stored moments."""
+        result = transaction(conn, lambda c: fn(c, self.timeline.check(c, Q)))
+        self.timeline.settle()
         self.checkpointer.poke()
         return result
 
-    async def write_waking(self, operation: str, fn: Callable[[Conn, set[str]], T]) -> T:
-        """``fn(conn, woken)`` inside one transaction; once it committed, wake the waiters of
-        the queues ``fn`` put in ``woken`` (a waiter woken earlier would find nothing)."""
+    async def write_waking(self, operation: str, fn: Callable[[Conn, float, set[str]], T]) -> T:
+        """``fn(conn, now, woken)`` inside one transaction; once it committed, wake the
+        waiters of the queues ``fn`` put in ``woken`` (a waiter woken earlier would find
+        nothing)."""
         woken: set[str] = set()
-        result = await self.write(operation, lambda conn: fn(conn, woken))
+        result = await self.write(operation, lambda conn, now: fn(conn, now, woken))
         self.notify(woken)
         return result
 

@@ -43,27 +43,43 @@ class Timeline:
         self.boot = boot or "wall"
         self._lease_clock: Callable[[], float] = clock.monotonic if boot else clock.now
         # (wall - monotonic) when this process last agreed with the database: while it holds,
-        # no step happened and the database need not be read.
+        # no step happened and the database need not be read. A check's agreement counts
+        # once its transaction committed (settle): a rolled-back shift never happened.
         self._seen: float | None = None
+        self._unsettled: float | None = None
 
     def lease_params(self) -> dict[str, object]:
         """``:boot`` and ``:mono`` of the lease statements."""
         return {"boot": self.boot, "mono": self._lease_clock()}
 
-    def check(self, conn: sqlite3.Connection, q: Mapping[str, str]) -> float | None:
+    def check(
+        self,
+        conn: sqlite3.Connection | sqlite3.Cursor,
+        q: Mapping[str, str],
+        *,
+        remember: bool = True,
+    ) -> float:
         """Inside a write transaction: if the wall clock stepped since this machine last
         looked, move the relative moments by the step (once: the first process to notice does
-        it under the write lock) and return the step; ``None`` otherwise."""
-        offset = self.clock.now() - self.clock.monotonic()
+        it under the write lock). Returns the wall clock it read, which the transaction uses
+        as its now: the stored moments agree with it. (A step after this read is one this
+        transaction's writes take part in: the next check moves them along with the rest.)
+
+        ``remember``: call :meth:`settle` once the transaction committed, so later checks
+        of this process skip the database while the clock holds. ``False`` for a caller's
+        transaction (its commit is not ours to see, and it runs on the caller's thread)."""
+        if remember:
+            self._unsettled = None
+        now = self.clock.now()
+        offset = now - self.clock.monotonic()
         if self._seen is not None and abs(offset - self._seen) < STEP:
-            return None
+            return now
         execute = conn.execute
         row = execute(q["clock_get"]).fetchone()
-        step: float | None = None
         if row is None or row[0] != self.boot:
             execute(q["clock_set"], {"boot": self.boot, "wall_offset": offset})
         elif abs(offset - row[1]) >= STEP:
-            step = offset - row[1]
+            step: float = offset - row[1]
             execute(q["clock_shift"], {"by": step})
             execute(q["clock_set"], {"boot": self.boot, "wall_offset": offset})
             log.warning(
@@ -73,5 +89,11 @@ class Timeline:
             )
         else:
             offset = row[1]
-        self._seen = offset
-        return step
+        if remember:
+            self._unsettled = offset
+        return now
+
+    def settle(self) -> None:
+        """The transaction of the last :meth:`check` committed: the database agrees with it."""
+        if self._unsettled is not None:
+            self._seen, self._unsettled = self._unsettled, None
