@@ -22,11 +22,13 @@ from durq.brokers.base import (
     CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
     CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
     CAP_LIMITS,
+    CAP_WAIT_AND_CLAIM,
     ClaimParams,
     CompleteAndClaim,
     CompleteParams,
     Lease,
     LeaseRef,
+    WaitAndClaim,
 )
 from durq.clock import FakeClock
 from durq.task import LimitSpec
@@ -189,5 +191,6 @@ def test_the_declared_capabilities_agree(broker: FullBroker) -> None:
     capabilities widen the first one and mean nothing without it."""
     caps = broker.capabilities
     assert (CAP_COMPLETE_AND_CLAIM in caps) == isinstance(broker, CompleteAndClaim)
+    assert (CAP_WAIT_AND_CLAIM in caps) == isinstance(broker, WaitAndClaim)
     if CAP_COMPLETE_AND_CLAIM not in caps:
         assert not caps & {CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS, CAP_COMPLETE_AND_CLAIM_ANY_QUEUE}

@@ -114,7 +114,7 @@ async def test_worker_process_connections_on_the_server(broker_kind: str, broker
         budget = POOL_MAX + 1  # the pool and the LISTEN connection
     elif broker_kind == "redis":
         url = f"{broker_url}&client_name={tag}"
-        budget = 2  # commands and the wake-up subscription
+        budget = 2  # commands, and the connection its idle wait blocks on
     else:
         url = f"{broker_url}&client_name={tag}"
         budget = 3 + 1  # one per master (3) and the wake-up subscription

@@ -1,7 +1,9 @@
 """Claims tasks into free slots: a batch per round trip, then waits for a wake-up (W8, W11).
 
-It waits on the broker's notification (LISTEN/NOTIFY, blocking pop, in-process event), bounded
-by ``poll_interval`` so due scheduled tasks and lost notifications are still picked up.
+It waits on the broker's notification (LISTEN/NOTIFY, pub/sub, in-process event), bounded by
+``poll_interval`` so due scheduled tasks and lost notifications are still picked up. Where the
+broker can (``CAP_WAIT_AND_CLAIM``: Redis, one queue) the wait and the next claim go together,
+and the broker runs the claim as soon as work arrives.
 
 A busy fetcher's claim carries the acker's acknowledgements. Which completions may ride in a
 claim is decided here, once, from what the broker declares (``CAP_COMPLETE_AND_CLAIM*``); the
@@ -12,25 +14,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Mapping, Sequence
-from typing import cast
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 from durq.brokers.base import (
     CAP_COMPLETE_AND_CLAIM,
     CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
     CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
+    CAP_WAIT_AND_CLAIM,
     Broker,
     Claimed,
     ClaimParams,
     CompleteAndClaim,
     CompleteParams,
     Lease,
+    WaitAndClaim,
 )
 from durq.errors import BrokerUnavailableError
 from durq.worker.acker import Pending
 from durq.worker.executor import Executor
 
 log = logging.getLogger("durq.worker")
+
+T = TypeVar("T")
 
 
 def queue_order(weights: Mapping[str, int], strict: bool, rng: random.Random) -> list[str]:
@@ -119,7 +125,7 @@ class Fetcher:
         self._task: asyncio.Task[None] | None = None
         #: The broker's wait for work while the fetcher is idle; stopping and an arriving ack
         #: cancel it (one task a wait, not one per thing it waits for).
-        self._waiter: asyncio.Future[bool] | None = None
+        self._waiter: asyncio.Future[Any] | None = None
 
     def start(self) -> None:
         self._stop.clear()
@@ -186,17 +192,46 @@ class Fetcher:
                 # worker with limited tasks alternated claims of 49 and of 1 (limits.py).
                 await asyncio.sleep(0)
             if len(leases) < free and not self._stop.is_set():
-                timeout = self.poll_interval
-                if isinstance(leases, Claimed) and leases.wake_at is not None:
-                    # A task held by a rate limit: look again when its token comes.
-                    until = leases.wake_at - self.broker.clock.now()
-                    timeout = min(timeout, max(0.001, until))
                 # Idle until work comes, or until an attempt ends: its ack then goes at once,
                 # in a claim, so the slot it frees takes the next task in the same round trip
                 # (a key at its concurrency limit frees its slots this way) rather than the
                 # ack, the wake-up it sends, and a claim one after another.
                 if not acker.waiting:
-                    await self._wait_for_work(order, timeout)
+                    await self._idle(order, self._timeout_after(leases))
+
+    def _timeout_after(self, leases: list[Lease]) -> float:
+        """How long to wait for work after a claim answered ``leases``."""
+        timeout = self.poll_interval
+        if isinstance(leases, Claimed) and leases.wake_at is not None:
+            # A task held by a rate limit: look again when its token comes.
+            until = leases.wake_at - self.broker.clock.now()
+            timeout = min(timeout, max(0.001, until))
+        return timeout
+
+    async def _idle(self, order: list[str], timeout: float) -> None:
+        """Wait for work, then let the loop claim it; or, where the broker claims in the same
+        step (``CAP_WAIT_AND_CLAIM``), start the attempts from here and wait on while the
+        claims leave slots free (the queue is empty again). Acks of attempts ending while
+        the worker waits that way go on their own: the wait is not interrupted for them."""
+        if CAP_WAIT_AND_CLAIM in self.broker.capabilities:
+            broker = cast(WaitAndClaim, self.broker)
+            executor = self.executor
+            executor.acker.send_alone()
+            while not self._stop.is_set() and (free := executor.free_slots) > 0:
+                params = ClaimParams(order, free, self.worker_id, self.lease_seconds)
+                done, leases = await self._wait(broker.wait_and_claim(params, timeout))
+                if not done:
+                    return
+                if leases is None:
+                    break  # not for these queues: the usual way below
+                for lease in leases:
+                    executor.submit(lease)
+                if len(leases) >= free:
+                    return
+                timeout = self._timeout_after(leases)
+            else:
+                return
+        await self._wait(self.broker.wait_for_work(order, timeout))
 
     async def _ack_and_claim(self, acks: Sequence[Pending], params: ClaimParams) -> list[Lease]:
         acker = self.executor.acker
@@ -204,8 +239,11 @@ class Fetcher:
             self.broker, [ack for ack, _ in acks], params, lambda held: acker.answer(acks, held)
         )
 
-    async def _wait_for_work(self, queues: list[str], timeout: float) -> None:
-        waiter = asyncio.ensure_future(self.broker.wait_for_work(queues, timeout))
+    async def _wait(self, wait: Awaitable[T]) -> tuple[bool, T | None]:
+        """Await the broker's ``wait`` as a task that :meth:`_interrupt` may cancel: whether
+        it answered, and its answer. A failed wait is logged and followed by a pause of
+        ``poll_interval`` (the claim that comes next reports a broker that stays away)."""
+        waiter = asyncio.ensure_future(wait)
         self._waiter = waiter
         try:
             await asyncio.wait((waiter,))
@@ -213,9 +251,13 @@ class Fetcher:
             self._waiter = None
             if not waiter.done():
                 waiter.cancel()
-        if not waiter.cancelled() and waiter.exception() is not None:
-            log.debug("wait_for_work failed: %s", waiter.exception())
+        if waiter.cancelled():
+            return False, None
+        if waiter.exception() is not None:
+            log.debug("waiting for work failed: %s", waiter.exception())
             await self._sleep(self.poll_interval)
+            return False, None
+        return True, waiter.result()
 
     def _interrupt(self) -> None:
         """End the wait for work now: the fetcher stops, or an ack wants its claim."""

@@ -381,11 +381,14 @@ class RedisAdmin:
         async with self._s.op("unpause_queue"):
             await self._s.ensure()
             k = await self._known(queue)
-            # Idle workers of this queue may have tasks waiting for them: PUBLISH.
+            # Idle workers of this queue may have tasks waiting for them: wake them (as the
+            # scripts' wake_workers does: a message, and the token a blocked worker waits on).
             await self._s.atomic(
                 [
                     ("DEL", k.paused),
                     ("PUBLISH", k.notify, "1"),
+                    ("LPUSH", k.notify, "1"),
+                    ("LTRIM", k.notify, 0, 0),  # one token at most, as the scripts keep it
                     ("SREM", self._s.keys.paused, queue),
                 ]
             )

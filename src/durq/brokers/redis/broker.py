@@ -4,6 +4,7 @@ module only builds keys and arguments and decodes replies. See docs/brokers/redi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -13,6 +14,8 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict
 from datetime import date
 from typing import Any, Self
+
+from redis import exceptions as rex
 
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
@@ -24,6 +27,7 @@ from durq.brokers.base import (
     CAP_CROSS_QUEUE_GROUPS,
     CAP_LIMITS,
     CAP_MULTI_PROCESS,
+    CAP_WAIT_AND_CLAIM,
     CLAIM_FORWARD,
     AdminForwarder,
     ArchiveParams,
@@ -55,7 +59,8 @@ from durq.brokers.redis.storage import (
     Scalar,
     _Call,
 )
-from durq.brokers.redis.wakeup import EndWatches, Wakeups
+from durq.brokers.redis.wakeup import Blocker, EndWatches, Wakeups
+from durq.brokers.redis.wire import error, is_error
 from durq.clock import SYSTEM_CLOCK, Clock, utc_day
 from durq.errors import (
     BrokerError,
@@ -99,6 +104,7 @@ class RedisBroker(AdminForwarder):
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_CROSS_QUEUE_GROUPS,
             CAP_LIMITS,
+            CAP_WAIT_AND_CLAIM,
         }
     )
 
@@ -120,6 +126,7 @@ class RedisBroker(AdminForwarder):
         )
         self.admin = RedisAdmin(self._s)
         self._wakeups = Wakeups(self._s)
+        self._blocker = Blocker(self._s)
         if self._s.cluster:
             # One script stays in one hash slot; completions of another queue than the
             # claimed one may be on another node, not surely stored before the claim.
@@ -362,6 +369,57 @@ class RedisBroker(AdminForwarder):
             await self._claim_into(leases, list(dict.fromkeys(params.queues)), params)
         return leases
 
+    async def wait_and_claim(self, claim: ClaimParams, timeout: float) -> Claimed | None:
+        """Wait for work and claim it in one step, for a worker of one queue on a single node
+        (``None`` otherwise): BLPOP on the queue's token list with the claim script behind
+        it (see :class:`~durq.brokers.redis.wakeup.Blocker`). A token whose claim found
+        nothing (another worker was first) means waiting on; a claim that leaves tasks behind
+        passes the token to the next blocked worker. Cancelled, it unblocks at once and
+        hands back what the claim behind the wait leased."""
+        queues = list(dict.fromkeys(claim.queues))
+        if len(queues) != 1 or claim.limit <= 0 or not self._blocker.available:
+            return None
+        queue = queues[0]
+        notify = self._s.keys.queue(queue).notify
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout)
+        async with self._s.op("wait_and_claim"):
+            await self._s.ensure()
+            while True:
+                seconds = min(max(deadline - loop.time(), 0.01), self._blocker.longest)
+                name, keys, args = self._claim_call(queue, claim.limit, claim)
+                command = ("EVALSHA", self._s.scripts[name].sha, len(keys), *keys, *args)
+                call = asyncio.ensure_future(self._blocker.block_then(notify, seconds, command))
+                try:
+                    woken, reply = await asyncio.shield(call)
+                except asyncio.CancelledError:
+                    await self._hand_back(queue, call)
+                    raise
+                if is_error(reply):
+                    exc = error(reply)
+                    if not isinstance(exc, rex.NoScriptError):
+                        raise exc
+                    reply = await self._s.eval(name, keys, args)  # loads it; the token is spent
+                leases = Claimed()
+                self._take(queue, reply, leases)
+                if leases or leases.wake_at is not None or not woken or loop.time() >= deadline:
+                    return leases
+
+    async def _hand_back(self, queue: str, call: asyncio.Future[tuple[bool, Any]]) -> None:
+        """After a cancelled wait: end the block, then put back to pending, uncounted, what
+        the claim behind it leased. A failure here leaves those leases to expire."""
+        try:
+            await self._blocker.unblock()
+            _, reply = await asyncio.wait_for(call, self._blocker.longest + 1.0)
+            if is_error(reply):
+                return
+            leases = Claimed()
+            self._take(queue, reply, leases)
+            for lease in leases:
+                await self.requeue(lease.ref)
+        except Exception as exc:
+            log.warning("tasks claimed as the worker stopped were not handed back: %s", exc)
+
     async def complete_and_claim(
         self, items: Sequence[CompleteParams], claim: ClaimParams
     ) -> tuple[list[bool], list[Lease]]:
@@ -420,6 +478,7 @@ class RedisBroker(AdminForwarder):
                 k.task_prefix,
                 max(limit, CLAIM_FORWARD),
                 HOLD_BOUND,
+                k.notify,
             ],
         )
 

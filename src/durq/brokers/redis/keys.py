@@ -21,7 +21,8 @@ Layout (``P`` is the prefix, default ``durq``; ``Q`` a queue name)::
     P:{Q}:stats:<YYYY-MM-DD>    hash     processed / failed of one UTC day
     P:{Q}:outbox                hash     follow-ups into another slot, not yet created (cluster)
     P:{Q}:minutes:<YYYY-MM-DD>  hash     p:<minute> / f:<minute> of that day's minutes
-    P:{Q}:notify                channel  pub/sub wake-ups (not a key)
+    P:{Q}:notify                channel  pub/sub wake-ups; also a list: at most one wake-up token,
+                                         taken by a worker blocked in BLPOP
     P:{Q}:g:<group id>          hash     a group whose first member is in Q: total, finished,
                                          retention, the follow-up's enqueue keys and arguments
     P:{Q}:g:<group id>:e        hash     position -> the member's entry in the follow-up

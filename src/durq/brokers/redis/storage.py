@@ -97,6 +97,11 @@ class RedisStorage:
             )
         else:
             self.wire = Wire(endpoint_of(self.pool))
+        #: An idle worker's connection to block on (see :class:`~durq.brokers.redis.wakeup.
+        #: ClaimWhenWoken`), opened on first use; no retries: a blocked call is not re-sent.
+        self.blocking_wire: Wire | None = (
+            None if seeds is not None else Wire(endpoint_of(self.pool), retries=0)
+        )
         self.ready = False
         self.known_queues: set[str] = set()
 
@@ -239,6 +244,8 @@ class RedisStorage:
         """Close the connection (idempotent)."""
         self.ready = False
         self.wire.close()
+        if self.blocking_wire is not None:
+            self.blocking_wire.close()
 
     # -- calls ----------------------------------------------------------------------------
 

@@ -13,12 +13,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from redis import exceptions as rex
 
 from durq.brokers.mailbox import Watch, Watches
 from durq.brokers.redis.storage import RedisStorage
-from durq.brokers.redis.wire import Subscriber
+from durq.brokers.redis.wire import Command, Subscriber, error, is_error
 
 log = logging.getLogger("durq.brokers.redis")
 
@@ -48,9 +49,12 @@ class Wakeups:
         self._sub: Subscriber | None = None
 
     async def before_claim(self, queues: Sequence[str]) -> None:
-        """Subscribe to ``queues`` (waiting briefly for it); what was published before this
-        claim is covered by it, so only later notifications make the next wait return."""
-        await self.watch(queues, before_claim=True)
+        """What was published before this claim is covered by it: only later notifications
+        make the next wait return. The subscription itself comes with the first wait (see
+        :meth:`watch`), so a worker that never waits this way (one that blocks on a queue's
+        token list instead, see :class:`Blocker`) holds no subscriber connection."""
+        if any(q in self._watched for q in queues):
+            await self.watch(queues, before_claim=True)
         self._notified.difference_update(queues)
         self._notified.discard(_ALL)
 
@@ -164,6 +168,49 @@ class Wakeups:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await listener
+
+
+class Blocker:
+    """The connection an idle worker of one queue blocks on: ``BLPOP`` on the queue's token
+    list (the scripts' ``wake_workers`` pushes one when tasks become claimable) with the
+    claim script sent right behind it. Redis runs the claim the moment the ``BLPOP`` returns,
+    woken or timed out, and sends both replies together: a task enqueued while the worker
+    waits reaches it without a round trip after the wake-up (the subscription's way needs
+    one: the message, then the claim). An idle worker's wait ends at once when it stops:
+    ``CLIENT UNBLOCK`` from the broker's other connection."""
+
+    def __init__(self, storage: RedisStorage) -> None:
+        self._s = storage
+
+    @property
+    def available(self) -> bool:
+        """A single node (a cluster keeps the subscription's way)."""
+        return self._s.blocking_wire is not None
+
+    @property
+    def longest(self) -> float:
+        """The longest block (seconds): within the connection's socket timeout, which a
+        blocked reply must not run into; a longer wait is several blocks."""
+        wire = self._s.blocking_wire
+        return 1.0 if wire is None else max(0.1, wire.socket_timeout / 2)
+
+    async def block_then(self, token_list: str, seconds: float, then: Command) -> tuple[bool, Any]:
+        """Block up to ``seconds`` for a token of ``token_list``, then run ``then``: whether a
+        token came, and ``then``'s reply (an error reply as a value)."""
+        wire = self._s.blocking_wire
+        assert wire is not None
+        await wire.client_id()  # known before it blocks, so that it can be unblocked
+        popped, reply = await wire.call_many([("BLPOP", token_list, round(seconds, 3)), then])
+        if is_error(popped):
+            raise error(popped)
+        return popped is not None, reply
+
+    async def unblock(self) -> None:
+        """End a block now; the command behind it still runs and answers."""
+        wire = self._s.blocking_wire
+        client = None if wire is None else wire.current_client_id
+        if client is not None:
+            await self._s.command("CLIENT", "UNBLOCK", client)
 
 
 class EndWatches:

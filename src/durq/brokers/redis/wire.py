@@ -151,6 +151,8 @@ class _Protocol(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        #: The server's CLIENT ID of this connection, once asked (:meth:`Wire.client_id`).
+        self.client_id: int | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A cast, not an isinstance check: uvloop's transports do not subclass asyncio's.
@@ -346,6 +348,30 @@ class Wire:
                     raise
                 await asyncio.sleep(min(_BACKOFF[1], _BACKOFF[0] * 2**attempt))
         raise AssertionError("unreachable")
+
+    @property
+    def socket_timeout(self) -> float:
+        """Seconds a reply may take before the connection is given up."""
+        return self._endpoint.socket_timeout
+
+    @property
+    def current_client_id(self) -> int | None:
+        """The CLIENT ID of the open connection, if asked; ``None`` otherwise."""
+        proto = self._proto
+        return None if proto is None or proto.closed else proto.client_id
+
+    async def client_id(self) -> int:
+        """The server's CLIENT ID of the current connection (asked once per connection):
+        ``CLIENT UNBLOCK <id>`` from another connection ends a blocking command on it."""
+        proto = await self._connection()
+        if proto.client_id is None:
+            future: asyncio.Future[Any] = proto._loop.create_future()
+            proto.send(_pack(("CLIENT", "ID")), future)
+            reply = await future
+            if isinstance(reply, _ReplyError):
+                raise error(reply)
+            proto.client_id = int(reply)
+        return proto.client_id
 
     async def subscriber(self, on_message: Callable[[bytes], None]) -> Subscriber:
         """A new connection for SUBSCRIBE (wake-ups): ``on_message(channel)`` is called from

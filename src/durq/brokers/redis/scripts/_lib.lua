@@ -43,6 +43,18 @@ local function member_id(m)
   return string.sub(m, 17)
 end
 
+-- Tell idle workers that `queue_notify` (a queue's "P:{Q}:notify") has tasks to claim: a
+-- message on that channel for the workers that subscribe, and a token in the list of the same
+-- name for one worker blocked on it (BLPOP, with its claim queued behind). One token at most
+-- (while one waits, the next is not needed): a claim that leaves tasks behind puts it back for
+-- the next worker (see claim.lua).
+local function wake_workers(queue_notify)
+  redis.call('PUBLISH', queue_notify, '1')
+  if redis.call('EXISTS', queue_notify) == 0 then
+    redis.call('LPUSH', queue_notify, '1')
+  end
+end
+
 -- The pending zset orders by priority, then ready time (next_process_at), then enqueue order
 -- (the member). Priority p (-100..100, stored as field "prio" when not 0) moves the score by
 -- whole bands of 2^32 s, wider than any epoch time to 2106: score = time - p * 2^32, so a
@@ -248,7 +260,7 @@ local function enqueue_follow_ups(nk, na)
     else
       local _, pending = enqueue_task(KEYS[ko + 1], KEYS, ko + 1, ARGV[ao + 1], ARGV, ao + 2)
       if pending then
-        redis.call('PUBLISH', ARGV[ao + 2], '1')
+        wake_workers(ARGV[ao + 2])
       end
     end
   end
@@ -298,7 +310,7 @@ local function finish_member(task_key, state, entry, now_s)
     a[15] = ''
     local _, pending = enqueue_task(k[1], k, 1, now_s, a, 2)
     if pending then
-      redis.call('PUBLISH', a[2], '1')
+      wake_workers(a[2])
     end
   end
   -- The record stays for the group's retention, then Redis drops it.

@@ -15,6 +15,6 @@ for _, m in ipairs(batch) do
   redis.call('ZADD', KEYS[2], ready_score(ARGV[1], redis.call('HGET', key, 'prio')), m)
 end
 if #batch > 0 then
-  redis.call('PUBLISH', ARGV[4], '1')
+  wake_workers(ARGV[4])
 end
 return #batch

@@ -29,7 +29,7 @@ if ARGV[7] ~= '' and not (cur[4] and tonumber(cur[4]) <= tonumber(earliest(ARGV[
 end
 redis.call('ZREM', KEYS[2], cur[3])
 if release_limits(KEYS[1], KEYS[8], KEYS[9]) then
-  redis.call('PUBLISH', ARGV[9], '1')
+  wake_workers(ARGV[9])
 end
 free_unique(KEYS[4], KEYS[1])
 redis.call('HSET', KEYS[1], 'state', 'archived', 'last_error', ARGV[3], 'archived_at', now)

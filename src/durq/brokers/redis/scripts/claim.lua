@@ -12,6 +12,8 @@
 -- ARGV[4] worker id      ARGV[5] token base (a fresh random string per call)
 -- ARGV[6] task key prefix ("P:{Q}:t:")           ARGV[7] forward bound
 -- ARGV[8] how many tasks one call may hold at most
+-- ARGV[9] the queue's wake-up channel, whose list of the same name holds the token of
+--         blocked workers (see wake_workers): put back while tasks are left, else removed
 -- Returns {leases, wake_at}: leases a list of {token, <HGETALL of the task as now active>} in
 -- claim order; wake_at "" or when a token comes for a key with held tasks.
 -- Complexity: O((f + k + h) log n) for f forwarded, k claimed and h held or let back.
@@ -141,5 +143,12 @@ if redis.call('SCARD', KEYS[8]) > 0 then
 end
 if held_now >= hold_bound then
   wake_at = t  -- more held tasks to set aside: look again at once
+end
+if redis.call('ZCARD', KEYS[1]) > 0 then
+  if redis.call('EXISTS', ARGV[9]) == 0 then
+    redis.call('LPUSH', ARGV[9], '1')  -- tasks are left: the next blocked worker takes over
+  end
+else
+  redis.call('DEL', ARGV[9])
 end
 return {out, wake_at and string.format('%.17g', wake_at) or ''}

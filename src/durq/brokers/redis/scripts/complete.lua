@@ -22,7 +22,7 @@ if cur[1] ~= 'active' or cur[2] ~= ARGV[1] then
 end
 redis.call('ZREM', KEYS[2], cur[3])
 if release_limits(KEYS[1], KEYS[8], KEYS[9]) then
-  redis.call('PUBLISH', ARGV[9], '1')
+  wake_workers(ARGV[9])
 end
 free_unique(KEYS[4], KEYS[1])
 local now = clock(ARGV[2])

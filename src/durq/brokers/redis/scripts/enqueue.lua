@@ -15,6 +15,6 @@
 -- Complexity: O(log n) in the size of the target zset.
 local reply, pending = enqueue_task(KEYS[1], KEYS, 1, ARGV[1], ARGV, 2)
 if pending then
-  redis.call('PUBLISH', ARGV[2], '1')
+  wake_workers(ARGV[2])
 end
 return reply

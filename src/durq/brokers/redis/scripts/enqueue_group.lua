@@ -67,7 +67,7 @@ for i = 0, n - 1 do
   entries[#entries + 1] = tostring(i)
   entries[#entries + 1] = ARGV[ao + 18]
   if pending then
-    redis.call('PUBLISH', ARGV[ao + 2], '1')
+    wake_workers(ARGV[ao + 2])
   end
 end
 redis.call('HSET', KEYS[2], unpack(entries))

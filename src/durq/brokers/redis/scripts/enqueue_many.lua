@@ -21,6 +21,6 @@ for i = 1, #KEYS - 5 do
   wake = wake or pending
 end
 if wake then
-  redis.call('PUBLISH', ARGV[2], '1')
+  wake_workers(ARGV[2])
 end
 return out

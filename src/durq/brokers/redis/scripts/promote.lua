@@ -9,6 +9,6 @@ local bound, now = tonumber(ARGV[3]), clock(ARGV[1])
 local moved = forward_due(KEYS[2], KEYS[1], ARGV[2], now, bound)
   + forward_due(KEYS[3], KEYS[1], ARGV[2], now, bound)
 if moved > 0 then
-  redis.call('PUBLISH', ARGV[4], '1')
+  wake_workers(ARGV[4])
 end
 return moved

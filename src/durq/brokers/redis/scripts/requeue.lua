@@ -15,5 +15,5 @@ release_limits(KEYS[1], KEYS[4], KEYS[5])
 redis.call('HSET', KEYS[1], 'state', 'pending')
 redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel', 'worker_id')
 redis.call('ZADD', KEYS[3], ready_score(cur[4], cur[5]), cur[3])
-redis.call('PUBLISH', ARGV[2], '1')
+wake_workers(ARGV[2])
 return 1

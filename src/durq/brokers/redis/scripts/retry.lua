@@ -27,7 +27,7 @@ end
 local npa = later(now, ARGV[3])
 redis.call('ZREM', KEYS[2], cur[3])
 if release_limits(KEYS[1], KEYS[7], KEYS[8]) then
-  redis.call('PUBLISH', ARGV[11], '1')
+  wake_workers(ARGV[11])
 end
 redis.call('HINCRBY', KEYS[1], 'retried', 1)
 if ARGV[5] == '1' then
@@ -43,6 +43,6 @@ redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel')
 redis.call('ZADD', KEYS[3], npa, cur[3])
 count(KEYS[4], KEYS[5], ARGV[4], 1, 1, KEYS[6], now, ARGV[10])
 if ARGV[7] ~= '' then
-  redis.call('PUBLISH', ARGV[7], '1')
+  wake_workers(ARGV[7])
 end
 return 1

@@ -1,0 +1,96 @@
+"""An idle worker of one queue waits and claims in one step on Redis: BLPOP on the queue's
+token list with the claim script behind it (``RedisBroker.wait_and_claim``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from durq.brokers.base import ClaimParams, EnqueueParams
+from durq.brokers.redis import RedisBroker
+from durq.states import TaskState
+
+
+def task(task_id: str, queue: str = "q") -> EnqueueParams:
+    return EnqueueParams(id=task_id, queue=queue, type="t", payload=b"{}")
+
+
+def claim(limit: int = 1, *queues: str) -> ClaimParams:
+    return ClaimParams(list(queues or ["q"]), limit, "w", 30)
+
+
+async def blocked(broker: RedisBroker, params: ClaimParams, timeout: float) -> asyncio.Task:
+    """A wait_and_claim call that has reached the server and blocks there."""
+    waiting = asyncio.create_task(broker.wait_and_claim(params, timeout))
+    blocking = broker._s.blocking_wire
+    assert blocking is not None
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        clients = await broker._s.command("CLIENT", "LIST", "TYPE", "normal")
+        if b"cmd=blpop" in clients:
+            return waiting
+    raise AssertionError("the wait never blocked on the server")
+
+
+async def test_a_task_enqueued_while_a_worker_waits_comes_back_leased(
+    rbroker: RedisBroker,
+) -> None:
+    waiting = await blocked(rbroker, claim(5), timeout=5)
+    await rbroker.enqueue(task("a"))
+    leases = await asyncio.wait_for(waiting, 2)
+    assert leases is not None and [lease.task.id for lease in leases] == ["a"]
+    assert leases[0].task.state is TaskState.ACTIVE
+
+
+async def test_the_wait_ends_empty_at_its_timeout(rbroker: RedisBroker) -> None:
+    await rbroker.migrate()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await rbroker.wait_and_claim(claim(), 0.3) == []
+    assert loop.time() - started >= 0.29
+
+
+async def test_work_already_there_is_claimed_at_once(rbroker: RedisBroker) -> None:
+    await rbroker.enqueue(task("a"))
+    leases = await asyncio.wait_for(rbroker.wait_and_claim(claim(), 5), 2)
+    assert leases is not None and [lease.task.id for lease in leases] == ["a"]
+
+
+async def test_a_claim_that_leaves_tasks_behind_wakes_the_next_waiting_worker(
+    rbroker: RedisBroker, redis_url: str
+) -> None:
+    other = RedisBroker.from_url(redis_url)
+    try:
+        first = await blocked(rbroker, claim(1), timeout=5)
+        second = await blocked(other, claim(1), timeout=5)
+        await rbroker.enqueue_many([task("a"), task("b")])  # one token for both
+        got = await asyncio.wait_for(asyncio.gather(first, second), 3)
+        assert sorted(lease.task.id for leases in got for lease in leases or []) == ["a", "b"]
+    finally:
+        await other.close()
+
+
+async def test_cancelling_the_wait_unblocks_it_and_hands_back_what_it_claimed(
+    rbroker: RedisBroker,
+) -> None:
+    waiting = await blocked(rbroker, claim(1), timeout=30)
+    await rbroker.enqueue(task("a"))  # the claim behind the wait has run by the reply
+    waiting.cancel()
+    await asyncio.wait_for(asyncio.gather(waiting, return_exceptions=True), 2)
+    info = await rbroker.admin.get_task("q", "a")
+    assert info.state is TaskState.PENDING and info.retried == 0
+    assert [lease.task.id for lease in await rbroker.claim(claim())] == ["a"]
+
+
+async def test_cancelling_an_idle_wait_ends_it_at_once(rbroker: RedisBroker) -> None:
+    waiting = await blocked(rbroker, claim(1), timeout=30)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    waiting.cancel()
+    await asyncio.wait_for(asyncio.gather(waiting, return_exceptions=True), 2)
+    assert loop.time() - started < 1
+    await rbroker.enqueue(task("a"))
+    assert (await rbroker.admin.get_task("q", "a")).state is TaskState.PENDING
+
+
+async def test_a_worker_of_several_queues_waits_the_usual_way(rbroker: RedisBroker) -> None:
+    assert await rbroker.wait_and_claim(claim(1, "q", "r"), 0.1) is None
