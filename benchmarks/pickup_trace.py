@@ -11,6 +11,10 @@ called and when it answered, and when the handler started. Per probe, then:
 * claim: the claim's round trip with the client's work on either side of it;
 * claim → handler: from the leases to the handler's first line.
 
+Where the worker waits and claims in one call (``wait_and_claim``: Redis, a worker of one
+queue), that call is traced too; its answer ends both the wait and the claim, so enqueue →
+woken holds the whole of it and the two steps after it are 0.
+
 Probes are enqueued at ``--rate`` per second on an idle worker (as ``make bench``'s pickup
 phase does); each step's median is taken per run, and the table gives the median of the
 runs and their range. Builds alternate run by run (A, B, B, A, ...) as in ``compare.py``.
@@ -73,6 +77,8 @@ def _wrap(cls, name):
 _broker_class = type(app.new_broker())
 _wrap(_broker_class, "wait_for_work")
 _wrap(_broker_class, "claim")
+if hasattr(_broker_class, "wait_and_claim"):
+    _wrap(_broker_class, "wait_and_claim")
 
 
 @app.task("trace:probe", retention=0)
@@ -134,6 +140,11 @@ def steps(log: Path) -> dict[str, float]:
             waits.append(float(b))
         elif kind == "claim":
             claims.append((float(a), float(b)))
+        elif kind == "wait_and_claim":
+            # The wait and the claim in one call (Redis, one queue): both end with its
+            # answer, so enqueue → woken holds the claim too and the next two steps are 0.
+            waits.append(float(b))
+            claims.append((float(b), float(b)))
         else:
             starts.append((float(a), float(b)))
     waits.sort()
@@ -145,7 +156,7 @@ def steps(log: Path) -> dict[str, float]:
         if i < 0:
             continue
         called, answered = claims[i]
-        j = bisect.bisect_left(waits, called) - 1
+        j = bisect.bisect_right(waits, called) - 1
         # Only a probe picked up by a wake-up: its claim follows a wait that ended after it
         # was enqueued (one found by a claim that was running anyway is left out).
         if j < 0 or waits[j] < enqueued:

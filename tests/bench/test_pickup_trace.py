@@ -36,6 +36,29 @@ def test_a_probe_splits_into_the_steps_of_its_wake_up_and_claim(tmp_path: Path) 
         assert got[step] == pytest.approx(ms, abs=1e-6)
 
 
+def test_a_wait_that_claims_ends_both_steps(tmp_path: Path) -> None:
+    log = tmp_path / "trace.log"
+    log.write_text(
+        "start 98.000000 97.000000\n"  # enqueued before the worker: left out
+        "wait_and_claim 99.000000 100.005000\n"
+        "start 100.006000 100.000000\n"
+        # woken before this probe was enqueued: left out
+        "wait_and_claim 100.100000 100.200000\n"
+        "start 100.260000 100.250000\n"
+    )
+    got = steps(log)
+    assert got["probes"] == 1
+    expected = {
+        "enqueue → woken": 5.0,
+        "woken → claim": 0.0,
+        "claim": 0.0,
+        "claim → handler": 1.0,
+        "total": 6.0,
+    }
+    for step, ms in expected.items():
+        assert got[step] == pytest.approx(ms, abs=1e-6), step
+
+
 def test_a_trace_without_a_woken_probe_is_an_error(tmp_path: Path) -> None:
     log = tmp_path / "trace.log"
     log.write_text("start 1.000000 0.500000\nstart 2.000000 1.500000\n")

@@ -246,18 +246,23 @@ class Fetcher:
         waiter = asyncio.ensure_future(wait)
         self._waiter = waiter
         try:
-            await asyncio.wait((waiter,))
+            # Awaited directly (the fetcher resumes one loop turn after the answer): a
+            # CancelledError is then the waiter's, unless this task is being cancelled.
+            answer = await waiter
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            return False, None
+        except Exception as exc:
+            log.debug("waiting for work failed: %s", exc)
+            await self._sleep(self.poll_interval)
+            return False, None
         finally:
             self._waiter = None
             if not waiter.done():
                 waiter.cancel()
-        if waiter.cancelled():
-            return False, None
-        if waiter.exception() is not None:
-            log.debug("waiting for work failed: %s", waiter.exception())
-            await self._sleep(self.poll_interval)
-            return False, None
-        return True, waiter.result()
+        return True, answer
 
     def _interrupt(self) -> None:
         """End the wait for work now: the fetcher stops, or an ack wants its claim."""
