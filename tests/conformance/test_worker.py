@@ -385,6 +385,39 @@ async def test_W11_idle_worker_wakes_on_enqueue(app: durq.App) -> None:
             await asyncio.sleep(0.1)
 
 
+async def test_W11_a_burst_wakes_every_idle_worker_it_needs(app: durq.App, broker_url: str) -> None:
+    """Two idle workers of one slot each; two tasks come in one call. Each task waits for the
+    other to run too, so both workers must be woken (a 30 s poll would be too late)."""
+    together = asyncio.Event()
+    running = 0
+
+    @app.task("wake:pair")
+    async def pair(payload: dict[str, Any]) -> None:
+        nonlocal running
+        running += 1
+        if running == 2:
+            together.set()
+        await asyncio.wait_for(together.wait(), 20)
+
+    second = durq.App(broker_url)
+    second.tasks = app.tasks
+    idle = {"concurrency": 1, "poll_interval": 30, "promote_interval": 30}
+    async with app.worker(**idle), second.worker(**idle):  # type: ignore[arg-type]
+        await asyncio.sleep(0.3)  # both idle
+        await app.enqueue_many([pair.request({"n": 1}), pair.request({"n": 2})])
+        await asyncio.wait_for(together.wait(), 10)
+    await second.close()
+
+
+async def test_W11_an_idle_worker_stops_at_once(app: durq.App) -> None:
+    """Stopping does not wait out the idle worker's wait (a 30 s poll here)."""
+    loop = asyncio.get_running_loop()
+    async with app.worker(poll_interval=30, promote_interval=30, rescue_interval=30):
+        await asyncio.sleep(0.3)  # let the fetcher go idle
+        stopping = loop.time()
+    assert loop.time() - stopping < 10
+
+
 async def test_W12_cancel_an_active_task(app: durq.App) -> None:
     started = asyncio.Event()
     cancelled = asyncio.Event()

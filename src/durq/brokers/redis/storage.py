@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -41,6 +42,8 @@ SCHEMA_VERSION = "1"
 #: Seconds: an unreachable server fails a call within about this long, never hangs.
 CONNECT_TIMEOUT = 3.0
 SOCKET_TIMEOUT = 5.0
+#: The longest BLPOP of an idle worker (seconds); a longer wait for work is several.
+LONGEST_BLOCK = 30.0
 #: Daily counters are kept this long (seconds of server time).
 DAY_TTL = 90 * 86400
 #: Per-minute counters: a day's hash is kept this long after its last write (the keep, and
@@ -98,10 +101,15 @@ class RedisStorage:
         else:
             self.wire = Wire(endpoint_of(self.pool))
         #: An idle worker's connection to block on (see :class:`~durq.brokers.redis.wakeup.
-        #: ClaimWhenWoken`), opened on first use; no retries: a blocked call is not re-sent.
-        self.blocking_wire: Wire | None = (
-            None if seeds is not None else Wire(endpoint_of(self.pool), retries=0)
-        )
+        #: Blocker`), opened on first use. No retries: a blocked call is not sent again. Its
+        #: replies may take a whole block longer than the socket timeout.
+        self.blocking_wire: Wire | None = None
+        if seeds is None:
+            endpoint = endpoint_of(self.pool)
+            self.blocking_wire = Wire(
+                replace(endpoint, socket_timeout=endpoint.socket_timeout + LONGEST_BLOCK),
+                retries=0,
+            )
         self.ready = False
         self.known_queues: set[str] = set()
 

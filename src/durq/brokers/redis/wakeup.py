@@ -18,7 +18,7 @@ from typing import Any
 from redis import exceptions as rex
 
 from durq.brokers.mailbox import Watch, Watches
-from durq.brokers.redis.storage import RedisStorage
+from durq.brokers.redis.storage import LONGEST_BLOCK, RedisStorage
 from durq.brokers.redis.wire import Command, Subscriber, error, is_error
 
 log = logging.getLogger("durq.brokers.redis")
@@ -187,12 +187,8 @@ class Blocker:
         """A single node (a cluster keeps the subscription's way)."""
         return self._s.blocking_wire is not None
 
-    @property
-    def longest(self) -> float:
-        """The longest block (seconds): within the connection's socket timeout, which a
-        blocked reply must not run into; a longer wait is several blocks."""
-        wire = self._s.blocking_wire
-        return 1.0 if wire is None else max(0.1, wire.socket_timeout / 2)
+    #: The longest block (seconds); the blocking connection's socket timeout allows for it.
+    longest = LONGEST_BLOCK
 
     async def block_then(self, token_list: str, seconds: float, then: Command) -> tuple[bool, Any]:
         """Block up to ``seconds`` for a token of ``token_list``, then run ``then``: whether a
