@@ -4,10 +4,12 @@ token list with the claim script behind it (``RedisBroker.wait_and_claim``)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from durq.brokers.base import ClaimParams, EnqueueParams
 from durq.brokers.redis import RedisBroker
 from durq.states import TaskState
+from servers import PrivateRedis
 
 
 def task(task_id: str, queue: str = "q") -> EnqueueParams:
@@ -94,3 +96,27 @@ async def test_cancelling_an_idle_wait_ends_it_at_once(rbroker: RedisBroker) -> 
 
 async def test_a_worker_of_several_queues_waits_the_usual_way(rbroker: RedisBroker) -> None:
     assert await rbroker.wait_and_claim(claim(1, "q", "r"), 0.1) is None
+
+
+async def test_a_server_that_refuses_client_id_keeps_the_subscriptions_way(
+    private_redis: Callable[..., PrivateRedis],
+) -> None:
+    """An ACL user without CLIENT (common for application users): the broker waits on
+    pub/sub, and an enqueue still wakes it at once."""
+    server = private_redis(
+        "--user", "default", "off", "--user", "app", "on", ">s3cret", "~*", "&*", "+@all", "-client"
+    )
+    url = server.url.replace("redis://", "redis://app:s3cret@")
+    waiter, client = RedisBroker.from_url(url), RedisBroker.from_url(url)
+    try:
+        await waiter.migrate()
+        assert await waiter.wait_and_claim(claim(), 0.2) is None
+        assert await waiter.wait_and_claim(claim(), 0.2) is None  # it does not ask again
+        assert await waiter.wait_for_work(["q"], timeout=0.2) is True  # the first subscribes
+        waiting = asyncio.create_task(waiter.wait_for_work(["q"], timeout=5))
+        await asyncio.sleep(0.05)
+        await client.enqueue(task("a"))
+        assert await asyncio.wait_for(waiting, 2) is True
+    finally:
+        await waiter.close()
+        await client.close()

@@ -391,10 +391,13 @@ class RedisBroker(AdminForwarder):
                 command = ("EVALSHA", self._s.scripts[name].sha, len(keys), *keys, *args)
                 call = asyncio.ensure_future(self._blocker.block_then(notify, seconds, command))
                 try:
-                    woken, reply = await asyncio.shield(call)
+                    answer = await asyncio.shield(call)
                 except asyncio.CancelledError:
                     await self._hand_back(queue, call)
                     raise
+                if answer is None:
+                    return None  # refused by the server: wait on the subscription instead
+                woken, reply = answer
                 if is_error(reply):
                     exc = error(reply)
                     if not isinstance(exc, rex.NoScriptError):
@@ -405,14 +408,15 @@ class RedisBroker(AdminForwarder):
                 if leases or leases.wake_at is not None or not woken or loop.time() >= deadline:
                     return leases
 
-    async def _hand_back(self, queue: str, call: asyncio.Future[tuple[bool, Any]]) -> None:
+    async def _hand_back(self, queue: str, call: asyncio.Future[tuple[bool, Any] | None]) -> None:
         """After a cancelled wait: end the block, then put back to pending, uncounted, what
         the claim behind it leased. A failure here leaves those leases to expire."""
         try:
             await self._blocker.unblock()
-            _, reply = await asyncio.wait_for(call, self._blocker.longest + 1.0)
-            if is_error(reply):
+            answer = await asyncio.wait_for(call, self._blocker.longest + 1.0)
+            if answer is None or is_error(answer[1]):
                 return
+            reply = answer[1]
             leases = Claimed()
             self._take(queue, reply, leases)
             for lease in leases:

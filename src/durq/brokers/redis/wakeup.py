@@ -181,32 +181,52 @@ class Blocker:
 
     def __init__(self, storage: RedisStorage) -> None:
         self._s = storage
+        #: Why the server refused this way (an ACL without ``CLIENT ID`` or ``BLPOP``), if it
+        #: did: the broker object then waits on the subscription.
+        self._refused: str | None = None
 
     @property
     def available(self) -> bool:
-        """A single node (a cluster keeps the subscription's way)."""
-        return self._s.blocking_wire is not None
+        """A single node (a cluster keeps the subscription's way) that has not refused it."""
+        return self._s.blocking_wire is not None and self._refused is None
 
     #: The longest block (seconds); the blocking connection's socket timeout allows for it.
     longest = LONGEST_BLOCK
 
-    async def block_then(self, token_list: str, seconds: float, then: Command) -> tuple[bool, Any]:
+    def _refuse(self, exc: Exception) -> None:
+        self._refused = str(exc)
+        log.warning("idle workers wait on pub/sub, not BLPOP: the server refused it: %s", exc)
+
+    async def block_then(
+        self, token_list: str, seconds: float, then: Command
+    ) -> tuple[bool, Any] | None:
         """Block up to ``seconds`` for a token of ``token_list``, then run ``then``: whether a
-        token came, and ``then``'s reply (an error reply as a value)."""
+        token came, and ``then``'s reply (an error reply as a value). ``None`` when the
+        server refuses to name the connection (nothing was sent); a refused ``BLPOP`` still
+        answers with ``then``'s reply. Either refusal turns this way off."""
         wire = self._s.blocking_wire
         assert wire is not None
-        await wire.client_id()  # known before it blocks, so that it can be unblocked
+        try:
+            await wire.client_id()  # known before it blocks, so that it can be unblocked
+        except rex.ResponseError as exc:
+            self._refuse(exc)
+            return None
         popped, reply = await wire.call_many([("BLPOP", token_list, round(seconds, 3)), then])
         if is_error(popped):
-            raise error(popped)
+            self._refuse(error(popped))
+            return False, reply
         return popped is not None, reply
 
     async def unblock(self) -> None:
-        """End a block now; the command behind it still runs and answers."""
+        """End a block now; the command behind it still runs and answers. Refused (an ACL
+        without ``CLIENT UNBLOCK``), the block ends at its timeout instead."""
         wire = self._s.blocking_wire
         client = None if wire is None else wire.current_client_id
         if client is not None:
-            await self._s.command("CLIENT", "UNBLOCK", client)
+            try:
+                await self._s.command("CLIENT", "UNBLOCK", client)
+            except rex.ResponseError as exc:
+                log.debug("CLIENT UNBLOCK refused, the wait ends at its timeout: %s", exc)
 
 
 class EndWatches:
