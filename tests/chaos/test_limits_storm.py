@@ -23,6 +23,7 @@ from conformance.limitkit import (
     shortfall,
     starts_after,
     wait_for_ledger,
+    wait_for_starts_after,
     witness,
     workers,
 )
@@ -95,7 +96,7 @@ async def test_killed_worker_slots_return_within_its_lease(broker_url: str, tmp_
         killed = time.time()
     await enqueue(broker_url, calls=(1, 3, 0.01))  # wait on the full key
     with workers(broker_url, ledger, 3, concurrency=50, cli=True):
-        await wait_for_ledger(ledger, 3, timeout=LEASE + RESCUE_EVERY + 60)
+        await wait_for_starts_after(ledger, killed, 3, timeout=LEASE + RESCUE_EVERY + 60)
     after = min(starts_after(ledger, killed))
     show("kill", slots_back_after_s=round(after - killed, 1), lease=LEASE)
     assert after - killed < LEASE + RESCUE_EVERY + 10, after - killed

@@ -114,6 +114,16 @@ def starts_after(ledger: Path, moment: float) -> list[float]:
     return sorted(at for kind, _, _, at, _ in lines if kind == "start" and at > moment)
 
 
+async def wait_for_starts_after(ledger: Path, moment: float, count: int, timeout: float) -> None:
+    """Wait until ``count`` attempts started after ``moment``, whichever tasks they are: after
+    a killed worker's lease, its attempts are retried at once and compete for the slots it
+    held with the tasks that waited for them."""
+    deadline = time.monotonic() + timeout
+    while len(starts_after(ledger, moment)) < count:
+        assert time.monotonic() < deadline, starts_after(ledger, moment)
+        await asyncio.sleep(0.05)
+
+
 async def enqueue_calls(app: durq.App, keys: int, tasks: int, seconds: float) -> None:
     requests = [
         EnqueueRequest("limits:call", {"partner": f"p{i % keys}", "seconds": seconds})

@@ -5,7 +5,6 @@ A short run for every broker; the full-size one (4 ``durq worker`` processes of 
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from conformance.limitkit import (
     run_concurrency,
     starts_after,
     wait_for_ledger,
+    wait_for_starts_after,
     workers,
 )
 
@@ -70,12 +70,7 @@ async def test_W13_a_killed_workers_slots_come_back_after_its_lease(
         victim.wait(10)
         killed = time.time()
     with workers(broker_url, ledger, 1, concurrency=10, lease=lease):
-        # Three attempts start again: the killed ones, retried at once, compete with the
-        # waiting ones for the slots, so which three is not fixed.
-        deadline = time.monotonic() + 30
-        while len(starts_after(ledger, killed)) < 3:
-            assert time.monotonic() < deadline, starts_after(ledger, killed)
-            await asyncio.sleep(0.05)
+        await wait_for_starts_after(ledger, killed, 3, timeout=30)
     after = starts_after(ledger, killed)
     # The rescuer (every 0.3 s here) frees the slots once the 2 s lease is over.
     assert after and min(after) - killed < lease + 10, min(after) - killed
