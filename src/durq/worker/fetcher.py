@@ -209,29 +209,35 @@ class Fetcher:
         return timeout
 
     async def _idle(self, order: list[str], timeout: float) -> None:
-        """Wait for work, then let the loop claim it; or, where the broker claims in the same
-        step (``CAP_WAIT_AND_CLAIM``), start the attempts from here and wait on while the
-        claims leave slots free (the queue is empty again). Acks of attempts ending while
-        the worker waits that way go on their own: the wait is not interrupted for them."""
-        if CAP_WAIT_AND_CLAIM in self.broker.capabilities:
-            broker = cast(WaitAndClaim, self.broker)
-            executor = self.executor
-            executor.acker.send_alone()
-            while not self._stop.is_set() and (free := executor.free_slots) > 0:
-                params = ClaimParams(order, free, self.worker_id, self.lease_seconds)
-                done, leases = await self._wait(broker.wait_and_claim(params, timeout))
-                if not done:
-                    return
-                if leases is None:
-                    break  # not for these queues: the usual way below
-                for lease in leases:
-                    executor.submit(lease)
-                if len(leases) >= free:
-                    return
-                timeout = self._timeout_after(leases)
-            else:
-                return
+        """Wait for work, then let the loop claim it; where the broker claims in the same
+        step, :meth:`_wait_and_claim` instead."""
+        if CAP_WAIT_AND_CLAIM in self.broker.capabilities and await self._wait_and_claim(
+            order, timeout
+        ):
+            return
         await self._wait(self.broker.wait_for_work(order, timeout))
+
+    async def _wait_and_claim(self, order: list[str], timeout: float) -> bool:
+        """Start the attempts the broker claims as work comes, and wait on while its claims
+        leave slots free (the queue is empty again). Acks of attempts that end meanwhile go
+        on their own: the wait is not interrupted for them. ``False`` when the broker does
+        not serve these queues that way (nothing was waited for)."""
+        broker, executor = cast(WaitAndClaim, self.broker), self.executor
+        executor.acker.send_alone()
+        while not self._stop.is_set() and (free := executor.free_slots) > 0:
+            params = ClaimParams(order, free, self.worker_id, self.lease_seconds)
+            done, leases = await self._wait(broker.wait_and_claim(params, timeout))
+            if not done:
+                return True
+            if leases is None:
+                executor.acker.carry()  # acks ride in the claim after the usual wait again
+                return False
+            for lease in leases:
+                executor.submit(lease)
+            if len(leases) >= free:
+                return True
+            timeout = self._timeout_after(leases)
+        return True
 
     async def _ack_and_claim(self, acks: Sequence[Pending], params: ClaimParams) -> list[Lease]:
         acker = self.executor.acker

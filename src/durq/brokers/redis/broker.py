@@ -388,7 +388,7 @@ class RedisBroker(AdminForwarder):
             while True:
                 seconds = min(max(deadline - loop.time(), 0.01), self._blocker.longest)
                 name, keys, args = self._claim_call(queue, claim.limit, claim)
-                command = ("EVALSHA", self._s.scripts[name].sha, len(keys), *keys, *args)
+                command = self._s.evalsha(name, keys, args)
                 call = asyncio.ensure_future(self._blocker.block_then(notify, seconds, command))
                 try:
                     answer = await asyncio.shield(call)
@@ -419,8 +419,8 @@ class RedisBroker(AdminForwarder):
             reply = answer[1]
             leases = Claimed()
             self._take(queue, reply, leases)
-            for lease in leases:
-                await self.requeue(lease.ref)
+            if leases:
+                await self._s.eval_many([self._requeue_call(lease.ref) for lease in leases])
         except Exception as exc:
             log.warning("tasks claimed as the worker stopped were not handed back: %s", exc)
 
@@ -717,16 +717,17 @@ class RedisBroker(AdminForwarder):
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Hand an active task back as pending without counting an attempt (W7)."""
-        k = self._s.keys.queue(lease.queue)
         async with self._s.op("requeue"):
             await self._s.ensure()
-            return bool(
-                await self._s.eval(
-                    "requeue",
-                    [k.task(lease.id), k.active, k.pending, k.limits, k.limit_waiting],
-                    [lease.token, k.notify],
-                )
-            )
+            return bool(await self._s.eval(*self._requeue_call(lease)))
+
+    def _requeue_call(self, lease: LeaseRef) -> _Call:
+        k = self._s.keys.queue(lease.queue)
+        return (
+            "requeue",
+            [k.task(lease.id), k.active, k.pending, k.limits, k.limit_waiting],
+            [lease.token, k.notify],
+        )
 
     # -- maintenance ----------------------------------------------------------------------
 

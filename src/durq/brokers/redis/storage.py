@@ -24,7 +24,15 @@ from durq.brokers.redis.cluster import (
 from durq.brokers.redis.errors import map_error, redact
 from durq.brokers.redis.keys import DEFAULT_PREFIX, Keys, QueueKeys, queue_of_channel
 from durq.brokers.redis.lua import LuaScript, load_scripts
-from durq.brokers.redis.wire import Wire, endpoint_of, error, is_error, loaded, scripts_to_load
+from durq.brokers.redis.wire import (
+    Command,
+    Wire,
+    endpoint_of,
+    error,
+    is_error,
+    loaded,
+    scripts_to_load,
+)
 from durq.clock import SYSTEM_CLOCK, Clock, server_clock_for
 from durq.errors import (
     BrokerError,
@@ -316,11 +324,15 @@ class RedisStorage:
                 raise
             raise mapped from exc
 
+    def evalsha(self, name: str, keys: Sequence[str], args: Sequence[Scalar]) -> Command:
+        """The ``EVALSHA`` command of one script call."""
+        return ("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args)
+
     async def eval(self, name: str, keys: Sequence[str], args: Sequence[Scalar]) -> Any:
         """Run one script by SHA, loading it first if the server does not know it (NOSCRIPT:
         a restart without persistence of the script cache, SCRIPT FLUSH, a failover)."""
         script = self.scripts[name]
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        command = self.evalsha(name, keys, args)
         reply = await self.wire.call(command)
         if is_error(reply):
             exc = error(reply)
@@ -346,9 +358,7 @@ class RedisStorage:
         atomic on its own). Calls refused with NOSCRIPT did nothing, so they are re-run once
         after loading their scripts."""
         scripts = self.scripts
-        commands = [
-            ("EVALSHA", scripts[name].sha, len(keys), *keys, *args) for name, keys, args in calls
-        ]
+        commands = [self.evalsha(name, keys, args) for name, keys, args in calls]
         if isinstance(self.wire, Wire) and len(calls) > 1:  # a cluster loads them per node
             used = (scripts[name] for name, _, _ in calls)
             loads = scripts_to_load(((s.sha, s.source) for s in used), self.wire.scripts)
