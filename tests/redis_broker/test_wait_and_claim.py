@@ -1,5 +1,5 @@
-"""An idle worker of one queue waits and claims in one step on Redis: BLPOP on the queue's
-token list with the claim script behind it (``RedisBroker.wait_and_claim``)."""
+"""An idle worker waits and claims in one step on Redis: BLPOP on its queues' token lists
+with the claim script of those queues behind it (``RedisBroker.wait_and_claim``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Callable
 from durq.brokers.base import ClaimParams, EnqueueParams
 from durq.brokers.redis import RedisBroker
 from durq.states import TaskState
+from fetchkit import assert_acks_hand_a_limited_slot_on
 from servers import PrivateRedis
 
 
@@ -94,8 +95,40 @@ async def test_cancelling_an_idle_wait_ends_it_at_once(rbroker: RedisBroker) -> 
     assert (await rbroker.admin.get_task("q", "a")).state is TaskState.PENDING
 
 
-async def test_a_worker_of_several_queues_waits_the_usual_way(rbroker: RedisBroker) -> None:
-    assert await rbroker.wait_and_claim(claim(1, "q", "r"), 0.1) is None
+async def test_a_worker_of_several_queues_is_woken_by_a_task_in_any_of_them(
+    rbroker: RedisBroker,
+) -> None:
+    waiting = await blocked(rbroker, claim(5, "q", "r", "s"), timeout=5)
+    await rbroker.enqueue(task("b", queue="r"))
+    leases = await asyncio.wait_for(waiting, 2)
+    assert leases is not None and [(x.task.queue, x.task.id) for x in leases] == [("r", "b")]
+
+
+async def test_a_claim_of_several_queues_fills_in_their_order_and_passes_the_rest_on(
+    rbroker: RedisBroker, redis_url: str
+) -> None:
+    await rbroker.enqueue_many([task("a"), task("b", "r"), task("c", "r")])
+    leases = await asyncio.wait_for(rbroker.wait_and_claim(claim(2, "q", "r"), 5), 2)
+    assert leases is not None and [(x.task.queue, x.task.id) for x in leases] == [
+        ("q", "a"),
+        ("r", "b"),
+    ]
+    # What is left is claimed at once by a worker blocked on that queue: the token stayed.
+    other = RedisBroker.from_url(redis_url)
+    try:
+        rest = await asyncio.wait_for(other.wait_and_claim(claim(5, "r"), 5), 2)
+        assert rest is not None and [x.task.id for x in rest] == ["c"]
+    finally:
+        await other.close()
+
+
+async def test_a_paused_queue_gives_nothing_to_a_worker_of_several_queues(
+    rbroker: RedisBroker,
+) -> None:
+    await rbroker.enqueue_many([task("a"), task("b", "r")])
+    await rbroker.admin.pause_queue("q")
+    leases = await asyncio.wait_for(rbroker.wait_and_claim(claim(5, "q", "r"), 5), 2)
+    assert leases is not None and [(x.task.queue, x.task.id) for x in leases] == [("r", "b")]
 
 
 async def test_a_server_that_refuses_client_id_keeps_the_subscriptions_way(
@@ -120,3 +153,16 @@ async def test_a_server_that_refuses_client_id_keeps_the_subscriptions_way(
     finally:
         await waiter.close()
         await client.close()
+
+
+async def test_a_worker_waiting_on_pub_sub_still_carries_its_acks_in_its_claims(
+    private_redis: Callable[..., PrivateRedis],
+) -> None:
+    """Where the server refuses the blocking wait, the worker waits on pub/sub as on the
+    other brokers, and an attempt that ends meanwhile has its ack ride in the claim that
+    fills its slot: none goes alone (a key at its concurrency limit hands its slot on in
+    one round trip)."""
+    server = private_redis(
+        "--user", "default", "off", "--user", "app", "on", ">s3cret", "~*", "&*", "+@all", "-client"
+    )
+    await assert_acks_hand_a_limited_slot_on(server.url.replace("redis://", "redis://app:s3cret@"))

@@ -6,9 +6,8 @@ docs/guarantees.md."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -18,76 +17,14 @@ from durq.brokers.base import (
     CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
     CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
     ClaimParams,
-    CompleteAndClaim,
     CompleteParams,
     EnqueueParams,
-    FullBroker,
     Lease,
     LeaseRef,
     MemberOutcome,
 )
-from durq.worker.executor import Executor
-from durq.worker.fetcher import Fetcher, complete_then_claim, rides_in_claim
-
-
-class CountingBroker:
-    """A memory broker that counts round trips and the leases held without an ack."""
-
-    def __init__(self, inner: FullBroker) -> None:
-        self.inner = inner
-        self.calls: list[str] = []
-        self.unacked = 0
-        self.most_unacked = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def _leased(self, leases: list[Lease]) -> None:
-        self.unacked += len(leases)
-        self.most_unacked = max(self.most_unacked, self.unacked)
-
-    async def claim(self, params: ClaimParams) -> list[Lease]:
-        self.calls.append("claim")
-        leases = await self.inner.claim(params)
-        self._leased(leases)
-        return leases
-
-    async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
-        self.calls.append("complete_many")
-        done = await self.inner.complete_many(items)
-        self.unacked -= sum(done)
-        return done
-
-    async def complete_and_claim(
-        self, items: Sequence[CompleteParams], claim: ClaimParams
-    ) -> tuple[list[bool], list[Lease]]:
-        self.calls.append("complete_and_claim")
-        done, leases = await cast(CompleteAndClaim, self.inner).complete_and_claim(items, claim)
-        self.unacked -= sum(done)  # stored before the claim
-        self._leased(leases)
-        return done, leases
-
-
-async def run_fetcher(
-    app: durq.App, broker: CountingBroker, finished: asyncio.Event, *, poll_interval: float
-) -> Executor:
-    """Run a fetcher with 4 slots on ``broker`` until ``finished``, then drain and stop it."""
-    await broker.connect()
-    executor = Executor(app, broker, concurrency=4, worker_id="w", hooks=[])  # type: ignore[arg-type]
-    fetcher = Fetcher(
-        broker,  # type: ignore[arg-type]
-        executor,
-        queues={"default": 1},
-        strict=True,
-        worker_id="w",
-        lease_seconds=30,
-        poll_interval=poll_interval,
-    )
-    fetcher.start()
-    await asyncio.wait_for(finished.wait(), 10)
-    await asyncio.wait_for(executor.drain(None), 10)
-    await fetcher.stop()
-    return executor
+from durq.worker.fetcher import complete_then_claim, rides_in_claim
+from fetchkit import CountingBroker, assert_acks_hand_a_limited_slot_on, fetcher_on, run_fetcher
 
 
 @pytest.mark.parametrize("url", ["sqlite", "memory://fetcher-acks"])
@@ -193,29 +130,7 @@ async def test_an_idle_workers_ack_rides_in_a_claim_that_fills_its_slot(tmp_path
     """A worker with nothing else to claim sends a finished task's ack in a claim at once,
     so the slot it frees takes the next task in the same round trip: a key at its
     concurrency limit hands its slot on without an ack, a wake-up and a claim in turn."""
-    app = durq.App(f"sqlite:///{tmp_path / 'durq.sqlite3'}")
-    done = asyncio.Event()
-    ran: list[int] = []
-
-    @app.task("t:limited", limit=durq.Limit("partner", concurrency=1))
-    async def limited(payload: dict[str, Any]) -> None:
-        await asyncio.sleep(0.01)
-        ran.append(payload["n"])
-        if len(ran) == 5:
-            done.set()
-
-    for n in range(5):
-        await app.enqueue("t:limited", {"n": n})
-    broker = CountingBroker(app.new_broker())
-    # A long poll: only a wake-up or the ack itself can start the held tasks in time.
-    executor = await run_fetcher(app, broker, done, poll_interval=30)
-    assert ran == list(range(5))
-    # Each of the first four acks went in the claim that took the next task; no ack alone.
-    assert "complete_many" not in broker.calls[:-1], broker.calls
-    assert broker.calls.count("complete_and_claim") >= 4, broker.calls
-    await executor.close()
-    await broker.close()
-    await app.close()
+    await assert_acks_hand_a_limited_slot_on(f"sqlite:///{tmp_path / 'durq.sqlite3'}")
 
 
 async def test_stop_ends_an_idle_wait_at_once(tmp_path: Path) -> None:
@@ -223,18 +138,7 @@ async def test_stop_ends_an_idle_wait_at_once(tmp_path: Path) -> None:
     leaving the worker until the poll interval (an hour here) runs out."""
     app = durq.App(f"sqlite:///{tmp_path / 'durq.sqlite3'}")
     broker = CountingBroker(app.new_broker())
-    await broker.connect()
-    executor = Executor(app, broker, concurrency=2, worker_id="w", hooks=[])  # type: ignore[arg-type]
-    fetcher = Fetcher(
-        broker,  # type: ignore[arg-type]
-        executor,
-        queues={"default": 1},
-        strict=True,
-        worker_id="w",
-        lease_seconds=30,
-        poll_interval=3600,
-    )
-    fetcher.start()
+    executor, fetcher = await fetcher_on(app, broker, concurrency=2, poll_interval=3600)
     while "claim" not in broker.calls:  # its first claim found nothing: now it waits
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.05)

@@ -96,7 +96,7 @@ CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS = "complete_and_claim_follow_ups"
 CAP_COMPLETE_AND_CLAIM_ANY_QUEUE = "complete_and_claim_any_queue"
 #: The broker is a :class:`WaitAndClaim`: an idle worker's wait for work and its next claim
 #: go to the broker together, which runs the claim as soon as work arrives (Redis on a single
-#: node, for a worker of one queue): a pickup one round trip shorter.
+#: node): a pickup one round trip shorter.
 CAP_WAIT_AND_CLAIM = "wait_and_claim"
 
 #: A claim first moves up to this many (or ``limit``, if more) due scheduled/retry tasks of

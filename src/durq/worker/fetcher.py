@@ -2,7 +2,7 @@
 
 It waits on the broker's notification (LISTEN/NOTIFY, pub/sub, in-process event), bounded by
 ``poll_interval`` so due scheduled tasks and lost notifications are still picked up. Where the
-broker can (``CAP_WAIT_AND_CLAIM``: Redis, one queue) the wait and the next claim go together,
+broker can (``CAP_WAIT_AND_CLAIM``: Redis on a single node) the wait and the next claim go together,
 and the broker runs the claim as soon as work arrives.
 
 A busy fetcher's claim carries the acker's acknowledgements. Which completions may ride in a

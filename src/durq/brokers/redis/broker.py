@@ -370,30 +370,29 @@ class RedisBroker(AdminForwarder):
         return leases
 
     async def wait_and_claim(self, claim: ClaimParams, timeout: float) -> Claimed | None:
-        """Wait for work and claim it in one step, for a worker of one queue on a single node
-        (``None`` otherwise): BLPOP on the queue's token list with the claim script behind
-        it (see :class:`~durq.brokers.redis.wakeup.Blocker`). A token whose claim found
+        """Wait for work and claim it in one step, on a single node (``None`` on a cluster):
+        BLPOP on the queues' token lists with the claim script of all of them behind it
+        (see :class:`~durq.brokers.redis.wakeup.Blocker`). A token whose claim found
         nothing (another worker was first) means waiting on; a claim that leaves tasks behind
         passes the token to the next blocked worker. Cancelled, it unblocks at once and
         hands back what the claim behind the wait leased."""
         queues = list(dict.fromkeys(claim.queues))
-        if len(queues) != 1 or claim.limit <= 0 or not self._blocker.available:
+        if not queues or claim.limit <= 0 or not self._blocker.available:
             return None
-        queue = queues[0]
-        notify = self._s.keys.queue(queue).notify
+        tokens = [self._s.keys.queue(queue).notify for queue in queues]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout)
         async with self._s.op("wait_and_claim"):
             await self._s.ensure()
             while True:
                 seconds = min(max(deadline - loop.time(), 0.01), self._blocker.longest)
-                name, keys, args = self._claim_call(queue, claim.limit, claim)
+                name, keys, args = self._claim_call(queues, claim.limit, claim)
                 command = self._s.evalsha(name, keys, args)
-                call = asyncio.ensure_future(self._blocker.block_then(notify, seconds, command))
+                call = asyncio.ensure_future(self._blocker.block_then(tokens, seconds, command))
                 try:
                     answer = await asyncio.shield(call)
                 except asyncio.CancelledError:
-                    await self._hand_back(queue, call)
+                    await self._hand_back(queues, call)
                     raise
                 if answer is None:
                     return None  # refused by the server: wait on the subscription instead
@@ -404,11 +403,13 @@ class RedisBroker(AdminForwarder):
                         raise exc
                     reply = await self._s.eval(name, keys, args)  # loads it; the token is spent
                 leases = Claimed()
-                self._take(queue, reply, leases)
+                self._take(queues, reply, leases)
                 if leases or leases.wake_at is not None or not woken or loop.time() >= deadline:
                     return leases
 
-    async def _hand_back(self, queue: str, call: asyncio.Future[tuple[bool, Any] | None]) -> None:
+    async def _hand_back(
+        self, queues: Sequence[str], call: asyncio.Future[tuple[bool, Any] | None]
+    ) -> None:
         """After a cancelled wait: end the block, then put back to pending, uncounted, what
         the claim behind it leased. A failure here leaves those leases to expire."""
         try:
@@ -418,7 +419,7 @@ class RedisBroker(AdminForwarder):
                 return
             reply = answer[1]
             leases = Claimed()
-            self._take(queue, reply, leases)
+            self._take(queues, reply, leases)
             if leases:
                 await self._s.eval_many([self._requeue_call(lease.ref) for lease in leases])
         except Exception as exc:
@@ -427,9 +428,10 @@ class RedisBroker(AdminForwarder):
     async def complete_and_claim(
         self, items: Sequence[CompleteParams], claim: ClaimParams
     ) -> tuple[list[bool], list[Lease]]:
-        """The complete scripts and the first queue's claim script in one pipeline: Redis
-        runs them in the order sent, so the completions are stored before the claim (on a
-        cluster, completions of that queue only: one node)."""
+        """The complete scripts and the claim script in one pipeline: Redis runs them in the
+        order sent, so the completions are stored before the claim. On a cluster the claim
+        of the first queue only rides (completions of that queue only: one node), the other
+        queues' claims follow."""
         queues = list(dict.fromkeys(claim.queues))
         now = self._s.clock.now()
         leases = Claimed()
@@ -439,11 +441,12 @@ class RedisBroker(AdminForwarder):
             await self._remember_follow_ups(items)
             day = utc_day(now)
             calls = [self._complete_call(p, now, day) for p in items]
-            *replies, first = await self._s.eval_many(
-                [*calls, self._claim_call(queues[0], claim.limit, claim)]
+            first, *rest = self._claim_groups(queues)
+            *replies, answer = await self._s.eval_many(
+                [*calls, self._claim_call(first, claim.limit, claim)]
             )
-            self._take(queues[0], first, leases)
-            await self._claim_into(leases, queues[1:], claim)
+            self._take(first, answer, leases)
+            await self._claim_into(leases, [q for group in rest for q in group], claim)
         done = [bool(r) for r in replies]
         await self._drain_follow_ups(items, done)
         return done, leases
@@ -451,19 +454,36 @@ class RedisBroker(AdminForwarder):
     async def _claim_into(
         self, leases: Claimed, queues: Sequence[str], params: ClaimParams
     ) -> None:
-        for queue in queues:
+        """Claim from ``queues`` in order into ``leases`` (up to ``params.limit`` in all): one
+        script on a single node, one per queue on a cluster, where each stays in its slot."""
+        for group in self._claim_groups(queues):
             remaining = params.limit - len(leases)
             if remaining <= 0:
                 break
             self._take(
-                queue, await self._s.eval(*self._claim_call(queue, remaining, params)), leases
+                group, await self._s.eval(*self._claim_call(group, remaining, params)), leases
             )
 
-    def _claim_call(self, queue: str, limit: int, params: ClaimParams) -> _Call:
-        k = self._s.keys.queue(queue)
-        return (
-            "claim",
-            [
+    def _claim_groups(self, queues: Sequence[str]) -> list[list[str]]:
+        """The queues of one claim script each: all of them on a single node."""
+        if self._s.cluster:
+            return [[queue] for queue in queues]
+        return [list(queues)] if queues else []
+
+    def _claim_call(self, queues: Sequence[str], limit: int, params: ClaimParams) -> _Call:
+        keys: list[str] = []
+        args: list[Scalar] = [
+            self._s.now_arg(),
+            limit,
+            float(params.lease_seconds),
+            params.worker_id,
+            secrets.token_hex(8),
+            max(limit, CLAIM_FORWARD),
+            HOLD_BOUND,
+        ]
+        for queue in queues:
+            k = self._s.keys.queue(queue)
+            keys += [
                 k.pending,
                 k.scheduled,
                 k.retry,
@@ -472,26 +492,17 @@ class RedisBroker(AdminForwarder):
                 k.limits,
                 k.held,
                 k.limit_waiting,
-            ],
-            [
-                self._s.now_arg(),
-                limit,
-                float(params.lease_seconds),
-                params.worker_id,
-                secrets.token_hex(8),
-                k.task_prefix,
-                max(limit, CLAIM_FORWARD),
-                HOLD_BOUND,
-                k.notify,
-            ],
-        )
+            ]
+            args += [k.task_prefix, k.notify]
+        return "claim", keys, args
 
     @staticmethod
-    def _take(queue: str, reply: Any, leases: Claimed) -> None:
-        """Add the leases of one claim script's ``reply`` to ``leases``."""
-        rows, wake_at = reply
-        for token, flat in rows:
-            leases.append(Lease(task_info(queue, flat), token.decode()))
+    def _take(queues: Sequence[str], reply: Any, leases: Claimed) -> None:
+        """Add the leases of one claim script's ``reply`` (one list per queue) to ``leases``."""
+        per_queue, wake_at = reply
+        for queue, rows in zip(queues, per_queue, strict=True):
+            for token, flat in rows:
+                leases.append(Lease(task_info(queue, flat), token.decode()))
         if wake_at and (leases.wake_at is None or float(wake_at) < leases.wake_at):
             leases.wake_at = float(wake_at)
 

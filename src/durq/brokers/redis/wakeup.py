@@ -171,9 +171,9 @@ class Wakeups:
 
 
 class Blocker:
-    """The connection an idle worker of one queue blocks on: ``BLPOP`` on the queue's token
-    list (the scripts' ``wake_workers`` pushes one when tasks become claimable) with the
-    claim script sent right behind it. Redis runs the claim the moment the ``BLPOP`` returns,
+    """The connection an idle worker blocks on: ``BLPOP`` on its queues' token lists (the
+    scripts' ``wake_workers`` pushes one when tasks become claimable) with the claim script
+    of those queues sent right behind it. Redis runs the claim the moment the ``BLPOP`` returns,
     woken or timed out, and sends both replies together: a task enqueued while the worker
     waits reaches it without a round trip after the wake-up (the subscription's way needs
     one: the message, then the claim). An idle worker's wait ends at once when it stops:
@@ -198,9 +198,9 @@ class Blocker:
         log.warning("idle workers wait on pub/sub, not BLPOP: the server refused it: %s", exc)
 
     async def block_then(
-        self, token_list: str, seconds: float, then: Command
+        self, token_lists: Sequence[str], seconds: float, then: Command
     ) -> tuple[bool, Any] | None:
-        """Block up to ``seconds`` for a token of ``token_list``, then run ``then``: whether a
+        """Block up to ``seconds`` for a token of one of ``token_lists``, then run ``then``: whether a
         token came, and ``then``'s reply (an error reply as a value). ``None`` when the
         server refuses to name the connection (nothing was sent); a refused ``BLPOP`` still
         answers with ``then``'s reply. Either refusal turns this way off."""
@@ -211,7 +211,7 @@ class Blocker:
         except rex.ResponseError as exc:
             self._refuse(exc)
             return None
-        popped, reply = await wire.call_many([("BLPOP", token_list, round(seconds, 3)), then])
+        popped, reply = await wire.call_many([("BLPOP", *token_lists, round(seconds, 3)), then])
         if is_error(popped):
             self._refuse(error(popped))
             return False, reply
