@@ -143,6 +143,25 @@ async def test_W13_every_end_of_an_attempt_gives_its_slot_back(
     assert (await limits_of(broker))["k"][0] == 1
 
 
+async def test_W13_held_tasks_come_back_in_claim_order(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    """A key with room again lets its held tasks back in the order a claim takes tasks
+    (priority, then ready time, then enqueue order), not in the order they were held."""
+    await enqueue(broker, clock, "running", conc("k", 1))
+    (lease,) = await claim(broker, limit=10)
+    for task_id, priority in (("old", 0), ("urgent", 5), ("later", 0), ("first", 9)):
+        await broker.enqueue(params(task_id, limits=(conc("k", 1),), priority=priority))
+        clock.advance(0.001)
+    assert await claim_ids(broker, limit=10) == []  # all four held on the full key
+    order = []
+    for _ in range(4):
+        assert await broker.complete(CompleteParams(lease.ref))
+        (lease,) = await claim(broker, limit=10)
+        order.append(lease.task.id)
+    assert order == ["first", "urgent", "old", "later"]
+
+
 async def test_W13_a_lost_fence_gives_nothing_back(broker: FullBroker, clock: FakeClock) -> None:
     """A zombie's late outcome (its lease was rescued and claimed again) frees no slot."""
     await enqueue(broker, clock, "t", conc("k", 1))

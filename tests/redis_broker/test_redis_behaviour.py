@@ -283,3 +283,29 @@ async def test_E9_concurrent_enqueues_keep_two_round_trips_in_flight(rbroker: Re
 
     await asyncio.gather(*(caller(c) for c in range(50)))
     assert most == 2
+
+
+async def test_a_held_entry_of_the_layout_before_ranks_is_still_let_back(
+    rbroker: RedisBroker, clock: FakeClock
+) -> None:
+    """Held entries read "<key>\\0<rank>\\0<member>" (claim order); one written as
+    "<key>\\0<member>" before the rank existed is let back, listed and archived alike."""
+    limit = (LimitSpec("k", concurrency=1),)
+    for task_id in ("running", "held", "other"):
+        await rbroker.enqueue(task(task_id, limits=limit))
+        clock.advance(0.001)
+    (lease,) = await rbroker.claim(claim_params(["default"]))
+    assert await rbroker.claim(claim_params(["default"])) == []  # both held now
+    held_key = rbroker._s.keys.queue("default").held
+    redis = raw_redis(rbroker)
+    for entry in await redis.zrange(held_key, 0, -1):
+        key, _rank, member = entry.split(b"\0")
+        await redis.zrem(held_key, entry)
+        await redis.zadd(held_key, {key + b"\0" + member: 0})
+    listed = await rbroker.admin.list_tasks("default", TaskState.PENDING)
+    assert sorted(t.id for t in listed) == ["held", "other"]
+    await lifecycle.archive_task(rbroker, "default", "other")
+    assert await redis.zcard(held_key) == 1
+    assert await rbroker.complete(CompleteParams(lease.ref))
+    assert [x.task.id for x in await rbroker.claim(claim_params(["default"]))] == ["held"]
+    assert await redis.zcard(held_key) == 0

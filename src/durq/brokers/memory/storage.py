@@ -198,12 +198,12 @@ class Queue:
             self.waiting[row.id] = row
 
     def let_back(self, now: float) -> None:
-        """Held tasks of keys that have room again go back to the claimable set, oldest
-        first, as many as there is room."""
+        """Held tasks of keys that have room again go back to the claimable set in claim
+        order, as many as there is room."""
         for key, counter in self.counters.items():
             if not counter.waiting:
                 continue
-            rows = sorted(self.held.get(key, {}).values(), key=lambda r: (r.next_process_at, r.seq))
+            rows = sorted(self.held.get(key, {}).values(), key=Row.claim_order)
             room = counter.room(now)
             for row in rows[:room]:
                 self.unhold(row)

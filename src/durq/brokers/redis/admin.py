@@ -155,7 +155,7 @@ class RedisAdmin:
         """Pending tasks held on a limit key come after the claimable ones (W13)."""
         start = max(0, offset - int(await self._s.command("ZCARD", k.pending)))
         held: Any = await self._s.command("ZRANGE", k.held, start, start + count - 1)
-        return [bytes(h).split(b"\0", 1)[1] for h in held]
+        return [bytes(h).rsplit(b"\0", 1)[1] for h in held]  # the member ends the entry
 
     async def _members(self, zset: str, completed: bool, start: int, count: int) -> Any:
         if completed:

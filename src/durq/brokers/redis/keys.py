@@ -29,7 +29,8 @@ Layout (``P`` is the prefix, default ``durq``; ``Q`` a queue name)::
     P:{Q}:g:<group id>:s        hash     position -> the member's final state, once finished
     P:{Q}:t:<task id>:end       channel  the task ended (scripts: KEYS[1] .. ':end'; not a key)
     P:{Q}:limits                hash     limit key -> its counter (running, token bucket)
-    P:{Q}:held                  zset     "<limit key>\0<member>": pending tasks held on a key
+    P:{Q}:held                  zset     "<limit key>\0<rank>\0<member>": pending tasks held on
+                                         a key, in claim order (rank: the pending score)
     P:{Q}:limwait               set      limit keys with held tasks
 
 Every key of one queue carries the hash tag ``{Q}``, so each script touches one slot. A group

@@ -418,11 +418,26 @@ local function release_limits(task_key, limits_hash, waiting_set)
   return wake
 end
 
+-- The held zset ("P:{Q}:held", every score 0) orders each limit key's tasks as a claim takes
+-- them: its members are "<key>\0<rank>\0<member>", the rank being the task's pending score
+-- (priority, then ready time) as fixed-width text, raised by 2^40 so that the lowest score a
+-- priority gives (100 bands of 2^32 s below zero) is still positive; ties go to the member
+-- (enqueue order). Entries written before the rank existed read "<key>\0<member>".
+local HELD_RAISE = 1099511627776
+local function held_entry(key, score, m)
+  return key .. '\0' .. string.format('%020.6f', tonumber(score) + HELD_RAISE) .. '\0' .. m
+end
+
+-- The pending member inside a held entry (either layout).
+local function held_member(entry)
+  return string.match(entry, '%z([^%z]*)$')
+end
+
 -- Forget the held entry of a task leaving the held set by another way (inspector moves).
 local function unhold(task_key, held_zset, m)
-  local key = redis.call('HGET', task_key, 'held_by')
-  if key then
-    redis.call('ZREM', held_zset, key .. '\0' .. m)
+  local cur = redis.call('HMGET', task_key, 'held_by', 'hs')
+  if cur[1] then
+    redis.call('ZREM', held_zset, held_entry(cur[1], cur[2], m), cur[1] .. '\0' .. m)
     redis.call('HDEL', task_key, 'held_by', 'hs')
   end
 end

@@ -4,14 +4,14 @@
 -- KEYS[1] source zset (of that state)   KEYS[2] unique hash
 -- ARGV[1] now            ARGV[2] task key prefix  ARGV[3] batch size
 -- An unfinished group member finishes as deleted.
--- ARGV[4] "held": KEYS[1] is the held zset (W13), whose members are "<key>\0<member>"
+-- ARGV[4] "held": KEYS[1] is the held zset (W13), whose members end in "\0<member>"
 -- Returns how many were deleted (integer).
 -- Complexity: O(k log n) for k tasks.
 local batch = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[3]) - 1)
 for _, m in ipairs(batch) do
   redis.call('ZREM', KEYS[1], m)
   if ARGV[4] == 'held' then
-    m = string.sub(m, string.find(m, '\0', 1, true) + 1)
+    m = held_member(m)
   end
   local key = ARGV[2] .. member_id(m)
   forget_member(key, ARGV[1])

@@ -53,7 +53,7 @@ local function claim_queue(o, prefix, want, out)
         local held = redis.call('ZRANGEBYLEX', KEYS[o + 7], lo, hi, 'LIMIT', 0, room)
         for _, h in ipairs(held) do
           redis.call('ZREM', KEYS[o + 7], h)
-          local m = string.sub(h, #key + 2)
+          local m = held_member(h)
           local task = prefix .. member_id(m)
           local cur = redis.call('HMGET', task, 'state', 'held_by', 'hs')
           if cur[1] == 'pending' and cur[2] == key then
@@ -98,7 +98,7 @@ local function claim_queue(o, prefix, want, out)
         end
         if full then
           redis.call('HSET', key, 'held_by', full, 'hs', score)
-          redis.call('ZADD', KEYS[o + 7], 0, full .. '\0' .. m)
+          redis.call('ZADD', KEYS[o + 7], 0, held_entry(full, score, m))
           redis.call('SADD', KEYS[o + 8], full)
           held_here = held_here + 1
         else
