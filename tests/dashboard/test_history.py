@@ -69,13 +69,14 @@ async def test_every_dashboard_shows_the_same_history(broker_url: str) -> None:
     assert len(first["points"]) == 60 and first["interval"] == 60
     assert sum(p["processed"] for p in first["points"]) == 4
     assert sum(p["failed"] for p in first["points"]) == 1
-    assert per_queue["points"] == first["points"] and per_queue["queue"] == "default"
+    assert per_queue["queue"] == "default"
     # The minute may turn between two reads: compare the counts, not the window's start.
     counted = [
         [(p["t"], p["processed"], p["failed"]) for p in s["points"] if p["processed"]]
-        for s, _ in series
+        for pair in series
+        for s in pair
     ]
-    assert counted[0] == counted[1] == counted[2]
+    assert all(c == counted[0] for c in counted), counted
 
 
 async def test_the_series_fills_the_window_minute_by_minute() -> None:
