@@ -366,7 +366,7 @@ class RedisBroker(AdminForwarder):
         await self._wakeups.before_claim(params.queues)
         async with self._s.op("claim"):
             await self._s.ensure()
-            await self._claim_into(leases, list(dict.fromkeys(params.queues)), params)
+            await self._claim_into(leases, self._claim_groups(params.queues), params)
         return leases
 
     async def wait_and_claim(self, claim: ClaimParams, timeout: float) -> Claimed | None:
@@ -376,9 +376,10 @@ class RedisBroker(AdminForwarder):
         nothing (another worker was first) means waiting on; a claim that leaves tasks behind
         passes the token to the next blocked worker. Cancelled, it unblocks at once and
         hands back what the claim behind the wait leased."""
-        queues = list(dict.fromkeys(claim.queues))
-        if not queues or claim.limit <= 0 or not self._blocker.available:
-            return None
+        groups = self._claim_groups(claim.queues)
+        if len(groups) != 1 or claim.limit <= 0 or not self._blocker.available:
+            return None  # the claim behind the wait must be one script
+        (queues,) = groups
         tokens = [self._s.keys.queue(queue).notify for queue in queues]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout)
@@ -446,17 +447,17 @@ class RedisBroker(AdminForwarder):
                 [*calls, self._claim_call(first, claim.limit, claim)]
             )
             self._take(first, answer, leases)
-            await self._claim_into(leases, [q for group in rest for q in group], claim)
+            await self._claim_into(leases, rest, claim)
         done = [bool(r) for r in replies]
         await self._drain_follow_ups(items, done)
         return done, leases
 
     async def _claim_into(
-        self, leases: Claimed, queues: Sequence[str], params: ClaimParams
+        self, leases: Claimed, groups: Sequence[Sequence[str]], params: ClaimParams
     ) -> None:
-        """Claim from ``queues`` in order into ``leases`` (up to ``params.limit`` in all): one
-        script on a single node, one per queue on a cluster, where each stays in its slot."""
-        for group in self._claim_groups(queues):
+        """Claim from the queues of ``groups`` (:meth:`_claim_groups`), in order, into
+        ``leases``, up to ``params.limit`` in all: one script call a group."""
+        for group in groups:
             remaining = params.limit - len(leases)
             if remaining <= 0:
                 break
@@ -465,10 +466,12 @@ class RedisBroker(AdminForwarder):
             )
 
     def _claim_groups(self, queues: Sequence[str]) -> list[list[str]]:
-        """The queues of one claim script each: all of them on a single node."""
+        """The distinct ``queues``, in order, split into the queues of one claim script
+        each: all of them on a single node, one a script on a cluster (its slot)."""
+        unique = list(dict.fromkeys(queues))
         if self._s.cluster:
-            return [[queue] for queue in queues]
-        return [list(queues)] if queues else []
+            return [[queue] for queue in unique]
+        return [unique] if unique else []
 
     def _claim_call(self, queues: Sequence[str], limit: int, params: ClaimParams) -> _Call:
         keys: list[str] = []
