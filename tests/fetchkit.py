@@ -81,23 +81,36 @@ async def run_fetcher(
     return executor
 
 
+async def enqueue_counted(
+    app: durq.App, n: int, *, seconds: float = 0.0, **options: Any
+) -> tuple[list[int], asyncio.Event]:
+    """Register ``t:counted`` on ``app`` (``options`` as for ``app.task``; each run takes
+    ``seconds``) and enqueue ``n`` of them: the numbers run, in order of their ends, and an
+    event set when all ``n`` have run."""
+    ran: list[int] = []
+    done = asyncio.Event()
+
+    @app.task("t:counted", **options)
+    async def counted(payload: dict[str, Any]) -> None:
+        if seconds:
+            await asyncio.sleep(seconds)
+        ran.append(payload["n"])
+        if len(ran) == n:
+            done.set()
+
+    for i in range(n):
+        await app.enqueue("t:counted", {"n": i})
+    return ran, done
+
+
 async def assert_acks_hand_a_limited_slot_on(url: str) -> None:
     """Five tasks on a key of concurrency 1, a worker of four slots with a long poll: each of
     the first four acks rides in the claim that takes the next task (none goes alone), so
     only the ack itself can start the held tasks in time."""
     app = durq.App(url)
-    done = asyncio.Event()
-    ran: list[int] = []
-
-    @app.task("t:limited", limit=durq.Limit("partner", concurrency=1))
-    async def limited(payload: dict[str, Any]) -> None:
-        await asyncio.sleep(0.01)
-        ran.append(payload["n"])
-        if len(ran) == 5:
-            done.set()
-
-    for n in range(5):
-        await app.enqueue("t:limited", {"n": n})
+    ran, done = await enqueue_counted(
+        app, 5, limit=durq.Limit("partner", concurrency=1), seconds=0.01
+    )
     broker = CountingBroker(app.new_broker())
     executor = await run_fetcher(app, broker, done, poll_interval=30)
     assert ran == list(range(5))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,7 +23,13 @@ from durq.brokers.base import (
     MemberOutcome,
 )
 from durq.worker.fetcher import complete_then_claim, rides_in_claim
-from fetchkit import CountingBroker, assert_acks_hand_a_limited_slot_on, fetcher_on, run_fetcher
+from fetchkit import (
+    CountingBroker,
+    assert_acks_hand_a_limited_slot_on,
+    enqueue_counted,
+    fetcher_on,
+    run_fetcher,
+)
 
 
 @pytest.mark.parametrize("url", ["sqlite", "memory://fetcher-acks"])
@@ -32,17 +37,7 @@ async def test_acks_ride_in_the_next_claim_within_the_slots(url: str, tmp_path: 
     if url == "sqlite":
         url = f"sqlite:///{tmp_path / 'durq.sqlite3'}"
     app = durq.App(url)
-    finished = asyncio.Event()
-    ran: list[int] = []
-
-    @app.task("t:noop")
-    async def noop(payload: dict[str, Any]) -> None:
-        ran.append(payload["n"])
-        if len(ran) == 40:
-            finished.set()
-
-    for n in range(40):
-        await app.enqueue("t:noop", {"n": n})
+    ran, finished = await enqueue_counted(app, 40)
     broker = CountingBroker(app.new_broker())
     executor = await run_fetcher(app, broker, finished, poll_interval=0.05)
     for _ in range(5):  # the last acks go out on their own once the fetcher idles
