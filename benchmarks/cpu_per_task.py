@@ -10,7 +10,14 @@ process stopped by SIGTERM once the last handler has run; the per-task figure is
 difference of the two counts over N2 - N1, so start-up and shutdown cancel out. The
 producer is measured the same way (``app.enqueue`` one by one, and ``enqueue_many``).
 
+``--pickups P1,P2`` adds the worker's CPU per task that reaches it alone: an idle worker
+(started, one task run) is sent P1 and then P2 tasks at ``--rate`` per second, each in a new
+process, and the difference is taken over P2 - P1 as above. That is the cost of picking up
+each task as it comes (wake-up, claim, ack, and the idle wait between), which a drain of a
+backlog shares out over batches.
+
     .venv/bin/python benchmarks/cpu_per_task.py [--brokers sqlite,redis,postgresql]
+        [--pickups 100,400 --rate 100]
 """
 
 from __future__ import annotations
@@ -97,42 +104,71 @@ def cpu_seconds(proc: subprocess.Popen[bytes]) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def produce(url: str, n: int, mode: str) -> float:
+def produce(url: str, n: int, mode: str, rate: float = 0.0) -> float:
+    """CPU seconds of a process that enqueues ``n`` tasks: in batches of 500 (``many``) or
+    one by one (``one``), at ``rate`` per second when given."""
     env = {**os.environ, "DURQ_BROKER_URL": url}
     code = (
-        "import asyncio, cpu_per_task as m\n"
+        "import asyncio, time, cpu_per_task as m\n"
         "async def main():\n"
         f"    if {mode!r} == 'many':\n"
         "        for i in range(0, N, 500):\n"
         "            await m.app.enqueue_many([m.durq.EnqueueRequest('noop', {'i': j}) "
         "for j in range(i, min(N, i + 500))])\n"
         "    else:\n"
+        "        started = time.perf_counter()\n"
         "        for i in range(N):\n"
+        "            if RATE:\n"
+        "                await asyncio.sleep(max(0, started + i / RATE - time.perf_counter()))\n"
         "            await m.app.enqueue('noop', {'i': i})\n"
         "    await m.app.close()\n"
-        f"N = {n}\n"
+        f"N, RATE = {n}, {rate}\n"
         "asyncio.run(main())\n"
     )
     return cpu_seconds(run([sys.executable, "-c", code], env))
 
 
-def drain(url: str, n: int, tmp: str) -> float:
+def _worker(url: str, tmp: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A ``durq worker`` process and the file its handlers mark."""
     marks = f"{tmp}/marks"
     Path(marks).write_bytes(b"")
     env = {**os.environ, "DURQ_BROKER_URL": url, "BENCH_MARKS": marks}
-    proc = run([str(BIN / "durq"), "worker", "cpu_per_task:app"], env)
+    return run([str(BIN / "durq"), "worker", "cpu_per_task:app"], env), marks
+
+
+def _until_marked(proc: subprocess.Popen[bytes], marks: str, n: int) -> None:
     deadline = time.monotonic() + 600
     while os.path.getsize(marks) < n:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"worker stopped after {os.path.getsize(marks)} of {n} tasks")
         time.sleep(0.05)
+
+
+def drain(url: str, n: int, tmp: str) -> float:
+    proc, marks = _worker(url, tmp)
+    _until_marked(proc, marks, n)
     proc.send_signal(signal.SIGTERM)  # the worker finishes what it holds and exits
     return cpu_seconds(proc)
 
 
-def measure(broker: str, n1: int, n2: int, repeats: int) -> dict[str, float]:
+def pick_up(url: str, n: int, rate: float, tmp: str) -> float:
+    """CPU seconds of a worker that is sent one task, then ``n`` more at ``rate``/s."""
+    proc, marks = _worker(url, tmp)
+    produce(url, 1, "one")
+    _until_marked(proc, marks, 1)  # started and idle
+    produce(url, n, "one", rate)
+    _until_marked(proc, marks, n + 1)
+    proc.send_signal(signal.SIGTERM)
+    return cpu_seconds(proc)
+
+
+def measure(
+    broker: str, n1: int, n2: int, repeats: int, pickups: tuple[int, int] | None, rate: float
+) -> dict[str, float]:
     """Median over ``repeats`` of the CPU microseconds per task of each step."""
     samples: dict[str, list[float]] = {"enqueue_one": [], "enqueue_many": [], "worker": []}
+    if pickups:
+        samples["worker_alone"] = []
     with tempfile.TemporaryDirectory() as tmp:
         url = broker_url(broker, tmp)
         for _ in range(repeats):
@@ -148,6 +184,14 @@ def measure(broker: str, n1: int, n2: int, repeats: int) -> dict[str, float]:
                 produce(url, n, "many")
                 used.append(drain(url, n, tmp))
             samples["worker"].append((used[1] - used[0]) / (n2 - n1) * 1e6)
+            if pickups:
+                used = []
+                for n in pickups:
+                    reset(broker, url, tmp)
+                    used.append(pick_up(url, n, rate, tmp))
+                samples["worker_alone"].append(
+                    (used[1] - used[0]) / (pickups[1] - pickups[0]) * 1e6
+                )
     return {step: statistics.median(values) for step, values in samples.items()}
 
 
@@ -157,19 +201,31 @@ def main() -> None:
     parser.add_argument("--n1", type=int, default=1000)
     parser.add_argument("--n2", type=int, default=10000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pickups", help="P1,P2: also the worker's CPU per task sent alone")
+    parser.add_argument("--rate", type=float, default=100.0, help="tasks/s for --pickups")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    pickups = None
+    if args.pickups:
+        p1, p2 = (int(x) for x in args.pickups.split(","))
+        pickups = (p1, p2)
     sys.path.insert(0, str(HERE))
-    results = {b: measure(b, args.n1, args.n2, args.repeats) for b in args.brokers.split(",")}
+    results = {
+        b: measure(b, args.n1, args.n2, args.repeats, pickups, args.rate)
+        for b in args.brokers.split(",")
+    }
     if args.json:
         print(json.dumps(results))
         return
     print(f"CPU microseconds per task (user + system, median of {args.repeats}):")
-    print(f"{'broker':<12}{'enqueue':>10}{'enqueue_many':>14}{'worker':>10}")
+    alone = f"{'worker, alone':>15}" if pickups else ""
+    print(f"{'broker':<12}{'enqueue':>10}{'enqueue_many':>14}{'worker':>10}{alone}")
     for broker, f in results.items():
-        print(
-            f"{broker:<12}{f['enqueue_one']:>10.1f}{f['enqueue_many']:>14.1f}{f['worker']:>10.1f}"
-        )
+        line = f"{broker:<12}{f['enqueue_one']:>10.1f}{f['enqueue_many']:>14.1f}"
+        line += f"{f['worker']:>10.1f}"
+        if pickups:
+            line += f"{f['worker_alone']:>15.1f}"
+        print(line)
 
 
 if __name__ == "__main__":
