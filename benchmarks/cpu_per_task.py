@@ -10,9 +10,9 @@ process stopped by SIGTERM once the last handler has run; the per-task figure is
 difference of the two counts over N2 - N1, so start-up and shutdown cancel out. The
 producer is measured the same way (``app.enqueue`` one by one, and ``enqueue_many``).
 
-``--pickups P1,P2`` adds the worker's CPU per task that reaches it alone: an idle worker
-(started, one task run) is sent P1 and then P2 tasks at ``--rate`` per second, each in a new
-process, and the difference is taken over P2 - P1 as above. That is the cost of picking up
+``--pickups K1,K2`` adds the worker's CPU per task that reaches it alone: an idle worker
+(started, one task run) is sent K1 and then K2 tasks at ``--rate`` per second, each in a new
+process, and the difference is taken over K2 - K1 as above. That is the cost of picking up
 each task as it comes (wake-up, claim, ack, and the idle wait between), which a drain of a
 backlog shares out over batches.
 
@@ -201,14 +201,14 @@ def main() -> None:
     parser.add_argument("--n1", type=int, default=1000)
     parser.add_argument("--n2", type=int, default=10000)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--pickups", help="P1,P2: also the worker's CPU per task sent alone")
+    parser.add_argument("--pickups", help="K1,K2: also the worker's CPU per task sent alone")
     parser.add_argument("--rate", type=float, default=100.0, help="tasks/s for --pickups")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     pickups = None
     if args.pickups:
-        p1, p2 = (int(x) for x in args.pickups.split(","))
-        pickups = (p1, p2)
+        k1, k2 = (int(x) for x in args.pickups.split(","))
+        pickups = (k1, k2)
     sys.path.insert(0, str(HERE))
     results = {
         b: measure(b, args.n1, args.n2, args.repeats, pickups, args.rate)
