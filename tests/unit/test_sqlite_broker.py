@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from durq.brokers import open_broker
-from durq.brokers.base import ClaimParams, EnqueueParams
+from durq.brokers.base import ClaimParams, CompleteParams, EnqueueParams
 from durq.brokers.sqlfiles import parse_named
 from durq.brokers.sqlite import SQLiteBroker
 from durq.brokers.sqlite.storage import MIGRATIONS, SCHEMA_VERSION, Q, split_statements
@@ -128,6 +128,62 @@ async def test_busy_lock_becomes_unavailable(tmp_path: Path) -> None:
         holder.execute("ROLLBACK")
         holder.close()
     await broker.enqueue(task("t"))  # nothing half-written: the id is free
+    await broker.close()
+
+
+async def test_a_claim_that_meets_a_lock_waits_off_the_event_loop(tmp_path: Path) -> None:
+    """Claims and acks run on the loop's thread while the file is free; one that meets
+    another connection's write lock must wait for it on the database thread, the loop
+    turning meanwhile, and then claim what it would have claimed."""
+    path = tmp_path / "x.db"
+    broker = SQLiteBroker(str(path))
+    await broker.connect()
+    await broker.enqueue(task("t1"))
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process writing, for 0.5 s
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.5, holder.execute, "COMMIT")
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    started = time.monotonic()
+    try:
+        leases = await broker.claim(ClaimParams(["default"], 5, "w", 30.0))
+    finally:
+        ticker.cancel()
+        holder.close()
+    assert [lease.task.id for lease in leases] == ["t1"]
+    assert time.monotonic() - started >= 0.4  # it did wait for the lock
+    assert ticks >= 10, f"the event loop turned {ticks} times in 0.5 s"
+    assert await broker.complete(CompleteParams(leases[0].ref))  # back on the loop's thread
+    await broker.close()
+
+
+async def test_short_calls_run_on_the_callers_thread_only_when_the_file_is_free(
+    tmp_path: Path,
+) -> None:
+    broker = SQLiteBroker(str(tmp_path / "x.db"))
+    await broker.connect()
+    here = threading.current_thread().name
+
+    def where(conn: sqlite3.Connection) -> str:
+        conn.execute("SELECT 1").fetchone()
+        return threading.current_thread().name
+
+    storage = broker._s
+    assert await storage.call("test", where, inline=True) == here
+    assert await storage.call("test", where) != here  # not marked short: the database thread
+    # While the database thread holds the connection, a short call queues behind it there.
+    busy = asyncio.ensure_future(storage.call("test", lambda conn: time.sleep(0.3)))
+    await asyncio.sleep(0.05)
+    assert await storage.call("test", where, inline=True) != here
+    await busy
     await broker.close()
 
 

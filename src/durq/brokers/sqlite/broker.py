@@ -329,7 +329,7 @@ class SQLiteBroker(AdminForwarder):
                 self._s.seen_version = version
             return leases
 
-        leases = await self._s.call("sqlite.claim", run)
+        leases = await self._s.call("sqlite.claim", run, inline=True)
         self._claimed(queues, params, leases)
         return leases
 
@@ -353,7 +353,7 @@ class SQLiteBroker(AdminForwarder):
                 self._s.seen_version = version
             return done, leases
 
-        done, leases = await self._s.call("sqlite.complete_and_claim", run)
+        done, leases = await self._s.call("sqlite.complete_and_claim", run, inline=True)
         self._s.notify(woken)
         self._s.ended(p.lease.task_key for p, ok in zip(items, done, strict=True) if ok)
         self._claimed(queues, claim, leases)
@@ -448,7 +448,7 @@ class SQLiteBroker(AdminForwarder):
                     cancel.add(ref.id)
             return LeaseReport(lost=frozenset(lost), cancel=frozenset(cancel))
 
-        return await self._s.write("sqlite.extend_leases", body)
+        return await self._s.write("sqlite.extend_leases", body, inline=True)
 
     def _complete(
         self, conn: Conn, p: CompleteParams, now: float, woken: set[str], *, bump: bool = True
@@ -475,7 +475,9 @@ class SQLiteBroker(AdminForwarder):
         """Completed (kept ``retention`` s with its result) or deleted; fenced by the token.
         Its follow-ups are created in the same transaction."""
         done = await self._s.write_waking(
-            "sqlite.complete", lambda c, now, woken: self._complete(c, params, now, woken)
+            "sqlite.complete",
+            lambda c, now, woken: self._complete(c, params, now, woken),
+            inline=True,
         )
         if done:
             self._s.ended([params.lease.task_key])
@@ -488,6 +490,7 @@ class SQLiteBroker(AdminForwarder):
         done = await self._s.write_waking(
             "sqlite.complete_many",
             lambda c, now, woken: self._complete_batch(c, items, now, woken),
+            inline=True,
         )
         self._s.ended(p.lease.task_key for p, ok in zip(items, done, strict=True) if ok)
         return done
@@ -542,6 +545,7 @@ class SQLiteBroker(AdminForwarder):
         done = await self._s.write_waking(
             "sqlite.move_leases",
             lambda c, now, woken: [self._move(c, p, now, woken) for p in moves],
+            inline=True,
         )
         self._s.ended(ended_by(moves, done))
         return done
@@ -564,6 +568,7 @@ class SQLiteBroker(AdminForwarder):
             lambda c, now, woken: self._ended(
                 c, lease.queue, c.execute(Q["requeue"], {**ref, "now": now}), woken
             ),
+            inline=True,
         )
         if done:
             self._s.notify([lease.queue])
@@ -636,7 +641,7 @@ class SQLiteBroker(AdminForwarder):
             if self._s.mailbox.take(queues):
                 return True
             watching = self._s.watch(loop)  # before the data_version look, see watch()
-            version = await self._s.call("sqlite.wait_for_work", _data_version)
+            version = await self._s.call("sqlite.wait_for_work", _data_version, inline=True)
             if self._s.seen_version is not None and version != self._s.seen_version:
                 self._s.seen_version = version  # another connection committed since we looked
                 return True
@@ -652,7 +657,7 @@ class SQLiteBroker(AdminForwarder):
                     return True
                 except TimeoutError:
                     pass
-                version = await self._s.call("sqlite.wait_for_work", _data_version)
+                version = await self._s.call("sqlite.wait_for_work", _data_version, inline=True)
                 if version != self._s.seen_version:
                     self._s.seen_version = version
                     return True
@@ -668,7 +673,7 @@ class SQLiteBroker(AdminForwarder):
         wait returns and the caller reads the task again)."""
         watches = mailbox.watches(self._s.key)
         async with watches.watching(mailbox.end_key(queue, task_id)) as local:
-            version = await self._s.call("sqlite.watch_end", _data_version)
+            version = await self._s.call("sqlite.watch_end", _data_version, inline=True)
             yield _FileWatch(self._s, local, version)
 
     # ------------------------------------------------------------------ workers
@@ -727,7 +732,7 @@ class _FileWatch:
             remaining = deadline - loop.time()
             if await self._local.wait(min(self._s.poll_interval, max(0.0, remaining))):
                 return True
-            version = await self._s.call("sqlite.watch_end", _data_version)
+            version = await self._s.call("sqlite.watch_end", _data_version, inline=True)
             if version != self._version:
                 self._version = version  # another process committed: maybe this task's end
                 return True

@@ -1,7 +1,10 @@
 """Plumbing of the SQLite broker: one database thread per broker, transactions, schema, errors.
 
-Python's ``sqlite3`` blocks, so every call runs in a single-thread executor that owns the
-connection: calls of one broker are serialised, and the event loop never waits on the disk.
+Python's ``sqlite3`` blocks, so calls run in a single-thread executor that owns the
+connection: calls of one broker are serialised, and the event loop never waits for a lock.
+The short calls of the task path (one enqueue, a claim, an ack, a wake-up look) run on the
+caller's thread instead when the connection is free, with no lock wait allowed there: one
+that meets another connection's lock starts again on the database thread, which waits.
 Write transactions start with ``BEGIN IMMEDIATE``: the write lock is taken up front, so two
 processes never interleave a read-then-write (claim) and nobody hits a mid-transaction BUSY.
 """
@@ -74,6 +77,12 @@ def transaction(conn: Conn, fn: Callable[[Conn], T]) -> T:
     return result
 
 
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """Another connection holds a lock ``exc``'s statement needed (SQLITE_BUSY and its
+    extended codes)."""
+    return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_BUSY
+
+
 def join_write_lock(cursor: sqlite3.Cursor) -> None:
     """In a caller's open transaction, ask for the write lock before anything reads: SQLite
     waits (busy timeout) for a lock asked first, but refuses at once a transaction that has
@@ -134,14 +143,40 @@ class SQLiteStorage:
         self._executor: ThreadPoolExecutor | None = None
         # The sync face may call from several threads: one executor, hence one connection.
         self._executor_lock = threading.Lock()
-        # Touched only from the database thread.
+        # Held by whichever thread uses the connection: the database thread, or a caller
+        # running a short call inline (see call()).
+        self._conn_lock = threading.Lock()
         self._conn: Conn | None = None
+        self._waits = True  # the connection's busy timeout is on (see _wait_for_locks)
         self._applied: list[str] = []
 
     # ------------------------------------------------------------------ calls
 
-    async def call(self, operation: str, fn: Callable[[Conn], T]) -> T:
-        """Run ``fn(connection)`` on the database thread, opening the connection if needed."""
+    async def call(self, operation: str, fn: Callable[[Conn], T], *, inline: bool = False) -> T:
+        """Run ``fn(connection)`` on the database thread, opening the connection if needed.
+
+        ``inline``: ``fn`` is short and can start again from the beginning (reads, then at
+        most one write transaction). It then runs on the calling thread when the connection
+        is open and idle, without waiting for any lock: a lock held by another connection
+        sends it to the database thread, where it waits up to the busy timeout as usual."""
+        # A hop to the database thread and back costs about as much CPU as a claim's SQL
+        # (the worker's CPU per task sent alone, docs/benchmarks.md).
+        if inline and self._conn is not None and self._conn_lock.acquire(blocking=False):
+            try:
+                conn = self._conn
+                if conn is not None:
+                    self._wait_for_locks(conn, False)
+                    try:
+                        return fn(conn)
+                    except sqlite3.OperationalError as exc:
+                        if not _busy(exc):
+                            raise self.map_error(exc, operation) from exc
+                    except DurqError:
+                        raise
+                    except sqlite3.Error as exc:
+                        raise self.map_error(exc, operation) from exc
+            finally:
+                self._conn_lock.release()
         executor = self._executor
         if executor is None:
             with self._executor_lock:
@@ -151,10 +186,12 @@ class SQLiteStorage:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(executor, self._job, operation, fn)
 
-    async def write(self, operation: str, fn: Callable[[Conn, float], T]) -> T:
+    async def write(
+        self, operation: str, fn: Callable[[Conn, float], T], *, inline: bool = False
+    ) -> T:
         """``fn(conn, now)`` inside one ``BEGIN IMMEDIATE`` transaction (see
-        :meth:`transaction` for ``now``)."""
-        return await self.call(operation, lambda conn: self.transaction(conn, fn))
+        :meth:`transaction` for ``now``; :meth:`call` for ``inline``)."""
+        return await self.call(operation, lambda conn: self.transaction(conn, fn), inline=inline)
 
     def transaction(self, conn: Conn, fn: Callable[[Conn, float], T]) -> T:
         """``fn(conn, now)`` in a write transaction that first catches up with a step of the
@@ -166,12 +203,18 @@ class SQLiteStorage:
         self.checkpointer.poke()
         return result
 
-    async def write_waking(self, operation: str, fn: Callable[[Conn, float, set[str]], T]) -> T:
+    async def write_waking(
+        self,
+        operation: str,
+        fn: Callable[[Conn, float, set[str]], T],
+        *,
+        inline: bool = False,
+    ) -> T:
         """``fn(conn, now, woken)`` inside one transaction; once it committed, wake the
         waiters of the queues ``fn`` put in ``woken`` (a waiter woken earlier would find
         nothing)."""
         woken: set[str] = set()
-        result = await self.write(operation, lambda conn, now: fn(conn, now, woken))
+        result = await self.write(operation, lambda conn, now: fn(conn, now, woken), inline=inline)
         self.notify(woken)
         return result
 
@@ -180,13 +223,23 @@ class SQLiteStorage:
         return await self.call(operation, lambda conn: snapshot(conn, fn))
 
     def _job(self, operation: str, fn: Callable[[Conn], T]) -> T:
-        try:
-            conn = self._conn if self._conn is not None else self._open(operation)
-            return fn(conn)
-        except DurqError:
-            raise
-        except sqlite3.Error as exc:
-            raise self.map_error(exc, operation) from exc
+        with self._conn_lock:
+            try:
+                conn = self._conn if self._conn is not None else self._open(operation)
+                self._wait_for_locks(conn, True)
+                return fn(conn)
+            except DurqError:
+                raise
+            except sqlite3.Error as exc:
+                raise self.map_error(exc, operation) from exc
+
+    def _wait_for_locks(self, conn: Conn, wait: bool) -> None:
+        """Let ``conn`` wait for other connections' locks up to the busy timeout, or not at
+        all (a call on the event loop's thread must not block it)."""
+        if wait != self._waits:
+            ms = int(self.busy_timeout * 1000) if wait else 0
+            conn.execute(f"PRAGMA busy_timeout = {ms}")
+            self._waits = wait
 
     def map_error(self, exc: sqlite3.Error, operation: str, *, caller: bool = False) -> DurqError:
         """The durq error for a driver error of ``operation``; ``caller``: it happened in the
@@ -212,6 +265,7 @@ class SQLiteStorage:
         try:
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            self._waits = True
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise BrokerUnavailableError(
@@ -277,8 +331,9 @@ class SQLiteStorage:
 
     def _close_conn(self) -> None:
         self.checkpointer.close()
-        if self._conn is not None:
+        with self._conn_lock:
             conn, self._conn = self._conn, None
+        if conn is not None:
             conn.close()
 
     async def connect(self) -> None:
