@@ -83,6 +83,11 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
     return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_BUSY
 
 
+def _set_busy_timeout(conn: Conn, ms: int) -> None:
+    # A PRAGMA takes no parameters: the value is an int computed here, never input.
+    conn.execute(f"PRAGMA busy_timeout = {ms:d}")
+
+
 def join_write_lock(cursor: sqlite3.Cursor) -> None:
     """In a caller's open transaction, ask for the write lock before anything reads: SQLite
     waits (busy timeout) for a lock asked first, but refuses at once a transaction that has
@@ -237,8 +242,7 @@ class SQLiteStorage:
         """Let ``conn`` wait for other connections' locks up to the busy timeout, or not at
         all (a call on the event loop's thread must not block it)."""
         if wait != self._waits:
-            ms = int(self.busy_timeout * 1000) if wait else 0
-            conn.execute(f"PRAGMA busy_timeout = {ms}")
+            _set_busy_timeout(conn, int(self.busy_timeout * 1000) if wait else 0)
             self._waits = wait
 
     def map_error(self, exc: sqlite3.Error, operation: str, *, caller: bool = False) -> DurqError:
@@ -264,7 +268,7 @@ class SQLiteStorage:
             ) from exc
         try:
             conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            _set_busy_timeout(conn, int(self.busy_timeout * 1000))
             self._waits = True
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
