@@ -17,6 +17,7 @@ from durq.brokers import open_broker
 from durq.brokers.base import ClaimParams, CompleteParams, EnqueueParams
 from durq.brokers.sqlfiles import parse_named
 from durq.brokers.sqlite import SQLiteBroker
+from durq.brokers.sqlite.broker import SHORT_CALL_TASKS
 from durq.brokers.sqlite.storage import MIGRATIONS, SCHEMA_VERSION, Q, split_statements
 from durq.clock import FakeClock
 from durq.errors import BrokerUnavailableError, ConfigurationError, SchemaError
@@ -345,3 +346,30 @@ async def test_the_wal_is_checkpointed_in_the_background(tmp_path: Path) -> None
         copy.close()
     await broker.close()
     assert not [t for t in threading.enumerate() if t.name == "durq-sqlite-checkpoint"]
+
+
+async def test_claims_of_many_tasks_go_to_the_database_thread(tmp_path: Path) -> None:
+    """A claim or ack of a few tasks runs on the caller's thread; one of more than
+    ``SHORT_CALL_TASKS`` would hold the event loop for its whole SQL, so it does not."""
+    broker = SQLiteBroker(str(tmp_path / "x.db"))
+    await broker.connect()
+    many = SHORT_CALL_TASKS + 1
+    await broker.enqueue_many([task(f"t{i}") for i in range(many + 1)])
+    threads: set[str] = set()
+    conn = broker._s._conn
+    assert conn is not None
+    conn.set_trace_callback(lambda _: threads.add(threading.current_thread().name))
+    here = threading.current_thread().name
+
+    one = await broker.claim(ClaimParams(["default"], 1, "w", 30.0))
+    assert threads == {here}
+    threads.clear()
+    rest = await broker.claim(ClaimParams(["default"], many, "w", 30.0))
+    assert len(rest) == many and here not in threads
+    threads.clear()
+    assert all(await broker.complete_many([CompleteParams(lease.ref) for lease in rest]))
+    assert here not in threads
+    threads.clear()
+    assert await broker.complete(CompleteParams(one[0].ref))
+    assert threads == {here}
+    await broker.close()

@@ -329,7 +329,7 @@ class SQLiteBroker(AdminForwarder):
                 self._s.seen_version = version
             return leases
 
-        leases = await self._s.call("sqlite.claim", run, inline=True)
+        leases = await self._s.call("sqlite.claim", run, inline=_short(params.limit))
         self._claimed(queues, params, leases)
         return leases
 
@@ -353,7 +353,8 @@ class SQLiteBroker(AdminForwarder):
                 self._s.seen_version = version
             return done, leases
 
-        done, leases = await self._s.call("sqlite.complete_and_claim", run, inline=True)
+        short = _short(len(items) + claim.limit)
+        done, leases = await self._s.call("sqlite.complete_and_claim", run, inline=short)
         self._s.notify(woken)
         self._s.ended(p.lease.task_key for p, ok in zip(items, done, strict=True) if ok)
         self._claimed(queues, claim, leases)
@@ -448,7 +449,7 @@ class SQLiteBroker(AdminForwarder):
                     cancel.add(ref.id)
             return LeaseReport(lost=frozenset(lost), cancel=frozenset(cancel))
 
-        return await self._s.write("sqlite.extend_leases", body, inline=True)
+        return await self._s.write("sqlite.extend_leases", body, inline=_short(len(leases)))
 
     def _complete(
         self, conn: Conn, p: CompleteParams, now: float, woken: set[str], *, bump: bool = True
@@ -490,7 +491,7 @@ class SQLiteBroker(AdminForwarder):
         done = await self._s.write_waking(
             "sqlite.complete_many",
             lambda c, now, woken: self._complete_batch(c, items, now, woken),
-            inline=True,
+            inline=_short(len(items)),
         )
         self._s.ended(p.lease.task_key for p, ok in zip(items, done, strict=True) if ok)
         return done
@@ -545,7 +546,7 @@ class SQLiteBroker(AdminForwarder):
         done = await self._s.write_waking(
             "sqlite.move_leases",
             lambda c, now, woken: [self._move(c, p, now, woken) for p in moves],
-            inline=True,
+            inline=_short(len(moves)),
         )
         self._s.ended(ended_by(moves, done))
         return done
@@ -738,6 +739,16 @@ class _FileWatch:
                 return True
             if remaining <= self._s.poll_interval:
                 return False
+
+
+#: The most tasks a call may touch and still run on the caller's thread (see
+#: ``SQLiteStorage.call``): a few milliseconds of SQL at most. A rescuer's batch of expired
+#: leases or a worker of hundreds of slots goes to the database thread.
+SHORT_CALL_TASKS = 100
+
+
+def _short(tasks: int) -> bool:
+    return tasks <= SHORT_CALL_TASKS
 
 
 def _data_version(conn: Conn) -> int:
