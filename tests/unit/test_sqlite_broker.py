@@ -166,7 +166,7 @@ async def test_a_claim_that_meets_a_lock_waits_off_the_event_loop(tmp_path: Path
     await broker.close()
 
 
-async def test_short_calls_run_on_the_callers_thread_only_when_the_file_is_free(
+async def test_short_calls_run_on_the_callers_thread_only_when_the_connection_is_idle(
     tmp_path: Path,
 ) -> None:
     broker = SQLiteBroker(str(tmp_path / "x.db"))

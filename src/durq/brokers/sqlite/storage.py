@@ -2,9 +2,10 @@
 
 Python's ``sqlite3`` blocks, so calls run in a single-thread executor that owns the
 connection: calls of one broker are serialised, and the event loop never waits for a lock.
-The short calls of the task path (one enqueue, a claim, an ack, a wake-up look) run on the
-caller's thread instead when the connection is free, with no lock wait allowed there: one
-that meets another connection's lock starts again on the database thread, which waits.
+The short calls of a worker's task path (a claim, an ack, a lease extension, a wake-up look)
+run on the caller's thread instead when the connection is free, with no lock wait allowed
+there: one that meets another connection's lock starts again on the database thread, which
+waits.
 Write transactions start with ``BEGIN IMMEDIATE``: the write lock is taken up front, so two
 processes never interleave a read-then-write (claim) and nobody hits a mid-transaction BUSY.
 """
@@ -77,7 +78,11 @@ def transaction(conn: Conn, fn: Callable[[Conn], T]) -> T:
     return result
 
 
-def _busy(exc: sqlite3.OperationalError) -> bool:
+class _Busy(Exception):
+    """A call that may not wait met another connection's lock (see ``SQLiteStorage.call``)."""
+
+
+def _busy(exc: sqlite3.Error) -> bool:
     """Another connection holds a lock ``exc``'s statement needed (SQLITE_BUSY and its
     extended codes)."""
     return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_BUSY
@@ -168,18 +173,10 @@ class SQLiteStorage:
         # (the worker's CPU per task sent alone, docs/benchmarks.md).
         if inline and self._conn is not None and self._conn_lock.acquire(blocking=False):
             try:
-                conn = self._conn
-                if conn is not None:
-                    self._wait_for_locks(conn, False)
-                    try:
-                        return fn(conn)
-                    except sqlite3.OperationalError as exc:
-                        if not _busy(exc):
-                            raise self.map_error(exc, operation) from exc
-                    except DurqError:
-                        raise
-                    except sqlite3.Error as exc:
-                        raise self.map_error(exc, operation) from exc
+                if self._conn is not None:  # not closed meanwhile
+                    return self._run(operation, fn, wait=False)
+            except _Busy:
+                pass  # another connection's lock: wait for it on the database thread
             finally:
                 self._conn_lock.release()
         executor = self._executor
@@ -229,14 +226,22 @@ class SQLiteStorage:
 
     def _job(self, operation: str, fn: Callable[[Conn], T]) -> T:
         with self._conn_lock:
-            try:
-                conn = self._conn if self._conn is not None else self._open(operation)
-                self._wait_for_locks(conn, True)
-                return fn(conn)
-            except DurqError:
-                raise
-            except sqlite3.Error as exc:
-                raise self.map_error(exc, operation) from exc
+            return self._run(operation, fn, wait=True)
+
+    def _run(self, operation: str, fn: Callable[[Conn], T], *, wait: bool) -> T:
+        """``fn`` on the connection (opened if needed), which the caller holds. ``wait``:
+        for other connections' locks, up to the busy timeout; else their lock raises
+        :class:`_Busy` before ``fn`` wrote anything."""
+        try:
+            conn = self._conn if self._conn is not None else self._open(operation)
+            self._wait_for_locks(conn, wait)
+            return fn(conn)
+        except DurqError:
+            raise
+        except sqlite3.Error as exc:
+            if not wait and _busy(exc):
+                raise _Busy from exc
+            raise self.map_error(exc, operation) from exc
 
     def _wait_for_locks(self, conn: Conn, wait: bool) -> None:
         """Let ``conn`` wait for other connections' locks up to the busy timeout, or not at
