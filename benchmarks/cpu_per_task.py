@@ -14,7 +14,8 @@ producer is measured the same way (``app.enqueue`` one by one, and ``enqueue_man
 (started, one task run) is sent K1 and then K2 tasks at ``--rate`` per second, each in a new
 process, and the difference is taken over K2 - K1 as above. That is the cost of picking up
 each task as it comes (wake-up, claim, ack, and the idle wait between), which a drain of a
-backlog shares out over batches.
+backlog shares out over batches. Beside it, the worker's voluntary context switches per such
+task: each is one of its threads going to sleep (a hand-off between threads costs two).
 
     .venv/bin/python benchmarks/cpu_per_task.py [--brokers sqlite,redis,postgresql]
         [--pickups 100,400 --rate 100]
@@ -95,13 +96,19 @@ def run(cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     )
 
 
-def cpu_seconds(proc: subprocess.Popen[bytes]) -> float:
-    """Wait for the process; the user + system CPU seconds it used."""
+def usage_of(proc: subprocess.Popen[bytes]) -> Any:
+    """Wait for the process; its resource usage (``resource.struct_rusage``)."""
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode not in (0, -signal.SIGTERM):
         raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
-    return usage.ru_utime + usage.ru_stime
+    return usage
+
+
+def cpu_seconds(proc: subprocess.Popen[bytes]) -> float:
+    """Wait for the process; the user + system CPU seconds it used."""
+    usage = usage_of(proc)
+    return float(usage.ru_utime + usage.ru_stime)
 
 
 def produce(url: str, n: int, mode: str, rate: float = 0.0) -> float:
@@ -151,15 +158,17 @@ def drain(url: str, n: int, tmp: str) -> float:
     return cpu_seconds(proc)
 
 
-def pick_up(url: str, n: int, rate: float, tmp: str) -> float:
-    """CPU seconds of a worker that is sent one task, then ``n`` more at ``rate``/s."""
+def pick_up(url: str, n: int, rate: float, tmp: str) -> tuple[float, int]:
+    """CPU seconds and voluntary context switches (each a sleep of one of its threads) of a
+    worker that is sent one task, then ``n`` more at ``rate``/s."""
     proc, marks = _worker(url, tmp)
     produce(url, 1, "one")
     _until_marked(proc, marks, 1)  # started and idle
     produce(url, n, "one", rate)
     _until_marked(proc, marks, n + 1)
     proc.send_signal(signal.SIGTERM)
-    return cpu_seconds(proc)
+    usage = usage_of(proc)
+    return usage.ru_utime + usage.ru_stime, usage.ru_nvcsw
 
 
 def measure(
@@ -169,6 +178,7 @@ def measure(
     samples: dict[str, list[float]] = {"enqueue_one": [], "enqueue_many": [], "worker": []}
     if pickups:
         samples["worker_alone"] = []
+        samples["switches_alone"] = []
     with tempfile.TemporaryDirectory() as tmp:
         url = broker_url(broker, tmp)
         for _ in range(repeats):
@@ -185,13 +195,14 @@ def measure(
                 used.append(drain(url, n, tmp))
             samples["worker"].append((used[1] - used[0]) / (n2 - n1) * 1e6)
             if pickups:
-                used = []
+                runs = []
                 for n in pickups:
                     reset(broker, url, tmp)
-                    used.append(pick_up(url, n, rate, tmp))
-                samples["worker_alone"].append(
-                    (used[1] - used[0]) / (pickups[1] - pickups[0]) * 1e6
-                )
+                    runs.append(pick_up(url, n, rate, tmp))
+                (cpu1, sw1), (cpu2, sw2) = runs
+                extra = pickups[1] - pickups[0]
+                samples["worker_alone"].append((cpu2 - cpu1) / extra * 1e6)
+                samples["switches_alone"].append((sw2 - sw1) / extra)
     return {step: statistics.median(values) for step, values in samples.items()}
 
 
@@ -218,13 +229,13 @@ def main() -> None:
         print(json.dumps(results))
         return
     print(f"CPU microseconds per task (user + system, median of {args.repeats}):")
-    alone = f"{'worker, alone':>15}" if pickups else ""
+    alone = f"{'worker, alone':>15}{'switches, alone':>17}" if pickups else ""
     print(f"{'broker':<12}{'enqueue':>10}{'enqueue_many':>14}{'worker':>10}{alone}")
     for broker, f in results.items():
         line = f"{broker:<12}{f['enqueue_one']:>10.1f}{f['enqueue_many']:>14.1f}"
         line += f"{f['worker']:>10.1f}"
         if pickups:
-            line += f"{f['worker_alone']:>15.1f}"
+            line += f"{f['worker_alone']:>15.1f}{f['switches_alone']:>17.1f}"
         print(line)
 
 
