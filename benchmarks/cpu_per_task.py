@@ -19,6 +19,10 @@ task: each is one of its threads going to sleep (a hand-off between threads cost
 
     .venv/bin/python benchmarks/cpu_per_task.py [--brokers sqlite,redis,postgresql]
         [--pickups 100,400 --rate 100]
+
+Storage is private to this tool: Redis database 5 (``BENCH_REDIS_URL``, keys ``durq-cpu*``
+removed before each run), the PostgreSQL database ``durq_cpu`` (created again per run,
+dropped at the end) and a temporary SQLite file.
 """
 
 from __future__ import annotations
@@ -36,13 +40,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+# This directory is on sys.path when run as a script.
+from compare import dropped_at_the_end
+from run import recreate_pg_database
+
 import durq
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BIN = Path(sys.executable).parent
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/5")
-PG_DSN = os.environ.get("BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/durq_bench")
+#: This tool's own database, created again per run and dropped at the end.
+PG_DB = "durq_cpu"
+PG_DSN = f"postgresql://postgres@127.0.0.1:5432/{PG_DB}"
 MARKS = os.environ.get("BENCH_MARKS", "")
 
 app = durq.App(os.environ.get("DURQ_BROKER_URL", "memory://"))
@@ -83,10 +93,7 @@ def reset(broker: str, url: str, tmp: str) -> None:
         for i in range(0, len(keys), 500):
             client.delete(*keys[i : i + 500])
     else:
-        import psycopg
-
-        with psycopg.connect(PG_DSN, autocommit=True) as conn:
-            conn.execute("DROP SCHEMA IF EXISTS durq CASCADE")
+        recreate_pg_database(name=PG_DB)
     asyncio.run(_reset(url))
 
 
@@ -221,10 +228,11 @@ def main() -> None:
         k1, k2 = (int(x) for x in args.pickups.split(","))
         pickups = (k1, k2)
     sys.path.insert(0, str(HERE))
-    results = {
-        b: measure(b, args.n1, args.n2, args.repeats, pickups, args.rate)
-        for b in args.brokers.split(",")
-    }
+    with dropped_at_the_end(args.brokers, PG_DB):
+        results = {
+            b: measure(b, args.n1, args.n2, args.repeats, pickups, args.rate)
+            for b in args.brokers.split(",")
+        }
     if args.json:
         print(json.dumps(results))
         return
