@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import itertools
 import os
 from pathlib import Path
 
@@ -314,16 +315,31 @@ async def test_claim_forward_reads_due_rows_by_queue_and_state(pg_url: str, sche
     assert "Filter: (state" not in plan and "Seq Scan" not in plan, plan
 
 
-async def test_the_claims_check_for_due_rows_reads_by_queue_and_state(
-    pg_url: str, schema: str
-) -> None:
-    """complete_claim's check for due scheduled and retry rows reads tasks_by_state on the
-    queue AND the state, like claim_forward."""
+async def test_the_claims_check_for_due_rows_reads_due_rows_only(pg_url: str, schema: str) -> None:
+    """complete_claim's check for due scheduled and retry rows reads nothing else: each
+    probe has the due time in its index condition, on tasks_due (which holds scheduled and
+    retry rows only) or on tasks_by_state with the queue AND the state. A backlog of pending
+    or held rows is never read on the way."""
     await migrated(pg_url)
     lines = complete_claim_plan(schema)
     plan = "\n".join(lines)
-    conds = [line for line in lines if "Index Cond" in line and "next_process_at <=" in line]
-    assert len(conds) == 2 and all("state = " in line for line in conds), plan
-    filters = [line for line in lines if "Filter" in line]
-    assert not [f for f in filters if "scheduled" in f or "retry" in f], plan
+    probes = [
+        (scan, cond)
+        for scan, cond in itertools.pairwise(lines)
+        if "Index Cond" in cond and "next_process_at <=" in cond
+    ]
+    assert len(probes) == 2, plan
+    for scan, cond in probes:
+        assert "tasks_due" in scan or ("tasks_by_state" in scan and "state = " in cond), plan
+    assert "Seq Scan" not in plan, plan
+
+
+async def test_the_promoter_reads_due_rows_only(pg_url: str, schema: str) -> None:
+    """The promoter's pass over every queue reads due scheduled and retry rows through
+    tasks_due, earliest first and locked straight off it: never the rest of the table, which
+    holds the queues' history."""
+    await migrated(pg_url)
+    lines = claim_plan(schema, "promote_due", limit=100, channel="durq")
+    plan = "\n".join(lines)
+    assert locked_off(lines, "tasks_due"), plan
     assert "Seq Scan" not in plan, plan

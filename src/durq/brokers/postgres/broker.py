@@ -58,6 +58,7 @@ from durq.brokers.postgres.rows import (
     CLAIM_DUE,
     CLAIM_LIMITED,
     CLAIM_MISSING,
+    CLAIM_MOVED,
     CLAIM_NEXT_AT,
     CLAIM_PRIORITY,
     CLAIM_QUEUE,
@@ -338,11 +339,13 @@ class PostgresBroker(AdminForwarder):
             if completed is not None:
                 freed.update(queues)
         else:
-            completed, rows, due = await self._complete_claim(values, complete)
+            completed, rows, due, moved = await self._complete_claim(values, complete)
             if due:
                 # Due scheduled/retry rows wait: nothing was leased (they may come first);
                 # forward them and claim in one more round trip.
                 rows = await self._forward_and_claim(values)
+            elif moved:
+                rows = await self._claim_again(values, rows)
             # A key these completions freed is not seen by the claim of the same statement.
             freed.update(r["queue"] for r in completed or () if r["wake"])
             freed.intersection_update(queues)
@@ -393,17 +396,18 @@ class PostgresBroker(AdminForwarder):
 
     async def _complete_claim(
         self, values: dict[str, Any], complete: dict[str, Any] | None
-    ) -> tuple[list[Row] | None, list[tuple[Any, ...]], bool]:
+    ) -> tuple[list[Row] | None, list[tuple[Any, ...]], bool, bool]:
         """complete_claim: the completions and the claim in one statement, one round trip.
         The completed rows (``None`` when a deadlock rolled them back with the claim), the
-        claim's rows and whether due scheduled/retry rows wait to be forwarded."""
+        claim's rows, whether due scheduled/retry rows wait to be forwarded, and whether a
+        row it locked had moved (see :meth:`_claim_again`)."""
         if complete is not None and complete["ids"]:
             query, params = "complete_claim", {**values, **complete, "check_due": True}
         else:  # nothing to complete: the claim alone, a smaller statement
             query, params = "claim", {**values, "check_due": True}
         rows = await self._claim_rows(query, params)
         if rows is None:
-            return None, [], False
+            return None, [], False, False
         first = rows[0]
         wake = set(first[CLAIM_DONE_WAKE] or ())
         watched = set(first[CLAIM_DONE_WATCHED] or ())
@@ -413,7 +417,21 @@ class PostgresBroker(AdminForwarder):
                 first[CLAIM_DONE_QUEUES] or (), first[CLAIM_DONE_IDS] or (), strict=True
             )
         ]
-        return completed, rows, bool(first[CLAIM_DUE])
+        return completed, rows, bool(first[CLAIM_DUE]), bool(first[CLAIM_MOVED])
+
+    async def _claim_again(
+        self, values: dict[str, Any], rows: list[tuple[Any, ...]]
+    ) -> list[tuple[Any, ...]]:
+        """``rows`` and those of one more claim, for what a claim could not lease: a row it
+        locked that another transaction had changed since the statement's snapshot (the
+        lease is written through the row's ctid, which then points to a version that
+        snapshot cannot see). The next statement's snapshot sees the row as it is now."""
+        leased = [r for r in rows if r[0] is not None]
+        want = values["limit"] - len(leased)
+        if want <= 0:
+            return rows
+        _, more, _, _ = await self._complete_claim({**values, "limit": want, "take": want}, None)
+        return leased + more if leased else more
 
     async def _claim_statements(
         self, what: str, run: Callable[[AsyncConn], Awaitable[_T]], on_deadlock: _T

@@ -203,33 +203,36 @@ WHERE unique_key = ANY(%(keys)b::text[])
 -- that another claim is moving is left to it. One scan per state, each an equality on
 -- (queue, state) and a range on next_process_at: with "state IN (...)" the planner may
 -- leave the state out of the index condition and read every row of the queue (pending and
--- held ones included) on every claim.
+-- held ones included) on every claim. Rows are written through their ctid (see claim_work).
 WITH due AS (
-    SELECT c.queue, c.id
+    SELECT c.ctid
     FROM unnest(%(queues)b::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT * FROM (
-            SELECT t.queue, t.id
+            SELECT t.ctid
             FROM {schema}.tasks AS t
             WHERE t.queue = q.name AND t.state = 'scheduled' AND t.next_process_at <= {now}
+            ORDER BY t.next_process_at, t.seq
             LIMIT %(forward)s
             FOR UPDATE SKIP LOCKED
         ) AS s
         UNION ALL
         SELECT * FROM (
-            SELECT t.queue, t.id
+            SELECT t.ctid
             FROM {schema}.tasks AS t
             WHERE t.queue = q.name AND t.state = 'retry' AND t.next_process_at <= {now}
+            ORDER BY t.next_process_at, t.seq
             LIMIT %(forward)s
             FOR UPDATE SKIP LOCKED
         ) AS r
         LIMIT %(forward)s
     ) AS c
+    LIMIT %(forward)s
 )
 UPDATE {schema}.tasks AS t
 SET state = 'pending'
 FROM due
-WHERE t.queue = due.queue AND t.id = due.id;
+WHERE t.ctid = due.ctid;
 
 -- name: lease_set
 -- A fragment (claim, claim_limited): an active lease with a fresh fencing token.
@@ -252,11 +255,12 @@ t.lease_token, t.seq, t.started_at, t.lease_expires_at, t.priority, t.limits::te
 -- A fragment, not run alone: spliced into claim and claim_limited in place of
 -- {claimable_due}. Due rows per queue through the partial index (tasks_claimable; held rows
 -- are out of it), locked with SKIP LOCKED so concurrent workers take different rows (W10),
--- filled from the queues in the order given, with their limits.
-SELECT c.queue, c.id, c.limits, c.priority, c.next_process_at, c.seq
+-- filled from the queues in the order given, with their limits and their row's address
+-- (ctid: the claim's write goes straight to the row it locked; see claim_work).
+SELECT c.queue, c.id, c.limits, c.priority, c.next_process_at, c.seq, c.ctid
 FROM unnest(%(queues)b::text[]) WITH ORDINALITY AS q(name, ord)
 CROSS JOIN LATERAL (
-    SELECT t.queue, t.id, t.priority, t.next_process_at, t.seq, t.limits
+    SELECT t.queue, t.id, t.priority, t.next_process_at, t.seq, t.limits, t.ctid
     FROM {schema}.tasks AS t
     WHERE t.queue = q.name
       AND t.state = 'pending'
@@ -277,6 +281,11 @@ LIMIT %(limit)s;
 -- for a key whose bucket holds tasks back (wake_at). With check_due, due scheduled/retry rows
 -- in these queues (not yet pending, so not in the claim index) make it lease nothing
 -- ("forward_first"): the broker forwards them and claims again, so the claim order holds.
+-- Rows locked in this statement are written through their ctid, the address the lock was
+-- taken at: a join on (queue, id) left the index to the plan, and a plan made while the
+-- table was empty (prepared statements keep theirs) read every row of the queue, history
+-- included, on each claim until the next ANALYZE. A row another transaction changed after
+-- this statement's snapshot, still claimable, has moved: it is left for the next claim.
 forward_first AS (
     -- One probe per state (as in claim_forward): both the queue and the state are index
     -- conditions on tasks_by_state, so pending and held rows are never read here.
@@ -300,7 +309,7 @@ leased AS (
     UPDATE {schema}.tasks AS t
     {lease_set}
     FROM due
-    WHERE t.queue = due.queue AND t.id = due.id AND due.limits IS NULL
+    WHERE t.ctid = due.ctid AND due.limits IS NULL
       AND NOT (SELECT f.due FROM forward_first AS f)
     RETURNING {claimed_columns}
 ),
@@ -317,7 +326,12 @@ more AS (
     SELECT EXISTS (SELECT 1 FROM due WHERE due.limits IS NOT NULL)
         OR EXISTS (SELECT 1 FROM held WHERE held.rate IS NULL OR held.next_token <= {now})
         AS limited,
-        (SELECT min(held.next_token) FROM held WHERE held.rate IS NOT NULL) AS wake_at
+        (SELECT min(held.next_token) FROM held WHERE held.rate IS NOT NULL) AS wake_at,
+        -- A row locked here that another transaction changed since the snapshot was not
+        -- leased: the broker claims again at once.
+        NOT (SELECT f.due FROM forward_first AS f)
+            AND (SELECT count(*) FROM due WHERE due.limits IS NULL)
+                > (SELECT count(*) FROM leased) AS moved
 );
 
 -- name: claim_limited
@@ -360,10 +374,11 @@ waiting AS (
 ),
 back AS (
     -- Held tasks of keys with room, oldest first (tasks_held), locked as due rows are.
-    SELECT b.queue, b.id, b.limits, b.priority, b.next_process_at, b.seq, w.key AS held_on
+    SELECT b.queue, b.id, b.limits, b.priority, b.next_process_at, b.seq, b.ctid,
+           w.key AS held_on
     FROM waiting AS w
     CROSS JOIN LATERAL (
-        SELECT t.queue, t.id, t.limits, t.priority, t.next_process_at, t.seq
+        SELECT t.queue, t.id, t.limits, t.priority, t.next_process_at, t.seq, t.ctid
         FROM {schema}.tasks AS t
         WHERE t.queue = w.queue AND t.held_by = w.key AND t.state = 'pending'
         ORDER BY t.priority DESC, t.next_process_at, t.seq
@@ -374,19 +389,19 @@ back AS (
 ),
 cand AS MATERIALIZED (
     -- Every candidate in claim order: queue order, then priority, due time, enqueue order.
-    SELECT c.queue, c.id, c.limits,
+    SELECT c.queue, c.id, c.limits, c.ctid,
            row_number() OVER (ORDER BY q.ord, c.priority DESC, c.next_process_at, c.seq) AS n
     FROM (
-        SELECT queue, id, limits, priority, next_process_at, seq FROM due
+        SELECT queue, id, limits, priority, next_process_at, seq, ctid FROM due
         UNION ALL
-        SELECT queue, id, limits, priority, next_process_at, seq FROM back
+        SELECT queue, id, limits, priority, next_process_at, seq, ctid FROM back
     ) AS c
     JOIN unnest(%(queues)b::text[]) WITH ORDINALITY AS q(name, ord) ON q.name = c.queue
 ),
 lim AS MATERIALIZED (
     -- The limited candidates, numbered, with how many unlimited ones come before each.
     SELECT row_number() OVER (ORDER BY n) AS i, n - row_number() OVER (ORDER BY n) AS free,
-           queue, id, limits
+           queue, id, limits, ctid
     FROM cand
     WHERE limits IS NOT NULL
 ),
@@ -474,16 +489,16 @@ missing AS (
 ),
 decided AS MATERIALIZED (
     -- Nothing is decided while a key has no counter: the broker adds it and claims again.
-    SELECT lim.queue, lim.id, lim.i, w.verdict, w.blocked
+    SELECT lim.queue, lim.id, lim.ctid, lim.i, w.verdict, w.blocked
     FROM lim
     JOIN walk AS w ON w.i = lim.i
     WHERE NOT EXISTS (SELECT 1 FROM missing)
 ),
 chosen AS (
     -- Unlimited candidates and admitted ones, the first %(take)s in claim order.
-    SELECT x.queue, x.id
+    SELECT x.ctid
     FROM (
-        SELECT c.queue, c.id, row_number() OVER (ORDER BY c.n) AS r
+        SELECT c.ctid, row_number() OVER (ORDER BY c.n) AS r
         FROM cand AS c
         LEFT JOIN decided AS d ON d.queue = c.queue AND d.id = c.id
         WHERE (c.limits IS NULL OR d.verdict = 'lease') AND NOT EXISTS (SELECT 1 FROM missing)
@@ -494,23 +509,26 @@ leased AS (
     UPDATE {schema}.tasks AS t
     {lease_set}
     FROM chosen
-    WHERE t.queue = chosen.queue AND t.id = chosen.id
+    WHERE t.ctid = chosen.ctid  -- the rows due and back locked (see claim_work)
     RETURNING {claimed_columns}
 ),
 held AS (
     UPDATE {schema}.tasks AS t
     SET held_by = d.blocked
     FROM decided AS d
-    WHERE d.verdict = 'hold' AND t.queue = d.queue AND t.id = d.id
+    WHERE d.verdict = 'hold' AND t.ctid = d.ctid
 ),
 taken AS (
     -- Per key: starts admitted, and the limit of the last task admitted (the key shows it).
+    -- Counted from the rows leased, not from the verdicts: a row another transaction changed
+    -- after this statement's snapshot is not leased (see claim_work) and takes no slot.
     SELECT s.queue, s.key, count(*) AS n,
            (array_agg(s.concurrency ORDER BY s.i DESC))[1] AS concurrency,
            (array_agg(s.rate ORDER BY s.i DESC))[1] AS rate,
            (array_agg(s.per ORDER BY s.i DESC))[1] AS per
     FROM specs AS s
     JOIN decided AS d ON d.i = s.i AND d.verdict = 'lease'
+    JOIN leased AS l ON l.queue = d.queue AND l.id = d.id
     GROUP BY s.queue, s.key
 ),
 holds AS (
@@ -716,7 +734,7 @@ done AS (
     FROM ended AS d
 )
 SELECT leased.*, more.limited, more.wake_at, done.queues, done.ids, done.wake,
-       (SELECT f.due FROM forward_first AS f) AS due, done.watched
+       (SELECT f.due FROM forward_first AS f) AS due, done.watched, more.moved
 FROM more CROSS JOIN done LEFT JOIN leased ON true;
 
 -- name: claim
@@ -728,7 +746,7 @@ FROM more CROSS JOIN done LEFT JOIN leased ON true;
 WITH {claim_work}
 SELECT leased.*, more.limited, more.wake_at, NULL::text[] AS queues, NULL::text[] AS ids,
        NULL::text[] AS wake, (SELECT f.due FROM forward_first AS f) AS due,
-       NULL::text[] AS watched
+       NULL::text[] AS watched, more.moved
 FROM more LEFT JOIN leased ON true;
 
 -- name: retry
@@ -823,17 +841,19 @@ SELECT count(pg_notify(%(channel)s, queue)) AS n FROM ended;
 -- For the inspector's view only (claim takes due rows itself): flip due scheduled/retry rows
 -- to pending, in bounded batches, skipping rows a claim holds right now.
 WITH due AS (
-    SELECT queue, id
+    SELECT ctid
     FROM {schema}.tasks
     WHERE state IN ('scheduled', 'retry') AND next_process_at <= {now}
+    ORDER BY next_process_at  -- through tasks_due
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ),
 moved AS (
+    -- Through the locked rows' ctid, as claim_work does.
     UPDATE {schema}.tasks AS t
     SET state = 'pending'
     FROM due
-    WHERE t.queue = due.queue AND t.id = due.id
+    WHERE t.ctid = due.ctid
     RETURNING t.queue
 ),
 woken AS (

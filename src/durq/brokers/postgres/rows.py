@@ -51,10 +51,10 @@ CLAIM_SEEN, CLAIM_DRAINED_QUEUES, CLAIM_DRAINED_KEYS, CLAIM_MISSING = (
     len(CLAIM_COLUMNS) + i for i in range(2, 6)
 )
 #: ``complete_claim`` adds, after those two, the leases it completed (queues, ids), the queues
-#: whose freed limit keys hold tasks, whether due scheduled/retry rows wait, and the ids of
-#: the completed tasks someone waits for.
-CLAIM_DONE_QUEUES, CLAIM_DONE_IDS, CLAIM_DONE_WAKE, CLAIM_DUE, CLAIM_DONE_WATCHED = (
-    len(CLAIM_COLUMNS) + i for i in range(2, 7)
+#: whose freed limit keys hold tasks, whether due scheduled/retry rows wait, the ids of the
+#: completed tasks someone waits for, and whether a row it locked had moved (not leased).
+CLAIM_DONE_QUEUES, CLAIM_DONE_IDS, CLAIM_DONE_WAKE, CLAIM_DUE, CLAIM_DONE_WATCHED, CLAIM_MOVED = (
+    len(CLAIM_COLUMNS) + i for i in range(2, 8)
 )
 
 

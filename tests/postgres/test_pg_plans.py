@@ -1,0 +1,205 @@
+"""A worker's statements keep the plan they were first given: the pool's connections run one
+generic plan per prepared statement, often made while the tasks table was still empty and
+had no statistics. The writes of a claim, of its forwarding step and of the promoter must
+then still go straight to the rows they locked, however long the queue's history has grown
+since. Counted in buffers on the real server (auto_explain), not timed.
+
+Those writes go through each row's address (ctid), which has one consequence tested here
+too: a row another transaction changed between the claim's snapshot and its lock is locked
+but not leased. The claim then claims again at once, and the claim of limited tasks counts
+no running slot for it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from durq.brokers.base import ClaimParams, CompleteParams, EnqueueParams
+from durq.brokers.postgres import PostgresBroker
+from durq.task import LimitSpec
+
+#: Completed tasks added to the queue after the plans were made.
+HISTORY = 3000
+#: Buffers one statement may touch with that history: a plan that reads the queue's rows
+#: to find the ones it locked touches about one per row.
+MOST_BUFFERS = 300
+
+
+#: How each statement of concern is told apart in the server's report.
+MARKERS = {
+    "claim": "forward_first AS",
+    "claim_limited": "WITH RECURSIVE clock",
+    "claim_forward": "CROSS JOIN LATERAL (\n        SELECT * FROM",
+    "promote_due": "moved AS",
+}
+
+
+def task(*, delay: float | None = None, limited: bool = False) -> EnqueueParams:
+    return EnqueueParams(
+        id=uuid.uuid4().hex,
+        queue="default",
+        type="t",
+        payload=b"{}",
+        process_in=delay,
+        limits=(LimitSpec("k", concurrency=5),) if limited else (),
+    )
+
+
+async def claim_all(broker: PostgresBroker, n: int) -> None:
+    leases = []
+    for _ in range(20):
+        leases += await broker.claim(ClaimParams(["default"], 10, "w", 30.0))
+        if len(leases) == n:
+            break
+    assert len(leases) == n, leases
+    for lease in leases:
+        assert await broker.complete(CompleteParams(lease.ref))
+
+
+async def one_round(broker: PostgresBroker) -> None:
+    """Tasks of each kind claimed and completed: the claim, its forwarding step (a due
+    scheduled task), the claim of limited tasks, and the promoter's forwarding."""
+    await broker.enqueue_many([task(), task(delay=0.01), task(limited=True)])
+    await asyncio.sleep(0.02)
+    await claim_all(broker, 3)
+    await broker.enqueue_many([task(delay=0.01)])
+    await asyncio.sleep(0.02)
+    assert await broker.promote_due() == 1
+    await claim_all(broker, 1)
+
+
+def buffers(node: dict[str, Any]) -> int:
+    """The most buffers any node of a plan touched (a node counts those of its children)."""
+    own = node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
+    return max([own, *(buffers(child) for child in node.get("Plans", ()))])
+
+
+async def test_claims_planned_on_an_empty_table_do_not_read_the_queue_history(
+    pg_url: str, schema: str
+) -> None:
+    broker = PostgresBroker.from_url(f"{pg_url}&pool_max=1")  # one connection: one plan cache
+    try:
+        await broker.migrate()
+        async with broker._s.connection("test") as conn:
+            # Only the plans made here count: an ANALYZE by autovacuum would plan again.
+            await conn.execute(
+                sql.SQL("ALTER TABLE {}.tasks SET (autovacuum_enabled = false)").format(
+                    sql.Identifier(schema)
+                )
+            )
+        for _ in range(6):  # psycopg prepares a statement at its fifth call on a connection
+            await one_round(broker)
+
+        async with broker._s.connection("test") as conn:
+            await conn.execute(
+                sql.SQL(
+                    "INSERT INTO {}.tasks (queue, id, type, payload, state, max_retry,"
+                    " next_process_at, enqueued_at, expires_at)"
+                    " SELECT 'default', 'done-' || i, 't', '\\x7b7d', 'completed', 0, 0, 0, 1e12"
+                    " FROM generate_series(1, %s) AS i"
+                ).format(sql.Identifier(schema)),
+                (HISTORY,),
+            )
+            try:
+                await conn.execute("LOAD 'auto_explain'")
+            except psycopg.errors.InsufficientPrivilege:
+                pytest.skip("auto_explain needs a superuser connection")
+            for setting in (
+                "auto_explain.log_min_duration = 0",
+                "auto_explain.log_analyze = on",
+                "auto_explain.log_buffers = on",
+                "auto_explain.log_timing = off",
+                "auto_explain.log_format = json",
+                "auto_explain.log_level = notice",
+            ):
+                await conn.execute(f"SET {setting}")
+        plans: list[str] = []
+
+        def keep(diag: psycopg.errors.Diagnostic) -> None:
+            plans.append(diag.message_primary or "")
+
+        conn.add_notice_handler(keep)
+        await one_round(broker)
+        conn.remove_notice_handler(keep)
+
+        seen: set[str] = set()
+        heavy: list[tuple[int, str]] = []
+        for message in plans:
+            plan = json.loads(message.split("plan:", 1)[1])
+            text = plan["Query Text"]
+            seen.update(name for name, marker in MARKERS.items() if marker in text)
+            if (n := buffers(plan["Plan"])) >= MOST_BUFFERS:
+                heavy.append((n, text[:200]))
+        # The statements of concern ran (the test would otherwise prove nothing), and no
+        # statement of the round read the history.
+        assert seen == set(MARKERS), seen
+        assert not heavy, heavy
+    finally:
+        await broker.close()
+
+
+async def refuse_first_lease(broker: PostgresBroker, schema: str) -> None:
+    """A trigger that lets the first lease of a row fail to be written, as when another
+    transaction changed the row after the claim's snapshot and before its lock: the claim
+    locked it but leased nothing."""
+    s = sql.Identifier(schema)
+    async with broker._s.connection("test") as conn:
+        await conn.execute(sql.SQL("CREATE TABLE {}.refused (n integer)").format(s))
+        await conn.execute(
+            sql.SQL(
+                """CREATE FUNCTION {}.refuse_once() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF NOT EXISTS (SELECT 1 FROM {}.refused) THEN
+                        INSERT INTO {}.refused VALUES (1);
+                        RETURN NULL;
+                    END IF;
+                    RETURN NEW;
+                END $$"""
+            ).format(s, s, s)
+        )
+        await conn.execute(
+            sql.SQL(
+                "CREATE TRIGGER refuse_once BEFORE UPDATE ON {}.tasks FOR EACH ROW"
+                " WHEN (OLD.state = 'pending' AND NEW.state = 'active')"
+                " EXECUTE FUNCTION {}.refuse_once()"
+            ).format(s, s)
+        )
+
+
+async def test_a_claim_that_locked_a_moved_row_claims_again_at_once(
+    pg_url: str, schema: str
+) -> None:
+    broker = PostgresBroker.from_url(pg_url)
+    try:
+        await broker.migrate()
+        await refuse_first_lease(broker, schema)
+        await broker.enqueue(task())
+        (lease,) = await broker.claim(ClaimParams(["default"], 10, "w", 30.0))
+        assert await broker.complete(CompleteParams(lease.ref))
+    finally:
+        await broker.close()
+
+
+async def test_a_limited_task_not_leased_takes_no_slot(pg_url: str, schema: str) -> None:
+    """The claim of limited tasks counts a key's running slots from the rows it leased: one
+    it decided to lease but could not write leaves the slot free for the next claim."""
+    broker = PostgresBroker.from_url(pg_url)
+    try:
+        await broker.migrate()
+        await refuse_first_lease(broker, schema)
+        await broker.enqueue(task(limited=True))
+        leases = []
+        for _ in range(3):
+            leases += await broker.claim(ClaimParams(["default"], 10, "w", 30.0))
+        assert len(leases) == 1
+        (limit,) = await broker.list_limits("default")
+        assert limit.running == 1
+        assert await broker.complete(CompleteParams(leases[0].ref))
+    finally:
+        await broker.close()
