@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -23,6 +24,23 @@ async def server_connections(tag: str) -> int:
         )
         row = await cur.fetchone()
         return int(row[0]) if row else 0
+
+
+async def test_a_url_with_no_host_keeps_its_form(schema: str) -> None:
+    """``postgresql:///db?host=...`` (how a local socket is named) still reads as a URL once
+    durq's own options are taken out of it; put back together by urlunsplit it became
+    ``postgresql:/db?...``, which libpq refused."""
+    parts = urlsplit(PG_DSN)
+    url = f"postgresql://{parts.path}?host={parts.hostname}&port={parts.port or 5432}"
+    url += f"&user={parts.username or 'postgres'}&schema={schema}&pool_max=2"
+    dsn, options = PostgresBroker.parse_url(url)
+    assert dsn.startswith("postgresql:///") and options == {"schema": schema, "pool_max": 2}
+    broker = PostgresBroker.from_url(url)
+    try:
+        await broker.migrate()
+        await broker.connect()
+    finally:
+        await broker.close()
 
 
 def test_pool_max_idle_is_ours_and_checked() -> None:

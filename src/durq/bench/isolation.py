@@ -12,10 +12,11 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from durq.brokers import open_broker
 from durq.errors import ConfigurationError
+from durq.urls import unsplit
 
 
 def broker_kind(url: str) -> str:
@@ -38,20 +39,20 @@ def redact(url: str) -> str:
     if parts.password is None:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    return unsplit(parts._replace(netloc=netloc))
 
 
 def _with_param(url: str, key: str, value: str) -> str:
     parts = urlsplit(url)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != key]
     query.append((key, value))
-    return urlunsplit(parts._replace(query=urlencode(query)))
+    return unsplit(parts._replace(query=urlencode(query)))
 
 
 def _without_param(url: str, key: str) -> str:
     parts = urlsplit(url)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != key]
-    return urlunsplit(parts._replace(query=urlencode(query)))
+    return unsplit(parts._replace(query=urlencode(query)))
 
 
 @dataclass

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import psycopg
 from psycopg import sql
@@ -40,6 +40,7 @@ from durq.errors import (
 )
 from durq.states import TaskState
 from durq.task import TaskInfo
+from durq.urls import unsplit
 
 DEFAULT_SCHEMA = "durq"
 #: Seconds to wait for a connection (TCP connect, or a free pooled connection) before
@@ -258,7 +259,7 @@ class PostgresStorage:
                     except ValueError as exc:
                         raise ConfigurationError(f"invalid connect_timeout {value!r}") from exc
                 rest.append((key, value))
-        dsn = urlunsplit((scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment))
+        dsn = unsplit(parts._replace(scheme=scheme, query=urlencode(rest)))
         return dsn, options
 
     @property

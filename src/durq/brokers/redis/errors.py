@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from redis import exceptions as rex
 
 from durq.errors import BrokerError, BrokerUnavailableError, DurqError
+from durq.urls import unsplit
 
 
 def map_error(exc: Exception, operation: str, where: str) -> Exception:
@@ -39,5 +40,5 @@ def redact(url: str) -> str:
     parts = urlsplit(url)
     if parts.password:
         netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
+        return unsplit(parts._replace(netloc=netloc))
     return url

@@ -42,6 +42,7 @@ from durq.errors import (
 )
 from durq.states import TaskState
 from durq.task import TaskInfo, limits_to_json
+from durq.urls import unsplit
 
 #: The oldest server the scripts run on (ZADD GT/LT, GETDEL, ZRANGE options...).
 MIN_REDIS_VERSION = (6, 2)
@@ -144,7 +145,7 @@ class RedisStorage:
                 prefix = value
             else:
                 rest.append((key, value))
-        return urlunsplit(parts._replace(query=urlencode(rest))), prefix
+        return unsplit(parts._replace(query=urlencode(rest))), prefix
 
     @property
     def clock(self) -> Clock:
