@@ -16,8 +16,8 @@ queue), that call is traced too; its answer ends both the wait and the claim, so
 woken holds the whole of it and the two steps after it are 0.
 
 Probes are enqueued at ``--rate`` per second on an idle worker (as ``make bench``'s pickup
-phase does); each step's median is taken per run, and the table gives the median of the
-runs and their range. Builds alternate run by run (A, B, B, A, ...) as in ``compare.py``.
+phase does); each step's median (or ``--percentile``, nearest rank) is taken per run, and
+the table gives the median of the runs and their range. Builds alternate run by run (A, B, B, A, ...) as in ``compare.py``.
 The wrapping adds two calls per step to both builds alike, so compare builds, not these
 figures with ``make bench``'s.
 
@@ -27,6 +27,7 @@ temporary SQLite file.
 
     .venv/bin/python benchmarks/pickup_trace.py --build before=/tmp/old/py \\
         --build main=.venv/bin/python [--brokers redis,postgresql] [--runs 5] [--probes 300]
+        [--percentile 99]
 """
 
 from __future__ import annotations
@@ -129,8 +130,8 @@ asyncio.run(main(int(sys.argv[1]), float(sys.argv[2])))
 STEPS = ("enqueue → woken", "woken → claim", "claim", "claim → handler", "total")
 
 
-def steps(log: Path) -> dict[str, float]:
-    """Each step's median over the probes of one run, in ms."""
+def steps(log: Path, percentile: float = 50.0) -> dict[str, float]:
+    """Each step's median (or ``percentile``, nearest rank) over the probes of one run, ms."""
     waits: list[float] = []
     claims: list[tuple[float, float]] = []
     starts: list[tuple[float, float]] = []
@@ -176,18 +177,31 @@ def steps(log: Path) -> dict[str, float]:
             per_step[step].append(1000 * seconds)
     if not per_step["total"]:
         raise RuntimeError(f"no probe was picked up by a wake-up ({log})")
-    return {step: statistics.median(values) for step, values in per_step.items()} | {
+    return {step: _at(values, percentile) for step, values in per_step.items()} | {
         "probes": len(per_step["total"])
     }
 
 
-def run_once(python: str, url: str, workdir: Path, probes: int, rate: float) -> dict[str, float]:
+def _name(percentile: float) -> str:
+    return "median" if percentile == 50.0 else f"{percentile:g}th percentile"
+
+
+def _at(values: list[float], percentile: float) -> float:
+    if percentile == 50.0:
+        return statistics.median(values)
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * percentile / 100))]
+
+
+def run_once(
+    python: str, url: str, workdir: Path, probes: int, rate: float, percentile: float = 50.0
+) -> dict[str, float]:
     log = workdir / "trace.log"
     log.unlink(missing_ok=True)
     env = {**os.environ, "DURQ_BROKER_URL": url, "TRACE_LOG": str(log)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(workdir)]))
     subprocess.run([python, "-c", DRIVE, str(probes), str(rate)], cwd=workdir, env=env, check=True)
-    return steps(log)
+    return steps(log, percentile)
 
 
 def main() -> None:
@@ -195,6 +209,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="runs per build and broker")
     parser.add_argument("--probes", type=int, default=300)
     parser.add_argument("--rate", type=float, default=100.0, help="probes per second")
+    parser.add_argument(
+        "--percentile", type=float, default=50.0, help="of each step per run (default: median)"
+    )
     parser.add_argument("--redis-db", type=int, default=11)
     args = parser.parse_args()
     builds = parse_builds(parser, args)
@@ -203,7 +220,7 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()}", file=sys.stderr)
     print(
         f"{args.probes} probes at {args.rate:g}/s a run, {args.runs} runs a build; "
-        "each step's median per run: the median of the runs (their range), ms\n"
+        f"each step's {_name(args.percentile)} per run: the median of the runs (their range), ms\n"
     )
     print("| broker | build | " + " | ".join(STEPS) + " |")
     print("|---|---|" + "---:|" * len(STEPS))
@@ -214,7 +231,9 @@ def main() -> None:
                 reset_storage(
                     broker, urls[broker], sqlite_file=workdir / "store.sqlite3", pg_db=PG_DB
                 )
-                runs[name].append(run_once(python, urls[broker], workdir, args.probes, args.rate))
+                runs[name].append(
+                    run_once(python, urls[broker], workdir, args.probes, args.rate, args.percentile)
+                )
             for name, _ in builds:
                 cells = []
                 for step in STEPS:

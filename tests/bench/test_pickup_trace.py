@@ -64,3 +64,18 @@ def test_a_trace_without_a_woken_probe_is_an_error(tmp_path: Path) -> None:
     log.write_text("start 1.000000 0.500000\nstart 2.000000 1.500000\n")
     with pytest.raises(RuntimeError, match="no probe"):
         steps(log)
+
+
+def test_a_percentile_other_than_the_median_takes_the_nearest_rank(tmp_path: Path) -> None:
+    log = tmp_path / "trace.log"
+    lines = []
+    for i in range(10):  # ten probes; the claim of probe i takes i + 1 ms
+        t = 100.0 + i
+        lines += [
+            f"wait_for_work 90.000000 {t + 0.001:.6f}",
+            f"claim {t + 0.002:.6f} {t + 0.003 + i / 1000:.6f}",
+            f"start {t + 0.004 + i / 1000:.6f} {t:.6f}",
+        ]
+    log.write_text("start 1.000000 0.000000\n" + "\n".join(lines) + "\n")
+    assert steps(log)["claim"] == pytest.approx(5.5, abs=1e-6)
+    assert steps(log, 90)["claim"] == pytest.approx(10.0, abs=1e-6)
