@@ -198,8 +198,10 @@ WHERE unique_key = ANY(%(keys)b::text[])
 -- name: claim_forward
 -- A claim's first step when due scheduled/retry rows are in its queues (always before
 -- claim_limited; before complete_claim when its last answer said so), in the same round trip
--- and transaction: they become pending, a bounded batch per queue (through tasks_by_state),
--- keeping their due time, so the claim then sees them in priority order. SKIP LOCKED: a row
+-- and transaction: they become pending, a bounded batch (through tasks_by_state, queue by
+-- queue in the claim's order, earliest due first), keeping their due time, so the claim then
+-- sees them in priority order. The bound holds for the whole batch too: planned without
+-- statistics, a per-queue bound alone made the write a hash join over the whole table. SKIP LOCKED: a row
 -- that another claim is moving is left to it. One scan per state, each an equality on
 -- (queue, state) and a range on next_process_at: with "state IN (...)" the planner may
 -- leave the state out of the index condition and read every row of the queue (pending and
@@ -285,7 +287,8 @@ LIMIT %(limit)s;
 -- taken at: a join on (queue, id) left the index to the plan, and a plan made while the
 -- table was empty (prepared statements keep theirs) read every row of the queue, history
 -- included, on each claim until the next ANALYZE. A row another transaction changed after
--- this statement's snapshot, still claimable, has moved: it is left for the next claim.
+-- this statement's snapshot is locked in its new version, which the write cannot see: it
+-- is not leased, and "moved" tells the broker to claim again at once.
 forward_first AS (
     -- One probe per state (as in claim_forward): both the queue and the state are index
     -- conditions on tasks_by_state, so pending and held rows are never read here.
