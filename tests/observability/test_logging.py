@@ -66,7 +66,14 @@ async def test_O3_completed_tasks_are_counted_in_a_summary_line_not_one_line_eac
     async with worker:
         for n in range(4):
             await one.enqueue({"n": n})
-        while len(done) < 3:
+
+        async def archived() -> int:
+            stats = await app.inspector.queue_stats("default")
+            return stats.sizes.get(durq.TaskState.ARCHIVED, 0)
+
+        # All four ended: the worker may have claimed the first three before the fourth
+        # was enqueued, and a stop then would leave the fourth unclaimed.
+        while len(done) < 3 or await archived() < 1:
             await asyncio.sleep(0.01)
     await app.close()  # the worker's stop logs the last (partial) period
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line]
