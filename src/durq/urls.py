@@ -1,8 +1,9 @@
-"""Connection URLs put back together after durq takes its own options out of them."""
+"""Connection URLs: put back together after durq takes its own options out of them, and
+shown without their password."""
 
 from __future__ import annotations
 
-from urllib.parse import SplitResult
+from urllib.parse import SplitResult, urlsplit
 
 
 def unsplit(parts: SplitResult) -> str:
@@ -17,3 +18,11 @@ def unsplit(parts: SplitResult) -> str:
     if parts.fragment:
         url += f"#{parts.fragment}"
     return url
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced by ``***``, for messages and output."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    return unsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))

@@ -33,15 +33,6 @@ def broker_kind(url: str) -> str:
     )
 
 
-def redact(url: str) -> str:
-    """The URL without its password, for output."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return unsplit(parts._replace(netloc=netloc))
-
-
 def _with_param(url: str, key: str, value: str) -> str:
     parts = urlsplit(url)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != key]

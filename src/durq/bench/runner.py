@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from durq.app import App
-from durq.bench.isolation import Isolated, redact
+from durq.bench.isolation import Isolated
 from durq.bench.tasks import (
     ENQUEUE_QUEUE,
     LATENCY,
@@ -43,6 +43,7 @@ from durq.bench.tasks import (
 from durq.errors import DurqError
 from durq.options import EnqueueRequest
 from durq.states import TaskState
+from durq.urls import redact
 
 
 class BenchError(DurqError):

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
 from redis import exceptions as rex
 
 from durq.errors import BrokerError, BrokerUnavailableError, DurqError
-from durq.urls import unsplit
 
 
 def map_error(exc: Exception, operation: str, where: str) -> Exception:
@@ -33,12 +30,3 @@ def map_error(exc: Exception, operation: str, where: str) -> Exception:
     if isinstance(exc, rex.RedisError):
         return BrokerError(f"Redis refused {operation}: {exc}", operation=operation)
     return exc
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return unsplit(parts._replace(netloc=netloc))
-    return url

@@ -21,7 +21,7 @@ from durq.brokers.redis.cluster import (
     ClusterWire,
     key_slot,
 )
-from durq.brokers.redis.errors import map_error, redact
+from durq.brokers.redis.errors import map_error
 from durq.brokers.redis.keys import DEFAULT_PREFIX, Keys, QueueKeys, queue_of_channel
 from durq.brokers.redis.lua import LuaScript, load_scripts
 from durq.brokers.redis.wire import (
@@ -42,7 +42,7 @@ from durq.errors import (
 )
 from durq.states import TaskState
 from durq.task import TaskInfo, limits_to_json
-from durq.urls import unsplit
+from durq.urls import redact, unsplit
 
 #: The oldest server the scripts run on (ZADD GT/LT, GETDEL, ZRANGE options...).
 MIN_REDIS_VERSION = (6, 2)
