@@ -427,11 +427,10 @@ class PostgresBroker(AdminForwarder):
         lease is written through the row's ctid, which then points to a version that
         snapshot cannot see). The next statement's snapshot sees the row as it is now."""
         leased = [r for r in rows if r[0] is not None]
+        # A moved row is one of at most `limit` locked, so at least one slot is left.
         want = values["limit"] - len(leased)
-        if want <= 0:
-            return rows
         _, more, _, _ = await self._complete_claim({**values, "limit": want, "take": want}, None)
-        return leased + more if leased else more
+        return leased + more
 
     async def _claim_statements(
         self, what: str, run: Callable[[AsyncConn], Awaitable[_T]], on_deadlock: _T
