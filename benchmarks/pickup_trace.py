@@ -16,7 +16,8 @@ queue), that call is traced too; its answer ends both the wait and the claim, so
 woken holds the whole of it and the two steps after it are 0.
 
 Probes are enqueued at ``--rate`` per second on an idle worker (as ``make bench``'s pickup
-phase does); each step's median (or ``--percentile``, nearest rank) is taken per run, and
+phase does), after ``--history`` no-op tasks the worker has run in the same queue (``make
+bench`` runs its 10,000 there first; 0 by default); each step's median (or ``--percentile``, nearest rank) is taken per run, and
 the table gives the median of the runs and their range. Builds alternate run by run (A, B, B, A, ...) as in ``compare.py``.
 The wrapping adds two calls per step to both builds alike, so compare builds, not these
 figures with ``make bench``'s.
@@ -27,7 +28,7 @@ temporary SQLite file.
 
     .venv/bin/python benchmarks/pickup_trace.py --build before=/tmp/old/py \\
         --build main=.venv/bin/python [--brokers redis,postgresql] [--runs 5] [--probes 300]
-        [--percentile 99]
+        [--percentile 99] [--history 10000]
 """
 
 from __future__ import annotations
@@ -85,6 +86,16 @@ if hasattr(_broker_class, "wait_and_claim"):
 @app.task("trace:probe", retention=0)
 async def probe(payload: dict) -> None:
     _log.write(f"start {time.time():.6f} {payload['t']:.6f}\\n")
+
+
+_done = open(os.environ["TRACE_LOG"] + ".done", "ab", buffering=0)
+
+
+# The history before the probes (--history): no-op tasks in the probes' queue, counted as
+# one byte each, like make bench's.
+@app.task("trace:noop", retention=0)
+async def noop(payload: dict) -> None:
+    _done.write(b".")
 """
 
 #: Run by the build's interpreter: a fresh schema, the worker, the probes.
@@ -96,21 +107,31 @@ import subprocess
 import sys
 import time
 
+from durq.options import EnqueueRequest
 from trace_app import app
 
 
-async def main(probes: int, rate: float) -> None:
+async def main(probes: int, rate: float, history: int) -> None:
     broker = app.new_broker()
     await broker.migrate()
     await broker.close()
+    for first in range(0, history, 1000):
+        count = min(1000, history - first)
+        await app.enqueue_many([EnqueueRequest("trace:noop", {}) for _ in range(count)])
     await app.enqueue("trace:probe", {"t": time.time()})  # connected before the first probe
     worker = subprocess.Popen(
         [sys.executable, "-m", "durq", "worker", "trace_app:app"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    done = os.environ["TRACE_LOG"] + ".done"
     try:
-        await asyncio.sleep(3.0)  # started, and idle
+        deadline = time.monotonic() + 60 + history / 100
+        while history and (not os.path.exists(done) or os.path.getsize(done) < history):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the history tasks did not finish")
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(3.0 if not history else 1.0)  # started (or done), and idle
         started = time.perf_counter()
         for i in range(probes):
             delay = started + i / rate - time.perf_counter()
@@ -124,7 +145,7 @@ async def main(probes: int, rate: float) -> None:
         await app.close()
 
 
-asyncio.run(main(int(sys.argv[1]), float(sys.argv[2])))
+asyncio.run(main(int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])))
 """
 
 STEPS = ("enqueue → woken", "woken → claim", "claim", "claim → handler", "total")
@@ -194,13 +215,25 @@ def _at(values: list[float], percentile: float) -> float:
 
 
 def run_once(
-    python: str, url: str, workdir: Path, probes: int, rate: float, percentile: float = 50.0
+    python: str,
+    url: str,
+    workdir: Path,
+    probes: int,
+    rate: float,
+    percentile: float = 50.0,
+    history: int = 0,
 ) -> dict[str, float]:
     log = workdir / "trace.log"
     log.unlink(missing_ok=True)
+    log.with_name(log.name + ".done").unlink(missing_ok=True)
     env = {**os.environ, "DURQ_BROKER_URL": url, "TRACE_LOG": str(log)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(workdir)]))
-    subprocess.run([python, "-c", DRIVE, str(probes), str(rate)], cwd=workdir, env=env, check=True)
+    subprocess.run(
+        [python, "-c", DRIVE, str(probes), str(rate), str(history)],
+        cwd=workdir,
+        env=env,
+        check=True,
+    )
     return steps(log, percentile)
 
 
@@ -212,6 +245,13 @@ def main() -> None:
     parser.add_argument(
         "--percentile", type=float, default=50.0, help="of each step per run (default: median)"
     )
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="no-op tasks the worker runs in the probes' queue before the probes "
+        "(make bench runs 10,000 there first)",
+    )
     parser.add_argument("--redis-db", type=int, default=11)
     args = parser.parse_args()
     builds = parse_builds(parser, args)
@@ -219,7 +259,8 @@ def main() -> None:
     (workdir / "trace_app.py").write_text(APP)
     print(f"load average before: {os.getloadavg()}", file=sys.stderr)
     print(
-        f"{args.probes} probes at {args.rate:g}/s a run, {args.runs} runs a build; "
+        f"{args.probes} probes at {args.rate:g}/s a run, after {args.history:,} tasks, "
+        f"{args.runs} runs a build; "
         f"each step's {_name(args.percentile)} per run: the median of the runs (their range), ms\n"
     )
     print("| broker | build | " + " | ".join(STEPS) + " |")
@@ -232,7 +273,15 @@ def main() -> None:
                     broker, urls[broker], sqlite_file=workdir / "store.sqlite3", pg_db=PG_DB
                 )
                 runs[name].append(
-                    run_once(python, urls[broker], workdir, args.probes, args.rate, args.percentile)
+                    run_once(
+                        python,
+                        urls[broker],
+                        workdir,
+                        args.probes,
+                        args.rate,
+                        args.percentile,
+                        args.history,
+                    )
                 )
             for name, _ in builds:
                 cells = []
