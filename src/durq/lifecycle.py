@@ -71,7 +71,9 @@ def completed(
         max_payload=max_payload,
     )
     member = groups.outcome(task, groups.COMPLETED, result=result, max_payload=max_payload)
-    return CompleteParams(lease.ref, result, task.retention, follow_ups, group=member)
+    return CompleteParams(
+        lease.ref, result, task.retention, follow_ups, group=member, limited=bool(task.limits)
+    )
 
 
 def failed(

@@ -103,3 +103,33 @@ async def test_carried_acks_wait_for_the_claim_and_go_alone_when_it_idles() -> N
     acker.send_alone()  # the fetcher waits for work: what waits goes out at once
     assert await c is True
     assert broker.batches == [["c"]]
+
+
+async def test_an_idle_fetchers_acks_go_alone_unless_they_may_make_work() -> None:
+    """While the fetcher waits for work, a plain ack goes out at once on its own (a claim
+    with it would find the queues as the last claim left them); one whose completion may
+    make work (a limited task, follow-ups, a group member) wakes the fetcher instead."""
+    broker = RecordingBroker()
+    broker.release.set()
+    woken: list[int] = []
+    acker = Acker(broker, on_waiting=lambda: woken.append(1))  # type: ignore[arg-type]
+    acker.on_arrival = lambda: woken.append(2)
+    acker.carry()  # a claim is in flight: acks wait for the next one
+    a = asyncio.create_task(acker.complete(params("a")))
+    b = asyncio.create_task(acker.complete(params("b")))
+    await asyncio.sleep(0)
+    assert acker.waiting == 2 and not acker.worth_a_claim()
+    woken.clear()
+    acker.idle()  # the claim came back short: what waits goes alone, as do later plain acks
+    assert (await a, await b) == (True, True)
+    c = asyncio.create_task(acker.complete(params("c")))
+    assert await c is True
+    assert broker.batches == [["a", "b"], ["c"]] and woken == []
+    limited = CompleteParams(LeaseRef("default", "d", "ok"), limited=True)
+    d = asyncio.create_task(acker.complete(limited))
+    await asyncio.sleep(0)
+    assert woken == [2, 1] and acker.waiting == 1 and acker.worth_a_claim()
+    assert broker.batches == [["a", "b"], ["c"]]  # it waits for the fetcher's claim
+    acker.carry()
+    acker.answer(acker.take(), [True])
+    assert await d is True

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import durq
+from apptools import AppFactory
 from durq.brokers.base import (
     CAP_COMPLETE_AND_CLAIM,
     CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
@@ -141,3 +142,30 @@ async def test_stop_ends_an_idle_wait_at_once(tmp_path: Path) -> None:
     await executor.close()
     await broker.close()
     await app.close()
+
+
+async def test_an_idle_workers_plain_acks_go_alone(make_app: AppFactory) -> None:
+    """Tasks that come one at a time: each is claimed on its wake-up and its ack goes on its
+    own, never in a claim that would find the queue as the last claim left it (on
+    PostgreSQL that claim read the claim index again for every task)."""
+    app = await make_app(fake_clock=False)
+    ran: list[int] = []
+
+    @app.task("t:lone")
+    async def lone(payload: dict[str, int]) -> None:
+        ran.append(payload["n"])
+
+    broker = CountingBroker(app.new_broker())
+    executor, fetcher = await fetcher_on(app, broker, concurrency=4, poll_interval=30)
+    for n in range(3):
+        await app.enqueue("t:lone", {"n": n})
+        for _ in range(1000):
+            if broker.calls.count("complete_many") > n:
+                break
+            await asyncio.sleep(0.01)
+    assert ran == [0, 1, 2]
+    assert "complete_and_claim" not in broker.calls, broker.calls
+    assert broker.calls.count("complete_many") == 3, broker.calls
+    await fetcher.stop()
+    await executor.close()
+    await broker.close()

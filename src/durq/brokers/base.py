@@ -387,6 +387,9 @@ class CompleteParams:
     follow_ups: tuple[EnqueueParams, ...] = ()
     #: A group member's outcome, recorded in the same atomic step.
     group: MemberOutcome | None = None
+    #: The task counted against flow-control limits: its end frees a slot on their keys,
+    #: which a held task may take (brokers count slots from the stored row, not from this).
+    limited: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,11 @@ While the fetcher runs, every ack waits for its next claim: :meth:`Acker.take` h
 over and one ``complete_and_claim`` round trip stores them and takes the next tasks into the
 slots they free (where the broker cannot carry them, the fetcher sends them as
 ``complete_many`` just ahead of the claim). A busy fetcher claims again as soon as it has
-slots; an idle one wakes when an ack arrives (:attr:`Acker.on_arrival`) and claims with it
-at once. When the fetcher has stopped or its claims fail, acks go on their own
+slots. An idle one (:meth:`Acker.idle`: its last claim left slots free) wakes when an ack
+arrives whose completion may make work (:func:`may_make_work`) and claims with it at once
+(:attr:`Acker.on_arrival`); other acks then go on their own, since a claim after them would
+find the queues as the last one left them, and on PostgreSQL it would read the claim index
+again for nothing. When the fetcher has stopped or its claims fail, acks go on their own
 (:meth:`send_alone`): the first at once, and those that arrive while it is in flight
 together in the next ``complete_many``."""
 
@@ -19,6 +22,13 @@ from durq.errors import BrokerError
 
 #: An ack waiting to be sent, and the caller waiting for its answer.
 Pending = tuple[CompleteParams, "asyncio.Future[bool]"]
+
+
+def may_make_work(params: CompleteParams) -> bool:
+    """Whether storing this completion may make a task claimable: it frees a slot on a
+    flow-control key that may hold tasks back, or it creates follow-up tasks (its own, or its
+    group's when it is the last member)."""
+    return params.limited or bool(params.follow_ups) or params.group is not None
 
 
 class Acker:
@@ -39,6 +49,7 @@ class Acker:
         self._waiting: list[Pending] = []
         self._flusher: asyncio.Task[None] | None = None
         self._carried = False
+        self._idle = False
         #: Called when an ack starts waiting for the fetcher's claim: an idle fetcher claims
         #: with it at once (the fetcher sets it).
         self.on_arrival: Callable[[], None] = lambda: None
@@ -52,7 +63,7 @@ class Acker:
         """Complete one task; ``False`` if its lease is no longer held."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiting.append((params, future))
-        if self._carried:
+        if self._carried and (not self._idle or may_make_work(params)):
             self.on_arrival()
             self.on_waiting()
         elif self._flusher is None or self._flusher.done():
@@ -63,10 +74,26 @@ class Acker:
     def carry(self) -> None:
         """The fetcher's next claim carries the acks that arrive from now on."""
         self._carried = True
+        self._idle = False
+
+    def idle(self) -> None:
+        """The fetcher waits for work with slots free: an ack that may make work
+        (:func:`may_make_work`) wakes it to claim with it; others go alone at once, those
+        waiting now included."""
+        self._carried = True
+        self._idle = True
+        if self._waiting and (self._flusher is None or self._flusher.done()):
+            self._flusher = asyncio.create_task(self._flush(), name="durq-acker")
+
+    def worth_a_claim(self) -> bool:
+        """Whether a waiting ack may make work (:func:`may_make_work`): a fetcher whose
+        last claim left slots free claims with it rather than waiting for work."""
+        return any(may_make_work(params) for params, _ in self._waiting)
 
     def send_alone(self) -> None:
         """The fetcher will not claim soon: send what waits, and later acks, at once."""
         self._carried = False
+        self._idle = False
         if self._waiting and (self._flusher is None or self._flusher.done()):
             self._flusher = asyncio.create_task(self._flush(), name="durq-acker")
 
@@ -100,7 +127,8 @@ class Acker:
                 future.set_exception(exc)
 
     async def _flush(self) -> None:
-        while self._waiting and not self._carried:
+        # Until the fetcher carries acks again (its wait ended: it claims next).
+        while self._waiting and (not self._carried or self._idle):
             batch = self.take()
             try:
                 held = await self.broker.complete_many([params for params, _ in batch])

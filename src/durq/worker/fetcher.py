@@ -191,13 +191,17 @@ class Fetcher:
                 # instead of going ahead in a claim of one slot; without it a PostgreSQL
                 # worker with limited tasks alternated claims of 49 and of 1 (limits.py).
                 await asyncio.sleep(0)
-            if len(leases) < free and not self._stop.is_set():
-                # Idle until work comes, or until an attempt ends: its ack then goes at once,
-                # in a claim, so the slot it frees takes the next task in the same round trip
-                # (a key at its concurrency limit frees its slots this way) rather than the
-                # ack, the wake-up it sends, and a claim one after another.
-                if not acker.waiting:
-                    await self._idle(order, self._timeout_after(leases))
+            if len(leases) < free and not self._stop.is_set() and not acker.worth_a_claim():
+                # The claim left slots free: the queues had nothing more for it. Idle until
+                # work comes, or until an attempt ends whose ack may make some
+                # (acker.may_make_work): that ack then goes at once, in a claim, so the slot
+                # it frees takes the next task in the same round trip (a key at its
+                # concurrency limit frees its slots this way) rather than the ack, the
+                # wake-up it sends, and a claim one after another. Other acks go alone: a
+                # claim with them would find the queues as this one left them (and on
+                # PostgreSQL read the claim index again for nothing).
+                acker.idle()
+                await self._idle(order, self._timeout_after(leases))
 
     def _timeout_after(self, leases: list[Lease]) -> float:
         """How long to wait for work after a claim answered ``leases``."""
@@ -230,7 +234,7 @@ class Fetcher:
             if not done:
                 return True
             if leases is None:
-                executor.acker.carry()  # acks ride in the claim after the usual wait again
+                executor.acker.idle()  # the usual wait: acks that may make work ride again
                 return False
             for lease in leases:
                 executor.submit(lease)
