@@ -79,3 +79,16 @@ def test_a_percentile_other_than_the_median_takes_the_nearest_rank(tmp_path: Pat
     log.write_text("start 1.000000 0.000000\n" + "\n".join(lines) + "\n")
     assert steps(log)["claim"] == pytest.approx(5.5, abs=1e-6)
     assert steps(log, 90)["claim"] == pytest.approx(10.0, abs=1e-6)
+
+
+def test_probes_follow_the_history_the_worker_ran_first(tmp_path: Path) -> None:
+    """``--history``: a real ``durq worker`` runs N tasks in the probes' queue first, then
+    the probes come (on SQLite, the broker with nothing to start)."""
+    from pickup_trace import APP, run_once
+
+    (tmp_path / "trace_app.py").write_text(APP)
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    got = run_once(sys.executable, url, tmp_path, probes=10, rate=50.0, history=30)
+    assert (tmp_path / "trace.log.done").read_bytes() == b"." * 30
+    assert 1 <= got["probes"] <= 10
+    assert got["total"] > 0
