@@ -326,8 +326,6 @@ async def test_groups_under_kills_short(tmp_path, clusters, record) -> None:
 @pytest.mark.chaos
 @pytest.mark.timeout(400)
 async def test_groups_under_kills_full(broker_url, clusters, record) -> None:
-    if broker_url.startswith("memory:"):
-        pytest.skip("worker processes cannot share a memory:// broker")
     await groups_storm(
         broker_url,
         clusters,
