@@ -133,3 +133,27 @@ async def test_an_idle_fetchers_acks_go_alone_unless_they_may_make_work() -> Non
     acker.carry()
     acker.answer(acker.take(), [True])
     assert await d is True
+
+
+async def test_an_idle_fetchers_flush_leaves_an_ack_that_may_make_work_to_its_claim() -> None:
+    """A limited task's ack that arrives while a plain one is in flight alone waits for the
+    claim it woke the fetcher for, rather than going alone in the flusher's next batch."""
+    broker = RecordingBroker()  # its first batch waits for release
+    woken: list[int] = []
+    acker = Acker(broker)  # type: ignore[arg-type]
+    acker.on_arrival = lambda: woken.append(1)
+    acker.idle()
+    plain = asyncio.create_task(acker.complete(params("a")))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert broker.batches == [["a"]]  # in flight
+    limited = CompleteParams(LeaseRef("default", "d", "ok"), limited=True)
+    d = asyncio.create_task(acker.complete(limited))
+    await asyncio.sleep(0)
+    broker.release.set()
+    assert await plain is True
+    await asyncio.sleep(0)
+    assert broker.batches == [["a"]] and woken == [1] and acker.waiting == 1
+    acker.carry()  # the woken fetcher claims with it
+    acker.answer(acker.take(), [True])
+    assert await d is True

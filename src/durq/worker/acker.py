@@ -15,6 +15,7 @@ together in the next ``complete_many``."""
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Callable, Sequence
 
 from durq.brokers.base import Broker, CompleteParams
@@ -29,6 +30,16 @@ def may_make_work(params: CompleteParams) -> bool:
     flow-control key that may hold tasks back, or it creates follow-up tasks (its own, or its
     group's when it is the last member)."""
     return params.limited or bool(params.follow_ups) or params.group is not None
+
+
+class _Mode(enum.Enum):
+    #: Every ack goes on its own (the fetcher stopped, or its claims fail).
+    ALONE = "alone"
+    #: Every ack waits for the fetcher's next claim.
+    CARRY = "carry"
+    #: The fetcher waits for work: an ack that may make work waits for the claim it wakes the
+    #: fetcher for, the others go on their own.
+    IDLE = "idle"
 
 
 class Acker:
@@ -48,8 +59,7 @@ class Acker:
         self.on_stored = on_stored
         self._waiting: list[Pending] = []
         self._flusher: asyncio.Task[None] | None = None
-        self._carried = False
-        self._idle = False
+        self._mode = _Mode.ALONE
         #: Called when an ack starts waiting for the fetcher's claim: an idle fetcher claims
         #: with it at once (the fetcher sets it).
         self.on_arrival: Callable[[], None] = lambda: None
@@ -63,27 +73,24 @@ class Acker:
         """Complete one task; ``False`` if its lease is no longer held."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiting.append((params, future))
-        if self._carried and (not self._idle or may_make_work(params)):
+        if self._mode is _Mode.CARRY or (self._mode is _Mode.IDLE and may_make_work(params)):
             self.on_arrival()
             self.on_waiting()
-        elif self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush(), name="durq-acker")
+        else:
+            self._start_flush()
         # Shielded: a cancelled caller must not cancel the batch other tasks ride in.
         return await asyncio.shield(future)
 
     def carry(self) -> None:
         """The fetcher's next claim carries the acks that arrive from now on."""
-        self._carried = True
-        self._idle = False
+        self._mode = _Mode.CARRY
 
     def idle(self) -> None:
         """The fetcher waits for work with slots free: an ack that may make work
         (:func:`may_make_work`) wakes it to claim with it; others go alone at once, those
         waiting now included."""
-        self._carried = True
-        self._idle = True
-        if self._waiting and (self._flusher is None or self._flusher.done()):
-            self._flusher = asyncio.create_task(self._flush(), name="durq-acker")
+        self._mode = _Mode.IDLE
+        self._start_flush()
 
     def worth_a_claim(self) -> bool:
         """Whether a waiting ack may make work (:func:`may_make_work`): a fetcher whose
@@ -92,10 +99,8 @@ class Acker:
 
     def send_alone(self) -> None:
         """The fetcher will not claim soon: send what waits, and later acks, at once."""
-        self._carried = False
-        self._idle = False
-        if self._waiting and (self._flusher is None or self._flusher.done()):
-            self._flusher = asyncio.create_task(self._flush(), name="durq-acker")
+        self._mode = _Mode.ALONE
+        self._start_flush()
 
     def take(self) -> list[Pending]:
         """The waiting acks (up to ``max_batch``), for the fetcher to send with its claim;
@@ -103,6 +108,23 @@ class Acker:
         batch = self._waiting[: self.max_batch]
         del self._waiting[: self.max_batch]
         return batch
+
+    def _take_plain(self) -> list[Pending]:
+        """The waiting acks that may not make work (up to ``max_batch``): the others wait
+        for the claim the fetcher was woken for."""
+        batch: list[Pending] = []
+        keep: list[Pending] = []
+        for pending in self._waiting:
+            if len(batch) < self.max_batch and not may_make_work(pending[0]):
+                batch.append(pending)
+            else:
+                keep.append(pending)
+        self._waiting = keep
+        return batch
+
+    def _start_flush(self) -> None:
+        if self._waiting and (self._flusher is None or self._flusher.done()):
+            self._flusher = asyncio.create_task(self._flush(), name="durq-acker")
 
     def answer(self, batch: Sequence[Pending], held: Sequence[bool]) -> None:
         if len(held) != len(batch):  # a broker bug must not leave callers waiting
@@ -128,8 +150,10 @@ class Acker:
 
     async def _flush(self) -> None:
         # Until the fetcher carries acks again (its wait ended: it claims next).
-        while self._waiting and (not self._carried or self._idle):
-            batch = self.take()
+        while self._mode is not _Mode.CARRY:
+            batch = self.take() if self._mode is _Mode.ALONE else self._take_plain()
+            if not batch:
+                return
             try:
                 held = await self.broker.complete_many([params for params, _ in batch])
             except Exception as exc:
