@@ -1,5 +1,7 @@
-"""The PostgreSQL server's CPU per claim of an empty queue, per build: what the claim
-statement itself costs, which latencies on a shared machine do not tell apart.
+"""The PostgreSQL server's CPU time per claim of an empty queue, per build.
+
+What the claim statement itself costs the server, which latencies on a shared machine do
+not tell apart.
 
 For each run, the build's interpreter migrates a new database, sends ``--history`` no-op
 tasks through the queue (enqueued in bulk, then claimed and completed by a broker as a
@@ -9,6 +11,10 @@ those claims (``/proc/<pid>/schedstat``, so the server must run on this machine)
 by their number; beside it, the client process's CPU per claim. An empty claim runs the
 whole statement (its checks, its index scan past the history's dead entries) but writes
 nothing, so it is the statement's fixed cost on the server.
+
+The claims are the broker's own calls from one process, not ``durq worker``'s: a figure to
+compare builds' claim statements by, not what a worker's task costs (``compare.py`` and
+``cpu_per_task.py`` measure the shipped worker).
 
 Builds alternate run by run (A, B, B, A, ...) as in ``compare.py``; the table gives each
 build's median over ``--rounds`` and its range. The database ``durq_claimcost`` is created
@@ -116,7 +122,7 @@ def run_once(python: str, history: int, claims: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = builds_parser(__doc__.splitlines()[0])
+    parser = builds_parser(__doc__.splitlines()[0], brokers=False)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--history", type=int, default=10_000)
     parser.add_argument("--claims", type=int, default=2_000)

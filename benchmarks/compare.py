@@ -203,8 +203,9 @@ def report(path: Path) -> None:
     print(table(runs, labels, brokers))
 
 
-def builds_parser(description: str) -> argparse.ArgumentParser:
-    """The options every tool that sets builds side by side takes: ``--build``, ``--brokers``."""
+def builds_parser(description: str, *, brokers: bool = True) -> argparse.ArgumentParser:
+    """The options every tool that sets builds side by side takes: ``--build``, and
+    ``--brokers`` unless the tool measures one broker only."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--build",
@@ -212,7 +213,8 @@ def builds_parser(description: str) -> argparse.ArgumentParser:
         default=[],
         help="LABEL=PYTHON of a build (two or more; ratios are to the first)",
     )
-    parser.add_argument("--brokers", default="sqlite,redis,postgresql")
+    if brokers:
+        parser.add_argument("--brokers", default="sqlite,redis,postgresql")
     return parser
 
 

@@ -201,11 +201,12 @@ WHERE unique_key = ANY(%(keys)b::text[])
 -- and transaction: they become pending, a bounded batch (through tasks_by_state, queue by
 -- queue in the claim's order, earliest due first), keeping their due time, so the claim then
 -- sees them in priority order. The bound holds for the whole batch too: planned without
--- statistics, a per-queue bound alone made the write a hash join over the whole table. SKIP LOCKED: a row
--- that another claim is moving is left to it. One scan per state, each an equality on
--- (queue, state) and a range on next_process_at: with "state IN (...)" the planner may
--- leave the state out of the index condition and read every row of the queue (pending and
--- held ones included) on every claim. Rows are written through their ctid (see claim_work).
+-- statistics, a per-queue bound alone made the write a hash join over the whole table.
+-- SKIP LOCKED: a row that another claim is moving is left to it. One scan per state, each
+-- an equality on (queue, state) and a range on next_process_at: with "state IN (...)" the
+-- planner may leave the state out of the index condition and read every row of the queue
+-- (pending and held ones included) on every claim. Rows are written through their ctid
+-- (see claim_work).
 WITH due AS (
     SELECT c.ctid
     FROM unnest(%(queues)b::text[]) AS q(name)
