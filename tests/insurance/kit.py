@@ -78,10 +78,23 @@ class Service:
     def order(self, location: str, client: httpx.Client | None = None) -> dict[str, Any]:
         return dict((client or self.alice).get(location).json())
 
-    def wait_status(self, location: str, status: str, timeout: float = 10.0) -> dict[str, Any]:
-        return dict(
-            wait_for(lambda: (o := self.order(location))["status"] == status and o, timeout)
-        )
+    def wait_status(
+        self, location: str, status: str, timeout: float = 10.0, task_state: str | None = None
+    ) -> dict[str, Any]:
+        """The order once it has ``status`` (and its task ``task_state``, when given).
+
+        The handler writes the order's status before its task is acknowledged, so
+        the task's state lags the status by one ack: wait for both, not one then
+        read the other.
+        """
+
+        def ready() -> Any:
+            o = self.order(location)
+            if o["status"] != status or (task_state and o["task_state"] != task_state):
+                return False
+            return o
+
+        return dict(wait_for(ready, timeout))
 
     def close(self) -> None:
         for c in (self.alice, self.bob, self.anon):
