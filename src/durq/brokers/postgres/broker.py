@@ -451,7 +451,7 @@ class PostgresBroker(AdminForwarder):
 
         async def run(conn: AsyncConn) -> list[tuple[Any, ...]] | None:
             cur = AsyncRawCursor(conn, row_factory=tuple_row)
-            await cur.execute(statement.text, statement.params(values))
+            await cur.execute(statement.text, statement.params(values), prepare=True)
             return await cur.fetchall()
 
         return await self._claim_statements(query, run, None)
@@ -465,9 +465,9 @@ class PostgresBroker(AdminForwarder):
 
         async def run(conn: AsyncConn) -> list[tuple[Any, ...]]:
             async with conn.pipeline():
-                await conn.execute(self._s.q["claim_forward"], values)
+                await conn.execute(self._s.q["claim_forward"], values, prepare=True)
                 cur = AsyncRawCursor(conn, row_factory=tuple_row)
-                await cur.execute(statement.text, statement.params(claim))
+                await cur.execute(statement.text, statement.params(claim), prepare=True)
             return await cur.fetchall()
 
         return await self._claim_statements("forwarding due tasks", run, [])
@@ -485,10 +485,10 @@ class PostgresBroker(AdminForwarder):
                 # The statements go out in one round trip, in one implicit transaction
                 # (the Sync at the pipeline's end commits it): completions, then claim.
                 if complete is not None:
-                    done = await conn.execute(self._s.q["complete"], complete)
-                await conn.execute(self._s.q["claim_forward"], values)
+                    done = await conn.execute(self._s.q["complete"], complete, prepare=True)
+                await conn.execute(self._s.q["claim_forward"], values, prepare=True)
                 cur = AsyncRawCursor(conn, row_factory=tuple_row)
-                await cur.execute(statement.text, statement.params(values))
+                await cur.execute(statement.text, statement.params(values), prepare=True)
             # Read after the pipeline's end: its Sync brought every result back with the
             # commit. Fetching inside it would ask for the results first, and the Sync
             # would then cost a second round trip.
@@ -560,8 +560,8 @@ class PostgresBroker(AdminForwarder):
 
         async def run(conn: AsyncConn) -> None:
             async with conn.pipeline(), conn.transaction():
-                await conn.execute(self._s.q["claim_limited_settle_lock"], values)
-                await conn.execute(self._s.q["claim_limited_settle"], values)
+                await conn.execute(self._s.q["claim_limited_settle_lock"], values, prepare=True)
+                await conn.execute(self._s.q["claim_limited_settle"], values, prepare=True)
 
         await self._claim_statements("clearing the flags of drained limit keys", run, None)
 
@@ -694,7 +694,7 @@ class PostgresBroker(AdminForwarder):
                 )
             for p in moves:
                 query, values = self._lease_move(p, now)
-                cur = await conn.execute(self._s.q[query], values)
+                cur = await conn.execute(self._s.q[query], values, prepare=True)
                 row = await cur.fetchone()
                 held = bool(row and row["n"])
                 done.append(held)
