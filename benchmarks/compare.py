@@ -12,7 +12,9 @@ alike; the table gives the median of each figure and each build's ratio to the f
 latency and CPU, lower is better). On a shared machine one run's figures can move by a fifth,
 so each ratio comes with its paired spread: the ratio within each round (two runs next to each
 other in time), the middle half of those ratios. A ratio whose whole middle half lies past 5 %
-is a change; one whose middle half straddles 1.0 is not told apart from the noise.
+is a change; one whose middle half straddles 1.0 is not told apart from the noise. The
+same interpreter given twice, under two labels, is a control: its ratio to itself shows how
+far the machine moved each figure in that run, the yardstick for the other builds' ratios.
 
 Storage is private to this tool: Redis database ``--redis-db`` (flushed before each run) and
 the PostgreSQL database ``durq_compare`` (dropped and created again per run, dropped at the
@@ -21,7 +23,7 @@ end), so it can run beside ``make bench``.
     .venv/bin/python benchmarks/compare.py --build before=/tmp/old/.venv/bin/python \\
         --build after=.venv/bin/python [--brokers sqlite,redis,postgresql] [--rounds 3] \\
         [--tasks 10000] [--latency-tasks 500] [--worker-args "--log-level WARNING"] \\
-        [--json runs.json]
+        [--json runs.json] [--build before-again=/tmp/old/.venv/bin/python]
     .venv/bin/python benchmarks/compare.py --report runs.json   # the table of a saved run
 """
 
@@ -225,6 +227,9 @@ def parse_builds(
     specs = [spec.split("=", 1) for spec in args.build]
     if len(specs) < 2 or any(len(s) != 2 for s in specs):
         parser.error("give two or more --build LABEL=PYTHON")
+    labels = [label for label, _ in specs]
+    if len(set(labels)) != len(labels):
+        parser.error("give each --build its own LABEL (the same PYTHON twice is a control)")
     # Absolute, not resolved: the interpreter's path inside its venv is what selects the venv.
     return [(label, os.path.abspath(python)) for label, python in specs]
 

@@ -49,3 +49,25 @@ def test_report_prints_the_table_of_a_saved_run(tmp_path: Path) -> None:
     ).stdout
     assert "| redis | enqueue one-by-one /s | 950.0 | 1,000.0 | 1.05 | 1.00 to 1.10 |" in out
     assert "| redis | pickup p50 ms | 2.0 | 2.0 | 1.00 | 0.50 to 1.50 |" in out
+
+
+def test_a_build_given_twice_needs_two_labels() -> None:
+    """The same interpreter under two labels is the run's control; under one label its runs
+    would land in one column, mixed up with the other build's."""
+    python = sys.executable
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "compare.py"),
+            "--build",
+            f"before={python}",
+            "--build",
+            f"main={python}",
+            "--build",
+            f"before={python}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    assert "give each --build its own LABEL" in out.stderr
