@@ -7,7 +7,7 @@ from brokerkit import A, C, P, R, S, X, claim, claim_ids, params, picture, put, 
 
 from durq import lifecycle
 from durq.brokers import FullBroker
-from durq.brokers.base import WorkerInfo
+from durq.brokers.base import FORGET_WORKERS_AFTER, WorkerInfo
 from durq.clock import FakeClock
 from durq.errors import InvalidStateError, QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState
@@ -287,6 +287,24 @@ async def test_I5_heartbeat_refreshes_and_silent_workers_disappear(
     (only,) = await broker.list_workers()
     assert only.id == "w1" and only.active == 3
     assert only.last_heartbeat == pytest.approx(clock.now() - 20)
+
+
+async def test_I5_a_worker_silent_for_a_day_is_forgotten_when_another_registers(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    """A worker killed without unregistering leaves its row; the next registration after
+    FORGET_WORKERS_AFTER deletes it, so the registry does not grow with every restart. Seen
+    through list_workers by stepping the clock back to just after the old heartbeat."""
+    start = clock.now()
+    await broker.register_worker(worker("gone", clock))
+    await broker.register_worker(worker("kept", clock))
+    clock.advance(FORGET_WORKERS_AFTER - 10)
+    await broker.register_worker(worker("kept", clock))
+    clock.advance(20)  # "gone" silent for FORGET_WORKERS_AFTER + 10 s, "kept" for 20 s
+    await broker.register_worker(worker("new", clock))
+    clock.set(start + 1)
+    # Every heartbeat since is in the future; only the forgotten worker's row is not.
+    assert {w.id for w in await broker.list_workers()} == {"kept", "new"}
 
 
 async def test_I3_pause_is_per_queue(broker: FullBroker, clock: FakeClock) -> None:

@@ -555,6 +555,13 @@ class TaskSearchResult:
 #: How long per-minute counters are kept (seconds of the broker clock).
 MINUTE_COUNTS_KEEP = 2 * 86400.0
 
+#: ``list_workers`` shows the workers whose last heartbeat is younger than this (seconds of
+#: the broker clock).
+WORKER_VISIBLE_FOR = 60.0
+#: A worker silent this long (stopped without unregistering: killed, its machine gone) is
+#: dropped from the registry when another worker registers or sends its heartbeat.
+FORGET_WORKERS_AFTER = 86400.0
+
 
 def minute_of(ts: float) -> int:
     """The start of the minute ``ts`` falls in (epoch seconds, a multiple of 60)."""
@@ -767,7 +774,8 @@ class Broker(Protocol):
         every watch is woken."""
 
     async def register_worker(self, info: WorkerInfo) -> None:
-        """Insert or refresh a worker's row (its heartbeat); also makes its queues known."""
+        """Insert or refresh a worker's row (its heartbeat); also makes its queues known and
+        forgets workers silent for :data:`FORGET_WORKERS_AFTER`."""
 
     async def unregister_worker(self, worker_id: str) -> None:
         """Remove a worker's row at shutdown."""
@@ -882,7 +890,7 @@ class Admin(Protocol):
         """Resume handing out tasks of ``queue``."""
 
     async def list_workers(self) -> list[WorkerInfo]:
-        """Worker processes that sent a heartbeat recently."""
+        """Worker processes whose last heartbeat is younger than :data:`WORKER_VISIBLE_FOR`."""
 
     async def list_limits(self, queue: str | None = None) -> list[LimitStats]:
         """Flow-control keys (of one queue, or all) that a claim has counted, by queue and

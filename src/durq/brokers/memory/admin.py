@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from durq.brokers.base import (
+    WORKER_VISIBLE_FOR,
     GroupInfo,
     LimitStats,
     MinuteCounts,
@@ -19,9 +20,6 @@ from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundErro
 from durq.states import TaskState
 from durq.task import TaskInfo
 
-#: list_workers shows workers whose heartbeat is younger than this.
-WORKER_TTL = 60.0
-
 
 class MemoryAdmin:
     """The Admin seam on a :class:`Store`: every method is one step under its lock."""
@@ -31,9 +29,9 @@ class MemoryAdmin:
         self._clock = clock
 
     async def list_workers(self) -> list[WorkerInfo]:
-        """Workers whose last heartbeat is younger than 60 s."""
+        """Workers whose last heartbeat is younger than ``WORKER_VISIBLE_FOR``."""
         with self._store.lock:
-            since = self._clock.now() - WORKER_TTL
+            since = self._clock.now() - WORKER_VISIBLE_FOR
             live = [w for w in self._store.workers.values() if w.last_heartbeat > since]
         return sorted(live, key=lambda w: (w.started_at, w.id))
 

@@ -19,6 +19,7 @@ from durq.brokers.base import (
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
     CAP_LIMITS,
+    FORGET_WORKERS_AFTER,
     MINUTE_COUNTS_KEEP,
     AdminForwarder,
     ArchiveParams,
@@ -38,7 +39,7 @@ from durq.brokers.base import (
     ended_by,
 )
 from durq.brokers.mailbox import Waiter, end_key
-from durq.brokers.memory.admin import WORKER_TTL, MemoryAdmin
+from durq.brokers.memory.admin import MemoryAdmin
 from durq.brokers.memory.storage import C, P, R, Row, Store, X, store_for
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import (
@@ -47,9 +48,6 @@ from durq.errors import (
     TaskIDConflictError,
 )
 from durq.task import TaskInfo
-
-#: Worker rows silent for this long are forgotten when another worker registers.
-FORGET_WORKERS_AFTER = 24 * 3600.0
 
 
 class MemoryBroker(AdminForwarder):
@@ -383,7 +381,7 @@ class MemoryBroker(AdminForwarder):
             store.workers[info.id] = _replace_heartbeat(info, now)
             for queue in info.queues:
                 store.queue(queue, now)
-            forget = now - max(WORKER_TTL, FORGET_WORKERS_AFTER)
+            forget = now - FORGET_WORKERS_AFTER
             for worker_id, worker in list(store.workers.items()):
                 if worker.last_heartbeat < forget:
                     del store.workers[worker_id]

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from durq.brokers.base import (
+    WORKER_VISIBLE_FOR,
     EnqueueOutcome,
     GroupInfo,
     LimitStats,
@@ -26,9 +27,6 @@ from durq.clock import utc_day
 from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState
 from durq.task import TaskInfo
-
-#: A worker whose last heartbeat is older than this is not listed (I5).
-WORKER_VISIBLE_SECONDS = 60.0
 
 
 class PostgresAdmin:
@@ -231,7 +229,7 @@ class PostgresAdmin:
     async def list_workers(self) -> list[WorkerInfo]:
         """Worker processes that sent a heartbeat recently."""
         rows = await self._s.fetch(
-            "list_workers", "list_workers", {"since": self._s.now() - WORKER_VISIBLE_SECONDS}
+            "list_workers", "list_workers", {"since": self._s.now() - WORKER_VISIBLE_FOR}
         )
         return [
             WorkerInfo(

@@ -905,7 +905,11 @@ WHERE t.queue = v.queue AND t.id = v.id;
 -- ---------------------------------------------------------------- workers and queues
 
 -- name: register_worker
-WITH w AS (
+-- Also forgets workers silent since forget_before (stopped without unregistering).
+WITH forgotten AS (
+    DELETE FROM {schema}.workers WHERE last_heartbeat < %(forget_before)s
+),
+w AS (
     INSERT INTO {schema}.workers AS w (
         id, host, pid, queues, concurrency, strict, started_at, last_heartbeat, active
     )

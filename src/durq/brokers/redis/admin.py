@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from durq.brokers.base import (
+    WORKER_VISIBLE_FOR,
     GroupInfo,
     GroupMemberInfo,
     LimitStats,
@@ -35,8 +36,6 @@ BATCH = 500
 #: without a script that scans, which would block the server).
 SEARCH_SCAN = 10_000
 SEARCH_CHUNK = 250
-#: list_workers shows workers whose heartbeat is younger than this (broker clock).
-WORKER_FRESH = 60.0
 #: Worker records expire after this long without a heartbeat (server time; garbage only).
 WORKER_TTL = 3600
 
@@ -420,12 +419,12 @@ class RedisAdmin:
             return out
 
     async def list_workers(self) -> list[WorkerInfo]:
-        """Workers whose last heartbeat (broker clock) is younger than 60 s."""
+        """Workers whose last heartbeat (broker clock) is younger than ``WORKER_VISIBLE_FOR``."""
         async with self._s.op("list_workers"):
             await self._s.ensure()
             now = self._s.clock.now()
             flat: Any = await self._s.command(
-                "ZRANGEBYSCORE", self._s.keys.workers, f"({now - WORKER_FRESH!r}", "+inf",
+                "ZRANGEBYSCORE", self._s.keys.workers, f"({now - WORKER_VISIBLE_FOR!r}", "+inf",
                 "WITHSCORES",
             )  # fmt: skip
             if not flat:

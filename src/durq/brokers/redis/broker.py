@@ -29,6 +29,7 @@ from durq.brokers.base import (
     CAP_MULTI_PROCESS,
     CAP_WAIT_AND_CLAIM,
     CLAIM_FORWARD,
+    FORGET_WORKERS_AFTER,
     AdminForwarder,
     ArchiveParams,
     Claimed,
@@ -824,8 +825,8 @@ class RedisBroker(AdminForwarder):
             commands: list[tuple[Scalar, ...]] = [
                 ("SET", self._s.keys.worker(info.id), json.dumps(data), "EX", WORKER_TTL),
                 ("ZADD", self._s.keys.workers, now, info.id),
-                # Forget workers silent for a day (their records have expired anyway).
-                ("ZREMRANGEBYSCORE", self._s.keys.workers, "-inf", now - 86400),
+                # Forget silent workers (their records have expired anyway).
+                ("ZREMRANGEBYSCORE", self._s.keys.workers, "-inf", now - FORGET_WORKERS_AFTER),
             ]
             if info.queues:
                 commands.append(("SADD", self._s.keys.queues, *info.queues))

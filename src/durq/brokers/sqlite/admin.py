@@ -8,6 +8,7 @@ from typing import Any
 
 from durq.brokers import limiter
 from durq.brokers.base import (
+    WORKER_VISIBLE_FOR,
     GroupInfo,
     LimitStats,
     MinuteCounts,
@@ -25,9 +26,6 @@ from durq.clock import utc_day
 from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState
 from durq.task import TaskInfo
-
-#: list_workers shows workers whose heartbeat is younger than this.
-WORKER_TTL = 60.0
 
 
 class SQLiteAdmin:
@@ -263,8 +261,8 @@ class SQLiteAdmin:
     # ------------------------------------------------------------------ workers
 
     async def list_workers(self) -> list[WorkerInfo]:
-        """Workers whose last heartbeat is younger than 60 s."""
-        since = self._s.clock.now() - WORKER_TTL
+        """Workers whose last heartbeat is younger than ``WORKER_VISIBLE_FOR``."""
+        since = self._s.clock.now() - WORKER_VISIBLE_FOR
 
         def run(conn: Conn) -> list[WorkerInfo]:
             return [

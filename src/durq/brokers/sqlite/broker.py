@@ -30,6 +30,7 @@ from durq.brokers.base import (
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
     CLAIM_FORWARD,
+    FORGET_WORKERS_AFTER,
     MINUTE_COUNTS_KEEP,
     AdminForwarder,
     ArchiveParams,
@@ -50,7 +51,7 @@ from durq.brokers.base import (
 )
 from durq.brokers.batcher import enqueue_coalescer
 from durq.brokers.mailbox import Waiter
-from durq.brokers.sqlite.admin import WORKER_TTL, SQLiteAdmin
+from durq.brokers.sqlite.admin import SQLiteAdmin
 from durq.brokers.sqlite.storage import (
     DEFAULT_BUSY_TIMEOUT,
     DEFAULT_POLL_INTERVAL,
@@ -67,9 +68,6 @@ from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import ConfigurationError, DuplicateTaskError, SchemaError, TaskIDConflictError
 from durq.states import TaskState
 from durq.task import LimitSpec, TaskInfo, limits_from_json
-
-#: Worker rows silent for this long are deleted when another worker registers.
-FORGET_WORKERS_AFTER = 24 * 3600.0
 
 
 class SQLiteBroker(AdminForwarder):
@@ -699,9 +697,7 @@ class SQLiteBroker(AdminForwarder):
             )
             for queue in info.queues:
                 conn.execute(Q["ensure_queue"], {"queue": queue, "now": now})
-            conn.execute(
-                Q["forget_dead_workers"], {"before": now - max(WORKER_TTL, FORGET_WORKERS_AFTER)}
-            )
+            conn.execute(Q["forget_dead_workers"], {"before": now - FORGET_WORKERS_AFTER})
 
         await self._s.write("sqlite.register_worker", body)
 
