@@ -116,7 +116,8 @@ async def test_pooled_connections_keep_one_generic_plan_per_statement(pg_url: st
 
 
 async def prepared(broker: PostgresBroker) -> list[str]:
-    """The statements prepared in the session of the broker's one pooled connection."""
+    """The statements prepared in the session of the pooled connection it gets (the only
+    one with pool_max=1; a new one when the others are busy)."""
     async with broker._s.connection("test") as conn:
         cur = await conn.execute("SELECT statement FROM pg_prepared_statements")
         return [row["statement"] for row in await cur.fetchall()]
@@ -147,6 +148,32 @@ async def test_the_workers_statements_are_prepared_at_their_first_call(
     else:
         for marker in ("forward_first AS", "INSERT INTO", "kept AS"):
             assert any(marker in s for s in statements), (marker, statements)
+
+
+async def test_new_connections_of_a_claiming_broker_have_the_idle_claim_ready(
+    pg_url: str,
+) -> None:
+    """A busy worker claims with its acks and spreads them over the pool's connections in
+    turn; once idle, its first claim on each connection would be planned then, 1.5-3 ms more
+    for the pickup. A broker that has claimed runs the idle claim on each new connection
+    (on a queue no task can be in); one that only enqueues does not."""
+    from durq.brokers.base import ClaimParams, EnqueueParams
+
+    broker = PostgresBroker.from_url(f"{pg_url}&pool_max=3")
+    try:
+        await broker.migrate()
+        await broker.enqueue_many([EnqueueParams(id="a", queue="default", type="t", payload=b"")])
+        async with broker._s.connection("hold"):  # the pool's first connection, busy
+            assert not any("forward_first AS" in s for s in await prepared(broker))
+        await broker.claim(ClaimParams(["other"], 10, "w", 30.0))
+        async with broker._s.connection("hold"), broker._s.connection("hold"):
+            # Both connections are busy: the next one is new.
+            statements = await prepared(broker)
+        assert any("forward_first AS" in s for s in statements), statements
+        # It claimed nothing: the task is still pending.
+        assert (await broker.get_task("default", "a")).state.value == "pending"
+    finally:
+        await broker.close()
 
 
 async def test_behind_pgbouncer_the_pool_leaves_the_plan_choice_to_the_server(pg_url: str) -> None:

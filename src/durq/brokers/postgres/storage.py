@@ -218,6 +218,9 @@ class PostgresStorage:
         self.notifier = Notifier(self._send_notify)
         self.end_notifier = Notifier(self._send_ends)
         self._open_lock = asyncio.Lock()
+        #: Run on each new connection of the pool after ``generic_plans`` once set (the
+        #: broker sets it when it first claims; see ``PostgresBroker._warm_up``).
+        self.warm_up: Callable[[AsyncConn], Awaitable[None]] | None = None
 
     @staticmethod
     def parse_url(url: str) -> tuple[str, dict[str, Any]]:
@@ -384,6 +387,8 @@ class PostgresStorage:
         # A session setting: behind PgBouncer (transaction pooling) it would reach other
         # clients' sessions, so it is not used there (see the `generic_plans` query).
         await conn.execute(self.q["generic_plans"])
+        if self.warm_up is not None:
+            await self.warm_up(conn)
 
     @contextlib.asynccontextmanager
     async def connection(self, method: str) -> AsyncIterator[AsyncConn]:
