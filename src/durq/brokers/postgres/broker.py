@@ -4,6 +4,7 @@ enqueue inside the caller's transaction (E8). See docs/brokers/postgresql.md."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -158,8 +159,6 @@ class PostgresBroker(AdminForwarder):
         #: Queues where the last claim saw due tasks with limits or tasks held: their claims
         #: run claim_limited at once (W13).
         self._limited: set[str] = set()
-        #: Values of the claim that warms new pooled connections (see _warm_up).
-        self._warm_values: dict[str, Any] | None = None
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> PostgresBroker:
@@ -325,9 +324,10 @@ class PostgresBroker(AdminForwarder):
         # claim_limited is needed.
         limited_mode = not self._limited.isdisjoint(queues)
         values = self._claim_values(queues, params)
-        if self._warm_values is None:
-            self._warm_values = self._claim_values([_WARM_UP_QUEUE], params)
-            self._s.warm_up = self._warm_up
+        if self._s.warm_up is None:  # this broker claims: warm its new connections up
+            self._s.warm_up = functools.partial(
+                self._warm_up, self._claim_values([_WARM_UP_QUEUE], params)
+            )
         freed: set[str] = set()
         if limited_mode:
             # claim_limited runs after the completions, in the same transaction: it sees
@@ -402,22 +402,18 @@ class PostgresBroker(AdminForwarder):
             "forward": max(params.limit, CLAIM_FORWARD),
         }
 
-    async def _warm_up(self, conn: AsyncConn) -> None:
+    async def _warm_up(self, values: dict[str, Any], conn: AsyncConn) -> None:
         """Run the idle worker's claim once on a new pooled connection, on a queue no task
         can be in: prepared there now, with its plan and the server's caches warm, it is
         not planned on the claim that picks up a task. A busy worker claims with its acks
         (complete_claim) and spreads them over the pool's connections in turn: after a busy
         spell, the first idle claim on each of them took 1.5-3 ms more. A failure leaves the
-        connection as it was (the claim prepares the statement then)."""
-        values = self._warm_values
-        if values is None:
-            return
+        connection as it was (the claim prepares the statement then). ``values``: a claim's,
+        with a queue of its own (their types select the prepared statement)."""
         statement = self._s.raw["claim"]
         try:
             cur = AsyncRawCursor(conn, row_factory=tuple_row)
-            await cur.execute(
-                statement.text, statement.params({**values, "check_due": True}), prepare=True
-            )
+            await cur.execute(statement.text, statement.params({**values, "check_due": True}))
         except psycopg.Error as exc:
             log.debug("warming a new connection up failed: %s", exc)
 
@@ -478,7 +474,7 @@ class PostgresBroker(AdminForwarder):
 
         async def run(conn: AsyncConn) -> list[tuple[Any, ...]] | None:
             cur = AsyncRawCursor(conn, row_factory=tuple_row)
-            await cur.execute(statement.text, statement.params(values), prepare=True)
+            await cur.execute(statement.text, statement.params(values))
             return await cur.fetchall()
 
         return await self._claim_statements(query, run, None)
@@ -492,9 +488,9 @@ class PostgresBroker(AdminForwarder):
 
         async def run(conn: AsyncConn) -> list[tuple[Any, ...]]:
             async with conn.pipeline():
-                await conn.execute(self._s.q["claim_forward"], values, prepare=True)
+                await conn.execute(self._s.q["claim_forward"], values)
                 cur = AsyncRawCursor(conn, row_factory=tuple_row)
-                await cur.execute(statement.text, statement.params(claim), prepare=True)
+                await cur.execute(statement.text, statement.params(claim))
             return await cur.fetchall()
 
         return await self._claim_statements("forwarding due tasks", run, [])
@@ -512,10 +508,10 @@ class PostgresBroker(AdminForwarder):
                 # The statements go out in one round trip, in one implicit transaction
                 # (the Sync at the pipeline's end commits it): completions, then claim.
                 if complete is not None:
-                    done = await conn.execute(self._s.q["complete"], complete, prepare=True)
-                await conn.execute(self._s.q["claim_forward"], values, prepare=True)
+                    done = await conn.execute(self._s.q["complete"], complete)
+                await conn.execute(self._s.q["claim_forward"], values)
                 cur = AsyncRawCursor(conn, row_factory=tuple_row)
-                await cur.execute(statement.text, statement.params(values), prepare=True)
+                await cur.execute(statement.text, statement.params(values))
             # Read after the pipeline's end: its Sync brought every result back with the
             # commit. Fetching inside it would ask for the results first, and the Sync
             # would then cost a second round trip.
@@ -587,8 +583,8 @@ class PostgresBroker(AdminForwarder):
 
         async def run(conn: AsyncConn) -> None:
             async with conn.pipeline(), conn.transaction():
-                await conn.execute(self._s.q["claim_limited_settle_lock"], values, prepare=True)
-                await conn.execute(self._s.q["claim_limited_settle"], values, prepare=True)
+                await conn.execute(self._s.q["claim_limited_settle_lock"], values)
+                await conn.execute(self._s.q["claim_limited_settle"], values)
 
         await self._claim_statements("clearing the flags of drained limit keys", run, None)
 
@@ -718,11 +714,10 @@ class PostgresBroker(AdminForwarder):
                 await conn.execute(
                     self._s.q["move_leases_lock"],
                     {"queues": [p.lease.queue for p in moves], "ids": [p.lease.id for p in moves]},
-                    prepare=True,
                 )
             for p in moves:
                 query, values = self._lease_move(p, now)
-                cur = await conn.execute(self._s.q[query], values, prepare=True)
+                cur = await conn.execute(self._s.q[query], values)
                 row = await cur.fetchone()
                 held = bool(row and row["n"])
                 done.append(held)

@@ -358,6 +358,13 @@ class PostgresStorage:
             if self.pool is not None:
                 return self.pool
             kwargs: dict[str, Any] = {"autocommit": True, "row_factory": dict_row}
+            if not self._pgbouncer:
+                # Every statement is prepared at its first call on a connection: the pool
+                # hands its connections out in turn, and psycopg's default (at the fifth
+                # call) planned a statement anew five times on each of them; an idle
+                # worker's first pickups after a busy spell took 2-3 ms more
+                # (pickup_trace.py --percentile 99). Behind PgBouncer nothing is prepared.
+                kwargs["prepare_threshold"] = 0
             kwargs.update(self.connect_kwargs())
             pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
                 self.dsn,
@@ -405,7 +412,7 @@ class PostgresStorage:
                 while True:
                     rows: list[Row] | None
                     try:
-                        await cur.execute(self.q[name], params, prepare=True)
+                        await cur.execute(self.q[name], params)
                         rows = await cur.fetchall() if cur.description else []
                     except psycopg.errors.UniqueViolation:
                         if name != "enqueue_fresh":
@@ -546,12 +553,7 @@ class PostgresStorage:
     async def fetch(self, method: str, query: str, params: dict[str, Any]) -> list[Row]:
         """Run one named query on a pooled connection; its rows (empty if none)."""
         async with self.connection(method) as conn:
-            # Named statements are prepared at their first call on a connection (not behind
-            # PgBouncer, where psycopg prepares nothing): the pool hands its connections out
-            # in turn, and psycopg's default (at the fifth call) planned a statement anew five
-            # times on each of them; an idle worker's first pickups after a busy spell took
-            # 2-3 ms more (pickup_trace.py --percentile 99). The same below and in broker.py.
-            cur = await conn.execute(self.q[query], params, prepare=True)
+            cur = await conn.execute(self.q[query], params)
             return await cur.fetchall() if cur.description else []
 
     async def fetch_one(self, method: str, query: str, params: dict[str, Any]) -> Row | None:
@@ -561,7 +563,7 @@ class PostgresStorage:
     async def rowcount(self, method: str, query: str, params: dict[str, Any]) -> int:
         """Run one named statement; how many rows it changed."""
         async with self.connection(method) as conn:
-            cur = await conn.execute(self.q[query], params, prepare=True)
+            cur = await conn.execute(self.q[query], params)
             return max(cur.rowcount, 0)
 
     # ------------------------------------------------------------------ lifecycle
