@@ -162,15 +162,15 @@ async def test_new_connections_of_a_claiming_broker_have_the_idle_claim_ready(
     broker = PostgresBroker.from_url(f"{pg_url}&pool_max=3")
     try:
         await broker.migrate()
-        await broker.enqueue_many([EnqueueParams(id="a", queue="default", type="t", payload=b"")])
         async with broker._s.connection("hold"):  # the pool's first connection, busy
             assert not any("forward_first AS" in s for s in await prepared(broker))
-        await broker.claim(ClaimParams(["other"], 10, "w", 30.0))
+        assert await broker.claim(ClaimParams(["default"], 10, "w", 30.0)) == []
+        # A task in the queue that claim named: the warm-up must not take it.
+        await broker.enqueue_many([EnqueueParams(id="a", queue="default", type="t", payload=b"")])
         async with broker._s.connection("hold"), broker._s.connection("hold"):
             # Both connections are busy: the next one is new.
             statements = await prepared(broker)
         assert any("forward_first AS" in s for s in statements), statements
-        # It claimed nothing: the task is still pending.
         assert (await broker.get_task("default", "a")).state.value == "pending"
     finally:
         await broker.close()
