@@ -141,8 +141,13 @@ class NotReady(Exception):
 
 
 class SkipRetry(Exception):
-    """Give up now: the task is archived without further retries."""
+    """Give up now: the task is archived without further retries.
 
-    def __init__(self, reason: str = "skip retry") -> None:
+    Logged at INFO as a decision of the handler's; ``alert=True`` makes it a failure like
+    any other archive (the ERROR line, with the traceback of the exception it was raised
+    from), e.g. for an error the handler knows a retry cannot cure."""
+
+    def __init__(self, reason: str = "skip retry", *, alert: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.alert = alert

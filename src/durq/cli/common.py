@@ -112,7 +112,8 @@ class UsageFailure(DurqError):
 
 def load_app(spec: str, broker: str | None = None) -> App:
     """Import ``module:attribute`` (the current directory first on ``sys.path``, as uvicorn
-    does) and check that it names a :class:`durq.App`.
+    does) and check that it names a :class:`durq.App` (or an object whose ``durq_app`` is
+    one, such as :class:`durq.contrib.celery.Celery`).
 
     ``broker``, else ``DURQ_BROKER_URL``, overrides the broker the app was built with."""
     module_name, sep, attr = spec.partition(":")
@@ -142,6 +143,12 @@ def load_app(spec: str, broker: str | None = None) -> App:
             obj = getattr(obj, part)
         except AttributeError:
             raise UsageFailure(f"module {module_name!r} has no attribute {attr!r}") from None
+    # An adapter's app object (durq.contrib.celery.Celery) carries the durq app it runs.
+    if not isinstance(obj, App):
+        try:
+            obj = getattr(obj, "durq_app", obj)
+        except DurqError as exc:
+            raise UsageFailure(f"{spec}: {exc}") from None
     if not isinstance(obj, App):
         raise UsageFailure(f"{spec} is a {type(obj).__name__}, not a durq.App")
     url = broker or os.environ.get("DURQ_BROKER_URL")

@@ -234,7 +234,7 @@ class Executor:
             # ordinary failure, not an attempt left active until its lease expires.
             return await self._failed(lease, task_def, "CancelledError", exc)
         except SkipRetry as exc:
-            return await self._archive(lease, exc.reason, alert=False, exc=exc)
+            return await self._archive(lease, exc.reason, alert=exc.alert, exc=exc)
         except _TimedOut:
             return await self._failed(lease, task_def, self._timeout_message(task), None)
         except _Undecodable as exc:
