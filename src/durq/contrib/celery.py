@@ -604,10 +604,13 @@ class Celery:
 
         def modules() -> Iterable[str]:
             names = packages() if callable(packages) else packages
-            if names is None:
-                from django.conf import settings  # type: ignore[import-not-found]
+            if names is None:  # Django's installed apps, once Django is set up
+                import django  # type: ignore[import-not-found]
+                from django.apps import apps  # type: ignore[import-not-found]
 
-                names = settings.INSTALLED_APPS
+                if not apps.ready:
+                    django.setup()
+                names = [config.name for config in apps.get_app_configs()]
             return [f"{name}.{related_name}" for name in names]
 
         self._autodiscover.append(modules)
