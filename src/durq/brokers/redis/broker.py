@@ -741,7 +741,7 @@ class RedisBroker(AdminForwarder):
         return (
             "requeue",
             [k.task(lease.id), k.active, k.pending, k.limits, k.limit_waiting],
-            [lease.token, k.notify],
+            [lease.token, k.notify, self._s.now_arg()],
         )
 
     # -- maintenance ----------------------------------------------------------------------
