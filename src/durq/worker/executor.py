@@ -53,10 +53,11 @@ MAX_TRACEBACK = 16384
 
 def format_traceback(exc: BaseException | None) -> str | None:
     """``exc``'s traceback with its chain (``raise ... from``, and during handling), bounded
-    by :data:`MAX_TRACEBACK`; ``None`` for outcomes that are not crashes."""
+    by :data:`MAX_TRACEBACK` and made storable (:func:`durq.codec.storable_text`); ``None``
+    for outcomes that are not crashes."""
     if exc is None or isinstance(exc, NotReady | _NoHandler):
         return None
-    text = "".join(traceback.format_exception(exc))
+    text = codec.storable_text("".join(traceback.format_exception(exc)))
     if len(text) <= MAX_TRACEBACK:
         return text
     head, tail = MAX_TRACEBACK // 4, MAX_TRACEBACK * 3 // 4
@@ -65,7 +66,9 @@ def format_traceback(exc: BaseException | None) -> str | None:
 
 
 def clip_error(error: str) -> str:
-    """``error`` cut to :data:`MAX_ERROR` characters, saying so."""
+    """``error`` made storable (:func:`durq.codec.storable_text`: it may echo user input
+    holding a NUL or a lone surrogate) and cut to :data:`MAX_ERROR` characters, saying so."""
+    error = codec.storable_text(error)
     if len(error) <= MAX_ERROR:
         return error
     return error[: MAX_ERROR - 30] + f"… ({len(error)} characters)"
