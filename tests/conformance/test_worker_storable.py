@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
 
 import durq
 from conformance.apps import FAST, wait_for_state
+from durq.brokers import FullBroker
+from durq.brokers.base import ClaimParams, CompleteParams, Lease
+from durq.errors import BrokerError
 from durq.states import TaskState
 
 #: (raised message, stored message): NUL as ``\x00``, a lone surrogate as ``\ud800``.
@@ -122,3 +126,69 @@ async def test_W6_result_with_a_lone_surrogate_fails_with_a_clear_error(app: dur
     assert archived.last_error is not None and _storable(archived.last_error)
     assert archived.last_error.startswith("PayloadError: result is not JSON-serialisable")
     assert "\\ud800" in archived.last_error and archived.result is None
+
+
+class RefusesOneResult:
+    """A real broker that refuses (BrokerError, not an outage) every call storing the
+    completion of task ``bad``, the way a database refuses a value it cannot store."""
+
+    #: No URL: the app uses this object, never a broker of its own opened from a URL.
+    url = None
+
+    def __init__(self, inner: FullBroker, bad: str) -> None:
+        self._inner = inner
+        self.bad = bad
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def _check(self, items: Sequence[CompleteParams]) -> None:
+        if any(p.lease.id == self.bad for p in items):
+            raise BrokerError("refused a value it cannot store", operation="test.complete")
+
+    async def complete(self, params: CompleteParams) -> bool:
+        self._check([params])
+        return await self._inner.complete(params)
+
+    async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
+        self._check(items)
+        return await self._inner.complete_many(items)
+
+    async def complete_and_claim(
+        self, items: Sequence[CompleteParams], claim: ClaimParams
+    ) -> tuple[list[bool], list[Lease]]:
+        self._check(items)
+        return await self._inner.complete_and_claim(items, claim)  # type: ignore[attr-defined, no-any-return]
+
+
+async def test_W4_a_refused_result_fails_the_attempt_and_spares_the_others(
+    make_broker: Callable[..., Awaitable[FullBroker]],
+) -> None:
+    """A completion the broker refuses (not an outage) is not left active until its lease
+    expires: sent alone, so the completions it was batched with are stored, and, refused
+    again, recorded as a failure by the retry policy."""
+    inner = await make_broker(fake_clock=False)
+    bad_id = "refused-1"
+    broker = RefusesOneResult(inner, bad_id)
+    app = durq.App(broker)  # type: ignore[arg-type]
+
+    @app.task("echo:ok", retention=60, max_retry=0)
+    async def ok(payload: dict[str, Any]) -> dict[str, int]:
+        return {"n": payload["n"]}
+
+    try:
+        async with app.worker(concurrency=8, **FAST):
+            bad = await ok.enqueue({"n": -1}, task_id=bad_id)
+            good = [await ok.enqueue({"n": n}) for n in range(20)]
+            archived = await wait_for_state(app, "default", bad.id, TaskState.ARCHIVED, timeout=8)
+            done = [
+                await wait_for_state(app, "default", g.id, TaskState.COMPLETED, timeout=8)
+                for g in good
+            ]
+    finally:
+        await app.close()
+    assert archived.retried == 1
+    assert archived.last_error is not None
+    assert archived.last_error.startswith("result not stored: BrokerError")
+    assert "refused a value it cannot store" in archived.last_error
+    assert [d.result for d in done] == [{"n": n} for n in range(20)]
