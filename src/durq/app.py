@@ -492,7 +492,10 @@ class App:
 
         Raises :class:`~durq.TaskIDConflictError` when ``task_id`` exists,
         :class:`~durq.DuplicateTaskError` within a ``unique`` ttl,
-        :class:`~durq.PayloadError` for a bad payload and
+        :class:`~durq.PayloadError` for a bad payload,
+        :class:`~durq.InvalidNameError` for an invalid name or id (a ``task_id`` is letters,
+        digits and ``_ . : - @ + = /``, up to 200 characters, not ``.`` or ``..``) or a
+        type of durq's own (``durq:...``, reserved), and
         :class:`~durq.BrokerUnavailableError` when the broker cannot be reached.
         ``priority``: an integer from -100 to 100 (default: the task type's, else 0); within
         its queue a higher one is claimed first, then the earlier due time, then the earlier

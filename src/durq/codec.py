@@ -68,6 +68,22 @@ def encode_result(result: Any, *, max_bytes: int = DEFAULT_MAX_RESULT) -> bytes 
     return _bounded(to_jsonable(result), "result", max_bytes)
 
 
+def storable_text(text: str) -> str:
+    """``text`` as every broker can store it: a NUL becomes the four characters ``\\x00``
+    (PostgreSQL's ``text`` refuses NUL) and a lone surrogate its ``\\udXXX`` escape (it has
+    no UTF-8 form, so no broker can store it); any other text is returned unchanged.
+
+    Applied to what a handler hands the worker as text (its exception's message, a
+    ``NotReady``/``SkipRetry`` reason, the traceback) before any broker sees it."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def decode(raw: bytes | str | None) -> Any:
     """Decode stored JSON. Raises ``ValueError`` on anything that is not strict JSON."""
     if raw is None:

@@ -78,7 +78,7 @@ def resolve(then: Then | str, task_queue: str, app: App) -> str:
         then = Then(then)
     if not isinstance(then, Then):
         raise ValidationError(f"then must be a durq.Then or a task type, not {then!r}")
-    task_type = names.check_type(then.type)
+    task_type = names.check_enqueued_type(then.type)
     task_def = app.tasks.get(task_type)
     defaults = task_def.defaults if task_def is not None else None
     queue = then.queue or (defaults.queue if defaults is not None else task_queue)

@@ -30,9 +30,38 @@ def check_type(name: str) -> str:
     return _check(name, "task type", _NAME, NAME_MAX)
 
 
+#: The prefix of durq's own task types (``durq:webhook``): only durq creates such tasks.
+RESERVED_TYPE_PREFIX = "durq:"
+
+
+def check_enqueued_type(name: str) -> str:
+    """Return a valid task type that a caller may enqueue, or raise
+    :class:`InvalidNameError`: durq's own ``durq:`` types are refused, since their handlers
+    trust their payload (the worker signs and POSTs a ``durq:webhook`` task's body). durq
+    creates those tasks itself, as follow-ups built without this check."""
+    check_type(name)
+    if name.startswith(RESERVED_TYPE_PREFIX):
+        raise InvalidNameError(
+            f"task type {name!r} is reserved: durq creates its {RESERVED_TYPE_PREFIX!r} "
+            "tasks itself"
+        )
+    return name
+
+
 def check_task_id(task_id: str) -> str:
     """Return a valid task id or raise :class:`InvalidNameError`."""
     return _check(task_id, "task id", _TASK_ID, TASK_ID_MAX)
+
+
+def check_new_task_id(task_id: str) -> str:
+    """Return a valid id for a new task or raise :class:`InvalidNameError`: as
+    :func:`check_task_id`, and not ``.`` or ``..``, which a URL path (the dashboard's links,
+    the admin API) reads as the current or parent folder, so the task's page could not be
+    reached. Lookups keep :func:`check_task_id`: a task stored earlier stays reachable."""
+    check_task_id(task_id)
+    if task_id in (".", ".."):
+        raise InvalidNameError(f"invalid task id {task_id!r}: '.' and '..' are path segments")
+    return task_id
 
 
 def check_group_id(group_id: str) -> str:

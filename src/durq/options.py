@@ -186,8 +186,8 @@ def build_params(
 ) -> EnqueueParams:
     """Validate every option at the edge and encode the payload."""
     queue = names.check_queue(defaults.queue if request.queue is None else request.queue)
-    task_type = names.check_type(request.type)
-    task_id = new_task_id() if request.task_id is None else names.check_task_id(request.task_id)
+    task_type = names.check_enqueued_type(request.type)
+    task_id = new_task_id() if request.task_id is None else names.check_new_task_id(request.task_id)
     if request.process_in is not None and request.process_at is not None:
         raise ValidationError("give process_in or process_at, not both")
     process_at = epoch(request.process_at, "process_at")

@@ -316,7 +316,7 @@ class PeriodicRegistry:
         defaults to the longest gap between ticks plus ``tolerance``."""
         parsed = parse_schedule(schedule, tz)
         try:
-            names.check_type(type)
+            names.check_enqueued_type(type)
             entry_name = names.check_type(name or type)
             if queue is not None:
                 names.check_queue(queue)

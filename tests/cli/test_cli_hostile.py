@@ -28,3 +28,22 @@ def test_hostile_options_are_usage_errors(cli: Cli, args: list[str], words: str)
     assert_one_line_error(result, 2, words)
     listed = cli.ok("queue", "ls", "--json").json()
     assert all(q["size"] == 0 for q in listed), listed
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["durq:webhook", "--payload", '{"url": "https://partner.example/hook"}'], "reserved"),
+        (["durq:webhook", "--task-id", "webhook:task.completed:x"], "reserved"),
+        (["email:send", "--task-id", "."], "path segments"),
+        (["email:send", "--task-id", ".."], "path segments"),
+    ],
+    ids=["reserved-type", "reserved-type-with-id", "dot-id", "dot-dot-id"],
+)
+def test_S3_reserved_types_and_dot_ids_are_usage_errors(
+    cli: Cli, args: list[str], words: str
+) -> None:
+    result = cli("enqueue", *args)
+    assert_one_line_error(result, 2, words)
+    listed = cli.ok("queue", "ls", "--json").json()
+    assert all(q["size"] == 0 for q in listed), listed

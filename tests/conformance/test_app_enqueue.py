@@ -14,6 +14,7 @@ import pytest
 
 import durq
 from durq.brokers import open_broker
+from durq.errors import ConfigurationError
 from durq.states import TaskState
 
 
@@ -221,3 +222,45 @@ async def test_E2_non_finite_times_are_refused(app: durq.App) -> None:
             await app.enqueue("x:y", {}, process_at=bad)
         with pytest.raises(durq.DurqError):
             await app.enqueue("x:y", {}, deadline=bad)
+
+
+async def test_S3_reserved_types_are_refused_at_every_enqueue(app: durq.App) -> None:
+    """``durq:`` types are durq's own: a caller cannot enqueue one (a forged ``durq:webhook``
+    task would have its body signed), only durq's follow-ups create them."""
+    forged = {"url": "https://partner.example/hook", "body": {"type": "task.completed"}}
+    request = durq.EnqueueRequest("durq:webhook", forged, task_id="webhook:task.completed:x")
+    attempts = [
+        lambda: app.enqueue("durq:webhook", forged, task_id="webhook:task.completed:x"),
+        lambda: app.enqueue("durq:anything", {}),
+        lambda: app.enqueue_many([durq.EnqueueRequest("x:y", {}), request]),
+        lambda: app.enqueue_group([durq.EnqueueRequest("x:y", {}), request]),
+        lambda: app.enqueue("x:y", {}, then=durq.Then("durq:webhook", on_archived=True)),
+        lambda: app.enqueue("x:y", {}, then="durq:webhook"),
+        lambda: app.enqueue_group([durq.EnqueueRequest("x:y", {})], then="durq:webhook"),
+    ]
+    for attempt in attempts:
+        with pytest.raises(durq.InvalidNameError, match="reserved"):
+            await attempt()
+    with pytest.raises(ConfigurationError, match="reserved"):
+        app.add_periodic("@every 1h", "durq:webhook")
+    assert all(q.size == 0 for q in await app.inspector.list_queues())
+    # durq still creates its own: archiving a task that asked for a webhook makes a delivery.
+    info = await app.enqueue(
+        "x:y", {}, webhook="https://partner.example/hook", process_in=3600, max_retry=0
+    )
+    await app.inspector.archive_task(info.queue, info.id)
+    delivery = await app.inspector.get_task_info(info.queue, f"webhook:archived:{info.id}")
+    assert delivery.type == "durq:webhook"
+
+
+async def test_S3_dot_task_ids_are_refused(app: durq.App) -> None:
+    """``.`` and ``..`` would be read as path segments by the dashboard's links."""
+    for task_id in (".", ".."):
+        with pytest.raises(durq.InvalidNameError, match="path segment"):
+            await app.enqueue("x:y", {}, task_id=task_id)
+        with pytest.raises(durq.InvalidNameError):
+            await app.enqueue_many([durq.EnqueueRequest("x:y", {}, task_id=task_id)])
+    # Dots inside an id, or a dot segment inside an id with "/" (quoted whole in a link), stay
+    # valid.
+    for task_id in ("...", ".a", "a.", "a/..", "../a"):
+        assert (await app.enqueue("x:y", {}, task_id=task_id)).id == task_id

@@ -53,10 +53,11 @@ MAX_TRACEBACK = 16384
 
 def format_traceback(exc: BaseException | None) -> str | None:
     """``exc``'s traceback with its chain (``raise ... from``, and during handling), bounded
-    by :data:`MAX_TRACEBACK`; ``None`` for outcomes that are not crashes."""
+    by :data:`MAX_TRACEBACK` and made storable (:func:`durq.codec.storable_text`); ``None``
+    for outcomes that are not crashes."""
     if exc is None or isinstance(exc, NotReady | _NoHandler):
         return None
-    text = "".join(traceback.format_exception(exc))
+    text = codec.storable_text("".join(traceback.format_exception(exc)))
     if len(text) <= MAX_TRACEBACK:
         return text
     head, tail = MAX_TRACEBACK // 4, MAX_TRACEBACK * 3 // 4
@@ -65,7 +66,9 @@ def format_traceback(exc: BaseException | None) -> str | None:
 
 
 def clip_error(error: str) -> str:
-    """``error`` cut to :data:`MAX_ERROR` characters, saying so."""
+    """``error`` made storable (:func:`durq.codec.storable_text`: it may echo user input
+    holding a NUL or a lone surrogate) and cut to :data:`MAX_ERROR` characters, saying so."""
+    error = codec.storable_text(error)
     if len(error) <= MAX_ERROR:
         return error
     return error[: MAX_ERROR - 30] + f"… ({len(error)} characters)"
@@ -208,7 +211,11 @@ class Executor:
             reason = self.running[key].reason if key in self.running else None
             outcome = await self._settle_cancelled(lease, reason)
         except Exception:  # a bug in settling must not kill the worker; the lease will expire
-            log.exception("could not settle task %s", task.id, extra=_extra(task))
+            log.exception(
+                "could not settle task %s: it stays active until its lease expires",
+                task.id,
+                extra=_extra(task),
+            )
         finally:
             duration = time.perf_counter() - started
             for hook in self.hooks:
@@ -249,13 +256,39 @@ class Executor:
         params = lifecycle.completed(
             lease, encoded, now=self.app.clock.now(), max_payload=self.app.max_payload
         )
-        if await self._report(self.acker.complete, params, task):
+        try:
+            held = await self._report(self.acker.complete, params, task)
+        except Exception:  # refused, not unreachable: _report waits out outages
+            return await self._complete_alone(lease, task_def, params)
+        if held:
             # DEBUG: a line per task costs more than a small task; a periodic INFO summary
             # (durq.observability.logging.TaskSummary) counts them instead.
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("task %s completed", task.id, extra=_extra(task))
             return "completed"
         return "lost"
+
+    async def _complete_alone(
+        self, lease: Lease, task_def: TaskDef[Any, Any] | None, params: CompleteParams
+    ) -> str:
+        """The broker refused the batch this completion rode in: send it alone, so that one
+        refused completion does not fail the others. Refused alone too, the attempt fails
+        with the broker's error (recorded, by the retry policy) rather than leaving the task
+        active until its lease expires."""
+        task = lease.task
+        try:
+            held = await self._report(self.broker.complete, params, task)
+        except Exception as exc:
+            log.error(
+                "task %s: the broker refused to store its result (%s)",
+                task.id,
+                exc,
+                extra=_extra(task),
+            )
+            return await self._failed(
+                lease, task_def, f"result not stored: {type(exc).__name__}: {exc}", None
+            )
+        return "completed" if held else "lost"
 
     def _mark_settling(self, lease: Lease) -> None:
         running = self.running.get(lease.ref)
