@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.cli.clikit import Cli, assert_one_line_error
 
 from durq.brokers import open_broker
 from durq.brokers.base import EnqueueParams
@@ -105,6 +106,15 @@ async def test_a_wake_directory_symlinked_after_connect_is_left_alone(tmp_path: 
         await broker.close()
     assert [p.name for p in target.iterdir()] == ["999999.0"]
     assert (target / "999999.0").read_text() == "keep me"
+
+
+def test_the_cli_names_the_refused_files_in_one_line(tmp_path: Path) -> None:
+    cli = Cli(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    Path(wakeup.directory_for(str(tmp_path / "durq.sqlite3"))).symlink_to(tmp_path / "elsewhere")
+    assert_one_line_error(cli("migrate"), 2, "durq.sqlite3.wake is a symlink", "remove it")
+    bad_mode = cli("migrate", "--broker", f"sqlite:///{tmp_path / 'other.db'}?file_mode=0755")
+    assert_one_line_error(bad_mode, 2, "file_mode 0755")
 
 
 async def test_links_and_files_inside_the_wake_directory_get_nothing(tmp_path: Path) -> None:
