@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -37,13 +38,28 @@ def mode_of(path: Path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
-@pytest.fixture
-def umask_022() -> Iterator[None]:
-    old = os.umask(0o022)
+def open_wake_directory(tmp_path: Path) -> tuple[Path, Path]:
+    """A database path and its wake-up directory, made beforehand writable by everyone."""
+    db = tmp_path / "durq.sqlite3"
+    wake = Path(wakeup.directory_for(str(db)))
+    wake.mkdir()
+    wake.chmod(0o777)
+    return db, wake
+
+
+@contextmanager
+def umask(mask: int) -> Iterator[None]:
+    old = os.umask(mask)
     try:
         yield
     finally:
         os.umask(old)
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    with umask(0o022):
+        yield
 
 
 def receiver(path: Path) -> socket.socket:
@@ -136,10 +152,7 @@ async def test_links_and_files_inside_the_wake_directory_get_nothing(tmp_path: P
 async def test_an_open_wake_directory_of_ours_is_tightened(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    db = tmp_path / "durq.sqlite3"
-    wake = Path(wakeup.directory_for(str(db)))
-    wake.mkdir()
-    wake.chmod(0o777)
+    db, wake = open_wake_directory(tmp_path)
     broker = SQLiteBroker(str(db))
     with caplog.at_level(logging.WARNING, "durq.sqlite"):
         await broker.wait_for_work(["q"], 0.01)  # binds its socket there
@@ -150,13 +163,10 @@ async def test_an_open_wake_directory_of_ours_is_tightened(
 
 async def test_a_new_wake_directory_is_0700(tmp_path: Path) -> None:
     db = tmp_path / "durq.sqlite3"
-    old = os.umask(0)  # the mode does not come from the umask
-    try:
+    with umask(0):  # the mode does not come from the umask
         broker = SQLiteBroker(str(db))
         await broker.wait_for_work(["q"], 0.01)
         await broker.close()
-    finally:
-        os.umask(old)
     assert mode_of(Path(wakeup.directory_for(str(db)))) == 0o700
 
 
@@ -164,10 +174,7 @@ async def test_a_new_wake_directory_is_0700(tmp_path: Path) -> None:
 async def test_another_users_wake_directory_is_not_used(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    db = tmp_path / "durq.sqlite3"
-    wake = Path(wakeup.directory_for(str(db)))
-    wake.mkdir()
-    wake.chmod(0o777)
+    db, wake = open_wake_directory(tmp_path)
     planted = receiver(wake / "999999.0")  # the other user's socket
     os.chown(planted.getsockname(), OTHER_UID, OTHER_UID)
     os.chown(wake, OTHER_UID, OTHER_UID)
@@ -391,14 +398,11 @@ async def test_database_files_are_created_0600(tmp_path: Path, umask_022: None) 
 @pytest.mark.parametrize("option", ["0640", "640", "0o640"])
 async def test_file_mode_sets_the_mode_of_created_files(tmp_path: Path, option: str) -> None:
     db = tmp_path / "shared.sqlite3"
-    old = os.umask(0o077)  # the mode asked for wins over the umask
-    try:
+    with umask(0o077):  # the mode asked for wins over the umask
         broker = open_broker(f"sqlite:///{db}?file_mode={option}")
         await broker.enqueue(task())
         modes = sqlite_files(db)
         await broker.close()
-    finally:
-        os.umask(old)
     assert set(modes.values()) == {0o640}
     assert len(modes) == 3
 
