@@ -19,6 +19,7 @@ datagrams costs a listener at most :data:`MAX_DRAIN` reads per turn of its event
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
@@ -54,6 +55,12 @@ def directory_for(db_path: str) -> str:
     return db_path + ".wake"
 
 
+def refuse_links(directory: str) -> bool:
+    """Whether ``directory`` exists; raises :class:`UnsafeFileError` if it is a symlink or
+    not a directory (never made by durq: a mistake or an attack, to be fixed by hand)."""
+    return _lstat(directory) is not None
+
+
 def check_directory(directory: str) -> bool:
     """Whether ``directory`` exists, once it is known to be one this process may trust: a
     real directory of this process's user, mode 0700 (a looser one is tightened and
@@ -66,43 +73,49 @@ def check_directory(directory: str) -> bool:
     return True
 
 
-def refuse_links(directory: str) -> bool:
-    """Whether ``directory`` exists; raises :class:`UnsafeFileError` if it is a symlink or
-    not a directory (never made by durq: a mistake or an attack, to be fixed by hand)."""
+def _lstat(directory: str) -> os.stat_result | None:
     try:
         st = os.lstat(directory)
     except FileNotFoundError:
-        return False
+        return None
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
         raise UnsafeFileError(
             f"{directory} is {what}: durq keeps its wake-up sockets there and uses only a "
             "plain directory of this process's user; remove it (durq recreates it, mode 0700)"
         )
-    return True
+    return st
+
+
+def _check_owner(directory: str, uid: int) -> None:
+    if uid != os.geteuid():
+        raise UnsafeFileError(
+            f"{directory} belongs to uid {uid}, not to this process's user "
+            f"(uid {os.geteuid()}): durq's wake-up sockets live there, so run every "
+            "process on this database as one user, or remove the directory (durq "
+            "recreates it, mode 0700)"
+        )
 
 
 def _open_trusted(directory: str) -> int | None:
     """A descriptor of ``directory`` once checked as :func:`check_directory` says, opened
     without following a symlink (so what is checked is what is used); ``None`` if it does
     not exist."""
-    if not refuse_links(directory):
+    st = _lstat(directory)
+    if st is None:
         return None
+    _check_owner(directory, st.st_uid)  # before opening: another user's may be unreadable
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
-    except OSError as exc:  # replaced by a link or a file since the look above
-        raise UnsafeFileError(f"{directory} changed while durq opened it: {exc}") from exc
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # replaced since the look above
+            raise UnsafeFileError(f"{directory} changed while durq opened it: {exc}") from exc
+        raise
     try:
         st = os.fstat(fd)
-        if st.st_uid != os.geteuid():
-            raise UnsafeFileError(
-                f"{directory} belongs to uid {st.st_uid}, not to this process's user "
-                f"(uid {os.geteuid()}): durq's wake-up sockets live there, so run every "
-                "process on this database as one user, or remove the directory (durq "
-                "recreates it, mode 0700)"
-            )
+        _check_owner(directory, st.st_uid)
         if stat.S_IMODE(st.st_mode) & 0o077:
             # Ours but open to others (made by an older durq with the umask, or by hand):
             # another user may have put sockets or links there meanwhile, which the
@@ -206,6 +219,9 @@ class Listener:
             check_directory(self.directory)
         except UnsafeFileError as exc:
             self._give_up(exc.message, level=logging.WARNING)
+            return None
+        except OSError as exc:
+            self._give_up(f"{exc}")
             return None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
