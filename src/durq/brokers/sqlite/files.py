@@ -56,12 +56,14 @@ def create(path: str, mode: int) -> None:
     SQLite would create it ``0644`` less the umask, and copies that to the files it makes
     next to it. Anything else (it exists, a missing directory) is left to SQLite's open,
     which reports it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        fd = os.open(path, flags, mode)
     except OSError:
         return
     try:
-        os.fchmod(fd, mode)  # the umask may have taken bits off the mode asked for
+        if hasattr(os, "fchmod"):  # not on Windows, where modes mean little
+            os.fchmod(fd, mode)  # the umask may have taken bits off the mode asked for
     finally:
         os.close(fd)
 
