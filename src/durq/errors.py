@@ -21,6 +21,11 @@ class ConfigurationError(DurqError, ValueError):
     """Invalid configuration."""
 
 
+class UnsafeFileError(ConfigurationError):
+    """A file or directory durq would use next to the SQLite database is not one it can
+    trust (a symlink, not a directory, another user's): remove it, durq recreates it."""
+
+
 class ValidationError(DurqError, ValueError):
     """Invalid input."""
 

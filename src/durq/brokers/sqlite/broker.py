@@ -51,6 +51,7 @@ from durq.brokers.base import (
 )
 from durq.brokers.batcher import enqueue_coalescer
 from durq.brokers.mailbox import Waiter
+from durq.brokers.sqlite import files
 from durq.brokers.sqlite.admin import SQLiteAdmin
 from durq.brokers.sqlite.storage import (
     DEFAULT_BUSY_TIMEOUT,
@@ -97,7 +98,8 @@ class SQLiteBroker(AdminForwarder):
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
         """``sqlite:///relative/path.db`` (from the working directory) or
         ``sqlite:////abs/path.db``. Options: ``?busy_timeout=5`` (seconds to wait for the
-        write lock), ``?poll_interval=0.025`` (cross-process wake-up polling, seconds)."""
+        write lock), ``?poll_interval=0.025`` (cross-process wake-up polling, seconds),
+        ``?file_mode=0600`` (octal mode of the database files it creates)."""
         parts = urlsplit(url)
         if parts.scheme.lower() != "sqlite":
             raise ConfigurationError(f"not a sqlite URL: {url!r}")
@@ -110,7 +112,7 @@ class SQLiteBroker(AdminForwarder):
         if not path:
             raise ConfigurationError(f"sqlite URL without a file path: {url!r}")
         options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        unknown = set(options) - {"busy_timeout", "poll_interval"}
+        unknown = set(options) - {"busy_timeout", "poll_interval", "file_mode"}
         if unknown:
             raise ConfigurationError(f"unknown sqlite URL option(s): {', '.join(sorted(unknown))}")
         try:
@@ -120,7 +122,8 @@ class SQLiteBroker(AdminForwarder):
             raise ConfigurationError(f"invalid sqlite URL option in {url!r}: {exc}") from exc
         if busy < 0 or poll <= 0:
             raise ConfigurationError(f"sqlite URL options must be positive: {url!r}")
-        return cls(path, clock=clock, busy_timeout=busy, poll_interval=poll)
+        mode = files.parse_file_mode(options.get("file_mode", f"{files.DEFAULT_FILE_MODE:o}"))
+        return cls(path, clock=clock, busy_timeout=busy, poll_interval=poll, file_mode=mode)
 
     def __init__(
         self,
@@ -129,9 +132,16 @@ class SQLiteBroker(AdminForwarder):
         clock: Clock = SYSTEM_CLOCK,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
+        file_mode: int = files.DEFAULT_FILE_MODE,
     ) -> None:
+        """``file_mode``: the mode of the database files created (``0o600``: owner only;
+        an existing file keeps its own, see ``files.py``)."""
         self._s = SQLiteStorage(
-            path, clock=clock, busy_timeout=busy_timeout, poll_interval=poll_interval
+            path,
+            clock=clock,
+            busy_timeout=busy_timeout,
+            poll_interval=poll_interval,
+            file_mode=file_mode,
         )
         self.admin = SQLiteAdmin(self._s)
         self._batcher = enqueue_coalescer(self._enqueue_one, self.enqueue_many)

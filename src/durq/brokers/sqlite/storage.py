@@ -31,7 +31,7 @@ from durq.brokers.base import (
     follow_up_from,
     minute_of,
 )
-from durq.brokers.sqlite import wakeup
+from durq.brokers.sqlite import files, wakeup
 from durq.brokers.sqlite.checkpoint import Checkpointer
 from durq.brokers.sqlite.errors import map_error
 from durq.brokers.sqlite.timeline import Timeline
@@ -128,9 +128,12 @@ class SQLiteStorage:
         clock: Clock = SYSTEM_CLOCK,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
+        file_mode: int = files.DEFAULT_FILE_MODE,
     ) -> None:
         self.path = os.path.abspath(path)
         self.clock = clock
+        #: The mode of the database files this broker creates (see files.py).
+        self.file_mode = files.check_file_mode(file_mode)
         #: Leases on the machine's monotonic clock; steps of the wall clock noticed.
         self.timeline = Timeline(clock)
         self.busy_timeout = busy_timeout
@@ -142,14 +145,16 @@ class SQLiteStorage:
         # since then means another connection committed, maybe an enqueue.
         self.seen_version: int | None = None
         # Other processes: datagrams through the sockets next to the file (see wakeup.py).
-        wake_dir = wakeup.directory_for(self.key)
-        self.listener = wakeup.Listener(wake_dir)
-        self.sender = wakeup.Sender(wake_dir)
+        self.wake_dir = wakeup.directory_for(self.key)
+        self.listener = wakeup.Listener(self.wake_dir, window=poll_interval)
+        self.sender = wakeup.Sender(self.wake_dir)
         # Copies the WAL back into the file after commits, off the callers' path.
         self.checkpointer = Checkpointer(self.path, Q)
         self._watchers = 0
         self._watch_loop: asyncio.AbstractEventLoop | None = None
         self._watch_fd = -1
+        # While a flood of datagrams is left unread (see _on_datagram): its resumption.
+        self._paused: asyncio.TimerHandle | None = None
         self._executor: ThreadPoolExecutor | None = None
         # The sync face may call from several threads: one executor, hence one connection.
         self._executor_lock = threading.Lock()
@@ -259,7 +264,11 @@ class SQLiteStorage:
 
     def _open(self, operation: str) -> Conn:
         """Open the connection, set its pragmas and bring the schema up to date (embedded:
-        nothing to install, so connecting migrates; a newer schema is refused)."""
+        nothing to install, so connecting migrates; a newer schema is refused). A symlink
+        where the wake-up directory goes is refused (UnsafeFileError) before anything."""
+        wakeup.refuse_links(self.wake_dir)
+        files.create(self.path, self.file_mode)
+        files.warn_if_open(self.path, self.file_mode)
         try:
             conn = sqlite3.connect(
                 self.path,
@@ -364,9 +373,7 @@ class SQLiteStorage:
 
     async def close(self) -> None:
         """Close the connection and stop the database thread (idempotent)."""
-        if self._watch_loop is not None:
-            self._watch_loop.remove_reader(self._watch_fd)
-            self._watchers, self._watch_loop = 0, None
+        self._stop_watching()
         self.listener.close()
         self.sender.close()
         with self._executor_lock:
@@ -396,8 +403,9 @@ class SQLiteStorage:
     def watch(self, loop: asyncio.AbstractEventLoop) -> bool:
         """While a ``wait_for_work`` runs on ``loop``: datagrams of other processes post to
         the mailbox. ``False`` when the channel is unavailable (the poll serves alone).
-        Datagrams that came before are dropped: the caller's ``data_version`` look, made
-        after this, answers for their commits."""
+        Datagrams that came before are dropped (up to ``MAX_DRAIN``; any left over wake it
+        for nothing, which is allowed): the caller's ``data_version`` look, made after this,
+        answers for their commits."""
         if self._watchers:
             if self._watch_loop is not loop:
                 return False  # another event loop watches: this one polls
@@ -418,14 +426,34 @@ class SQLiteStorage:
         if self._watchers == 0:
             return
         self._watchers -= 1
-        if self._watchers == 0 and self._watch_loop is not None:
+        if self._watchers == 0:
+            self._stop_watching()
+
+    def _stop_watching(self) -> None:
+        if self._paused is not None:
+            self._paused.cancel()
+            self._paused = None
+        if self._watch_loop is not None:
             self._watch_loop.remove_reader(self._watch_fd)
             self._watch_loop = None
+        self._watchers = 0
 
     def _on_datagram(self) -> None:
         queues = self.listener.drain()
         if queues:
             self.mailbox.post(frozenset(queues))
+        loop = self._watch_loop
+        if self.listener.flooded and loop is not None:
+            # More datagrams than a waiter needs: a flood, or a sender gone wrong. Stop
+            # reading until the listener's budget comes back (the poll serves meanwhile):
+            # the loop reads at most MAX_DRAIN per poll interval, the kernel drops the rest.
+            loop.remove_reader(self._watch_fd)
+            self._paused = loop.call_later(self.listener.resume_in(), self._resume)
+
+    def _resume(self) -> None:
+        self._paused = None
+        if self._watch_loop is not None:
+            self._watch_loop.add_reader(self._watch_fd, self._on_datagram)
 
     def ended(self, tasks: Iterable[tuple[str, str]]) -> None:
         """These ``(queue, id)`` ended: wake this process's watches of them (after a commit)."""
