@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 import durq.testing
 from examples.testing import shop
@@ -45,6 +46,7 @@ def test_the_flask_view_enqueues(durq_worker_sync: durq.testing.SyncTestWorker) 
     assert shop.SENT == [{"to": "c@d.e", "price": 99.5}]
 
 
+@pytest.mark.durq_worker(scheduler=True)  # periodic tasks run only in tests that ask
 async def test_the_daily_report_runs_at_six(durq_worker: durq.testing.TestWorker) -> None:
     assert await durq_worker.drain() == []  # 05:00: nothing due
     durq_worker.clock.advance("1h")
