@@ -25,7 +25,8 @@ from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse
 
 from durq.clock import FakeClock
-from durq.web import DEFAULT_RETRY_AFTER, Answer, Location, enqueue_answer
+from durq.errors import PayloadError
+from durq.web import DEFAULT_RETRY_AFTER, Answer, Location, enqueue_answer, invalid_payload
 
 if TYPE_CHECKING:
     from durq.app import App, TaskDef
@@ -64,13 +65,17 @@ async def enqueue_response(
     extra: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> JSONResponse:
-    """Enqueue and answer 202 queued · 200 already_accepted · 503 in one call.
+    """Enqueue and answer 202 queued · 200 already_accepted · 503 in one call, and a payload
+    the task's model refuses with 422 in FastAPI's shape (``{"detail": [...]}``).
 
     Options as :meth:`durq.App.enqueue` (``task_id``, ``queue``, ``process_in``,
     ``connection``…)."""
-    answer = await enqueue_answer(
-        app, type, payload, location=location, retry_after=retry_after, extra=extra, **options
-    )
+    try:
+        answer = await enqueue_answer(
+            app, type, payload, location=location, retry_after=retry_after, extra=extra, **options
+        )
+    except PayloadError as exc:  # the client's bad input, as FastAPI answers its own
+        answer = invalid_payload(exc)
     return to_response(answer)
 
 
