@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
 import durq.testing
 from examples.testing import shop
@@ -35,6 +36,18 @@ async def test_retries_wait_for_the_clock(durq_worker: durq.testing.TestWorker) 
     assert await durq_worker.drain() == []  # the retry is not due yet
     task = await durq_worker.get(info)
     assert task.state.value == "retry" and task.last_error == "the partner is still pricing"
+
+
+def test_the_endpoint_with_starlettes_test_client(
+    durq_worker_sync: durq.testing.SyncTestWorker,
+) -> None:
+    shop.partner.polls = 0  # the quote is ready at once
+    with TestClient(shop.api) as client:  # the lifespan runs, and starts no worker in a test
+        answer = client.post("/quotes", json={"ref": "Q-4", "email": "e@f.g"})
+    assert answer.status_code == 202
+    ran = durq_worker_sync.drain()  # inside the with block or after it
+    assert ran.outcomes == [("quote:poll", "completed"), ("quote:notify", "completed")]
+    assert shop.SENT == [{"to": "e@f.g", "price": 99.5}]
 
 
 def test_the_flask_view_enqueues(durq_worker_sync: durq.testing.SyncTestWorker) -> None:
