@@ -130,6 +130,7 @@ class PydanticSignup(BaseModel):
 
 @pytest.mark.parametrize("user_id", ["7", True, 7.5])
 def test_pydantic_payloads_are_as_strict_as_dataclasses(user_id: object) -> None:
+    """E6: one strictness for every kind of model."""
     with pytest.raises(durq.PayloadError, match="user_id: Input should be a valid integer"):
         validate(PydanticSignup, {"user_id": user_id})
     with pytest.raises(durq.PayloadError, match="user_id"):

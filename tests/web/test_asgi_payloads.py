@@ -67,6 +67,7 @@ def server(tmp_path: Path) -> Iterator[str]:
 def test_a_field_of_the_wrong_type_is_a_422_for_every_kind_of_model(
     server: str, kind: str, user_id: object
 ) -> None:
+    """E6 over HTTP: refused at enqueue, answered as FastAPI answers a bad body."""
     answer = httpx.post(f"{server}/signups/{kind}", json={"user_id": user_id})
     assert answer.status_code == 422, answer.text
     assert answer.headers["content-type"] == "application/json"
