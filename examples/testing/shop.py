@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from flask import Flask, request
 from pydantic import BaseModel
 
 import durq
+from durq.web.asgi import durq_lifespan, get_durq
 
 app = durq.App()  # DURQ_BROKER_URL in production; the tests point it at memory://
 SENT: list[dict[str, Any]] = []  # what quote:notify "mailed" (a real service would send it)
@@ -54,12 +55,13 @@ class QuoteRequest(BaseModel):
     email: str
 
 
-api = FastAPI()
+# As docs/web.md shows: the worker runs inside the web process, handlers get the app.
+api = FastAPI(lifespan=durq_lifespan(app, worker=True))
 
 
 @api.post("/quotes", status_code=202)
-async def ask_quote(body: QuoteRequest) -> dict[str, str]:
-    info = await app.enqueue(
+async def ask_quote(body: QuoteRequest, client: durq.App = Depends(get_durq)) -> dict[str, str]:
+    info = await client.enqueue(
         "quote:poll", {"ref": body.ref, "email": body.email}, then="quote:notify"
     )
     return {"task_id": info.id}

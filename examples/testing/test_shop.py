@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import httpx
+import pytest
+from fastapi.testclient import TestClient
 
 import durq.testing
 from examples.testing import shop
@@ -36,6 +38,18 @@ async def test_retries_wait_for_the_clock(durq_worker: durq.testing.TestWorker) 
     assert task.state.value == "retry" and task.last_error == "the partner is still pricing"
 
 
+def test_the_endpoint_with_starlettes_test_client(
+    durq_worker_sync: durq.testing.SyncTestWorker,
+) -> None:
+    shop.partner.polls = 0  # the quote is ready at once
+    with TestClient(shop.api) as client:  # the lifespan runs, and starts no worker in a test
+        answer = client.post("/quotes", json={"ref": "Q-4", "email": "e@f.g"})
+    assert answer.status_code == 202
+    ran = durq_worker_sync.drain()  # inside the with block or after it
+    assert ran.outcomes == [("quote:poll", "completed"), ("quote:notify", "completed")]
+    assert shop.SENT == [{"to": "e@f.g", "price": 99.5}]
+
+
 def test_the_flask_view_enqueues(durq_worker_sync: durq.testing.SyncTestWorker) -> None:
     shop.partner.polls = 0  # the quote is ready at once
     answer = shop.web.test_client().post("/quotes", json={"ref": "Q-3", "email": "c@d.e"})
@@ -45,6 +59,7 @@ def test_the_flask_view_enqueues(durq_worker_sync: durq.testing.SyncTestWorker) 
     assert shop.SENT == [{"to": "c@d.e", "price": 99.5}]
 
 
+@pytest.mark.durq_worker(scheduler=True)  # periodic tasks run only in tests that ask
 async def test_the_daily_report_runs_at_six(durq_worker: durq.testing.TestWorker) -> None:
     assert await durq_worker.drain() == []  # 05:00: nothing due
     durq_worker.clock.advance("1h")

@@ -3,6 +3,8 @@ table row per line, whatever its length; destructive bulk commands ask or refuse
 
 from __future__ import annotations
 
+import asyncio
+import io
 import os
 import pty
 import re
@@ -12,6 +14,9 @@ from pathlib import Path
 
 import pytest
 from tests.cli.clikit import Cli, Result
+
+import durq
+import durq.testing
 
 # Longer than any 80-column layout can hold in one cell.
 QUEUE = "insurance-partner-coverage-checks-eu-west"
@@ -133,3 +138,60 @@ def test_help_names_the_broker_variable_and_gives_examples(piped: Cli) -> None:
         assert "DURQ_BROKER_URL" in text, command
         assert "Examples:" in text and f"durq task {command} " in text, command
     assert "--yes" in piped.ok("queue", "delete-all", "--help").out
+
+
+# A stored error as handlers write them: several lines, a tab, a carriage return and a
+# terminal colour code.
+ERROR = "partner said:\nHTTP 503\r\n\tretry later \x1b[31mred\x1b[0m"
+SHOWN = "partner said:\\nHTTP 503\\r\\n\\tretry later \\x1b[31mred\\x1b[0m"
+
+
+def test_a_multi_line_error_stays_on_its_row(piped: Cli) -> None:
+    """Piped, every field of every row is one line: control characters come out escaped."""
+    piped.ok("enqueue", TYPE, "--queue", QUEUE, "--task-id", TASK_ID)
+    app = durq.App(piped.url)
+
+    @app.task(TYPE, queue=QUEUE, max_retry=0)
+    def fails(payload: dict[str, object]) -> None:
+        raise durq.SkipRetry(ERROR)
+
+    async def drain() -> None:
+        async with durq.testing.worker(app) as w:
+            assert (await w.drain()).outcomes == [(TYPE, "archived")]
+        await app.close()
+
+    asyncio.run(drain())
+    stored = piped.ok("task", "get", TASK_ID, "--queue", QUEUE, "--json").json()
+    assert ERROR in stored["last_error"]  # the JSON keeps the error as it is
+
+    listed = piped.ok("task", "ls", "--queue", QUEUE, "--state", "archived")
+    line = row(listed, TASK_ID)
+    assert SHOWN[:40] in line  # the column holds the start of the error, on this line
+    assert not any(c in listed.out.replace("\n", "") for c in "\r\t\x1b")
+    assert len(listed.out.strip().splitlines()) == 4  # title, header, rule, one row
+
+    shown = piped.ok("task", "get", TASK_ID, "--queue", QUEUE)
+    lines = shown.out.splitlines()
+    assert any(" last_error " in line and SHOWN in line for line in lines)
+    assert not any(c in shown.out.replace("\n", "") for c in "\r\t\x1b")
+    # One line per field, a traceback too: no row goes on with an empty field name.
+    rows = [line.split("│") for line in lines if line.startswith("│")]
+    assert rows and all(cells[1].strip() for cells in rows), shown.out
+
+
+def test_one_field_escapes_every_control_character() -> None:
+    from rich.console import Console
+
+    from durq.cli.common import make_table, one_field
+
+    table = make_table("queues")  # the table of queue ls, workers, limit ls, group get...
+    table.add_column("name")
+    table.add_row("two\nlines")
+    out = io.StringIO()
+    Console(file=out, width=200).print(table)
+    text = out.getvalue()
+    assert "two\\nlines" in text and "\nlines" not in text
+
+    assert one_field("a\nb\r\tc\x00\x7f\x85\u2028 é ✓") == (
+        "a\\nb\\r\\tc\\x00\\x7f\\x85\\u2028 é ✓"
+    )

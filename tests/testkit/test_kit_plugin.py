@@ -116,6 +116,62 @@ def test_a_fresh_app_without_configuration(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1)
 
 
+SCHEDULED = """
+import durq
+import pytest
+
+app = durq.App("memory://")
+
+
+@app.periodic("@every 5s", type="health:ping")
+async def ping() -> None: ...
+
+
+@app.task("email:send")
+async def send(payload) -> None: ...
+
+
+@pytest.fixture
+def durq_app():
+    with durq.testing.in_memory(app, start=1_800_000_000.0) as bound:
+        yield bound
+
+
+async def test_a_test_that_does_not_ask_sees_no_schedule(durq_worker):
+    await app.enqueue("email:send", {"to": "a@b.c"})
+    assert (await durq_worker.drain()).outcomes == [("email:send", "completed")]
+    durq_worker.clock.advance("1m")
+    assert await durq_worker.drain() == []
+
+
+def test_nor_does_the_sync_worker(durq_worker_sync):
+    durq_worker_sync.advance("1m")
+    assert durq_worker_sync.drain() == []
+
+
+@pytest.mark.durq_worker(scheduler=True)
+async def test_a_marked_test_ticks_with_the_clock(durq_worker):
+    assert (await durq_worker.drain()).outcomes == [("health:ping", "completed")]
+    durq_worker.clock.advance("4s")
+    assert await durq_worker.drain() == []
+    durq_worker.clock.advance("1s")
+    assert (await durq_worker.drain()).outcomes == [("health:ping", "completed")]
+
+
+@pytest.mark.durq_worker(scheduler=True, queues=["other"])
+def test_the_marker_reaches_the_sync_worker(durq_worker_sync):
+    assert durq_worker_sync.worker.queues == {"other": 1}
+    assert durq_worker_sync.drain() == []  # health:ping's queue is not served
+"""
+
+
+def test_schedules_tick_only_in_tests_that_ask(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nasyncio_mode = auto\n")
+    pytester.makepyfile(test_scheduled=SCHEDULED)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--strict-markers")
+    result.assert_outcomes(passed=4)
+
+
 def test_a_bad_app_setting_is_one_clear_error(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\ndurq_app = myapp\n")
     pytester.makepyfile(test_bad="def test_it(durq_app):\n    pass\n")

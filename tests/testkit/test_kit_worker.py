@@ -202,13 +202,29 @@ async def test_periodic_ticks_follow_the_clock(app: durq.App) -> None:
         ticks.append(ctx.id)
 
     # A whole multiple of 10 minutes: the first tick is due at once.
-    async with durq.testing.worker(app, start=1_800_000_000.0) as w:
+    async with durq.testing.worker(app, start=1_800_000_000.0, scheduler=True) as w:
         assert [a.type for a in await w.drain()] == ["t:tick"]
         w.clock.advance("9m")
         assert await w.drain() == []
         w.clock.advance("1m")
         assert [a.type for a in await w.drain()] == ["t:tick"]
     assert ticks == ["periodic:t:tick:1800000000", "periodic:t:tick:1800000600"]
+
+
+async def test_schedules_stay_quiet_unless_the_worker_runs_them(app: durq.App) -> None:
+    @app.periodic("@every 5s", type="health:ping")
+    async def ping() -> None: ...
+
+    @app.task("t:work")
+    async def work() -> None: ...
+
+    async with durq.testing.worker(app, start=1_800_000_000.0) as w:
+        await app.enqueue("t:work")
+        assert (await w.drain()).outcomes == [("t:work", "completed")]
+        w.clock.advance("1h")
+        assert await w.drain() == []
+    async with durq.testing.worker(app, start=1_800_000_000.0, scheduler=True) as w:
+        assert (await w.drain()).outcomes == [("health:ping", "completed")]
 
 
 async def test_tasks_filters_by_type_queue_and_state(app: durq.App) -> None:

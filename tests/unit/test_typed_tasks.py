@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 import sys
 import textwrap
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from mypy import api as mypy_api
+from pydantic import BaseModel
 
 import durq
 from durq.payloads import validate
@@ -119,3 +121,22 @@ def test_dataclass_payloads_keep_defaults_and_accept_instances() -> None:
         "email": "a@b.c",
         "plan": "pro",
     }
+
+
+class PydanticSignup(BaseModel):
+    user_id: int
+    at: datetime | None = None
+
+
+@pytest.mark.parametrize("user_id", ["7", True, 7.5])
+def test_pydantic_payloads_are_as_strict_as_dataclasses(user_id: object) -> None:
+    """E6: one strictness for every kind of model."""
+    with pytest.raises(durq.PayloadError, match="user_id: Input should be a valid integer"):
+        validate(PydanticSignup, {"user_id": user_id})
+    with pytest.raises(durq.PayloadError, match="user_id"):
+        validate(Signup, {"user_id": user_id, "email": "a@b.c"})
+
+
+def test_pydantic_payloads_take_the_json_forms_of_values() -> None:
+    data = validate(PydanticSignup, {"user_id": 7, "at": "2031-05-17T08:09:10Z"})
+    assert data == {"user_id": 7, "at": "2031-05-17T08:09:10Z"}

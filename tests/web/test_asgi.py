@@ -3,6 +3,7 @@ dependency, and an unreachable broker."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 import durq
-from durq.web import Answer, answer_for_error, queued
+from durq.web import Answer, answer_for_error, enqueue_answer, queued
 from durq.web.asgi import durq_lifespan, enqueue_response, get_durq, get_worker
 
 
@@ -97,14 +98,20 @@ def test_duplicate_by_content_is_already_accepted() -> None:
     assert answer_for_error(ValueError("other")) is None
 
 
-def test_payload_errors_are_raised_not_answered(tmp_path: Path) -> None:
+def test_payload_errors_are_raised_by_the_answer_and_a_422_response(tmp_path: Path) -> None:
+    """enqueue_answer leaves bad input to the caller; the ASGI response answers it as
+    FastAPI does: 422 with {"detail": [...]}."""
     app, _ = make_app(f"sqlite:///{tmp_path / 'q.sqlite3'}")
 
-    async def run() -> None:
+    async def run() -> JSONResponse:
         async with app:
-            await enqueue_response(app, "report:build", {"bad": object()})
+            with pytest.raises(durq.PayloadError):
+                await enqueue_answer(app, "report:build", {"bad": object()})
+            return await enqueue_response(app, "report:build", {"bad": object()})
 
     import asyncio
 
-    with pytest.raises(durq.PayloadError):
-        asyncio.run(run())
+    response = asyncio.run(run())
+    assert response.status_code == 422
+    (problem,) = json.loads(bytes(response.body))["detail"]
+    assert problem["loc"] == ["payload"] and "JSON" in problem["msg"]

@@ -8,6 +8,7 @@ import asyncio
 import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -85,12 +86,32 @@ def escape(text: str) -> str:
     return rich_escape(text)
 
 
-def make_table(title: str, caption: str | None = None) -> Table:
-    """A compact table (no vertical rules)."""
-    from rich import box
-    from rich.table import Table
+#: Characters that would break a row over lines or act on a terminal: C0 and C1 controls,
+#: DEL, and the Unicode line and paragraph separators.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
-    return Table(
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match[0]
+    return _NAMED.get(char) or (
+        f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+    )
+
+
+def one_field(text: str) -> str:
+    """``text`` on one line: control characters written as escapes (``\\n``, ``\\r``,
+    ``\\t``, ``\\x1b``...), as Python writes them in a string literal."""
+    return _CONTROL.sub(_escaped, text)
+
+
+def make_table(title: str | None = None, caption: str | None = None) -> Table:
+    """A compact table (no vertical rules), one line per row."""
+    from rich import box
+
+    from durq.cli.tables import RowTable
+
+    return RowTable(
         title=title,
         title_justify="left",
         caption=caption,

@@ -92,9 +92,9 @@ def ls_command(app_path: AppArg, broker: BrokerOpt = None, json_out: JsonOpt = F
     if json_out:
         print_json([row.to_dict() for row in rows])
         return
-    from rich.table import Table
+    from durq.cli.tables import RowTable
 
-    table = Table(box=None)
+    table = RowTable(box=None)
     for column in ("NAME", "SCHEDULE", "TZ", "TYPE", "QUEUE", "MISSED", "NEXT RUN", "LAST ENQUEUE"):
         table.add_column(column)
     for row in rows:

@@ -87,11 +87,15 @@ def _short(value: Any, limit: int = 60) -> str:
 
 
 def print_task(info: TaskInfo, *, title: str | None = None) -> None:
-    """One task as a two-column table."""
+    """One task as a two-column table. Piped, every field is one line (a traceback too);
+    on a terminal a multi-line value folds in its cell."""
     from rich.table import Table
 
+    from durq.cli.tables import RowTable
+
     data = info.to_dict()
-    table = Table(title=title or f"task {info.id}", show_header=False, title_justify="left")
+    kind = Table if console.is_terminal else RowTable
+    table = kind(title=title or f"task {info.id}", show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     for key in (

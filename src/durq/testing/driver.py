@@ -16,10 +16,10 @@ import random
 import time
 import traceback
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from durq import codec, lifecycle
 from durq.brokers.base import ClaimParams, CompleteParams, Lease, WorkerInfo
@@ -27,6 +27,7 @@ from durq.clock import FakeClock
 from durq.errors import ConfigurationError, NotReady, SkipRetry, TaskNotFoundError
 from durq.inspector import parse_state
 from durq.states import TaskState
+from durq.sync import SyncRunner
 from durq.task import TaskInfo
 from durq.worker.acker import Acker
 from durq.worker.executor import SHUTDOWN, Executor
@@ -39,6 +40,8 @@ from durq.worker.server import parse_queues
 if TYPE_CHECKING:
     from durq.app import App
     from durq.brokers.base import FullBroker
+
+R = TypeVar("R")
 
 #: Exceptions a handler raises on purpose: not reported as errors by :meth:`TestWorker.drain`.
 EXPECTED = (NotReady, SkipRetry)
@@ -171,12 +174,14 @@ class _RecordingAcker(Acker):
     """The real acker, noting each completion's result for :attr:`Attempt.result`, and
     keeping tasks that would be deleted on completion (``keep``) for the test to look at."""
 
-    def __init__(self, broker: FullBroker, recorder: _Recorder, keep: bool) -> None:
+    def __init__(
+        self, broker: FullBroker, recorder: _Recorder, keep: bool, kept: list[tuple[str, str]]
+    ) -> None:
         super().__init__(broker)
         self._recorder = recorder
         self._keep = keep
         #: Tasks kept only for the test, deleted when the worker stops.
-        self.kept: list[tuple[str, str]] = []
+        self.kept = kept
 
     async def complete(self, params: CompleteParams) -> bool:
         self._recorder.results[params.lease.id] = params.result
@@ -195,7 +200,9 @@ class TestWorker:
     * ``clock``: the clock to move. Default: the app's own when it is a
       :class:`~durq.clock.FakeClock`; else a new one starting at ``start`` (default: the
       current time), given to the app (and so to its brokers) until the worker exits.
-    * ``scheduler``: also enqueue the app's periodic tasks when their tick is due.
+    * ``scheduler``: also enqueue the app's periodic tasks when their tick is due (on the
+      fake clock) at each drain. Off by default: a test that does not look at schedules
+      sees none of their tasks.
     * ``keep_completed``: a task deleted on completion (``retention=0``) is
       kept as completed, with its result, until the worker exits, so the test can look at
       it; meanwhile its task id stays taken. ``False``: deleted at once, as in production.
@@ -213,7 +220,7 @@ class TestWorker:
         start: float | None = None,
         lease_seconds: float = 30.0,
         max_lost: int = 3,
-        scheduler: bool = True,
+        scheduler: bool = False,
         keep_completed: bool = True,
     ) -> None:
         if concurrency < 1:
@@ -237,7 +244,7 @@ class TestWorker:
         )
         self._scheduler_wanted = scheduler
         self._keep = keep_completed
-        self._acker: _RecordingAcker | None = None
+        self._kept: list[tuple[str, str]] = []
         self._restore: Any = None
         self._recorder = _Recorder()
         self._broker: FullBroker | None = None
@@ -261,7 +268,13 @@ class TestWorker:
 
     async def stop(self) -> None:
         """Hand back anything still running, close the broker, give the app its clock back."""
-        await self._close()
+        home = self._loop
+        if home is None or home is asyncio.get_running_loop():
+            await self._close()
+        elif home.is_running():  # started on another thread's loop: closed there
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._close(), home))
+        else:  # its loop is gone, and its connections with it
+            self._drop()
         await _close_own(self._unbind_clock())
 
     def _bind_clock(self) -> dict[asyncio.AbstractEventLoop, FullBroker]:
@@ -294,7 +307,7 @@ class TestWorker:
         executor = Executor(
             self.app, broker, concurrency=self.concurrency, worker_id=self.id, hooks=hooks
         )
-        executor.acker = self._acker = _RecordingAcker(broker, self._recorder, self._keep)
+        executor.acker = _RecordingAcker(broker, self._recorder, self._keep, self._kept)
         self._executor = executor
         self._services = [
             Promoter(broker, 0),
@@ -314,7 +327,8 @@ class TestWorker:
             for hook in executor.hooks:
                 await hook.drain()
         if broker is not None:
-            for queue, task_id in self._acker.kept if self._acker else ():
+            kept, self._kept[:] = list(self._kept), []
+            for queue, task_id in kept:
                 with contextlib.suppress(Exception):  # gone, or run again meanwhile
                     await lifecycle.delete_task(broker, queue, task_id)
             with contextlib.suppress(Exception):
@@ -322,24 +336,41 @@ class TestWorker:
             if broker is not self.app.broker_target:
                 await broker.close()
 
-    async def _running(self) -> tuple[FullBroker, Executor]:
-        if self._broker is None or self._executor is None:
-            # Not entered with ``async with``: the pytest fixture, which has no loop of its
-            # own, starts it on the test's loop at first use.
+    async def _call(self, make: Callable[[], Coroutine[Any, Any, R]]) -> R:
+        """Run ``make()`` where the worker lives, from whatever loop or thread calls it.
+
+        The worker's broker connections belong to the loop it started on. Called from another
+        loop while that one runs (a test client's thread, a sync face), the call runs there;
+        when that loop is gone (a finished test's, a closed portal), the worker starts again
+        on the caller's loop. Not started yet (the pytest fixture, which has no loop of its
+        own): it starts on the caller's loop."""
+        home = self._loop
+        if home is not None and home is not asyncio.get_running_loop():
+            if home.is_running():
+                return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(make(), home))
+            self._drop()
+        if self._broker is None:
             await self.start()
-        assert self._broker is not None and self._executor is not None
-        if self._loop is not asyncio.get_running_loop():
-            raise RuntimeError("the test worker was started on another event loop")
+        return await make()
+
+    def _running(self) -> tuple[FullBroker, Executor]:
+        assert self._broker is not None and self._executor is not None, "not started"
         return self._broker, self._executor
+
+    def _drop(self) -> None:
+        """Forget the broker and executor of a loop that is gone, without closing them (their
+        connections went with the loop). Tracebacks and kept tasks stay."""
+        if self._executor is not None:
+            self._executor.cancel_all(SHUTDOWN)
+            self._executor.close_threads()
+        self._executor = self._broker = None
+        self._loop = None
 
     def close_nowait(self) -> None:
         """Stop without an event loop (a sync fixture's teardown, after the test's loop is
         gone): drop the broker unclosed and give the app its clock back. Enough for an
         in-memory broker; with another, prefer ``async with``."""
-        if self._executor is not None:
-            self._executor.cancel_all(SHUTDOWN)
-            self._executor.close_threads()
-        self._executor = self._broker = None
+        self._drop()
         self._unbind_clock()
 
     # -- driving -----------------------------------------------------------------------------
@@ -351,7 +382,10 @@ class TestWorker:
         a handler raised anything but ``NotReady``/``SkipRetry`` (``raise_errors=False``
         to look at failures yourself), and :class:`DrainLimitError` when ``limit`` attempts
         ran and tasks are still due."""
-        broker, executor = await self._running()
+        return await self._call(lambda: self._drain(limit, raise_errors))
+
+    async def _drain(self, limit: int, raise_errors: bool) -> Drained:
+        broker, executor = self._running()
         self._recorder.attempts.clear()
         order = queue_order(self.queues, True, random.Random(0))
         while True:
@@ -366,7 +400,7 @@ class TestWorker:
                 break
             if want <= 0:
                 await self._hand_back(broker, leases)
-                raise DrainLimitError(limit, await self.due())
+                raise DrainLimitError(limit, await self._due())
             for lease in leases:
                 executor.submit(lease)
             await executor.drain(None)
@@ -389,7 +423,7 @@ class TestWorker:
             exc = attempt.error
             text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             return dataclasses.replace(attempt, message=text)
-        broker, _ = await self._running()
+        broker, _ = self._running()
         try:
             stored = await broker.get_task(attempt.task.queue, attempt.task.id)
         except TaskNotFoundError:
@@ -398,11 +432,14 @@ class TestWorker:
 
     async def due(self) -> list[TaskInfo]:
         """Tasks of the served queues that a claim would take now (paused queues aside)."""
+        return await self._call(self._due)
+
+    async def _due(self) -> list[TaskInfo]:
         now = self.clock.now()
         waiting = (TaskState.PENDING, TaskState.SCHEDULED, TaskState.RETRY)
         return [
             t
-            for t in await self.tasks(state=waiting)
+            for t in await self._tasks(None, None, waiting)
             if t.queue in self.queues
             and (t.next_process_at is None or t.next_process_at.timestamp() <= now + 1e-3)
         ]
@@ -419,7 +456,15 @@ class TestWorker:
         """Tasks in the broker, by queue, then state, then the inspector's order.
 
         ``state``: one state or several; completed tasks show while retained."""
-        broker, _ = await self._running()
+        return await self._call(lambda: self._tasks(type, queue, state))
+
+    async def _tasks(
+        self,
+        type: str | None,
+        queue: str | None,
+        state: TaskState | str | Sequence[TaskState | str] | None,
+    ) -> list[TaskInfo]:
+        broker, _ = self._running()
         if queue is not None:
             queues = [queue]
         else:
@@ -444,10 +489,15 @@ class TestWorker:
 
     async def get(self, task: TaskInfo | str, queue: str | None = None) -> TaskInfo:
         """A task as stored now: pass a :class:`TaskInfo` or an id (and its queue)."""
-        broker, _ = await self._running()
         if isinstance(task, TaskInfo):
-            return await broker.get_task(task.queue, task.id)
-        return await broker.get_task(queue or self.app.default_queue, task)
+            where, task_id = task.queue, task.id
+        else:
+            where, task_id = queue or self.app.default_queue, task
+
+        async def get() -> TaskInfo:
+            return await self._running()[0].get_task(where, task_id)
+
+        return await self._call(get)
 
     def traceback(self, task: TaskInfo | str) -> str | None:
         """The traceback of the last attempt of ``task`` that raised, from any drain."""
@@ -478,15 +528,18 @@ def _describe(task: TaskInfo) -> str:
 
 
 class SyncTestWorker:
-    """The blocking twin of :class:`TestWorker`, for WSGI/Django tests: it runs on the
-    app's sync face (the loop ``app.enqueue_sync`` uses), so a view's enqueues and the
-    worker's claims see the same broker. Build it with :func:`worker_sync` (``with``)."""
+    """The blocking twin of :class:`TestWorker`, for WSGI/Django tests and test clients that
+    run the app on a thread of their own (Starlette's ``TestClient``): the worker lives on a
+    private event loop thread, so any thread may call it, at any time between ``with`` and
+    its end, whatever the app's sync face or a lifespan opens and closes meanwhile. Build it
+    with :func:`worker_sync` (``with``)."""
 
     __test__ = False
 
     def __init__(self, app: App, **options: Any) -> None:
         self.app = app
         self.worker = TestWorker(app, **options)
+        self._runner: SyncRunner | None = None
 
     @property
     def clock(self) -> FakeClock:
@@ -495,30 +548,41 @@ class SyncTestWorker:
 
     def __enter__(self) -> SyncTestWorker:
         self.worker._bind_clock()  # from this thread: it closes the sync face's broker
+        self._runner = SyncRunner()
         try:
-            self.app.run_sync(self.worker._open)
+            self._runner.run(self.worker._open)
         except BaseException:
+            self._runner.close()
+            self._runner = None
             self.worker._unbind_clock()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         try:
-            self.app.run_sync(self.worker._close)
+            self._run(self.worker._close)
         finally:
+            if self._runner is not None:
+                self._runner.close()
+                self._runner = None
             self.worker._unbind_clock()
+
+    def _run(self, make: Callable[[], Awaitable[R]]) -> R:
+        if self._runner is None:
+            raise RuntimeError("the sync test worker runs inside its with block only")
+        return self._runner.run(make)
 
     def drain(self, *, limit: int = 1000, raise_errors: bool = True) -> Drained:
         """As :meth:`TestWorker.drain`."""
-        return self.app.run_sync(lambda: self.worker.drain(limit=limit, raise_errors=raise_errors))
+        return self._run(lambda: self.worker.drain(limit=limit, raise_errors=raise_errors))
 
     def tasks(self, **filters: Any) -> list[TaskInfo]:
         """As :meth:`TestWorker.tasks`."""
-        return self.app.run_sync(lambda: self.worker.tasks(**filters))
+        return self._run(lambda: self.worker.tasks(**filters))
 
     def get(self, task: TaskInfo | str, queue: str | None = None) -> TaskInfo:
         """As :meth:`TestWorker.get`."""
-        return self.app.run_sync(lambda: self.worker.get(task, queue))
+        return self._run(lambda: self.worker.get(task, queue))
 
     def traceback(self, task: TaskInfo | str) -> str | None:
         """As :meth:`TestWorker.traceback`."""

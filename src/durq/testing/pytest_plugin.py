@@ -11,11 +11,16 @@ Fixtures, each fresh per test (nothing is shared between tests):
 * ``durq_worker_sync``: a :class:`~durq.testing.SyncTestWorker` on ``durq_app``, for sync
   (WSGI, Django) tests.
 * ``durq_clock``: the fake clock of ``durq_app`` and its workers.
+
+The workers take :class:`~durq.testing.TestWorker` options from a ``durq_worker`` marker on
+the test (or its class or module): ``@pytest.mark.durq_worker(scheduler=True)`` has them
+enqueue periodic tasks as the fake clock reaches their ticks, which they do not by default.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -32,6 +37,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "in-memory broker for each test (default: a new, empty App)",
         default="",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "durq_worker(**options): durq.testing.TestWorker options of the durq_worker and "
+        "durq_worker_sync fixtures, e.g. scheduler=True to run periodic tasks",
+    )
+
+
+def worker_options(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The options of the closest ``durq_worker`` marker (test, then class, then module)."""
+    marker = request.node.get_closest_marker("durq_worker")
+    if marker is None:
+        return {}
+    if marker.args:
+        raise pytest.UsageError("the durq_worker marker takes keyword options only")
+    return dict(marker.kwargs)
 
 
 @pytest.fixture
@@ -51,15 +74,20 @@ def durq_clock(durq_app: durq.App) -> FakeClock:
 
 
 @pytest.fixture
-def durq_worker(durq_app: durq.App) -> Iterator[TestWorker]:
-    """A test worker on ``durq_app``; ``await durq_worker.drain()`` runs what is due."""
-    worker = TestWorker(durq_app)
+def durq_worker(durq_app: durq.App, request: pytest.FixtureRequest) -> Iterator[TestWorker]:
+    """A test worker on ``durq_app``; ``await durq_worker.drain()`` runs what is due.
+
+    Options from ``@pytest.mark.durq_worker(...)`` (``scheduler=True``, ``queues=``...)."""
+    worker = TestWorker(durq_app, **worker_options(request))
     yield worker
     worker.close_nowait()
 
 
 @pytest.fixture
-def durq_worker_sync(durq_app: durq.App) -> Iterator[SyncTestWorker]:
-    """The blocking test worker on ``durq_app``, for WSGI and Django tests."""
-    with SyncTestWorker(durq_app) as worker:
+def durq_worker_sync(
+    durq_app: durq.App, request: pytest.FixtureRequest
+) -> Iterator[SyncTestWorker]:
+    """The blocking test worker on ``durq_app``, for WSGI, Django and ``TestClient`` tests;
+    options as ``durq_worker``."""
+    with SyncTestWorker(durq_app, **worker_options(request)) as worker:
         yield worker

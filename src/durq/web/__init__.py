@@ -24,7 +24,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from durq.errors import BrokerUnavailableError, DuplicateTaskError, TaskIDConflictError
+from durq.errors import (
+    BrokerUnavailableError,
+    DuplicateTaskError,
+    PayloadError,
+    TaskIDConflictError,
+)
 
 if TYPE_CHECKING:
     from durq.app import App, TaskDef
@@ -38,6 +43,7 @@ __all__ = [
     "answer_for_error",
     "enqueue_answer",
     "enqueue_answer_sync",
+    "invalid_payload",
     "queued",
     "unavailable",
 ]
@@ -129,6 +135,16 @@ def unavailable(
         {"error": {"code": "broker_unavailable", "message": message}},
         {"Retry-After": str(int(retry_after))},
     )
+
+
+def invalid_payload(exc: PayloadError) -> Answer:
+    """``422`` in FastAPI's shape for a payload the task refused: ``{"detail": [{"type",
+    "loc", "msg"}]}``, ``loc`` starting with ``"payload"`` then the field's path."""
+    found = exc.context.get("problems") or [
+        {"type": "payload_error", "loc": [], "msg": exc.message}
+    ]
+    detail = [{"type": p["type"], "loc": ["payload", *p["loc"]], "msg": p["msg"]} for p in found]
+    return Answer(422, {"detail": detail})
 
 
 def answer_for_error(

@@ -24,13 +24,16 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse
 
-from durq.web import DEFAULT_RETRY_AFTER, Answer, Location, enqueue_answer
+from durq.clock import FakeClock
+from durq.errors import PayloadError
+from durq.web import DEFAULT_RETRY_AFTER, Answer, Location, enqueue_answer, invalid_payload
 
 if TYPE_CHECKING:
     from durq.app import App, TaskDef
     from durq.worker.server import Worker
 
 __all__ = [
+    "DurqLifespan",
     "durq_lifespan",
     "enqueue_response",
     "get_durq",
@@ -62,13 +65,17 @@ async def enqueue_response(
     extra: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> JSONResponse:
-    """Enqueue and answer 202 queued · 200 already_accepted · 503 in one call.
+    """Enqueue and answer 202 queued · 200 already_accepted · 503 in one call, and a payload
+    the task's model refuses with 422 in FastAPI's shape (``{"detail": [...]}``).
 
     Options as :meth:`durq.App.enqueue` (``task_id``, ``queue``, ``process_in``,
     ``connection``…)."""
-    answer = await enqueue_answer(
-        app, type, payload, location=location, retry_after=retry_after, extra=extra, **options
-    )
+    try:
+        answer = await enqueue_answer(
+            app, type, payload, location=location, retry_after=retry_after, extra=extra, **options
+        )
+    except PayloadError as exc:  # the client's bad input, as FastAPI answers its own
+        answer = invalid_payload(exc)
     return to_response(answer)
 
 
@@ -86,22 +93,25 @@ async def run_worker(app: App, **options: Any) -> AsyncIterator[Worker]:
         await worker.stop()
 
 
-def durq_lifespan(
-    app: App,
-    *,
-    worker: bool | Mapping[str, Any] = False,
-    inner: Lifespan | None = None,
-) -> Lifespan:
-    """A Starlette/FastAPI ``lifespan`` that opens ``app``'s client and, with ``worker``, runs
-    the durq worker inside the web process.
+class DurqLifespan:
+    """The lifespan :func:`durq_lifespan` returns: call it with the ASGI app for the context
+    manager Starlette enters. It keeps ``app`` so that :func:`get_durq` finds it on an ASGI
+    app whose lifespan never ran (httpx's ``ASGITransport``, a ``TestClient`` used without
+    ``with``)."""
 
-    ``worker`` is ``True`` or a mapping of :class:`~durq.Worker` options. ``inner``: the
-    service's own lifespan, run inside ours (its resources exist while tasks run).
-    Shutdown order: the server has stopped taking requests, then the worker drains, then
-    ``inner`` closes, then the client. Handlers find the app with :func:`get_durq`."""
+    def __init__(
+        self, app: App, worker: bool | Mapping[str, Any] = False, inner: Lifespan | None = None
+    ) -> None:
+        self.app = app
+        self.worker = worker
+        self.inner = inner
+
+    def __call__(self, asgi_app: Any) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self._run(asgi_app)
 
     @contextlib.asynccontextmanager
-    async def lifespan(asgi_app: Any) -> AsyncIterator[Any]:
+    async def _run(self, asgi_app: Any) -> AsyncIterator[Any]:
+        app = self.app
         state = getattr(asgi_app, "state", None)
         if state is not None:
             setattr(state, STATE_APP, app)
@@ -109,10 +119,14 @@ def durq_lifespan(
             async with contextlib.AsyncExitStack() as stack:
                 stack.push_async_callback(app.close)
                 inner_state = None
-                if inner is not None:
-                    inner_state = await stack.enter_async_context(inner(asgi_app))
-                if worker:
-                    options = dict(worker) if isinstance(worker, Mapping) else {}
+                if self.inner is not None:
+                    inner_state = await stack.enter_async_context(self.inner(asgi_app))
+                if self.worker and isinstance(app.clock, FakeClock):
+                    # The testing kit gave the app its fake clock: the test runs the tasks
+                    # with drain(), and a second worker here would take them first.
+                    log.info("durq_lifespan: fake clock, no worker (the test drains)")
+                elif self.worker:
+                    options = dict(self.worker) if isinstance(self.worker, Mapping) else {}
                     running = await stack.enter_async_context(run_worker(app, **options))
                     if state is not None:
                         setattr(state, STATE_WORKER, running)
@@ -121,16 +135,42 @@ def durq_lifespan(
             if state is not None:
                 setattr(state, STATE_WORKER, None)
 
-    return lifespan
+
+def durq_lifespan(
+    app: App,
+    *,
+    worker: bool | Mapping[str, Any] = False,
+    inner: Lifespan | None = None,
+) -> DurqLifespan:
+    """A Starlette/FastAPI ``lifespan`` that opens ``app``'s client and, with ``worker``, runs
+    the durq worker inside the web process.
+
+    ``worker`` is ``True`` or a mapping of :class:`~durq.Worker` options. ``inner``: the
+    service's own lifespan, run inside ours (its resources exist while tasks run).
+    Shutdown order: the server has stopped taking requests, then the worker drains, then
+    ``inner`` closes, then the client. Handlers find the app with :func:`get_durq`.
+
+    Under the testing kit (the app has a :class:`~durq.clock.FakeClock`) no worker runs:
+    the test's ``drain()`` runs the tasks."""
+    return DurqLifespan(app, worker, inner)
 
 
 def get_durq(conn: HTTPConnection) -> App:
     """FastAPI dependency (``app: durq.App = Depends(get_durq)``): the app's client.
 
-    Needs :func:`durq_lifespan` (or ``asgi_app.state.durq = app`` set by hand)."""
+    Finds the app :func:`durq_lifespan` was given, whether or not the lifespan ran (an ASGI
+    test client may skip it), or ``asgi_app.state.durq = app`` set by hand."""
     app: App | None = getattr(conn.app.state, STATE_APP, None)
     if app is None:
-        raise RuntimeError("no durq app on this ASGI app: use lifespan=durq_lifespan(app)")
+        router = getattr(conn.app, "router", None)
+        lifespan = getattr(router, "lifespan_context", None)
+        if isinstance(lifespan, DurqLifespan):
+            app = lifespan.app
+    if app is None:
+        raise RuntimeError(
+            "no durq app on this ASGI app: use lifespan=durq_lifespan(app), "
+            "or set asgi_app.state.durq = app"
+        )
     return app
 
 
