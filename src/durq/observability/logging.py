@@ -103,18 +103,27 @@ def setup_logging(level: str | int = "INFO", fmt: str = "text") -> None:
 
 
 class TaskSummary(WorkerHooks):
-    """Counts attempt outcomes and logs one INFO line about them every ``interval`` seconds.
+    """Counts attempt outcomes and periodic ticks enqueued, and logs one INFO line about
+    them every ``interval`` seconds.
 
-    The worker logs each completed task at DEBUG only: a formatted line per task costs more
-    than a no-op task itself. Failures, retries and archives keep their own lines."""
+    The worker logs each completed task, and its scheduler each tick it enqueues, at DEBUG
+    only: a formatted line per task costs more than a no-op task itself, and a line per tick
+    buries the lines that matter. Failures, retries and archives keep their own lines.
+    ``label``: who the line is about (``worker <id>``, ``scheduler <id>``)."""
 
-    def __init__(self, worker_id: str) -> None:
+    def __init__(self, worker_id: str, label: str = "worker") -> None:
         self.worker_id = worker_id
+        self.label = label
         self.counts: Counter[str] = Counter()
+        self.ticks = 0
         self._since = time.monotonic()
 
     def task_finished(self, task: TaskInfo, outcome: str, duration: float) -> None:
         self.counts[outcome] += 1
+
+    def tick_enqueued(self) -> None:
+        """Count one periodic tick enqueued (the scheduler's ``on_enqueued``)."""
+        self.ticks += 1
 
     def around(self, task: TaskInfo) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
         return _NOTHING  # cheaper than the base class's generator, entered once per task
@@ -122,17 +131,20 @@ class TaskSummary(WorkerHooks):
     def flush(self) -> None:
         """Log the counts since the last line (nothing when there were none) and reset them."""
         now = time.monotonic()
-        if self.counts:
+        if self.counts or self.ticks:
             total = sum(self.counts.values())
             parts = " ".join(f"{k}={self.counts[k]}" for k in OUTCOMES if self.counts[k])
-            summary_log.info(
-                "worker %s: %d task(s) in the last %.0fs: %s",
-                self.worker_id,
-                total,
-                now - self._since,
-                parts,
-            )
+            period = f"in the last {now - self._since:.0f}s"
+            ticks = f"{self.ticks} periodic tick(s) enqueued"
+            if not total:  # a scheduler without a worker
+                line = f"{ticks} {period}"
+            else:
+                line = f"{total} task(s) {period}: {parts}"
+                if self.ticks:
+                    line += f"; {ticks}"
+            summary_log.info("%s %s: %s", self.label, self.worker_id, line)
             self.counts.clear()
+            self.ticks = 0
         self._since = now
 
     def service(self, interval: float) -> PeriodicService:
