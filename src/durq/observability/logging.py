@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from durq.task import TaskInfo
+from durq.worker import frames
 from durq.worker.hooks import OUTCOMES, WorkerHooks
 from durq.worker.service import PeriodicService
 
@@ -34,6 +35,15 @@ def escape_controls(text: str) -> str:
     a message from a task or a request can neither start a forged log line nor send
     escape sequences to the operator's terminal."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def format_exc_info(exc_info: Any) -> str:
+    """A log record's traceback, without the worker's machinery above a task's own frames
+    (see :mod:`durq.worker.frames`)."""
+    exc = exc_info[1]
+    if isinstance(exc, BaseException):
+        return frames.format_exception(exc).rstrip("\n")
+    return logging.Formatter().formatException(exc_info)
 
 
 class TextFormatter(logging.Formatter):
@@ -60,7 +70,7 @@ class TextFormatter(logging.Formatter):
             line = f"{line} [{' '.join(fields)}]"
         extra = []
         if record.exc_info:
-            extra.append(self.formatException(record.exc_info))
+            extra.append(format_exc_info(record.exc_info))
         if record.stack_info:
             extra.append(self.formatStack(record.stack_info))
         for block in extra:
@@ -86,7 +96,7 @@ class JsonFormatter(logging.Formatter):
             if hasattr(record, key):
                 data[key] = getattr(record, key)
         if record.exc_info:
-            data["exc_info"] = self.formatException(record.exc_info)
+            data["exc_info"] = format_exc_info(record.exc_info)
         return json.dumps(data, default=str)
 
 

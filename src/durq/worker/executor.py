@@ -6,14 +6,11 @@ retry, archive, or requeue on shutdown. A lease lost to another worker ends in n
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import contextvars
 import functools
 import logging
-import os
 import time
-import traceback
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -31,6 +28,7 @@ from durq.brokers.base import (
 from durq.errors import BrokerUnavailableError, NotReady, PayloadError, SkipRetry
 from durq.payloads import build
 from durq.task import TaskContext, TaskInfo
+from durq.worker import frames
 from durq.worker.acker import Acker
 from durq.worker.hooks import WorkerHooks
 
@@ -53,53 +51,13 @@ MAX_ERROR = 4096
 MAX_TRACEBACK = 16384
 
 
-#: Frames of the machinery between the worker and a handler: this module, the Django
-#: integration's wrapper (a path, not an import: the worker knows no integration), the
-#: thread pool and asyncio. A stored traceback starts at the handler's own code.
-_OWN_FILES = frozenset(
-    {
-        os.path.abspath(__file__),
-        os.path.join(
-            os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-            "contrib",
-            "django",
-            "execution.py",
-        ),
-    }
-)
-_OWN_DIRS = tuple(
-    os.path.dirname(os.path.abspath(path)) + os.sep
-    for path in (concurrent.futures.__file__ or "", asyncio.__file__ or "")
-)
-
-
-def _is_own_frame(filename: str) -> bool:
-    path = os.path.abspath(filename)
-    return path in _OWN_FILES or path.startswith(_OWN_DIRS)
-
-
-def _drop_own_frames(te: traceback.TracebackException, seen: set[int]) -> None:
-    """Remove :func:`_is_own_frame` frames from ``te`` and the exceptions chained to it."""
-    if id(te) in seen:  # a chain may loop back (an exception's context set by hand)
-        return
-    seen.add(id(te))
-    te.stack = traceback.StackSummary.from_list(
-        [frame for frame in te.stack if not _is_own_frame(frame.filename)]
-    )
-    for linked in (te.__cause__, te.__context__, *(te.exceptions or ())):
-        if linked is not None:
-            _drop_own_frames(linked, seen)
-
-
 def format_traceback(exc: BaseException | None) -> str | None:
     """``exc``'s traceback with its chain (``raise ... from``, and during handling), without
     durq's own frames (the executor, its thread pool, asyncio), bounded by
     :data:`MAX_TRACEBACK`; ``None`` for outcomes that are not crashes."""
     if exc is None or isinstance(exc, NotReady | _NoHandler):
         return None
-    te = traceback.TracebackException.from_exception(exc)
-    _drop_own_frames(te, set())
-    text = "".join(te.format())
+    text = frames.format_exception(exc)
     if len(text) <= MAX_TRACEBACK:
         return text
     head, tail = MAX_TRACEBACK // 4, MAX_TRACEBACK * 3 // 4
