@@ -105,6 +105,31 @@ async def test_O3_periodic_ticks_are_logged_at_debug_and_counted_in_the_summary(
     assert re.search(r"completed=\d+; \d+ periodic tick\(s\) enqueued$", summary["message"])
 
 
+async def test_O3_a_logged_traceback_starts_at_the_handler(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    setup_logging("INFO", "text")
+    app = durq.App(f"sqlite:///{tmp_path / 'tb.sqlite3'}")
+    failed = asyncio.Event()
+
+    @app.task("tb:sync", max_retry=0)
+    def broken(payload: dict[str, int]) -> None:
+        raise ValueError("broken on purpose")
+
+    class Done(durq.WorkerHooks):
+        def task_finished(self, task: durq.TaskInfo, outcome: str, duration: float) -> None:
+            failed.set()
+
+    async with app.worker(poll_interval=0.05, hooks=[Done()]):
+        await broken.enqueue({})
+        await asyncio.wait_for(failed.wait(), 10)
+    await app.close()
+    err = capsys.readouterr().err
+    assert "task archived:" in err and 'raise ValueError("broken on purpose")' in err
+    # The executor, its thread pool and asyncio are not in it.
+    assert "executor.py" not in err and "concurrent/futures" not in err, err
+
+
 def test_O3_text_format_appends_task_fields() -> None:
     from durq.observability.logging import TextFormatter
 
