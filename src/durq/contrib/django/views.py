@@ -15,7 +15,6 @@ first durq one). Pausing queues, bulk moves and history stay with ``durq dash`` 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import messages
@@ -144,15 +143,13 @@ def _act(request: HttpRequest, model_admin: ModelAdmin[Any], backend: DurqBacken
     action = request.POST.get("action", "")
     if action not in ACTIONS:
         return HttpResponse("unknown action", status=400, content_type="text/plain")
-    method, perm, _, done = ACTIONS[action]
+    method_name, perm, _, done = ACTIONS[action]
     if not _permitted(model_admin, request, perm):
         raise PermissionDenied
     queue, task_id = request.POST.get("queue", ""), request.POST.get("task_id", "")
-    call: Callable[[], Coroutine[Any, Any, Any]] = lambda: getattr(  # noqa: E731
-        backend.app.inspector, method
-    )(queue, task_id)
+    method = getattr(backend.app.inspector, method_name)
     try:
-        backend.call(call)
+        backend.call(lambda: method(queue, task_id))
     except DurqError as exc:
         messages.error(request, f"{action} {task_id}: {exc}")
     else:
