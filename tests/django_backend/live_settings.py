@@ -5,6 +5,9 @@ Its files live in ``DURQ_DJANGO_LIVE_DIR``."""
 
 import os
 
+# The tests' middleware (sessions, CSRF, auth, messages), templates and fast hashing.
+from django_backend.settings import MIDDLEWARE, PASSWORD_HASHERS, TEMPLATES  # noqa: F401
+
 TMP = os.environ["DURQ_DJANGO_LIVE_DIR"]
 SECRET_KEY = "live-admin-only"
 DEBUG = True  # runserver serves the admin's static files
@@ -26,26 +29,6 @@ DATABASES = {
 TASKS = {
     "default": {"BACKEND": "durq.contrib.django.DurqBackend", "OPTIONS": {"database": "default"}}
 }
-MIDDLEWARE = [
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-]
-TEMPLATES = [
-    {
-        "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "APP_DIRS": True,
-        "OPTIONS": {
-            "context_processors": [
-                "django.template.context_processors.request",
-                "django.contrib.auth.context_processors.auth",
-                "django.contrib.messages.context_processors.messages",
-            ]
-        },
-    }
-]
 ROOT_URLCONF = "django_backend.urls"
 STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -15,24 +15,18 @@ from typing import Any
 
 import pytest
 
+from dashboard.test_browser import CHROMIUM, _require_browser
 from django_backend.live_admin import DJANGO_PYTHON, PASSWORD, USER, live_admin
 
-CHROMIUM = "/usr/bin/chromium"
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def _require() -> Any:
-    reason = None
-    if not Path(CHROMIUM).exists():
-        reason = f"{CHROMIUM} is missing (apt-get install chromium)"
-    elif not DJANGO_PYTHON.exists():
+    """Playwright's ``sync_playwright`` (the dashboard's browser tests' rules), and the
+    Django venv."""
+    sync_playwright = _require_browser()
+    if not DJANGO_PYTHON.exists():
         reason = f"no Django venv at {DJANGO_PYTHON} (make install, or DURQ_DJANGO_PYTHON)"
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        reason = reason or "playwright is not installed (pip install -e '.[dev]')"
-        sync_playwright = None
-    if reason is not None:
         if IN_CI:
             pytest.fail(f"the Django admin browser test cannot run: {reason}")
         pytest.skip(reason)
