@@ -474,6 +474,37 @@ async def test_W4_huge_error_messages_are_clipped(app: durq.App) -> None:
     assert len(archived.last_error) <= 4096 and "100014 characters" in archived.last_error
 
 
+async def test_W4_stored_traceback_starts_at_the_handler_not_in_durqs_executor(
+    app: durq.App,
+) -> None:
+    """The executor, its thread pool and asyncio add frames above every handler; an operator
+    reading the stored traceback wants the handler's own frames only."""
+
+    def check(total: int) -> None:
+        if total < 0:
+            raise ValueError("negative total")
+
+    @app.task("tb:sync", max_retry=0)
+    def sync_handler(payload: dict[str, Any]) -> None:
+        check(-1)
+
+    @app.task("tb:async", max_retry=0)
+    async def async_handler(payload: dict[str, Any]) -> None:
+        await asyncio.sleep(0)
+        check(-1)
+
+    async with app.worker(**FAST):
+        ids = [(await sync_handler.enqueue({})).id, (await async_handler.enqueue({})).id]
+        ended = [await wait_for_state(app, "default", i, TaskState.ARCHIVED) for i in ids]
+    for info in ended:
+        assert info.last_error == "ValueError: negative total"
+        tb = info.traceback
+        assert tb is not None and tb.rstrip().endswith("ValueError: negative total")
+        files = [line.split('"')[1] for line in tb.splitlines() if line.startswith('  File "')]
+        # The handler and the function it called, in this file, and nothing of durq's.
+        assert files == [__file__, __file__], tb
+
+
 async def test_W4_failed_attempts_store_a_bounded_traceback_with_its_chain(
     app: durq.App, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -13,6 +13,8 @@ REDIS_PREFIX = os.environ.setdefault("DURQ_DJANGO_REDIS_PREFIX", f"durqdj{uuid.u
 PG_HOST = PG_DSN.split("@", 1)[1].split("/", 1)[0].split(":")[0]
 
 SECRET_KEY = "tests-only"
+# A worker process may run with DEBUG on: Django then logs to its console handler.
+DEBUG = os.environ.get("DURQ_DJANGO_DEBUG") == "1"
 USE_TZ = True
 INSTALLED_APPS = [
     "django.contrib.contenttypes",

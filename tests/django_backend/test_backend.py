@@ -83,6 +83,12 @@ def test_a_failure_keeps_exception_class_and_traceback(alias: str) -> None:
     assert error.traceback.startswith("Traceback (most recent call last):")
     assert error.traceback.endswith("LookupError: no such thing\n")
     assert result.finished_at is not None and result.finished_at >= result.started_at
+    # durq's record reads as a plain durq task's: the error line, the traceback beside it,
+    # starting at the task's own frame.
+    info = backend.call(lambda: backend.app.inspector.get_task_info("default", result.id))
+    assert info.last_error == "LookupError: no such thing"
+    assert info.traceback is not None and "raise LookupError(message)" in info.traceback
+    assert "executor.py" not in info.traceback and "execution.py" not in info.traceback
     with pytest.raises(ValueError, match="Task failed"):
         result.return_value
 

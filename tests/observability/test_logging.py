@@ -84,6 +84,52 @@ async def test_O3_completed_tasks_are_counted_in_a_summary_line_not_one_line_eac
     assert worker.id in summary["message"]
 
 
+async def test_O3_periodic_ticks_are_logged_at_debug_and_counted_in_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    setup_logging("INFO", "json")
+    app = durq.App(f"sqlite:///{tmp_path / 'ticks.sqlite3'}")
+    ran = asyncio.Event()
+
+    @app.periodic("@every 1s", type="job:tick")
+    async def tick(payload: dict[str, int]) -> None:
+        ran.set()
+
+    worker = app.worker(poll_interval=0.05, summary_interval=3600)
+    async with worker:
+        await asyncio.wait_for(ran.wait(), 10)
+    await app.close()  # the worker's stop logs the last (partial) period
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line]
+    assert not [line for line in lines if "enqueued tick" in line["message"]]
+    (summary,) = [line for line in lines if "task(s) in the last" in line["message"]]
+    assert re.search(r"completed=\d+; \d+ periodic tick\(s\) enqueued$", summary["message"])
+
+
+async def test_O3_a_logged_traceback_starts_at_the_handler(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    setup_logging("INFO", "text")
+    app = durq.App(f"sqlite:///{tmp_path / 'tb.sqlite3'}")
+    failed = asyncio.Event()
+
+    @app.task("tb:sync", max_retry=0)
+    def broken(payload: dict[str, int]) -> None:
+        raise ValueError("broken on purpose")
+
+    class Done(durq.WorkerHooks):
+        def task_finished(self, task: durq.TaskInfo, outcome: str, duration: float) -> None:
+            failed.set()
+
+    async with app.worker(poll_interval=0.05, hooks=[Done()]):
+        await broken.enqueue({})
+        await asyncio.wait_for(failed.wait(), 10)
+    await app.close()
+    err = capsys.readouterr().err
+    assert "task archived:" in err and 'raise ValueError("broken on purpose")' in err
+    # The executor, its thread pool and asyncio are not in it.
+    assert "executor.py" not in err and "concurrent/futures" not in err, err
+
+
 def test_O3_text_format_appends_task_fields() -> None:
     from durq.observability.logging import TextFormatter
 

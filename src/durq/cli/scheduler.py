@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import socket
 from typing import Annotated
 
 import typer
@@ -19,11 +21,14 @@ from durq.cli.common import (
     load_app,
     print_json,
 )
-from durq.observability.logging import setup_logging
+from durq.observability.logging import TaskSummary, setup_logging
 from durq.periodic import EntryStatus, status
 from durq.worker.periodic import PeriodicScheduler
 
 log = logging.getLogger("durq.cli")
+
+#: Seconds between the INFO lines counting the ticks enqueued (a worker's default too).
+SUMMARY_INTERVAL = 60.0
 
 AppArg = Annotated[str, typer.Argument(metavar="APP", help="The app object as module:attribute.")]
 
@@ -63,16 +68,21 @@ def scheduler_command(
 async def _run(application: App) -> None:
     broker = application.new_broker()
     await broker.connect()
-    scheduler = PeriodicScheduler(application, broker)
+    # Ticks are logged at DEBUG; an INFO line a minute counts them, as a worker's does.
+    summary = TaskSummary(f"{socket.gethostname()}:{os.getpid()}", label="scheduler")
+    counter = summary.service(SUMMARY_INTERVAL)
+    scheduler = PeriodicScheduler(application, broker, on_enqueued=summary.tick_enqueued)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     scheduler.start()
+    counter.start()
     try:
         await stop.wait()
     finally:
         await scheduler.stop()
+        await counter.stop()  # logs the last partial period
         await broker.close()
         await application.close()
         log.info("scheduler stopped")

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from durq.task import TaskInfo
+from durq.worker import frames
 from durq.worker.hooks import OUTCOMES, WorkerHooks
 from durq.worker.service import PeriodicService
 
@@ -34,6 +35,15 @@ def escape_controls(text: str) -> str:
     a message from a task or a request can neither start a forged log line nor send
     escape sequences to the operator's terminal."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def format_exc_info(exc_info: Any) -> str:
+    """A log record's traceback, without the worker's machinery above a task's own frames
+    (see :mod:`durq.worker.frames`)."""
+    exc = exc_info[1]
+    if isinstance(exc, BaseException):
+        return frames.format_exception(exc).rstrip("\n")
+    return logging.Formatter().formatException(exc_info)
 
 
 class TextFormatter(logging.Formatter):
@@ -60,7 +70,7 @@ class TextFormatter(logging.Formatter):
             line = f"{line} [{' '.join(fields)}]"
         extra = []
         if record.exc_info:
-            extra.append(self.formatException(record.exc_info))
+            extra.append(format_exc_info(record.exc_info))
         if record.stack_info:
             extra.append(self.formatStack(record.stack_info))
         for block in extra:
@@ -86,7 +96,7 @@ class JsonFormatter(logging.Formatter):
             if hasattr(record, key):
                 data[key] = getattr(record, key)
         if record.exc_info:
-            data["exc_info"] = self.formatException(record.exc_info)
+            data["exc_info"] = format_exc_info(record.exc_info)
         return json.dumps(data, default=str)
 
 
@@ -103,18 +113,27 @@ def setup_logging(level: str | int = "INFO", fmt: str = "text") -> None:
 
 
 class TaskSummary(WorkerHooks):
-    """Counts attempt outcomes and logs one INFO line about them every ``interval`` seconds.
+    """Counts attempt outcomes and periodic ticks enqueued, and logs one INFO line about
+    them every ``interval`` seconds.
 
-    The worker logs each completed task at DEBUG only: a formatted line per task costs more
-    than a no-op task itself. Failures, retries and archives keep their own lines."""
+    The worker logs each completed task, and its scheduler each tick it enqueues, at DEBUG
+    only: a formatted line per task costs more than a no-op task itself, and a line per tick
+    buries the lines that matter. Failures, retries and archives keep their own lines.
+    ``label``: who the line is about (``worker <id>``, ``scheduler <id>``)."""
 
-    def __init__(self, worker_id: str) -> None:
+    def __init__(self, worker_id: str, label: str = "worker") -> None:
         self.worker_id = worker_id
+        self.label = label
         self.counts: Counter[str] = Counter()
+        self.ticks = 0
         self._since = time.monotonic()
 
     def task_finished(self, task: TaskInfo, outcome: str, duration: float) -> None:
         self.counts[outcome] += 1
+
+    def tick_enqueued(self) -> None:
+        """Count one periodic tick enqueued (the scheduler's ``on_enqueued``)."""
+        self.ticks += 1
 
     def around(self, task: TaskInfo) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
         return _NOTHING  # cheaper than the base class's generator, entered once per task
@@ -122,17 +141,20 @@ class TaskSummary(WorkerHooks):
     def flush(self) -> None:
         """Log the counts since the last line (nothing when there were none) and reset them."""
         now = time.monotonic()
-        if self.counts:
+        if self.counts or self.ticks:
             total = sum(self.counts.values())
             parts = " ".join(f"{k}={self.counts[k]}" for k in OUTCOMES if self.counts[k])
-            summary_log.info(
-                "worker %s: %d task(s) in the last %.0fs: %s",
-                self.worker_id,
-                total,
-                now - self._since,
-                parts,
-            )
+            period = f"in the last {now - self._since:.0f}s"
+            ticks = f"{self.ticks} periodic tick(s) enqueued"
+            if not total:  # a scheduler without a worker
+                line = f"{ticks} {period}"
+            else:
+                line = f"{total} task(s) {period}: {parts}"
+                if self.ticks:
+                    line += f"; {ticks}"
+            summary_log.info("%s %s: %s", self.label, self.worker_id, line)
             self.counts.clear()
+            self.ticks = 0
         self._since = now
 
     def service(self, interval: float) -> PeriodicService:

@@ -11,7 +11,6 @@ import contextvars
 import functools
 import logging
 import time
-import traceback
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -29,6 +28,7 @@ from durq.brokers.base import (
 from durq.errors import BrokerUnavailableError, NotReady, PayloadError, SkipRetry
 from durq.payloads import build
 from durq.task import TaskContext, TaskInfo
+from durq.worker import frames
 from durq.worker.acker import Acker
 from durq.worker.hooks import WorkerHooks
 
@@ -52,12 +52,13 @@ MAX_TRACEBACK = 16384
 
 
 def format_traceback(exc: BaseException | None) -> str | None:
-    """``exc``'s traceback with its chain (``raise ... from``, and during handling), bounded
-    by :data:`MAX_TRACEBACK` and made storable (:func:`durq.codec.storable_text`); ``None``
+    """``exc``'s traceback with its chain (``raise ... from``, and during handling), without
+    durq's own frames (the executor, its thread pool, asyncio), bounded by
+    :data:`MAX_TRACEBACK` and made storable (:func:`durq.codec.storable_text`); ``None``
     for outcomes that are not crashes."""
     if exc is None or isinstance(exc, NotReady | _NoHandler):
         return None
-    text = codec.storable_text("".join(traceback.format_exception(exc)))
+    text = codec.storable_text(frames.format_exception(exc))
     if len(text) <= MAX_TRACEBACK:
         return text
     head, tail = MAX_TRACEBACK // 4, MAX_TRACEBACK * 3 // 4

@@ -10,6 +10,7 @@ number of these services, in any number of processes, enqueue each tick exactly 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from durq.errors import (
@@ -49,12 +50,15 @@ class PeriodicScheduler(PeriodicService):
         *,
         max_interval: float = 1.0,
         min_interval: float = 0.01,
+        on_enqueued: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(max_interval)
         self.app = app
         self.broker = broker
         self.max_interval = max_interval
         self.min_interval = min_interval
+        #: Called for each tick this instance enqueues (the worker's summary counts them).
+        self.on_enqueued = on_enqueued
         #: The last tick handled per entry name (enqueued, found enqueued, or skipped).
         self.last: dict[str, float] = {}
         #: Ticks this instance created (not those another scheduler created first).
@@ -128,7 +132,10 @@ class PeriodicScheduler(PeriodicService):
             return "duplicate"
         self.last[entry.name] = tick
         self.enqueued += 1
-        log.info(
+        if self.on_enqueued is not None:
+            self.on_enqueued()
+        # DEBUG: a line per tick drowns the log of a busy schedule; the summary counts them.
+        log.debug(
             "periodic %s: enqueued tick %d as task %s (late by %.2fs)",
             entry.name,
             int(tick),

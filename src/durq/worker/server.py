@@ -69,7 +69,8 @@ class Worker:
     * ``lease_seconds``: how long a claim holds without a heartbeat; a dead worker's tasks
       run again after it. ``max_lost``: worker losses before a task is archived.
     * ``summary_interval``: seconds between INFO lines counting the outcomes of the period
-      (each completed task is logged at DEBUG only); ``None`` for none.
+      and the periodic ticks enqueued (each completed task and each tick is logged at DEBUG
+      only); ``None`` for none.
     """
 
     def __init__(
@@ -165,6 +166,7 @@ class Worker:
         await broker.register_worker(self.info())
         hooks = list(self.hooks)
         summary: list[PeriodicService] = []
+        counts: TaskSummary | None = None
         if self.summary_interval:
             counts = TaskSummary(self.id)
             hooks.append(counts)
@@ -187,7 +189,11 @@ class Worker:
             *summary,
         ]
         if self.scheduler and len(self.app.schedules):
-            self._services.append(PeriodicScheduler(self.app, broker))
+            self._services.append(
+                PeriodicScheduler(
+                    self.app, broker, on_enqueued=counts.tick_enqueued if counts else None
+                )
+            )
         self._fetcher = Fetcher(
             broker,
             self._executor,

@@ -1,5 +1,6 @@
 """The Django app of durq's integration: ``INSTALLED_APPS = [..., "durq.contrib.django"]``
-gives ``manage.py durq_worker``, the admin page, and durq's tables on ``manage.py migrate``."""
+gives ``manage.py durq_worker``, the admin page (the index's "durq tasks"), and durq's
+tables on ``manage.py migrate`` (``durq.0001_initial``, listed by ``showmigrations``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
 
-def _migrate_brokers(using: str = "default", **kwargs: Any) -> None:
-    """After ``manage.py migrate`` (and a test database's creation), create durq's tables in
-    every durq backend stored in that database."""
+def migrate_brokers(using: str = "default", **kwargs: Any) -> None:
+    """Create or upgrade durq's tables in every durq backend stored in database ``using``
+    (idempotent)."""
     from django.tasks import task_backends
 
     from durq.contrib.django.backend import DurqBackend
@@ -27,6 +28,9 @@ class DurqConfig(AppConfig):  # type: ignore[misc]
     name = "durq.contrib.django"
     label = "durq"
     verbose_name = "durq tasks"
+    default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        post_migrate.connect(_migrate_brokers, dispatch_uid="durq-migrate-brokers")
+        # Also after every ``migrate`` (and a test database's creation): a newer durq's
+        # schema changes apply without a Django migration of their own.
+        post_migrate.connect(migrate_brokers, dispatch_uid="durq-migrate-brokers")

@@ -52,8 +52,8 @@ from durq.sync import SyncRunner
 
 R = TypeVar("R")
 
-#: How long a finished task and its result are kept when ``OPTIONS`` says nothing. durq
-#: deletes a completed task at once by default; Django's results are meant to be read later.
+#: How long a completed task and its result are kept when ``OPTIONS`` says nothing: durq's
+#: own default is an hour; Django's results are meant to be read later.
 DEFAULT_RETENTION = 7 * 24 * 3600.0
 
 

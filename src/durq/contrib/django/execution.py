@@ -6,14 +6,15 @@ every attempt, stale database connections are closed as Django does around a req
 (``close_old_connections``: ``CONN_MAX_AGE``, broken connections), in the thread that uses
 them. The ``task_started`` / ``task_finished`` signals are sent as Django's own backends do.
 
-A failed attempt is recorded with its exception's class path and traceback (see
-:mod:`durq.contrib.django.records`); with attempts left (the backend's ``MAX_RETRY``) the
-task is retried with durq's backoff, else it is archived: Django's FAILED."""
+A failed attempt is recorded as a plain durq task's (``last_error`` ``"ValueError: boom"``,
+the traceback beside it, an ERROR line when the task is archived), with a note for the
+``TaskError`` (see :mod:`durq.contrib.django.records`); with attempts left (the backend's
+``MAX_RETRY``) the task is retried with durq's backoff, else it is archived: Django's
+FAILED."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -21,13 +22,13 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
+from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 from django.utils.json import normalize_json
 
 import durq
 from durq.contrib.django import records
-
-log = logging.getLogger("durq.contrib.django")
+from durq.worker.executor import format_traceback
 
 
 def _running(task: Task, payload: dict[str, Any], ctx: durq.TaskContext, alias: str) -> TaskResult:
@@ -64,26 +65,46 @@ def _finish(result: TaskResult, value: Any) -> Any:
 
 
 def _fail(result: TaskResult, exc: BaseException, ctx: durq.TaskContext) -> Exception:
-    """The durq control-flow exception that records this failure (call inside ``except``, so
+    """The exception for durq's worker to record this failure (call inside ``except``, so
     Django's ``task_finished`` log line carries the exception)."""
     at = datetime.now(UTC)
-    text = records.encode_error(exc, at)
-    error, _ = records.decode_error(text)
-    result.errors.append(error)
+    raised = exc if isinstance(exc, Exception) else _stand_in(exc)
+    records.note_failure(raised, type(exc), at)
+    result.errors.append(
+        TaskError(
+            exception_class_path=records.class_path(type(exc)),
+            traceback=records.decode_error("", format_traceback(raised))[0].traceback,
+        )
+    )
     if ctx.retried >= ctx.max_retry:
         object.__setattr__(result, "status", TaskResultStatus.FAILED)
         object.__setattr__(result, "finished_at", records.local_time(at))
         task_finished.send(type(result.task.get_backend()), task_result=result)
-        return durq.SkipRetry(text)  # archived with this text as its error, nothing added
-    log.warning(
-        "task %s (%s) failed on attempt %d of %d, will retry: %s",
-        ctx.id,
-        ctx.type,
-        ctx.attempt,
-        ctx.max_retry + 1,
-        error.exception_class_path,
-    )
-    return durq.NotReady(text)  # retried with backoff, this text as its error
+    return raised
+
+
+_stand_ins: dict[type[BaseException], type[Exception]] = {}
+
+
+def _stand_in(exc: BaseException) -> Exception:
+    """An ``Exception`` that reads as ``exc`` (same name, module, message, traceback).
+
+    A task's ``SystemExit`` or ``KeyboardInterrupt`` is its failure, but durq's worker lets
+    such exceptions through (they stop a process); a stand-in of the same name keeps
+    ``last_error`` and the stored traceback as the task raised them."""
+    kind = type(exc)
+    if kind not in _stand_ins:
+        _stand_ins[kind] = type(
+            kind.__name__,
+            (Exception,),
+            {"__module__": kind.__module__, "__qualname__": kind.__qualname__},
+        )
+    stand_in = _stand_ins[kind](*exc.args)
+    # Raised while ``exc`` is handled, the stand-in gets ``exc`` as its context: hide that,
+    # and keep what ``exc`` itself was raised from or during.
+    stand_in.__cause__ = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    stand_in.__suppress_context__ = True
+    return stand_in.with_traceback(exc.__traceback__)
 
 
 def _resolve(base: Task, ctx: durq.TaskContext) -> Task:
@@ -118,7 +139,7 @@ def handler_for(base: Task, default_alias: str) -> Callable[..., Any]:
             except asyncio.CancelledError:
                 raise  # durq's own cancellation (timeout, shutdown, cancel): not the task's
             except BaseException as exc:
-                raise _fail(result, exc, ctx) from None
+                raise _fail(result, exc, ctx)  # noqa: B904 - the task's own exception, as raised
             finally:
                 await sync_to_async(close_old_connections)()
             return _finish(result, value)
@@ -134,7 +155,7 @@ def handler_for(base: Task, default_alias: str) -> Callable[..., Any]:
         try:
             value = normalize_json(task.func(*_call_args(task, result), **result.kwargs))
         except BaseException as exc:  # SystemExit too: it must not end the worker's thread
-            raise _fail(result, exc, ctx) from None
+            raise _fail(result, exc, ctx)  # noqa: B904 - the task's own exception, as raised
         finally:
             close_old_connections()
         return _finish(result, value)

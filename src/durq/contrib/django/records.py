@@ -5,16 +5,17 @@ A Django task is one durq task whose type is the function's module path and whos
 first). Headers carry the backend alias and the ``run_after`` the task was enqueued with, so
 the reconstructed ``Task`` equals the enqueued one.
 
-Errors: durq keeps the last error of a task as text. For a Django task that text is
-``"<exception class path> @ <ISO time it failed>"`` on the first line and the traceback after
-it (the tail, if it is long), so a ``TaskError`` with class path and traceback, and the time
-the task finished, come back from the record."""
+Errors: a failed attempt is stored as any durq task's is: ``last_error`` is
+``"ValueError: boom"`` and the traceback is kept beside it (``durq task get``, the
+dashboard). The worker adds one note line to the exception before durq formats it,
+``django task failed at <ISO time>: <exception class path>``, so the ``TaskError`` (class
+path, traceback without that line) and the time the task finished come back from the
+record."""
 
 from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from traceback import format_exception
 from typing import Any
 
 from django.conf import settings
@@ -25,7 +26,6 @@ from django.utils import timezone
 from durq.options import MAX_PRIORITY, MIN_PRIORITY
 from durq.states import TaskState
 from durq.task import TaskInfo
-from durq.worker.executor import MAX_ERROR
 
 #: Headers of a Django task (durq carries them from the enqueuer to the worker).
 HEADER_BACKEND = "django-backend"
@@ -41,9 +41,11 @@ STATUS = {
     TaskState.ARCHIVED: TaskResultStatus.FAILED,
 }
 
-_FIRST_LINE = re.compile(r"^([A-Za-z_][\w.]*) @ (\S+)$")
-# Room for the first line: a class path and an ISO time.
-_HEAD_ROOM = 300
+#: The note the worker adds to a failed attempt's exception (see the module docstring).
+_NOTE = re.compile(r"^django task failed at (\S+): ([A-Za-z_][\w.]*)$", re.MULTILINE)
+#: How errors were stored before the note: ``"<class path> @ <ISO time>"``, then the
+#: traceback, all in ``last_error``. Records written then still read back.
+_OLD_FIRST_LINE = re.compile(r"^([A-Za-z_][\w.]*) @ (\S+)$")
 
 
 class TaskInterrupted(Exception):
@@ -57,33 +59,37 @@ def class_path(exc_type: type[BaseException]) -> str:
     return f"{exc_type.__module__}.{exc_type.__qualname__}"
 
 
-def encode_error(exc: BaseException, at: datetime) -> str:
-    """The ``last_error`` text of a failed attempt: class path and time, then the traceback.
-
-    durq clips stored errors to :data:`~durq.worker.executor.MAX_ERROR` characters from the
-    end; the end of a traceback is what matters, so a long one keeps its tail here."""
-    text = "".join(format_exception(exc))
-    budget = MAX_ERROR - _HEAD_ROOM
-    if len(text) > budget:
-        text = "…\n" + text[-(budget - 2) :]
-    return f"{class_path(type(exc))} @ {at.astimezone(UTC).isoformat()}\n{text}"
+def note_failure(exc: BaseException, exc_type: type[BaseException], at: datetime) -> None:
+    """Add the note that lets :func:`decode_error` read ``exc``'s record back; ``exc_type``
+    is the class the task raised (``exc`` may stand in for it)."""
+    exc.add_note(f"django task failed at {at.astimezone(UTC).isoformat()}: {class_path(exc_type)}")
 
 
-def decode_error(text: str) -> tuple[TaskError, datetime | None]:
-    """A ``TaskError`` (and when the attempt failed, if recorded) from a stored ``last_error``."""
-    first, sep, rest = text.partition("\n")
-    match = _FIRST_LINE.fullmatch(first) if sep else None
-    if match is not None:
-        try:
-            at: datetime | None = datetime.fromisoformat(match.group(2))
-        except ValueError:
-            at = None
-        return TaskError(exception_class_path=match.group(1), traceback=rest), at
-    if text.startswith(("timeout after", "deadline exceeded")):
+def decode_error(
+    last_error: str, traceback: str | None = None
+) -> tuple[TaskError, datetime | None]:
+    """A ``TaskError`` (and when the attempt failed, if recorded) from a stored error."""
+    matches = list(_NOTE.finditer(traceback or ""))
+    if traceback and matches:
+        note = matches[-1]
+        text = traceback[: note.start()] + traceback[note.end() + 1 :]
+        return TaskError(exception_class_path=note.group(2), traceback=text), _time(note.group(1))
+    first, sep, rest = last_error.partition("\n")
+    old = _OLD_FIRST_LINE.fullmatch(first) if sep else None
+    if old is not None:
+        return TaskError(exception_class_path=old.group(1), traceback=rest), _time(old.group(2))
+    if last_error.startswith(("timeout after", "deadline exceeded")):
         path = class_path(TimeoutError)
     else:
         path = class_path(TaskInterrupted)
-    return TaskError(exception_class_path=path, traceback=text), None
+    return TaskError(exception_class_path=path, traceback=traceback or last_error), None
+
+
+def _time(text: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
 
 
 def local_time(value: datetime | None) -> datetime | None:
@@ -109,7 +115,7 @@ def to_result(info: TaskInfo, task: Task, alias: str) -> TaskResult:
     errors: list[TaskError] = []
     failed_at: datetime | None = None
     if info.last_error:
-        error, failed_at = decode_error(info.last_error)
+        error, failed_at = decode_error(info.last_error, info.traceback)
         errors.append(error)
     finished_at = None
     if status is TaskResultStatus.SUCCESSFUL:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -19,7 +20,7 @@ from durq.contrib.django import registry
 from durq.contrib.django.backend import DurqBackend
 from durq.contrib.django.execution import register
 from durq.errors import DurqError
-from durq.observability.logging import setup_logging
+from durq.observability.logging import JsonFormatter, setup_logging
 from durq.worker.server import parse_queues
 
 log = logging.getLogger("durq.contrib.django")
@@ -81,6 +82,8 @@ class Command(BaseCommand):  # type: ignore[misc]
         if options["concurrency"] < 1:
             raise CommandError("--concurrency must be >= 1")
         setup_logging(options["log_level"], options["log_format"])
+        if options["log_format"] == "json":
+            _django_logs_as_json(options["log_level"])
         tasks = registry.discover([*backend.task_modules, *options["tasks_module"]])
         app = backend.app
         register(app, tasks, backend.alias)
@@ -104,3 +107,22 @@ class Command(BaseCommand):  # type: ignore[misc]
             await worker.run(wait_for_broker=patience)
         finally:
             await backend.app.close()
+
+
+def _django_logs_as_json(level: str) -> None:
+    """Write the ``django`` loggers' lines (``django.tasks``, ``django.db``...) as JSON lines
+    too, so one log pipeline reads the whole worker.
+
+    Django's console handlers are replaced by durq's JSON one; other handlers (mail to
+    ADMINS, files) stay. Lines below WARNING, which Django prints only with ``DEBUG`` (a
+    ``Task ... state=RUNNING`` line per task among them), stay out unless ``--log-level``
+    asks for them (DEBUG)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    handler.setLevel(
+        logging.DEBUG if level == "DEBUG" else max(logging.WARNING, logging.getLevelName(level))
+    )
+    logger = logging.getLogger("django")
+    logger.handlers[:] = [h for h in logger.handlers if type(h) is not logging.StreamHandler] + [
+        handler
+    ]
