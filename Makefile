@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-django lint typecheck chaos bench loadtest install clean
+.PHONY: demo test test-django lint typecheck chaos model bench loadtest install clean
 
 # Django 6 (its Tasks framework) needs Python >= 3.12 while the project supports 3.11: the
 # Django integration is tested in a venv of its own, so 3.11 stays tested by everything else.
@@ -71,6 +71,11 @@ typecheck: $(STAMP)
 
 chaos: $(STAMP)
 	$(BIN)/python -m pytest -q -m chaos tests/chaos
+
+# Every broker against the scheduling model, 2,000 random sequences each (minutes per broker).
+model: $(STAMP)
+	DURQ_MODEL_EXAMPLES=$${DURQ_MODEL_EXAMPLES:-2000} $(BIN)/python -m pytest -q -p no:randomly \
+		tests/conformance/test_model.py $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
