@@ -308,15 +308,21 @@ def verify(
 ) -> Any:
     """Check a Standard Webhooks request and return its decoded JSON body.
 
-    ``body`` must be the raw request body, byte for byte. ``secret`` may be a list during a
-    rotation (any one matching is enough). Raises :class:`WebhookVerificationError` (and
-    nothing else, whatever the headers hold) when a header is missing or malformed, the
-    signature is wrong, or the timestamp is more than ``tolerance`` seconds old or more
-    than ``future_skew`` seconds ahead of ``now`` (default: the wall clock). Deduplicate on
-    the returned ``webhook-id`` header: the signature binds it to the body and the time."""
+    ``body`` must be the raw request body, byte for byte (a ``str`` is taken as its UTF-8
+    bytes). ``secret`` may be a list during a rotation (any one matching is enough). Raises
+    :class:`WebhookVerificationError` (and nothing else, whatever the headers and the body
+    hold) when the body is text with no UTF-8 form (a lone surrogate), a header is missing
+    or malformed, the signature is wrong, or the timestamp is more than ``tolerance``
+    seconds old or more than ``future_skew`` seconds ahead of ``now`` (default: the wall
+    clock). Deduplicate on the returned ``webhook-id`` header: the signature binds it to
+    the body and the time."""
     import time
 
-    raw = body.encode() if isinstance(body, str) else bytes(body)
+    try:
+        raw = body.encode() if isinstance(body, str) else bytes(body)
+    except UnicodeEncodeError:
+        # A lone surrogate: no request body decodes to this text; pass the raw bytes.
+        raise WebhookVerificationError("webhook body is not UTF-8 text") from None
     lower = {str(k).lower(): v for k, v in headers.items()}
     msg_id, ts, sig = (lower.get(h) for h in (ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER))
     if not (isinstance(msg_id, str) and isinstance(ts, str) and isinstance(sig, str)):

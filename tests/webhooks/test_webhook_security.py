@@ -67,6 +67,14 @@ def test_hostile_signature_headers_are_a_verification_error(change: dict[str, st
         verify(BODY, headers, SECRET, now=NOW)
 
 
+@pytest.mark.parametrize("body", ["\ud800", '{"a":"\udcff"}', "\udfff\ud800"])
+def test_a_text_body_with_a_lone_surrogate_is_a_verification_error(body: str) -> None:
+    """No request body decodes to such text: the documented error, never UnicodeEncodeError."""
+    headers = sign(b"{}", SECRET, NOW, "msg_1")
+    with pytest.raises(WebhookVerificationError, match="not UTF-8"):
+        verify(body, headers, SECRET, now=NOW)
+
+
 def test_the_signature_binds_the_delivery_id_and_refuses_the_future() -> None:
     headers = sign(BODY, SECRET, NOW, "webhook:completed:t1")
     assert verify(BODY, headers, SECRET, now=NOW)["result"] == {"n": 1}
