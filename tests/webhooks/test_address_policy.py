@@ -119,3 +119,16 @@ def test_embedded_addresses_unwrap_every_known_form() -> None:
 def test_literal_hosts_in_ipv6_are_read_and_refused(host: str) -> None:
     address = literal_address(host.replace("%25", "%"))
     assert address is not None and not addresses.address_allowed(address)
+
+
+def test_the_policy_does_not_lean_on_python_s_own_classification() -> None:
+    """``is_private``/``is_global`` changed between 3.11.x, 3.12.x and 3.13: the policy's
+    networks are its own, so its answers are the same on every Python."""
+    import inspect
+
+    from durq import webhooks
+
+    for module in (addresses, webhooks):
+        source = inspect.getsource(module)
+        for name in ("is_private", "is_global", "is_reserved", "is_loopback", "is_link_local"):
+            assert f".{name}" not in source, (module.__name__, name)
