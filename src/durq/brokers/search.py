@@ -89,10 +89,13 @@ def number_bounds(value: float) -> tuple[str, str, bool]:
 
 
 def sql_pair(path: str, text: str) -> list[Any]:
-    """One payload condition as an SQL storage takes it: ``[path segments, text, bounds]``,
-    the bounds (:func:`number_bounds`) ``None`` when the text is no number."""
+    """One payload condition as PostgreSQL takes it: ``[jsonpath, text, bounds]``, the path
+    strict (``strict $."customer"."id"``: an array on the way is no match), the bounds
+    (:func:`number_bounds`) ``None`` when the text is no number. Field names are checked
+    (``PAYLOAD_FIELD``), so quoting each one is enough."""
     number = search_number(text)
-    return [path.split("."), text, None if number is None else list(number_bounds(number))]
+    steps = "".join(f'."{key}"' for key in path.split("."))
+    return [f"strict ${steps}", text, None if number is None else list(number_bounds(number))]
 
 
 def _decimal(value: Fraction) -> str:
@@ -125,14 +128,27 @@ def _check_strings(value: Any) -> None:
                 raise ValueError("not storable JSON")
 
 
+# Escapes that decode to what PostgreSQL's JSON refuses (NUL, surrogates): only a payload
+# holding one needs the walk over its strings.
+_SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
+
+
 def decode_payload(raw: bytes | str) -> Any:
-    """The payload as a search reads it (numbers as doubles), or ValueError."""
-    text = raw.decode("utf-8") if isinstance(raw, bytes | bytearray | memoryview) else raw
+    """The payload as a search reads it, or ValueError."""
+    data = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
+    text = data.decode("utf-8")
     try:
-        value = json.loads(text, parse_int=float, parse_constant=_unsearchable)
+        try:
+            value = json.loads(text, parse_constant=_unsearchable)
+        except ValueError as exc:
+            if "integer string conversion" not in str(exc):
+                raise
+            # An integer of more than 4,300 digits: Python's limit, not JSON's.
+            value = json.loads(text, parse_int=float, parse_constant=_unsearchable)
     except RecursionError as exc:
         raise ValueError("JSON is nested too deeply") from exc
-    _check_strings(value)
+    if _SUSPECT_ESCAPE.search(data):
+        _check_strings(value)
     return value
 
 
@@ -142,9 +158,12 @@ def value_matches(value: Any, wanted: str) -> bool:
         return value == wanted
     if isinstance(value, bool):
         return wanted == ("true" if value else "false")
-    if isinstance(value, float):
+    if isinstance(value, int | float):
         number = search_number(wanted)
-        return number is not None and value == number
+        try:
+            return number is not None and float(value) == number
+        except OverflowError:  # an integer beyond the doubles
+            return False
     return False
 
 

@@ -998,10 +998,11 @@ LIMIT %(limit)s OFFSET %(offset)s;
 -- name: search_tasks
 -- Tasks of one queue and state that pass a search (TaskFilter), as durq.brokers.search
 -- defines it: type exact; error (ASCII-lowered by the caller) an ASCII case-insensitive
--- substring of last_error; payload a JSON array of [path segments, text, number bounds]:
--- the value at the path, reached through objects only, is a string equal to the text, a
--- boolean whose literal is the text, or a number within the bounds ([low, high, inclusive]:
--- the decimals that round to the text's double; null when the text is no number).
+-- substring of last_error; payload a JSON array of [strict jsonpath, text, number bounds]:
+-- the value at the path (strict: through objects only, silent: NULL otherwise) is a string
+-- equal to the text, a boolean whose literal is the text, or a number within the bounds
+-- ([low, high, inclusive]: the decimals that round to the text's double; null when the text
+-- is no number).
 -- payload_json is NULL for a payload that is not JSON. total_ counts every match; the page's
 -- columns are NULL when the page is empty.
 WITH hits AS (
@@ -1016,24 +1017,20 @@ WITH hits AS (
       AND NOT EXISTS (
           SELECT 1
           FROM jsonb_array_elements(%(payload)s::jsonb) AS c(pair),
-               LATERAL (SELECT ARRAY(SELECT jsonb_array_elements_text(c.pair -> 0)) AS path,
-                               {schema}.payload_json(t.payload) AS doc,
-                               c.pair -> 2 AS bounds) AS p,
-               LATERAL (SELECT p.doc #> p.path AS v) AS f
+               LATERAL (SELECT jsonb_path_query_first({schema}.payload_json(t.payload),
+                                                      (c.pair ->> 0)::jsonpath, '{{}}', true)
+                               AS v,
+                               c.pair -> 2 AS bounds) AS f
           WHERE NOT coalesce(
-              NOT EXISTS (
-                  SELECT 1 FROM generate_series(0, cardinality(p.path) - 1) AS k(n)
-                  WHERE jsonb_typeof(p.doc #> p.path[1:k.n]) IS DISTINCT FROM 'object'
-              )
-              AND CASE jsonb_typeof(f.v)
+              CASE jsonb_typeof(f.v)
                   WHEN 'string' THEN f.v #>> ARRAY[]::text[] = c.pair ->> 1
                   WHEN 'boolean' THEN f.v #>> ARRAY[]::text[] = c.pair ->> 1
-                  WHEN 'number' THEN jsonb_typeof(p.bounds) = 'array' AND CASE
-                      WHEN (p.bounds ->> 2)::boolean
-                      THEN f.v::numeric BETWEEN (p.bounds ->> 0)::numeric
-                                            AND (p.bounds ->> 1)::numeric
-                      ELSE f.v::numeric > (p.bounds ->> 0)::numeric
-                           AND f.v::numeric < (p.bounds ->> 1)::numeric
+                  WHEN 'number' THEN jsonb_typeof(f.bounds) = 'array' AND CASE
+                      WHEN (f.bounds ->> 2)::boolean
+                      THEN f.v::numeric BETWEEN (f.bounds ->> 0)::numeric
+                                            AND (f.bounds ->> 1)::numeric
+                      ELSE f.v::numeric > (f.bounds ->> 0)::numeric
+                           AND f.v::numeric < (f.bounds ->> 1)::numeric
                       END
                   ELSE false
               END,
