@@ -18,7 +18,8 @@ event. Receivers in Python can use :func:`verify`.
 
 Deliveries never reach the machine's own network by default: the URL must carry no
 credentials, and every address its host resolves to must be public (not loopback,
-link-local, private, shared, multicast or unspecified); redirects are not followed. The
+link-local, private, shared, multicast, reserved or unspecified, nor an IPv6 address that
+carries such an IPv4 address: see :mod:`durq.addresses`); redirects are not followed. The
 allow-list (``install(..., allow=["10.1.2.0/24"])`` or ``DURQ_WEBHOOK_ALLOW``) opens
 networks for deliveries inside your own network. The connection goes to the address that
 was checked, so a second DNS answer cannot swap it.
@@ -48,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from durq import backoff, codec, durations, names
+from durq.addresses import Address, Network, address_allowed
 from durq.brokers.base import EnqueueParams
 from durq.errors import ConfigurationError, DurqError, SkipRetry, ValidationError
 
@@ -93,7 +95,7 @@ class WebhookOptions:
     timeout: float = 10.0
     retention: float = 86400.0
     #: Networks deliveries may reach although they are not public (e.g. ``10.0.0.0/8``).
-    allow: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    allow: tuple[Network, ...] = ()
     #: Name resolution for deliveries (tests give their own); ``None``: the system's.
     resolver: Resolver | None = field(default=None, compare=False)
 
@@ -152,8 +154,6 @@ def check_url(url: object) -> str:
     return url
 
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 _LEGACY_IPV4 = re.compile(r"^(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}$", re.IGNORECASE)
 
 
@@ -189,25 +189,14 @@ def literal_address(host: str) -> Address | None:
     return None
 
 
-def address_allowed(address: Address, allow: Sequence[Network] = ()) -> bool:
-    """Public addresses, and those on the allow-list; never loopback, link-local, private,
-    shared, multicast, reserved or unspecified ones otherwise."""
-    mapped = getattr(address, "ipv4_mapped", None)
-    if mapped is not None:
-        address = mapped
-    if any(address in net for net in allow if net.version == address.version):
-        return True
-    return address.is_global and not address.is_multicast
-
-
 def check_literal_host(url: str, allow: Sequence[Network] = ()) -> None:
     """Refuse, at enqueue, a URL whose host is itself a refused address (no DNS asked)."""
     host = urlsplit(url).hostname or ""
     address = literal_address(host)
     if address is not None and not address_allowed(address, allow):
         raise WebhookRefusedError(
-            "webhook address is not allowed: loopback, link-local, private and unspecified "
-            "addresses need the webhook allow-list"
+            "webhook address is not allowed: loopback, link-local, private, reserved and "
+            "unspecified addresses (also inside IPv6) need the webhook allow-list"
         )
 
 
@@ -319,15 +308,21 @@ def verify(
 ) -> Any:
     """Check a Standard Webhooks request and return its decoded JSON body.
 
-    ``body`` must be the raw request body, byte for byte. ``secret`` may be a list during a
-    rotation (any one matching is enough). Raises :class:`WebhookVerificationError` (and
-    nothing else, whatever the headers hold) when a header is missing or malformed, the
-    signature is wrong, or the timestamp is more than ``tolerance`` seconds old or more
-    than ``future_skew`` seconds ahead of ``now`` (default: the wall clock). Deduplicate on
-    the returned ``webhook-id`` header: the signature binds it to the body and the time."""
+    ``body`` must be the raw request body, byte for byte (a ``str`` is taken as its UTF-8
+    bytes). ``secret`` may be a list during a rotation (any one matching is enough). Raises
+    :class:`WebhookVerificationError` (and nothing else, whatever the headers and the body
+    hold) when the body is text with no UTF-8 form (a lone surrogate), a header is missing
+    or malformed, the signature is wrong, or the timestamp is more than ``tolerance``
+    seconds old or more than ``future_skew`` seconds ahead of ``now`` (default: the wall
+    clock). Deduplicate on the returned ``webhook-id`` header: the signature binds it to
+    the body and the time."""
     import time
 
-    raw = body.encode() if isinstance(body, str) else bytes(body)
+    try:
+        raw = body.encode() if isinstance(body, str) else bytes(body)
+    except UnicodeEncodeError:
+        # A lone surrogate: no request body decodes to this text; pass the raw bytes.
+        raise WebhookVerificationError("webhook body is not UTF-8 text") from None
     lower = {str(k).lower(): v for k, v in headers.items()}
     msg_id, ts, sig = (lower.get(h) for h in (ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER))
     if not (isinstance(msg_id, str) and isinstance(ts, str) and isinstance(sig, str)):

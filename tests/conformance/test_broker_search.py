@@ -10,7 +10,7 @@ from conformance.conftest import requires
 from durq.brokers import FullBroker
 from durq.brokers.base import CAP_LIMITS, RetryParams, TaskFilter, TaskSearch
 from durq.clock import FakeClock
-from durq.errors import QueueNotFoundError
+from durq.errors import QueueNotFoundError, ValidationError
 from durq.states import TaskState
 from durq.task import LimitSpec
 
@@ -50,7 +50,7 @@ async def found(broker: FullBroker, where: TaskFilter, state: TaskState = P) -> 
         (TaskFilter(type="invoice"), []),
         (TaskFilter(payload=(("partner", "acme"),)), ["a1", "a3"]),
         (TaskFilter(type="report.build", payload=(("partner", "acme"),)), ["a3"]),
-        # A number matches its JSON literal, a string its text: "7" finds both.
+        # A number matches a number of the same value, a string its text: "7" finds both.
         (TaskFilter(payload=(("amount", "7"),)), ["a1", "a3"]),
         (TaskFilter(payload=(("amount", "7.5"),)), ["a2"]),
         (TaskFilter(payload=(("urgent", "true"),)), ["a1"]),
@@ -117,3 +117,168 @@ async def test_search_finds_tasks_held_by_a_limit(broker: FullBroker, clock: Fak
     assert {t.held_by for t in result.tasks} == {"acme"}
     page = await broker.search_tasks(TaskSearch(Q, P, TaskFilter(), limit=1, offset=1))
     assert len(page.tasks) == 1 and page.total == 2
+
+
+# -- one meaning on every broker (durq.brokers.search) ------------------------------------------
+
+# Payloads written as raw JSON, so that each number keeps its own spelling.
+ODD = {
+    "f1": '{"x": 1e-07}',
+    "f2": '{"x": 0.0000001}',
+    "f3": '{"x": 1e+20}',
+    "f4": '{"x": 100000000000000000000}',
+    "f5": '{"x": 18446744073709551616}',
+    "f6": '{"x": -0.0}',
+    "f7": '{"x": 0}',
+    "f8": '{"x": 9007199254740993}',
+    "f9": '{"x": 9007199254740992}',
+    "s1": '{"x": "acme"}',
+    "s2": '{"x": "acme\\u0000"}',
+    "s3": '{"x": "acme", "note": "a\\u0000b"}',
+    "s4": '{"x": "1e-07"}',
+    "s5": '{"x": "acme", "bad": "\\ud800"}',
+    "s6": '{"x": "ACME"}',
+    "b1": '{"x": true}',
+    "h1": '{"x": 1e400}',
+    "h2": '{"x": 1e-400}',
+    "a1": '{"items": ["acme"], "x": [7]}',
+    "d1": '{"x": 7, "x": 8}',
+    "n1": '{"x": 7.0}',
+}
+
+
+async def enqueue_raw(broker: FullBroker, payloads: dict[str, str]) -> None:
+    for task_id, raw in payloads.items():
+        p = params(task_id)
+        await broker.enqueue(type(p)(**{**_fields(p), "payload": raw.encode()}))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "ids"),
+    [
+        # A number matches a JSON number text with the same double, whatever its spelling.
+        ("x", "1e-07", ["f1", "f2", "s4"]),
+        ("x", "0.0000001", ["f1", "f2"]),
+        ("x", "1E-7", ["f1", "f2"]),
+        ("x", "1e+20", ["f3", "f4"]),
+        ("x", "1e20", ["f3", "f4"]),
+        ("x", "18446744073709551616", ["f5"]),
+        ("x", "18446744073709551615", ["f5"]),  # 2^64 - 1 is 2^64 as a double
+        ("x", "-0.0", ["f6", "f7", "h2"]),  # 1e-400 is 0 as a double
+        ("x", "0", ["f6", "f7", "h2"]),
+        ("x", "9007199254740993", ["f8", "f9"]),  # past 2^53: the same double
+        ("x", "7", ["n1"]),
+        ("x", "8", ["d1"]),  # a repeated key: the last one counts
+        ("x", "1e400", []),  # beyond the doubles: no number
+        ("x", "+7", []),  # not JSON: text only
+        ("x", "7.", []),
+        ("x", "true", ["b1"]),
+        # Strings match exactly; a payload with a NUL or a lone surrogate matches nothing.
+        ("x", "acme", ["s1"]),
+        ("x", "ACME", ["s6"]),
+        ("items.0", "acme", []),  # paths go through objects only
+        ("x.0", "7", []),
+    ],
+)
+async def test_search_values_mean_the_same_on_every_broker(
+    broker: FullBroker, field: str, value: str, ids: list[str]
+) -> None:
+    await enqueue_raw(broker, ODD)
+    assert await found(broker, TaskFilter(payload=((field, value),))) == ids
+
+
+async def test_error_text_is_ascii_case_insensitive_on_every_broker(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    errors = {
+        "e1": "Timeout talking to ÉCOLE",
+        "e2": "straße ERROR",
+        "e3": "İstanbul unreachable",
+        "e4": "plain ascii",
+    }
+    for task_id, error in errors.items():
+        await broker.enqueue(params(task_id))
+        (lease,) = await claim(broker)
+        assert await broker.retry(RetryParams(lease.ref, error, LATER))
+    expected = {
+        "école": [],  # É is not é: only A-Z fold
+        "ÉCOLE": ["e1"],
+        "cole": ["e1"],
+        "STRAßE": ["e2"],
+        "strasse": [],
+        "error": ["e2"],
+        "istanbul": [],
+        "İSTANBUL": ["e3"],
+        "ASCII": ["e4"],
+    }
+    for text, ids in expected.items():
+        assert await found(broker, TaskFilter(error=text), R) == ids, text
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        {"payload": (("x", "acme\x00"),)},
+        {"payload": (("x", "\x00"),)},
+        {"payload": (("x", "a\nb"),)},
+        {"payload": (("x", "\ud800"),)},
+        {"payload": (("x\n", "acme"),)},
+        {"payload": (("x.", "acme"),)},
+        {"error": "acme\x00"},
+        {"error": "\x1b[31m"},
+        {"error": "\x85"},
+        {"type": "t\x00"},
+    ],
+)
+def test_search_values_with_control_characters_are_refused_before_any_broker(
+    where: dict[str, object],
+) -> None:
+    with pytest.raises(ValidationError):
+        TaskFilter(**where)  # type: ignore[arg-type]
+
+
+def _midpoint(a: float, b: float) -> str:
+    from decimal import Context, Decimal
+    from fractions import Fraction
+
+    m = (Fraction(a) + Fraction(b)) / 2
+    return str(Context(prec=2000).divide(Decimal(m.numerator), Decimal(m.denominator)))
+
+
+# Spellings at the edges of the doubles: ties (to the even one), the largest and smallest.
+HARD_NUMBERS = [
+    "0.1",
+    "0.30000000000000004",
+    "0.3",
+    "9007199254740993",  # a tie: rounds to ...992
+    "9007199254740995",  # a tie: rounds to ...996
+    "9007199254740994",
+    "1.7976931348623157e308",
+    "1.7976931348623158e308",  # still the largest double
+    "1.7976931348623159e308",  # past the largest's upper bound: infinite
+    "5e-324",
+    "2.4703282292062328e-324",  # above half the smallest: the smallest
+    "2.4703282292062327e-324",  # below it: zero
+    _midpoint(0.0, 5e-324),  # exactly half: a tie, to zero (even)
+    _midpoint(1.0, 1.0000000000000002),  # a tie, to 1 (even)
+    _midpoint(1.0000000000000002, 1.0000000000000004),  # a tie, to ...04 (even)
+    "-1e-07",
+    "123456789012345678901234567890",
+    "1" + "0" * 400,
+]
+
+
+async def test_numbers_at_the_edges_of_the_doubles_match_as_the_rule_says(
+    broker: FullBroker,
+) -> None:
+    """Every broker against :func:`durq.brokers.search.payload_matches`, the rule's model."""
+    from durq.brokers import search
+
+    stored = {f"h{i}": f'{{"x": {text}}}' for i, text in enumerate(HARD_NUMBERS)}
+    await enqueue_raw(broker, stored)
+    wanted = sorted({*HARD_NUMBERS[:12], "1", "1.0000000000000004", "0", "-0", "1e-07"})
+    for text in wanted:
+        if len(text) > 200:
+            continue
+        expected = [i for i, raw in stored.items() if search.payload_matches(raw, (("x", text),))]
+        assert await found(broker, TaskFilter(payload=(("x", text),))) == expected, text

@@ -38,3 +38,32 @@ async def test_api_round_trip(broker_url: str) -> None:
             assert (await c.delete("/api/queues/default/tasks/rt-1")).status_code == 204
     finally:
         await app.close()
+
+
+async def test_odd_search_values_are_the_same_400_on_every_broker(broker_url: str) -> None:
+    """A NUL or another control character in a filter is refused before the broker, with
+    durq's own message (never a database's), and a trailing newline ends no field name."""
+    app = durq.App(broker_url)
+    try:
+        fresh = app.new_broker()
+        await fresh.migrate()
+        await fresh.close()
+        await app.enqueue("email:send", {"partner": "acme"}, task_id="o-1")
+        dash = create_dashboard(app, token=TOKEN)
+        transport = httpx.ASGITransport(app=dash)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=BEARER) as c:
+            for query, said in [
+                ("payload.partner=acme%00", "control characters"),
+                ("payload=partner%3Dacme%00", "control characters"),
+                ("error=acme%00", "control characters"),
+                ("error=%1B%5B31m", "control characters"),
+                ("payload.partner%0A=acme", "payload field"),
+            ]:
+                r = await c.get(f"/api/queues/default/tasks?state=pending&{query}")
+                assert r.status_code == 400, (query, r.text)
+                error = r.json()["error"]
+                assert error["code"] == "bad_request" and said in error["message"], query
+            r = await c.get("/api/queues/default/tasks?payload.partner=acme")
+            assert [t["id"] for t in r.json()["tasks"]] == ["o-1"]
+    finally:
+        await app.close()

@@ -17,6 +17,7 @@ from durq.brokers import open_broker
 from durq.brokers.base import ClaimParams, CompleteParams, EnqueueParams
 from durq.brokers.sqlfiles import parse_named
 from durq.brokers.sqlite import SQLiteBroker
+from durq.brokers.sqlite.admin import SEARCH_FUNCTION
 from durq.brokers.sqlite.broker import SHORT_CALL_TASKS
 from durq.brokers.sqlite.storage import MIGRATIONS, SCHEMA_VERSION, Q, split_statements
 from durq.clock import FakeClock
@@ -190,6 +191,7 @@ async def test_short_calls_run_on_the_callers_thread_only_when_the_connection_is
 
 def test_every_query_prepares_against_the_schema() -> None:
     conn = sqlite3.connect(":memory:")
+    conn.create_function(SEARCH_FUNCTION, 2, lambda *_: 1)  # the admin registers it per search
     conn.execute(Q["migrations_table"])
     for migration in MIGRATIONS:
         for statement in split_statements(migration.sql):

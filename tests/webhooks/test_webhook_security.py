@@ -67,6 +67,14 @@ def test_hostile_signature_headers_are_a_verification_error(change: dict[str, st
         verify(BODY, headers, SECRET, now=NOW)
 
 
+@pytest.mark.parametrize("body", ["\ud800", '{"a":"\udcff"}', "\udfff\ud800"])
+def test_a_text_body_with_a_lone_surrogate_is_a_verification_error(body: str) -> None:
+    """No request body decodes to such text: the documented error, never UnicodeEncodeError."""
+    headers = sign(b"{}", SECRET, NOW, "msg_1")
+    with pytest.raises(WebhookVerificationError, match="not UTF-8"):
+        verify(body, headers, SECRET, now=NOW)
+
+
 def test_the_signature_binds_the_delivery_id_and_refuses_the_future() -> None:
     headers = sign(BODY, SECRET, NOW, "webhook:completed:t1")
     assert verify(BODY, headers, SECRET, now=NOW)["result"] == {"n": 1}
@@ -144,6 +152,15 @@ REFUSED_LITERALS = [
     "http://[::ffff:127.0.0.1]/",
     "http://[fe80::1]/",
     "http://224.0.0.1/",
+    # IPv6 addresses that carry an IPv4 address of the own network.
+    "http://[64:ff9b::a9fe:a9fe]/",
+    "http://[64:ff9b::7f00:1]:6379/",
+    "http://[64:ff9b:1::a00:7]/",
+    "http://[2002:7f00:1::]/",
+    "http://[::7f00:1]/",
+    "http://[::ffff:0:7f00:1]/",
+    "http://[::ffff:7f00:1]/",
+    "http://[2001:0:5db8:ac10:0:0:80ff:fffe]/",
 ]
 CREDENTIALS = ["http://user:hunter2@partner.example/x", "https://token@partner.example/x"]
 
@@ -240,6 +257,11 @@ async def test_deliveries_refuse_names_that_resolve_to_the_own_network(
                 "rebind.test": ["93.184.216.34", "127.0.0.1"],
                 "inside.test": ["10.1.2.3"],
                 "mapped.test": ["::ffff:127.0.0.1"],
+                # DNS64 on an IPv6-only subnet: only a private A record, synthesised.
+                "dns64.test": ["64:ff9b::7f00:1"],
+                "metadata64.test": ["64:ff9b::a9fe:a9fe"],
+                "sixtofour.test": ["2002:7f00:1::1"],
+                "translated.test": ["::ffff:0:7f00:1"],
             }
         )
         webhooks.install(app, SECRET, max_retry=3, resolver=resolver)

@@ -54,8 +54,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from durq.brokers import search
 from durq.clock import Clock, to_datetime
-from durq.errors import DuplicateTaskError, TaskIDConflictError
+from durq.errors import DuplicateTaskError, TaskIDConflictError, ValidationError
 from durq.states import TaskState
 from durq.task import LimitSpec, TaskInfo, make_info
 
@@ -474,31 +475,37 @@ class TaskMove:
         raise ValueError(f"not a task move: to {self.to}")
 
 
-#: Characters of one payload field name in a search (``partner``, ``customer.id``).
+#: Characters of one payload field name in a search (``partner``, ``customer.id``); use
+#: ``fullmatch`` (``$`` alone would let a trailing newline through).
 PAYLOAD_FIELD = re.compile(r"^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}$")
-
-
-def payload_text(value: Any) -> str | None:
-    """How a search compares one payload value: a string as its text, a number or boolean
-    as its JSON literal (``7``, ``1.5``, ``true``); objects, arrays and null match nothing."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool | int | float):
-        return json.dumps(value)
-    return None
 
 
 @dataclass(frozen=True, slots=True)
 class TaskFilter:
-    """Which tasks a search keeps: every condition given must hold."""
+    """Which tasks a search keeps: every condition given must hold. What each one means
+    is written once in :mod:`durq.brokers.search`; the values are checked here, before any
+    broker (ValidationError)."""
 
     #: The task type, exactly.
     type: str | None = None
-    #: Text the last error contains (case-insensitive).
+    #: Text the last error contains (ASCII case-insensitive).
     error: str | None = None
-    #: ``(field path, value)`` pairs: the payload's value at the dotted path, compared as
-    #: :func:`payload_text` says, equals the value.
+    #: ``(field path, value)`` pairs: the payload's value at the dotted path matches the
+    #: value (:func:`durq.brokers.search.value_matches`).
     payload: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.type is not None:
+            search.check_text("task type", self.type)
+        if self.error is not None:
+            search.check_text("error text", self.error)
+        for field_, value in self.payload:
+            if not PAYLOAD_FIELD.fullmatch(field_):
+                raise ValidationError(
+                    f"payload field {field_[:80]!r} must be names of letters, digits, _ or - "
+                    "joined by dots (customer.id)"
+                )
+            search.check_text("payload value", value)
 
     @property
     def empty(self) -> bool:
@@ -508,23 +515,13 @@ class TaskFilter:
         """The same test in Python, for brokers that cannot ask their storage."""
         if self.type is not None and task.type != self.type:
             return False
-        if self.error is not None and (
-            task.last_error is None or self.error.lower() not in task.last_error.lower()
-        ):
+        return self.matches_content(task.last_error, task.raw_payload)
+
+    def matches_content(self, last_error: str | None, raw_payload: bytes | str | None) -> bool:
+        """The error and payload conditions alone (SQLite calls it from SQL)."""
+        if self.error is not None and not search.error_matches(last_error, self.error):
             return False
-        if not self.payload:
-            return True
-        try:
-            payload: Any = json.loads(task.raw_payload)
-        except ValueError:
-            return False
-        for path, wanted in self.payload:
-            value = payload
-            for key in path.split("."):
-                value = value.get(key) if isinstance(value, dict) else None
-            if payload_text(value) != wanted:
-                return False
-        return True
+        return search.payload_matches(raw_payload, self.payload)
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,7 +110,7 @@ ErrorFilter = Annotated[
     Query(
         min_length=1,
         max_length=SEARCH_TEXT_MAX,
-        description="Only tasks whose last error contains this text (any case)",
+        description="Only tasks whose last error contains this text (ASCII case-insensitive)",
     ),
 ]
 PAYLOAD_PAIR = PAYLOAD_FIELD.pattern.removesuffix("$") + f"=.{{0,{SEARCH_TEXT_MAX}}}$"
@@ -120,8 +120,8 @@ PayloadFilter = Annotated[
         max_length=SEARCH_FIELDS_MAX,
         description="Only tasks whose payload has this value at this field: `field=value`, "
         "repeatable, dotted paths for nested objects (`customer.id=7`); also written "
-        "`payload.<field>=<value>`. A string matches its text, a number or boolean its "
-        "JSON literal (`7`, `true`).",
+        "`payload.<field>=<value>`. A string matches its text, a boolean `true`/`false`, a "
+        "number any JSON number of the same double (`7` finds `7.0`). No control characters.",
         examples=[["partner=acme"]],
     ),
 ]

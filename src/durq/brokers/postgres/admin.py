@@ -21,6 +21,7 @@ from durq.brokers.base import (
 from durq.brokers.limiter import stored
 from durq.brokers.postgres.rows import Row
 from durq.brokers.postgres.storage import AsyncConn, PostgresStorage
+from durq.brokers.search import ascii_lower, sql_pair
 from durq.brokers.sqlfiles import group_info
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import utc_day
@@ -102,8 +103,8 @@ class PostgresAdmin:
                 "state": TaskState(search.state).value,
                 "now": self._s.now(),
                 "type": f.type,
-                "error": f.error,
-                "payload": json.dumps([list(pair) for pair in f.payload]),
+                "error": None if f.error is None else ascii_lower(f.error),
+                "payload": json.dumps([sql_pair(path, text) for path, text in f.payload]),
                 "limit": max(0, search.limit),
                 "offset": max(0, search.offset),
             },

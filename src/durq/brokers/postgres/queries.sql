@@ -996,25 +996,45 @@ ORDER BY next_process_at, seq
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_tasks
--- Tasks of one queue and state that pass a search (TaskFilter): type exact, error a
--- case-insensitive substring of last_error, payload a JSON array of [path, text] pairs
--- (a string compares as its text, a number or boolean as its JSON literal; payload_json is
--- NULL for a payload that is not JSON). total_ counts every match; the page's columns are
--- NULL when the page is empty.
+-- Tasks of one queue and state that pass a search (TaskFilter), as durq.brokers.search
+-- defines it: type exact; error (ASCII-lowered by the caller) an ASCII case-insensitive
+-- substring of last_error; payload a JSON array of [strict jsonpath, text, number bounds]:
+-- the value at the path (strict: through objects only, silent: NULL otherwise) is a string
+-- equal to the text, a boolean whose literal is the text, or a number within the bounds
+-- ([low, high, inclusive]: the decimals that round to the text's double; null when the text
+-- is no number).
+-- payload_json is NULL for a payload that is not JSON. total_ counts every match; the page's
+-- columns are NULL when the page is empty.
 WITH hits AS (
     SELECT *
     FROM {schema}.tasks AS t
     WHERE queue = %(queue)s AND state = %(state)s
       AND NOT (state = 'completed' AND expires_at <= %(now)s)
       AND (%(type)s::text IS NULL OR type = %(type)s::text)
-      AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
+      AND (%(error)s::text IS NULL
+           OR strpos(translate(last_error, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ',
+                                           'abcdefghijklmnopqrstuvwxyz'), %(error)s::text) > 0)
       AND NOT EXISTS (
           SELECT 1
           FROM jsonb_array_elements(%(payload)s::jsonb) AS c(pair),
-               LATERAL (SELECT {schema}.payload_json(t.payload)
-                               #> string_to_array(c.pair ->> 0, '.') AS v) AS f
-          WHERE (CASE WHEN jsonb_typeof(f.v) IN ('string', 'number', 'boolean')
-                      THEN f.v #>> ARRAY[]::text[] END) IS DISTINCT FROM (c.pair ->> 1)
+               LATERAL (SELECT jsonb_path_query_first({schema}.payload_json(t.payload),
+                                                      (c.pair ->> 0)::jsonpath, '{{}}', true)
+                               AS v,
+                               c.pair -> 2 AS bounds) AS f
+          WHERE NOT coalesce(
+              CASE jsonb_typeof(f.v)
+                  WHEN 'string' THEN f.v #>> ARRAY[]::text[] = c.pair ->> 1
+                  WHEN 'boolean' THEN f.v #>> ARRAY[]::text[] = c.pair ->> 1
+                  WHEN 'number' THEN jsonb_typeof(f.bounds) = 'array' AND CASE
+                      WHEN (f.bounds ->> 2)::boolean
+                      THEN f.v::numeric BETWEEN (f.bounds ->> 0)::numeric
+                                            AND (f.bounds ->> 1)::numeric
+                      ELSE f.v::numeric > (f.bounds ->> 0)::numeric
+                           AND f.v::numeric < (f.bounds ->> 1)::numeric
+                      END
+                  ELSE false
+              END,
+              false)
       )
 )
 SELECT (SELECT count(*) FROM hits) AS total_, page.*

@@ -27,6 +27,10 @@ from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundErro
 from durq.states import TaskState
 from durq.task import TaskInfo
 
+#: The SQL function ``search_tasks`` calls: a search's error and payload conditions
+#: (``TaskFilter.matches_content``), registered on the connection for each search.
+SEARCH_FUNCTION = "durq_search_match"
+
 
 class SQLiteAdmin:
     """The Admin seam on a :class:`SQLiteStorage`: every method is one read snapshot or one
@@ -141,21 +145,21 @@ class SQLiteAdmin:
         """Tasks of one queue and state passing the filter, counted and paged in one query."""
         now = self._s.clock.now()
         f = search.filter
-        # JSON paths quoted segment by segment ($."customer"."id"): names are checked already.
-        pairs = [['$."' + '"."'.join(path.split(".")) + '"', value] for path, value in f.payload]
         params = {
             "queue": search.queue,
             "state": TaskState(search.state).value,
             "now": now,
             "type": f.type,
-            "error": f.error,
-            "payload": json.dumps(pairs),
+            "content": f.error is not None or bool(f.payload),
             "limit": search.limit,
             "offset": search.offset,
         }
 
         def run(conn: Conn) -> TaskSearchResult:
             self._require_queue(conn, search.queue)
+            # The error and payload conditions are tested by the same Python as on Redis:
+            # SQLite's lower() and number parsing differ from it (durq.brokers.search).
+            conn.create_function(SEARCH_FUNCTION, 2, f.matches_content, deterministic=True)
             rows = conn.execute(Q["search_tasks"], params).fetchall()
             tasks = [row_to_info(row) for row in rows if row["id"] is not None]
             return TaskSearchResult(tasks, rows[0]["total_"] if rows else 0)

@@ -324,26 +324,15 @@ ORDER BY next_process_at, rowid
 LIMIT :limit OFFSET :offset;
 
 -- name: search_tasks
--- Tasks of one queue and state that pass a search (TaskFilter): :type exact, :error a
--- case-insensitive substring of last_error, :payload a JSON array of [path, text] pairs
--- (a string compares as its text, a number or boolean as its JSON literal). The first
--- column counts every match; the page's columns are NULL when the page is empty.
+-- Tasks of one queue and state that pass a search (TaskFilter): :type exact; when :content,
+-- the error and payload conditions by durq_search_match(last_error, payload), the function
+-- the admin registers for this search (durq.brokers.search). The first column counts every
+-- match; the page's columns are NULL when the page is empty.
 WITH hits AS (
     SELECT rowid AS seq_, * FROM durq_tasks
     WHERE queue = :queue AND state = :state AND NOT (state = 'completed' AND expires_at <= :now)
       AND (:type IS NULL OR type = :type)
-      AND (:error IS NULL OR instr(lower(last_error), lower(:error)) > 0)
-      AND NOT EXISTS (
-          SELECT 1 FROM json_each(:payload) AS c
-          WHERE (CASE WHEN NOT json_valid(CAST(payload AS TEXT)) THEN NULL
-                 ELSE CASE json_type(CAST(payload AS TEXT), c.value ->> 0)
-                     WHEN 'true' THEN 'true'
-                     WHEN 'false' THEN 'false'
-                     WHEN 'text' THEN json_extract(CAST(payload AS TEXT), c.value ->> 0)
-                     WHEN 'integer' THEN CAST(json_extract(CAST(payload AS TEXT), c.value ->> 0) AS TEXT)
-                     WHEN 'real' THEN CAST(json_extract(CAST(payload AS TEXT), c.value ->> 0) AS TEXT)
-                 END END) IS NOT (c.value ->> 1)
-      )
+      AND (NOT :content OR durq_search_match(last_error, payload))
 )
 SELECT (SELECT count(*) FROM hits) AS total_, page.*
 FROM (SELECT 1) LEFT JOIN (
