@@ -70,5 +70,5 @@ for i = 0, n - 1 do
     wake_workers(ARGV[ao + 2])
   end
 end
-redis.call('HSET', KEYS[2], unpack(entries))
+call_in_slices('HSET', KEYS[2], entries)
 return {'ok', now_s}

@@ -1,0 +1,70 @@
+"""Groups of the maximum size on Redis. Lua's stack holds about 8,000 values, and a script
+that fails keeps the writes it made before the error: the scripts that write or read a whole
+group pass its lists to Redis in slices, and a refused group leaves every key as it was."""
+
+from __future__ import annotations
+
+import durq
+from durq import EnqueueRequest, groups
+from durq.brokers.redis import RedisBroker
+from durq.errors import DurqError
+from durq.states import TaskState
+from servers import raw_redis
+
+
+async def _picture(rbroker: RedisBroker) -> dict[bytes, bytes | None]:
+    """Every key under the broker's prefix with its serialized value."""
+    raw = raw_redis(rbroker)
+    keys = [k async for k in raw.scan_iter(match=f"{rbroker.prefix}:*", count=1000)]
+    return {k: await raw.dump(k) for k in keys}
+
+
+def _group(
+    app: durq.App, group_id: str, last: EnqueueRequest, process_in: float | None = None
+) -> groups.GroupParams:
+    members = [
+        app.params(EnqueueRequest("m:x", {"i": i}, process_in=process_in))
+        for i in range(groups.MAX_MEMBERS - 1)
+    ]
+    members.append(app.params(last))
+    return groups.build(group_id, members, "m:merge", app, retention=60, max_payload=1 << 20)
+
+
+async def test_a_group_of_the_maximum_refused_at_its_last_member_changes_no_key(
+    rbroker: RedisBroker,
+) -> None:
+    app = durq.App(rbroker)
+    await app.enqueue("m:x", {}, task_id="taken")
+    await app.enqueue("m:x", {"u": 1}, unique=3600)
+    before = await _picture(rbroker)
+    refused: list[tuple[EnqueueRequest, type[DurqError]]] = [
+        (EnqueueRequest("m:x", {}, task_id="taken"), durq.TaskIDConflictError),
+        (EnqueueRequest("m:x", {"u": 1}, unique=3600), durq.DuplicateTaskError),
+    ]
+    for n, (last, error) in enumerate(refused):
+        try:
+            await rbroker.enqueue_group(_group(app, f"refused{n}", last))
+        except error:
+            pass
+        else:
+            raise AssertionError(f"{error.__name__} expected")
+    assert await _picture(rbroker) == before
+
+
+async def test_deleting_every_member_of_the_maximum_leaves_no_task_key(
+    rbroker: RedisBroker,
+) -> None:
+    """The bulk delete releases the group through the last member: every member's key goes,
+    the follow-up and the group's record (until its retention) stay."""
+    app = durq.App(rbroker)
+    last = EnqueueRequest("m:x", {"i": "last"}, process_in=3600)
+    await rbroker.enqueue_group(_group(app, "full", last, process_in=3600))
+    assert await rbroker.move_all("default", TaskState.SCHEDULED, None) == groups.MAX_MEMBERS
+    qk = rbroker._s.keys.queue("default")
+    raw = raw_redis(rbroker)
+    tasks = [k async for k in raw.scan_iter(match=f"{qk.task_prefix}*", count=1000)]
+    assert tasks == [qk.task("group:full").encode()]
+    group = qk.group("full")
+    assert await raw.exists(group, f"{group}:e", f"{group}:s") == 3
+    info = await rbroker.get_group("default", "full")
+    assert info.by_state == {"deleted": groups.MAX_MEMBERS}
