@@ -68,3 +68,23 @@ async def test_deleting_every_member_of_the_maximum_leaves_no_task_key(
     assert await raw.exists(group, f"{group}:e", f"{group}:s") == 3
     info = await rbroker.get_group("default", "full")
     assert info.by_state == {"deleted": groups.MAX_MEMBERS}
+
+
+async def test_a_group_wakes_its_queue_once(rbroker: RedisBroker) -> None:
+    """One wake-up message for a group's pending members (E9), as for a batch: a group of
+    10,000 must not send 10,000 messages to every subscribed worker."""
+    app = durq.App(rbroker)
+    channel = rbroker._s.keys.queue("default").notify
+    pubsub = raw_redis(rbroker).pubsub()
+    await pubsub.subscribe(channel)
+    try:
+        await app.enqueue_group([EnqueueRequest("m:x", {"i": i}) for i in range(50)])
+        await raw_redis(rbroker).publish(channel, "end")  # after the script's messages
+        got: list[bytes] = []
+        while not got or got[-1] != b"end":
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=10)
+            if message is not None:
+                got.append(message["data"])
+        assert got == [b"1", b"end"]
+    finally:
+        await pubsub.aclose()
