@@ -4,9 +4,14 @@ group pass its lists to Redis in slices, and a refused group leaves every key as
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 import durq
 from durq import EnqueueRequest, groups
 from durq.brokers.redis import RedisBroker
+from durq.clock import FakeClock
 from durq.errors import DurqError
 from durq.states import TaskState
 from servers import raw_redis
@@ -88,3 +93,31 @@ async def test_a_group_wakes_its_queue_once(rbroker: RedisBroker) -> None:
         assert got == [b"1", b"end"]
     finally:
         await pubsub.aclose()
+
+
+async def test_a_group_refused_by_a_full_server_leaves_no_key(private_redis: Any) -> None:
+    """A Redis past its ``maxmemory`` (noeviction) refuses a script's first write: the group
+    script checks everything before it, so nothing of the group exists; with room again
+    the same group is created whole."""
+    server = private_redis()
+    broker = RedisBroker.from_url(server.url, clock=FakeClock())
+    try:
+        await broker.migrate()
+        app = durq.App(broker)
+        await app.enqueue("m:x", {}, task_id="seed")  # the queue is known, the scripts loaded
+        params = _group(app, "g", EnqueueRequest("m:x", {"i": "last"}))
+        raw = raw_redis(broker)
+        before = await _picture(broker)
+        await raw.config_set("maxmemory-policy", "noeviction")
+        await raw.config_set("maxmemory", 1)
+        try:
+            with pytest.raises(DurqError, match="OOM"):
+                await broker.enqueue_group(params)
+        finally:
+            await raw.config_set("maxmemory", 0)
+        assert await _picture(broker) == before
+        await broker.enqueue_group(params)
+        info = await broker.get_group("default", "g")
+        assert (info.total, info.by_state) == (groups.MAX_MEMBERS, {"pending": groups.MAX_MEMBERS})
+    finally:
+        await broker.close()
