@@ -20,8 +20,10 @@ The follow-up's id is ``group:<group id>``; its payload::
 with ``"error"`` in place of ``"result"`` for an archived member and neither for a deleted one.
 The members' outcomes live in the group's record, so the follow-up is complete even when the
 members were deleted on completion (``retention=0``). Each member has an equal share of the
-payload limit; an entry over its share loses its result (``"omitted": ["result"]``), which the
-follow-up can read from the member while it is retained.
+payload limit (at least 256 bytes); an entry over its share loses its result
+(``"omitted": ["result"]``), which the follow-up can read from the member while it is
+retained. The entries keep the members' names, so the follow-up of a big group can exceed
+the payload limit: :func:`payload_limit` is what a worker accepts for it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ FOLLOWS_HEADER = "durq-follows-group"
 DEFAULT_RETENTION = 86400.0
 #: Largest group; a bigger fan-in is a group of groups.
 MAX_MEMBERS = 10_000
+#: The smallest share of the payload limit a member's entry gets.
+MIN_SHARE = 256
 COMPLETED, ARCHIVED, DELETED = "completed", "archived", "deleted"
 
 
@@ -191,15 +195,20 @@ def outcome(
     )
 
 
-def _budget(task: TaskInfo, max_payload: int) -> int:
-    """Each member's share of the follow-up's payload limit."""
-    spec = task.headers.get(HEADER, "")
-    size = 1
+def _size(task: TaskInfo, header: str) -> int:
+    """The group size that ``task``'s ``header`` names (1 when unreadable), at most
+    :data:`MAX_MEMBERS`."""
     try:
-        size = max(1, int(json.loads(spec).get("size", 1)))
+        size = int(json.loads(task.headers.get(header, "")).get("size", 1))
     except (ValueError, AttributeError, TypeError):
-        pass
-    return max(256, max_payload // size - 1)
+        return 1
+    return min(max(1, size), MAX_MEMBERS)
+
+
+def _budget(task: TaskInfo, max_payload: int) -> int:
+    """Each member's share of the follow-up's payload limit (at least 256 bytes, so that a
+    small result survives in a big group)."""
+    return max(MIN_SHARE, max_payload // _size(task, HEADER) - 1)
 
 
 def _entry(task_id: str, queue: str, type: str, state: str, value: Any, *, budget: int) -> bytes:
@@ -215,3 +224,30 @@ def _entry(task_id: str, queue: str, type: str, state: str, value: Any, *, budge
     body[key] = None
     body["omitted"] = [key]
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+#: The longest entry a member can have once its result is left out: the longest names
+#: (ASCII, so one byte a character).
+_NAMES_MAX = len(
+    _entry(
+        "i" * names.TASK_ID_MAX,
+        "q" * names.NAME_MAX,
+        "t" * names.NAME_MAX,
+        COMPLETED,
+        0,
+        budget=0,
+    )
+)
+
+
+def payload_limit(task: TaskInfo, max_payload: int) -> int:
+    """The largest payload a worker decodes for ``task``: ``max_payload``, or more for the
+    follow-up of a group. Its entries fit the members' shares of ``max_payload``, except
+    that a share is at least 256 bytes and an entry keeps its names however long they are:
+    at most ``max_payload`` and 486 bytes a member (under 6 MB for 10,000 members and the
+    default limit)."""
+    if FOLLOWS_HEADER not in task.headers:
+        return max_payload
+    # The head ('{"group":{...},"members":[' with a group id and queue of at most 100
+    # characters) and the tail take less than 1 KiB; a comma between entries.
+    return max_payload + _size(task, FOLLOWS_HEADER) * (_NAMES_MAX + 1) + 1024

@@ -288,3 +288,70 @@ async def test_members_in_several_queues(broker: FullBroker, clock: FakeClock) -
     members = json.loads(follow.task.raw_payload)["members"]
     assert [(m["queue"], m["result"]) for m in members] == [("qa", 7), ("qb", 7)]
     assert (await broker.get_group("qa", group.id)).finished == 2
+
+
+async def test_a_group_of_the_maximum_size_fans_in_once(broker: FullBroker) -> None:
+    """A group of ``groups.MAX_MEMBERS`` members is created whole; its members finish through
+    batched completions (a worker's acks) and the inspector's bulk delete (the last one);
+    the follow-up is created once, with every member, and no member is left behind."""
+    app = durq.App(broker)
+    size = groups.MAX_MEMBERS
+    group = await app.enqueue_group(
+        [R("m:x", {"i": i}, task_id=f"m{i}") for i in range(size - 1)]
+        + [R("m:x", {"i": size - 1}, task_id=f"m{size - 1}", process_in=3600)],
+        then="m:merge",
+    )
+    assert len(group.tasks) == size
+    info = await broker.get_group(group.queue, group.id)
+    assert (info.total, info.finished, info.by_state) == (
+        size,
+        0,
+        {"pending": size - 1, "scheduled": 1},
+    )
+    now = broker.clock.now()
+    done = 0
+    while done < size - 1:
+        leases = await broker.claim(ClaimParams(["default"], 1000, "w", 600))
+        assert leases, done
+        finished = [lifecycle.completed(x, b"1", now=now) for x in leases]
+        assert all(await broker.complete_many(finished))
+        done += len(leases)
+    assert done == size - 1
+    assert not await exists(app, "default", f"group:{group.id}")
+    # The last member, deleted by the inspector, releases the group.
+    assert await broker.move_all("default", TaskState.SCHEDULED, None) == 1
+    (follow,) = await broker.claim(ClaimParams(["default"], 10, "w", 60))
+    assert follow.task.id == f"group:{group.id}"
+    body = json.loads(follow.task.raw_payload)
+    assert body["group"] == {"id": group.id, "queue": "default", "size": size}
+    assert [m["id"] for m in body["members"]] == [f"m{i}" for i in range(size)]
+    assert [m["state"] for m in body["members"]] == ["completed"] * (size - 1) + ["deleted"]
+    info = await broker.get_group(group.queue, group.id)
+    assert (info.finished, info.by_state) == (size, {"completed": size - 1, "deleted": 1})
+    # The members completed and the follow-up: no member orphaned, no second follow-up.
+    stats = await broker.queue_stats("default")
+    sizes = {s: n for s, n in stats.sizes.items() if n}
+    assert sizes == {TaskState.COMPLETED: size - 1, TaskState.ACTIVE: 1}
+    assert await broker.claim(ClaimParams(["default"], 10, "w", 60)) == []
+
+
+async def test_a_group_over_the_maximum_or_refused_at_its_last_member_writes_nothing(
+    broker: FullBroker,
+) -> None:
+    """One member more than the maximum is refused before the broker is asked; a group of
+    the maximum whose last member's id is taken leaves nothing of itself."""
+    app = durq.App(broker)
+    size = groups.MAX_MEMBERS
+    await app.enqueue("m:x", {}, task_id="taken")
+    before = {q.name: q.sizes for q in await broker.list_queues()}
+    with pytest.raises(ValidationError, match=f"at most {size} members"):
+        await app.enqueue_group([R("m:x", {"i": i}) for i in range(size + 1)], then="m:merge")
+    assert {q.name: q.sizes for q in await broker.list_queues()} == before
+    members = [app.params(R("m:x", {"i": i})) for i in range(size - 1)]
+    members.append(app.params(R("m:x", {}, task_id="taken")))
+    params = groups.build("refused", members, "m:merge", app, retention=60, max_payload=1 << 20)
+    with pytest.raises(durq.TaskIDConflictError):
+        await broker.enqueue_group(params)
+    with pytest.raises(GroupNotFoundError):
+        await broker.get_group("default", "refused")
+    assert {q.name: q.sizes for q in await broker.list_queues()} == before

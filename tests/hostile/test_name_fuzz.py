@@ -18,10 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import durq
-from durq import names
+from durq import groups, names
 from durq.brokers import FullBroker, open_broker
 from durq.brokers.base import EnqueueParams
 from durq.errors import DurqError, InvalidNameError, TaskNotFoundError
+from durq.states import TaskState
 from servers import PG_DSN, PrivateRedis, drop_isolated, require_server, unique_name
 
 NASTY = [*list("'\";-{}*?[]\\ \t\n\r\x00%_:.$`|&/<>@+=#,()!~^"), "é", "日", "🙂", "\u202e", "ß"]
@@ -213,6 +214,48 @@ def test_names_refused_or_round_trip(fuzz_target: tuple[str, str, object]) -> No
         loop.run(broker.close())
         loop.run(app.close())
         loop.close()
+    if kind == "redis":
+        assert all(k.startswith("fuzz:") for k in after), [
+            k for k in after if not k.startswith("fuzz:")
+        ]
+    else:
+        assert after == before
+
+
+@pytest.mark.timeout(240)
+async def test_a_group_of_the_maximum_with_the_longest_names(
+    fuzz_target: tuple[str, str, object],
+) -> None:
+    """The largest group with the longest valid names (group id, queue, type, every task
+    id): created whole, released by one bulk delete into one follow-up that names every
+    member, and nothing written outside our tables or our key prefix."""
+    kind, url, server = fuzz_target
+    app = durq.App(url)
+    try:
+        migrator = app.new_broker()
+        await migrator.migrate()
+        await migrator.close()
+        broker = await app.broker()
+        queue, member_type = "q" * names.NAME_MAX, "t" * names.NAME_MAX
+        await app.enqueue(member_type, {}, queue=queue)  # every table/key family exists
+        before = catalog(kind, url, server)
+        ids = [f"{i:05d}-".ljust(names.TASK_ID_MAX, "/") for i in range(groups.MAX_MEMBERS)]
+        members = [
+            app.params(durq.EnqueueRequest(member_type, {}, queue=queue, task_id=i, process_in=60))
+            for i in ids
+        ]
+        then = durq.Then(member_type, queue=queue)
+        group_id = "g" * names.NAME_MAX
+        await broker.enqueue_group(
+            groups.build(group_id, members, then, app, retention=60, max_payload=app.max_payload)
+        )
+        deleted = await app.inspector.delete_all(queue, TaskState.SCHEDULED)
+        assert deleted == groups.MAX_MEMBERS
+        follow = await app.inspector.get_task_info(queue, groups.follow_up_id(group_id))
+        assert [m["id"] for m in follow.payload["members"]] == ids
+        after = catalog(kind, url, server)
+    finally:
+        await app.close()
     if kind == "redis":
         assert all(k.startswith("fuzz:") for k in after), [
             k for k in after if not k.startswith("fuzz:")

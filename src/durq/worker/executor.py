@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from durq import codec, lifecycle
+from durq import codec, groups, lifecycle
 from durq.backoff import exponential
 from durq.brokers.base import (
     ArchiveParams,
@@ -299,12 +299,13 @@ class Executor:
             self._busy_changed()
 
     async def _call(self, task_def: TaskDef[Any, Any], task: TaskInfo) -> Any:
-        if len(task.raw_payload) > self.app.max_payload:
-            # Only storage written behind the client's back gets here (enqueue refuses it);
-            # decoding it could cost seconds and memory on every attempt.
+        limit = groups.payload_limit(task, self.app.max_payload)
+        if len(task.raw_payload) > limit:
+            # Only storage written behind the client's back gets here (enqueue refuses it;
+            # a group's follow-up is bounded by its size); decoding it could cost seconds
+            # and memory on every attempt.
             raise _Undecodable(
-                f"payload decode error: {len(task.raw_payload)} bytes, "
-                f"over the limit of {self.app.max_payload}"
+                f"payload decode error: {len(task.raw_payload)} bytes, over the limit of {limit}"
             )
         try:
             data = task.payload

@@ -1139,10 +1139,15 @@ RETURNING group_queue, group_id;
 
 -- name: forget_members_in_state
 -- Before deleting every task of one state: its unfinished members finish as deleted.
-UPDATE {schema}.group_members SET state = 'deleted'
-WHERE queue = %(queue)s AND state IS NULL
-  AND task_id IN (SELECT id FROM {schema}.tasks WHERE queue = %(queue)s AND state = %(state)s)
-RETURNING group_queue, group_id;
+-- Each unfinished member of the queue looks its task up by primary key (a subplan, never a
+-- join): right after a big group was enqueued the tables have no statistics yet, and a join
+-- of the member rows with the state's tasks was planned as a nested loop over both
+-- (10,000 members x 10,000 tasks: 45 s).
+UPDATE {schema}.group_members AS m SET state = 'deleted'
+WHERE m.queue = %(queue)s AND m.state IS NULL
+  AND (SELECT t.state FROM {schema}.tasks AS t
+       WHERE t.queue = m.queue AND t.id = m.task_id) = %(state)s
+RETURNING m.group_queue, m.group_id;
 
 -- name: count_finished
 -- The fan-in check: the row lock makes concurrent completions of one group wait for each

@@ -38,6 +38,31 @@ local function earliest(a, b)
   return b
 end
 
+-- Lua's stack holds about 8,000 values (LUAI_MAXCSTACK): `unpack` of a longer list fails
+-- ("too many results to unpack"), and a script that fails keeps the writes it made before.
+-- Lists that grow with a group's size go to Redis in slices of SLICE values (even: HSET
+-- pairs stay whole).
+local SLICE = 500
+
+-- `cmd key v1 v2 ...` for the values of `list`, one call per slice.
+local function call_in_slices(cmd, key, list)
+  for i = 1, #list, SLICE do
+    redis.call(cmd, key, unpack(list, i, math.min(i + SLICE - 1, #list)))
+  end
+end
+
+-- HMGET of any number of fields (false for a missing one), one call per slice.
+local function hmget_all(key, fields)
+  local out = {}
+  for i = 1, #fields, SLICE do
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + SLICE - 1, #fields)))
+    for j = 1, #part do
+      out[#out + 1] = part[j]
+    end
+  end
+  return out
+end
+
 -- The task id inside a zset member.
 local function member_id(m)
   return string.sub(m, 17)
@@ -298,7 +323,7 @@ local function finish_member(task_key, state, entry, now_s)
     for i = 0, total - 1 do
       fields[#fields + 1] = tostring(i)
     end
-    local entries = redis.call('HMGET', g .. ':e', unpack(fields))
+    local entries = hmget_all(g .. ':e', fields)
     local k = redis.call('HMGET', g, 'k1', 'k2', 'k3', 'k4', 'k5', 'k6')
     local a = redis.call('HMGET', g, 'a1', 'a2', 'a3', 'a4', 'a5', 'a6', 'a7', 'a8', 'a9',
       'a10', 'a11', 'a12', 'a13', 'a14', 'a15', 'a16', 'a17')

@@ -60,15 +60,17 @@ end
 redis.call('HSET', KEYS[1], unpack(g))
 
 local entries = {}
+local woken = {}  -- one wake-up per queue, not per member
 for i = 0, n - 1 do
   local ko, ao = 2 + 6 * i, 28 + 18 * i
   local _, pending = enqueue_task(KEYS[ko + 1], KEYS, ko + 1, now_s, ARGV, ao + 2)
   redis.call('HSET', KEYS[ko + 1], 'g', KEYS[1], 'gp', i)
   entries[#entries + 1] = tostring(i)
   entries[#entries + 1] = ARGV[ao + 18]
-  if pending then
+  if pending and not woken[ARGV[ao + 2]] then
+    woken[ARGV[ao + 2]] = true
     wake_workers(ARGV[ao + 2])
   end
 end
-redis.call('HSET', KEYS[2], unpack(entries))
+call_in_slices('HSET', KEYS[2], entries)
 return {'ok', now_s}
