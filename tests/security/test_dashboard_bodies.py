@@ -1,0 +1,139 @@
+"""Request bodies through a real server: bounded in size before and after authentication,
+bounded in time, and never kept open by a client that trickles what nobody reads."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+import uvicorn
+
+import durq
+from durq.dashboard import DashboardSettings, create_dashboard
+from durq.dashboard.server import server_config
+
+from .test_dashboard_hardening import BEARER, TOKEN, serve
+
+FORM = b"Content-Type: application/x-www-form-urlencoded\r\n"
+
+
+def connect(port: int, head: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(head)
+    return sock
+
+
+def answer_of(sock: socket.socket, limit: float = 30.0) -> tuple[int, bytes, bool]:
+    """The status and body of the server's answer, and whether it then closed the
+    connection (within ``limit`` seconds, generous: only a hung connection fails)."""
+    sock.settimeout(limit)
+    data, closed = b"", False
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+        closed = True
+    except (TimeoutError, ConnectionResetError):
+        pass
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1]) if head else 0
+    return status, body, closed
+
+
+def trickle(sock: socket.socket, seconds: float = 40.0) -> threading.Thread:
+    """Send one byte every 0.2 s until the server closes (or ``seconds`` pass)."""
+
+    def run() -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                sock.sendall(b"a")
+            except OSError:
+                return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def dash_config(asgi: object) -> uvicorn.Config:
+    return server_config(asgi, host="127.0.0.1", port=0, log_level="warning")
+
+
+def plain_uvicorn(asgi: object) -> uvicorn.Config:
+    # Any server: uvicorn's own defaults, without durq dash's protocol.
+    return uvicorn.Config(asgi, host="127.0.0.1", port=0, log_level="warning")
+
+
+BODIES = {
+    "content-length": b"Content-Length: 100000000\r\n\r\n" + b"token=x&" * 128,
+    "chunked": b"Transfer-Encoding: chunked\r\n\r\n" + (b"1000\r\n" + b"a=b&" * 1024 + b"\r\n") * 8,
+    "many fields": b"Content-Length: 40000\r\n\r\n" + b"a=b&" * 10000,
+}
+
+
+@pytest.mark.parametrize("body", list(BODIES))
+def test_an_oversized_login_body_gets_413_and_is_not_read(app: durq.App, body: str) -> None:
+    with serve(dash_config(create_dashboard(app, token=TOKEN))) as port:
+        # The Content-Length case never sends what it announces: the answer comes anyway.
+        sock = connect(port, b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\n" + FORM + BODIES[body])
+        status, answer, closed = answer_of(sock)
+        sock.close()
+    assert status == 413, answer
+    assert json.loads(answer)["error"]["code"] == "body_too_large"
+    assert closed
+
+
+@pytest.mark.parametrize("config", [dash_config, plain_uvicorn])
+def test_a_trickled_body_gets_408_and_the_connection_closes(
+    app: durq.App, config: Callable[[object], uvicorn.Config]
+) -> None:
+    settings = DashboardSettings(body_timeout=1.0)
+    with serve(config(create_dashboard(app, token=TOKEN, settings=settings))) as port:
+        sock = connect(
+            port,
+            b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\n" + FORM + b"Content-Length: 900\r\n\r\n",
+        )
+        sender = trickle(sock)
+        status, answer, closed = answer_of(sock)
+        sock.close()
+        sender.join()
+    assert status == 408, answer
+    assert json.loads(answer)["error"]["code"] == "body_timeout"
+    assert closed
+
+
+def test_a_body_nobody_reads_does_not_keep_the_connection(app: durq.App) -> None:
+    """Refused before its body is read (no credentials): the answer closes the connection,
+    so trickling the rest holds nothing."""
+    with serve(plain_uvicorn(create_dashboard(app, token=TOKEN))) as port:
+        sock = connect(
+            port,
+            b"POST /api/queues/default/pause HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Length: 900\r\n\r\n",
+        )
+        sender = trickle(sock)
+        status, _, closed = answer_of(sock)
+        sock.close()
+        sender.join()
+    assert status == 401 and closed
+
+
+def test_authenticated_bodies_have_a_larger_limit_too(app: durq.App) -> None:
+    ids = [f"task-{i:03d}-" + "x" * 180 for i in range(500)]  # the largest selection
+    with serve(dash_config(create_dashboard(app, token=TOKEN))) as port:
+        url = f"http://127.0.0.1:{port}/api/queues/default/tasks:bulk"
+        r = httpx.post(url, json={"action": "delete", "ids": ids}, headers=BEARER, timeout=30)
+        assert len(r.request.content) > 16 * 1024
+        assert r.status_code != 413, r.text
+        r = httpx.post(url, content=b" " * (2 * 1024 * 1024), headers=BEARER, timeout=30)
+        assert r.status_code == 413
+        assert r.json()["error"]["code"] == "body_too_large"
+        # Without credentials the API never reads a body at all.
+        r = httpx.post(url, json={"action": "delete", "ids": ids}, timeout=30)
+        assert r.status_code == 401
