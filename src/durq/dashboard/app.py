@@ -283,7 +283,8 @@ class Guard:
                 cookie_header(security.CSRF_COOKIE, csrf_cookie, cookie_path, secure)
             )
         state = scope.setdefault("state", {})
-        state["durq_csrf"] = dash.auth.csrf_token(csrf_cookie)
+        # Until a session is found below, forms carry the pre-session token.
+        state["durq_csrf"] = state["durq_csrf_login"] = dash.auth.csrf_token(None, csrf_cookie)
         state["durq_cookie_path"] = cookie_path
         state["durq_cookie_secure"] = secure
 
@@ -321,9 +322,12 @@ class Guard:
             return
         kind: str | None = "insecure"
         if dash.auth.enabled:
+            session_id = dash.auth.session_id(request, dash.app.clock.now())
+            if session_id is not None:
+                state["durq_csrf"] = dash.auth.csrf_token(session_id, csrf_cookie)
             if dash.auth.bearer(request):
                 kind = "bearer"
-            elif dash.auth.session(request, dash.app.clock.now()):
+            elif session_id is not None:
                 kind = "session"
             else:
                 kind = None
@@ -345,7 +349,7 @@ class Guard:
             # their view (the field is in the body).
             if is_api and kind != "bearer":
                 submitted = request.headers.get(security.CSRF_HEADER)
-                if not dash.auth.csrf_ok(request, submitted):
+                if not security.csrf_ok(request, submitted):
                     response = self.forbidden(request, is_api, "CSRF check failed")
                     await response(scope, receive, send_with_headers)
                     return
