@@ -7,11 +7,14 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from urllib.parse import urlencode
 
 import httpx
 import pytest
 import uvicorn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import durq
 from durq.dashboard import DashboardSettings, create_dashboard
@@ -137,3 +140,84 @@ def test_authenticated_bodies_have_a_larger_limit_too(app: durq.App) -> None:
         # Without credentials the API never reads a body at all.
         r = httpx.post(url, json={"action": "delete", "ids": ids}, timeout=30)
         assert r.status_code == 401
+
+
+# -- hostile login bodies, generated -----------------------------------------------------------
+
+
+def login_body(kind: str, fields: int, size: int, text: str, csrf: str | None) -> tuple[bytes, str]:
+    """A login request's body and content type: ``fields`` fields of ``size`` characters made
+    of ``text``, optionally with the right CSRF token."""
+    value = (text * (size // max(len(text), 1) + 1))[:size]
+    pairs = [(f"f{i}", value) for i in range(fields)] + [("token", value)]
+    if csrf is not None:
+        pairs.append(("csrf_token", csrf))
+    if kind == "urlencoded":
+        return urlencode(pairs).encode(), "application/x-www-form-urlencoded"
+    if kind == "multipart":
+        boundary = "durqfuzzboundary"
+        parts = [
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'
+            for k, v in pairs
+        ]
+        body = ("".join(parts) + f"--{boundary}--\r\n").encode("utf-8", "surrogatepass")
+        return body, f"multipart/form-data; boundary={boundary}"
+    return json.dumps(dict(pairs)).encode("utf-8", "surrogatepass"), "application/json"
+
+
+@pytest.fixture
+def live_login(app: durq.App) -> Iterator[tuple[str, str, str]]:
+    """The dashboard on a real server (no lock-out: the fuzzer sends wrong tokens on
+    purpose), with a browser's CSRF cookie and the login form's token."""
+    settings = DashboardSettings(auth_failure_limit=10**9)
+    with serve(dash_config(create_dashboard(app, token=TOKEN, settings=settings))) as port:
+        url = f"http://127.0.0.1:{port}"
+        page = httpx.get(f"{url}/login")
+        token = page.text.split('name="csrf_token" value="')[1].split('"')[0]
+        yield url, page.cookies["durq_csrf"], token
+
+
+@settings(
+    max_examples=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    kind=st.sampled_from(["urlencoded", "multipart", "json"]),
+    fields=st.one_of(st.integers(0, 20), st.integers(900, 3000)),
+    size=st.one_of(st.integers(0, 64), st.integers(4000, 40000)),
+    text=st.text(min_size=1, max_size=8),
+    with_csrf=st.booleans(),
+    chunk=st.one_of(st.none(), st.integers(256, 65536)),
+)
+def test_hostile_login_bodies_get_a_4xx_and_413_past_the_limit(
+    live_login: tuple[str, str, str],
+    kind: str,
+    fields: int,
+    size: int,
+    text: str,
+    with_csrf: bool,
+    chunk: int | None,
+) -> None:
+    """Oversized, many-field, chunked, multipart or JSON: past 16 KiB a form gets 413
+    whatever the framing; below, a refusal (bad form, CSRF, wrong token), never a 5xx. A
+    JSON body is no form: the login never reads it."""
+    url, cookie, csrf = live_login
+    body, content_type = login_body(kind, fields, size, text, csrf if with_csrf else None)
+    content: bytes | Iterator[bytes] = body
+    if chunk is not None:  # no Content-Length: Transfer-Encoding: chunked
+        content = (body[i : i + chunk] for i in range(0, len(body), chunk))
+    r = httpx.post(
+        f"{url}/login",
+        content=content,
+        headers={"Content-Type": content_type},
+        cookies={"durq_csrf": cookie},
+        timeout=30,
+    )
+    if kind == "json":  # not a form: never read, refused by the CSRF check
+        assert r.status_code == 403, (len(body), r.status_code)
+    elif len(body) > 16 * 1024:
+        assert r.status_code == 413, (len(body), r.status_code)
+    else:
+        assert r.status_code in (400, 401, 403), (len(body), r.status_code, r.text[:200])
+    assert r.headers["content-security-policy"]
