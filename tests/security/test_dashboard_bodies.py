@@ -40,7 +40,9 @@ def answer_of(sock: socket.socket, limit: float = 30.0) -> tuple[int, bytes, boo
         while chunk := sock.recv(65536):
             data += chunk
         closed = True
-    except (TimeoutError, ConnectionResetError):
+    except ConnectionResetError:
+        closed = True  # closed with our unread bytes in its buffer: a reset, not a FIN
+    except TimeoutError:
         pass
     head, _, body = data.partition(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1]) if head else 0
@@ -221,3 +223,41 @@ def test_hostile_login_bodies_get_a_4xx_and_413_past_the_limit(
     else:
         assert r.status_code in (400, 401, 403), (len(body), r.status_code, r.text[:200])
     assert r.headers["content-security-policy"]
+
+
+async def test_an_http2_body_without_length_headers_is_bounded_too(app: durq.App) -> None:
+    """HTTP/2 frames a body without Content-Length or Transfer-Encoding: the limit counts
+    what arrives, and the answer carries no Connection header (HTTP/2 forbids it)."""
+    guard = create_dashboard(app, token=TOKEN)
+    chunks = [b"a=" + b"b" * 4094] + [b"b" * 4096] * 7  # one 32 KiB field in 4 KiB frames
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        if chunks:
+            return {"type": "http.request", "body": chunks.pop(0), "more_body": bool(chunks)}
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "http_version": "2",
+        "method": "POST",
+        "scheme": "https",
+        "path": "/login",
+        "raw_path": b"/login",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"127.0.0.1"),
+            (b"content-type", b"application/x-www-form-urlencoded"),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8181),
+    }
+    await guard(scope, receive, send)
+    start = sent[0]
+    assert start["type"] == "http.response.start" and start["status"] == 413, sent[1:]
+    assert b"connection" not in {k.lower() for k, _ in start["headers"]}
+    assert chunks  # the rest was never read

@@ -39,11 +39,18 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-def _has_body(scope: Scope) -> bool:
+def _announces_body(scope: Scope) -> bool:
+    """Whether an HTTP/1 request says it has a body (HTTP/2 frames it without headers)."""
     length = _header(scope, b"content-length")
     return _header(scope, b"transfer-encoding") is not None or (
         length is not None and length.strip() not in (b"", b"0")
     )
+
+
+def _close_header(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """``Connection: close`` for HTTP/1 (HTTP/2 forbids the header: its server closes the
+    stream, not the connection)."""
+    return [(b"connection", b"close")] if scope.get("http_version", "1.1") < "2" else []
 
 
 class BodyLimit:
@@ -71,7 +78,8 @@ class BodyLimit:
             await self.inner(scope, receive, send)
             return
         deadline = asyncio.get_running_loop().time() + self.timeout
-        complete = not _has_body(scope)
+        complete = False
+        unread_body = _announces_body(scope)
         limit: int | None = None
         received = 0
         started = refused = False
@@ -84,7 +92,7 @@ class BodyLimit:
                     *((k.encode(), v.encode()) for k, v in self.headers.items()),
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
+                    *_close_header(scope),
                 ]
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": body})
@@ -92,7 +100,7 @@ class BodyLimit:
             raise BodyRefused(message)
 
         async def bounded_receive() -> Message:
-            nonlocal complete, limit, received
+            nonlocal complete, limit, received, unread_body
             if refused:
                 return {"type": "http.disconnect"}
             if complete:
@@ -118,6 +126,7 @@ class BodyLimit:
             if received > limit:
                 await refuse(413, "body_too_large", f"the body exceeds {limit} bytes")
             complete = not message.get("more_body", False)
+            unread_body = unread_body and not complete
             return message
 
         async def tracked_send(message: Message) -> None:
@@ -126,11 +135,11 @@ class BodyLimit:
                 return  # the app's own answer to the refusal: ours went out already
             if message["type"] == "http.response.start":
                 started = True
-                if not complete:
+                if unread_body:
                     # Answered before the body was read: drop the connection after the
                     # answer rather than let the client trickle the rest into it.
                     headers = list(message.get("headers", ()))
-                    message["headers"] = [*headers, (b"connection", b"close")]
+                    message["headers"] = [*headers, *_close_header(scope)]
             await send(message)
 
         try:
