@@ -397,7 +397,8 @@ def create_dashboard(
     """The dashboard and admin API for ``app`` as an ASGI app.
 
     ``token`` is required unless ``insecure_no_auth=True``. ``read_only`` hides and
-    refuses every action. ``secret_key`` signs session cookies (default: derived from the
+    refuses every action. Request bodies are bounded in size and time
+    (``settings.public_body_max``, ``body_max``, ``body_timeout``) under any server. ``secret_key`` signs session cookies (default: derived from the
     token). Mount it anywhere; it needs no lifespan events (its chart reads the broker's
     per-minute counters, so it keeps no state of its own)."""
     if token is None and not insecure_no_auth:
