@@ -8,11 +8,14 @@ import signal
 import subprocess
 import textwrap
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from tests.cli.clikit import REPO, Cli
 
 from durq.states import TaskState
+from servers import free_port
 
 SLOW_APP = textwrap.dedent(
     """
@@ -120,3 +123,45 @@ def test_worker_with_explicit_strict_queues(cli: Cli) -> None:
     cli.wait_for(completed, what="the task to complete")
     code, err = _stop(worker)
     assert code == 0, err
+
+
+def readyz(port: int) -> tuple[int, str] | None:
+    """``/readyz``'s status and text; ``None`` while nothing listens yet."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return None
+
+
+@pytest.mark.timeout(120)
+def test_readyz_says_why_the_broker_is_down_only_with_readyz_details(cli: Cli) -> None:
+    """The probe port listens on every interface: by default it tells anyone only that the
+    worker is not ready, not the broker's address and user."""
+    (cli.tmp_path / "slowapp.py").write_text(SLOW_APP)
+    dead = "postgresql://probe-user@127.0.0.1:1/orders"  # nothing listens on port 1
+    for details in (False, True):
+        port = free_port()
+        flags = ["--readyz-details"] if details else []
+        worker = cli.spawn(
+            "worker", "slowapp:app", "--broker", dead, "--metrics-port", str(port),
+            "--wait-for-broker", "2m", *flags,
+        )  # fmt: skip
+        answers: list[tuple[int, str]] = []
+
+        def answered(port: int = port, answers: list[tuple[int, str]] = answers) -> bool:
+            answer = readyz(port)
+            answers[:] = [answer] if answer is not None else []
+            return answer is not None
+
+        cli.wait_for(answered, timeout=60, what="the worker's /readyz")
+        worker.kill()
+        worker.communicate(timeout=10)
+        status, text = answers[0]
+        assert status == 503
+        if details:
+            assert text.startswith("not ready: ") and "127.0.0.1" in text
+        else:
+            assert text == "not ready\n"

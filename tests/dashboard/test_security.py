@@ -116,6 +116,39 @@ async def test_cookie_mutations_need_csrf_and_same_origin(
     assert r.status_code == 200 and r.json()["paused"] is False
 
 
+async def test_the_csrf_token_is_bound_to_the_session(
+    app: durq.App, dashboard, client: httpx.AsyncClient
+) -> None:
+    """Another session's token, or a pre-session token (which anyone can get for a cookie of
+    their choosing from the login page), does not pass with this session's cookie."""
+    await app.enqueue("email:send", {})
+    transport = httpx.ASGITransport(app=dashboard)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as other:
+        await login(other)
+        theirs = csrf_of((await other.get("/queues/default")).text)
+        their_cookie = other.cookies["durq_csrf"]
+    # Anonymously, the token the login page gives for a cookie chosen by the caller.
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as anon:
+        anon.cookies.set("durq_csrf", "chosen-by-the-attacker")
+        anonymous = csrf_of((await anon.get("/login")).text)
+    await login(client)
+    ours = csrf_of((await client.get("/queues/default")).text)
+    assert ours not in (theirs, anonymous)
+    for cookie, token in ((their_cookie, theirs), ("chosen-by-the-attacker", anonymous)):
+        client.cookies.set("durq_csrf", cookie)
+        r = await client.post("/queues/default/pause", data={"csrf_token": token})
+        assert r.status_code == 403 and "CSRF" in r.text
+        r = await client.post("/api/queues/default/pause", headers={"X-CSRF-Token": token})
+        assert r.status_code == 403
+    assert not (await app.inspector.queue_stats("default")).paused
+    # The session's own token works whatever the CSRF cookie says, until logout.
+    r = await client.post("/api/queues/default/pause", headers={"X-CSRF-Token": ours})
+    assert r.status_code == 200 and r.json()["paused"] is True
+    r = await client.post("/logout", data={"csrf_token": ours})
+    assert r.status_code == 303
+    assert (await client.get("/login")).status_code == 200
+
+
 async def test_bearer_requests_need_no_csrf(app: durq.App, client: httpx.AsyncClient) -> None:
     await app.enqueue("email:send", {})
     r = await client.post("/api/queues/default/pause", headers=BEARER)

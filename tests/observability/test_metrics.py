@@ -6,6 +6,7 @@ import asyncio
 import urllib.request
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import durq
@@ -143,12 +144,35 @@ async def test_readyz_is_503_when_the_broker_is_down() -> None:
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as c:
             r = await c.get("/readyz")
-            assert r.status_code == 503 and "not ready" in r.text
+            # Only the status: the reason names where the broker is (host, user, path).
+            assert r.status_code == 503 and r.text == "not ready\n"
             assert (await c.get("/healthz")).status_code == 200
             r = await c.get("/metrics")
             assert "durq_broker_up 0.0" in r.text
     finally:
         await server.stop()
+
+
+async def test_readyz_says_why_only_when_asked(caplog: pytest.LogCaptureFixture) -> None:
+    # A PostgreSQL URL with a user, on a port nothing listens on.
+    app = durq.App("postgresql://probe-user@127.0.0.1:1/orders")
+    for details in (False, True):
+        server = await metrics.start_metrics_server(
+            0, app, host="127.0.0.1", readyz_details=details
+        )
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as c:
+                r = await c.get("/readyz")
+        finally:
+            await server.stop()
+        assert r.status_code == 503
+        if details:
+            assert r.text.startswith("not ready: ") and "127.0.0.1" in r.text
+        else:
+            assert r.text == "not ready\n"
+    # The reason is in the worker's log either way.
+    assert any("broker ping failed" in m for m in caplog.messages)
+    await app.close()
 
 
 def test_serve_runs_in_a_thread_for_the_worker_command(tmp_path) -> None:

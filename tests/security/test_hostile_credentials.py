@@ -93,7 +93,7 @@ async def test_a_fault_in_the_guard_itself_answers_500_with_the_headers(app) -> 
     def explode(request, now):
         raise RuntimeError("session store exploded")
 
-    object.__setattr__(guard.dash.auth, "session", explode)
+    object.__setattr__(guard.dash.auth, "session_id", explode)
     async with client_for(guard) as client:
         r = await client.get("/", headers=raw_headers(cookie="durq_session=x"))
         assert r.status_code == 500

@@ -89,6 +89,24 @@ def test_html_pages_have_a_csp_or_do_not_exist(svc: Service) -> None:
             assert r.headers["content-type"].startswith("application/json"), path
 
 
+def test_every_answer_carries_the_security_headers(svc: Service) -> None:
+    """The index page (HTML for a browser) and the JSON answers: no framing, no sniffing,
+    no referrer, and a policy that lets the page load nothing."""
+    answers = [
+        svc.anon.get("/", headers={"Accept": "text/html"}),
+        svc.anon.get("/health"),
+        svc.anon.post("/orders", json={"items": []}),
+        svc.alice.get("/orders/ord_000000000000000000000000"),
+    ]
+    assert answers[0].headers["content-type"].startswith("text/html")
+    for r in answers:
+        csp = r.headers.get("content-security-policy", "")
+        assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp, r.url
+        assert r.headers.get("x-frame-options") == "DENY"
+        assert r.headers.get("x-content-type-options") == "nosniff"
+        assert r.headers.get("referrer-policy") == "no-referrer"
+
+
 def test_authenticated_owner_sees_json_only(svc: Service) -> None:
     r = svc.alice.post("/orders", json={"items": [{"sku": "A-1", "qty": 1}]})
     assert r.status_code == 202

@@ -43,7 +43,7 @@ EPILOG = (
 )
 
 
-def _start_metrics(app: App, port: int) -> None:
+def _start_metrics(app: App, port: int, readyz_details: bool = False) -> None:
     """Expose Prometheus metrics on ``port`` (the metrics module is optional)."""
     try:
         metrics = importlib.import_module("durq.observability.metrics")
@@ -54,7 +54,7 @@ def _start_metrics(app: App, port: int) -> None:
     serve = getattr(metrics, "serve", None)
     if serve is None:
         fail("--metrics-port: this durq has no durq.observability.metrics.serve(app, port)")
-    serve(app, port)
+    serve(app, port, readyz_details=readyz_details)
 
 
 def worker_command(
@@ -96,6 +96,15 @@ def worker_command(
             help="Serve Prometheus metrics on this port.",
         ),
     ] = None,
+    readyz_details: Annotated[
+        bool,
+        typer.Option(
+            "--readyz-details",
+            envvar="DURQ_READYZ_DETAILS",
+            help="/readyz says why the broker is not ready (its error may name the broker's "
+            "host and user) [default: only that it is not]",
+        ),
+    ] = False,
     log_format: Annotated[
         str,
         typer.Option("--log-format", envvar="DURQ_LOG_FORMAT", help="Log format: text or json."),
@@ -146,7 +155,13 @@ def worker_command(
         child += (["--broker", broker] if broker else []) + (["--queues", queues] if queues else [])
         child += (["--strict"] if strict else []) + (["--no-scheduler"] if no_scheduler else [])
         supervised_app = load_app(app_path, broker) if metrics_port is not None else None
-        supervisor = Supervisor(child, count, app=supervised_app, metrics_port=metrics_port)
+        supervisor = Supervisor(
+            child,
+            count,
+            app=supervised_app,
+            metrics_port=metrics_port,
+            readyz_details=readyz_details,
+        )
         code = asyncio.run(_supervise(supervisor, supervised_app))
         raise typer.Exit(code)
     application = load_app(app_path, broker)
@@ -159,7 +174,8 @@ def worker_command(
 
             install(application)
     if metrics_port is not None:
-        _start_metrics(application, metrics_port)  # before the worker copies the app's hooks
+        # before the worker copies the app's hooks
+        _start_metrics(application, metrics_port, readyz_details)
     worker = application.worker(
         queues=weights,
         concurrency=concurrency,

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Match, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from durq.dashboard import security
+from durq.dashboard import bodies, security
 from durq.dashboard.api import AdminAPI
 from durq.dashboard.history import History
 from durq.dashboard.views import Views
@@ -73,6 +73,12 @@ class DashboardSettings:
     #: Failed authentications a client may make per ``auth_failure_window`` seconds.
     auth_failure_limit: int = 10
     auth_failure_window: float = 60.0
+    #: Bytes of a request body sent without authentication (the login form) ...
+    public_body_max: int = bodies.PUBLIC_BODY_MAX
+    #: ... and with it (API calls, forms of a session); larger bodies get 413.
+    body_max: int = bodies.BODY_MAX
+    #: Seconds a request's body may take to arrive after its headers (else 408).
+    body_timeout: float = bodies.BODY_TIMEOUT
 
 
 def route_path(scope: Scope) -> str:
@@ -84,6 +90,11 @@ def route_path(scope: Scope) -> str:
         if rest == "" or rest.startswith("/"):
             return rest or "/"
     return path
+
+
+def is_public(path: str) -> bool:
+    """Paths served without authentication."""
+    return path == "/login" or path.startswith("/static/")
 
 
 def error_body(code: str, message: str) -> dict[str, Any]:
@@ -126,6 +137,15 @@ class Dashboard:
         self.api = AdminAPI(self)
         self.views = Views(self)
         self._metrics: Any = None
+
+    # -- request bodies ---------------------------------------------------------------------
+
+    def body_limit(self, scope: Scope) -> int:
+        """The body size allowed to this request, known once the guard authenticated it."""
+        auth = scope.get("state", {}).get("durq_auth")
+        if auth is None or is_public(route_path(scope)):
+            return self.settings.public_body_max
+        return self.settings.body_max
 
     # -- errors -----------------------------------------------------------------------------
 
@@ -201,17 +221,29 @@ class Dashboard:
 
 
 class Guard:
-    """ASGI middleware: security headers, authentication, CSRF cookie, read-only mode."""
+    """ASGI middleware: body limits, security headers, authentication, CSRF cookie,
+    read-only mode."""
 
     def __init__(self, inner: ASGIApp, dash: Dashboard) -> None:
         self.inner = inner
         #: The shared state, reachable for tests and the CLI (``guard.dash.history``).
         self.dash = dash
+        # Outermost, so the guard's own early answers (401, 429) close a connection whose
+        # body was not read, too.
+        self.bounded = bodies.BodyLimit(
+            self.checked,
+            dash.body_limit,
+            dash.settings.body_timeout,
+            headers=security.SECURITY_HEADERS,
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.inner(scope, receive, send)
             return
+        await self.bounded(scope, receive, send)
+
+    async def checked(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
 
         async def tracking(message: Message) -> None:
@@ -221,6 +253,8 @@ class Guard:
 
         try:
             await self.guarded(scope, receive, tracking)
+        except bodies.BodyRefused:
+            raise  # answered already (413/408) by the body limit around us
         except Exception:
             if started:  # Starlette's own error page went out (with our headers): re-raise
                 raise
@@ -249,7 +283,8 @@ class Guard:
                 cookie_header(security.CSRF_COOKIE, csrf_cookie, cookie_path, secure)
             )
         state = scope.setdefault("state", {})
-        state["durq_csrf"] = dash.auth.csrf_token(csrf_cookie)
+        # Until a session is found below, forms carry the pre-session token.
+        state["durq_csrf"] = state["durq_csrf_login"] = dash.auth.csrf_token(None, csrf_cookie)
         state["durq_cookie_path"] = cookie_path
         state["durq_cookie_secure"] = secure
 
@@ -273,7 +308,7 @@ class Guard:
             response: Response = JSONResponse(error_body("bad_host", message), 400)
             await response(scope, receive, send_with_headers)
             return
-        public = path == "/login" or path.startswith("/static/")
+        public = is_public(path)
         client = security.client_of(scope)
         attempts = "authorization" in request.headers or (path == "/login" and method == "POST")
         wait = dash.limiter.retry_after(client, time.monotonic()) if attempts else None
@@ -287,9 +322,12 @@ class Guard:
             return
         kind: str | None = "insecure"
         if dash.auth.enabled:
+            session_id = dash.auth.session_id(request, dash.app.clock.now())
+            if session_id is not None:
+                state["durq_csrf"] = dash.auth.csrf_token(session_id, csrf_cookie)
             if dash.auth.bearer(request):
                 kind = "bearer"
-            elif dash.auth.session(request, dash.app.clock.now()):
+            elif session_id is not None:
                 kind = "session"
             else:
                 kind = None
@@ -311,7 +349,7 @@ class Guard:
             # their view (the field is in the body).
             if is_api and kind != "bearer":
                 submitted = request.headers.get(security.CSRF_HEADER)
-                if not dash.auth.csrf_ok(request, submitted):
+                if not security.csrf_ok(request, submitted):
                     response = self.forbidden(request, is_api, "CSRF check failed")
                     await response(scope, receive, send_with_headers)
                     return
@@ -359,7 +397,8 @@ def create_dashboard(
     """The dashboard and admin API for ``app`` as an ASGI app.
 
     ``token`` is required unless ``insecure_no_auth=True``. ``read_only`` hides and
-    refuses every action. ``secret_key`` signs session cookies (default: derived from the
+    refuses every action. Request bodies are bounded in size and time
+    (``settings.public_body_max``, ``body_max``, ``body_timeout``) under any server. ``secret_key`` signs session cookies (default: derived from the
     token). Mount it anywhere; it needs no lifespan events (its chart reads the broker's
     per-minute counters, so it keeps no state of its own)."""
     if token is None and not insecure_no_auth:

@@ -6,8 +6,10 @@
   SameSite=Strict). Every mutation made with that cookie, or without any credential in
   insecure mode, must carry a CSRF token (form field ``csrf_token`` or header
   ``X-CSRF-Token``) and, when the browser sends one, an ``Origin`` naming this host.
-* The CSRF token is an HMAC of a random per-browser cookie, so a page on another site can
-  neither read nor forge it.
+* The CSRF token is an HMAC, with the server's key, of the session id: it is worth nothing
+  with another session's cookie, and a page on another site can neither read nor forge it.
+  Before a session exists (the login form, insecure mode) it is an HMAC of a random
+  per-browser cookie instead; such a token is never accepted with a session.
 """
 
 from __future__ import annotations
@@ -133,9 +135,14 @@ class Auth:
             return None
         return sid, int(expires)
 
+    def session_id(self, request: Request, now: float) -> str | None:
+        """The id of the request's session if it is valid, unexpired and not revoked."""
+        found = self._valid_session(request.cookies.get(SESSION_COOKIE, ""), now)
+        return found[0] if found is not None else None
+
     def session(self, request: Request, now: float) -> bool:
         """``True`` when the request carries a valid, unexpired, not revoked session."""
-        return self._valid_session(request.cookies.get(SESSION_COOKIE, ""), now) is not None
+        return self.session_id(request, now) is not None
 
     def revoke(self, request: Request, now: float) -> None:
         """Log the request's session out: its cookie is refused from now on, even if a copy
@@ -155,18 +162,28 @@ class Auth:
     def notice_ok(self, text: str, signature: str) -> bool:
         return same_secret(signature, self.sign_notice(text))
 
-    def csrf_token(self, csrf_cookie: str) -> str:
-        """The token forms must echo for this browser's CSRF cookie."""
-        return self._sign(f"csrf:{csrf_cookie}")[:40]
+    def csrf_token(self, session_id: str | None, csrf_cookie: str) -> str:
+        """The token forms must echo: bound to the session when there is one, else to the
+        browser's pre-session CSRF cookie (distinct prefixes: neither stands for the other)."""
+        if session_id is not None:
+            return self._sign(f"csrf-session:{session_id}")[:40]
+        return self._sign(f"csrf-browser:{csrf_cookie}")[:40]
 
-    def csrf_ok(self, request: Request, submitted: str | None) -> bool:
-        """The submitted token matches this browser's cookie and the origin is ours."""
-        cookie = request.cookies.get(CSRF_COOKIE)
-        if not cookie or not submitted:
-            return False
-        if not same_secret(submitted, self.csrf_token(cookie)):
-            return False
-        return same_origin(request)
+
+def csrf_ok(request: Request, submitted: str | None, *, login: bool = False) -> bool:
+    """The submitted token is the one the guard expects for this request (``durq_csrf``
+    in the request's state: the session's, or before login the browser cookie's) and the
+    origin is ours.
+
+    ``login``: the login form also accepts the pre-session token (a tab opened before
+    another tab logged in); that token only lets one try the access token."""
+    state = request.scope.get("state", {})
+    accepted = [state.get("durq_csrf")]
+    if login:
+        accepted.append(state.get("durq_csrf_login"))
+    if not submitted or not any(token and same_secret(submitted, token) for token in accepted):
+        return False
+    return same_origin(request)
 
 
 def same_origin(request: Request) -> bool:

@@ -1,5 +1,8 @@
 """How ``durq dash`` serves the dashboard: uvicorn, with timeouts on slow or idle clients and
-forwarded headers honoured only from the proxies you name."""
+forwarded headers honoured only from the proxies you name.
+
+Request bodies are bounded (size, and time after the headers) by the dashboard app itself
+(:mod:`durq.dashboard.bodies`), so that holds under any server, not only this one."""
 
 from __future__ import annotations
 

@@ -223,7 +223,7 @@ class Views:
         """The submitted form, after the CSRF check (403 page otherwise)."""
         form = await request.form()
         data = {k: v for k, v in form.items() if isinstance(v, str)}
-        if not self.dash.auth.csrf_ok(request, data.get(security.CSRF_FIELD)):
+        if not security.csrf_ok(request, data.get(security.CSRF_FIELD)):
             raise security.CSRFError(
                 "the form expired or came from another site (CSRF check failed)"
             )
@@ -384,7 +384,7 @@ class Views:
         form = await request.form()
         data = {k: v for k, v in form.items() if isinstance(v, str)}
         target = _safe_next(data.get("next"))
-        if not self.dash.auth.csrf_ok(request, data.get(security.CSRF_FIELD)):
+        if not security.csrf_ok(request, data.get(security.CSRF_FIELD), login=True):
             return self.error_page(request, 403, "the login form expired; reload and try again")
         if not self.dash.auth.enabled:
             return self.back(request, target, "no login needed")

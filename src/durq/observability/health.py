@@ -2,11 +2,14 @@
 
 ``/healthz`` (liveness) says the process and its event loop answer; ``/readyz`` (readiness)
 says the broker answered a ping within the last ``ttl`` seconds. Served by the worker's
-metrics server (:mod:`durq.observability.metrics`)."""
+metrics server (:mod:`durq.observability.metrics`), usually on every interface: the answer
+says ready or not, and why only when asked to (the reason may name the broker's host and
+user); the reason is logged either way."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +19,8 @@ from durq.errors import DurqError
 
 if TYPE_CHECKING:
     from durq.app import App
+
+log = logging.getLogger("durq.health")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,4 +97,17 @@ class HealthProbe:
         except OSError as exc:  # a driver error that escaped the broker's wrapping
             error = f"{type(exc).__name__}: {exc}"
         finished = self._monotonic()
+        if error is not None:
+            log.warning("readiness: the broker ping failed: %s", error)
         return Health(error is None, error, finished, finished - started)
+
+
+def readiness(health: Health, *, details: bool = False) -> tuple[int, str]:
+    """The status and text ``/readyz`` answers for ``health``: ``200 ready`` or
+    ``503 not ready``, with the reason only when ``details`` (it may name the broker's
+    host and user; probes need only the status)."""
+    if health.ok:
+        return 200, "ready\n"
+    if details:
+        return 503, f"not ready: {health.error}\n"
+    return 503, "not ready\n"

@@ -34,7 +34,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from durq.errors import DurqError
-from durq.observability.health import HealthProbe
+from durq.observability.health import HealthProbe, readiness
 from durq.states import TaskState
 from durq.task import TaskInfo
 from durq.worker.hooks import WorkerHooks
@@ -296,7 +296,9 @@ class MetricsServer:
 
     ``registries``: what ``/metrics`` exposes besides the queue gauges; default the task
     metrics :func:`install` adds to ``app`` (a supervisor passes the collector that reads
-    its worker processes' files instead)."""
+    its worker processes' files instead). ``readyz_details``: say why ``/readyz`` is not
+    ready (the broker's error, which may name its host and user) instead of only that it is
+    not; off by default, the port being open to whoever can reach it."""
 
     def __init__(
         self,
@@ -307,8 +309,10 @@ class MetricsServer:
         probe: HealthProbe | None = None,
         queue_ttl: float = 5.0,
         registries: Sequence[CollectorRegistry] | None = None,
+        readyz_details: bool = False,
     ) -> None:
         self.app = app
+        self.readyz_details = readyz_details
         self.host = host
         self.port = port
         if registries is None:
@@ -327,10 +331,8 @@ class MetricsServer:
             return PlainTextResponse("ok\n")
 
         async def readyz(request: Request) -> PlainTextResponse:
-            health = await self.probe.check()
-            if health.ok:
-                return PlainTextResponse("ready\n")
-            return PlainTextResponse(f"not ready: {health.error}\n", status_code=503)
+            status, text = readiness(await self.probe.check(), details=self.readyz_details)
+            return PlainTextResponse(text, status_code=status)
 
         return Starlette(
             routes=[
@@ -384,11 +386,13 @@ async def start_metrics_server(
     host: str = "0.0.0.0",  # noqa: S104
     *,
     probe: HealthProbe | None = None,
+    readyz_details: bool = False,
 ) -> MetricsServer:
-    """Install the metrics on ``app`` and serve them with the health probes on ``port``.
+    """Install the metrics on ``app`` and serve them with the health probes on ``port``
+    (``readyz_details``: see :class:`MetricsServer`).
 
     Stop it with ``await server.stop()``."""
-    server = MetricsServer(app, port, host, probe=probe)
+    server = MetricsServer(app, port, host, probe=probe, readyz_details=readyz_details)
     await server.start()
     return server
 
@@ -399,8 +403,15 @@ class MetricsThread:
 
     The thread's loop gets its own broker connection from the app (one per loop)."""
 
-    def __init__(self, app: App, port: int, host: str = "0.0.0.0") -> None:  # noqa: S104
-        self.server = MetricsServer(app, port, host)
+    def __init__(
+        self,
+        app: App,
+        port: int,
+        host: str = "0.0.0.0",  # noqa: S104
+        *,
+        readyz_details: bool = False,
+    ) -> None:
+        self.server = MetricsServer(app, port, host, readyz_details=readyz_details)
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -445,11 +456,18 @@ class MetricsThread:
             self._thread.join(5)
 
 
-def serve(app: App, port: int, host: str = "0.0.0.0") -> MetricsThread:  # noqa: S104
+def serve(
+    app: App,
+    port: int,
+    host: str = "0.0.0.0",  # noqa: S104
+    *,
+    readyz_details: bool = False,
+) -> MetricsThread:
     """Install the metrics on ``app`` and serve ``/metrics``, ``/healthz``, ``/readyz`` on
     ``port`` from a background thread, started before this returns. Call it before the
-    worker is created (the worker copies the app's hooks)."""
-    thread = MetricsThread(app, port, host)
+    worker is created (the worker copies the app's hooks). ``readyz_details``: see
+    :class:`MetricsServer`."""
+    thread = MetricsThread(app, port, host, readyz_details=readyz_details)
     thread.start()
     return thread
 

@@ -97,7 +97,8 @@ class Supervisor:
 
     ``command``: the child's argv (a ``durq worker`` without ``--processes``).
     ``metrics_port``: serve ``/metrics``, ``/healthz``, ``/readyz`` for all children (needs
-    ``app`` for the queue gauges and the broker probe). ``backoff``: the first and the longest
+    ``app`` for the queue gauges and the broker probe; ``readyz_details``: see
+    :class:`~durq.observability.metrics.MetricsServer`). ``backoff``: the first and the longest
     delay before restarting a child; a child that lived ``stable_after`` seconds starts again
     from the first delay."""
 
@@ -111,6 +112,7 @@ class Supervisor:
         metrics_host: str = "0.0.0.0",  # noqa: S104  # scraped from outside the host
         backoff: tuple[float, float] = (0.5, 30.0),
         stable_after: float = 10.0,
+        readyz_details: bool = False,
     ) -> None:
         if processes < 1:
             raise ValueError("processes must be >= 1")
@@ -121,6 +123,7 @@ class Supervisor:
         self.app = app
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
+        self.readyz_details = readyz_details
         self.backoff = backoff
         self.stable_after = stable_after
         #: Live children by slot.
@@ -175,7 +178,13 @@ class Supervisor:
         assert self.app is not None and self.metrics_port is not None
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=self._multiproc_dir)  # type: ignore[no-untyped-call]
-        server = Server(self.app, self.metrics_port, self.metrics_host, registries=[registry])
+        server = Server(
+            self.app,
+            self.metrics_port,
+            self.metrics_host,
+            registries=[registry],
+            readyz_details=self.readyz_details,
+        )
         await server.start()
         return server
 
