@@ -53,7 +53,8 @@ class Task:
     seq: int
     max_retry: int
     retention: float
-    limits: dict[str, int] = field(default_factory=dict)  # key -> concurrency
+    #: key -> (concurrency, rate, per); ``None`` where the limit has no such part.
+    limits: dict[str, tuple[int | None, int | None, float | None]] = field(default_factory=dict)
     unique: str | None = None
     unique_until: float | None = None
     retried: int = 0
@@ -75,6 +76,8 @@ class Model:
     max_lost: int = 3
     tasks: dict[tuple[str, str], Task] = field(default_factory=dict)
     queues: set[str] = field(default_factory=set)
+    #: Token buckets of rate limits, per (queue, key): (tokens, refilled at).
+    buckets: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
     paused: set[str] = field(default_factory=set)
     _seq: itertools.count[int] = field(default_factory=itertools.count)
     _tokens: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -118,7 +121,7 @@ class Model:
         delay: float = 0.0,
         max_retry: int = 25,
         retention: float = 0.0,
-        limits: dict[str, int] | None = None,
+        limits: dict[str, tuple[int | None, int | None, float | None]] | None = None,
         unique: str | None = None,
         unique_ttl: float | None = None,
     ) -> Task:
@@ -175,14 +178,37 @@ class Model:
             for task in self.claim_order(queue):
                 if len(taken) == limit:
                     return taken
-                if any(self.running(queue, k) >= c for k, c in task.limits.items()):
+                if not all(self._admits(queue, k, spec) for k, spec in task.limits.items()):
                     continue
+                for key, (_, rate, per) in task.limits.items():
+                    if rate is not None and per is not None:
+                        self.buckets[(queue, key)] = (
+                            self._tokens_at(queue, key, rate, per) - 1,
+                            self.now,
+                        )
                 task.state = ACTIVE
                 task.token = f"t{next(self._tokens)}"
                 task.lease_until = self.now + lease
                 task.cancel_requested = False
                 taken.append(task)
         return taken
+
+    def _admits(
+        self, queue: str, key: str, spec: tuple[int | None, int | None, float | None]
+    ) -> bool:
+        """W13: a slot (fewer than ``concurrency`` running) and a token in the key's bucket."""
+        concurrency, rate, per = spec
+        if concurrency is not None and self.running(queue, key) >= concurrency:
+            return False
+        if rate is None or per is None:
+            return True
+        return self._tokens_at(queue, key, rate, per) >= 1 - 1e-9
+
+    def _tokens_at(self, queue: str, key: str, rate: int, per: float) -> float:
+        """The bucket holds up to ``rate`` tokens (full at first) and gains ``rate / per`` a
+        second on the broker's clock."""
+        tokens, at = self.buckets.get((queue, key), (float(rate), self.now))
+        return min(float(rate), tokens + (self.now - at) * rate / per)
 
     # -- the end of an attempt (W1, W4): fenced by the lease's token -------------------------
 

@@ -49,6 +49,14 @@ STEPS = int(os.environ.get("DURQ_MODEL_STEPS", "40"))
 LEASE = 30.0
 MAX_LOST = 3
 IDS = [f"t{i}" for i in range(6)]
+#: The limits a task may carry: a concurrency key, a rate key (2 starts per 10 s), or both.
+LIMITS: dict[str | None, tuple[LimitSpec, ...]] = {
+    None: (),
+    "k1": (LimitSpec("k", concurrency=1),),
+    "k2": (LimitSpec("k", concurrency=2),),
+    "r": (LimitSpec("r", rate=2, per=10.0),),
+    "k1r": (LimitSpec("k", concurrency=1), LimitSpec("r", rate=2, per=10.0)),
+}
 _run = itertools.count()
 
 
@@ -82,7 +90,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
         delay=st.sampled_from([0, 0, 5, 30]),
         max_retry=st.integers(0, 2),
         retention=st.sampled_from([0, 60]),
-        limit=st.sampled_from([None, None, 1, 2]),
+        limit=st.sampled_from([None, None, "k1", "k2", "r", "k1r"]),
         unique=st.booleans(),
     )
     def enqueue(
@@ -93,7 +101,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
         delay: int,
         max_retry: int,
         retention: int,
-        limit: int | None,
+        limit: str | None,
         unique: bool,
     ) -> None:
         queue = self.queues[q]
@@ -108,7 +116,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
             process_in=float(delay) or None,
             unique_key=f"u:{queue}" if unique else None,
             unique_ttl=20.0 if unique else None,
-            limits=(LimitSpec("k", concurrency=limit),) if limit else (),
+            limits=LIMITS[limit],
         )
         try:
             self.call(self.broker.enqueue(params))
@@ -125,7 +133,9 @@ class BrokerAgainstModel(RuleBasedStateMachine):
                 delay=delay,
                 max_retry=max_retry,
                 retention=retention,
-                limits={"k": limit} if limit else None,
+                limits={
+                    spec.key: (spec.concurrency, spec.rate, spec.per) for spec in LIMITS[limit]
+                },
                 unique=f"u:{queue}" if unique else None,
                 unique_ttl=20.0 if unique else None,
             )
