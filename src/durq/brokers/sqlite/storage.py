@@ -268,7 +268,6 @@ class SQLiteStorage:
         where the wake-up directory goes is refused (UnsafeFileError) before anything."""
         wakeup.refuse_links(self.wake_dir)
         files.create(self.path, self.file_mode)
-        files.warn_if_open(self.path, self.file_mode)
         try:
             conn = sqlite3.connect(
                 self.path,
@@ -306,6 +305,8 @@ class SQLiteStorage:
         except BaseException:
             conn.close()
             raise
+        # Only once the file proved to be a database: a wrong path gets one error, not two.
+        files.warn_if_open(self.path, self.file_mode)
         self._conn = conn
         return conn
 
