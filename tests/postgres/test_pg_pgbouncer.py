@@ -112,3 +112,24 @@ async def test_straight_to_postgresql_nothing_is_found(pg_url: str) -> None:
         assert "prepare_threshold" not in broker._s.connect_kwargs()
     finally:
         await broker.close()
+
+
+async def test_pgbouncer_0_through_a_pooler_stops_with_one_line_naming_the_option(
+    pgbouncer: PgBouncer, schema: str
+) -> None:
+    """``pgbouncer=0`` skips the check; when a prepared statement then meets another
+    client's in the pooler's session, the error names the option instead of a pool
+    timeout ("pool initialization incomplete")."""
+    url = bouncer_url(pgbouncer, schema, pgbouncer="0", connect_timeout="2", pool_max="1")
+    first, second = PostgresBroker.from_url(url), PostgresBroker.from_url(url)
+    await first.migrate()
+    try:
+        await first.connect()  # its pooled connection prepares a statement in the session
+        with pytest.raises(ConfigurationError) as caught:
+            await second.connect()  # ...that the pooler hands to this one's new connection
+    finally:
+        await first.close()
+        await second.close()
+    message = str(caught.value)
+    assert "pgbouncer=1" in message and "transaction-pooling" in message
+    assert "\n" not in message

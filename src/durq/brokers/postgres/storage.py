@@ -29,7 +29,7 @@ from durq.brokers.base import (
     follow_up_from,
 )
 from durq.brokers.mailbox import end_key
-from durq.brokers.postgres.errors import translate
+from durq.brokers.postgres.errors import pooler_error, pooler_symptom, translate
 from durq.brokers.postgres.rows import EnqueuePlan, Row, enqueue_plan
 from durq.brokers.postgres.wakeup import Notifier
 from durq.clock import SYSTEM_CLOCK, Clock, server_clock_for
@@ -211,6 +211,9 @@ class PostgresStorage:
         self._pgbouncer = pgbouncer
         #: Called when the check at connect finds a transaction pooler.
         self.pooler_found: Callable[[], None] | None = None
+        #: What preparing a new pooled connection met through a pooler (pgbouncer=0): the
+        #: pool retries those in the background, and the open names this instead of a timeout.
+        self._pooler_symptom: psycopg.Error | None = None
         self.listen_dsn = self.parse_url(listen_url)[0] if listen_url else None
         self._channel = channel_for(schema)
         #: Where the ends of tasks are announced (``App.wait`` listens; workers do not).
@@ -392,8 +395,10 @@ class PostgresStorage:
             async with self.errors(method):
                 try:
                     await pool.open(wait=True, timeout=self.connect_timeout)
-                except BaseException:
+                except BaseException as exc:
                     await pool.close()
+                    if self._pooler_symptom is not None and isinstance(exc, Exception):
+                        raise pooler_error(self._pooler_symptom, self.op(method)) from exc
                     raise
             self.pool = pool
             return pool
@@ -401,7 +406,12 @@ class PostgresStorage:
     async def _configure(self, conn: AsyncConn) -> None:
         # A session setting: behind PgBouncer (transaction pooling) it would reach other
         # clients' sessions, so it is not used there (see the `generic_plans` query).
-        await conn.execute(self.q["generic_plans"])
+        try:
+            await conn.execute(self.q["generic_plans"])
+        except psycopg.Error as exc:
+            if pooler_symptom(exc):
+                self._pooler_symptom = exc
+            raise
         if self.warm_up is not None:
             await self.warm_up(conn)
 
