@@ -40,6 +40,11 @@ class Snapshot(Generic[T]):
         """Seconds since the last read, ``None`` before the first."""
         return None if self._read_at is None else self._monotonic() - self._read_at
 
+    @property
+    def last(self) -> T | None:
+        """The last value read, whatever its age (``None`` before the first)."""
+        return self._value
+
     def _fresh(self) -> bool:
         age = self.age
         return age is not None and age < self.ttl
