@@ -11,7 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import durq
 from durq.brokers.base import ClaimParams
+from durq.clock import FakeClock
 from durq.observability import metrics
+from durq.observability.snapshot import Snapshot
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -205,3 +207,55 @@ async def test_dashboard_exposes_queue_metrics(app: durq.App) -> None:
         r = await c.get("/metrics", headers={"Authorization": "Bearer metrics-token-1"})
         assert r.status_code == 200
         assert 'durq_queue_size{queue="default",state="pending"} 1.0' in r.text
+
+
+async def test_autoscaling_figures_from_a_real_scrape(tmp_path) -> None:
+    """What an autoscaler reads from a worker's /metrics: each queue's depth by state and
+    the age of its oldest pending task, from one cached read of the broker per scrape."""
+    clock = FakeClock(1_000.0)
+    app = durq.App(f"sqlite:///{tmp_path / 'durq.sqlite3'}", clock=clock)
+    await (await app.broker()).migrate()
+    for _ in range(3):
+        await app.enqueue("a:b", {}, queue="reports")
+    await app.enqueue("a:b", {}, queue="mail", process_in=60)
+    clock.advance(42)
+    server = await metrics.start_metrics_server(0, app, host="127.0.0.1")
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as c:
+            got = samples((await c.get("/metrics")).text)
+            await app.enqueue("a:b", {}, queue="reports")
+            cached = samples((await c.get("/metrics")).text)  # within the 5 s cache
+    finally:
+        await server.stop()
+        await app.close()
+    reports, mail = (("queue", "reports"),), (("queue", "mail"),)
+    assert got[("durq_queue_oldest_pending_age_seconds", reports)] == 42
+    assert got[("durq_queue_oldest_pending_age_seconds", mail)] == 0
+    assert got[("durq_queue_size", (*reports, ("state", "pending")))] == 3
+    assert got[("durq_queue_size", (*reports, ("state", "active")))] == 0
+    assert got[("durq_queue_size", (*mail, ("state", "scheduled")))] == 1
+    assert cached[("durq_queue_size", (*reports, ("state", "pending")))] == 3
+
+
+async def test_snapshot_reads_once_per_ttl_and_keeps_a_failure_as_long() -> None:
+    now = [0.0]
+    reads: list[float] = []
+    fail = [False]
+
+    async def read() -> float:
+        reads.append(now[0])
+        if fail[0]:
+            raise durq.BrokerUnavailableError("down")
+        return now[0]
+
+    snap = Snapshot(read, ttl=5, monotonic=lambda: now[0])
+    assert await asyncio.gather(*(snap.get() for _ in range(10))) == [0.0] * 10
+    now[0] = 4.9
+    assert await snap.get() == 0.0 and snap.age == 4.9
+    now[0], fail[0] = 5.0, True
+    for _ in range(3):
+        with pytest.raises(durq.BrokerUnavailableError):
+            await snap.get()
+    now[0], fail[0] = 10.0, False
+    assert await snap.get() == 10.0
+    assert reads == [0.0, 5.0, 10.0]

@@ -42,6 +42,7 @@ CONCRETE = {
     "/api/periodic": "/api/periodic",
     "/api/limits": "/api/limits",
     "/api/history": "/api/history",
+    "/api/scaling": "/api/scaling",
     "/": "/",
     "/login": "/login",
     "/logout": "/logout",

@@ -33,6 +33,7 @@ from durq.errors import TaskNotFoundError, ValidationError
 from durq.inspector import SEARCH_FIELDS_MAX, SEARCH_TEXT_MAX, parse_state, task_filter
 from durq.lifecycle import SelectionOutcome
 from durq.names import GROUP_ID_PATTERN, NAME_MAX, NAME_PATTERN, TASK_ID_MAX, TASK_ID_PATTERN
+from durq.observability.snapshot import Snapshot
 from durq.states import TaskState
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     from durq.inspector import Inspector
 
 DEFAULT_PAGE_SIZE = 20
+#: Seconds ``/api/scaling`` serves one read of the queues: autoscalers poll it often.
+SCALING_TTL = 5.0
 MAX_PAGE_SIZE = 200
 MAX_PAGE = 100_000
 #: Task actions: ``POST .../tasks/{id}/<action>``.
@@ -138,6 +141,18 @@ def queue_json(stats: QueueStats) -> dict[str, Any]:
     return stats.to_dict()
 
 
+def scaling_json(stats: QueueStats) -> dict[str, Any]:
+    sizes = stats.sizes
+    return {
+        "pending": sizes.get(TaskState.PENDING, 0),
+        "active": sizes.get(TaskState.ACTIVE, 0),
+        "scheduled": sizes.get(TaskState.SCHEDULED, 0),
+        "retry": sizes.get(TaskState.RETRY, 0),
+        "oldest_pending_seconds": stats.oldest_pending_age,
+        "paused": stats.paused,
+    }
+
+
 def worker_json(info: WorkerInfo) -> dict[str, Any]:
     data = dataclasses.asdict(info)
     data["started_at"] = iso(info.started_at)
@@ -210,6 +225,7 @@ class AdminAPI:
     def __init__(self, dash: Dashboard) -> None:
         self.dash = dash
         self.inspector = dash.app.inspector
+        self.scaling_figures = Snapshot(self.inspector.list_queues, ttl=SCALING_TTL)
         self._routes: list[APIRoute] | None = None
         self._document: dict[str, Any] | None = None
 
@@ -334,6 +350,16 @@ class AdminAPI:
                 self.list_limits,
                 "GET",
                 "Flow-control keys: running, limit, tokens left, tasks waiting",
+                responses=COMMON,
+            ),
+            route(
+                "/api/scaling",
+                self.scaling,
+                "GET",
+                "Per queue: tasks pending and running, age of the oldest pending task; for "
+                "autoscalers (KEDA's metrics-api scaler)",
+                description=f"One read of the queues serves every request for "
+                f"{SCALING_TTL:g} seconds (`age` tells how old it is).",
                 responses=COMMON,
             ),
             route(
@@ -484,6 +510,19 @@ class AdminAPI:
     async def list_limits(self, queue: QueueFilter = None) -> models.LimitList:
         limits = await self.inspector.list_limits(queue)
         return models.LimitList.model_validate({"limits": [s.to_dict() for s in limits]})
+
+    async def scaling(self) -> models.Scaling:
+        queues = {q.name: scaling_json(q) for q in await self.scaling_figures.get()}
+        return models.Scaling.model_validate(
+            {
+                "queues": queues,
+                "pending": sum(q["pending"] for q in queues.values()),
+                "oldest_pending_seconds": max(
+                    (q["oldest_pending_seconds"] for q in queues.values()), default=0.0
+                ),
+                "age": self.scaling_figures.age or 0.0,
+            }
+        )
 
     async def history(self) -> models.History:
         return models.History.model_validate(await self.dash.history.series())

@@ -57,6 +57,29 @@ class QueueList(_Model):
     queues: list[Queue]
 
 
+class ScalingQueue(_Model):
+    """One queue's figures for an autoscaler."""
+
+    pending: int = Field(description="Tasks ready to run now")
+    active: int = Field(description="Tasks running now")
+    scheduled: int
+    retry: int
+    oldest_pending_seconds: float = Field(
+        description="Seconds since the oldest pending task became ready (0 when none)"
+    )
+    paused: bool
+
+
+class Scaling(_Model):
+    """Every queue's figures for an autoscaler (KEDA's metrics-api scaler reads one with
+    ``valueLocation: queues.<queue>.oldest_pending_seconds``)."""
+
+    queues: dict[str, ScalingQueue]
+    pending: int = Field(description="Pending tasks of all queues")
+    oldest_pending_seconds: float = Field(description="The largest of the queues'")
+    age: float = Field(description="Seconds since these figures were read from the broker")
+
+
 class TaskLimit(_Model):
     """One flow-control limit a task counts against."""
 

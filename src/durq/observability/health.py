@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from durq.errors import DurqError
+from durq.observability.snapshot import Snapshot
 
 if TYPE_CHECKING:
     from durq.app import App
@@ -54,35 +55,18 @@ class HealthProbe:
         self.ttl = ttl
         self.timeout = timeout
         self._monotonic = monotonic
-        self._last: Health | None = None
-        self._lock: asyncio.Lock | None = None
+        self._snapshot = Snapshot(self._ping, ttl=ttl, monotonic=monotonic)
         #: How many pings were sent (tests check the cache with it).
         self.pings = 0
 
     @property
     def last(self) -> Health | None:
         """The cached result, whatever its age."""
-        return self._last
-
-    def _fresh(self) -> Health | None:
-        last = self._last
-        if last is not None and self._monotonic() - last.checked_at < self.ttl:
-            return last
-        return None
+        return self._snapshot.last
 
     async def check(self) -> Health:
         """The cached result if younger than ``ttl``, else a new ping."""
-        cached = self._fresh()
-        if cached is not None:
-            return cached
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            cached = self._fresh()
-            if cached is not None:
-                return cached
-            self._last = await self._ping()
-            return self._last
+        return await self._snapshot.get()
 
     async def _ping(self) -> Health:
         self.pings += 1

@@ -20,7 +20,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import uvicorn
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
@@ -33,8 +33,10 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from durq.brokers.base import LimitStats, QueueStats
 from durq.errors import DurqError
 from durq.observability.health import HealthProbe, readiness
+from durq.observability.snapshot import Snapshot
 from durq.states import TaskState
 from durq.task import TaskInfo
 from durq.worker.hooks import WorkerHooks
@@ -175,33 +177,27 @@ class QueueCollector(Collector):
     ) -> None:
         self.app = app
         self.ttl = ttl
-        self._monotonic = monotonic
-        self._fetched_at: float | None = None
-        self._queues: list[Any] = []
-        self._limits: list[Any] = []
+        self._snapshot = Snapshot(self._read, ttl=ttl, monotonic=monotonic)
+        self._queues: list[QueueStats] = []
+        self._limits: list[LimitStats] = []
         self._up = 0
-        self._lock: asyncio.Lock | None = None
+        self._failure: DurqError | None = None
         self.registry = registry if registry is not None else CollectorRegistry()
         self.registry.register(self)
 
+    async def _read(self) -> tuple[list[QueueStats], list[LimitStats]]:
+        return await self.app.inspector.list_queues(), await self.app.inspector.list_limits()
+
     async def refresh(self) -> None:
         """Read the queues unless the snapshot is younger than ``ttl``."""
-        now = self._monotonic()
-        if self._fetched_at is not None and now - self._fetched_at < self.ttl:
-            return
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            if self._fetched_at is not None and self._monotonic() - self._fetched_at < self.ttl:
-                return
-            try:
-                self._queues = await self.app.inspector.list_queues()
-                self._limits = await self.app.inspector.list_limits()
-                self._up = 1
-            except DurqError as exc:
+        try:
+            self._queues, self._limits = await self._snapshot.get()
+            self._up = 1
+        except DurqError as exc:
+            if exc is not self._failure:  # once per failed read, not per scrape of it
                 log.warning("metrics: cannot read queues: %s", exc)
-                self._up = 0
-            self._fetched_at = self._monotonic()
+            self._failure = exc
+            self._up = 0
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         size = GaugeMetricFamily(

@@ -129,7 +129,7 @@ class PostgresBroker(AdminForwarder):
         pool_min: int = 1,
         pool_max: int = DEFAULT_POOL_MAX,
         pool_max_idle: float = DEFAULT_POOL_MAX_IDLE,
-        pgbouncer: bool = False,
+        pgbouncer: bool | None = None,
         listen_url: str | None = None,
     ) -> None:
         self._s = PostgresStorage(
@@ -147,18 +147,26 @@ class PostgresBroker(AdminForwarder):
         self._listener: Listener | None = None
         self._batcher = enqueue_coalescer(self._enqueue_one, self.enqueue_many)
         self._end_listener: EndListener | None = None
-        # LISTEN through a transaction pooler hears nothing: without a direct listen_url,
-        # workers poll (warned once, when a worker first claims).
-        self._polling = pgbouncer and listen_url is None
         self._polling_warned = False
-        if self._polling:
-            self.capabilities = self.capabilities - {CAP_CROSS_PROCESS_NOTIFY}
+        self._check_polling()
+        self._s.pooler_found = self._check_polling
         # When each queue was last claimed from (monotonic): a wake-up that arrives between a
         # short claim and the next wait makes that wait return at once (level-triggered).
         self._claim_marks: dict[str, float] = {}
         #: Queues where the last claim saw due tasks with limits or tasks held: their claims
         #: run claim_limited at once (W13).
         self._limited: set[str] = set()
+
+    @property
+    def _polling(self) -> bool:
+        # LISTEN through a transaction pooler hears nothing: without a direct listen_url,
+        # workers poll (warned once, when a worker first claims). Known from the URL, or
+        # once connected (the storage finds a pooler the URL did not name).
+        return self._s.pgbouncer and self._s.listen_dsn is None
+
+    def _check_polling(self) -> None:
+        if self._polling:
+            self.capabilities = type(self).capabilities - {CAP_CROSS_PROCESS_NOTIFY}
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> PostgresBroker:

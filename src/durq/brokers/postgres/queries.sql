@@ -47,6 +47,11 @@ WHERE current_setting('server_version_num')::integer >= 120000;
 -- name: ping
 SELECT 1 AS ok;
 
+-- name: backend_pid
+-- The server process behind a connection: behind a transaction pooler it changes from one
+-- transaction to the next (see PostgresStorage.behind_transaction_pooler).
+SELECT pg_backend_pid() AS pid;
+
 -- name: server_time
 -- The server's clock, for what the client computes itself (the day of a counter, reads).
 SELECT extract(epoch FROM clock_timestamp())::float8 AS now;

@@ -29,7 +29,7 @@ from durq.brokers.base import (
     follow_up_from,
 )
 from durq.brokers.mailbox import end_key
-from durq.brokers.postgres.errors import translate
+from durq.brokers.postgres.errors import pooler_error, pooler_symptom, translate
 from durq.brokers.postgres.rows import EnqueuePlan, Row, enqueue_plan
 from durq.brokers.postgres.wakeup import Notifier
 from durq.clock import SYSTEM_CLOCK, Clock, server_clock_for
@@ -189,7 +189,7 @@ class PostgresStorage:
         pool_min: int = 1,
         pool_max: int = DEFAULT_POOL_MAX,
         pool_max_idle: float = DEFAULT_POOL_MAX_IDLE,
-        pgbouncer: bool = False,
+        pgbouncer: bool | None = None,
         listen_url: str | None = None,
     ) -> None:
         if not _SCHEMA_NAME.match(schema):
@@ -206,8 +206,14 @@ class PostgresStorage:
         self._pool_max = max(pool_max, pool_min, 1)
         self._pool_max_idle = pool_max_idle
         #: Behind a transaction-pooling PgBouncer: no named prepared statements, and LISTEN
-        #: only on ``listen_url`` (a session of its own straight to PostgreSQL).
+        #: only on ``listen_url`` (a session of its own straight to PostgreSQL). ``None``
+        #: (the URL does not say): found out at connect (:meth:`behind_transaction_pooler`).
         self._pgbouncer = pgbouncer
+        #: Called when the check at connect finds a transaction pooler.
+        self.pooler_found: Callable[[], None] | None = None
+        #: What preparing a new pooled connection met through a pooler (pgbouncer=0): the
+        #: pool retries those in the background, and the open names this instead of a timeout.
+        self._pooler_symptom: psycopg.Error | None = None
         self.listen_dsn = self.parse_url(listen_url)[0] if listen_url else None
         self._channel = channel_for(schema)
         #: Where the ends of tasks are announced (``App.wait`` listens; workers do not).
@@ -274,6 +280,11 @@ class PostgresStorage:
     def schema(self) -> str:
         """The PostgreSQL schema that holds this broker's tables."""
         return self._schema
+
+    @property
+    def pgbouncer(self) -> bool:
+        """Whether the broker talks to a transaction pooler (said in the URL or found out)."""
+        return bool(self._pgbouncer)
 
     @property
     def channel(self) -> str:
@@ -384,8 +395,10 @@ class PostgresStorage:
             async with self.errors(method):
                 try:
                     await pool.open(wait=True, timeout=self.connect_timeout)
-                except BaseException:
+                except BaseException as exc:
                     await pool.close()
+                    if self._pooler_symptom is not None and isinstance(exc, Exception):
+                        raise pooler_error(self._pooler_symptom, self.op(method)) from exc
                     raise
             self.pool = pool
             return pool
@@ -393,7 +406,12 @@ class PostgresStorage:
     async def _configure(self, conn: AsyncConn) -> None:
         # A session setting: behind PgBouncer (transaction pooling) it would reach other
         # clients' sessions, so it is not used there (see the `generic_plans` query).
-        await conn.execute(self.q["generic_plans"])
+        try:
+            await conn.execute(self.q["generic_plans"])
+        except psycopg.Error as exc:
+            if pooler_symptom(exc):
+                self._pooler_symptom = exc
+            raise
         if self.warm_up is not None:
             await self.warm_up(conn)
 
@@ -582,6 +600,28 @@ class PostgresStorage:
                 operation=self.op(method),
             ) from exc
 
+    async def behind_transaction_pooler(self, conn: AsyncConn, method: str) -> bool:
+        """Whether ``conn`` goes through a transaction pooler (PgBouncer's
+        ``pool_mode = transaction``), where a client connection does not keep one server
+        session, so prepared statements and session settings land in other clients' sessions.
+
+        Straight to PostgreSQL (or through a session pooler) two open connections never
+        share a server process, and a connection keeps its own: a second connection that
+        gets ``conn``'s server process, or ``conn`` moving to another while the second holds
+        a transaction open, can only be a transaction pooler (a pooler hands the session just
+        released to the next client, so one of the two shows). Two round trips on ``conn``,
+        one short connection."""
+
+        async def pid(c: AsyncConn) -> int:
+            cur = await c.execute(self.q["backend_pid"], prepare=False)
+            row = await cur.fetchone()
+            return int(row["pid"]) if row else 0
+
+        first = await pid(conn)
+        other = await self.direct_connection(method)
+        async with other, other.transaction():
+            return await pid(other) == first or await pid(conn) != first
+
     async def check_schema(self, conn: AsyncConn, method: str) -> None:
         latest = MIGRATIONS[-1].version
         table = sql.Identifier(self._schema, "schema_migrations").as_string(None)
@@ -619,6 +659,16 @@ class PostgresStorage:
             conn = await self.direct_connection(method)
             async with conn:
                 await self.check_schema(conn, method)
+                if self._pgbouncer is None:
+                    self._pgbouncer = await self.behind_transaction_pooler(conn, method)
+                    if self._pgbouncer and self.pooler_found is not None:
+                        self.pooler_found()
+                    if self._pgbouncer:
+                        log.warning(
+                            "PostgreSQL is reached through a transaction-pooling proxy "
+                            "(PgBouncer pool_mode=transaction): prepared statements are off; "
+                            "add pgbouncer=1 to the broker URL to say so and skip this check"
+                        )
         pool = await self.open_pool(method)
         await self.sync_clock(method)
         return pool
