@@ -59,7 +59,7 @@ def scheduler_command(
     setup_logging(log_level.upper(), log_format)
     application = _load(app_path, broker)
     if not len(application.schedules):
-        raise UsageFailure(f"{app_path} declares no periodic tasks")
+        log.info("%s declares no periodic tasks: ticking stored schedules only", app_path)
     for entry in application.schedules:
         log.info("periodic %s: %s (%s) -> %s", entry.name, entry.spec, entry.tz, entry.type)
     asyncio.run(_run(application))
