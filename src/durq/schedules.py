@@ -295,10 +295,10 @@ class StoredSchedules:
         under its tick's own id: a tick that ran already (its task still stored) is left
         alone, and a backfill run twice enqueues nothing more. More than
         :data:`MAX_BACKFILL` ticks are refused; ``dry_run`` only lists them."""
-        entry = await self.get(name)
         first, last = to_epoch(start), to_epoch(end)
         if not (math.isfinite(first) and math.isfinite(last)) or first > last:
             raise ValidationError("backfill needs a start at or before its end")
+        entry = await self.get(name)
         ticks: list[float] = []
         tick = entry.schedule.next_after(math.ceil(first) - 1)
         while tick <= last:
