@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -285,9 +285,14 @@ class PeriodicEntry:
             "retention": self.retention,
             "overlap": self.overlap,
             "source": self.source,
-            "paused": self.paused,
+            # "state", not "paused": the dashboard's "paused" is the queue's.
+            "state": "paused" if self.paused else "active",
             "version": self.version,
-            "updated_at": self.updated_at,
+            "updated_at": (
+                datetime.fromtimestamp(self.updated_at, UTC).isoformat()
+                if self.updated_at
+                else None
+            ),
         }
 
 
@@ -539,15 +544,22 @@ class EntryStatus:
         }
 
 
-async def status(app: App, *, lookback: int = 2, upcoming: int = 1) -> list[EntryStatus]:
-    """Every entry of ``app`` with its next ``upcoming`` runs and last enqueue.
+async def status(
+    app: App,
+    *,
+    lookback: int = 2,
+    upcoming: int = 1,
+    entries: Iterable[PeriodicEntry] | None = None,
+) -> list[EntryStatus]:
+    """Every entry of ``app`` (or ``entries``, e.g. with the stored ones) with its next
+    ``upcoming`` runs and last enqueue.
 
     The last enqueue is read from the broker: the task of one of the ``lookback`` most recent
     ticks, found by its computed id. It is visible while that task exists (pending, running,
     failed, or completed within the entry's retention)."""
     now = app.clock.now()
     out = []
-    for entry in app.schedules:
+    for entry in app.schedules if entries is None else entries:
         queue = app.schedules.params(entry, 0.0).queue
         zone = entry.schedule.tz if isinstance(entry.schedule, Cron) else ZoneInfo("UTC")
         found: dict[str, Any] = {}
