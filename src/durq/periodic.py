@@ -402,8 +402,12 @@ class PeriodicRegistry:
         except ValidationError as exc:
             raise ConfigurationError(f"periodic {entry_name!r}: {exc}") from None
         grace = DEFAULT_TOLERANCE if grace is None else grace
+        try:
+            gap = max_gap(parsed, self._app.clock.now())
+        except Exception:  # croniter finds no date at all (e.g. "0 0 31 2 *", February 31st)
+            raise ConfigurationError(f"schedule {schedule!r} never ticks") from None
         if keep is None:
-            keep = max_gap(parsed, self._app.clock.now()) + grace
+            keep = gap + grace
         entry = PeriodicEntry(
             name=entry_name,
             schedule=parsed,

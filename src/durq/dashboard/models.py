@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from durq.lifecycle import SELECTION_MAX
-from durq.names import TASK_ID_MAX, TASK_ID_PATTERN
+from durq.names import NAME_MAX, NAME_PATTERN, TASK_ID_MAX, TASK_ID_PATTERN
 from durq.states import TaskState
 
 #: Task states as the API spells them.
@@ -20,6 +20,10 @@ State = Enum("State", {s.name: s.value for s in TaskState}, type=str)  # type: i
 Overlap = Literal["allow", "skip", "buffer_one", "cancel_other"]
 Source = Literal["code", "stored"]
 ScheduleState = Literal["active", "paused"]
+#: Task types, queue and schedule names.
+TypeName = Annotated[
+    str, StringConstraints(pattern=NAME_PATTERN, min_length=1, max_length=NAME_MAX)
+]
 
 
 class _Model(BaseModel):
@@ -250,21 +254,29 @@ class ScheduleFields(_Model):
     """The fields of a stored schedule an operator may set (all optional in an edit)."""
 
     schedule: str | None = Field(
-        None, description="A cron expression or @every <duration>", examples=["*/5 * * * *"]
+        None,
+        min_length=1,
+        max_length=200,
+        description="A cron expression or @every <duration>",
+        examples=["*/5 * * * *"],
     )
-    type: str | None = Field(None, description="The task type each tick enqueues")
+    type: TypeName | None = Field(None, description="The task type each tick enqueues")
     payload: dict[str, Any] | None = None
-    queue: str | None = Field(None, description="[default: the task type's queue]")
-    tz: str | None = Field(None, description="IANA time zone [default: UTC]")
+    queue: TypeName | None = Field(None, description="[default: the task type's queue]")
+    tz: str | None = Field(
+        None, min_length=1, max_length=64, description="IANA time zone [default: UTC]"
+    )
     overlap: Overlap | None = None
 
 
 class NewSchedule(ScheduleFields):
     """A stored schedule to create."""
 
-    name: str = Field(description="Its name: part of every tick's task id")
-    schedule: str = Field(description="A cron expression or @every <duration>")  # type: ignore[assignment]
-    type: str = Field(description="The task type each tick enqueues")  # type: ignore[assignment]
+    name: TypeName = Field(description="Its name: part of every tick's task id")
+    schedule: str = Field(  # type: ignore[assignment]
+        min_length=1, max_length=200, description="A cron expression or @every <duration>"
+    )
+    type: TypeName = Field(description="The task type each tick enqueues")  # type: ignore[assignment]
     paused: bool = False
 
 
