@@ -197,6 +197,7 @@ async def test_code_entries_are_read_only_and_win_on_a_shared_name(
         ({"overlap": "sometimes"}, "overlap"),
         ({"payload": [1]}, "JSON object"),
         ({"type": "durq:webhook"}, "reserved|durq:"),
+        ({"schedule": "0 0 31 2 *"}, "never ticks"),  # February 31st
     ],
 )
 async def test_bad_input_is_a_validation_error(

@@ -45,7 +45,6 @@ AppOpt = Annotated[
     str | None,
     typer.Option(
         "--app",
-        envvar="DURQ_APP",
         metavar="APP",
         help="Also know this app's code schedules (module:attribute): listed, and their "
         "names refused for stored ones.",
