@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
+from durq import lifecycle
 from durq.errors import (
     ConfigurationError,
     DuplicateTaskError,
@@ -214,13 +215,14 @@ class PeriodicScheduler(PeriodicService):
         if tick is None:
             return None
         queue = self.app.schedules.params(entry, tick).queue
-        inspector = self.app.inspector
+        # The scheduler's own connection (a worker's), not a second one through the app.
+        broker = cast("FullBroker", await self._broker())
         candidate: float | None = tick
         for _ in range(CATCH_UP_LOOKBACK):
             if candidate is None:
                 return None
             try:
-                return await inspector.get_task_info(queue, entry.task_id(candidate))
+                return await broker.get_task(queue, entry.task_id(candidate))
             except QueueNotFoundError:
                 return None  # nothing was ever enqueued to its queue
             except TaskNotFoundError:
@@ -250,7 +252,8 @@ class PeriodicScheduler(PeriodicService):
             self.buffered[entry.name] = tick
             return "buffered"
         try:  # cancel_other
-            await self.app.inspector.cancel_task(previous.queue, previous.id)
+            broker = cast("FullBroker", await self._broker())
+            await lifecycle.cancel_task(broker, previous.queue, previous.id)
         except (TaskNotFoundError, InvalidStateError):
             pass  # it ended (or another scheduler cancelled it) meanwhile
         log.info(
