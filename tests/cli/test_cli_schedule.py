@@ -36,9 +36,9 @@ def test_add_ls_pause_resume_trigger_rm(cli: Cli) -> None:
     assert edited["overlap"] == "skip" and edited["queue"] == "reports"  # the rest is kept
     listed = cli.ok("schedule", "ls").out
     assert "report:eu" in listed and "active" in listed
-    assert cli.ok("schedule", "pause", "report:eu", "--json").json()[0]["paused"] is True
+    assert cli.ok("schedule", "pause", "report:eu", "--json").json()[0]["state"] == "paused"
     assert "paused" in cli.ok("schedule", "ls").out
-    assert cli.ok("schedule", "resume", "report:eu", "--json").json()[0]["paused"] is False
+    assert cli.ok("schedule", "resume", "report:eu", "--json").json()[0]["state"] == "active"
     run = cli.ok("schedule", "trigger", "report:eu", "--json").json()
     assert run["id"].startswith("periodic:report:eu:run:") and run["queue"] == "reports"
     app = durq.App(cli.url)
@@ -86,3 +86,6 @@ def test_unknown_names_and_code_entries_exit_1(cli: Cli, tmp_path: Path) -> None
     assert_one_line_error(cli("schedule", "add", "mine", "@daily", "job:run"), 1, "stored already")
     rows = cli.ok("schedule", "ls", "--app", "sched_app:app", "--json").json()
     assert [(r["name"], r["source"]) for r in rows] == [("job:code", "code"), ("mine", "stored")]
+    # durq periodic ls shows both too, with their next runs.
+    status = cli.ok("periodic", "ls", "sched_app:app", "--json").json()
+    assert [(r["name"], r["source"]) for r in status] == [("job:code", "code"), ("mine", "stored")]
