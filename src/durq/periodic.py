@@ -5,7 +5,8 @@ Each tick is one task with the id ``periodic:<entry name>:<tick epoch>``: every 
 computes the same id for the same tick, and the broker's task-id rule refuses all but the
 first enqueue. That is the whole coordination between schedulers; no locks, no leader.
 
-The scheduler service that enqueues due ticks is :mod:`durq.worker.periodic`.
+The scheduler service that enqueues due ticks is :mod:`durq.worker.periodic`; schedules kept
+in the broker and changed at run time are :mod:`durq.schedules` (``app.stored_schedules``).
 """
 
 from __future__ import annotations
