@@ -20,9 +20,17 @@ class FuzzRun:
 
 
 def schemathesis_run(
-    schema_url: str, *, headers: dict[str, str], max_examples: int, workdir: Path
+    schema_url: str,
+    *,
+    headers: dict[str, str],
+    max_examples: int,
+    workdir: Path,
+    config: str = "",
 ) -> FuzzRun:
-    """``schemathesis run SCHEMA --checks all`` with every phase, deterministic data."""
+    """``schemathesis run SCHEMA --checks all`` with every phase, deterministic data;
+    ``config``: a ``schemathesis.toml`` for the run (per-operation settings)."""
+    if config:
+        (workdir / "schemathesis.toml").write_text(config, encoding="utf-8")
     exe = Path(sys.executable).with_name("schemathesis")
     args = [str(exe), "run", schema_url, "--checks", "all", "-n", str(max_examples)]
     args += ["--generation-deterministic", "--no-color", "--request-timeout", "20"]

@@ -45,6 +45,7 @@ from durq.options import (
 from durq.payloads import HandlerShape, inspect_handler, rebuild_result, validate
 from durq.periodic import PeriodicEntry, PeriodicRegistry
 from durq.results import wait_for_end
+from durq.schedules import StoredSchedules
 from durq.sync import SyncRunner
 from durq.task import TaskInfo
 
@@ -227,6 +228,8 @@ class App:
         # -- periodic tasks and webhooks (durq.periodic, durq.webhooks) --
         #: The periodic entries that schedulers of this app enqueue.
         self.schedules = PeriodicRegistry(self)
+        #: The schedules kept in the broker, and run-time actions (trigger, backfill).
+        self.stored_schedules = StoredSchedules(self)
         #: Options of the webhook deliveries this app's tasks ask for (set by install).
         self.webhook_options = webhooks.DEFAULT_OPTIONS
         webhooks.install(self, webhook_secret)  # only with a secret (or DURQ_WEBHOOK_SECRET)

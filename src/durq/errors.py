@@ -118,6 +118,15 @@ class GroupNotFoundError(DurqError, LookupError):
     """No group with this id in this queue."""
 
 
+class ScheduleNotFoundError(DurqError, LookupError):
+    """No periodic schedule of this name (stored, or declared in code)."""
+
+
+class ScheduleConflictError(DurqError):
+    """The schedule cannot be written as asked: its name is taken (stored already, or
+    declared in code, which is read-only at run time), or it changed meanwhile."""
+
+
 class InvalidStateError(DurqError):
     """The task is not in a state that allows this operation."""
 

@@ -5,7 +5,8 @@ Each tick is one task with the id ``periodic:<entry name>:<tick epoch>``: every 
 computes the same id for the same tick, and the broker's task-id rule refuses all but the
 first enqueue. That is the whole coordination between schedulers; no locks, no leader.
 
-The scheduler service that enqueues due ticks is :mod:`durq.worker.periodic`.
+The scheduler service that enqueues due ticks is :mod:`durq.worker.periodic`; schedules kept
+in the broker and changed at run time are :mod:`durq.schedules` (``app.stored_schedules``).
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from durq import codec, durations, names
+from durq.brokers.base import OVERLAP_POLICIES
 from durq.errors import ConfigurationError, TaskNotFoundError, ValidationError
 from durq.options import Duration, EnqueueRequest
 
@@ -30,6 +32,9 @@ if TYPE_CHECKING:
 
 MissedPolicy = Literal["skip", "run_once"]
 MISSED_POLICIES: tuple[str, ...] = ("skip", "run_once")
+OverlapPolicy = Literal["allow", "skip", "buffer_one", "cancel_other"]
+#: Where an entry comes from: declared in code (read-only at run time) or kept in the broker.
+Source = Literal["code", "stored"]
 
 #: Header names put on every periodic task (the handler sees them in ``ctx.headers``).
 HEADER_ENTRY = "durq-periodic"
@@ -222,6 +227,13 @@ class PeriodicEntry:
     retention: float = 0.0
     max_retry: int | None = None
     timeout: float | None = None
+    #: What a tick does while the previous run is unfinished (see docs/periodic.md).
+    overlap: OverlapPolicy = "allow"
+    source: Source = "code"
+    #: Stored entries only: paused (no ticks), the stored version and its time.
+    paused: bool = False
+    version: int = 0
+    updated_at: float | None = None
 
     @property
     def spec(self) -> str:
@@ -234,13 +246,14 @@ class PeriodicEntry:
     def task_id(self, tick: float) -> str:
         return tick_task_id(self.name, tick)
 
-    def request(self, tick: float) -> EnqueueRequest:
-        """The enqueue request for one tick (pending now; id derived from the tick)."""
+    def request(self, tick: float, task_id: str | None = None) -> EnqueueRequest:
+        """The enqueue request for one tick (pending now; id derived from the tick unless
+        ``task_id`` is given: a run started by hand)."""
         return EnqueueRequest(
             self.type,
             dict(self.payload),
             queue=self.queue,
-            task_id=self.task_id(tick),
+            task_id=task_id or self.task_id(tick),
             max_retry=self.max_retry,
             timeout=self.timeout,
             retention=self.retention,
@@ -271,6 +284,16 @@ class PeriodicEntry:
             "missed": self.missed,
             "tolerance": self.tolerance,
             "retention": self.retention,
+            "overlap": self.overlap,
+            "source": self.source,
+            # "state", not "paused": the dashboard's "paused" is the queue's.
+            "state": "paused" if self.paused else "active",
+            "version": self.version,
+            "updated_at": (
+                datetime.fromtimestamp(self.updated_at, UTC).isoformat()
+                if self.updated_at
+                else None
+            ),
         }
 
 
@@ -307,13 +330,56 @@ class PeriodicRegistry:
         retention: Duration | None = None,
         max_retry: int | None = None,
         timeout: Duration | None = None,
+        overlap: str = "allow",
         name: str | None = None,
     ) -> PeriodicEntry:
         """Declare a schedule for task ``type``; everything is validated here, not at the tick.
 
         ``name`` (default: the type) names the entry in task ids and ``durq periodic ls``;
         keep it stable, since renaming it changes the ids of future ticks. ``retention``
-        defaults to the longest gap between ticks plus ``tolerance``."""
+        defaults to the longest gap between ticks plus ``tolerance``. ``overlap``: what a
+        tick does while the previous run is unfinished (``allow``, ``skip``, ``buffer_one``,
+        ``cancel_other``)."""
+        entry = self.build(
+            schedule,
+            type,
+            payload=payload,
+            queue=queue,
+            tz=tz,
+            missed=missed,
+            tolerance=tolerance,
+            retention=retention,
+            max_retry=max_retry,
+            timeout=timeout,
+            overlap=overlap,
+            name=name,
+        )
+        if entry.name in self._entries:
+            raise ConfigurationError(
+                f"periodic entry {entry.name!r} is declared twice: give each one a name="
+            )
+        self._entries[entry.name] = entry
+        return entry
+
+    def build(
+        self,
+        schedule: str,
+        type: str,
+        *,
+        payload: Any = None,
+        queue: str | None = None,
+        tz: str | ZoneInfo | None = None,
+        missed: str = "skip",
+        tolerance: Duration | None = None,
+        retention: Duration | None = None,
+        max_retry: int | None = None,
+        timeout: Duration | None = None,
+        overlap: str = "allow",
+        name: str | None = None,
+        **stored: Any,
+    ) -> PeriodicEntry:
+        """A validated entry, not registered (:meth:`add` and stored schedules use it);
+        ``stored``: the stored entry's ``source``, ``paused``, ``version``, ``updated_at``."""
         parsed = parse_schedule(schedule, tz)
         try:
             names.check_enqueued_type(type)
@@ -322,12 +388,12 @@ class PeriodicRegistry:
                 names.check_queue(queue)
         except ValidationError as exc:
             raise ConfigurationError(f"periodic {schedule!r}: {exc}") from None
-        if entry_name in self._entries:
-            raise ConfigurationError(
-                f"periodic entry {entry_name!r} is declared twice: give each one a name="
-            )
         if missed not in MISSED_POLICIES:
             raise ConfigurationError(f"missed={missed!r} is not a policy: use 'skip' or 'run_once'")
+        if overlap not in OVERLAP_POLICIES:
+            raise ConfigurationError(
+                f"overlap={overlap!r} is not a policy: use one of {', '.join(OVERLAP_POLICIES)}"
+            )
         try:
             grace = durations.seconds(tolerance)
             keep = durations.seconds(retention)
@@ -337,8 +403,12 @@ class PeriodicRegistry:
         except ValidationError as exc:
             raise ConfigurationError(f"periodic {entry_name!r}: {exc}") from None
         grace = DEFAULT_TOLERANCE if grace is None else grace
+        try:
+            gap = max_gap(parsed, self._app.clock.now())
+        except Exception:  # croniter finds no date at all (e.g. "0 0 31 2 *", February 31st)
+            raise ConfigurationError(f"schedule {schedule!r} never ticks") from None
         if keep is None:
-            keep = max_gap(parsed, self._app.clock.now()) + grace
+            keep = gap + grace
         entry = PeriodicEntry(
             name=entry_name,
             schedule=parsed,
@@ -350,10 +420,11 @@ class PeriodicRegistry:
             retention=keep,
             max_retry=max_retry,
             timeout=limit,
+            overlap=cast(OverlapPolicy, overlap),
+            **stored,
         )
         if type in self._app.tasks:
             self.params(entry, 0.0)  # typed payloads are checked against the model now
-        self._entries[entry_name] = entry
         return entry
 
     def params(self, entry: PeriodicEntry, tick: float) -> EnqueueParams:
@@ -371,7 +442,9 @@ class PeriodicRegistry:
         to :meth:`durq.App.task`; the rest to :meth:`add`."""
         from durq.app import TaskDef
 
-        schedule_keys = {"payload", "tz", "missed", "tolerance", "retention", "name", "queue"}
+        schedule_keys = {
+            "payload", "tz", "missed", "tolerance", "retention", "name", "queue", "overlap",
+        }  # fmt: skip
         entry_options = {k: v for k, v in options.items() if k in schedule_keys}
         task_options = {k: v for k, v in options.items() if k not in schedule_keys}
         if "queue" in options:
@@ -425,7 +498,7 @@ class PeriodicRegistry:
             raise ConfigurationError(f"{where}: 'periodic' must be an array of tables")
         allowed = {
             "cron", "schedule", "type", "payload", "queue", "tz", "missed", "tolerance",
-            "retention", "max_retry", "timeout", "name",
+            "retention", "max_retry", "timeout", "name", "overlap",
         }  # fmt: skip
         added = []
         for i, item in enumerate(items):
@@ -476,15 +549,22 @@ class EntryStatus:
         }
 
 
-async def status(app: App, *, lookback: int = 2, upcoming: int = 1) -> list[EntryStatus]:
-    """Every entry of ``app`` with its next ``upcoming`` runs and last enqueue.
+async def status(
+    app: App,
+    *,
+    lookback: int = 2,
+    upcoming: int = 1,
+    entries: Iterable[PeriodicEntry] | None = None,
+) -> list[EntryStatus]:
+    """Every entry of ``app`` (or ``entries``, e.g. with the stored ones) with its next
+    ``upcoming`` runs and last enqueue.
 
     The last enqueue is read from the broker: the task of one of the ``lookback`` most recent
     ticks, found by its computed id. It is visible while that task exists (pending, running,
     failed, or completed within the entry's retention)."""
     now = app.clock.now()
     out = []
-    for entry in app.schedules:
+    for entry in app.schedules if entries is None else entries:
         queue = app.schedules.params(entry, 0.0).queue
         zone = entry.schedule.tz if isinstance(entry.schedule, Cron) else ZoneInfo("UTC")
         found: dict[str, Any] = {}

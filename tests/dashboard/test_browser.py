@@ -432,3 +432,63 @@ def test_limits_page_shows_running_and_held_tasks(
     expect(row.locator('[data-field="waiting"]')).to_have_text("0", timeout=10_000)
     expect(row.locator('[data-field="running"]')).to_have_text("0")
     expect(page.locator("#sum-full")).to_have_text("0")
+
+
+def test_schedule_editor_create_pause_trigger_edit_delete(page: Any, env: Env) -> None:
+    def stored() -> list[Any]:
+        async def main() -> list[Any]:
+            try:
+                return [e for e in await env.app.stored_schedules.list() if e.source == "stored"]
+            finally:
+                await env.app.close()
+
+        return run_async(main)
+
+    log_in(page, env)
+    page.goto(env.url + "/periodic")
+    code_row = page.locator('tr[data-entry="mail:new-year"]')
+    assert code_row.get_attribute("data-source") == "code"
+    assert code_row.locator("button[value=delete]").count() == 0  # code entries: read-only
+    form = page.locator("form#new-schedule")
+    form.locator("input[name=name]").fill("mail:weekly")
+    form.locator("input[name=schedule]").fill("0 8 * * 1")
+    form.locator("input[name=type]").fill("email:send")
+    form.locator("input[name=payload]").fill('{"to": "team@example.com"}')
+    form.locator("select[name=overlap]").select_option("skip")
+    form.locator("button[type=submit]").click()
+    assert "schedule mail:weekly created" in page.locator(".notice").inner_text()
+    row = page.locator('tr[data-entry="mail:weekly"]')
+    assert row.get_attribute("data-source") == "stored"
+    assert row.get_attribute("data-state") == "active"
+    (entry,) = stored()
+    assert (entry.spec, entry.overlap, entry.payload) == (
+        "0 8 * * 1",
+        "skip",
+        {"to": "team@example.com"},
+    )
+    shot(page, "schedule-created")
+
+    row.locator("button[value=pause]").click()
+    assert "paused" in page.locator(".notice").inner_text()
+    assert page.locator('tr[data-entry="mail:weekly"]').get_attribute("data-state") == "paused"
+    assert stored()[0].paused
+
+    page.locator('tr[data-entry="mail:weekly"] button[value=trigger]').click()
+    notice = page.locator(".notice").inner_text()
+    assert "enqueued periodic:mail:weekly:run:" in notice
+    task_id = notice.rsplit(" ", 1)[1]
+    wait_for(lambda: env.state("default", task_id) == "completed")  # the worker ran it
+
+    row = page.locator('tr[data-entry="mail:weekly"]')
+    row.locator("details.edit summary").click()
+    row.locator("details.edit input[name=schedule]").fill("30 9 * * 1-5")
+    row.locator("details.edit button[type=submit]").click()
+    assert "schedule mail:weekly saved" in page.locator(".notice").inner_text()
+    assert "30 9 * * 1-5" in page.locator('tr[data-entry="mail:weekly"] .chip').inner_text()
+    assert stored()[0].payload == {"to": "team@example.com"}  # the prefilled fields kept
+    shot(page, "schedule-edited")
+
+    page.locator('tr[data-entry="mail:weekly"] button[value=delete]').click()
+    assert "deleted" in page.locator(".notice").inner_text()
+    assert page.locator('tr[data-entry="mail:weekly"]').count() == 0
+    assert stored() == []

@@ -42,8 +42,24 @@ def live_api(tmp_path: Path) -> Iterator[str]:
         yield server.url
 
 
+#: A schedule's cron expression and time zone, and a backfill's range, are checked for what
+#: they mean (croniter, zoneinfo, the number of ticks), which no JSON schema can say: for
+#: these operations a 400 is the documented answer to a well-formed request too.
+SEMANTIC_400 = """
+[[operations]]
+include-path-regex = "^/api/schedules"
+checks.positive_data_acceptance.expected-statuses = [
+    "2xx", "3xx", "400", "401", "403", "404", "409", "429", "5xx",
+]
+"""
+
+
 def test_admin_api_passes_every_schemathesis_check(live_api: str, tmp_path: Path) -> None:
     run = schemathesis_run(
-        f"{live_api}/api/openapi.json", headers=BEARER, max_examples=20, workdir=tmp_path
+        f"{live_api}/api/openapi.json",
+        headers=BEARER,
+        max_examples=20,
+        workdir=tmp_path,
+        config=SEMANTIC_400,
     )
     assert run.generated >= 300 and run.passed == run.generated

@@ -658,6 +658,30 @@ class LimitStats:
         }
 
 
+#: What a schedule does when its previous run is unfinished at a tick (docs/periodic.md).
+OVERLAP_POLICIES: tuple[str, ...] = ("allow", "skip", "buffer_one", "cancel_other")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRecord:
+    """A periodic schedule kept in the broker (``app.stored_schedules``), as stored.
+
+    The broker keeps it as data: ``payload`` is JSON text it does not read, and it checks
+    nothing but the version fence. ``version`` 0 is a record not stored yet; each write
+    stores the next version and the broker's time in ``updated_at``."""
+
+    name: str
+    spec: str
+    type: str
+    payload: str = "{}"
+    queue: str | None = None
+    tz: str = "UTC"
+    overlap: str = "allow"
+    paused: bool = False
+    updated_at: float = 0.0
+    version: int = 0
+
+
 class EndWatch(Protocol):
     """A subscription to the end of one task (see :meth:`Broker.watch_end`)."""
 
@@ -893,6 +917,20 @@ class Admin(Protocol):
         """Flow-control keys (of one queue, or all) that a claim has counted, by queue and
         key: running attempts, the limit, tokens left, tasks held back."""
 
+    async def list_schedules(self) -> list[ScheduleRecord]:
+        """Every stored schedule, by name."""
+
+    async def get_schedule(self, name: str) -> ScheduleRecord | None:
+        """One stored schedule; ``None`` if there is none of that name."""
+
+    async def put_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:
+        """Store ``record`` if the stored version is still ``record.version`` (0: none of
+        that name is stored); the record as stored (next version, the broker's time in
+        ``updated_at``), or ``None`` when the fence failed."""
+
+    async def delete_schedule(self, name: str) -> bool:
+        """Delete one stored schedule; whether there was one."""
+
 
 class FullBroker(Broker, Admin, Protocol):
     """What a backend class implements: both seams."""
@@ -962,3 +1000,19 @@ class AdminForwarder:
     async def list_limits(self, queue: str | None = None) -> list[LimitStats]:
         """See :meth:`Admin.list_limits`."""
         return await self.admin.list_limits(queue)
+
+    async def list_schedules(self) -> list[ScheduleRecord]:
+        """See :meth:`Admin.list_schedules`."""
+        return await self.admin.list_schedules()
+
+    async def get_schedule(self, name: str) -> ScheduleRecord | None:
+        """See :meth:`Admin.get_schedule`."""
+        return await self.admin.get_schedule(name)
+
+    async def put_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:
+        """See :meth:`Admin.put_schedule`."""
+        return await self.admin.put_schedule(record)
+
+    async def delete_schedule(self, name: str) -> bool:
+        """See :meth:`Admin.delete_schedule`."""
+        return await self.admin.delete_schedule(name)

@@ -18,6 +18,7 @@ from durq.brokers.base import (
     GroupInfo,
     GroupMemberInfo,
     GroupParams,
+    ScheduleRecord,
     follow_up_from,
     follow_up_options,
 )
@@ -132,4 +133,36 @@ def group_info(group: Mapping[str, Any], members: Iterable[Mapping[str, Any]]) -
             )
             for m in members
         ),
+    )
+
+
+def schedule_row(record: ScheduleRecord, now: float | None) -> dict[str, Any]:
+    """The parameters of ``create_schedule`` / ``update_schedule`` for ``record``."""
+    return {
+        "name": record.name,
+        "spec": record.spec,
+        "type": record.type,
+        "payload": record.payload,
+        "queue": record.queue,
+        "tz": record.tz,
+        "overlap": record.overlap,
+        "paused": record.paused,
+        "version": record.version,
+        "now": now,
+    }
+
+
+def schedule_record(row: Mapping[str, Any]) -> ScheduleRecord:
+    """A ``schedules`` row as a :class:`ScheduleRecord`."""
+    return ScheduleRecord(
+        name=row["name"],
+        spec=row["spec"],
+        type=row["type"],
+        payload=row["payload"],
+        queue=row["queue"],
+        tz=row["tz"],
+        overlap=row["overlap"],
+        paused=bool(row["paused"]),
+        updated_at=float(row["updated_at"]),
+        version=int(row["version"]),
     )

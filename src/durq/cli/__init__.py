@@ -23,6 +23,7 @@ from durq.cli import (
     limit,
     migrate,
     queue,
+    schedule,
     scheduler,
     task,
     worker,
@@ -59,6 +60,7 @@ migrate.register(app)
 demo.register(app)
 bench.register(app)
 scheduler.register(app)
+schedule.register(app)
 dash.register(app)
 
 

@@ -59,7 +59,7 @@ def scheduler_command(
     setup_logging(log_level.upper(), log_format)
     application = _load(app_path, broker)
     if not len(application.schedules):
-        raise UsageFailure(f"{app_path} declares no periodic tasks")
+        log.info("%s declares no periodic tasks: ticking stored schedules only", app_path)
     for entry in application.schedules:
         log.info("periodic %s: %s (%s) -> %s", entry.name, entry.spec, entry.tz, entry.type)
     asyncio.run(_run(application))
@@ -89,12 +89,15 @@ async def _run(application: App) -> None:
 
 
 def ls_command(app_path: AppArg, broker: BrokerOpt = None, json_out: JsonOpt = False) -> None:
-    """List APP's periodic entries with their next run and last enqueue."""
+    """List APP's periodic entries and the stored schedules, with their next run and last
+    enqueue."""
     application = _load(app_path, broker)
 
     async def body() -> list[EntryStatus]:
         try:
-            return await status(application)
+            # Code entries, then the schedules stored in the broker (durq schedule).
+            entries = await application.stored_schedules.list()
+            return await status(application, entries=entries)
         finally:
             await application.close()
 

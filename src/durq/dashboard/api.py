@@ -34,6 +34,7 @@ from durq.inspector import SEARCH_FIELDS_MAX, SEARCH_TEXT_MAX, parse_state, task
 from durq.lifecycle import SelectionOutcome
 from durq.names import GROUP_ID_PATTERN, NAME_MAX, NAME_PATTERN, TASK_ID_MAX, TASK_ID_PATTERN
 from durq.observability.snapshot import Snapshot
+from durq.schedules import MAX_BACKFILL
 from durq.states import TaskState
 
 if TYPE_CHECKING:
@@ -84,6 +85,16 @@ GroupId = Annotated[
         min_length=1,
         max_length=NAME_MAX,
         description="A group id (durq.Group.id)",
+    ),
+]
+ScheduleName = Annotated[
+    str,
+    Path(
+        pattern=NAME_PATTERN,
+        min_length=1,
+        max_length=NAME_MAX,
+        description="A schedule's name",
+        examples=["report:eu"],
     ),
 ]
 RequiredState = Annotated[models.State, Query(description="Task state")]  # type: ignore[valid-type]
@@ -217,6 +228,9 @@ COMMON: dict[int | str, dict[str, Any]] = {
 NOT_FOUND = {404: _error("Unknown queue or task")}
 MUTATION = {**COMMON, 403: _error("Read-only mode, or CSRF check failed (cookie sessions)")}
 CONFLICT = {409: _error("The task's state does not allow this")}
+SCHEDULE_CONFLICT = {
+    409: _error("The name is taken, declared in code (read-only), or changed meanwhile")
+}
 
 
 class AdminAPI:
@@ -240,6 +254,7 @@ class AdminAPI:
     def _build_routes(self) -> list[APIRoute]:
         q = "/api/queues/{queue}"
         t = q + "/tasks/{task_id:path}"
+        sch = "/api/schedules/{name}"
 
         def route(path: str, endpoint: Any, method: str, summary: str, **kw: Any) -> APIRoute:
             return APIRoute(
@@ -344,6 +359,62 @@ class AdminAPI:
                 "The app's periodic schedules: next runs, the last tick found in the broker, "
                 "whether their queue is paused",
                 responses=COMMON,
+            ),
+            route(
+                "/api/schedules",
+                self.create_schedule,
+                "POST",
+                "Store a new periodic schedule; schedulers tick it within seconds",
+                status_code=201,
+                responses={**MUTATION, **SCHEDULE_CONFLICT},
+            ),
+            route(
+                sch,
+                self.get_schedule,
+                "GET",
+                "One schedule, code or stored",
+                responses={**COMMON, **NOT_FOUND},
+            ),
+            route(
+                sch,
+                self.edit_schedule,
+                "PATCH",
+                "Change the given fields of a stored schedule",
+                responses={**MUTATION, **NOT_FOUND, **SCHEDULE_CONFLICT},
+            ),
+            route(
+                sch,
+                self.delete_schedule,
+                "DELETE",
+                "Delete a stored schedule (its runs already enqueued go on)",
+                status_code=204,
+                response_class=Response,
+                responses={**MUTATION, **NOT_FOUND, **SCHEDULE_CONFLICT},
+            ),
+            *[
+                route(
+                    f"{sch}/{verb}",
+                    self.schedule_action(verb),
+                    "POST",
+                    f"{verb.capitalize()} a stored schedule",
+                    responses={**MUTATION, **NOT_FOUND, **SCHEDULE_CONFLICT},
+                )
+                for verb in ("pause", "resume")
+            ],
+            route(
+                sch + "/trigger",
+                self.trigger_schedule,
+                "POST",
+                "Enqueue one run of a schedule now, with its own task id",
+                responses={**MUTATION, **NOT_FOUND},
+            ),
+            route(
+                sch + "/backfill",
+                self.backfill_schedule,
+                "POST",
+                f"Enqueue the ticks between two instants (at most {MAX_BACKFILL}), each under "
+                "its tick's id; a tick that ran already is left alone",
+                responses={**MUTATION, **NOT_FOUND},
             ),
             route(
                 "/api/limits",
@@ -503,6 +574,49 @@ class AdminAPI:
         entries = await periodic_rows(self.dash.app)
         return models.PeriodicList.model_validate({"entries": entries})
 
+    async def create_schedule(self, body: Annotated[models.NewSchedule, Body()]) -> models.Schedule:
+        fields = body.model_dump(exclude_none=True)
+        entry = await self.dash.app.stored_schedules.add(
+            fields.pop("name"), fields.pop("schedule"), fields.pop("type"), **fields
+        )
+        return models.Schedule.model_validate(entry.to_dict())
+
+    async def get_schedule(self, name: ScheduleName) -> models.Schedule:
+        entry = await self.dash.app.stored_schedules.get(name)
+        return models.Schedule.model_validate(entry.to_dict())
+
+    async def edit_schedule(
+        self, name: ScheduleName, body: Annotated[models.ScheduleFields, Body()]
+    ) -> models.Schedule:
+        entry = await self.dash.app.stored_schedules.update(
+            name, **body.model_dump(exclude_unset=True)
+        )
+        return models.Schedule.model_validate(entry.to_dict())
+
+    async def delete_schedule(self, name: ScheduleName) -> Response:
+        await self.dash.app.stored_schedules.remove(name)
+        return Response(status_code=204)
+
+    def schedule_action(self, verb: str) -> Any:
+        async def endpoint(name: ScheduleName) -> models.Schedule:
+            entry = await getattr(self.dash.app.stored_schedules, verb)(name)
+            return models.Schedule.model_validate(entry.to_dict())
+
+        endpoint.__name__ = f"{verb}_schedule"
+        return endpoint
+
+    async def trigger_schedule(self, name: ScheduleName) -> models.Task:
+        info = await self.dash.app.stored_schedules.trigger(name)
+        return models.Task.model_validate(info.to_dict())
+
+    async def backfill_schedule(
+        self, name: ScheduleName, body: Annotated[models.BackfillRequest, Body()]
+    ) -> models.BackfillResult:
+        result = await self.dash.app.stored_schedules.backfill(
+            name, body.start, body.end, dry_run=body.dry_run
+        )
+        return models.BackfillResult.model_validate(result.to_dict())
+
     async def list_workers(self) -> models.WorkerList:
         workers = await self.inspector.list_workers()
         return models.WorkerList.model_validate({"workers": [worker_json(w) for w in workers]})
@@ -554,9 +668,11 @@ UPCOMING_RUNS = 3
 
 
 async def periodic_rows(app: App) -> list[dict[str, Any]]:
-    """The app's schedules as the API and the page show them: :func:`durq.periodic.status`
-    with the next runs and whether the queue the ticks go to is paused."""
-    rows = await periodic.status(app, upcoming=UPCOMING_RUNS)
+    """The app's schedules, code then stored, as the API and the page show them:
+    :func:`durq.periodic.status` with the next runs and whether the queue the ticks go to
+    is paused."""
+    entries = await app.stored_schedules.list()
+    rows = await periodic.status(app, upcoming=UPCOMING_RUNS, entries=entries)
     paused = {q.name for q in await app.inspector.list_queues() if q.paused}
     return [{**row.to_dict(), "paused": row.queue in paused} for row in rows]
 

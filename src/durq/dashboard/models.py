@@ -5,16 +5,25 @@ handlers do."""
 from __future__ import annotations
 
 from enum import Enum, StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from durq.lifecycle import SELECTION_MAX
-from durq.names import TASK_ID_MAX, TASK_ID_PATTERN
+from durq.names import NAME_MAX, NAME_PATTERN, TASK_ID_MAX, TASK_ID_PATTERN
 from durq.states import TaskState
 
 #: Task states as the API spells them.
 State = Enum("State", {s.name: s.value for s in TaskState}, type=str)  # type: ignore[misc]
+
+
+Overlap = Literal["allow", "skip", "buffer_one", "cancel_other"]
+Source = Literal["code", "stored"]
+ScheduleState = Literal["active", "paused"]
+#: Task types, queue and schedule names.
+TypeName = Annotated[
+    str, StringConstraints(pattern=NAME_PATTERN, min_length=1, max_length=NAME_MAX)
+]
 
 
 class _Model(BaseModel):
@@ -250,10 +259,81 @@ class PeriodicEntry(_Model):
     last_task_id: str | None
     last_enqueued_at: str | None = Field(json_schema_extra={"format": "date-time"})
     last_state: State | None  # type: ignore[valid-type]
+    overlap: Overlap = Field(description="What a tick does while the previous run is unfinished")
+    source: Source = Field(
+        description="code: declared in the app (read-only); stored: kept in "
+        "the broker, editable here"
+    )
+    state: ScheduleState = Field(description="paused: the schedule does not tick")
+    version: int = Field(description="The stored record's version (0 for code entries)")
+    updated_at: str | None = Field(json_schema_extra={"format": "date-time"})
 
 
 class PeriodicList(_Model):
     entries: list[PeriodicEntry]
+
+
+class ScheduleFields(_Model):
+    """The fields of a stored schedule an operator may set (all optional in an edit)."""
+
+    schedule: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="A cron expression or @every <duration>",
+        examples=["*/5 * * * *"],
+    )
+    type: TypeName | None = Field(None, description="The task type each tick enqueues")
+    payload: dict[str, Any] | None = None
+    queue: TypeName | None = Field(None, description="[default: the task type's queue]")
+    tz: str | None = Field(
+        None, min_length=1, max_length=64, description="IANA time zone [default: UTC]"
+    )
+    overlap: Overlap | None = None
+
+
+class NewSchedule(ScheduleFields):
+    """A stored schedule to create."""
+
+    name: TypeName = Field(description="Its name: part of every tick's task id")
+    schedule: str = Field(  # type: ignore[assignment]
+        min_length=1, max_length=200, description="A cron expression or @every <duration>"
+    )
+    type: TypeName = Field(description="The task type each tick enqueues")  # type: ignore[assignment]
+    paused: bool = False
+
+
+class Schedule(_Model):
+    """One schedule (code or stored) as stored or declared."""
+
+    name: str
+    schedule: str
+    tz: str
+    type: str
+    queue: str | None = Field(description="null: the task type's queue")
+    payload: dict[str, Any]
+    missed: str
+    tolerance: float
+    retention: float
+    overlap: Overlap
+    source: Source
+    state: ScheduleState
+    version: int
+    updated_at: str | None = Field(json_schema_extra={"format": "date-time"})
+
+
+class BackfillRequest(_Model):
+    start: str = Field(description="First instant, ISO 8601 (no offset: UTC)")
+    end: str = Field(description="Last instant, included")
+    dry_run: bool = Field(False, description="List the ticks; enqueue nothing")
+
+
+class BackfillResult(_Model):
+    name: str
+    dry_run: bool
+    ticks: list[str] = Field(description="Every tick of the range, oldest first")
+    enqueued: list[str] = Field(description="Task ids created")
+    existing: list[str] = Field(description="Task ids that existed already (left alone)")
 
 
 class Worker(_Model):

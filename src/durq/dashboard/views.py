@@ -32,7 +32,7 @@ from durq.dashboard.api import (
     task_page,
     worker_json,
 )
-from durq.errors import GroupNotFoundError, ValidationError
+from durq.errors import GroupNotFoundError, ScheduleConflictError, ValidationError
 from durq.inspector import parse_state
 from durq.limits import format_rate
 from durq.states import TaskState
@@ -155,6 +155,9 @@ class Views:
             Route("/logout", self.logout, methods=["POST"]),
             Route("/workers", self.workers, methods=["GET"]),
             Route("/periodic", self.periodic, methods=["GET"]),
+            Route("/periodic/new", self.schedule_new, methods=["POST"]),
+            Route("/periodic/{name}/edit", self.schedule_edit, methods=["POST"]),
+            Route("/periodic/{name}/action/{action}", self.schedule_action, methods=["POST"]),
             Route("/limits", self.limits, methods=["GET"]),
             Route(q, self.queue, methods=["GET"]),
             Route(q + "/search", self.search, methods=["GET"]),
@@ -339,6 +342,68 @@ class Views:
     async def periodic(self, request: Request) -> Response:
         entries = await periodic_rows(self.dash.app)
         return self.render(request, "periodic.html", {"nav": "periodic", "entries": entries})
+
+    # -- the schedule editor (stored schedules) ---------------------------------------------
+
+    @staticmethod
+    def _schedule_fields(form: Mapping[str, str]) -> dict[str, Any]:
+        """The editor's fields as :class:`durq.schedules.StoredSchedules` arguments; an
+        empty field keeps the default (queue: the type's, tz: UTC)."""
+        text = form.get("payload", "").strip()
+        try:
+            payload = json.loads(text) if text else {}
+        except ValueError:
+            raise ValidationError("the payload is not valid JSON") from None
+        return {
+            "schedule": form.get("schedule", "").strip(),
+            "type": form.get("type", "").strip(),
+            "payload": payload,
+            "queue": form.get("queue", "").strip() or None,
+            "tz": form.get("tz", "").strip() or None,
+            "overlap": form.get("overlap", "allow"),
+        }
+
+    async def schedule_new(self, request: Request) -> Response:
+        form = await self.checked_form(request)
+        name = form.get("name", "").strip()
+        fields = self._schedule_fields(form)
+        try:
+            await self.dash.app.stored_schedules.add(
+                name, fields.pop("schedule"), fields.pop("type"), **fields
+            )
+        except (ValidationError, ScheduleConflictError) as exc:
+            return self.back(request, "/periodic", f"not created: {exc.message}")
+        return self.back(request, "/periodic", f"schedule {name} created")
+
+    async def schedule_edit(self, request: Request) -> Response:
+        form = await self.checked_form(request)
+        name = request.path_params["name"]
+        try:
+            await self.dash.app.stored_schedules.update(name, **self._schedule_fields(form))
+        except (ValidationError, ScheduleConflictError) as exc:
+            return self.back(request, "/periodic", f"not saved: {exc.message}")
+        return self.back(request, "/periodic", f"schedule {name} saved")
+
+    async def schedule_action(self, request: Request) -> Response:
+        await self.checked_form(request)
+        name = request.path_params["name"]
+        action = request.path_params["action"]
+        schedules = self.dash.app.stored_schedules
+        try:
+            if action == "trigger":
+                info = await schedules.trigger(name)
+                notice = f"schedule {name}: enqueued {info.id}"
+            elif action == "delete":
+                await schedules.remove(name)
+                notice = f"schedule {name} deleted"
+            elif action in ("pause", "resume"):
+                await getattr(schedules, action)(name)
+                notice = f"schedule {name} {action}d"
+            else:
+                raise ValidationError(f"unknown action {action!r}")
+        except ScheduleConflictError as exc:
+            notice = exc.message
+        return self.back(request, "/periodic", notice)
 
     async def limits(self, request: Request) -> Response:
         """Flow-control keys: what runs under each, its limit, tokens left, tasks held."""

@@ -111,7 +111,7 @@ class Worker:
         self.max_lost = max_lost
         self.hooks = [*app.worker_hooks, *hooks]
         self.extra_services = list(services)
-        #: Run the periodic scheduler when the app has schedules; see durq.worker.periodic.
+        #: Run the periodic scheduler (code and stored schedules); see durq.worker.periodic.
         self.scheduler = scheduler
         self.summary_interval = summary_interval
         if scheduler:
@@ -188,7 +188,8 @@ class Worker:
             *self.extra_services,
             *summary,
         ]
-        if self.scheduler and len(self.app.schedules):
+        # Even without code entries: stored schedules may be added at any time.
+        if self.scheduler:
             self._services.append(
                 PeriodicScheduler(
                     self.app, broker, on_enqueued=counts.tick_enqueued if counts else None

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from durq.brokers.base import (
     WORKER_VISIBLE_FOR,
     GroupInfo,
     LimitStats,
     MinuteCounts,
     QueueStats,
+    ScheduleRecord,
     TaskMove,
     TaskSearch,
     TaskSearchResult,
@@ -228,3 +231,28 @@ class MemoryAdmin:
             woken.add(queue)
         self._store.notify(woken)
         return len(rows)
+
+    async def list_schedules(self) -> list[ScheduleRecord]:
+        """Every stored schedule, by name."""
+        with self._store.lock:
+            return sorted(self._store.schedules.values(), key=lambda r: r.name)
+
+    async def get_schedule(self, name: str) -> ScheduleRecord | None:
+        """One stored schedule, or ``None``."""
+        with self._store.lock:
+            return self._store.schedules.get(name)
+
+    async def put_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:
+        """Create (version 0) or update, fenced by ``record.version``."""
+        with self._store.lock:
+            current = self._store.schedules.get(record.name)
+            if (current.version if current else 0) != record.version:
+                return None
+            stored = replace(record, version=record.version + 1, updated_at=self._clock.now())
+            self._store.schedules[record.name] = stored
+            return stored
+
+    async def delete_schedule(self, name: str) -> bool:
+        """Delete one stored schedule; whether there was one."""
+        with self._store.lock:
+            return self._store.schedules.pop(name, None) is not None

@@ -20,6 +20,7 @@ from durq.brokers.base import (
     GroupMemberInfo,
     GroupParams,
     LimitStats,
+    ScheduleRecord,
     WorkerInfo,
     fan_in_payload,
     minute_of,
@@ -251,6 +252,8 @@ class Store:
         #: ``(queue, minute start) -> [processed, failed]``.
         self.minutes: dict[tuple[str, int], list[int]] = {}
         self.workers: dict[str, WorkerInfo] = {}
+        #: Stored periodic schedules by name.
+        self.schedules: dict[str, ScheduleRecord] = {}
         #: ``(queue, group id) -> Group``, and each unfinished member's group and position.
         self.groups: dict[tuple[str, str], Group] = {}
         self.members: dict[tuple[str, str], tuple[Group, int]] = {}

@@ -12,6 +12,7 @@ from durq.brokers.base import (
     LimitStats,
     MinuteCounts,
     QueueStats,
+    ScheduleRecord,
     TaskMove,
     TaskSearch,
     TaskSearchResult,
@@ -22,7 +23,7 @@ from durq.brokers.limiter import stored
 from durq.brokers.postgres.rows import Row
 from durq.brokers.postgres.storage import AsyncConn, PostgresStorage
 from durq.brokers.search import ascii_lower, sql_pair
-from durq.brokers.sqlfiles import group_info
+from durq.brokers.sqlfiles import group_info, schedule_record, schedule_row
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import utc_day
 from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
@@ -246,3 +247,27 @@ class PostgresAdmin:
             )
             for r in rows
         ]
+
+    # ------------------------------------------------------------------ schedules
+
+    async def list_schedules(self) -> list[ScheduleRecord]:
+        """Every stored schedule, by name."""
+        rows = await self._s.fetch("list_schedules", "list_schedules", {})
+        return [schedule_record(r) for r in rows]
+
+    async def get_schedule(self, name: str) -> ScheduleRecord | None:
+        """One stored schedule, or ``None``."""
+        row = await self._s.fetch_one("get_schedule", "get_schedule", {"name": name})
+        return None if row is None else schedule_record(row)
+
+    async def put_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:
+        """Create (version 0) or update, fenced by ``record.version``."""
+        query = "update_schedule" if record.version else "create_schedule"
+        row = await self._s.fetch_one(
+            "put_schedule", query, schedule_row(record, self._s.sql_now())
+        )
+        return None if row is None else schedule_record(row)
+
+    async def delete_schedule(self, name: str) -> bool:
+        """Delete one stored schedule; whether there was one."""
+        return await self._s.rowcount("delete_schedule", "delete_schedule", {"name": name}) > 0

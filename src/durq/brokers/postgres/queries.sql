@@ -1200,3 +1200,30 @@ SELECT l.*,
 FROM {schema}.limits AS l
 WHERE %(queue)s::text IS NULL OR l.queue = %(queue)s::text
 ORDER BY l.queue, l.key;
+
+-- name: list_schedules
+SELECT * FROM {schema}.schedules ORDER BY name;
+
+-- name: get_schedule
+SELECT * FROM {schema}.schedules WHERE name = %(name)s;
+
+-- name: create_schedule
+-- A new stored schedule, version 1; nothing when one of that name exists.
+INSERT INTO {schema}.schedules
+    (name, spec, type, payload, queue, tz, overlap, paused, updated_at, version)
+VALUES (%(name)s, %(spec)s, %(type)s, %(payload)s, %(queue)s, %(tz)s, %(overlap)s,
+        %(paused)s, {now}, 1)
+ON CONFLICT (name) DO NOTHING
+RETURNING *;
+
+-- name: update_schedule
+-- Fenced by the version the caller read: a concurrent edit makes this change nothing.
+UPDATE {schema}.schedules
+SET spec = %(spec)s, type = %(type)s, payload = %(payload)s, queue = %(queue)s,
+    tz = %(tz)s, overlap = %(overlap)s, paused = %(paused)s, updated_at = {now},
+    version = version + 1
+WHERE name = %(name)s AND version = %(version)s
+RETURNING *;
+
+-- name: delete_schedule
+DELETE FROM {schema}.schedules WHERE name = %(name)s;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import asdict, replace
 from datetime import timedelta
 from typing import Any
 
@@ -14,6 +15,7 @@ from durq.brokers.base import (
     LimitStats,
     MinuteCounts,
     QueueStats,
+    ScheduleRecord,
     TaskMove,
     TaskSearch,
     TaskSearchResult,
@@ -439,6 +441,45 @@ class RedisAdmin:
             data["last_heartbeat"] = float(beat)
             out.append(WorkerInfo(**data))
         return out
+
+    # ------------------------------------------------------------------ schedules
+
+    async def list_schedules(self) -> list[ScheduleRecord]:
+        """Every stored schedule, by name (one hash, P:schedules)."""
+        async with self._s.op("list_schedules"):
+            await self._s.ensure()
+            reply: Any = await self._s.command("HGETALL", self._s.keys.schedules)
+        records = [_schedule(raw) for raw in (reply or [])[1::2]]
+        return sorted(records, key=lambda r: r.name)
+
+    async def get_schedule(self, name: str) -> ScheduleRecord | None:
+        """One stored schedule, or ``None``."""
+        async with self._s.op("get_schedule"):
+            await self._s.ensure()
+            raw: Any = await self._s.command("HGET", self._s.keys.schedules, name)
+        return None if raw is None else _schedule(raw)
+
+    async def put_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:
+        """Create (version 0) or update, fenced by ``record.version`` in a script."""
+        stored = replace(record, version=record.version + 1, updated_at=self._s.clock.now())
+        async with self._s.op("put_schedule"):
+            await self._s.ensure()
+            done = await self._s.eval(
+                "schedule_put",
+                [self._s.keys.schedules],
+                [record.name, record.version, json.dumps(asdict(stored))],
+            )
+        return stored if int(done) else None
+
+    async def delete_schedule(self, name: str) -> bool:
+        """Delete one stored schedule; whether there was one."""
+        async with self._s.op("delete_schedule"):
+            await self._s.ensure()
+            return bool(await self._s.command("HDEL", self._s.keys.schedules, name))
+
+
+def _schedule(raw: bytes | str) -> ScheduleRecord:
+    return ScheduleRecord(**json.loads(raw))
 
 
 def _pairs(reply: Any) -> dict[str, str]:

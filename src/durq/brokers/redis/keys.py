@@ -7,6 +7,7 @@ Layout (``P`` is the prefix, default ``durq``; ``Q`` a queue name)::
     P:paused                    set      paused queue names (listing only; scripts read P:{Q}:paused)
     P:workers                   zset     worker id by last heartbeat (broker clock)
     P:worker:<worker id>        string   JSON WorkerInfo, with a TTL as garbage collection
+    P:schedules                 hash     schedule name -> JSON of its stored record
     P:{Q}:t:<task id>           hash     one task
     P:{Q}:pending               zset     ready tasks by next_process_at (ties: enqueue order)
     P:{Q}:scheduled             zset     by next_process_at
@@ -171,6 +172,7 @@ class Keys:
         self.queues = f"{prefix}:queues"
         self.paused = f"{prefix}:paused"
         self.workers = f"{prefix}:workers"
+        self.schedules = f"{prefix}:schedules"
         self._queue = lru_cache(maxsize=1024)(self._make_queue)
 
     def _make_queue(self, queue: str) -> QueueKeys:

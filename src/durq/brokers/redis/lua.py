@@ -33,6 +33,7 @@ SCRIPT_NAMES = (
     "admin_cancel",
     "admin_run_all",
     "admin_delete_all",
+    "schedule_put",
 )
 
 

@@ -13,13 +13,14 @@ from durq.brokers.base import (
     LimitStats,
     MinuteCounts,
     QueueStats,
+    ScheduleRecord,
     TaskMove,
     TaskSearch,
     TaskSearchResult,
     WorkerInfo,
     first_counted_minute,
 )
-from durq.brokers.sqlfiles import group_info
+from durq.brokers.sqlfiles import group_info, schedule_record, schedule_row
 from durq.brokers.sqlite.storage import Conn, Q, SQLiteStorage, snapshot
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import utc_day
@@ -285,3 +286,40 @@ class SQLiteAdmin:
             ]
 
         return await self._s.call("sqlite.list_workers", run)
+
+    # ------------------------------------------------------------------ schedules
+
+    async def list_schedules(self) -> list[ScheduleRecord]:
+        """Every stored schedule, by name."""
+
+        def run(conn: Conn) -> list[ScheduleRecord]:
+            return [schedule_record(r) for r in conn.execute(Q["list_schedules"])]
+
+        return await self._s.read("sqlite.list_schedules", run)
+
+    async def get_schedule(self, name: str) -> ScheduleRecord | None:
+        """One stored schedule, or ``None``."""
+
+        def run(conn: Conn) -> ScheduleRecord | None:
+            row = conn.execute(Q["get_schedule"], {"name": name}).fetchone()
+            return None if row is None else schedule_record(row)
+
+        return await self._s.read("sqlite.get_schedule", run)
+
+    async def put_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:
+        """Create (version 0) or update, fenced by ``record.version``."""
+        query = "update_schedule" if record.version else "create_schedule"
+
+        def run(conn: Conn, now: float) -> ScheduleRecord | None:
+            row = conn.execute(Q[query], schedule_row(record, now)).fetchone()
+            return None if row is None else schedule_record(row)
+
+        return await self._s.write("sqlite.put_schedule", run)
+
+    async def delete_schedule(self, name: str) -> bool:
+        """Delete one stored schedule; whether there was one."""
+
+        def run(conn: Conn, _: float) -> bool:
+            return conn.execute(Q["delete_schedule"], {"name": name}).rowcount > 0
+
+        return await self._s.write("sqlite.delete_schedule", run)

@@ -485,3 +485,28 @@ SELECT l.*, (SELECT count(*) FROM durq_tasks AS t
 FROM durq_limits AS l
 WHERE :queue IS NULL OR l.queue = :queue
 ORDER BY l.queue, l.key;
+
+-- name: list_schedules
+SELECT * FROM durq_schedules ORDER BY name;
+
+-- name: get_schedule
+SELECT * FROM durq_schedules WHERE name = :name;
+
+-- name: create_schedule
+-- A new stored schedule, version 1; nothing when one of that name exists.
+INSERT INTO durq_schedules
+    (name, spec, type, payload, queue, tz, overlap, paused, updated_at, version)
+VALUES (:name, :spec, :type, :payload, :queue, :tz, :overlap, :paused, :now, 1)
+ON CONFLICT (name) DO NOTHING
+RETURNING *;
+
+-- name: update_schedule
+-- Fenced by the version the caller read: a concurrent edit makes this change nothing.
+UPDATE durq_schedules
+SET spec = :spec, type = :type, payload = :payload, queue = :queue, tz = :tz,
+    overlap = :overlap, paused = :paused, updated_at = :now, version = version + 1
+WHERE name = :name AND version = :version
+RETURNING *;
+
+-- name: delete_schedule
+DELETE FROM durq_schedules WHERE name = :name;
