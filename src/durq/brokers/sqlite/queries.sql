@@ -214,6 +214,19 @@ WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
                ELSE lease_boot IS NOT :boot OR lease_mono <= :mono END)
 RETURNING limits;
 
+-- name: held_logs
+-- A running attempt's report (durq.progress): the task's log, if the lease is still held.
+SELECT logs FROM durq_tasks
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+
+-- name: report_progress
+-- :progress NULL keeps the progress, '' clears it; :logs is the whole new log (appended and
+-- trimmed by durq.progress.append_lines in the same transaction as held_logs).
+UPDATE durq_tasks
+SET progress = CASE WHEN :progress IS NULL THEN progress ELSE nullif(:progress, '') END,
+    logs = :logs
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+
 -- name: requeue
 -- Graceful shutdown (W7): back to pending, due now, without counting an attempt.
 UPDATE durq_tasks
