@@ -51,6 +51,13 @@ class TaskProgress:
         """The fraction as a whole percentage (rounded down)."""
         return int(self.fraction * 100)
 
+    def describe(self) -> str:
+        """``40% rows 400/1000 (attempt 1)``: the progress in one line."""
+        text = f"{self.percent}%"
+        if self.message:
+            text += f" {self.message}"
+        return f"{text} (attempt {self.attempt})"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "attempt": self.attempt,
@@ -68,6 +75,12 @@ class LogLine:
     at: float
     level: str
     message: str
+
+    def describe(self) -> str:
+        """``attempt 1 12:00:01 info started``: the line as a log shows it."""
+        moment = to_datetime(self.at)
+        when = moment.strftime("%H:%M:%S") if moment else "?"
+        return f"attempt {self.attempt} {when} {self.level} {self.message}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
