@@ -169,9 +169,7 @@ def decode_logs(raw: str | bytes | None) -> tuple[LogLine, ...]:
     return tuple(out)
 
 
-def progress_of(
-    raw: str | bytes | None, state: TaskState, retried: int
-) -> TaskProgress | None:
+def progress_of(raw: str | bytes | None, state: TaskState, retried: int) -> TaskProgress | None:
     """The progress to show for a task: the stored one, except that a running attempt that
     has not reported yet does not show an earlier attempt's (reset at a new attempt)."""
     progress = decode_progress(raw)

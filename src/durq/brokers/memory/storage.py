@@ -27,8 +27,8 @@ from durq.brokers.base import (
 from durq.brokers.mailbox import Mailbox, Watches
 from durq.clock import to_datetime, utc_day
 from durq.errors import DuplicateTaskError, TaskIDConflictError
-from durq.states import TaskState
 from durq.progress import decode_logs, progress_of
+from durq.states import TaskState
 from durq.task import LimitSpec, TaskInfo, make_info
 
 P, S, A, R, X, C = (
