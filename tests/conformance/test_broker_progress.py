@@ -130,3 +130,21 @@ async def test_text_is_made_storable_and_bounded(broker: FullBroker) -> None:
     info = await broker.get_task("default", "t")
     assert info.progress is not None and info.progress.message == "nul\\x00 lone\\ud800 é"
     assert [x.message for x in info.logs] == ["nul\\x00 lone\\ud800 é", long]
+
+
+async def test_a_task_id_used_again_starts_without_logs(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    await broker.enqueue(params("t"))
+    (lease,) = await claim(broker)
+    assert await broker.report_progress(
+        ProgressParams(
+            lease.ref, progress=encode_progress(1, 1.0, None, 1.0), lines=(line(1, "old"),)
+        )
+    )
+    assert await broker.complete(CompleteParams(lease.ref, retention=10))
+    clock.advance(11)  # past its retention: the id is free again, before the janitor runs
+    again = await broker.enqueue(params("t"))
+    assert again.progress is None and again.logs == ()
+    info = await broker.get_task("default", "t")
+    assert info.progress is None and info.logs == ()
