@@ -14,6 +14,7 @@ from conformance.apps import FAST, wait_for_state, wait_until
 from durq.brokers.base import ProgressParams
 from durq.brokers.memory.broker import MemoryBroker
 from durq.clock import SYSTEM_CLOCK
+from durq.errors import BrokerUnavailableError
 from durq.progress import MAX_LOG_LINES
 from durq.states import TaskState
 from durq.worker.reports import AttemptReports
@@ -125,5 +126,45 @@ async def test_reports_are_coalesced_into_few_writes() -> None:
         reports.log("info", "too late")
         await asyncio.sleep(0)
         assert broker.writes == 1
+    finally:
+        await broker.close()
+
+
+class FlakyBroker(CountingBroker):
+    """Unreachable for the next ``failures`` progress writes."""
+
+    failures = 1
+
+    async def report_progress(self, params: ProgressParams) -> bool:
+        if self.failures:
+            self.failures -= 1
+            self.writes += 1
+            raise BrokerUnavailableError("down for a moment", operation="memory.progress")
+        return await super().report_progress(params)
+
+
+async def test_reports_are_written_again_after_an_outage() -> None:
+    from brokerkit import claim, params
+
+    broker = FlakyBroker("flaky-progress-test")
+    await broker.connect()
+    try:
+        await broker.enqueue(params("t"))
+        (lease,) = await claim(broker)
+        loop = asyncio.get_running_loop()
+        reports = AttemptReports(broker, lease.ref, 1, SYSTEM_CLOCK, loop, interval=0.01)
+        reports.log("info", "kept through the outage")
+        reports.progress(0.5, None)
+
+        async def stored() -> bool:
+            return len((await broker.get_task("default", "t")).logs) == 1
+
+        # Written by the coalescing loop itself, not only at the attempt's end.
+        await wait_until(stored)
+        assert broker.writes == 2
+        await reports.close()
+        info = await broker.get_task("default", "t")
+        assert [x.message for x in info.logs] == ["kept through the outage"]
+        assert info.progress is not None and info.progress.fraction == 0.5
     finally:
         await broker.close()

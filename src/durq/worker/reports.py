@@ -113,6 +113,7 @@ class AttemptReports:
                         self._progress = progress
                     self._lines[:0] = lines
                     del self._lines[: -p.MAX_LOG_LINES]
+                self._wanted.set()  # try again after the interval, reported or not
                 return
             except Exception:
                 log.exception("task %s: could not store its progress", self._lease.id)
