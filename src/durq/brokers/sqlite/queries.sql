@@ -17,6 +17,9 @@ SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'durq_schema_
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM durq_schema_migrations;
 
+-- name: applied_versions
+SELECT version FROM durq_schema_migrations;
+
 -- name: record_migration
 INSERT INTO durq_schema_migrations (version, name, applied_at) VALUES (:version, :name, :now);
 
