@@ -321,7 +321,7 @@ def test_limit_ls_shows_running_waiting_and_tokens(cli: Cli) -> None:
     assert_one_line_error(cli("limit", "ls", "--queue", "bad queue"), 2, "queue")
 
 
-def test_task_get_shows_progress_and_log_lines(cli: Cli) -> None:
+def test_W14_task_get_shows_progress_and_log_lines(cli: Cli) -> None:
     from durq.brokers.base import ProgressParams
     from durq.progress import encode_line, encode_progress
 

@@ -16,7 +16,7 @@ def line(attempt: int, message: str, level: str = "info") -> str:
     return encode_line(attempt, 1000.0, level, message)
 
 
-async def test_progress_and_log_lines_are_stored_on_the_task(broker: FullBroker) -> None:
+async def test_W14_progress_and_log_lines_are_stored_on_the_task(broker: FullBroker) -> None:
     await broker.enqueue(params("t"))
     (lease,) = await claim(broker)
     report = ProgressParams(
@@ -48,7 +48,7 @@ async def test_progress_and_log_lines_are_stored_on_the_task(broker: FullBroker)
     assert len(done.logs) == 2
 
 
-async def test_only_the_last_log_lines_are_kept(broker: FullBroker) -> None:
+async def test_W14_only_the_last_log_lines_are_kept(broker: FullBroker) -> None:
     await broker.enqueue(params("t"))
     (lease,) = await claim(broker)
     first = tuple(line(1, f"line {i}") for i in range(30))
@@ -60,7 +60,7 @@ async def test_only_the_last_log_lines_are_kept(broker: FullBroker) -> None:
     assert info.progress is None  # lines alone leave the progress as it was
 
 
-async def test_a_stale_lease_cannot_report(broker: FullBroker, clock: FakeClock) -> None:
+async def test_W14_a_stale_lease_cannot_report(broker: FullBroker, clock: FakeClock) -> None:
     await broker.enqueue(params("t", max_retry=5))
     (first,) = await claim(broker, worker="zombie")
     clock.advance(LEASE + 1)
@@ -83,7 +83,7 @@ async def test_a_stale_lease_cannot_report(broker: FullBroker, clock: FakeClock)
     assert [x.message for x in (await broker.get_task("default", "t")).logs] == ["ok"]
 
 
-async def test_logs_stay_across_attempts_and_progress_starts_again(
+async def test_W14_logs_stay_across_attempts_and_progress_starts_again(
     broker: FullBroker, clock: FakeClock
 ) -> None:
     await broker.enqueue(params("t", max_retry=3))
@@ -114,7 +114,7 @@ async def test_logs_stay_across_attempts_and_progress_starts_again(
     assert [(x.attempt, x.message) for x in after.logs] == [(1, "try one"), (2, "try two")]
 
 
-async def test_text_is_made_storable_and_bounded(broker: FullBroker) -> None:
+async def test_W14_text_is_made_storable_and_bounded(broker: FullBroker) -> None:
     await broker.enqueue(params("t"))
     (lease,) = await claim(broker)
     hostile = clip("nul\x00 lone\ud800 é")
@@ -132,7 +132,7 @@ async def test_text_is_made_storable_and_bounded(broker: FullBroker) -> None:
     assert [x.message for x in info.logs] == ["nul\\x00 lone\\ud800 é", long]
 
 
-async def test_a_task_id_used_again_starts_without_logs(
+async def test_W14_a_task_id_used_again_starts_without_logs(
     broker: FullBroker, clock: FakeClock
 ) -> None:
     await broker.enqueue(params("t"))

@@ -20,7 +20,7 @@ from durq.states import TaskState
 from durq.worker.reports import AttemptReports
 
 
-async def test_progress_shows_while_an_async_handler_runs(app: durq.App) -> None:
+async def test_W14_progress_shows_while_an_async_handler_runs(app: durq.App) -> None:
     release = asyncio.Event()
 
     @app.task("report:async", retention=60)
@@ -51,7 +51,7 @@ async def test_progress_shows_while_an_async_handler_runs(app: durq.App) -> None
     assert [(x.level, x.message) for x in done.logs] == [("info", "started"), ("warning", "done")]
 
 
-async def test_a_sync_handler_reports_from_its_thread_and_logs_are_bounded(
+async def test_W14_a_sync_handler_reports_from_its_thread_and_logs_are_bounded(
     app: durq.App,
 ) -> None:
     @app.task("report:sync", retention=60)
@@ -68,7 +68,7 @@ async def test_a_sync_handler_reports_from_its_thread_and_logs_are_bounded(
     assert [x.message for x in done.logs] == [f"row {i}" for i in range(80 - MAX_LOG_LINES, 80)]
 
 
-async def test_logs_are_kept_across_attempts(app: durq.App) -> None:
+async def test_W14_logs_are_kept_across_attempts(app: durq.App) -> None:
     @app.task("report:flaky", retention=60, max_retry=2, retry_delay=lambda n, e: 0.0)
     async def job(payload: dict[str, Any], ctx: durq.TaskContext) -> str:
         ctx.log(f"attempt {ctx.attempt}")
@@ -85,7 +85,7 @@ async def test_logs_are_kept_across_attempts(app: durq.App) -> None:
     assert done.progress is None
 
 
-def test_bad_reports_are_refused_in_the_handler() -> None:
+def test_W14_bad_reports_are_refused_in_the_handler() -> None:
     ctx = durq.TaskContext("t", "q", "x", 0, 0, None, {}, "w")
     for bad in (-0.1, 1.5, float("nan"), "half", True):
         with pytest.raises(ValueError, match="progress"):
@@ -106,7 +106,7 @@ class CountingBroker(MemoryBroker):
         return await super().report_progress(params)
 
 
-async def test_reports_are_coalesced_into_few_writes() -> None:
+async def test_W14_reports_are_coalesced_into_few_writes() -> None:
     from brokerkit import claim, params
 
     broker = CountingBroker("coalesce-test")
@@ -143,7 +143,7 @@ class FlakyBroker(CountingBroker):
         return await super().report_progress(params)
 
 
-async def test_reports_are_written_again_after_an_outage() -> None:
+async def test_W14_reports_are_written_again_after_an_outage() -> None:
     from brokerkit import claim, params
 
     broker = FlakyBroker("flaky-progress-test")

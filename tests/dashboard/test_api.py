@@ -227,7 +227,7 @@ async def test_priority_in_task_and_list(app: durq.App, api: httpx.AsyncClient) 
     assert doc["components"]["schemas"]["Task"]["properties"]["priority"]["maximum"] == 100
 
 
-async def test_task_shows_progress_and_log_lines(app: durq.App, api: httpx.AsyncClient) -> None:
+async def test_W14_task_shows_progress_and_log_lines(app: durq.App, api: httpx.AsyncClient) -> None:
     from durq.brokers.base import ProgressParams
     from durq.progress import encode_line, encode_progress
 

@@ -451,7 +451,7 @@ def test_limits_page_shows_running_and_held_tasks(
     expect(page.locator("#sum-full")).to_have_text("0")
 
 
-def test_task_page_follows_a_running_task_s_progress_and_log(page: Any, env: Env) -> None:
+def test_W14_task_page_follows_a_running_task_s_progress_and_log(page: Any, env: Env) -> None:
     from playwright.sync_api import expect
 
     async def enqueue() -> None:
