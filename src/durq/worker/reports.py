@@ -128,6 +128,9 @@ class AttemptReports:
         with self._lock:
             already = self._closed
             self._closed = True
+            # Most handlers that take a context never report: nothing to stop or write.
+            if self._writer is None and self._progress is None and not self._lines:
+                return
         if self._writer is not None:
             self._writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
