@@ -68,7 +68,7 @@ class TaskProgress:
 
 
 @dataclass(frozen=True, slots=True)
-class LogLine:
+class TaskLogLine:
     """One line a task's handler logged (``ctx.log``)."""
 
     attempt: int
@@ -156,7 +156,7 @@ def decode_progress(raw: str | bytes | None) -> TaskProgress | None:
     return TaskProgress(int(o["attempt"]), float(o["fraction"]), o["message"], float(o["at"]))
 
 
-def decode_logs(raw: str | bytes | None) -> tuple[LogLine, ...]:
+def decode_logs(raw: str | bytes | None) -> tuple[TaskLogLine, ...]:
     """The stored log, oldest line first."""
     if not raw:
         return ()
@@ -165,7 +165,9 @@ def decode_logs(raw: str | bytes | None) -> tuple[LogLine, ...]:
     for line in text.split("\n"):
         if line:
             o = json.loads(line)
-            out.append(LogLine(int(o["attempt"]), float(o["at"]), str(o["level"]), o["message"]))
+            out.append(
+                TaskLogLine(int(o["attempt"]), float(o["at"]), str(o["level"]), o["message"])
+            )
     return tuple(out)
 
 

@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import Any, Protocol
 
 from durq import codec
-from durq.progress import LogLine, TaskProgress, check_fraction, check_level, clip
+from durq.progress import TaskLogLine, TaskProgress, check_fraction, check_level, clip
 from durq.states import TaskState
 
 #: Characters of payload and result a list shows per task.
@@ -108,7 +108,7 @@ class TaskInfo:
     progress: TaskProgress | None = None
     #: Its handler's last log lines over all attempts (:meth:`TaskContext.log`), oldest
     #: first, when the broker returns them: one task's get, not lists.
-    logs: tuple[LogLine, ...] = ()
+    logs: tuple[TaskLogLine, ...] = ()
 
     @property
     def max_attempts(self) -> int:
