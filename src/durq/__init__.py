@@ -26,6 +26,7 @@ from durq.errors import (
 from durq.groups import Group
 from durq.limits import Limit
 from durq.options import EnqueueRequest
+from durq.progress import TaskLogLine, TaskProgress
 from durq.states import TaskState
 from durq.task import TaskContext, TaskInfo
 from durq.worker import Worker
@@ -68,7 +69,9 @@ __all__ = [
     "TaskDef",
     "TaskIDConflictError",
     "TaskInfo",
+    "TaskLogLine",
     "TaskNotFoundError",
+    "TaskProgress",
     "TaskState",
     "Then",
     "WaitTimeoutError",

@@ -7,9 +7,10 @@ import json
 from dataclasses import MISSING, dataclass, field
 from datetime import datetime
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 from durq import codec
+from durq.progress import TaskLogLine, TaskProgress, check_fraction, check_level, clip
 from durq.states import TaskState
 
 #: Characters of payload and result a list shows per task.
@@ -102,6 +103,12 @@ class TaskInfo:
     limits: tuple[LimitSpec, ...] = ()
     #: The limit key a pending task waits on (its limit was full when a worker looked).
     held_by: str | None = None
+    #: The latest progress its handler reported (:meth:`TaskContext.progress`); a running
+    #: attempt that has not reported yet shows none.
+    progress: TaskProgress | None = None
+    #: Its handler's last log lines over all attempts (:meth:`TaskContext.log`), oldest
+    #: first, when the broker returns them: one task's get, not lists.
+    logs: tuple[TaskLogLine, ...] = ()
 
     @property
     def max_attempts(self) -> int:
@@ -160,7 +167,11 @@ class TaskInfo:
             result: Any = self.result
         except ValueError:
             result = None
-        return {**self._fields(payload, result), "traceback": self.traceback}
+        return {
+            **self._fields(payload, result),
+            "traceback": self.traceback,
+            "logs": [line.to_dict() for line in self.logs],
+        }
 
     def _fields(self, payload: Any, result: Any) -> dict[str, Any]:
         def iso(dt: datetime | None) -> str | None:
@@ -193,6 +204,7 @@ class TaskInfo:
                 for s in self.limits
             ],
             "held_by": self.held_by,
+            "progress": None if self.progress is None else self.progress.to_dict(),
         }
 
 
@@ -215,9 +227,18 @@ def make_info(**values: Any) -> TaskInfo:
     return info
 
 
+class ReportSink(Protocol):
+    """Where a :class:`TaskContext` sends its attempt's reports (the worker stamps, coalesces
+    and writes them under the attempt's lease). Callable from any thread."""
+
+    def progress(self, fraction: float, message: str | None) -> None: ...
+    def log(self, level: str, message: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class TaskContext:
-    """What a handler may know about the attempt it runs (pass it by annotating a parameter)."""
+    """What a handler may know about the attempt it runs (pass it by annotating a parameter),
+    and how it reports its progress and log lines while it runs."""
 
     id: str
     queue: str
@@ -227,8 +248,28 @@ class TaskContext:
     deadline: datetime | None
     headers: dict[str, str]
     worker_id: str
+    #: Where reports go; ``None`` (a context built outside a worker): they are dropped.
+    reports: ReportSink | None = field(default=None, repr=False, compare=False)
 
     @property
     def attempt(self) -> int:
         """1 for the first attempt, 2 for the first retry, and so on."""
         return self.retried + 1
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Report how far this attempt got: ``fraction`` from 0 to 1 (ValueError otherwise)
+        and an optional short message (cut to 1 KiB), e.g. ``ctx.progress(0.4, "rows
+        400/1000")``. The task keeps the latest report; the worker writes at most one per
+        0.5 s per task and the last one when the attempt ends. From async and sync handlers
+        alike; it never blocks on the broker."""
+        value = check_fraction(fraction)
+        if self.reports is not None:
+            self.reports.progress(value, None if message is None else clip(str(message)))
+
+    def log(self, message: str, level: str = "info") -> None:
+        """Add a line to the task's log (``level``: debug, info, warning or error; ValueError
+        otherwise). The task keeps its last 50 lines over all attempts, each cut to 1 KiB,
+        marked with the attempt; written as :meth:`progress` is."""
+        name = check_level(level)
+        if self.reports is not None:
+            self.reports.log(name, clip(str(message)))

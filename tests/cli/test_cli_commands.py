@@ -319,3 +319,37 @@ def test_limit_ls_shows_running_waiting_and_tokens(cli: Cli) -> None:
     table = cli.ok("limit", "ls", "--queue", "default").out
     assert "partner:acme" in table and "1/1" in table and "5/m" in table  # as written in the Limit
     assert_one_line_error(cli("limit", "ls", "--queue", "bad queue"), 2, "queue")
+
+
+def test_W14_task_get_shows_progress_and_log_lines(cli: Cli) -> None:
+    from durq.brokers.base import ProgressParams
+    from durq.progress import encode_line, encode_progress
+
+    cli.ok("enqueue", "t", "--task-id", "busy-rows")
+    lease = _claim_one(cli)
+    app = durq.App(cli.url)
+
+    async def report() -> None:
+        broker = await app.broker()
+        assert await broker.report_progress(
+            ProgressParams(
+                lease.ref,
+                progress=encode_progress(1, 0.4, "rows 400/1000", 1_700_000_000.0),
+                lines=(
+                    encode_line(1, 1_700_000_000.0, "info", "started"),
+                    encode_line(1, 1_700_000_001.0, "warning", "slow row 17"),
+                ),
+            )
+        )
+
+    try:
+        app.run_sync(report)
+    finally:
+        app.close_sync()
+    shown = cli.ok("task", "get", "busy-rows").out
+    assert "40% rows 400/1000 (attempt 1)" in shown
+    assert "attempt 1 22:13:20 info started" in shown
+    assert "warning slow row 17" in shown
+    data = cli.ok("task", "get", "busy-rows", "--json").json()
+    assert data["progress"]["fraction"] == 0.4 and data["progress"]["attempt"] == 1
+    assert [line["message"] for line in data["logs"]] == ["started", "slow row 17"]

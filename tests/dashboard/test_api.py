@@ -225,3 +225,38 @@ async def test_priority_in_task_and_list(app: durq.App, api: httpx.AsyncClient) 
     assert {t["id"]: t["priority"] for t in r.json()["tasks"]} == {"urgent": 90, "plain": 0}
     doc = (await api.get("/api/openapi.json")).json()
     assert doc["components"]["schemas"]["Task"]["properties"]["priority"]["maximum"] == 100
+
+
+async def test_W14_task_shows_progress_and_log_lines(app: durq.App, api: httpx.AsyncClient) -> None:
+    from durq.brokers.base import ProgressParams
+    from durq.progress import encode_line, encode_progress
+
+    info = await app.enqueue("import:rows", {})
+    broker = await app.broker()
+    (lease,) = await broker.claim(ClaimParams(["default"], 1, "w1", 30.0))
+    assert await broker.report_progress(
+        ProgressParams(
+            lease.ref,
+            progress=encode_progress(1, 0.4, "rows 400/1000", 1_700_000_000.0),
+            lines=(encode_line(1, 1_700_000_000.0, "warning", "nul\\x00 kept as text"),),
+        )
+    )
+    task = (await api.get(f"/api/queues/default/tasks/{info.id}")).json()
+    assert task["progress"] == {
+        "attempt": 1,
+        "fraction": 0.4,
+        "message": "rows 400/1000",
+        "at": "2023-11-14T22:13:20+00:00",
+    }
+    assert task["logs"] == [
+        {
+            "attempt": 1,
+            "at": "2023-11-14T22:13:20+00:00",
+            "level": "warning",
+            "message": "nul\\x00 kept as text",
+        }
+    ]
+    # Lists carry the progress (a running task's bar) but not the log.
+    r = await api.get("/api/queues/default/tasks", params={"state": "active"})
+    (row,) = r.json()["tasks"]
+    assert row["progress"]["fraction"] == 0.4 and "logs" not in row

@@ -93,6 +93,8 @@ class Env:
     app: durq.App
     url: str
     attempts: list[int]
+    #: Steps of the ``import:rows`` handler: it waits on each in turn.
+    gates: tuple[threading.Event, threading.Event]
 
     def call(self, make: Callable[[Inspector], Awaitable[T]]) -> T:
         """Ask the inspector from a fresh loop in a thread (Playwright owns this thread's)."""
@@ -134,6 +136,17 @@ def env(tmp_path: Path) -> Iterator[Env]:
             raise RuntimeError("partner API timed out")
         return {"pages": 3}
 
+    gates = (threading.Event(), threading.Event())
+
+    @app.task("import:rows", queue="reports", retention=3600)
+    def import_rows(payload: dict, ctx: durq.TaskContext) -> None:
+        ctx.log("started")
+        ctx.progress(0.4, "rows 400/1000")
+        gates[0].wait(30)
+        ctx.log("slow row 17", level="warning")
+        ctx.progress(0.8, "rows 800/1000")
+        gates[1].wait(30)
+
     # A schedule that does not tick during a test (New Year's midnight, UTC).
     app.add_periodic("0 0 1 1 *", "email:send", name="mail:new-year", payload={"to": "all"})
 
@@ -148,9 +161,13 @@ def env(tmp_path: Path) -> Iterator[Env]:
     settings = DashboardSettings(refresh_seconds=2)
     with LiveServer(create_dashboard(app, token=TOKEN, settings=settings)) as server:
         with WorkerThread(app):
-            e = Env(app, server.url, attempts)
+            e = Env(app, server.url, attempts, gates)
             wait_for(lambda: e.state("reports", "report-may") == "archived")
-            yield e
+            try:
+                yield e
+            finally:
+                for gate in gates:  # a failed test must not leave the handler waiting
+                    gate.set()
 
 
 @pytest.fixture(scope="module")
@@ -492,3 +509,35 @@ def test_schedule_editor_create_pause_trigger_edit_delete(page: Any, env: Env) -
     assert "deleted" in page.locator(".notice").inner_text()
     assert page.locator('tr[data-entry="mail:weekly"]').count() == 0
     assert stored() == []
+
+
+def test_W14_task_page_follows_a_running_task_s_progress_and_log(page: Any, env: Env) -> None:
+    from playwright.sync_api import expect
+
+    async def enqueue() -> None:
+        await env.app.enqueue("import:rows", {}, queue="reports", task_id="import-1")
+        await env.app.close()
+
+    def reported() -> bool:
+        async def get(inspector: Inspector) -> bool:
+            return (await inspector.get_task_info("reports", "import-1")).progress is not None
+
+        return env.call(get)
+
+    log_in(page, env)
+    run_async(enqueue)
+    wait_for(reported)
+    page.goto(env.url + "/queues/reports/tasks/import-1")
+    assert page.locator("#task-state").text_content() == "active"
+    assert page.locator("#progress-text").inner_text() == "40% rows 400/1000 (attempt 1)"
+    assert page.locator("#progress-bar").get_attribute("value") == "0.4"
+    assert "info started" in page.locator("#task-log").inner_text()
+    shot(page, "task-progress")
+    # The page polls the admin API while the task runs: no reload from here on.
+    env.gates[0].set()
+    expect(page.locator("#progress-text")).to_have_text("80% rows 800/1000 (attempt 1)")
+    assert "warning slow row 17" in page.locator("#task-log").inner_text()
+    assert page.locator("#progress-bar").evaluate("el => el.value") == 0.8
+    env.gates[1].set()
+    expect(page.locator("#task-state")).to_have_text("completed")
+    assert page.locator("#task-log").inner_text().count("attempt 1") == 2

@@ -83,3 +83,27 @@ async def test_task_and_queue_pages_show_the_priority(
     assert re.search(r"<dt>Priority</dt><dd>-42</dd>", r.text)
     r = await api.get("/queues/default")
     assert r.status_code == 200 and re.search(r'<td class="n">-42</td>', r.text)
+
+
+async def test_W14_queue_page_shows_the_progress_of_running_tasks(
+    app: durq.App, api: httpx.AsyncClient
+) -> None:
+    from durq.brokers.base import ClaimParams, ProgressParams
+    from durq.progress import encode_line, encode_progress
+
+    await app.enqueue("import:rows", {}, task_id="rows-1")
+    broker = await app.broker()
+    (lease,) = await broker.claim(ClaimParams(["default"], 1, "w1", 30.0))
+    assert await broker.report_progress(
+        ProgressParams(
+            lease.ref,
+            progress=encode_progress(1, 0.25, "rows <250>/1000", 1.0),
+            lines=(encode_line(1, 1.0, "info", "<b>started</b>"),),
+        )
+    )
+    r = await api.get("/queues/default", params={"state": "active"})
+    assert r.status_code == 200
+    assert '<td class="progress">25% rows &lt;250&gt;/1000 (attempt 1)</td>' in r.text
+    r = await api.get("/queues/default/tasks/rows-1")
+    assert '<progress id="progress-bar" max="1" value="0.25">' in r.text
+    assert "info &lt;b&gt;started&lt;/b&gt;" in r.text  # escaped, never markup

@@ -57,6 +57,52 @@ async def test_connect_migrates_a_fresh_file(tmp_path: Path) -> None:
     await again.close()
 
 
+async def test_a_migration_filling_a_gap_is_applied_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two branches add migrations at once: the later number may be applied first (a gap),
+    and the earlier one still is once it exists, as on PostgreSQL."""
+    from durq.brokers import sqlfiles
+    from durq.brokers.sqlite import storage
+
+    top = SCHEMA_VERSION
+    first = sqlfiles.Migration(top + 1, f"{top + 1:04d}_first.sql", "CREATE TABLE gap_a (x);")
+    second = sqlfiles.Migration(top + 2, f"{top + 2:04d}_second.sql", "CREATE TABLE gap_b (x);")
+    monkeypatch.setattr(storage, "SCHEMA_VERSION", top + 2)
+    monkeypatch.setattr(storage, "MIGRATIONS", (*MIGRATIONS, second))
+    broker = SQLiteBroker(str(tmp_path / "x.db"))
+    assert (await broker.migrate())[-1] == second.file
+    await broker.close()
+    monkeypatch.setattr(storage, "MIGRATIONS", (*MIGRATIONS, first, second))
+    again = SQLiteBroker(str(tmp_path / "x.db"))
+    assert await again.migrate() == [first.file]
+    await again.close()
+    with sqlite3.connect(tmp_path / "x.db") as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    assert {"gap_a", "gap_b"} <= tables
+
+
+def test_migration_numbers_may_have_gaps_but_not_repeats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from durq.brokers import sqlfiles
+
+    def package(name: str, *files: str) -> str:
+        (tmp_path / name / "migrations").mkdir(parents=True)
+        (tmp_path / name / "__init__.py").write_text("")
+        for file in files:
+            (tmp_path / name / "migrations" / file).write_text("SELECT 1;")
+        return name
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    gap = sqlfiles.load_migrations(package("gap_pkg", "0001_a.sql", "0003_c.sql"))
+    assert [m.version for m in gap] == [1, 3]
+    with pytest.raises(ValueError, match="each number once"):
+        sqlfiles.load_migrations(package("twice_pkg", "0001_a.sql", "0002_b.sql", "0002_c.sql"))
+    with pytest.raises(ValueError, match="from 0001"):
+        sqlfiles.load_migrations(package("late_pkg", "0002_b.sql"))
+
+
 async def test_wal_mode_is_on(tmp_path: Path) -> None:
     broker = SQLiteBroker(str(tmp_path / "x.db"))
     await broker.connect()

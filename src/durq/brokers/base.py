@@ -394,6 +394,20 @@ class CompleteParams:
 
 
 @dataclass(frozen=True, slots=True)
+class ProgressParams:
+    """What a running attempt reported since its last write (:mod:`durq.progress` builds the
+    stored forms and bounds them)."""
+
+    lease: LeaseRef
+    #: The new latest progress (stored form); ``None``: unchanged; ``""``: cleared (a new
+    #: attempt's first write when it has only log lines, so no earlier progress stays).
+    progress: str | None = None
+    #: Log lines to append (stored forms, one line each); the task keeps the last
+    #: :data:`durq.progress.MAX_LOG_LINES`.
+    lines: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class RetryParams:
     """The attempt failed: state retry for ``delay`` seconds, ``retried`` + 1."""
 
@@ -750,6 +764,11 @@ class Broker(Protocol):
 
     async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
         """``complete`` for several tasks in one round trip."""
+
+    async def report_progress(self, params: ProgressParams) -> bool:
+        """Store a running attempt's progress and log lines on its task, fenced like every
+        other write of an active task: ``False`` (and no change) if the lease is no longer
+        held. Keeps the last :data:`durq.progress.MAX_LOG_LINES` lines."""
 
     async def retry(self, params: RetryParams) -> bool:
         """Schedule the next attempt; ``False`` if the lease is no longer held."""

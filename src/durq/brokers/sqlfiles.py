@@ -81,7 +81,11 @@ def load_queries(package: str) -> dict[str, str]:
 
 def load_migrations(package: str) -> tuple[Migration, ...]:
     """Every migration of ``<package>/migrations/``, in version order; ValueError unless they
-    are numbered 0001, 0002, ... without gaps."""
+    start at 0001 and no number is used twice.
+
+    A gap is allowed: it is a number held for a migration written on another branch at the
+    same time. A database is migrated by version (everything above its latest), so it must
+    not be migrated past a gap that is filled later; released versions have none."""
     found = [
         Migration(int(match.group(1)), entry.name, strip_comments(entry.read_text("utf-8")))
         for entry in resources.files(package).joinpath("migrations").iterdir()
@@ -89,9 +93,9 @@ def load_migrations(package: str) -> tuple[Migration, ...]:
     ]
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
-    if not found or versions != list(range(1, len(found) + 1)):
+    if not found or versions[0] != 1 or len(set(versions)) != len(versions):
         raise ValueError(
-            f"{package} migrations must be numbered 0001, 0002, ... without gaps, found {versions}"
+            f"{package} migrations must be numbered from 0001, each number once, found {versions}"
         )
     return tuple(found)
 

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from durq.clock import to_datetime
+from durq.progress import decode_logs, progress_of
 from durq.states import TaskState
 from durq.task import LimitSpec, TaskInfo, limits_from_json, make_info
 
@@ -57,6 +58,12 @@ def row_to_info(row: TaskRow) -> TaskInfo:
         priority=row["priority"],
         limits=limits_of(row["limits"]) if "limits" in keys else (),
         held_by=row["held_by"] if "held_by" in keys else None,
+        progress=(
+            progress_of(row["progress"], TaskState(row["state"]), row["retried"])
+            if "progress" in keys
+            else None
+        ),
+        logs=decode_logs(row["logs"]) if "logs" in keys else (),
     )
 
 

@@ -101,9 +101,13 @@ def print_task(info: TaskInfo, *, title: str | None = None) -> None:
     for key in (
         "id", "queue", "type", "state", "priority", "attempts", "last_error", "payload",
         "result", "timeout", "deadline", "next_process_at", "enqueued_at", "started_at",
-        "completed_at", "retention", "worker_id", "traceback",
+        "completed_at", "retention", "worker_id", "progress", "logs", "traceback",
     ):  # fmt: skip
         value = info.attempts_label if key == "attempts" else data.get(key)
+        if key == "progress" and info.progress is not None:
+            value = info.progress.describe()
+        elif key == "logs":
+            value = "\n".join(line.describe() for line in info.logs) or None
         if value is None or (value == {} and key != "payload"):
             continue
         if key == "state":

@@ -98,6 +98,24 @@ class TaskLimit(_Model):
     per: float | None
 
 
+class TaskProgress(_Model):
+    """The latest progress a task's handler reported (``ctx.progress``)."""
+
+    attempt: int = Field(description="The attempt that reported it (1 for the first)")
+    fraction: float = Field(ge=0, le=1, description="Done so far, from 0 to 1")
+    message: str | None
+    at: str | None = Field(json_schema_extra={"format": "date-time"})
+
+
+class TaskLogLine(_Model):
+    """One line a task's handler logged (``ctx.log``)."""
+
+    attempt: int
+    at: str | None = Field(json_schema_extra={"format": "date-time"})
+    level: str = Field(description="debug, info, warning or error")
+    message: str
+
+
 class _TaskFields(_Model):
     id: str
     queue: str
@@ -123,6 +141,11 @@ class _TaskFields(_Model):
     held_by: str | None = Field(
         default=None, description="The limit key a pending task waits on (no room when looked at)"
     )
+    progress: TaskProgress | None = Field(
+        default=None,
+        description="The latest progress reported; a running attempt that has not reported "
+        "yet shows none",
+    )
 
 
 class GroupRef(_Model):
@@ -141,6 +164,10 @@ class Task(_TaskFields):
         default=None, description="The last failed attempt's traceback, with its chain"
     )
     headers: dict[str, str]
+    logs: list[TaskLogLine] = Field(
+        default_factory=list,
+        description="The handler's last 50 log lines over all attempts, oldest first",
+    )
     group: GroupRef | None = Field(
         default=None, description="The group of a task enqueued with enqueue_group"
     )

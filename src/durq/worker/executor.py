@@ -31,6 +31,7 @@ from durq.task import TaskContext, TaskInfo
 from durq.worker import frames
 from durq.worker.acker import Acker
 from durq.worker.hooks import WorkerHooks
+from durq.worker.reports import AttemptReports
 
 if TYPE_CHECKING:
     from durq.app import App, TaskDef
@@ -116,6 +117,8 @@ class Executor:
         self._stored = 0
         self.slot_freed = asyncio.Event()
         self.acker = Acker(broker, on_waiting=self.slot_freed.set, on_stored=self._completed)
+        #: The progress reports of attempts whose handler takes a TaskContext.
+        self._reports: dict[LeaseRef, AttemptReports] = {}
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="durq-task")
 
     @property
@@ -210,6 +213,7 @@ class Executor:
             outcome = await self._run_and_settle(lease)
         except asyncio.CancelledError:
             reason = self.running[key].reason if key in self.running else None
+            await self._end_reports(key)
             outcome = await self._settle_cancelled(lease, reason)
         except Exception:  # a bug in settling must not kill the worker; the lease will expire
             log.exception(
@@ -230,9 +234,10 @@ class Executor:
                 self._mark_settling(lease)
                 raise _NoHandler(f'no handler for type "{task.type}"')
             try:
-                result = await self._call(task_def, task)
+                result = await self._call(task_def, task, lease.ref)
             finally:
                 self._mark_settling(lease)
+                await self._end_reports(lease.ref)
             encoded = codec.encode_result(result, max_bytes=self.app.max_result)
         except asyncio.CancelledError as exc:
             current = asyncio.current_task()
@@ -298,7 +303,7 @@ class Executor:
             self._settling += 1
             self._busy_changed()
 
-    async def _call(self, task_def: TaskDef[Any, Any], task: TaskInfo) -> Any:
+    async def _call(self, task_def: TaskDef[Any, Any], task: TaskInfo, ref: LeaseRef) -> Any:
         limit = groups.payload_limit(task, self.app.max_payload)
         if len(task.raw_payload) > limit:
             # Only storage written behind the client's back gets here (enqueue refuses it;
@@ -322,7 +327,7 @@ class Executor:
             else:
                 args.append(data)
         if shape.wants_context:
-            args.append(self._context(task))
+            args.append(self._context(task, ref))
         budget = self._budget(task)
         with contextlib.ExitStack() as stack:
             for hook in self.hooks:
@@ -348,7 +353,11 @@ class Executor:
         call: Callable[[], Any] = functools.partial(ctx.run, task_def.fn, *args)
         return await asyncio.get_running_loop().run_in_executor(self._threads, call)
 
-    def _context(self, task: TaskInfo) -> TaskContext:
+    def _context(self, task: TaskInfo, ref: LeaseRef) -> TaskContext:
+        reports = AttemptReports(
+            self.broker, ref, task.retried + 1, self.app.clock, asyncio.get_running_loop()
+        )
+        self._reports[ref] = reports
         return TaskContext(
             id=task.id,
             queue=task.queue,
@@ -358,7 +367,18 @@ class Executor:
             deadline=task.deadline,
             headers=dict(task.headers),
             worker_id=self.worker_id,
+            reports=reports,
         )
+
+    async def _end_reports(self, ref: LeaseRef) -> None:
+        """Write what the attempt reported last, before its outcome ends the lease."""
+        reports = self._reports.pop(ref, None)
+        if reports is None:
+            return
+        try:
+            await reports.close()
+        except Exception:  # progress is best effort: never the attempt's outcome
+            log.exception("task %s: could not store its last progress", ref.id)
 
     def _budget(self, task: TaskInfo) -> float | None:
         """Seconds this attempt may run: the smaller of timeout and time to deadline (W3)."""

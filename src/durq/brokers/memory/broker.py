@@ -34,6 +34,7 @@ from durq.brokers.base import (
     LeaseMove,
     LeaseRef,
     LeaseReport,
+    ProgressParams,
     RetryParams,
     WorkerInfo,
     ended_by,
@@ -47,6 +48,7 @@ from durq.errors import (
     DuplicateTaskError,
     TaskIDConflictError,
 )
+from durq.progress import append_lines
 from durq.task import TaskInfo
 
 
@@ -290,6 +292,18 @@ class MemoryBroker(AdminForwarder):
     async def archive(self, params: ArchiveParams) -> bool:
         """State archived with the error, with its follow-ups."""
         return (await self.move_leases([params]))[0]
+
+    async def report_progress(self, params: ProgressParams) -> bool:
+        """Store an attempt's progress and log lines, fenced by its token."""
+        with self._store.lock:
+            row = self._held(params.lease)
+            if row is None:
+                return False
+            if params.progress is not None:
+                row.progress = params.progress or None
+            if params.lines:
+                row.logs = append_lines(row.logs, params.lines)
+        return True
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Back to pending, due now, without counting an attempt (W7)."""

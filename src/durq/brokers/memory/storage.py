@@ -28,6 +28,7 @@ from durq.brokers.base import (
 from durq.brokers.mailbox import Mailbox, Watches
 from durq.clock import to_datetime, utc_day
 from durq.errors import DuplicateTaskError, TaskIDConflictError
+from durq.progress import decode_logs, progress_of
 from durq.states import TaskState
 from durq.task import LimitSpec, TaskInfo, make_info
 
@@ -81,6 +82,9 @@ class Row:
     limits: tuple[LimitSpec, ...] = ()
     #: The limit key this waiting task is held on (out of ``Queue.waiting`` meanwhile).
     held: str | None = None
+    #: Stored forms of the latest progress and the log (:mod:`durq.progress`).
+    progress: str | None = None
+    logs: str | None = None
 
     def info(self) -> TaskInfo:
         return make_info(
@@ -109,6 +113,8 @@ class Row:
             priority=self.priority,
             limits=self.limits,
             held_by=self.held,
+            progress=progress_of(self.progress, self.state, self.retried),
+            logs=decode_logs(self.logs),
         )
 
     def gone(self, now: float) -> bool:

@@ -43,6 +43,7 @@ from durq.brokers.base import (
     LeaseMove,
     LeaseRef,
     LeaseReport,
+    ProgressParams,
     RetryParams,
     WorkerInfo,
     ended_by,
@@ -84,6 +85,7 @@ from durq.brokers.postgres.wakeup import EndListener, Listener
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock, to_datetime, utc_day
 from durq.errors import ConfigurationError
+from durq.progress import MAX_LOG_LINES
 from durq.task import TaskInfo
 
 _T = TypeVar("_T")
@@ -770,6 +772,23 @@ class PostgresBroker(AdminForwarder):
         if row and row["n"]:
             self._s.ended([params.lease.task_key])
         return self._moved(row, params.lease.queue)
+
+    async def report_progress(self, params: ProgressParams) -> bool:
+        """Store an attempt's progress and log lines, fenced by its token (one statement
+        appends and trims the log)."""
+        row = await self._s.fetch_one(
+            "report_progress",
+            "report_progress",
+            {
+                "queue": params.lease.queue,
+                "id": params.lease.id,
+                "token": params.lease.token,
+                "progress": params.progress,
+                "lines": "\n".join(params.lines) if params.lines else None,
+                "keep": MAX_LOG_LINES,
+            },
+        )
+        return row is not None
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Hand an active task back as pending without counting an attempt (W7)."""

@@ -833,6 +833,20 @@ counted_minute AS (
 )
 SELECT count(*) AS n, EXISTS (SELECT 1 FROM released WHERE waiting) AS wake FROM ended;
 
+-- name: report_progress
+-- A running attempt's report (durq.progress), fenced by its token. :progress NULL keeps the
+-- progress, '' clears it; :lines (stored lines joined by a newline, NULL for none) are
+-- appended and only the last :keep lines kept (durq.progress.append_lines, in SQL).
+UPDATE {schema}.tasks AS t
+SET progress = CASE WHEN %(progress)s::text IS NULL THEN t.progress
+                    ELSE nullif(%(progress)s::text, '') END,
+    logs = CASE WHEN %(lines)s::text IS NULL THEN t.logs ELSE (
+        SELECT array_to_string(s.a[greatest(1, cardinality(s.a) - %(keep)s + 1):], E'\n')
+        FROM (SELECT string_to_array(concat_ws(E'\n', t.logs, %(lines)s::text), E'\n') AS a) AS s
+    ) END
+WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active' AND t.lease_token = %(token)s
+RETURNING 1 AS held;
+
 -- name: requeue
 -- Graceful shutdown hands the task back (W7): due now, no attempt counted; wake workers.
 WITH ended AS (

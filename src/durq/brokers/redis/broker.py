@@ -43,6 +43,7 @@ from durq.brokers.base import (
     LeaseMove,
     LeaseRef,
     LeaseReport,
+    ProgressParams,
     RetryParams,
     WorkerInfo,
 )
@@ -69,6 +70,7 @@ from durq.errors import (
     TaskIDConflictError,
     ValidationError,
 )
+from durq.progress import MAX_LOG_LINES
 from durq.states import TaskState
 from durq.task import TaskInfo
 
@@ -729,6 +731,25 @@ class RedisBroker(AdminForwarder):
         if done and isinstance(params, ArchiveParams) and params.follow_ups:
             await self._drain(self._s.outbox_queues(params.lease.queue, params.follow_ups))
         return done
+
+    async def report_progress(self, params: ProgressParams) -> bool:
+        """Store an attempt's progress and log lines, fenced by its token (one script on
+        the task's hash, which appends and trims the log)."""
+        k = self._s.keys.queue(params.lease.queue)
+        async with self._s.op("report_progress"):
+            await self._s.ensure()
+            held = await self._s.eval(
+                "progress",
+                [k.task(params.lease.id)],
+                [
+                    params.lease.token,
+                    "0" if params.progress is None else "1",
+                    params.progress or "",
+                    MAX_LOG_LINES,
+                    "\n".join(params.lines),
+                ],
+            )
+        return bool(held)
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Hand an active task back as pending without counting an attempt (W7)."""

@@ -25,6 +25,7 @@ SCRIPT_NAMES = (
     "retry",
     "archive",
     "requeue",
+    "progress",
     "promote",
     "expired",
     "janitor",

@@ -8,6 +8,7 @@ from typing import Any
 
 from durq.brokers.limiter import Counter
 from durq.clock import to_datetime
+from durq.progress import decode_logs, progress_of
 from durq.states import TaskState
 from durq.task import TaskInfo, limits_from_json, make_info
 
@@ -50,14 +51,15 @@ def task_info(queue: str, flat: Sequence[Any] | dict[Any, Any]) -> TaskInfo:
     h = pairs(flat)
     headers_raw = _chunks(h, "h")
     headers: dict[str, str] = json.loads(headers_raw) if headers_raw else {}
+    state, retried = TaskState(_s(h["state"])), int(h.get("retried", 0))
     return make_info(
         id=_s(h["id"]),
         queue=queue,
         type=_s(h["type"]),
         raw_payload=_chunks(h, "p") or b"",
-        state=TaskState(_s(h["state"])),
+        state=state,
         max_retry=int(h["max_retry"]),
-        retried=int(h.get("retried", 0)),
+        retried=retried,
         last_error=_opt_str(h, "last_error"),
         timeout=_opt_float(h, "timeout"),
         deadline=to_datetime(_opt_float(h, "deadline")),
@@ -76,6 +78,8 @@ def task_info(queue: str, flat: Sequence[Any] | dict[Any, Any]) -> TaskInfo:
         priority=int(h.get("prio", 0)),
         limits=limits_from_json(h.get("L")),
         held_by=_opt_str(h, "held_by"),
+        progress=progress_of(h.get("progress"), state, retried),
+        logs=decode_logs(h.get("logs")),
     )
 
 

@@ -45,6 +45,7 @@ from durq.brokers.base import (
     LeaseMove,
     LeaseRef,
     LeaseReport,
+    ProgressParams,
     RetryParams,
     WorkerInfo,
     ended_by,
@@ -67,6 +68,7 @@ from durq.brokers.sqlite.storage import (
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import ConfigurationError, DuplicateTaskError, SchemaError, TaskIDConflictError
+from durq.progress import append_lines
 from durq.states import TaskState
 from durq.task import LimitSpec, TaskInfo, limits_from_json
 
@@ -568,6 +570,21 @@ class SQLiteBroker(AdminForwarder):
         """State archived with the error; fenced by the token."""
         (done,) = await self.move_leases([params])
         return done
+
+    async def report_progress(self, params: ProgressParams) -> bool:
+        """Store an attempt's progress and log lines, fenced by its token (the log is read,
+        appended to and written back in one write transaction)."""
+        ref = {"queue": params.lease.queue, "id": params.lease.id, "token": params.lease.token}
+
+        def run(c: Conn, now: float) -> bool:
+            row = c.execute(Q["held_logs"], ref).fetchone()
+            if row is None:
+                return False
+            logs = append_lines(row["logs"], params.lines) if params.lines else row["logs"]
+            c.execute(Q["report_progress"], {**ref, "progress": params.progress, "logs": logs})
+            return True
+
+        return await self._s.write("sqlite.report_progress", run, inline=True)
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Back to pending without counting an attempt (graceful shutdown, W7)."""

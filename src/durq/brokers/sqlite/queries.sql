@@ -17,6 +17,9 @@ SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'durq_schema_
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM durq_schema_migrations;
 
+-- name: applied_versions
+SELECT version FROM durq_schema_migrations;
+
 -- name: record_migration
 INSERT INTO durq_schema_migrations (version, name, applied_at) VALUES (:version, :name, :now);
 
@@ -213,6 +216,19 @@ WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
        OR CASE WHEN lease_boot IS NULL THEN lease_expires_at <= :now
                ELSE lease_boot IS NOT :boot OR lease_mono <= :mono END)
 RETURNING limits;
+
+-- name: held_logs
+-- A running attempt's report (durq.progress): the task's log, if the lease is still held.
+SELECT logs FROM durq_tasks
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+
+-- name: report_progress
+-- :progress NULL keeps the progress, '' clears it; :logs is the whole new log (appended and
+-- trimmed by durq.progress.append_lines in the same transaction as held_logs).
+UPDATE durq_tasks
+SET progress = CASE WHEN :progress IS NULL THEN progress ELSE nullif(:progress, '') END,
+    logs = :logs
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
 
 -- name: requeue
 -- Graceful shutdown (W7): back to pending, due now, without counting an attempt.

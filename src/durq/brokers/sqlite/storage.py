@@ -311,19 +311,23 @@ class SQLiteStorage:
         return conn
 
     def _migrate(self, conn: Conn, operation: str) -> list[str]:
-        """Apply the missing migrations in one immediate transaction (safe across processes)."""
-        current = schema_version(conn)
-        self._check_version(current, operation)
-        if current == SCHEMA_VERSION:
+        """Apply the missing migrations in one immediate transaction (safe across processes).
+
+        Missing means not recorded, not only newer than the latest recorded: a number held
+        by a migration of another branch (a gap, see :func:`~durq.brokers.sqlfiles.
+        load_migrations`) is applied once it exists, as on PostgreSQL."""
+        applied = applied_versions(conn)
+        self._check_version(max(applied, default=0), operation)
+        if all(m.version in applied for m in MIGRATIONS):
             return []
 
         def apply(c: Conn) -> list[str]:
             c.execute(Q["migrations_table"])
-            version = schema_version(c)  # another process may have migrated meanwhile
-            self._check_version(version, operation)
+            applied = applied_versions(c)  # another process may have migrated meanwhile
+            self._check_version(max(applied, default=0), operation)
             done: list[str] = []
             for migration in MIGRATIONS:
-                if migration.version <= version:
+                if migration.version in applied:
                     continue
                 for statement in split_statements(migration.sql):
                     c.execute(statement)
@@ -627,6 +631,13 @@ def schema_version(conn: Exec) -> int:
     if not conn.execute(Q["has_migrations_table"]).fetchone()[0]:
         return 0
     return int(conn.execute(Q["schema_version"]).fetchone()[0])
+
+
+def applied_versions(conn: Exec) -> set[int]:
+    """The versions of the migrations applied; empty for a file without durq tables."""
+    if not conn.execute(Q["has_migrations_table"]).fetchone()[0]:
+        return set()
+    return {int(row[0]) for row in conn.execute(Q["applied_versions"])}
 
 
 def split_statements(script: str) -> list[str]:

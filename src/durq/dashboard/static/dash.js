@@ -104,6 +104,36 @@
   }
   if (limits) setInterval(refreshLimits, refresh);
 
+  // Task page: while the task runs, its progress bar, log and state follow the admin API.
+  const report = document.getElementById("task-report");
+  function logLine(line) {
+    const when = line.at ? line.at.slice(11, 19) : "?";
+    return `attempt ${line.attempt} ${when} ${line.level} ${line.message}`;
+  }
+  async function refreshReport() {
+    try {
+      const task = await getJSON(report.dataset.source);
+      const p = task.progress;
+      const text = document.getElementById("progress-text");
+      if (p) {
+        const percent = Math.floor(p.fraction * 100);
+        text.textContent = `${percent}%${p.message ? " " + p.message : ""} (attempt ${p.attempt})`;
+        document.getElementById("progress-bar").value = p.fraction;
+      }
+      document.getElementById("task-log").textContent =
+        task.logs.map((line) => logLine(line) + "\n").join("");
+      const state = document.getElementById("task-state");
+      if (state && state.textContent !== task.state) {
+        state.textContent = task.state;
+        state.className = `badge state-${task.state}`;
+      }
+      if (task.state !== "active") clearInterval(reportTimer);  // final: nothing moves now
+    } catch (err) { /* keep what is shown; the next tick retries */ }
+  }
+  // Progress is written at most every 0.5 s: poll faster than the page refresh, still gently.
+  const reportTimer = report && report.dataset.live === "yes"
+    ? setInterval(refreshReport, Math.min(refresh, 2000)) : null;
+
   // The chart: two polylines (processed, failed) over the last hour, drawn as SVG.
   const chart = document.getElementById("chart");
   function el(name, attrs, text) {
