@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, overload
 
 from durq import backoff, continuations, durations, groups, webhooks
+from durq import encryption as crypt
 from durq.brokers import FullBroker, open_broker, resolve_url
 from durq.brokers.base import (
     CAP_CROSS_QUEUE_FOLLOW_UPS,
@@ -26,6 +27,7 @@ from durq.brokers.base import (
 )
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.codec import DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_RESULT
+from durq.encryption import Encryption
 from durq.errors import ConfigurationError, ValidationError
 from durq.groups import Group
 from durq.limits import LimitOption, as_limits
@@ -180,6 +182,7 @@ class App:
         webhook_secret: str | None = None,
         max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
         max_result: int = DEFAULT_MAX_RESULT,
+        encryption: Encryption | None = None,
     ) -> None:
         for name, limit in (
             ("max_payload", max_payload),
@@ -195,6 +198,9 @@ class App:
         #: Bound on a handler's encoded result; a larger one fails the attempt.
         self.max_result = max_result
         self.default_queue = check_queue(default_queue)
+        #: Keys payloads and results are sealed with (durq.encryption); from
+        #: DURQ_ENCRYPTION_KEYS when not given; ``None``: stored in the clear.
+        self.encryption = encryption if encryption is not None else Encryption.from_env()
         self.tasks: dict[str, TaskDef[Any, Any]] = {}
         self.header_hooks: list[HeaderHook] = []
         #: Called with every task this app created (not with refused ones), e.g. metrics.
@@ -424,6 +430,8 @@ class App:
             for hook in self.header_hooks:
                 hook(headers)
             params = replace(params, headers=headers)
+        if self.encryption is not None:  # after the unique key: a digest of the plain payload
+            params = replace(params, payload=self.encryption.seal(params.payload))
         params = self._with_then(params, request.then)
         # A webhook header: valid URL, delivery options recorded with the task.
         return webhooks.prepare(params, self.webhook_options)
@@ -562,6 +570,9 @@ class App:
         return make_request(type=name, payload=payload, headers=headers or {}, **options)
 
     def _created(self, info: TaskInfo) -> TaskInfo:
+        if self.encryption is not None and crypt.sealed(info.raw_payload):
+            # The caller gets back the payload it gave, not its ciphertext.
+            info = info.replace(raw_payload=self.encryption.open(info.raw_payload))
         for hook in self.enqueue_hooks:
             hook(info)
         return info
@@ -718,7 +729,7 @@ class App:
         limit = durations.seconds(timeout)
         broker = await self.broker()
         info = await wait_for_end(broker, queue, task_id, limit)
-        return info.result
+        return crypt.decode(info.raw_result, self.encryption)
 
     def wait_sync(
         self,
