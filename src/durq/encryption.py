@@ -22,11 +22,18 @@ import base64
 import binascii
 import os
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from durq import codec
+from durq.brokers.base import TaskRewrite
 from durq.errors import ConfigurationError, EncryptionError
+from durq.states import TaskState
+
+if TYPE_CHECKING:
+    from durq.brokers.base import Admin
+    from durq.task import TaskInfo
 
 #: Environment variable of the keys: ``"<id>:<base64 key>,<id>:<base64 key>"``, newest first.
 ENV = "DURQ_ENCRYPTION_KEYS"
@@ -214,4 +221,114 @@ def plain(raw: bytes | None, encryption: Encryption | None) -> bytes | None:
     return encryption.open(raw)
 
 
-__all__ = ["ENV", "Encryption", "decode", "decode_payload", "key_id", "sealed"]
+#: States whose tasks ``rotate`` rewrites: every one but active (a worker holds the task; its
+#: result is sealed with that worker's newest key, and a later run rewrites its payload).
+ROTATED_STATES = (
+    TaskState.PENDING,
+    TaskState.SCHEDULED,
+    TaskState.RETRY,
+    TaskState.ARCHIVED,
+    TaskState.COMPLETED,
+)
+#: Tasks read and rewritten per batch.
+ROTATE_BATCH = 200
+
+
+@dataclass
+class RotateReport:
+    """What :func:`rotate` found: tasks ``examined``; ``rewritten`` (or, on a dry run, to
+    rewrite) with the newest key; ``current`` already were; ``moved``: changed state or were
+    rewritten meanwhile (left as they are: run it again); ``unreadable``: sealed with a key
+    that is not configured, or not JSON where a sealed part was expected; ``active``: held
+    by workers, not touched."""
+
+    newest: str
+    queues: list[str] = field(default_factory=list)
+    examined: int = 0
+    rewritten: int = 0
+    current: int = 0
+    moved: int = 0
+    unreadable: int = 0
+    active: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+def reseal(raw: bytes | None, encryption: Encryption) -> bytes | None:
+    """``raw`` sealed with the newest key; ``raw`` itself when it already is (or is
+    ``None``). A value stored in the clear is sealed too; one holding sealed parts (a
+    follow-up's payload) is opened first, so no older key is needed to read it afterwards.
+    EncryptionError / ValueError when it cannot be read."""
+    if raw is None:
+        return None
+    if sealed(raw):
+        if key_id(raw) == encryption.newest:
+            return raw
+        return encryption.seal(encryption.open(raw))
+    if has_sealed(raw):
+        raw = codec.canonical(encryption.decode(raw))
+    return encryption.seal(raw)
+
+
+async def rotate(
+    admin: Admin,
+    encryption: Encryption,
+    queues: Sequence[str],
+    *,
+    dry_run: bool = False,
+    batch: int = ROTATE_BATCH,
+) -> RotateReport:
+    """Re-seal the payloads and results of the tasks of ``queues`` with the newest key,
+    ``batch`` tasks at a time, each write fenced by :class:`TaskRewrite` (its state and its
+    bytes), in the states of :data:`ROTATED_STATES`."""
+    report = RotateReport(encryption.newest, list(queues))
+    for queue in queues:
+        stats = await admin.queue_stats(queue)
+        report.active += stats.sizes.get(TaskState.ACTIVE, 0)
+        for state in ROTATED_STATES:
+            offset = 0
+            while page := await admin.list_tasks(queue, state, limit=batch, offset=offset):
+                offset += len(page)
+                for task in page:
+                    await _rotate_one(admin, encryption, task, report, dry_run)
+    return report
+
+
+async def _rotate_one(
+    admin: Admin, encryption: Encryption, task: TaskInfo, report: RotateReport, dry_run: bool
+) -> None:
+    report.examined += 1
+    try:
+        payload = reseal(task.raw_payload, encryption)
+        result = reseal(task.raw_result, encryption)
+    except (EncryptionError, ValueError):
+        report.unreadable += 1
+        return
+    assert payload is not None
+    if payload == task.raw_payload and result == task.raw_result:
+        report.current += 1
+        return
+    if dry_run:
+        report.rewritten += 1
+        return
+    change = TaskRewrite(
+        task.queue, task.id, task.state, task.raw_payload, task.raw_result, payload, result
+    )
+    if await admin.rewrite_task(change):
+        report.rewritten += 1
+    else:
+        report.moved += 1
+
+
+__all__ = [
+    "ENV",
+    "Encryption",
+    "RotateReport",
+    "decode",
+    "decode_payload",
+    "key_id",
+    "rotate",
+    "sealed",
+]

@@ -443,6 +443,22 @@ def ended_by(moves: Sequence[LeaseMove], done: Sequence[bool]) -> list[tuple[str
 
 
 @dataclass(frozen=True, slots=True)
+class TaskRewrite:
+    """Replace a stored task's payload and result bytes (``durq encryption rotate``), fenced:
+    only if the task is still in ``expect`` (not active; a completed task past its
+    retention counts as gone) and still holds exactly ``payload`` and ``result``, so a task
+    that moved or was rewritten meanwhile is left as it is."""
+
+    queue: str
+    id: str
+    expect: TaskState
+    payload: bytes
+    result: bytes | None
+    new_payload: bytes
+    new_result: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
 class TaskMove:
     """The inspector's move of one task that is not active, fenced by the state it was in
     when the move was decided (:mod:`durq.lifecycle` reads it, then asks for this)."""
@@ -878,6 +894,10 @@ class Admin(Protocol):
         """Flag an active task so its worker cancels the handler (W12); ``None`` if the
         task is not active (or gone)."""
 
+    async def rewrite_task(self, rewrite: TaskRewrite) -> bool:
+        """Replace a task's payload and result bytes if the fences of :class:`TaskRewrite`
+        hold; whether it did."""
+
     async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
         """Move every task of ``queue`` in ``state`` as :class:`TaskMove` would (``to``
         pending or ``None``: deleted), in short batches; how many. QueueNotFoundError if the
@@ -945,6 +965,10 @@ class AdminForwarder:
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """See :meth:`Admin.request_cancel`."""
         return await self.admin.request_cancel(queue, task_id)
+
+    async def rewrite_task(self, rewrite: TaskRewrite) -> bool:
+        """See :meth:`Admin.rewrite_task`."""
+        return await self.admin.rewrite_task(rewrite)
 
     async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
         """See :meth:`Admin.move_all`."""

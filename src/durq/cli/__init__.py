@@ -18,6 +18,7 @@ from durq.cli import (
     common,
     dash,
     demo,
+    encryption,
     enqueue,
     group,
     limit,
@@ -60,6 +61,7 @@ demo.register(app)
 bench.register(app)
 scheduler.register(app)
 dash.register(app)
+encryption.register(app)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -9,6 +9,7 @@ from durq.brokers.base import (
     MinuteCounts,
     QueueStats,
     TaskMove,
+    TaskRewrite,
     TaskSearch,
     TaskSearchResult,
     WorkerInfo,
@@ -209,6 +210,21 @@ class MemoryAdmin:
                 return None
             row.cancel_requested = True
             return row.info()
+
+    async def rewrite_task(self, rewrite: TaskRewrite) -> bool:
+        """New payload and result bytes, fenced (see :class:`TaskRewrite`)."""
+        with self._store.lock:
+            row = self._store.get(rewrite.queue, rewrite.id, self._clock.now())
+            if (
+                row is None
+                or row.state is A
+                or row.state is not TaskState(rewrite.expect)
+                or row.payload != rewrite.payload
+                or row.result != rewrite.result
+            ):
+                return False
+            row.payload, row.result = rewrite.new_payload, rewrite.new_result
+            return True
 
     async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
         """Run (``to`` pending) or delete (``to`` None) every task of ``state``."""

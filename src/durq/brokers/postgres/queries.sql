@@ -1065,6 +1065,15 @@ SET cancel_requested = true
 WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active'
 RETURNING t.*;
 
+-- name: rewrite_task
+-- durq encryption rotate: new payload and result bytes, fenced by the state and by the
+-- bytes the new ones were made from (a task that moved or was rewritten meanwhile is left).
+UPDATE {schema}.tasks
+SET payload = %(new_payload)s, result = %(new_result)s
+WHERE queue = %(queue)s AND id = %(id)s AND state = %(expect)s AND state <> 'active'
+  AND payload = %(payload)s AND result IS NOT DISTINCT FROM %(result)s::bytea
+  AND NOT (state = 'completed' AND expires_at <= {now});
+
 -- name: delete_task
 DELETE FROM {schema}.tasks
 WHERE queue = %(queue)s AND id = %(id)s AND state = %(expect)s

@@ -31,6 +31,7 @@ SCRIPT_NAMES = (
     "admin_move",
     "oldest_pending",
     "admin_cancel",
+    "admin_rewrite",
     "admin_run_all",
     "admin_delete_all",
 )

@@ -14,12 +14,13 @@ from durq.brokers.base import (
     MinuteCounts,
     QueueStats,
     TaskMove,
+    TaskRewrite,
     TaskSearch,
     TaskSearchResult,
     WorkerInfo,
     first_counted_minute,
 )
-from durq.brokers.sqlfiles import group_info
+from durq.brokers.sqlfiles import group_info, rewrite_params
 from durq.brokers.sqlite.storage import Conn, Q, SQLiteStorage, snapshot
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import utc_day
@@ -239,6 +240,15 @@ class SQLiteAdmin:
             return None if row is None else row_to_info(row)
 
         return await self._s.write("sqlite.request_cancel", body)
+
+    async def rewrite_task(self, rewrite: TaskRewrite) -> bool:
+        """New payload and result bytes, fenced (see :class:`TaskRewrite`)."""
+
+        def body(conn: Conn, now: float) -> bool:
+            params = {**rewrite_params(rewrite), "now": now}
+            return bool(conn.execute(Q["rewrite_task"], params).rowcount == 1)
+
+        return await self._s.write("sqlite.rewrite_task", body)
 
     async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
         """Run (``to`` pending) or delete (``to`` None) every task of ``state``."""

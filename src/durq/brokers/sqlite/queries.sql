@@ -366,6 +366,15 @@ SET state = 'archived', last_error = coalesce(:error, last_error),
 WHERE queue = :queue AND id = :id AND state = :expect
 RETURNING *;
 
+-- name: rewrite_task
+-- durq encryption rotate: new payload and result bytes, fenced by the state and by the
+-- bytes the new ones were made from (a task that moved or was rewritten meanwhile is left).
+UPDATE durq_tasks
+SET payload = :new_payload, result = :new_result
+WHERE queue = :queue AND id = :id AND state = :expect AND state <> 'active'
+  AND payload = :payload AND result IS :result
+  AND NOT (state = 'completed' AND expires_at <= :now);
+
 -- name: delete_task
 DELETE FROM durq_tasks
 WHERE queue = :queue AND id = :id AND state = :expect
