@@ -79,6 +79,11 @@ def test_rotate_re_encrypts_with_the_newest_key(cli: Cli, tmp_path: Path) -> Non
     again = cli.ok("encryption", "rotate", "signapp:app", "--json").json()
     assert again["rewritten"] == 0 and again["current"] == 7
 
+    shown = cli.ok("task", "get", "doc-0", "--queue", "default").out
+    assert "(encrypted)" in shown and "durq:encrypted" not in shown
+    listed = cli.ok("task", "ls", "--queue", "default", "--json").out
+    assert '"payload_preview": "encrypted"' in listed and "durq:encrypted" not in listed
+
     # A worker that has only the newest key reads every task.
     cli.env["DURQ_ENCRYPTION_KEYS"] = f"k2:{K2}"
     worker = cli.spawn("worker", "signapp:app")
