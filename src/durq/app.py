@@ -33,12 +33,15 @@ from durq.groups import Group
 from durq.limits import LimitOption, as_limits
 from durq.names import check_queue, check_type
 from durq.options import (
+    DEFAULT_ARCHIVED_RETENTION,
     DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_RETENTION,
+    ArchivedRetentionOption,
     Duration,
     EnqueueRequest,
     Moment,
     TaskDefaults,
+    archived_policy,
     build_params,
     check_priority,
     make_request,
@@ -183,6 +186,7 @@ class App:
         max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
         max_result: int = DEFAULT_MAX_RESULT,
         encryption: Encryption | None = None,
+        archived_retention: ArchivedRetentionOption = DEFAULT_ARCHIVED_RETENTION,
     ) -> None:
         for name, limit in (
             ("max_payload", max_payload),
@@ -201,6 +205,8 @@ class App:
         #: Keys payloads and results are sealed with (durq.encryption); from
         #: DURQ_ENCRYPTION_KEYS when not given; ``None``: stored in the clear.
         self.encryption = encryption if encryption is not None else Encryption.from_env()
+        #: How long the janitor keeps archived tasks, per queue (see :func:`archived_policy`).
+        self.archived_retention = archived_policy(archived_retention)
         self.tasks: dict[str, TaskDef[Any, Any]] = {}
         self.header_hooks: list[HeaderHook] = []
         #: Called with every task this app created (not with refused ones), e.g. metrics.

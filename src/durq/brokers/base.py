@@ -48,7 +48,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -443,6 +443,25 @@ def ended_by(moves: Sequence[LeaseMove], done: Sequence[bool]) -> list[tuple[str
 
 
 @dataclass(frozen=True, slots=True)
+class ArchivedRetention:
+    """How long the janitor keeps archived tasks, counted from when each was archived:
+    ``default`` seconds in every queue but those of ``queues`` (queue -> seconds); ``None``
+    keeps them until someone runs or deletes them."""
+
+    default: float | None
+    queues: Mapping[str, float | None] = field(default_factory=dict)
+
+    def of(self, queue: str) -> float | None:
+        """The retention of ``queue``'s archived tasks (``None``: kept)."""
+        return self.queues[queue] if queue in self.queues else self.default
+
+    @property
+    def keeps_all(self) -> bool:
+        """Nothing to delete anywhere: every queue keeps its archived tasks."""
+        return self.default is None and all(v is None for v in self.queues.values())
+
+
+@dataclass(frozen=True, slots=True)
 class TaskRewrite:
     """Replace a stored task's payload and result bytes (``durq encryption rotate``), fenced:
     only if the task is still in ``expect`` (not active; a completed task past its
@@ -766,6 +785,11 @@ class Broker(Protocol):
         """Apply several fenced ``retry``/``archive`` moves (with their follow-ups) at once:
         one transaction on SQL brokers; on Redis one script per move, each atomic with its
         follow-ups. One answer per move: whether its fence held."""
+
+    async def delete_archived(self, retention: ArchivedRetention, limit: int) -> int:
+        """Janitor: delete up to ``limit`` archived tasks archived longer ago than their
+        queue's ``retention``; how many. Their group records and follow-ups are unchanged
+        (a member's outcome was recorded when it was archived)."""
 
     async def delete_expired(self, limit: int) -> int:
         """Janitor: delete up to ``limit`` completed tasks whose retention has passed (and

@@ -312,7 +312,7 @@ class TestWorker:
         self._services = [
             Promoter(broker, 0),
             Rescuer(broker, 0, self.max_lost),
-            Janitor(broker, 0),
+            Janitor(broker, 0, self.app.archived_retention),
         ]
         if self._scheduler_wanted and len(self.app.schedules):
             self._services.append(PeriodicScheduler(self.app, broker))

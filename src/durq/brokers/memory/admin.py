@@ -179,6 +179,7 @@ class MemoryAdmin:
                 if row.state not in WAITING:
                     return None
                 store.move(row, X)
+                row.expires_at = now  # the moment it was archived (archived retention)
                 if move.error is not None:
                     row.last_error = move.error
                 woken |= store.insert_follow_ups(move.follow_ups, now)

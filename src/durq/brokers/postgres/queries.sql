@@ -806,7 +806,7 @@ WITH ended AS (
         last_error = %(error)s,
         traceback = %(traceback)s,
         lease_token = NULL, lease_expires_at = NULL, cancel_requested = false,
-        unique_key = NULL, unique_until = NULL
+        unique_key = NULL, unique_until = NULL, expires_at = {now}
     WHERE t.queue = %(queue)s AND t.id = %(id)s
       AND t.state = 'active' AND t.lease_token = %(token)s
       AND (%(expired_by)s::float8 IS NULL
@@ -897,6 +897,26 @@ WITH victims AS (
     ORDER BY expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {schema}.tasks AS t
+USING victims AS v
+WHERE t.queue = v.queue AND t.id = v.id;
+
+-- name: delete_archived
+-- Janitor: a bounded batch of archived tasks past their queue's archived retention, counted
+-- from expires_at, which holds the moment an archived task was archived. queues/keeps: the
+-- queues with their own retention in seconds (NULL: kept forever); other queues keep
+-- %(default)s (NULL: forever).
+WITH victims AS (
+    SELECT t.queue, t.id
+    FROM {schema}.tasks AS t
+    LEFT JOIN unnest(%(queues)s::text[], %(keeps)s::float8[]) AS k(queue, keep)
+      ON k.queue = t.queue
+    WHERE t.state = 'archived'
+      AND t.expires_at <= {now} - (CASE WHEN k.queue IS NULL THEN %(default)s::float8
+                                        ELSE k.keep END)
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
 )
 DELETE FROM {schema}.tasks AS t
 USING victims AS v
@@ -1054,7 +1074,7 @@ SELECT r.* FROM r, woken;
 -- name: archive_task
 UPDATE {schema}.tasks AS t
 SET state = 'archived', last_error = coalesce(%(error)s, t.last_error),
-    unique_key = NULL, unique_until = NULL, held_by = NULL
+    unique_key = NULL, unique_until = NULL, held_by = NULL, expires_at = {now}
 WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = %(expect)s
 RETURNING t.*;
 

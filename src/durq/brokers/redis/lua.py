@@ -28,6 +28,7 @@ SCRIPT_NAMES = (
     "promote",
     "expired",
     "janitor",
+    "janitor_archived",
     "admin_move",
     "oldest_pending",
     "admin_cancel",
