@@ -173,7 +173,13 @@ class App:
 
     ``broker`` is a URL (``sqlite:///durq.sqlite3``, ``postgresql://…``, ``redis://…``) or a
     broker object; without it ``DURQ_BROKER_URL`` or the SQLite default is used. The
-    same app object serves web handlers (enqueue) and workers (``durq worker module:app``)."""
+    same app object serves web handlers (enqueue) and workers (``durq worker module:app``).
+
+    ``encryption``: :class:`durq.Encryption` keys that payloads and results are stored
+    encrypted with (default: from ``DURQ_ENCRYPTION_KEYS``, else none; see
+    :mod:`durq.encryption`). ``archived_retention``: how long the janitor keeps archived
+    tasks after they were archived: a duration, ``None`` (keep them), or a mapping of queue
+    -> duration or ``None`` with ``"*"`` for the other queues; default 7 days."""
 
     def __init__(
         self,
