@@ -581,10 +581,21 @@ class App:
         name = type.type if isinstance(type, TaskDef) else type
         return make_request(type=name, payload=payload, headers=headers or {}, **options)
 
+    def decrypted(self, info: TaskInfo) -> TaskInfo:
+        """``info`` with its encrypted payload and result decrypted with this app's keys
+        (:mod:`durq.encryption`); as it is when nothing is encrypted. EncryptionError when a
+        key is missing. The inspector never decrypts: its displays show "encrypted"."""
+        keys = self.encryption
+        if not (crypt.sealed(info.raw_payload) or crypt.sealed(info.raw_result)):
+            return info
+        return info.replace(
+            raw_payload=crypt.plain(info.raw_payload, keys),
+            raw_result=crypt.plain(info.raw_result, keys),
+        )
+
     def _created(self, info: TaskInfo) -> TaskInfo:
-        if self.encryption is not None and crypt.sealed(info.raw_payload):
-            # The caller gets back the payload it gave, not its ciphertext.
-            info = info.replace(raw_payload=self.encryption.open(info.raw_payload))
+        if self.encryption is not None:  # the caller gets back its payload, not ciphertext
+            info = self.decrypted(info)
         for hook in self.enqueue_hooks:
             hook(info)
         return info

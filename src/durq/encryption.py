@@ -191,6 +191,12 @@ def has_sealed(raw: bytes | None) -> bool:
     return raw is not None and b'"' + MARKER.encode() + b'"' in raw
 
 
+def _no_keys(raw: bytes) -> EncryptionError:
+    kid = key_id(raw)
+    which = f" with key {kid!r:.70}" if kid is not None else ""
+    return EncryptionError(f"encrypted{which}, and no keys are configured ({ENV})")
+
+
 def decode(raw: bytes | None, encryption: Encryption | None) -> Any:
     """Stored JSON (payload or result) as plain data, sealed parts opened. EncryptionError
     when it holds sealed parts and ``encryption`` is ``None`` or lacks their key."""
@@ -199,9 +205,7 @@ def decode(raw: bytes | None, encryption: Encryption | None) -> Any:
     if not has_sealed(raw):
         return codec.decode(raw)
     if encryption is None:
-        kid = key_id(raw)
-        which = f" with key {kid!r:.70}" if kid is not None else ""
-        raise EncryptionError(f"encrypted{which}, and no keys are configured ({ENV})")
+        raise _no_keys(raw)
     return encryption.decode(raw)
 
 
@@ -214,10 +218,13 @@ def decode_payload(raw: bytes, encryption: Encryption | None) -> dict[str, Any]:
 
 
 def plain(raw: bytes | None, encryption: Encryption | None) -> bytes | None:
-    """Stored bytes with a sealed value opened; unsealed bytes (or no keys) as they are."""
-    if encryption is None or not sealed(raw):
+    """Stored bytes with a sealed value opened; unsealed bytes as they are. EncryptionError
+    for a sealed value and no keys (or not its key)."""
+    if not sealed(raw):
         return raw
     assert raw is not None
+    if encryption is None:
+        raise _no_keys(raw)
     return encryption.open(raw)
 
 

@@ -46,6 +46,11 @@ async def test_round_trip_stores_only_ciphertext(app: durq.App) -> None:
     assert done.raw_result is not None and crypt.sealed(done.raw_result)
     assert SECRET.encode() not in done.raw_result
     assert done.to_dict()["result"] == "encrypted"
+    opened = app.decrypted(done)  # for code that reads tasks with the app's keys
+    assert opened.payload == {"card": SECRET}
+    assert opened.result == {"receipt": f"paid {SECRET}"}
+    with pytest.raises(durq.EncryptionError, match="no keys are configured"):
+        durq.App("memory://").decrypted(done)
 
 
 async def test_older_key_stays_readable_and_new_writes_use_the_newest(app: durq.App) -> None:
