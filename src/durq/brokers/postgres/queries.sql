@@ -906,17 +906,23 @@ WHERE t.queue = v.queue AND t.id = v.id;
 -- Janitor: a bounded batch of archived tasks past their queue's archived retention, counted
 -- from expires_at, which holds the moment an archived task was archived. queues/keeps: the
 -- queues with their own retention in seconds (NULL: kept forever); other queues keep
--- %(default)s (NULL: forever).
+-- %(default)s (NULL: forever). One lookup per queue (LATERAL) reads only that queue's
+-- archived rows, through tasks_by_state.
 WITH victims AS (
     SELECT t.queue, t.id
-    FROM {schema}.tasks AS t
+    FROM {schema}.queues AS q
     LEFT JOIN unnest(%(queues)s::text[], %(keeps)s::float8[]) AS k(queue, keep)
-      ON k.queue = t.queue
-    WHERE t.state = 'archived'
-      AND t.expires_at <= {now} - (CASE WHEN k.queue IS NULL THEN %(default)s::float8
-                                        ELSE k.keep END)
+      ON k.queue = q.name
+    CROSS JOIN LATERAL (
+        SELECT x.queue, x.id
+        FROM {schema}.tasks AS x
+        WHERE x.queue = q.name AND x.state = 'archived'
+          AND x.expires_at <= {now} - (CASE WHEN k.queue IS NULL THEN %(default)s::float8
+                                            ELSE k.keep END)
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS t
     LIMIT %(limit)s
-    FOR UPDATE OF t SKIP LOCKED
 )
 DELETE FROM {schema}.tasks AS t
 USING victims AS v

@@ -277,9 +277,12 @@ WHERE rowid IN (
 -- object of queue -> seconds (null: kept forever); other queues keep :default (NULL: forever).
 DELETE FROM durq_tasks
 WHERE rowid IN (
-    SELECT t.rowid FROM durq_tasks AS t
-    LEFT JOIN json_each(:keep) AS k ON k.key = t.queue
-    WHERE t.state = 'archived'
+    -- Driven by the queues table (CROSS JOIN fixes the loop order), so each queue's
+    -- archived rows are read through durq_tasks_state.
+    SELECT t.rowid FROM durq_queues AS q
+    CROSS JOIN durq_tasks AS t
+    LEFT JOIN json_each(:keep) AS k ON k.key = q.name
+    WHERE t.queue = q.name AND t.state = 'archived'
       AND t.expires_at <= :now - (CASE WHEN k.key IS NULL THEN :default ELSE k.value END)
     LIMIT :limit
 );
