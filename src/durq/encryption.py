@@ -41,6 +41,7 @@ ENV = "DURQ_ENCRYPTION_KEYS"
 MARKER = codec.SEALED_MARKER
 #: How every sealed value begins (a sealed object is written by :meth:`Encryption.seal` only).
 PREFIX = b'{"' + MARKER.encode() + b'":"'
+_QUOTED_MARKER = b'"' + MARKER.encode() + b'"'
 _VERSION = "v1"
 _NONCE = 12
 _TAG = 16
@@ -86,6 +87,9 @@ class Encryption:
                     f"encryption key ids are 1-64 letters, digits, '_', '.' or '-', got {kid!r:.70}"
                 )
             self._ciphers[kid] = AESGCM(_key_bytes(kid, key))
+        from cryptography.exceptions import InvalidTag
+
+        self._invalid_tag = InvalidTag
         #: The id of the key new values are sealed with.
         self.newest: str = next(iter(self._ciphers))
 
@@ -131,11 +135,9 @@ class Encryption:
         it was altered, ValueError when ``raw`` is not sealed."""
         if not sealed(raw):
             raise ValueError("not an encrypted value")
-        return self._open_text(codec.decode(raw)[MARKER])
+        return self._open_text(_sealed_text(raw))
 
     def _open_text(self, text: Any) -> bytes:
-        from cryptography.exceptions import InvalidTag
-
         version, kid, data = str(text).split(":", 2) if str(text).count(":") >= 2 else ("", "", "")
         if version != _VERSION:
             raise EncryptionError(f"unknown encryption format {version or text!r:.40}")
@@ -148,7 +150,7 @@ class Encryption:
         try:
             blob = base64.b64decode(data.encode("ascii"), validate=True)
             return bytes(cipher.decrypt(blob[:_NONCE], blob[_NONCE:], _aad(kid)))
-        except (InvalidTag, binascii.Error, UnicodeEncodeError, ValueError):
+        except (self._invalid_tag, binascii.Error, UnicodeEncodeError, ValueError):
             raise EncryptionError(
                 f"encrypted value does not open with key {kid!r:.70} (altered or wrong key)"
             ) from None
@@ -157,12 +159,23 @@ class Encryption:
         """Stored JSON with every sealed object in it opened (a sealed payload, or a
         follow-up's payload holding its parent's sealed payload and result)."""
 
+        if sealed(raw):  # the common case: a whole sealed payload or result
+            return codec.decode(self._open_text(_sealed_text(raw)))
+
         def hook(obj: dict[str, Any]) -> Any:
             if len(obj) == 1 and isinstance(obj.get(MARKER), str):
                 return codec.decode(self._open_text(obj[MARKER]))
             return obj
 
         return codec.decode(raw, object_hook=hook)
+
+
+def _sealed_text(raw: bytes) -> str:
+    """The marker's value in a sealed value's bytes: ``v1:<key id>:<base64>``, which
+    :meth:`Encryption.seal` writes without JSON escapes (anything else is read as JSON)."""
+    if raw.endswith(b'"}') and b"\\" not in raw:
+        return bytes(raw[len(PREFIX) : -2]).decode("ascii", "replace")
+    return str(codec.decode(raw)[MARKER])
 
 
 def _aad(kid: str) -> bytes:
@@ -188,7 +201,7 @@ def _key_bytes(kid: str, key: str | bytes) -> bytes:
 
 def has_sealed(raw: bytes | None) -> bool:
     """Whether stored JSON holds a sealed object anywhere (a follow-up of a sealed task)."""
-    return raw is not None and b'"' + MARKER.encode() + b'"' in raw
+    return raw is not None and _QUOTED_MARKER in raw
 
 
 def _no_keys(raw: bytes) -> EncryptionError:
