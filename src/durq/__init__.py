@@ -5,10 +5,12 @@ from durq.backoff import capped_power_of_two, exponential, fixed
 from durq.brokers.base import EnqueueOutcome, QueueStats, WorkerInfo
 from durq.coalescer import Coalescer
 from durq.continuations import Then
+from durq.encryption import Encryption
 from durq.errors import (
     BrokerUnavailableError,
     DuplicateTaskError,
     DurqError,
+    EncryptionError,
     GroupNotFoundError,
     InvalidNameError,
     InvalidPriorityError,
@@ -50,6 +52,8 @@ __all__ = [
     "Coalescer",
     "DuplicateTaskError",
     "DurqError",
+    "Encryption",
+    "EncryptionError",
     "EnqueueOutcome",
     "EnqueueRequest",
     "Group",

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, overload
 
 from durq import backoff, continuations, durations, groups, webhooks
+from durq import encryption as crypt
 from durq.brokers import FullBroker, open_broker, resolve_url
 from durq.brokers.base import (
     CAP_CROSS_QUEUE_FOLLOW_UPS,
@@ -26,17 +27,21 @@ from durq.brokers.base import (
 )
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.codec import DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_RESULT
+from durq.encryption import Encryption
 from durq.errors import ConfigurationError, ValidationError
 from durq.groups import Group
 from durq.limits import LimitOption, as_limits
 from durq.names import check_queue, check_type
 from durq.options import (
+    DEFAULT_ARCHIVED_RETENTION,
     DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_RETENTION,
+    ArchivedRetentionOption,
     Duration,
     EnqueueRequest,
     Moment,
     TaskDefaults,
+    archived_policy,
     build_params,
     check_priority,
     make_request,
@@ -169,7 +174,13 @@ class App:
 
     ``broker`` is a URL (``sqlite:///durq.sqlite3``, ``postgresql://…``, ``redis://…``) or a
     broker object; without it ``DURQ_BROKER_URL`` or the SQLite default is used. The
-    same app object serves web handlers (enqueue) and workers (``durq worker module:app``)."""
+    same app object serves web handlers (enqueue) and workers (``durq worker module:app``).
+
+    ``encryption``: :class:`durq.Encryption` keys that payloads and results are stored
+    encrypted with (default: from ``DURQ_ENCRYPTION_KEYS``, else none; see
+    :mod:`durq.encryption`). ``archived_retention``: how long the janitor keeps archived
+    tasks after they were archived: a duration, ``None`` (keep them), or a mapping of queue
+    -> duration or ``None`` with ``"*"`` for the other queues; default 7 days."""
 
     def __init__(
         self,
@@ -181,6 +192,8 @@ class App:
         webhook_secret: str | None = None,
         max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
         max_result: int = DEFAULT_MAX_RESULT,
+        encryption: Encryption | None = None,
+        archived_retention: ArchivedRetentionOption = DEFAULT_ARCHIVED_RETENTION,
     ) -> None:
         for name, limit in (
             ("max_payload", max_payload),
@@ -196,6 +209,11 @@ class App:
         #: Bound on a handler's encoded result; a larger one fails the attempt.
         self.max_result = max_result
         self.default_queue = check_queue(default_queue)
+        #: Keys payloads and results are sealed with (durq.encryption); from
+        #: DURQ_ENCRYPTION_KEYS when not given; ``None``: stored in the clear.
+        self.encryption = encryption if encryption is not None else Encryption.from_env()
+        #: How long the janitor keeps archived tasks, per queue (see :func:`archived_policy`).
+        self.archived_retention = archived_policy(archived_retention)
         self.tasks: dict[str, TaskDef[Any, Any]] = {}
         self.header_hooks: list[HeaderHook] = []
         #: Called with every task this app created (not with refused ones), e.g. metrics.
@@ -427,6 +445,8 @@ class App:
             for hook in self.header_hooks:
                 hook(headers)
             params = replace(params, headers=headers)
+        if self.encryption is not None:  # after the unique key: a digest of the plain payload
+            params = replace(params, payload=self.encryption.seal(params.payload))
         params = self._with_then(params, request.then)
         # A webhook header: valid URL, delivery options recorded with the task.
         return webhooks.prepare(params, self.webhook_options)
@@ -564,7 +584,21 @@ class App:
         name = type.type if isinstance(type, TaskDef) else type
         return make_request(type=name, payload=payload, headers=headers or {}, **options)
 
+    def decrypted(self, info: TaskInfo) -> TaskInfo:
+        """``info`` with its encrypted payload and result decrypted with this app's keys
+        (:mod:`durq.encryption`); as it is when nothing is encrypted. EncryptionError when a
+        key is missing. The inspector never decrypts: its displays show "encrypted"."""
+        keys = self.encryption
+        if not (crypt.sealed(info.raw_payload) or crypt.sealed(info.raw_result)):
+            return info
+        return info.replace(
+            raw_payload=crypt.plain(info.raw_payload, keys),
+            raw_result=crypt.plain(info.raw_result, keys),
+        )
+
     def _created(self, info: TaskInfo) -> TaskInfo:
+        if self.encryption is not None:  # the caller gets back its payload, not ciphertext
+            info = self.decrypted(info)
         for hook in self.enqueue_hooks:
             hook(info)
         return info
@@ -721,7 +755,7 @@ class App:
         limit = durations.seconds(timeout)
         broker = await self.broker()
         info = await wait_for_end(broker, queue, task_id, limit)
-        return info.result
+        return crypt.decode(info.raw_result, self.encryption)
 
     def wait_sync(
         self,

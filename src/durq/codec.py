@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 from durq.errors import PayloadError
@@ -13,6 +14,16 @@ from durq.errors import PayloadError
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 #: Default largest encoded result, in bytes.
 DEFAULT_MAX_RESULT = 1024 * 1024
+#: The key of an encrypted value's JSON object (see :mod:`durq.encryption`); reserved.
+SEALED_MARKER = "durq:encrypted"
+#: How every encrypted value's bytes begin.
+SEALED_PREFIX = b'{"' + SEALED_MARKER.encode() + b'":"'
+
+
+def is_sealed(raw: bytes | None) -> bool:
+    """Whether stored bytes are an encrypted value (cheap: a prefix test)."""
+    return raw is not None and bytes(raw[: len(SEALED_PREFIX)]) == SEALED_PREFIX
+
 
 _encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 _canonical = json.JSONEncoder(
@@ -44,6 +55,8 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD) -> byt
     data = to_jsonable(payload if payload is not None else {})
     if not isinstance(data, dict):
         raise PayloadError(f"payload must be a JSON object, not {type(data).__name__}")
+    if SEALED_MARKER in data:  # would read as an encrypted value
+        raise PayloadError(f"the payload key {SEALED_MARKER!r} is reserved")
     return _bounded(data, "payload", max_bytes)
 
 
@@ -84,14 +97,17 @@ def storable_text(text: str) -> str:
     return text
 
 
-def decode(raw: bytes | str | None) -> Any:
-    """Decode stored JSON. Raises ``ValueError`` on anything that is not strict JSON."""
+def decode(
+    raw: bytes | str | None, *, object_hook: Callable[[dict[str, Any]], Any] | None = None
+) -> Any:
+    """Decode stored JSON. Raises ``ValueError`` on anything that is not strict JSON.
+    ``object_hook``: as :func:`json.loads`'s (durq.encryption opens sealed objects with it)."""
     if raw is None:
         return None
     if isinstance(raw, bytes | bytearray | memoryview):
         raw = bytes(raw).decode("utf-8")  # UnicodeDecodeError is a ValueError
     try:
-        return json.loads(raw, parse_constant=_reject_constant)
+        return json.loads(raw, parse_constant=_reject_constant, object_hook=object_hook)
     except RecursionError as exc:
         # Deeply nested arrays exhaust the parser's stack: bad data, not a passing failure.
         raise ValueError("JSON is nested too deeply") from exc

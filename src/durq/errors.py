@@ -42,6 +42,11 @@ class PayloadError(ValidationError):
     """The payload cannot be encoded as a JSON object within the size limit."""
 
 
+class EncryptionError(DurqError):
+    """An encrypted payload or result cannot be read: its key is not among the configured
+    keys, or the stored value was altered."""
+
+
 class TaskIDConflictError(DurqError):
     """A task with this id already exists in this queue."""
 

@@ -40,6 +40,10 @@ def parse_state(state: TaskState | str) -> TaskState:
         raise ValidationError(f"unknown state {state!r} (one of: {known})") from None
 
 
+#: Why a search by payload field is refused when payloads are encrypted.
+ENCRYPTED_SEARCH = (
+    "payloads are encrypted: a search cannot look into them (search by type or error instead)"
+)
 #: Longest search text (error text, payload value) accepted.
 SEARCH_TEXT_MAX = 200
 #: Payload conditions in one search.
@@ -111,8 +115,11 @@ class Inspector:
         offset: int = 0,
     ) -> TaskSearchResult:
         """Tasks of ``queue`` in ``state`` that pass ``where`` (see :func:`task_filter`), a
-        page at a time, with how many match in all."""
+        page at a time, with how many match in all. ValidationError for payload conditions
+        when the app encrypts payloads: storage holds only their ciphertext."""
         _check_page(limit, offset)
+        if where.payload and self._app.encryption is not None:
+            raise ValidationError(ENCRYPTED_SEARCH)
         admin = await self._admin()
         search = TaskSearch(check_queue(queue), parse_state(state), where, limit, offset)
         return await admin.search_tasks(search)

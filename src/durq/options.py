@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from durq import codec, durations, names
-from durq.brokers.base import EnqueueParams
+from durq.brokers.base import ArchivedRetention, EnqueueParams
 from durq.durations import MAX_DURATION
-from durq.errors import InvalidPriorityError, ValidationError
+from durq.errors import ConfigurationError, InvalidPriorityError, ValidationError
 from durq.limits import Limit, LimitOption, as_limits, resolve_all
 
 #: The latest moment durq accepts (9999-01-01 UTC): every broker and ``datetime`` hold it.
@@ -81,6 +81,31 @@ def make_request(**values: Any) -> EnqueueRequest:
 #: enough to read a result (``app.wait``, ``durq task get``) well after it was written.
 #: ``retention=0`` deletes a completed task at once.
 DEFAULT_RETENTION = 3600.0
+
+
+#: How long an archived task is kept by default, counted from when it was archived: a week
+#: (Django's task results are kept as long) leaves a weekend's failures for Monday's triage
+#: and a replay with ``durq task run``, while a poison stream cannot fill the broker for ever.
+DEFAULT_ARCHIVED_RETENTION = 7 * 86400.0
+#: ``App(archived_retention=...)``: a duration for every queue, ``None`` (keep them), or a
+#: mapping of queue -> duration or ``None``, with ``"*"`` for the other queues.
+ArchivedRetentionOption = Duration | None | Mapping[str, Duration | None]
+
+
+def archived_policy(option: ArchivedRetentionOption) -> ArchivedRetention:
+    """The :class:`~durq.brokers.base.ArchivedRetention` of ``App(archived_retention=...)``;
+    ConfigurationError for a bad duration or queue name."""
+    try:
+        if not isinstance(option, Mapping):
+            return ArchivedRetention(durations.seconds(option))
+        given = dict(option)
+        default = given.pop("*", DEFAULT_ARCHIVED_RETENTION)
+        return ArchivedRetention(
+            durations.seconds(default),
+            {names.check_queue(q): durations.seconds(v) for q, v in given.items()},
+        )
+    except ValidationError as exc:
+        raise ConfigurationError(f"archived_retention: {exc.message}") from None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from durq.states import TaskState
 
 #: Characters of payload and result a list shows per task.
 PREVIEW_CHARS = 200
+#: What displays (CLI, dashboard, admin API) show for an encrypted payload or result.
+ENCRYPTED = "encrypted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +130,12 @@ class TaskInfo:
         ``max_retry`` when a worker was lost)."""
         return f"{self.attempts}/{self.max_attempts}"
 
+    @property
+    def encrypted(self) -> bool:
+        """Whether the payload is stored encrypted (:mod:`durq.encryption`): ``payload`` is
+        then the sealed object, and displays show :data:`ENCRYPTED`."""
+        return codec.is_sealed(self.raw_payload)
+
     @cached_property
     def payload(self) -> dict[str, Any]:
         """The payload as a dict (``ValueError`` if the stored bytes are not a JSON object)."""
@@ -151,6 +159,9 @@ class TaskInfo:
             del data[name]
         for name, raw in (("payload", self.raw_payload), ("result", self.raw_result)):
             data[f"{name}_bytes"] = 0 if raw is None else len(raw)
+            if codec.is_sealed(raw):  # ciphertext means nothing to a reader
+                data[f"{name}_preview"] = ENCRYPTED
+                continue
             text = None if raw is None else bytes(raw[: preview * 4]).decode("utf-8", "replace")
             data[f"{name}_preview"] = None if text is None else text[:preview]
         data["header_count"] = len(self.headers)
@@ -159,14 +170,18 @@ class TaskInfo:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form with everything the task holds, used by ``--json`` and the admin
         API's task endpoint (lists use :meth:`summary`)."""
-        try:
-            payload: Any = self.payload
-        except ValueError:
-            payload = {"__undecodable__": self.raw_payload[:200].decode("utf-8", "replace")}
-        try:
-            result: Any = self.result
-        except ValueError:
-            result = None
+        payload: Any = ENCRYPTED
+        if not codec.is_sealed(self.raw_payload):
+            try:
+                payload = self.payload
+            except ValueError:
+                payload = {"__undecodable__": self.raw_payload[:200].decode("utf-8", "replace")}
+        result: Any = ENCRYPTED
+        if not codec.is_sealed(self.raw_result):
+            try:
+                result = self.result
+            except ValueError:
+                result = None
         return {
             **self._fields(payload, result),
             "traceback": self.traceback,

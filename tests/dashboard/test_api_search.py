@@ -161,3 +161,24 @@ async def test_a_selection_from_a_logged_in_browser_needs_the_csrf_token(
     assert r.status_code == 303
     assert "2 of 2 task(s) deleted" in (await client.get(r.headers["location"])).text
     assert (await app.inspector.queue_stats("default")).size == 3
+
+
+async def test_encrypted_payloads_are_opaque_to_search_and_display(
+    app: durq.App, api: httpx.AsyncClient
+) -> None:
+    from durq.encryption import Encryption
+
+    app.encryption = Encryption({"k1": Encryption.new_key()})
+    await app.enqueue("email:send", {"partner": "acme-secret"}, task_id="s0")
+    r = await api.get("/api/queues/default/tasks?payload.partner=acme-secret")
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"].startswith("payloads are encrypted: a search cannot")
+    page = await api.get("/queues/default?payload.partner=acme-secret")
+    assert page.status_code == 400 and "payloads are encrypted" in page.text
+    assert await ids(api, "type=email:send") == (["s0"], 1)  # other filters still work
+    listed = (await api.get("/api/queues/default/tasks")).json()["tasks"]
+    assert listed[0]["payload_preview"] == "encrypted"
+    one = await api.get("/api/queues/default/tasks/s0")
+    assert one.status_code == 200 and one.json()["payload"] == "encrypted"
+    html = (await api.get("/queues/default/tasks/s0")).text
+    assert "(encrypted)" in html and "acme-secret" not in html and "durq:encrypted" not in html

@@ -276,3 +276,26 @@ async def test_an_app_built_with_a_fake_clock_keeps_it(broker_url: str) -> None:
         assert app.clock is clock
     finally:
         await app.close()
+
+
+async def test_encrypted_tasks_run_and_report_plain_results(broker_url: str) -> None:
+    """With encryption on, the kit's attempts carry the result the handler returned, not
+    its ciphertext; the stored task holds only ciphertext."""
+    from durq.encryption import Encryption
+
+    app = await migrated(broker_url, encryption=Encryption({"k1": Encryption.new_key()}))
+
+    @app.task("t:secret", retention=60)
+    def secret(payload: dict[str, Any]) -> dict[str, Any]:
+        return {"echo": payload["pin"]}
+
+    try:
+        async with durq.testing.worker(app) as w:
+            info = await app.enqueue("t:secret", {"pin": "1234"})
+            done = await w.drain()
+            assert done.outcomes == [("t:secret", "completed")]
+            assert done[0].result == {"echo": "1234"}
+            stored = await w.get(info)
+            assert stored.encrypted and b"1234" not in (stored.raw_result or b"")
+    finally:
+        await app.close()

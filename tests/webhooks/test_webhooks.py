@@ -243,3 +243,31 @@ def test_an_oversized_result_is_omitted_and_deliveries_have_no_delivery() -> Non
     assert len(hook.payload) < 2000
     delivery = _finished({"durq-webhook": "https://p.example/in"}).replace(type="durq:webhook")
     assert continuations.follow_ups(delivery, "archived", error="x") == ()
+
+
+async def test_encrypted_result_is_delivered_in_the_clear(
+    make_app: AppFactory, receiver: Receiver
+) -> None:
+    """With encryption on, the delivery task stores the result encrypted; the receiver gets
+    the plain, validly signed result."""
+    from durq import encryption as crypt
+    from durq.encryption import Encryption
+
+    keys = Encryption({"k1": Encryption.new_key()})
+    app = await make_app(fake_clock=False, webhook_secret=SECRET, encryption=keys)
+    webhooks.install(app, SECRET, timeout=5)
+
+    @app.task("report:build")
+    async def build(payload: dict[str, Any]) -> dict[str, Any]:
+        return {"rows": f"secret-{payload['n']}"}
+
+    async with app.worker(**FAST):
+        info = await build.enqueue({"n": 21}, webhook=receiver.url)
+        await wait_event(receiver.got)
+    body, headers = receiver.requests[-1]
+    event = verify(body, headers, SECRET)
+    assert event["result"] == {"rows": "secret-21"}
+    delivery_id = webhooks.delivery_task_id(info.id, "completed")
+    delivery = await app.inspector.get_task_info("default", delivery_id)
+    assert b"secret-21" not in delivery.raw_payload  # stored sealed inside the event
+    assert crypt.has_sealed(delivery.raw_payload)

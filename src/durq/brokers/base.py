@@ -48,7 +48,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -458,6 +458,41 @@ def ended_by(moves: Sequence[LeaseMove], done: Sequence[bool]) -> list[tuple[str
 
 
 @dataclass(frozen=True, slots=True)
+class ArchivedRetention:
+    """How long the janitor keeps archived tasks, counted from when each was archived:
+    ``default`` seconds in every queue but those of ``queues`` (queue -> seconds); ``None``
+    keeps them until someone runs or deletes them."""
+
+    default: float | None
+    queues: Mapping[str, float | None] = field(default_factory=dict)
+
+    def of(self, queue: str) -> float | None:
+        """The retention of ``queue``'s archived tasks (``None``: kept)."""
+        return self.queues[queue] if queue in self.queues else self.default
+
+    @property
+    def keeps_all(self) -> bool:
+        """Nothing to delete anywhere: every queue keeps its archived tasks."""
+        return self.default is None and all(v is None for v in self.queues.values())
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRewrite:
+    """Replace a stored task's payload and result bytes (``durq encryption rotate``), fenced:
+    only if the task is still in ``expect`` (not active; a completed task past its
+    retention counts as gone) and still holds exactly ``payload`` and ``result``, so a task
+    that moved or was rewritten meanwhile is left as it is."""
+
+    queue: str
+    id: str
+    expect: TaskState
+    payload: bytes
+    result: bytes | None
+    new_payload: bytes
+    new_result: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
 class TaskMove:
     """The inspector's move of one task that is not active, fenced by the state it was in
     when the move was decided (:mod:`durq.lifecycle` reads it, then asks for this)."""
@@ -791,6 +826,11 @@ class Broker(Protocol):
         one transaction on SQL brokers; on Redis one script per move, each atomic with its
         follow-ups. One answer per move: whether its fence held."""
 
+    async def delete_archived(self, retention: ArchivedRetention, limit: int) -> int:
+        """Janitor: delete up to ``limit`` archived tasks archived longer ago than their
+        queue's ``retention``; how many. Their group records and follow-ups are unchanged
+        (a member's outcome was recorded when it was archived)."""
+
     async def delete_expired(self, limit: int) -> int:
         """Janitor: delete up to ``limit`` completed tasks whose retention has passed (and
         per-minute counters older than :data:`MINUTE_COUNTS_KEEP`, not counted)."""
@@ -918,6 +958,10 @@ class Admin(Protocol):
         """Flag an active task so its worker cancels the handler (W12); ``None`` if the
         task is not active (or gone)."""
 
+    async def rewrite_task(self, rewrite: TaskRewrite) -> bool:
+        """Replace a task's payload and result bytes if the fences of :class:`TaskRewrite`
+        hold; whether it did."""
+
     async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
         """Move every task of ``queue`` in ``state`` as :class:`TaskMove` would (``to``
         pending or ``None``: deleted), in short batches; how many. QueueNotFoundError if the
@@ -999,6 +1043,10 @@ class AdminForwarder:
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """See :meth:`Admin.request_cancel`."""
         return await self.admin.request_cancel(queue, task_id)
+
+    async def rewrite_task(self, rewrite: TaskRewrite) -> bool:
+        """See :meth:`Admin.rewrite_task`."""
+        return await self.admin.rewrite_task(rewrite)
 
     async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
         """See :meth:`Admin.move_all`."""

@@ -19,9 +19,11 @@ from durq.brokers.base import (
     GroupMemberInfo,
     GroupParams,
     ScheduleRecord,
+    TaskRewrite,
     follow_up_from,
     follow_up_options,
 )
+from durq.states import TaskState
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$")
 _MIGRATION = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -111,6 +113,19 @@ def group_row(p: GroupParams, now: float | None) -> dict[str, Any]:
         "then_task": None if p.then is None else follow_up_options(p.then),
         "then_head": None if p.then is None else p.then.payload,
         "then_tail": p.tail,
+    }
+
+
+def rewrite_params(rewrite: TaskRewrite) -> dict[str, Any]:
+    """The named parameters of ``rewrite_task`` (both dialects)."""
+    return {
+        "queue": rewrite.queue,
+        "id": rewrite.id,
+        "expect": TaskState(rewrite.expect).value,
+        "payload": rewrite.payload,
+        "result": rewrite.result,
+        "new_payload": rewrite.new_payload,
+        "new_result": rewrite.new_result,
     }
 
 

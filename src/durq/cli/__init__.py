@@ -18,6 +18,7 @@ from durq.cli import (
     common,
     dash,
     demo,
+    encryption,
     enqueue,
     group,
     limit,
@@ -62,6 +63,7 @@ bench.register(app)
 scheduler.register(app)
 schedule.register(app)
 dash.register(app)
+encryption.register(app)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

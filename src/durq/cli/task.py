@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from durq import groups
+from durq import codec, groups
 from durq.app import App
 from durq.cli.common import (
     BrokerOpt,
@@ -112,6 +112,10 @@ def print_task(info: TaskInfo, *, title: str | None = None) -> None:
             continue
         if key == "state":
             text = styled_state(str(value))
+        elif key in ("payload", "result") and codec.is_sealed(
+            info.raw_payload if key == "payload" else info.raw_result
+        ):
+            text = "(encrypted)"
         elif key in ("payload", "result"):
             text = json.dumps(value, ensure_ascii=False, default=str)
         else:
@@ -134,7 +138,10 @@ def print_tasks(tasks: Sequence[TaskInfo], *, title: str) -> None:
         state = info.state.value
         when = info.completed_at if state == "completed" else info.next_process_at
         try:
-            detail = info.last_error or ("" if info.raw_result is None else _short(info.result))
+            detail = info.last_error or ""
+            if info.raw_result is not None and not detail:
+                sealed = codec.is_sealed(info.raw_result)
+                detail = "(encrypted)" if sealed else _short(info.result)
         except ValueError:
             detail = "(undecodable result)"
         table.add_row(

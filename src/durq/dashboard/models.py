@@ -158,8 +158,13 @@ class GroupRef(_Model):
 class Task(_TaskFields):
     """One task with everything it holds."""
 
-    payload: dict[str, Any]
-    result: Any = Field(description="The handler's result while the task is retained")
+    payload: dict[str, Any] | str = Field(
+        description='The payload, or "encrypted" when it is stored encrypted'
+    )
+    result: Any = Field(
+        description='The handler\'s result while the task is retained ("encrypted" when '
+        "it is stored encrypted)"
+    )
     traceback: str | None = Field(
         default=None, description="The last failed attempt's traceback, with its chain"
     )

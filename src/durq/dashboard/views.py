@@ -36,7 +36,7 @@ from durq.errors import GroupNotFoundError, ScheduleConflictError, ValidationErr
 from durq.inspector import parse_state
 from durq.limits import format_rate
 from durq.states import TaskState
-from durq.task import TaskInfo
+from durq.task import ENCRYPTED, TaskInfo
 
 if TYPE_CHECKING:
     from durq.dashboard.app import Dashboard
@@ -124,6 +124,8 @@ def when(value: datetime | str | float | None) -> str:
 
 
 def pretty(value: Any) -> str:
+    if value == ENCRYPTED:  # TaskInfo.to_dict's stand-in for ciphertext
+        return "(encrypted)"
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
 

@@ -22,8 +22,10 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durq import codec, lifecycle
+from durq import encryption as crypt
 from durq.brokers.base import ClaimParams, CompleteParams, Lease, WorkerInfo
 from durq.clock import FakeClock
+from durq.encryption import Encryption
 from durq.errors import ConfigurationError, NotReady, SkipRetry, TaskNotFoundError
 from durq.inspector import parse_state
 from durq.states import TaskState
@@ -179,12 +181,15 @@ class _RecordingAcker(Acker):
     ) -> None:
         super().__init__(broker)
         self._recorder = recorder
+        #: The app's keys (durq.encryption), to record results as the handler returned them.
+        self.encryption: Encryption | None = None
         self._keep = keep
         #: Tasks kept only for the test, deleted when the worker stops.
         self.kept = kept
 
     async def complete(self, params: CompleteParams) -> bool:
-        self._recorder.results[params.lease.id] = params.result
+        # The result as the handler returned it, not as stored (possibly encrypted).
+        self._recorder.results[params.lease.id] = crypt.plain(params.result, self.encryption)
         if self._keep and params.retention <= 0:
             params = dataclasses.replace(params, retention=KEEP_FOR)
             self.kept.append((params.lease.queue, params.lease.id))
@@ -308,11 +313,12 @@ class TestWorker:
             self.app, broker, concurrency=self.concurrency, worker_id=self.id, hooks=hooks
         )
         executor.acker = _RecordingAcker(broker, self._recorder, self._keep, self._kept)
+        executor.acker.encryption = self.app.encryption
         self._executor = executor
         self._services = [
             Promoter(broker, 0),
             Rescuer(broker, 0, self.max_lost),
-            Janitor(broker, 0),
+            Janitor(broker, 0, self.app.archived_retention),
         ]
         if self._scheduler_wanted and len(self.app.schedules):
             self._services.append(PeriodicScheduler(self.app, broker))

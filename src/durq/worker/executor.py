@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from durq import codec, groups, lifecycle
+from durq import encryption as crypt
 from durq.backoff import exponential
 from durq.brokers.base import (
     ArchiveParams,
@@ -25,7 +26,7 @@ from durq.brokers.base import (
     Lease,
     LeaseRef,
 )
-from durq.errors import BrokerUnavailableError, NotReady, PayloadError, SkipRetry
+from durq.errors import BrokerUnavailableError, EncryptionError, NotReady, PayloadError, SkipRetry
 from durq.payloads import build
 from durq.task import TaskContext, TaskInfo
 from durq.worker import frames
@@ -239,6 +240,8 @@ class Executor:
                 self._mark_settling(lease)
                 await self._end_reports(lease.ref)
             encoded = codec.encode_result(result, max_bytes=self.app.max_result)
+            if encoded is not None and self.app.encryption is not None:
+                encoded = self.app.encryption.seal(encoded)
         except asyncio.CancelledError as exc:
             current = asyncio.current_task()
             if current is None or current.cancelling():
@@ -305,6 +308,8 @@ class Executor:
 
     async def _call(self, task_def: TaskDef[Any, Any], task: TaskInfo, ref: LeaseRef) -> Any:
         limit = groups.payload_limit(task, self.app.max_payload)
+        if crypt.sealed(task.raw_payload):
+            limit = crypt.max_sealed(limit)  # the limit is the plain payload's
         if len(task.raw_payload) > limit:
             # Only storage written behind the client's back gets here (enqueue refuses it;
             # a group's follow-up is bounded by its size); decoding it could cost seconds
@@ -313,7 +318,10 @@ class Executor:
                 f"payload decode error: {len(task.raw_payload)} bytes, over the limit of {limit}"
             )
         try:
-            data = task.payload
+            data = crypt.decode_payload(task.raw_payload, self.app.encryption)
+        except EncryptionError as exc:
+            # Retrying cannot bring a key back: archived with the reason, not retried forever.
+            raise _Undecodable(f"payload decryption error: {exc.message}") from exc
         except ValueError as exc:
             raise _Undecodable(f"payload decode error: {exc}") from exc
         shape = task_def.shape

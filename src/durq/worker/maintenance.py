@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from durq import lifecycle
-from durq.brokers.base import Broker
+from durq.brokers.base import ArchivedRetention, Broker
 from durq.states import TaskState
 from durq.worker.service import PeriodicService
 
@@ -59,16 +59,28 @@ class Rescuer(PeriodicService):
                 log.warning("task %s rescued after its lease expired", task.id, extra=extra)
 
 
+#: Keep every archived task (a janitor built without the app's policy).
+KEEP_ARCHIVED = ArchivedRetention(None)
+
+
 class Janitor(PeriodicService):
-    """Deletes completed tasks whose retention has passed, in bounded batches."""
+    """Deletes completed tasks whose retention has passed, and archived tasks past their
+    queue's archived retention (``archived``; default none deleted), in bounded batches."""
 
     name = "janitor"
     batch = 1000
 
-    def __init__(self, broker: Broker, interval: float) -> None:
+    def __init__(
+        self, broker: Broker, interval: float, archived: ArchivedRetention = KEEP_ARCHIVED
+    ) -> None:
         super().__init__(interval)
         self.broker = broker
+        self.archived = archived
 
     async def tick(self) -> None:
         while await self.broker.delete_expired(self.batch) >= self.batch:
+            pass
+        if self.archived.keeps_all:
+            return
+        while await self.broker.delete_archived(self.archived, self.batch) >= self.batch:
             pass

@@ -184,7 +184,7 @@ class Worker:
             ),
             Rescuer(broker, self.rescue_interval, self.max_lost),
             Promoter(broker, self.promote_interval),
-            Janitor(broker, self.janitor_interval),
+            Janitor(broker, self.janitor_interval, self.app.archived_retention),
             *self.extra_services,
             *summary,
         ]

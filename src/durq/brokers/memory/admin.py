@@ -12,6 +12,7 @@ from durq.brokers.base import (
     QueueStats,
     ScheduleRecord,
     TaskMove,
+    TaskRewrite,
     TaskSearch,
     TaskSearchResult,
     WorkerInfo,
@@ -181,6 +182,7 @@ class MemoryAdmin:
                 if row.state not in WAITING:
                     return None
                 store.move(row, X)
+                row.expires_at = now  # the moment it was archived (archived retention)
                 if move.error is not None:
                     row.last_error = move.error
                 woken |= store.insert_follow_ups(move.follow_ups, now)
@@ -212,6 +214,21 @@ class MemoryAdmin:
                 return None
             row.cancel_requested = True
             return row.info()
+
+    async def rewrite_task(self, rewrite: TaskRewrite) -> bool:
+        """New payload and result bytes, fenced (see :class:`TaskRewrite`)."""
+        with self._store.lock:
+            row = self._store.get(rewrite.queue, rewrite.id, self._clock.now())
+            if (
+                row is None
+                or row.state is A
+                or row.state is not TaskState(rewrite.expect)
+                or row.payload != rewrite.payload
+                or row.result != rewrite.result
+            ):
+                return False
+            row.payload, row.result = rewrite.new_payload, rewrite.new_result
+            return True
 
     async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
         """Run (``to`` pending) or delete (``to`` None) every task of ``state``."""

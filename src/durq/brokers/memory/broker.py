@@ -22,6 +22,7 @@ from durq.brokers.base import (
     FORGET_WORKERS_AFTER,
     MINUTE_COUNTS_KEEP,
     AdminForwarder,
+    ArchivedRetention,
     ArchiveParams,
     Claimed,
     ClaimParams,
@@ -268,6 +269,7 @@ class MemoryBroker(AdminForwarder):
                 woken.add(row.queue)
         else:
             store.move(row, X)
+            row.expires_at = now  # the moment it was archived, as on the SQL brokers
             woken |= store.insert_follow_ups(p.follow_ups, now)
             if p.group is not None:
                 woken |= store.finish_member(row.queue, row.id, p.group.state, p.group.entry, now)
@@ -345,6 +347,23 @@ class MemoryBroker(AdminForwarder):
             expired = [row for row in self._store.tasks.values() if row.lease_expired(mono)]
             expired.sort(key=lambda row: row.lease_expires_at or 0.0)
             return [Lease(row.info(), row.lease_token or "") for row in expired[:limit]]
+
+    async def delete_archived(self, retention: ArchivedRetention, limit: int) -> int:
+        """Delete up to ``limit`` archived tasks past their queue's archived retention."""
+        store = self._store
+        with store.lock:
+            now = self._clock.now()
+            old = [
+                row
+                for row in store.tasks.values()
+                if row.state is X
+                and (keep := retention.of(row.queue)) is not None
+                and row.expires_at is not None
+                and row.expires_at <= now - keep
+            ][:limit]
+            for row in old:
+                store.delete(row)
+        return len(old)
 
     async def delete_expired(self, limit: int) -> int:
         """Delete up to ``limit`` completed tasks past their retention."""

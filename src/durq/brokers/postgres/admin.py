@@ -14,6 +14,7 @@ from durq.brokers.base import (
     QueueStats,
     ScheduleRecord,
     TaskMove,
+    TaskRewrite,
     TaskSearch,
     TaskSearchResult,
     WorkerInfo,
@@ -23,7 +24,7 @@ from durq.brokers.limiter import stored
 from durq.brokers.postgres.rows import Row
 from durq.brokers.postgres.storage import AsyncConn, PostgresStorage
 from durq.brokers.search import ascii_lower, sql_pair
-from durq.brokers.sqlfiles import group_info, schedule_record, schedule_row
+from durq.brokers.sqlfiles import group_info, rewrite_params, schedule_record, schedule_row
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import utc_day
 from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
@@ -183,6 +184,11 @@ class PostgresAdmin:
             "request_cancel", "request_cancel", {"queue": queue, "id": task_id}
         )
         return None if row is None else row_to_info(row)
+
+    async def rewrite_task(self, rewrite: TaskRewrite) -> bool:
+        """New payload and result bytes, fenced (see :class:`TaskRewrite`)."""
+        params = {**rewrite_params(rewrite), "now": self._s.now()}
+        return await self._s.rowcount("rewrite_task", "rewrite_task", params) == 1
 
     async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
         """Run (``to`` pending) or delete (``to`` None) every task of ``state``."""

@@ -31,6 +31,7 @@ from durq.brokers.base import (
     FORGET_WORKERS_AFTER,
     MINUTE_COUNTS_KEEP,
     AdminForwarder,
+    ArchivedRetention,
     ArchiveParams,
     Claimed,
     ClaimParams,
@@ -828,6 +829,19 @@ class PostgresBroker(AdminForwarder):
             "expired_leases", "expired_leases", {"now": self._s.sql_now(), "limit": limit}
         )
         return [Lease(row_to_info(r), r["lease_token"]) for r in rows]
+
+    async def delete_archived(self, retention: ArchivedRetention, limit: int) -> int:
+        """Delete up to ``limit`` archived tasks past their queue's archived retention."""
+        if retention.keeps_all or limit <= 0:
+            return 0
+        params = {
+            "queues": list(retention.queues),
+            "keeps": list(retention.queues.values()),
+            "default": retention.default,
+            "limit": limit,
+            "now": self._s.sql_now(),
+        }
+        return await self._s.rowcount("delete_archived", "delete_archived", params)
 
     async def delete_expired(self, limit: int) -> int:
         """Janitor: delete up to ``limit`` completed tasks whose retention has passed."""

@@ -811,7 +811,7 @@ WITH ended AS (
         last_error = %(error)s,
         traceback = %(traceback)s,
         lease_token = NULL, lease_expires_at = NULL, cancel_requested = false,
-        unique_key = NULL, unique_until = NULL
+        unique_key = NULL, unique_until = NULL, expires_at = {now}
     WHERE t.queue = %(queue)s AND t.id = %(id)s
       AND t.state = 'active' AND t.lease_token = %(token)s
       AND (%(expired_by)s::float8 IS NULL
@@ -916,6 +916,32 @@ WITH victims AS (
     ORDER BY expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {schema}.tasks AS t
+USING victims AS v
+WHERE t.queue = v.queue AND t.id = v.id;
+
+-- name: delete_archived
+-- Janitor: a bounded batch of archived tasks past their queue's archived retention, counted
+-- from expires_at, which holds the moment an archived task was archived. queues/keeps: the
+-- queues with their own retention in seconds (NULL: kept forever); other queues keep
+-- %(default)s (NULL: forever). One lookup per queue (LATERAL) reads only that queue's
+-- archived rows, through tasks_by_state.
+WITH victims AS (
+    SELECT t.queue, t.id
+    FROM {schema}.queues AS q
+    LEFT JOIN unnest(%(queues)s::text[], %(keeps)s::float8[]) AS k(queue, keep)
+      ON k.queue = q.name
+    CROSS JOIN LATERAL (
+        SELECT x.queue, x.id
+        FROM {schema}.tasks AS x
+        WHERE x.queue = q.name AND x.state = 'archived'
+          AND x.expires_at <= {now} - (CASE WHEN k.queue IS NULL THEN %(default)s::float8
+                                            ELSE k.keep END)
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS t
+    LIMIT %(limit)s
 )
 DELETE FROM {schema}.tasks AS t
 USING victims AS v
@@ -1093,7 +1119,7 @@ SELECT r.* FROM r, woken;
 -- name: archive_task
 UPDATE {schema}.tasks AS t
 SET state = 'archived', last_error = coalesce(%(error)s, t.last_error),
-    unique_key = NULL, unique_until = NULL, held_by = NULL
+    unique_key = NULL, unique_until = NULL, held_by = NULL, expires_at = {now}
 WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = %(expect)s
 RETURNING t.*;
 
@@ -1103,6 +1129,15 @@ UPDATE {schema}.tasks AS t
 SET cancel_requested = true
 WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active'
 RETURNING t.*;
+
+-- name: rewrite_task
+-- durq encryption rotate: new payload and result bytes, fenced by the state and by the
+-- bytes the new ones were made from (a task that moved or was rewritten meanwhile is left).
+UPDATE {schema}.tasks
+SET payload = %(new_payload)s, result = %(new_result)s
+WHERE queue = %(queue)s AND id = %(id)s AND state = %(expect)s AND state <> 'active'
+  AND payload = %(payload)s AND result IS NOT DISTINCT FROM %(result)s::bytea
+  AND NOT (state = 'completed' AND expires_at <= {now});
 
 -- name: delete_task
 DELETE FROM {schema}.tasks

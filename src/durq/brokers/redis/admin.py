@@ -17,6 +17,7 @@ from durq.brokers.base import (
     QueueStats,
     ScheduleRecord,
     TaskMove,
+    TaskRewrite,
     TaskSearch,
     TaskSearchResult,
     WorkerInfo,
@@ -316,6 +317,24 @@ class RedisAdmin:
             await self._s.ensure()
             reply = await self._s.eval("admin_cancel", [k.task(task_id)], ["1"])
         return task_info(queue, reply[1]) if reply[0] == b"ok" else None
+
+    async def rewrite_task(self, rewrite: TaskRewrite) -> bool:
+        """New payload and result bytes, fenced (see :class:`TaskRewrite`)."""
+        k = self._s.keys.queue(rewrite.queue)
+        args = [
+            self._s.now_arg(),
+            TaskState(rewrite.expect).value,
+            rewrite.payload,
+            "0" if rewrite.result is None else "1",
+            rewrite.result or b"",
+            rewrite.new_payload,
+            "0" if rewrite.new_result is None else "1",
+            rewrite.new_result or b"",
+        ]
+        async with self._s.op("rewrite_task"):
+            await self._s.ensure()
+            reply = await self._s.eval("admin_rewrite", [k.task(rewrite.id)], args)
+        return bool(reply == 1)
 
     async def _in_batches(
         self,

@@ -31,6 +31,7 @@ from durq.brokers.base import (
     CLAIM_FORWARD,
     FORGET_WORKERS_AFTER,
     AdminForwarder,
+    ArchivedRetention,
     ArchiveParams,
     Claimed,
     ClaimParams,
@@ -811,6 +812,30 @@ class RedisBroker(AdminForwarder):
         ]
         leases.sort(key=lambda lease: lease.task.lease_expires_at or 0)
         return leases[:limit]
+
+    async def delete_archived(self, retention: ArchivedRetention, limit: int) -> int:
+        """Delete up to ``limit`` archived tasks past their queue's archived retention."""
+        if retention.keeps_all:
+            return 0
+        deleted = 0
+        async with self._s.op("delete_archived"):
+            await self._s.ensure()
+            now = self._s.now_arg()
+            for q in await self._s.all_queues():
+                keep = retention.of(q)
+                if deleted >= limit:
+                    break
+                if keep is None:
+                    continue
+                k = self._s.keys.queue(q)
+                deleted += int(
+                    await self._s.eval(
+                        "janitor_archived",
+                        [k.archived],
+                        [now, repr(float(keep)), k.task_prefix, limit - deleted],
+                    )
+                )
+        return deleted
 
     async def delete_expired(self, limit: int) -> int:
         """Janitor: delete up to ``limit`` completed tasks past their retention."""

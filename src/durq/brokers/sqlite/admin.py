@@ -15,12 +15,13 @@ from durq.brokers.base import (
     QueueStats,
     ScheduleRecord,
     TaskMove,
+    TaskRewrite,
     TaskSearch,
     TaskSearchResult,
     WorkerInfo,
     first_counted_minute,
 )
-from durq.brokers.sqlfiles import group_info, schedule_record, schedule_row
+from durq.brokers.sqlfiles import group_info, rewrite_params, schedule_record, schedule_row
 from durq.brokers.sqlite.storage import Conn, Q, SQLiteStorage, snapshot
 from durq.brokers.sqlrows import row_to_info
 from durq.clock import utc_day
@@ -244,6 +245,15 @@ class SQLiteAdmin:
             return None if row is None else row_to_info(row)
 
         return await self._s.write("sqlite.request_cancel", body)
+
+    async def rewrite_task(self, rewrite: TaskRewrite) -> bool:
+        """New payload and result bytes, fenced (see :class:`TaskRewrite`)."""
+
+        def body(conn: Conn, now: float) -> bool:
+            params = {**rewrite_params(rewrite), "now": now}
+            return bool(conn.execute(Q["rewrite_task"], params).rowcount == 1)
+
+        return await self._s.write("sqlite.rewrite_task", body)
 
     async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
         """Run (``to`` pending) or delete (``to`` None) every task of ``state``."""

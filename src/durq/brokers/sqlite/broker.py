@@ -33,6 +33,7 @@ from durq.brokers.base import (
     FORGET_WORKERS_AFTER,
     MINUTE_COUNTS_KEEP,
     AdminForwarder,
+    ArchivedRetention,
     ArchiveParams,
     Claimed,
     ClaimParams,
@@ -635,6 +636,22 @@ class SQLiteBroker(AdminForwarder):
             "sqlite.expired_leases", lambda c: c.execute(Q["expired_leases"], params).fetchall()
         )
         return [Lease(row_to_info(row), row["lease_token"]) for row in rows]
+
+    async def delete_archived(self, retention: ArchivedRetention, limit: int) -> int:
+        """Delete up to ``limit`` archived tasks past their queue's archived retention."""
+        if retention.keeps_all or limit <= 0:
+            return 0
+        params = {
+            "keep": json.dumps(dict(retention.queues)),
+            "default": retention.default,
+            "limit": limit,
+        }
+
+        def run(conn: Conn, now: float) -> int:
+            deleted: int = conn.execute(Q["delete_archived"], {**params, "now": now}).rowcount
+            return deleted
+
+        return await self._s.write("sqlite.delete_archived", run)
 
     async def delete_expired(self, limit: int) -> int:
         """Delete up to ``limit`` completed tasks past their retention."""

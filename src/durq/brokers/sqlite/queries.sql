@@ -210,6 +210,7 @@ RETURNING limits;
 UPDATE durq_tasks
 SET state = 'archived', retried = retried + :count_attempt, lost = lost + :lost,
     last_error = :error, traceback = :traceback, lease_token = NULL, lease_expires_at = NULL, unique_key = NULL,
+    expires_at = :now,
     unique_until = NULL, cancel_requested = 0
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
   AND (:expired_by IS NULL
@@ -283,6 +284,22 @@ DELETE FROM durq_tasks
 WHERE rowid IN (
     SELECT rowid FROM durq_tasks
     WHERE state = 'completed' AND expires_at <= :now
+    LIMIT :limit
+);
+
+-- name: delete_archived
+-- Janitor: a bounded batch of archived tasks past their queue's archived retention, counted
+-- from expires_at, which holds the moment an archived task was archived. :keep is a JSON
+-- object of queue -> seconds (null: kept forever); other queues keep :default (NULL: forever).
+DELETE FROM durq_tasks
+WHERE rowid IN (
+    -- Driven by the queues table (CROSS JOIN fixes the loop order), so each queue's
+    -- archived rows are read through durq_tasks_state.
+    SELECT t.rowid FROM durq_queues AS q
+    CROSS JOIN durq_tasks AS t
+    LEFT JOIN json_each(:keep) AS k ON k.key = q.name
+    WHERE t.queue = q.name AND t.state = 'archived'
+      AND t.expires_at <= :now - (CASE WHEN k.key IS NULL THEN :default ELSE k.value END)
     LIMIT :limit
 );
 
@@ -367,9 +384,18 @@ RETURNING *;
 -- name: archive_task
 UPDATE durq_tasks
 SET state = 'archived', last_error = coalesce(:error, last_error),
-    unique_key = NULL, unique_until = NULL, held_by = NULL
+    unique_key = NULL, unique_until = NULL, held_by = NULL, expires_at = :now
 WHERE queue = :queue AND id = :id AND state = :expect
 RETURNING *;
+
+-- name: rewrite_task
+-- durq encryption rotate: new payload and result bytes, fenced by the state and by the
+-- bytes the new ones were made from (a task that moved or was rewritten meanwhile is left).
+UPDATE durq_tasks
+SET payload = :new_payload, result = :new_result
+WHERE queue = :queue AND id = :id AND state = :expect AND state <> 'active'
+  AND payload = :payload AND result IS :result
+  AND NOT (state = 'completed' AND expires_at <= :now);
 
 -- name: delete_task
 DELETE FROM durq_tasks

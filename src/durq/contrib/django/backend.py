@@ -326,6 +326,7 @@ class DurqBackend(BaseTaskBackend):  # type: ignore[misc]
                 raise TaskResultDoesNotExist(
                     f"{result_id}: its function {info.type!r} is not in an imported module"
                 )
+            info = self.app.decrypted(info)  # Django's result carries args and return value
             return records.to_result(info, records.rebuild(base, info), self.alias)
         raise TaskResultDoesNotExist(result_id)
 

@@ -1,0 +1,62 @@
+"""durq.Encryption's configuration: keys from code or DURQ_ENCRYPTION_KEYS, newest first;
+malformed ids and keys are a ConfigurationError naming what is wrong, never a key."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+import durq
+from durq import encryption as crypt
+from durq.encryption import Encryption
+from durq.errors import ConfigurationError, EncryptionError, PayloadError
+
+K1, K2 = Encryption.new_key(), Encryption.new_key()
+
+
+def test_env_keys_newest_first_and_old_ones_readable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(crypt.ENV, f"k1:{K1}")
+    old = durq.App("memory://").encryption
+    assert old is not None and old.key_ids == ("k1",)
+    sealed = old.seal(b'{"a":1}')
+    monkeypatch.setenv(crypt.ENV, f" k2:{K2} , k1:{K1}")
+    new = durq.App("memory://").encryption
+    assert new is not None and new.newest == "k2" and new.key_ids == ("k2", "k1")
+    assert new.open(sealed) == b'{"a":1}'
+    assert crypt.key_id(new.seal(b"{}")) == "k2"
+    assert K1 not in repr(new) and K2 not in repr(new)
+    monkeypatch.delenv(crypt.ENV)
+    assert durq.App("memory://").encryption is None
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("k1", "'<id>:<base64 key>'"),
+        (f"k1:{K1},k1:{K2}", "twice"),
+        ("k1:bm90IGEga2V5", "16, 24 or 32 bytes"),
+        (f"bad id:{K1}", "key ids"),
+    ],
+)
+def test_malformed_keys_are_a_configuration_error(value: str, said: str) -> None:
+    with pytest.raises(ConfigurationError, match=said) as caught:
+        Encryption.from_env(value)
+    assert K1 not in str(caught.value) and K2 not in str(caught.value)
+
+
+def test_raw_bytes_keys_and_altered_values() -> None:
+    keys = Encryption({"raw": base64.b64decode(K1)})
+    sealed = keys.seal(b'"x"')
+    assert keys.open(sealed) == b'"x"'
+    altered = sealed[:-5] + (b"A" if sealed[-5:-4] != b"A" else b"B") + sealed[-4:]
+    with pytest.raises(EncryptionError, match="altered or wrong key"):
+        keys.open(altered)
+    with pytest.raises(EncryptionError, match="not among the configured keys"):
+        Encryption({"other": K2}).open(sealed)
+
+
+def test_the_marker_is_a_reserved_payload_key() -> None:
+    app = durq.App("memory://")
+    with pytest.raises(PayloadError, match="reserved"):
+        app.params(durq.EnqueueRequest(type="x:y", payload={"durq:encrypted": "v1:k:AAAA"}))
