@@ -49,9 +49,7 @@ def scheduler_command(
     log_level: Annotated[str, typer.Option("--log-level", help="Log level.")] = "INFO",
 ) -> None:
     """Enqueue APP's periodic tasks until SIGTERM/SIGINT (runs no handlers)."""
-    if log_format not in ("text", "json"):
-        raise UsageFailure(f"--log-format must be text or json, got {log_format!r}")
-    setup_logging(log_level.upper(), log_format)
+    setup_logging(log_level, log_format)
     application = _load(app_path, broker)
     if not len(application.schedules):
         raise UsageFailure(f"{app_path} declares no periodic tasks")

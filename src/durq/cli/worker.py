@@ -12,12 +12,12 @@ from typing import Annotated
 
 import typer
 
-from durq import durations
+from durq import ranges
 from durq.app import App
-from durq.cli.common import BrokerOpt, UsageFailure, fail
+from durq.cli.common import BrokerOpt, fail
 from durq.cli.common import load_app as load_app  # re-exported: other commands import it here
 from durq.observability.logging import setup_logging
-from durq.worker.server import Worker, parse_queues
+from durq.worker.server import MAX_CONCURRENCY, Worker, parse_queues
 from durq.worker.service import PeriodicService
 from durq.worker.supervisor import (
     MULTIPROC_ENV,
@@ -30,7 +30,6 @@ from durq.worker.supervisor import (
 
 log = logging.getLogger("durq.cli")
 
-_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 EPILOG = (
     "Examples:\n\n"
@@ -64,7 +63,9 @@ def worker_command(
     broker: BrokerOpt = None,
     concurrency: Annotated[
         int,
-        typer.Option("--concurrency", "-c", envvar="DURQ_CONCURRENCY", help="Tasks run at once."),
+        typer.Option(
+            "--concurrency", "-c", envvar="DURQ_CONCURRENCY", help="Tasks run at once (1-10000)."
+        ),
     ] = 10,
     queues: Annotated[
         str | None,
@@ -85,7 +86,7 @@ def worker_command(
         typer.Option(
             "--shutdown-timeout",
             envvar="DURQ_SHUTDOWN_TIMEOUT",
-            help="Grace for running tasks at shutdown (seconds or 10s, 1m).",
+            help="Grace for running tasks at shutdown (seconds or 10s, 1m; at most 1d).",
         ),
     ] = "10",
     metrics_port: Annotated[
@@ -120,25 +121,21 @@ def worker_command(
             "--processes",
             envvar="DURQ_PROCESSES",
             help="Worker processes under one supervisor, each with --concurrency slots; "
-            "auto: one per available CPU (a container's CPU limit counts).",
+            "auto: one per available CPU (a container's CPU limit counts); at most 4 per "
+            "available CPU.",
         ),
     ] = "1",
 ) -> None:
     """Run a worker for APP's tasks until SIGTERM/SIGINT."""
-    if log_format not in ("text", "json"):
-        raise UsageFailure(f"--log-format must be text or json, got {log_format!r}")
-    if log_level.upper() not in _LEVELS:
-        raise UsageFailure(f"--log-level must be one of {', '.join(_LEVELS)}, got {log_level!r}")
-    try:
-        count = resolve_processes(processes)
-    except ValueError:
-        raise UsageFailure(
-            f"--processes must be a positive integer or auto, got {processes!r}"
-        ) from None
-    grace = durations.parse(shutdown_timeout)
-    patience = durations.parse(wait_for_broker)
-    weights = parse_queues(queues) if queues else None  # cheap checks before importing APP
-    setup_logging(log_level.upper(), log_format)
+    # Every value is checked before anything starts (no child forked, no APP imported).
+    count = resolve_processes(processes, "--processes")
+    ranges.integer("--concurrency", concurrency, 1, MAX_CONCURRENCY)
+    grace = ranges.seconds("--shutdown-timeout", shutdown_timeout)
+    patience = ranges.seconds("--wait-for-broker", wait_for_broker)
+    if metrics_port is not None:
+        ranges.port("--metrics-port", metrics_port)
+    weights = parse_queues(queues) if queues else None
+    setup_logging(log_level, log_format)
     if count > 1:
         child = [*this_interpreter(), "worker", app_path, "--concurrency", str(concurrency)]
         child += ["--shutdown-timeout", shutdown_timeout, "--wait-for-broker", wait_for_broker]
@@ -146,7 +143,9 @@ def worker_command(
         child += (["--broker", broker] if broker else []) + (["--queues", queues] if queues else [])
         child += (["--strict"] if strict else []) + (["--no-scheduler"] if no_scheduler else [])
         supervised_app = load_app(app_path, broker) if metrics_port is not None else None
-        supervisor = Supervisor(child, count, app=supervised_app, metrics_port=metrics_port)
+        supervisor = Supervisor(
+            child, count, app=supervised_app, metrics_port=metrics_port, shutdown_timeout=grace
+        )
         code = asyncio.run(_supervise(supervisor, supervised_app))
         raise typer.Exit(code)
     application = load_app(app_path, broker)

@@ -14,12 +14,16 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from durq.errors import ConfigurationError
 from durq.task import TaskInfo
 from durq.worker.hooks import OUTCOMES, WorkerHooks
 from durq.worker.service import PeriodicService
 
 summary_log = logging.getLogger("durq.worker")
 _NOTHING = contextlib.nullcontext()
+
+#: The level names ``setup_logging`` (and ``--log-level``) accept, in any case.
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 #: ``extra=`` keys durq puts on task log records.
 TASK_FIELDS = ("task_id", "task_type", "queue", "attempt")
@@ -91,9 +95,13 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(level: str | int = "INFO", fmt: str = "text") -> None:
-    """Configure the ``durq`` loggers on stderr, as ``text`` or ``json``."""
+    """Configure the ``durq`` loggers on stderr, as ``text`` or ``json``.
+
+    ConfigurationError for another format or an unknown level name (the CLI's exit 2)."""
     if fmt not in ("text", "json"):
-        raise ValueError(f"unknown log format {fmt!r} (text or json)")
+        raise ConfigurationError(f"--log-format must be text or json, got {fmt!r}")
+    if isinstance(level, str) and level.upper() not in LEVELS:
+        raise ConfigurationError(f"--log-level must be one of {', '.join(LEVELS)}, got {level!r}")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     logger = logging.getLogger("durq")

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from durq import names
+from durq import names, ranges
 from durq.brokers.base import WorkerInfo
 from durq.errors import BrokerUnavailableError, ConfigurationError
 from durq.observability.logging import TaskSummary
@@ -52,6 +52,10 @@ def parse_queues(spec: str | Mapping[str, int] | Sequence[str]) -> dict[str, int
     if not result or any(w < 1 for w in result.values()):
         raise ConfigurationError("queues need at least one name, each with a weight >= 1")
     return result
+
+
+#: The most task slots one worker may run at once (``concurrency``).
+MAX_CONCURRENCY = 10_000
 
 
 class Worker:
@@ -92,8 +96,16 @@ class Worker:
         scheduler: bool = True,
         summary_interval: float | None = 60.0,
     ) -> None:
-        if concurrency < 1:
-            raise ConfigurationError("concurrency must be >= 1")
+        ranges.integer("concurrency", concurrency, 1, MAX_CONCURRENCY)
+        ranges.seconds("shutdown_timeout", shutdown_timeout)
+        for name, interval in (
+            ("lease_seconds", lease_seconds),
+            ("poll_interval", poll_interval),
+            ("promote_interval", promote_interval),
+            ("rescue_interval", rescue_interval),
+            ("janitor_interval", janitor_interval),
+        ):
+            ranges.seconds(name, interval, positive=True)
         if queues is None:
             queues = sorted({t.defaults.queue for t in app.tasks.values()} or {app.default_queue})
         self.app = app

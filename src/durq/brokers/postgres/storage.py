@@ -19,6 +19,7 @@ from psycopg import sql
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from durq import ranges
 from durq.brokers import sqlfiles
 from durq.brokers.base import (
     EnqueueOutcome,
@@ -40,13 +41,16 @@ from durq.errors import (
 )
 from durq.states import TaskState
 from durq.task import TaskInfo
-from durq.urls import unsplit
+from durq.urls import check_port, unsplit
 
 DEFAULT_SCHEMA = "durq"
 #: Seconds to wait for a connection (TCP connect, or a free pooled connection) before
 #: answering BrokerUnavailableError: bounded, so an unreachable server never hangs a caller.
 DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_POOL_MAX = 10
+#: The largest pool a URL may ask for (``pool_min``/``pool_max``): PostgreSQL's own
+#: ``max_connections`` defaults to 100, so more is a typo.
+MAX_POOL = 1000
 #: Seconds a pooled connection may stay unused before the pool closes it (one at a time,
 #: down to ``pool_min``): psycopg_pool's default.
 DEFAULT_POOL_MAX_IDLE = 600.0
@@ -201,10 +205,12 @@ class PostgresStorage:
         self._clock: Clock = clock
         #: Set when the real clock is used: times then come from the server (W1).
         self._server_clock = server_clock_for(clock)
-        self.connect_timeout = connect_timeout
-        self._pool_min = pool_min
-        self._pool_max = max(pool_max, pool_min, 1)
-        self._pool_max_idle = pool_max_idle
+        self.connect_timeout = ranges.seconds(
+            "connect_timeout", connect_timeout, high=3600, positive=True
+        )
+        self._pool_min = ranges.integer("pool_min", pool_min, 0, MAX_POOL)
+        self._pool_max = max(ranges.integer("pool_max", pool_max, 1, MAX_POOL), pool_min)
+        self._pool_max_idle = ranges.seconds("pool_max_idle", pool_max_idle, positive=True)
         #: Behind a transaction-pooling PgBouncer: no named prepared statements, and LISTEN
         #: only on ``listen_url`` (a session of its own straight to PostgreSQL).
         self._pgbouncer = pgbouncer
@@ -227,6 +233,8 @@ class PostgresStorage:
         """Split a broker URL into the libpq DSN and our own options."""
         parts = urlsplit(url)
         scheme = "postgresql" if parts.scheme in ("postgres", "postgresql") else parts.scheme
+        if "," not in parts.netloc:  # a list of hosts is libpq's to read
+            check_port(parts)
         query = parse_qsl(parts.query, keep_blank_values=True)
         options: dict[str, Any] = {}
         rest: list[tuple[str, str]] = []
@@ -244,24 +252,19 @@ class PostgresStorage:
                     )
                 options["listen_url"] = value
             elif key == "pool_max_idle":
-                try:
-                    options[key] = float(value)
-                except ValueError:
-                    options[key] = 0.0
-                if not options[key] > 0:
-                    raise ConfigurationError(f"pool_max_idle must be seconds > 0, not {value!r}")
-            elif key in ("pool_min", "pool_max"):
-                try:
-                    options[key] = int(value)
-                except ValueError as exc:
-                    raise ConfigurationError(f"{key} must be an integer, not {value!r}") from exc
+                options[key] = ranges.seconds(key, value, positive=True)
+            elif key == "pool_min":
+                options[key] = ranges.integer(key, value, 0, MAX_POOL)
+            elif key == "pool_max":
+                options[key] = ranges.integer(key, value, 1, MAX_POOL)
             else:
-                if key == "connect_timeout":
-                    try:
-                        options["connect_timeout"] = float(value)
-                    except ValueError as exc:
-                        raise ConfigurationError(f"invalid connect_timeout {value!r}") from exc
+                if key == "connect_timeout":  # libpq reads it too: checked here for both
+                    options[key] = ranges.seconds(key, value, high=3600, positive=True)
                 rest.append((key, value))
+        if options.get("pool_min", 0) > options.get("pool_max", MAX_POOL):
+            raise ConfigurationError(
+                f"pool_min ({options['pool_min']}) must not exceed pool_max ({options['pool_max']})"
+            )
         dsn = unsplit(parts._replace(scheme=scheme, query=urlencode(rest)))
         return dsn, options
 

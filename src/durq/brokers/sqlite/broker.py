@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from durq import ranges
 from durq.brokers import limiter, mailbox
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
@@ -97,7 +98,8 @@ class SQLiteBroker(AdminForwarder):
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
         """``sqlite:///relative/path.db`` (from the working directory) or
         ``sqlite:////abs/path.db``. Options: ``?busy_timeout=5`` (seconds to wait for the
-        write lock), ``?poll_interval=0.025`` (cross-process wake-up polling, seconds)."""
+        write lock), ``?poll_interval=0.025`` (cross-process wake-up polling, seconds, > 0 and at most 60;
+        ``busy_timeout`` at most a day): ConfigurationError outside those ranges."""
         parts = urlsplit(url)
         if parts.scheme.lower() != "sqlite":
             raise ConfigurationError(f"not a sqlite URL: {url!r}")
@@ -113,14 +115,14 @@ class SQLiteBroker(AdminForwarder):
         unknown = set(options) - {"busy_timeout", "poll_interval"}
         if unknown:
             raise ConfigurationError(f"unknown sqlite URL option(s): {', '.join(sorted(unknown))}")
-        try:
-            busy = float(options.get("busy_timeout", DEFAULT_BUSY_TIMEOUT))
-            poll = float(options.get("poll_interval", DEFAULT_POLL_INTERVAL))
-        except ValueError as exc:
-            raise ConfigurationError(f"invalid sqlite URL option in {url!r}: {exc}") from exc
-        if busy < 0 or poll <= 0:
-            raise ConfigurationError(f"sqlite URL options must be positive: {url!r}")
-        return cls(path, clock=clock, busy_timeout=busy, poll_interval=poll)
+        busy = options.get("busy_timeout", DEFAULT_BUSY_TIMEOUT)
+        poll = options.get("poll_interval", DEFAULT_POLL_INTERVAL)
+        return cls(
+            path,
+            clock=clock,
+            busy_timeout=ranges.seconds("busy_timeout", busy),
+            poll_interval=ranges.seconds("poll_interval", poll, high=60, positive=True),
+        )
 
     def __init__(
         self,

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from durq import ranges
 from durq.brokers import mailbox, sqlfiles
 from durq.brokers.base import (
     EnqueueParams,
@@ -133,8 +134,8 @@ class SQLiteStorage:
         self.clock = clock
         #: Leases on the machine's monotonic clock; steps of the wall clock noticed.
         self.timeline = Timeline(clock)
-        self.busy_timeout = busy_timeout
-        self.poll_interval = poll_interval
+        self.busy_timeout = ranges.seconds("busy_timeout", busy_timeout)
+        self.poll_interval = ranges.seconds("poll_interval", poll_interval, high=60, positive=True)
         # Key of the in-process wake-up registry: every broker on this file shares it.
         self.key = os.path.realpath(self.path)
         self.mailbox = mailbox.register(self.key)
