@@ -632,7 +632,6 @@ class PostgresStorage:
         Safe when several processes run it at once: the lock serialises them and the second
         finds nothing left to do. A schema newer than this code is refused (SchemaError)."""
         applied_now: list[str] = []
-        latest = MIGRATIONS[-1].version
         async with self.errors("migrate"):
             conn = await self.direct_connection("migrate")
             async with conn, conn.transaction():
@@ -641,12 +640,7 @@ class PostgresStorage:
                 await conn.execute(self.q["create_migrations_table"])
                 cur = await conn.execute(self.q["applied_migrations"])
                 applied = {int(r["version"]) for r in await cur.fetchall()}
-                if applied and max(applied) > latest:
-                    raise SchemaError(
-                        f"schema {self._schema!r} is at version {max(applied)}, newer than this "
-                        f"durq (version {latest}): upgrade durq",
-                        operation="postgres.migrate",
-                    )
+                self._refuse_newer(applied)
                 for migration in MIGRATIONS:
                     if migration.version in applied:
                         continue
@@ -658,6 +652,32 @@ class PostgresStorage:
                     )
                     applied_now.append(label)
         return applied_now
+
+    async def pending_migrations(self) -> list[str]:
+        """The labels of the migrations :meth:`migrate` would apply (all of them when the
+        schema has no durq tables); reads only. SchemaError for a newer schema."""
+        table = sql.Identifier(self._schema, "schema_migrations").as_string(None)
+        async with self.errors("migrate"):
+            conn = await self.direct_connection("migrate")
+            async with conn:
+                cur = await conn.execute(self.q["schema_version"], {"table": table})
+                row = await cur.fetchone()
+                applied: set[int] = set()
+                if row is not None and row["present"]:
+                    cur = await conn.execute(self.q["applied_migrations"])
+                    applied = {int(r["version"]) for r in await cur.fetchall()}
+        self._refuse_newer(applied)
+        return [m.label for m in MIGRATIONS if m.version not in applied]
+
+    def _refuse_newer(self, applied: set[int]) -> None:
+        """SchemaError when ``applied`` holds a version this durq does not know."""
+        latest = MIGRATIONS[-1].version
+        if applied and max(applied) > latest:
+            raise SchemaError(
+                f"schema {self._schema!r} is at version {max(applied)}, newer than this "
+                f"durq (version {latest}): upgrade durq",
+                operation="postgres.migrate",
+            )
 
     async def ping(self) -> None:
         """One cheap round trip; raises BrokerUnavailableError."""

@@ -221,6 +221,13 @@ class RedisStorage:
             created = await self.command("SET", self.keys.schema, SCHEMA_VERSION, "NX")
         return [f"redis-layout-{SCHEMA_VERSION}"] if created else []
 
+    async def pending_migrations(self) -> list[str]:
+        """:meth:`migrate`'s record, when missing (a different layout fails to connect)."""
+        await self.connect()
+        async with self.op("migrate"):
+            recorded = await self.command("EXISTS", self.keys.schema)
+        return [] if recorded else [f"redis-layout-{SCHEMA_VERSION}"]
+
     async def ping(self) -> None:
         """One cheap round trip."""
         async with self.op("ping"):

@@ -162,6 +162,10 @@ class SQLiteBroker(AdminForwarder):
         """Apply missing migrations; returns the names applied by this call."""
         return await self._s.migrate()
 
+    async def pending_migrations(self) -> list[str]:
+        """The migrations :meth:`migrate` would apply, read without writing."""
+        return await self._s.pending_migrations()
+
     async def close(self) -> None:
         """Close the connection and stop the database thread (idempotent)."""
         await self._s.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pathlib
 import sqlite3
 import threading
 from collections import Counter
@@ -362,6 +363,30 @@ class SQLiteStorage:
             return applied
 
         return await self.call("sqlite.migrate", run)
+
+    async def pending_migrations(self) -> list[str]:
+        """The migrations :meth:`migrate` would apply, read on a read-only connection of
+        its own (this broker's connection migrates as it opens); a missing file is not
+        created and needs them all."""
+
+        def read() -> int:
+            if not os.path.exists(self.path):
+                return 0
+            conn = sqlite3.connect(f"{pathlib.Path(self.path).as_uri()}?mode=ro", uri=True)
+            try:
+                version = schema_version(conn)
+            except sqlite3.DatabaseError as exc:
+                raise BrokerUnavailableError(
+                    f"{self.path} is not a usable SQLite database: {exc}",
+                    operation="sqlite.migrate",
+                ) from exc
+            finally:
+                conn.close()
+            self._check_version(version, "sqlite.migrate")
+            return version
+
+        version = await asyncio.to_thread(read)
+        return [m.file for m in MIGRATIONS if m.version > version]
 
     async def close(self) -> None:
         """Close the connection and stop the database thread (idempotent)."""
