@@ -16,7 +16,7 @@ from durq import ranges
 from durq.app import App
 from durq.cli.common import BrokerOpt, fail
 from durq.cli.common import load_app as load_app  # re-exported: other commands import it here
-from durq.observability.logging import setup_logging
+from durq.observability.logging import bind_worker_id, setup_logging
 from durq.worker.server import MAX_CONCURRENCY, Worker, parse_queues
 from durq.worker.service import PeriodicService
 from durq.worker.supervisor import (
@@ -167,6 +167,7 @@ def worker_command(
         scheduler=not no_scheduler,  # periodic tasks (durq.worker.periodic)
         services=services,
     )
+    bind_worker_id(worker.id)
     if not application.tasks:
         log.warning("%s registers no tasks: every task will wait for a handler", app_path)
     log.info("tasks: %s", ", ".join(sorted(application.tasks)) or "(none)")

@@ -72,8 +72,20 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+#: The id of the worker this process runs (:func:`bind_worker_id`), on every JSON line.
+_worker_id: str | None = None
+
+
+def bind_worker_id(worker_id: str | None) -> None:
+    """Put ``worker_id`` on every JSON log line of this process from now on (``durq worker``
+    does, so the lines of ``--processes N`` workers, interleaved on one stream, tell apart)."""
+    global _worker_id
+    _worker_id = worker_id
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, message and the ``fields`` present."""
+    """One JSON object per line: ts, level, logger, message, pid, the worker id once bound
+    (:func:`bind_worker_id`) and the ``fields`` present."""
 
     def __init__(self, fields: Sequence[str] = TASK_FIELDS) -> None:
         super().__init__()
@@ -85,7 +97,10 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
+            "pid": record.process,
         }
+        if _worker_id is not None:
+            data["worker_id"] = _worker_id
         for key in self.fields:
             if hasattr(record, key):
                 data[key] = getattr(record, key)
