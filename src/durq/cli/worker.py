@@ -8,13 +8,14 @@ import logging
 import os
 import sys
 import threading
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from durq import ranges
 from durq.app import App
-from durq.cli.common import BrokerOpt, fail
+from durq.cli.common import BrokerOpt, UsageFailure, fail
 from durq.cli.common import load_app as load_app  # re-exported: other commands import it here
 from durq.observability.logging import bind_worker_id, setup_logging
 from durq.worker.server import MAX_CONCURRENCY, Worker, parse_queues
@@ -115,6 +116,42 @@ def worker_command(
             help="Keep retrying this long if the broker is down at start (e.g. 2m); 0: fail.",
         ),
     ] = "0",
+    burst: Annotated[
+        bool,
+        typer.Option(
+            "--burst",
+            help="Exit (0) once no task is claimable now and none of this worker's runs "
+            "(cron jobs, CI); tasks due later stay queued.",
+        ),
+    ] = False,
+    max_tasks_per_child: Annotated[
+        int | None,
+        typer.Option(
+            "--max-tasks-per-child",
+            envvar="DURQ_MAX_TASKS_PER_CHILD",
+            help="After this many tasks a worker process claims no more, finishes what it "
+            "runs and exits (0); --processes starts a fresh one.",
+            show_default=False,
+        ),
+    ] = None,
+    max_memory_per_child: Annotated[
+        int | None,
+        typer.Option(
+            "--max-memory-per-child",
+            envvar="DURQ_MAX_MEMORY_PER_CHILD",
+            metavar="MB",
+            help="The same once a worker process uses more than this much resident memory.",
+            show_default=False,
+        ),
+    ] = None,
+    reload: Annotated[
+        bool,
+        typer.Option(
+            "--reload",
+            help="Development only: restart the worker when a .py file under the current "
+            "directory changes.",
+        ),
+    ] = False,
     processes: Annotated[
         str,
         typer.Option(
@@ -134,17 +171,39 @@ def worker_command(
     patience = ranges.seconds("--wait-for-broker", wait_for_broker)
     if metrics_port is not None:
         ranges.port("--metrics-port", metrics_port)
+    if max_tasks_per_child is not None:
+        ranges.integer("--max-tasks-per-child", max_tasks_per_child, 1, 10**9)
+    if max_memory_per_child is not None:
+        ranges.integer("--max-memory-per-child", max_memory_per_child, 16, 10**7)
+    if reload and count > 1:
+        raise UsageFailure("--reload runs one worker: leave out --processes")
     weights = parse_queues(queues) if queues else None
     setup_logging(log_level, log_format)
-    if count > 1:
+    if count > 1 or reload:
         child = [*this_interpreter(), "worker", app_path, "--concurrency", str(concurrency)]
         child += ["--shutdown-timeout", shutdown_timeout, "--wait-for-broker", wait_for_broker]
         child += ["--log-format", log_format, "--log-level", log_level, "--processes", "1"]
         child += (["--broker", broker] if broker else []) + (["--queues", queues] if queues else [])
         child += (["--strict"] if strict else []) + (["--no-scheduler"] if no_scheduler else [])
+        child += ["--burst"] if burst else []
+        if max_tasks_per_child is not None:
+            child += ["--max-tasks-per-child", str(max_tasks_per_child)]
+        if max_memory_per_child is not None:
+            child += ["--max-memory-per-child", str(max_memory_per_child)]
+        if reload:
+            from durq.worker.reload import run_reloading
+
+            if metrics_port is not None:
+                child += ["--metrics-port", str(metrics_port)]
+            raise typer.Exit(run_reloading(child, Path.cwd()))
         supervised_app = load_app(app_path, broker) if metrics_port is not None else None
         supervisor = Supervisor(
-            child, count, app=supervised_app, metrics_port=metrics_port, shutdown_timeout=grace
+            child,
+            count,
+            app=supervised_app,
+            metrics_port=metrics_port,
+            shutdown_timeout=grace,
+            burst=burst,
         )
         code = asyncio.run(_supervise(supervisor, supervised_app))
         raise typer.Exit(code)
@@ -166,6 +225,9 @@ def worker_command(
         shutdown_timeout=grace,
         scheduler=not no_scheduler,  # periodic tasks (durq.worker.periodic)
         services=services,
+        max_tasks=max_tasks_per_child,
+        max_memory=max_memory_per_child,
+        burst=burst,
     )
     bind_worker_id(worker.id)
     if not application.tasks:

@@ -136,6 +136,7 @@ class Supervisor:
         backoff: tuple[float, float] = (0.5, 30.0),
         stable_after: float = 10.0,
         shutdown_timeout: float = 10.0,
+        burst: bool = False,
     ) -> None:
         if processes < 1:
             raise ValueError("processes must be >= 1")
@@ -149,6 +150,8 @@ class Supervisor:
         self.backoff = backoff
         self.stable_after = stable_after
         self.shutdown_timeout = shutdown_timeout
+        #: Children run ``--burst``: one that exits 0 drained the queues and is not replaced.
+        self.burst = burst
         #: Live children by slot.
         self.children: dict[int, asyncio.subprocess.Process] = {}
         #: How many times a child was started again after it exited.
@@ -278,6 +281,12 @@ class Supervisor:
                 )
                 self._stop_children()
                 return code
+            if code == 0 and self.burst:  # the queues are drained: this slot is done
+                return code
+            if code == 0:  # recycled (--max-tasks/--max-memory-per-child): replace it now
+                log.info("worker process %d retired; starting a fresh one", child.pid)
+                self.restarts += 1
+                continue
             if loop.time() - started >= self.stable_after:
                 delay = self.backoff[0]
             how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited ({code})"
