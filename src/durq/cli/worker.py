@@ -38,6 +38,7 @@ EPILOG = (
     "  durq worker myproject.tasks:app --queues critical=6,default=3,low=1 --concurrency 20\n\n"
     "  DURQ_BROKER_URL=postgresql://localhost/app durq worker myproject.tasks:app --strict\n\n"
     "  durq worker myproject.tasks:app --processes auto   # one worker process per CPU\n\n"
+    "  durq worker myproject.tasks:app --burst   # drain the queues, then exit 0 (cron, CI)\n\n"
     "SIGTERM or Ctrl-C stops taking tasks, waits up to --shutdown-timeout for running ones and "
     "hands the rest back as pending; a second signal stops at once."
 )

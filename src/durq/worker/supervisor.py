@@ -3,9 +3,12 @@
 A durq worker runs on one event loop, so it uses one core. The supervisor starts ``N`` copies
 of the worker command as child processes (each with its own ``concurrency``), restarts one
 that exits or crashes with a capped exponential backoff (one that exits with a usage or
-configuration error stops them all: it would fail again), passes the first SIGTERM/SIGINT to
-every child once (each drains gracefully, as a lone worker does) and a second one too (each
-stops at once), and serves one metrics endpoint for all of them.
+configuration error stops them all: it would fail again), replaces at once one that exits 0
+(recycled: ``--max-tasks-per-child``/``--max-memory-per-child``; under ``--burst`` a 0 means
+the queues are drained and the slot is done), passes the first SIGTERM/SIGINT to every child
+once (each drains gracefully, as a lone worker does) and a second one too (each stops at
+once), kills one still running :data:`KILL_AFTER` seconds past the shutdown timeout, and
+serves one metrics endpoint for all of them.
 
 Metrics: the children run in prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``
 set to a private temporary directory): each writes its counters to files there, and the
