@@ -9,6 +9,7 @@ or timeout is a hang, not a setting."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 from durq import durations
@@ -39,33 +40,41 @@ def real(name: str, value: object, low: float, high: float, *, above: bool = Fal
         number = math.nan if isinstance(value, bool) else float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         number = math.nan  # refused below, with the value as given
-    return _within(name, number, low, high, above=above, given=value)
+    inside = number > low if above else number >= low
+    if not (math.isfinite(number) and inside and number <= high):
+        bound = f"> {low:g}" if above else f">= {low:g}"
+        raise ConfigurationError(
+            f"{name} must be a finite number {bound} and <= {high:g}, got {value!r}"
+        )
+    return number
 
 
 def seconds(name: str, value: object, *, high: float = DAY, positive: bool = False) -> float:
     """A duration in seconds (a number, or text such as ``30``, ``10s``, ``1m``): finite,
     ``>= 0`` (``> 0`` when ``positive``) and at most ``high``."""
-    if not isinstance(value, str):
-        return real(name, value, 0.0, high, above=positive)
-    try:
-        number = durations.parse(value)
-    except ValidationError:
-        raise ConfigurationError(
-            f"{name} must be a duration such as 30, 10s or 1m, got {value!r}"
-        ) from None
-    return _within(name, number, 0.0, high, above=positive, given=value)
-
-
-def _within(
-    name: str, number: float, low: float, high: float, *, above: bool, given: object
-) -> float:
-    inside = number > low if above else number >= low
+    number = math.nan
+    if isinstance(value, str):
+        with contextlib.suppress(ValidationError):  # refused below, with the text as given
+            number = durations.parse(value)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value)
+    inside = number > 0 if positive else number >= 0
     if not (math.isfinite(number) and inside and number <= high):
-        bound = f"> {low:g}" if above else f">= {low:g}"
+        low = "above 0" if positive else "from 0"
         raise ConfigurationError(
-            f"{name} must be a finite number {bound} and <= {high:g}, got {given!r}"
+            f"{name} must be a duration {low} to {span(high)} (seconds, or e.g. 10s, 5m), "
+            f"got {value!r}"
         )
     return number
+
+
+def span(seconds: float) -> str:
+    """``86400`` as ``1 day``: a bound for people."""
+    for unit, size in (("year", 365.25 * DAY), ("day", DAY), ("hour", 3600.0), ("minute", 60.0)):
+        count = seconds / size
+        if count >= 1 and count.is_integer():
+            return f"{count:g} {unit}{'' if count == 1 else 's'}"
+    return f"{seconds:g} seconds"
 
 
 def port(name: str, value: object, *, any_port: bool = False) -> int:
