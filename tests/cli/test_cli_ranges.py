@@ -74,6 +74,8 @@ BAD_URLS = [
     ("postgresql://127.0.0.1/test?pool_min=5&pool_max=2", "pool_min"),
     ("postgresql://127.0.0.1/test?pool_max_idle=inf", "pool_max_idle"),
     ("postgresql://127.0.0.1:70000/test", "port"),
+    ("redis://127.0.0.1:0/0", "port"),
+    ("redis://127.0.0.1:70000/0", "port"),
     ("redis://127.0.0.1:6379/0?socket_timeout=nan", "socket_timeout"),
     ("redis://127.0.0.1:6379/0?socket_connect_timeout=-1", "socket_connect_timeout"),
     ("redis+cluster://127.0.0.1:7000/?cluster_retry=nan", "cluster_retry"),

@@ -43,7 +43,7 @@ from durq.errors import (
 )
 from durq.states import TaskState
 from durq.task import TaskInfo, limits_to_json
-from durq.urls import redact, unsplit
+from durq.urls import check_port, redact, unsplit
 
 #: The oldest server the scripts run on (ZADD GT/LT, GETDEL, ZRANGE options...).
 MIN_REDIS_VERSION = (6, 2)
@@ -138,6 +138,8 @@ class RedisStorage:
             raise ConfigurationError(
                 f"invalid Redis URL {redact(url)!r}: the path must be a database number"
             )
+        if parts.scheme in ("redis", "rediss"):
+            check_port(parts)
         query = parse_qsl(parts.query, keep_blank_values=True)
         prefix = DEFAULT_PREFIX
         rest: list[tuple[str, str]] = []
