@@ -18,6 +18,7 @@ from durq.app import App
 from durq.cli.common import BrokerOpt, UsageFailure, fail
 from durq.cli.common import load_app as load_app  # re-exported: other commands import it here
 from durq.observability.logging import bind_worker_id, setup_logging
+from durq.worker.recycle import MAX_MEMORY_RANGE, MAX_TASKS_RANGE
 from durq.worker.server import MAX_CONCURRENCY, Worker, parse_queues
 from durq.worker.service import PeriodicService
 from durq.worker.supervisor import (
@@ -173,9 +174,9 @@ def worker_command(
     if metrics_port is not None:
         ranges.port("--metrics-port", metrics_port)
     if max_tasks_per_child is not None:
-        ranges.integer("--max-tasks-per-child", max_tasks_per_child, 1, 10**9)
+        ranges.integer("--max-tasks-per-child", max_tasks_per_child, *MAX_TASKS_RANGE)
     if max_memory_per_child is not None:
-        ranges.integer("--max-memory-per-child", max_memory_per_child, 16, 10**7)
+        ranges.integer("--max-memory-per-child", max_memory_per_child, *MAX_MEMORY_RANGE)
     if reload and count > 1:
         raise UsageFailure("--reload runs one worker: leave out --processes")
     weights = parse_queues(queues) if queues else None

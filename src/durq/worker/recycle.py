@@ -16,6 +16,10 @@ from durq.worker.service import PeriodicService
 log = logging.getLogger("durq.worker")
 
 _MB = 1024 * 1024
+#: The bounds of ``max_tasks`` (``--max-tasks-per-child``) and of ``max_memory`` in MB
+#: (``--max-memory-per-child``; below 16 MB no Python worker fits).
+MAX_TASKS_RANGE = (1, 10**9)
+MAX_MEMORY_RANGE = (16, 10**7)
 
 
 def rss_mb() -> float:

@@ -26,7 +26,7 @@ from durq.worker.heartbeat import Heartbeat
 from durq.worker.hooks import WorkerHooks
 from durq.worker.maintenance import Janitor, Promoter, Rescuer
 from durq.worker.periodic import PeriodicScheduler
-from durq.worker.recycle import MemoryWatch
+from durq.worker.recycle import MAX_MEMORY_RANGE, MAX_TASKS_RANGE, MemoryWatch
 from durq.worker.service import PeriodicService
 
 if TYPE_CHECKING:
@@ -134,12 +134,12 @@ class Worker:
         #: Run the periodic scheduler when the app has schedules; see durq.worker.periodic.
         self.scheduler = scheduler
         self.summary_interval = summary_interval
-        self.max_tasks = (
-            None if max_tasks is None else ranges.integer("max_tasks", max_tasks, 1, 10**9)
-        )
-        self.max_memory = (
-            None if max_memory is None else ranges.real("max_memory", max_memory, 16, 10**7)
-        )
+        if max_tasks is not None:
+            ranges.integer("max_tasks", max_tasks, *MAX_TASKS_RANGE)
+        if max_memory is not None:
+            ranges.real("max_memory", max_memory, *MAX_MEMORY_RANGE)
+        self.max_tasks = max_tasks
+        self.max_memory = max_memory
         self.burst = burst
         if scheduler:
             self._check_periodic_handlers()
