@@ -98,8 +98,8 @@ class SQLiteBroker(AdminForwarder):
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
         """``sqlite:///relative/path.db`` (from the working directory) or
         ``sqlite:////abs/path.db``. Options: ``?busy_timeout=5`` (seconds to wait for the
-        write lock), ``?poll_interval=0.025`` (cross-process wake-up polling, seconds, > 0 and at most 60;
-        ``busy_timeout`` at most a day): ConfigurationError outside those ranges."""
+        write lock, at most a day), ``?poll_interval=0.025`` (cross-process wake-up polling,
+        seconds, above 0 and at most a day): ConfigurationError outside those ranges."""
         parts = urlsplit(url)
         if parts.scheme.lower() != "sqlite":
             raise ConfigurationError(f"not a sqlite URL: {url!r}")
@@ -121,7 +121,7 @@ class SQLiteBroker(AdminForwarder):
             path,
             clock=clock,
             busy_timeout=ranges.seconds("busy_timeout", busy),
-            poll_interval=ranges.seconds("poll_interval", poll, high=60, positive=True),
+            poll_interval=ranges.seconds("poll_interval", poll, positive=True),
         )
 
     def __init__(

@@ -136,7 +136,7 @@ class SQLiteStorage:
         #: Leases on the machine's monotonic clock; steps of the wall clock noticed.
         self.timeline = Timeline(clock)
         self.busy_timeout = ranges.seconds("busy_timeout", busy_timeout)
-        self.poll_interval = ranges.seconds("poll_interval", poll_interval, high=60, positive=True)
+        self.poll_interval = ranges.seconds("poll_interval", poll_interval, positive=True)
         # Key of the in-process wake-up registry: every broker on this file shares it.
         self.key = os.path.realpath(self.path)
         self.mailbox = mailbox.register(self.key)
