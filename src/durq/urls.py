@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from urllib.parse import SplitResult, urlsplit
 
+from durq import ranges
+from durq.errors import ConfigurationError
+
 
 def unsplit(parts: SplitResult) -> str:
     """``urllib.parse.urlunsplit`` that keeps the ``//`` of an empty host.
@@ -26,3 +29,15 @@ def redact(url: str) -> str:
     if not parts.password:
         return url
     return unsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
+
+
+def check_port(parts: SplitResult) -> None:
+    """ConfigurationError unless the URL's port, if it has one, is 1 to 65535."""
+    host = parts.netloc.rpartition("@")[2].rpartition("]")[2]  # past user info and [IPv6]
+    _, colon, port = host.rpartition(":")
+    if not (colon and port):
+        return
+    try:
+        ranges.port("the port", port)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"invalid URL {redact(parts.geturl())!r}: {exc}") from None

@@ -263,7 +263,11 @@ async def test_wait_replicas_confirms_or_fails(redis_cluster: RedisCluster) -> N
         ("redis+cluster://127.0.0.1:7000,:7001/", "host:port"),
         ("redis+cluster://127.0.0.1:7000/3", "only database 0"),
         ("redis+cluster://127.0.0.1:7000/?wait_replicas=x", "invalid Redis Cluster URL"),
-        ("redis+cluster://127.0.0.1:7000/?cluster_retry=-1", "must not be negative"),
+        (
+            "redis+cluster://127.0.0.1:7000/?cluster_retry=-1",
+            "cluster_retry must be a duration from 0",
+        ),
+        ("redis+cluster://127.0.0.1:7000/?cluster_retry=nan", "cluster_retry must be a duration"),
     ],
 )
 def test_bad_cluster_urls_are_configuration_errors(url: str, message: str) -> None:

@@ -762,6 +762,11 @@ class Broker(Protocol):
     async def migrate(self) -> list[str]:
         """Bring the storage to the current schema; returns the migrations applied."""
 
+    async def pending_migrations(self) -> list[str]:
+        """The migrations :meth:`migrate` would apply now, by the names it reports; writes
+        nothing (a missing SQLite file stays missing). SchemaError for a schema newer than
+        this code."""
+
     async def ping(self) -> None:
         """One cheap round trip; raises BrokerUnavailableError."""
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from importlib import metadata
+from typing import Annotated, Any
 
 import typer
 
@@ -48,6 +49,39 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"durq {version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            "-V",
+            callback=_print_version,
+            is_eager=True,
+            help="Print durq's version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """durq: durable background tasks. Run workers, enqueue and inspect tasks."""
+
+
+def version() -> str:
+    """The installed durq's version (its package metadata; the source tree's otherwise)."""
+    try:
+        return metadata.version("durq")
+    except metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        from durq import __version__
+
+        return __version__
+
 
 # One line per command group; new groups (dash, bench) add a module and a line here.
 worker.register(app)

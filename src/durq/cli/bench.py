@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from durq.cli.common import BrokerOpt, JsonOpt, UsageFailure, console, print_json
+from durq import ranges
+from durq.cli.common import BrokerOpt, JsonOpt, console, print_json
+from durq.worker.server import MAX_CONCURRENCY
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -52,11 +54,11 @@ def bench_command(
     """Quick in-process measurement of durq alone: enqueue rates, processing rate (a worker
     started by the tool, logging off) and pickup latency. For figures of the shipped
     `durq worker` command beside other task queues, use `make bench` in the repository."""
-    if tasks < 1 or concurrency < 1 or latency_tasks < 0 or bulk_chunk < 1 or latency_rate <= 0:
-        raise UsageFailure(
-            "--tasks, --concurrency and --bulk-chunk must be >= 1, --latency-tasks >= 0, "
-            "--latency-rate > 0"
-        )
+    ranges.integer("--tasks", tasks, 1, 10_000_000)
+    ranges.integer("--concurrency", concurrency, 1, MAX_CONCURRENCY)
+    ranges.integer("--latency-tasks", latency_tasks, 0, 1_000_000)
+    ranges.real("--latency-rate", latency_rate, 0, 100_000, above=True)
+    ranges.integer("--bulk-chunk", bulk_chunk, 1, 100_000)
     # Imported here, not at the top: every `durq` command (the worker too) imports this module.
     from durq.bench import BenchOptions, run_bench
 

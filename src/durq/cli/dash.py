@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from durq import ranges
 from durq.cli.common import BrokerOpt, UsageFailure, load_app, make_app
 from durq.observability.logging import setup_logging
 
@@ -44,7 +45,7 @@ def dash_command(
     host: Annotated[
         str, typer.Option("--host", help="Interface to bind (loopback by default).")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", "-p", help="Port to listen on.")] = 8181,
+    port: Annotated[int, typer.Option("--port", "-p", help="Port to listen on (1-65535).")] = 8181,
     token: Annotated[
         str | None,
         typer.Option(
@@ -109,7 +110,8 @@ def dash_command(
         raise UsageFailure("give --token or --insecure-no-auth, not both")
     if token is not None and len(token) < 8:
         raise UsageFailure("--token must have at least 8 characters")
-    setup_logging(log_level.upper())
+    ranges.port("--port", port)
+    setup_logging(log_level)
     app = load_app(app_path, broker) if app_path else make_app(broker)
     generated = False
     if not insecure_no_auth and not token:

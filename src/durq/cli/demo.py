@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from durq import ranges
 from durq.brokers import open_broker, resolve_url
 from durq.cli.common import BrokerOpt, console, fail
 
@@ -35,6 +36,7 @@ def demo_command(
     lifecycle: success, delay, NotReady polling, archive, task-id conflict)."""
     from durq.demo import lifecycle
 
+    ranges.port("--port", port)
     url = resolve_url(broker)
     open_broker(url)  # an unknown scheme is a usage error before anything starts
     if not lifecycle_only:

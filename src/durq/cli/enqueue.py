@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from durq import durations
+from durq import durations, ranges
 from durq.app import App
 from durq.cli.common import (
     BrokerOpt,
@@ -47,13 +47,7 @@ def _moment(text: str | None) -> datetime | None:
 def _duration(text: str | None, flag: str) -> float | None:
     if text is None:
         return None
-    try:
-        value = durations.parse(text)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise UsageFailure(f"{flag}: invalid duration {text!r} (examples: 30, 30s, 5m, 1h30m, 2d)")
-    return value
+    return ranges.seconds(flag, text, high=durations.MAX_DURATION)
 
 
 def enqueue_command(

@@ -15,7 +15,6 @@ from durq.app import App
 from durq.cli.common import (
     BrokerOpt,
     JsonOpt,
-    UsageFailure,
     console,
     fmt_time,
     load_app,
@@ -54,9 +53,7 @@ def scheduler_command(
     log_level: Annotated[str, typer.Option("--log-level", help="Log level.")] = "INFO",
 ) -> None:
     """Enqueue APP's periodic tasks until SIGTERM/SIGINT (runs no handlers)."""
-    if log_format not in ("text", "json"):
-        raise UsageFailure(f"--log-format must be text or json, got {log_format!r}")
-    setup_logging(log_level.upper(), log_format)
+    setup_logging(log_level, log_format)
     application = _load(app_path, broker)
     if not len(application.schedules):
         log.info("%s declares no periodic tasks: ticking stored schedules only", app_path)

@@ -8,13 +8,12 @@ from typing import Annotated, Any
 
 import typer
 
-from durq import codec, groups
+from durq import codec, groups, ranges
 from durq.app import App
 from durq.cli.common import (
     BrokerOpt,
     JsonOpt,
     QueueOpt,
-    UsageFailure,
     console,
     escape,
     examples,
@@ -188,8 +187,8 @@ def ls_command(
 ) -> None:
     """List the tasks of a queue in one state, oldest first."""
     wanted = parse_state(state)
-    if page < 1:
-        raise UsageFailure("--page must be >= 1")
+    ranges.integer("--limit", limit, 1, 1000)
+    ranges.integer("--page", page, 1, 1_000_000)
 
     async def body(app: App) -> list[TaskInfo]:
         return await app.inspector.list_tasks(queue, wanted, limit=limit, offset=(page - 1) * limit)

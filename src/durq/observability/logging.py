@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from durq.errors import ConfigurationError
 from durq.task import TaskInfo
 from durq.worker import frames
 from durq.worker.hooks import OUTCOMES, WorkerHooks
@@ -21,6 +22,9 @@ from durq.worker.service import PeriodicService
 
 summary_log = logging.getLogger("durq.worker")
 _NOTHING = contextlib.nullcontext()
+
+#: The level names ``setup_logging`` (and ``--log-level``) accept, in any case.
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 #: ``extra=`` keys durq puts on task log records.
 TASK_FIELDS = ("task_id", "task_type", "queue", "attempt")
@@ -78,8 +82,20 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+#: The id of the worker this process runs (:func:`bind_worker_id`), on every JSON line.
+_worker_id: str | None = None
+
+
+def bind_worker_id(worker_id: str | None) -> None:
+    """Put ``worker_id`` on every JSON log line of this process from now on (``durq worker``
+    does, so the lines of ``--processes N`` workers, interleaved on one stream, tell apart)."""
+    global _worker_id
+    _worker_id = worker_id
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, message and the ``fields`` present."""
+    """One JSON object per line: ts, level, logger, message, pid, the worker id once bound
+    (:func:`bind_worker_id`) and the ``fields`` present."""
 
     def __init__(self, fields: Sequence[str] = TASK_FIELDS) -> None:
         super().__init__()
@@ -91,7 +107,10 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
+            "pid": record.process,
         }
+        if _worker_id is not None:
+            data["worker_id"] = _worker_id
         for key in self.fields:
             if hasattr(record, key):
                 data[key] = getattr(record, key)
@@ -101,9 +120,13 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(level: str | int = "INFO", fmt: str = "text") -> None:
-    """Configure the ``durq`` loggers on stderr, as ``text`` or ``json``."""
+    """Configure the ``durq`` loggers on stderr, as ``text`` or ``json``.
+
+    ConfigurationError for another format or an unknown level name (the CLI's exit 2)."""
     if fmt not in ("text", "json"):
-        raise ValueError(f"unknown log format {fmt!r} (text or json)")
+        raise ConfigurationError(f"--log-format must be text or json, got {fmt!r}")
+    if isinstance(level, str) and level.upper() not in LEVELS:
+        raise ConfigurationError(f"--log-level must be one of {', '.join(LEVELS)}, got {level!r}")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     logger = logging.getLogger("durq")

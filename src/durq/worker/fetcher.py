@@ -112,6 +112,8 @@ class Fetcher:
         worker_id: str,
         lease_seconds: float,
         poll_interval: float,
+        max_tasks: int | None = None,
+        burst: bool = False,
     ) -> None:
         self.broker = broker
         self.executor = executor
@@ -126,6 +128,17 @@ class Fetcher:
         #: The broker's wait for work while the fetcher is idle; stopping and an arriving ack
         #: cancel it (one task a wait, not one per thing it waits for).
         self._waiter: asyncio.Future[Any] | None = None
+        #: Claim no more than this many tasks in all (then :attr:`done`), ``None``: no limit.
+        self.max_tasks = max_tasks
+        #: Stop (:attr:`done`) instead of waiting once nothing is claimable and no task of
+        #: this worker runs; see :meth:`_drained`.
+        self.burst = burst
+        #: Tasks claimed since start.
+        self.claimed = 0
+        #: Set when the fetcher ended by itself (max_tasks, burst, :meth:`retire`), not by stop().
+        self.done = asyncio.Event()
+        self._retiring = False
+        self._promoted = False
 
     def start(self) -> None:
         self._stop.clear()
@@ -141,16 +154,29 @@ class Fetcher:
             await self._task
             self._task = None
 
+    def retire(self) -> None:
+        """Claim nothing more, for good; :attr:`done` is set once the loop has ended."""
+        self._retiring = True
+        self._stop.set()
+        self.executor.slot_freed.set()
+        self._interrupt()
+
     async def _run(self) -> None:
         try:
             await self._loop()
         finally:
             self.executor.acker.send_alone()
+            if self._retiring:
+                self.done.set()
 
     async def _loop(self) -> None:
         executor, acker = self.executor, self.executor.acker
         failures = 0
         while not self._stop.is_set():
+            if self.max_tasks is not None and self.claimed >= self.max_tasks:
+                log.info("claimed %d tasks (the limit): claiming no more", self.claimed)
+                self._retiring = True
+                return
             # Acks of finished tasks wait for this loop's next claim, which stores them first
             # and so may fill their slots: one round trip where ack and claim took two.
             acker.carry()
@@ -163,6 +189,8 @@ class Fetcher:
             # A slot is a lease held and not acknowledged (docs/guarantees.md): the tasks
             # whose acks ride in this claim give theirs to it.
             free = executor.free_slots + len(acks)
+            if self.max_tasks is not None:
+                free = min(free, self.max_tasks - self.claimed)
             order = queue_order(self.queues, self.strict, self._rng)
             params = ClaimParams(order, free, self.worker_id, self.lease_seconds)
             try:
@@ -183,8 +211,15 @@ class Fetcher:
                     log.exception("claim failed; retrying in %.1fs", delay)
                 await self._sleep(delay)
                 continue
+            self.claimed += len(leases)
             for lease in leases:
                 executor.submit(lease)
+            if self.burst and len(leases) < free and not self._stop.is_set():
+                if await self._drained(leases):
+                    log.info("burst: nothing left to claim and nothing running")
+                    self._retiring = True
+                    return
+                continue
             if leases:
                 # One loop turn for the new attempts to start (short ones also end) before
                 # the next claim is decided: an ack that was waiting then rides with theirs
@@ -202,6 +237,28 @@ class Fetcher:
                 # PostgreSQL read the claim index again for nothing).
                 acker.idle()
                 await self._idle(order, self._timeout_after(leases))
+
+    async def _drained(self, leases: list[Lease]) -> bool:
+        """Burst mode, after a claim that left slots free: ``True`` once nothing is claimable
+        and no task of this worker runs. While tasks run, wait for one to end (its follow-ups
+        or a retry due now may make work), then claim again; when none runs, promote what is
+        due now (scheduled, retries) once and claim again before deciding."""
+        executor = self.executor
+        if leases:
+            self._promoted = False
+        if executor.running:
+            executor.slot_freed.clear()
+            if executor.running and not executor.acker.waiting:
+                await executor.slot_freed.wait()
+            return False
+        if not self._promoted:
+            self._promoted = True
+            try:
+                await self.broker.promote_due()
+            except Exception as exc:  # the promoter retries; the next claim reports an outage
+                log.warning("burst: promoting due tasks failed: %s", exc)
+            return False
+        return True
 
     def _timeout_after(self, leases: list[Lease]) -> float:
         """How long to wait for work after a claim answered ``leases``."""

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from durq import names
+from durq import names, ranges
 from durq.brokers.base import WorkerInfo
 from durq.errors import BrokerUnavailableError, ConfigurationError
 from durq.observability.logging import TaskSummary
@@ -26,6 +26,7 @@ from durq.worker.heartbeat import Heartbeat
 from durq.worker.hooks import WorkerHooks
 from durq.worker.maintenance import Janitor, Promoter, Rescuer
 from durq.worker.periodic import PeriodicScheduler
+from durq.worker.recycle import MAX_MEMORY_RANGE, MAX_TASKS_RANGE, MemoryWatch
 from durq.worker.service import PeriodicService
 
 if TYPE_CHECKING:
@@ -54,6 +55,10 @@ def parse_queues(spec: str | Mapping[str, int] | Sequence[str]) -> dict[str, int
     return result
 
 
+#: The most task slots one worker may run at once (``concurrency``).
+MAX_CONCURRENCY = 10_000
+
+
 class Worker:
     """Runs the app's handlers for tasks of ``queues``.
 
@@ -68,6 +73,11 @@ class Worker:
       workers may do so, each tick is enqueued once).
     * ``lease_seconds``: how long a claim holds without a heartbeat; a dead worker's tasks
       run again after it. ``max_lost``: worker losses before a task is archived.
+    * ``max_tasks`` / ``max_memory`` (MB of resident memory): past either, stop claiming,
+      let the running tasks end and stop (``run()`` returns): recycling, for a process
+      manager or ``durq worker --processes`` to start a fresh process.
+    * ``burst``: stop (``run()`` returns) once no task is claimable, due scheduled and retry
+      tasks promoted, and none of this worker's runs; tasks due later stay queued.
     * ``summary_interval``: seconds between INFO lines counting the outcomes of the period
       and the periodic ticks enqueued (each completed task and each tick is logged at DEBUG
       only); ``None`` for none.
@@ -92,9 +102,20 @@ class Worker:
         services: Sequence[PeriodicService] = (),
         scheduler: bool = True,
         summary_interval: float | None = 60.0,
+        max_tasks: int | None = None,
+        max_memory: float | None = None,
+        burst: bool = False,
     ) -> None:
-        if concurrency < 1:
-            raise ConfigurationError("concurrency must be >= 1")
+        ranges.integer("concurrency", concurrency, 1, MAX_CONCURRENCY)
+        ranges.seconds("shutdown_timeout", shutdown_timeout)
+        for name, interval in (
+            ("lease_seconds", lease_seconds),
+            ("poll_interval", poll_interval),
+            ("promote_interval", promote_interval),
+            ("rescue_interval", rescue_interval),
+            ("janitor_interval", janitor_interval),
+        ):
+            ranges.seconds(name, interval, positive=True)
         if queues is None:
             queues = sorted({t.defaults.queue for t in app.tasks.values()} or {app.default_queue})
         self.app = app
@@ -114,6 +135,13 @@ class Worker:
         #: Run the periodic scheduler (code and stored schedules); see durq.worker.periodic.
         self.scheduler = scheduler
         self.summary_interval = summary_interval
+        if max_tasks is not None:
+            ranges.integer("max_tasks", max_tasks, *MAX_TASKS_RANGE)
+        if max_memory is not None:
+            ranges.real("max_memory", max_memory, *MAX_MEMORY_RANGE)
+        self.max_tasks = max_tasks
+        self.max_memory = max_memory
+        self.burst = burst
         if scheduler:
             self._check_periodic_handlers()
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -203,7 +231,11 @@ class Worker:
             worker_id=self.id,
             lease_seconds=self.lease_seconds,
             poll_interval=self.poll_interval,
+            max_tasks=self.max_tasks,
+            burst=self.burst,
         )
+        if self.max_memory is not None:
+            self._services.append(MemoryWatch(self.max_memory, self._fetcher.retire))
         # The fetcher first: its first claim takes the connection opened above instead of
         # waiting behind (or for a new connection beside) the services' first round trips.
         self._fetcher.start()
@@ -272,6 +304,14 @@ class Worker:
             self.app.release(broker)
             await broker.close()
 
+    async def _finish(self) -> None:
+        """The fetcher ended by itself (``max_tasks``, ``max_memory``, ``burst``): let the
+        running tasks end, however long they take, then stop."""
+        if self._executor is not None:
+            await self._executor.drain(None)
+        if not self._stopped.is_set():
+            await self.stop()
+
     def stop_now(self) -> None:
         """Second signal: cancel running tasks at once; they are still handed back."""
         if self._executor is not None:
@@ -294,6 +334,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         signals = (signal.SIGTERM, signal.SIGINT)
         stop_task: list[asyncio.Task[None]] = []
+        signalled: list[signal.Signals] = []
         give_up = asyncio.Event()
         running = False
 
@@ -301,10 +342,11 @@ class Worker:
             if not running:  # still starting or waiting for the broker: stop once started
                 give_up.set()
                 return
-            if stop_task:
+            if signalled:
                 log.warning("second %s: stopping at once", sig.name)
                 self.stop_now()
                 return
+            signalled.append(sig)
             log.info(
                 "%s received: stopping gracefully (grace %.0fs)", sig.name, self.shutdown_timeout
             )
@@ -320,9 +362,17 @@ class Worker:
                 await self.stop()
                 return
             running = True
-            await self._stopped.wait()
-            if stop_task:
-                await stop_task[0]
+            assert self._fetcher is not None
+            ended = asyncio.ensure_future(self._fetcher.done.wait())
+            stopped = asyncio.ensure_future(self._stopped.wait())
+            await asyncio.wait({ended, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            ended.cancel()
+            if self._fetcher.done.is_set() and not self._stopped.is_set():
+                log.info("worker %s: finishing its running tasks, then stopping", self.id)
+                stop_task.append(asyncio.create_task(self._finish()))
+            await stopped
+            for task in stop_task:
+                await task
         finally:
             if install_signal_handlers:
                 for sig in signals:

@@ -3,9 +3,12 @@
 A durq worker runs on one event loop, so it uses one core. The supervisor starts ``N`` copies
 of the worker command as child processes (each with its own ``concurrency``), restarts one
 that exits or crashes with a capped exponential backoff (one that exits with a usage or
-configuration error stops them all: it would fail again), passes the first SIGTERM/SIGINT to
-every child once (each drains gracefully, as a lone worker does) and a second one too (each
-stops at once), and serves one metrics endpoint for all of them.
+configuration error stops them all: it would fail again), replaces at once one that exits 0
+(recycled: ``--max-tasks-per-child``/``--max-memory-per-child``; under ``--burst`` a 0 means
+the queues are drained and the slot is done), passes the first SIGTERM/SIGINT to every child
+once (each drains gracefully, as a lone worker does) and a second one too (each stops at
+once), kills one still running :data:`KILL_AFTER` seconds past the shutdown timeout, and
+serves one metrics endpoint for all of them.
 
 Metrics: the children run in prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``
 set to a private temporary directory): each writes its counters to files there, and the
@@ -31,6 +34,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from durq import ranges
+from durq.errors import ConfigurationError
 from durq.worker.service import PeriodicService
 
 if TYPE_CHECKING:
@@ -46,16 +51,33 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: A child's exit code for bad usage or configuration (the CLI's): the same command would
 #: fail again, so the supervisor stops instead of starting it again.
 USAGE_EXIT = 2
+#: ``--processes`` may ask for at most this many worker processes per available CPU.
+PROCESSES_PER_CPU = 4
+#: Past the shutdown timeout, how long a child may take to hand its tasks back and close
+#: before the supervisor kills it (SIGKILL).
+KILL_AFTER = 5.0
 
 
-def resolve_processes(value: str) -> int:
-    """``"auto"`` (:func:`available_cpus`) or a positive integer; ``ValueError`` otherwise."""
+def resolve_processes(value: str, name: str = "processes") -> int:
+    """``"auto"`` (:func:`available_cpus`) or an integer from 1 to :func:`max_processes`;
+    ConfigurationError (naming ``name``) otherwise."""
     if value == "auto":
         return available_cpus()
-    count = int(value)
-    if count < 1:
-        raise ValueError(f"must be >= 1, got {count}")
-    return count
+    cap = max_processes()
+    try:
+        return ranges.integer(name, value, 1, cap)
+    except ConfigurationError:
+        raise ConfigurationError(
+            f"{name} must be auto or an integer from 1 to {cap} "
+            f"({PROCESSES_PER_CPU} per available CPU), got {value!r}"
+        ) from None
+
+
+def max_processes() -> int:
+    """The most worker processes one supervisor starts: :data:`PROCESSES_PER_CPU` per
+    available CPU. Each is a whole interpreter; past a few per core they only compete for
+    the CPU (``--concurrency`` is the way to run more tasks at once)."""
+    return PROCESSES_PER_CPU * available_cpus()
 
 
 def available_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
@@ -100,7 +122,12 @@ class Supervisor:
     ``app`` for the queue gauges and the broker probe; ``readyz_details``: see
     :class:`~durq.observability.metrics.MetricsServer`). ``backoff``: the first and the longest
     delay before restarting a child; a child that lived ``stable_after`` seconds starts again
-    from the first delay."""
+    from the first delay. ``shutdown_timeout``: the children's grace at shutdown; a child
+    still running :data:`KILL_AFTER` seconds past it is killed, so the supervisor stops
+    within ``shutdown_timeout + KILL_AFTER`` of the first signal whatever the children do.
+
+    Children are started one at a time, so a signal that comes while they are still being
+    started is handled before the next one: none is started after it."""
 
     def __init__(
         self,
@@ -113,6 +140,8 @@ class Supervisor:
         backoff: tuple[float, float] = (0.5, 30.0),
         stable_after: float = 10.0,
         readyz_details: bool = False,
+        shutdown_timeout: float = 10.0,
+        burst: bool = False,
     ) -> None:
         if processes < 1:
             raise ValueError("processes must be >= 1")
@@ -126,6 +155,9 @@ class Supervisor:
         self.readyz_details = readyz_details
         self.backoff = backoff
         self.stable_after = stable_after
+        self.shutdown_timeout = shutdown_timeout
+        #: Children run ``--burst``: one that exits 0 drained the queues and is not replaced.
+        self.burst = burst
         #: Live children by slot.
         self.children: dict[int, asyncio.subprocess.Process] = {}
         #: How many times a child was started again after it exited.
@@ -133,6 +165,7 @@ class Supervisor:
         self._stopping = asyncio.Event()
         self._signals = 0
         self._multiproc_dir: str | None = None
+        self._spawning = asyncio.Lock()
 
     def _child_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -151,6 +184,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         server = None
+        reaper = asyncio.create_task(self._kill_after_grace())
         try:
             if self.metrics_port is not None:
                 self._multiproc_dir = tempfile.mkdtemp(prefix="durq-metrics-")
@@ -158,6 +192,7 @@ class Supervisor:
             log.info("supervisor %d: starting %d worker processes", os.getpid(), self.processes)
             codes = await asyncio.gather(*(self._keep(slot) for slot in range(self.processes)))
         finally:
+            reaper.cancel()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             if server is not None:
@@ -198,6 +233,34 @@ class Supervisor:
             log.warning("second %s: worker processes stop at once", sig.name)
         self._stop_children()
 
+    async def _kill_after_grace(self) -> None:
+        """Once stopping: kill (SIGKILL) the children still running past their grace."""
+        await self._stopping.wait()
+        await asyncio.sleep(self.shutdown_timeout + KILL_AFTER)
+        for child in list(self.children.values()):
+            log.warning(
+                "worker process %d still running %.0fs after the stop: killing it",
+                child.pid,
+                self.shutdown_timeout + KILL_AFTER,
+            )
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+
+    async def _spawn(self, slot: int) -> asyncio.subprocess.Process | None:
+        """Start the child of ``slot``; ``None`` once stopping (nothing started)."""
+        # One fork at a time: each start yields to the event loop, so a signal that came
+        # meanwhile is handled (and stops the rest) before the next fork.
+        async with self._spawning:
+            if self._stopping.is_set():
+                return None
+            child = await asyncio.create_subprocess_exec(
+                *self.command, env=self._child_env(), start_new_session=True
+            )
+            self.children[slot] = child
+            if self._stopping.is_set():  # a signal came while it was starting
+                child.send_signal(signal.SIGTERM)
+            return child
+
     def _stop_children(self) -> None:
         """Stop taking children back and send each live one SIGTERM (its graceful drain)."""
         self._stopping.set()
@@ -211,12 +274,9 @@ class Supervisor:
         delay = self.backoff[0]
         while True:
             started = loop.time()
-            child = await asyncio.create_subprocess_exec(
-                *self.command, env=self._child_env(), start_new_session=True
-            )
-            self.children[slot] = child
-            if self._stopping.is_set():  # a signal came while it was starting
-                child.send_signal(signal.SIGTERM)
+            child = await self._spawn(slot)
+            if child is None:
+                return 0
             code = await child.wait()
             del self.children[slot]
             self._forget(child.pid)
@@ -233,6 +293,12 @@ class Supervisor:
                 )
                 self._stop_children()
                 return code
+            if code == 0 and self.burst:  # the queues are drained: this slot is done
+                return code
+            if code == 0:  # recycled (--max-tasks/--max-memory-per-child): replace it now
+                log.info("worker process %d retired; starting a fresh one", child.pid)
+                self.restarts += 1
+                continue
             if loop.time() - started >= self.stable_after:
                 delay = self.backoff[0]
             how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited ({code})"

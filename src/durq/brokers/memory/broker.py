@@ -99,6 +99,10 @@ class MemoryBroker(AdminForwarder):
         """No schema."""
         return []
 
+    async def pending_migrations(self) -> list[str]:
+        """No schema."""
+        return []
+
     async def ping(self) -> None:
         """Always reachable."""
 

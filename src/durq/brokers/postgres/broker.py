@@ -206,6 +206,10 @@ class PostgresBroker(AdminForwarder):
         finds nothing left to do. A schema newer than this code is refused (SchemaError)."""
         return await self._s.migrate()
 
+    async def pending_migrations(self) -> list[str]:
+        """The migrations :meth:`migrate` would apply, read without writing."""
+        return await self._s.pending_migrations()
+
     async def ping(self) -> None:
         """One cheap round trip; raises BrokerUnavailableError."""
         await self._s.ping()

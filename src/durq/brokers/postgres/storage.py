@@ -19,6 +19,7 @@ from psycopg import sql
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from durq import ranges
 from durq.brokers import sqlfiles
 from durq.brokers.base import (
     EnqueueOutcome,
@@ -40,13 +41,16 @@ from durq.errors import (
 )
 from durq.states import TaskState
 from durq.task import TaskInfo
-from durq.urls import unsplit
+from durq.urls import check_port, unsplit
 
 DEFAULT_SCHEMA = "durq"
 #: Seconds to wait for a connection (TCP connect, or a free pooled connection) before
 #: answering BrokerUnavailableError: bounded, so an unreachable server never hangs a caller.
 DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_POOL_MAX = 10
+#: The largest pool a URL may ask for (``pool_min``/``pool_max``): PostgreSQL's own
+#: ``max_connections`` defaults to 100, so more is a typo.
+MAX_POOL = 1000
 #: Seconds a pooled connection may stay unused before the pool closes it (one at a time,
 #: down to ``pool_min``): psycopg_pool's default.
 DEFAULT_POOL_MAX_IDLE = 600.0
@@ -201,10 +205,12 @@ class PostgresStorage:
         self._clock: Clock = clock
         #: Set when the real clock is used: times then come from the server (W1).
         self._server_clock = server_clock_for(clock)
-        self.connect_timeout = connect_timeout
-        self._pool_min = pool_min
-        self._pool_max = max(pool_max, pool_min, 1)
-        self._pool_max_idle = pool_max_idle
+        self.connect_timeout = ranges.seconds(
+            "connect_timeout", connect_timeout, high=3600, positive=True
+        )
+        self._pool_min = ranges.integer("pool_min", pool_min, 0, MAX_POOL)
+        self._pool_max = max(ranges.integer("pool_max", pool_max, 1, MAX_POOL), pool_min)
+        self._pool_max_idle = ranges.seconds("pool_max_idle", pool_max_idle, positive=True)
         #: Behind a transaction-pooling PgBouncer: no named prepared statements, and LISTEN
         #: only on ``listen_url`` (a session of its own straight to PostgreSQL). ``None``
         #: (the URL does not say): found out at connect (:meth:`behind_transaction_pooler`).
@@ -233,6 +239,8 @@ class PostgresStorage:
         """Split a broker URL into the libpq DSN and our own options."""
         parts = urlsplit(url)
         scheme = "postgresql" if parts.scheme in ("postgres", "postgresql") else parts.scheme
+        if "," not in parts.netloc:  # a list of hosts is libpq's to read
+            check_port(parts)
         query = parse_qsl(parts.query, keep_blank_values=True)
         options: dict[str, Any] = {}
         rest: list[tuple[str, str]] = []
@@ -250,24 +258,19 @@ class PostgresStorage:
                     )
                 options["listen_url"] = value
             elif key == "pool_max_idle":
-                try:
-                    options[key] = float(value)
-                except ValueError:
-                    options[key] = 0.0
-                if not options[key] > 0:
-                    raise ConfigurationError(f"pool_max_idle must be seconds > 0, not {value!r}")
-            elif key in ("pool_min", "pool_max"):
-                try:
-                    options[key] = int(value)
-                except ValueError as exc:
-                    raise ConfigurationError(f"{key} must be an integer, not {value!r}") from exc
+                options[key] = ranges.seconds(key, value, positive=True)
+            elif key == "pool_min":
+                options[key] = ranges.integer(key, value, 0, MAX_POOL)
+            elif key == "pool_max":
+                options[key] = ranges.integer(key, value, 1, MAX_POOL)
             else:
-                if key == "connect_timeout":
-                    try:
-                        options["connect_timeout"] = float(value)
-                    except ValueError as exc:
-                        raise ConfigurationError(f"invalid connect_timeout {value!r}") from exc
+                if key == "connect_timeout":  # libpq reads it too: checked here for both
+                    options[key] = ranges.seconds(key, value, high=3600, positive=True)
                 rest.append((key, value))
+        if options.get("pool_min", 0) > options.get("pool_max", MAX_POOL):
+            raise ConfigurationError(
+                f"pool_min ({options['pool_min']}) must not exceed pool_max ({options['pool_max']})"
+            )
         dsn = unsplit(parts._replace(scheme=scheme, query=urlencode(rest)))
         return dsn, options
 
@@ -679,7 +682,6 @@ class PostgresStorage:
         Safe when several processes run it at once: the lock serialises them and the second
         finds nothing left to do. A schema newer than this code is refused (SchemaError)."""
         applied_now: list[str] = []
-        latest = MIGRATIONS[-1].version
         async with self.errors("migrate"):
             conn = await self.direct_connection("migrate")
             async with conn, conn.transaction():
@@ -688,12 +690,7 @@ class PostgresStorage:
                 await conn.execute(self.q["create_migrations_table"])
                 cur = await conn.execute(self.q["applied_migrations"])
                 applied = {int(r["version"]) for r in await cur.fetchall()}
-                if applied and max(applied) > latest:
-                    raise SchemaError(
-                        f"schema {self._schema!r} is at version {max(applied)}, newer than this "
-                        f"durq (version {latest}): upgrade durq",
-                        operation="postgres.migrate",
-                    )
+                self._refuse_newer(applied)
                 for migration in MIGRATIONS:
                     if migration.version in applied:
                         continue
@@ -705,6 +702,32 @@ class PostgresStorage:
                     )
                     applied_now.append(label)
         return applied_now
+
+    async def pending_migrations(self) -> list[str]:
+        """The labels of the migrations :meth:`migrate` would apply (all of them when the
+        schema has no durq tables); reads only. SchemaError for a newer schema."""
+        table = sql.Identifier(self._schema, "schema_migrations").as_string(None)
+        async with self.errors("migrate"):
+            conn = await self.direct_connection("migrate")
+            async with conn:
+                cur = await conn.execute(self.q["schema_version"], {"table": table})
+                row = await cur.fetchone()
+                applied: set[int] = set()
+                if row is not None and row["present"]:
+                    cur = await conn.execute(self.q["applied_migrations"])
+                    applied = {int(r["version"]) for r in await cur.fetchall()}
+        self._refuse_newer(applied)
+        return [m.label for m in MIGRATIONS if m.version not in applied]
+
+    def _refuse_newer(self, applied: set[int]) -> None:
+        """SchemaError when ``applied`` holds a version this durq does not know."""
+        latest = MIGRATIONS[-1].version
+        if applied and max(applied) > latest:
+            raise SchemaError(
+                f"schema {self._schema!r} is at version {max(applied)}, newer than this "
+                f"durq (version {latest}): upgrade durq",
+                operation="postgres.migrate",
+            )
 
     async def ping(self) -> None:
         """One cheap round trip; raises BrokerUnavailableError."""

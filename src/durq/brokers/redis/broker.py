@@ -176,6 +176,10 @@ class RedisBroker(AdminForwarder):
         """Redis needs no schema; this records the layout version under the prefix."""
         return await self._s.migrate()
 
+    async def pending_migrations(self) -> list[str]:
+        """The layout version record, when the prefix has none yet."""
+        return await self._s.pending_migrations()
+
     async def ping(self) -> None:
         """One cheap round trip."""
         await self._s.ping()

@@ -13,6 +13,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import redis.asyncio as aioredis
 from redis import exceptions as rex
 
+from durq import ranges
 from durq.brokers.base import MINUTE_COUNTS_KEEP, EnqueueParams, MemberOutcome
 from durq.brokers.redis.cluster import (
     DEFAULT_RETRY,
@@ -42,7 +43,7 @@ from durq.errors import (
 )
 from durq.states import TaskState
 from durq.task import TaskInfo, limits_to_json
-from durq.urls import redact, unsplit
+from durq.urls import check_port, redact, unsplit
 
 #: The oldest server the scripts run on (ZADD GT/LT, GETDEL, ZRANGE options...).
 MIN_REDIS_VERSION = (6, 2)
@@ -137,6 +138,8 @@ class RedisStorage:
             raise ConfigurationError(
                 f"invalid Redis URL {redact(url)!r}: the path must be a database number"
             )
+        if parts.scheme in ("redis", "rediss"):
+            check_port(parts)
         query = parse_qsl(parts.query, keep_blank_values=True)
         prefix = DEFAULT_PREFIX
         rest: list[tuple[str, str]] = []
@@ -144,6 +147,8 @@ class RedisStorage:
             if key == "prefix":
                 prefix = value
             else:
+                if key in _TIMEOUTS:  # read by durq's own connections, not only redis-py
+                    ranges.seconds(key, value, high=3600, positive=True)
                 rest.append((key, value))
         return unsplit(parts._replace(query=urlencode(rest))), prefix
 
@@ -217,6 +222,13 @@ class RedisStorage:
         async with self.op("migrate"):
             created = await self.command("SET", self.keys.schema, SCHEMA_VERSION, "NX")
         return [f"redis-layout-{SCHEMA_VERSION}"] if created else []
+
+    async def pending_migrations(self) -> list[str]:
+        """:meth:`migrate`'s record, when missing (a different layout fails to connect)."""
+        await self.connect()
+        async with self.op("migrate"):
+            recorded = await self.command("EXISTS", self.keys.schema)
+        return [] if recorded else [f"redis-layout-{SCHEMA_VERSION}"]
 
     async def ping(self) -> None:
         """One cheap round trip."""
@@ -518,6 +530,8 @@ _UNCONFIRMED = frozenset({"claim", "extend", "expired", "promote", "janitor", "j
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 #: Query parameters of a cluster URL that are durq's, not redis-py's.
 _CLUSTER_OPTIONS = ("cluster_retry", "wait_replicas", "wait_timeout")
+#: redis-py's URL timeouts (seconds), which durq's own connections read too.
+_TIMEOUTS = ("socket_timeout", "socket_connect_timeout")
 
 
 def _cluster_url(url: str) -> tuple[str, list[tuple[str, int]] | None, ClusterOptions]:
@@ -545,17 +559,14 @@ def _cluster_url(url: str) -> tuple[str, list[tuple[str, int]] | None, ClusterOp
             rest.append((key, value))
     try:
         cluster = ClusterOptions(
-            retry=float(options.get("cluster_retry", DEFAULT_RETRY)),
-            wait_replicas=int(options.get("wait_replicas", 0)),
-            wait_timeout_ms=int(options.get("wait_timeout", DEFAULT_WAIT_TIMEOUT_MS)),
+            retry=ranges.seconds("cluster_retry", options.get("cluster_retry", DEFAULT_RETRY)),
+            wait_replicas=ranges.integer("wait_replicas", options.get("wait_replicas", 0), 0, 64),
+            wait_timeout_ms=ranges.integer(
+                "wait_timeout", options.get("wait_timeout", DEFAULT_WAIT_TIMEOUT_MS), 0, 3_600_000
+            ),
         )
-    except ValueError as exc:
-        raise ConfigurationError(f"invalid Redis Cluster URL {redact(url)!r}: {exc}") from exc
-    if cluster.retry < 0 or cluster.wait_replicas < 0 or cluster.wait_timeout_ms < 0:
-        raise ConfigurationError(
-            f"invalid Redis Cluster URL {redact(url)!r}: "
-            "cluster_retry, wait_replicas and wait_timeout must not be negative"
-        )
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"invalid Redis Cluster URL {redact(url)!r}: {exc}") from None
     scheme = "rediss" if parts.scheme == "rediss+cluster" else "redis"
     netloc = f"{userinfo}@{hosts.split(',')[0]}" if userinfo else hosts.split(",")[0]
     node = urlunsplit((scheme, netloc, "/0", urlencode(rest), ""))

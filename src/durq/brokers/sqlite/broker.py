@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from durq import ranges
 from durq.brokers import limiter, mailbox
 from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
@@ -101,8 +102,9 @@ class SQLiteBroker(AdminForwarder):
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
         """``sqlite:///relative/path.db`` (from the working directory) or
         ``sqlite:////abs/path.db``. Options: ``?busy_timeout=5`` (seconds to wait for the
-        write lock), ``?poll_interval=0.025`` (cross-process wake-up polling, seconds),
-        ``?file_mode=0600`` (octal mode of the database files it creates)."""
+        write lock, at most a day), ``?poll_interval=0.025`` (cross-process wake-up polling,
+        seconds, above 0 and at most a day), ``?file_mode=0600`` (octal mode of the database
+        files it creates): ConfigurationError outside those ranges."""
         parts = urlsplit(url)
         if parts.scheme.lower() != "sqlite":
             raise ConfigurationError(f"not a sqlite URL: {url!r}")
@@ -118,15 +120,16 @@ class SQLiteBroker(AdminForwarder):
         unknown = set(options) - {"busy_timeout", "poll_interval", "file_mode"}
         if unknown:
             raise ConfigurationError(f"unknown sqlite URL option(s): {', '.join(sorted(unknown))}")
-        try:
-            busy = float(options.get("busy_timeout", DEFAULT_BUSY_TIMEOUT))
-            poll = float(options.get("poll_interval", DEFAULT_POLL_INTERVAL))
-        except ValueError as exc:
-            raise ConfigurationError(f"invalid sqlite URL option in {url!r}: {exc}") from exc
-        if busy < 0 or poll <= 0:
-            raise ConfigurationError(f"sqlite URL options must be positive: {url!r}")
+        busy = options.get("busy_timeout", DEFAULT_BUSY_TIMEOUT)
+        poll = options.get("poll_interval", DEFAULT_POLL_INTERVAL)
         mode = files.parse_file_mode(options.get("file_mode", f"{files.DEFAULT_FILE_MODE:o}"))
-        return cls(path, clock=clock, busy_timeout=busy, poll_interval=poll, file_mode=mode)
+        return cls(
+            path,
+            clock=clock,
+            busy_timeout=ranges.seconds("busy_timeout", busy),
+            poll_interval=ranges.seconds("poll_interval", poll, positive=True),
+            file_mode=mode,
+        )
 
     def __init__(
         self,
@@ -172,6 +175,10 @@ class SQLiteBroker(AdminForwarder):
     async def migrate(self) -> list[str]:
         """Apply missing migrations; returns the names applied by this call."""
         return await self._s.migrate()
+
+    async def pending_migrations(self) -> list[str]:
+        """The migrations :meth:`migrate` would apply, read without writing."""
+        return await self._s.pending_migrations()
 
     async def close(self) -> None:
         """Close the connection and stop the database thread (idempotent)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pathlib
 import sqlite3
 import threading
 from collections import Counter
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from durq import ranges
 from durq.brokers import mailbox, sqlfiles
 from durq.brokers.base import (
     EnqueueParams,
@@ -136,8 +138,8 @@ class SQLiteStorage:
         self.file_mode = files.check_file_mode(file_mode)
         #: Leases on the machine's monotonic clock; steps of the wall clock noticed.
         self.timeline = Timeline(clock)
-        self.busy_timeout = busy_timeout
-        self.poll_interval = poll_interval
+        self.busy_timeout = ranges.seconds("busy_timeout", busy_timeout)
+        self.poll_interval = ranges.seconds("poll_interval", poll_interval, positive=True)
         # Key of the in-process wake-up registry: every broker on this file shares it.
         self.key = os.path.realpath(self.path)
         self.mailbox = mailbox.register(self.key)
@@ -375,6 +377,30 @@ class SQLiteStorage:
             return applied
 
         return await self.call("sqlite.migrate", run)
+
+    async def pending_migrations(self) -> list[str]:
+        """The migrations :meth:`migrate` would apply, read on a read-only connection of
+        its own (this broker's connection migrates as it opens); a missing file is not
+        created and needs them all."""
+
+        def read() -> int:
+            if not os.path.exists(self.path):
+                return 0
+            conn = sqlite3.connect(f"{pathlib.Path(self.path).as_uri()}?mode=ro", uri=True)
+            try:
+                version = schema_version(conn)
+            except sqlite3.DatabaseError as exc:
+                raise BrokerUnavailableError(
+                    f"{self.path} is not a usable SQLite database: {exc}",
+                    operation="sqlite.migrate",
+                ) from exc
+            finally:
+                conn.close()
+            self._check_version(version, "sqlite.migrate")
+            return version
+
+        version = await asyncio.to_thread(read)
+        return [m.file for m in MIGRATIONS if m.version > version]
 
     async def close(self) -> None:
         """Close the connection and stop the database thread (idempotent)."""
