@@ -51,7 +51,8 @@ install: $(STAMP) $(if $(PY_DJANGO),$(DJ_STAMP))
 demo: $(STAMP)
 	$(BIN)/durq demo $(if $(PORT),--port $(PORT))
 
-test: $(STAMP)
+# The Django venv first: the Django admin's browser test in the main run drives it.
+test: $(STAMP) $(if $(PY_DJANGO),$(DJ_STAMP))
 	$(BIN)/ruff check src tests examples benchmarks
 	$(BIN)/ruff format --check src tests examples benchmarks
 	$(BIN)/mypy
