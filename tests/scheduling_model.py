@@ -159,6 +159,13 @@ class Model:
 
     # -- claim (W1, W8, W13, I4) --------------------------------------------------------------
 
+    def promote(self) -> None:
+        """E2: due scheduled and retry tasks become pending (a claim forwards them first;
+        before that the inspector still sees, and may run, a due scheduled task)."""
+        for task in self.tasks.values():
+            if task.state in (SCHEDULED, RETRY) and task.due <= self.now:
+                task.state = PENDING
+
     def claim_order(self, queue: str) -> list[Task]:
         """Due waiting tasks of ``queue``: higher priority, then due time, then enqueue order."""
         due = [
@@ -171,6 +178,7 @@ class Model:
     def claim(self, queues: list[str], limit: int, lease: float) -> list[Task]:
         """Up to ``limit`` tasks, filling from ``queues`` in the order given; a task whose
         limit keys have no room is skipped, and never blocks the tasks behind it."""
+        self.promote()
         taken: list[Task] = []
         for queue in queues:
             if queue in self.paused:
