@@ -5,6 +5,7 @@ which worker wrote them."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import textwrap
 from collections.abc import Iterator
@@ -92,3 +93,23 @@ def test_json_log_lines_of_several_processes_carry_pid_and_worker_id(cli: Cli) -
     for pid, ids in by_pid.items():
         (worker_id,) = ids  # one worker per process, on every one of its lines
         assert f":{pid}:" in worker_id
+
+
+@pytest.mark.timeout(180)
+def test_text_log_lines_of_worker_processes_name_their_worker_and_pid(cli: Cli) -> None:
+    (cli.tmp_path / "app.py").write_text(APP)
+    cli.ok("migrate")
+    supervisor = cli.spawn("worker", "app:app", "--processes", "2")
+    cli.wait_for(lambda: len(worker_pids(cli)) == 2, timeout=60, what="two workers")
+    supervisor.send_signal(signal.SIGTERM)
+    _, err = supervisor.communicate(timeout=60)
+    workers: set[str] = set()
+    for line in err.splitlines():
+        if not line.strip() or line.startswith("  ") or " durq.supervisor: " in line:
+            continue  # tracebacks follow their line; the supervisor runs no worker
+        found = re.search(r"worker=(\S+?)\]$", line)
+        assert found, line
+        workers.add(found.group(1))
+    assert len(workers) == 2
+    pids = {int(w.split(":")[-2]) for w in workers}  # host:pid:random
+    assert len(pids) == 2 and supervisor.pid not in pids

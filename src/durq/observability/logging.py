@@ -51,7 +51,7 @@ def format_exc_info(exc_info: Any) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    """``time level logger message [task_id=… type=… queue=… attempt=…]``.
+    """``time level logger message [task_id=… type=… queue=… attempt=… worker=…]``.
 
     ``fields``: the ``extra=`` keys written out when present (a service adds its own).
     One record is one line (control characters escaped); a traceback follows on lines
@@ -70,6 +70,8 @@ class TextFormatter(logging.Formatter):
             for k in self.fields
             if hasattr(record, k)
         ]
+        if _worker_id is not None:  # host:pid:random, so interleaved processes tell apart
+            fields.append(f"worker={_worker_id}")
         if fields:
             line = f"{line} [{' '.join(fields)}]"
         extra = []
@@ -82,13 +84,14 @@ class TextFormatter(logging.Formatter):
         return line
 
 
-#: The id of the worker this process runs (:func:`bind_worker_id`), on every JSON line.
+#: The id of the worker this process runs (:func:`bind_worker_id`), on every log line.
 _worker_id: str | None = None
 
 
 def bind_worker_id(worker_id: str | None) -> None:
-    """Put ``worker_id`` on every JSON log line of this process from now on (``durq worker``
-    does, so the lines of ``--processes N`` workers, interleaved on one stream, tell apart)."""
+    """Put ``worker_id`` on every log line of this process from now on (``worker_id`` in
+    JSON, ``worker=`` among a text line's fields; ``durq worker`` does, so the lines of
+    ``--processes N`` workers, interleaved on one stream, tell apart)."""
     global _worker_id
     _worker_id = worker_id
 
