@@ -358,6 +358,7 @@ def test_async_result_reports_states(tmp_path: Path) -> None:
     assert app.AsyncResult("no-such-task").state == "PENDING"
     with pytest.raises(durq.WaitTimeoutError):
         handle.get(timeout=0.1)
+    app.durq_app.close_sync()
 
 
 async def _migrate(app: durq.App) -> None:

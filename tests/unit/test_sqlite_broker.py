@@ -373,6 +373,8 @@ async def test_claim_after_close_reopens(tmp_path: Path) -> None:
 async def test_the_wal_is_checkpointed_in_the_background(tmp_path: Path) -> None:
     """Commits wake a checkpoint on another thread: the log's frames reach the database file
     without any caller checkpointing, and close() ends that thread."""
+    # Only this broker's thread counts: brokers other tests left open have their own.
+    before = {t for t in threading.enumerate() if t.name == "durq-sqlite-checkpoint"}
     broker = SQLiteBroker(str(tmp_path / "q.db"))
     await broker.connect()
     for i in range(20):
@@ -393,7 +395,9 @@ async def test_the_wal_is_checkpointed_in_the_background(tmp_path: Path) -> None
     finally:
         copy.close()
     await broker.close()
-    assert not [t for t in threading.enumerate() if t.name == "durq-sqlite-checkpoint"]
+    assert not [
+        t for t in threading.enumerate() if t.name == "durq-sqlite-checkpoint" and t not in before
+    ]
 
 
 async def test_claims_of_many_tasks_go_to_the_database_thread(tmp_path: Path) -> None:
