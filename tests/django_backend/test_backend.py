@@ -219,3 +219,33 @@ def test_priority_is_durq_s_and_runs_higher_first(alias: str) -> None:
 
     started = sorted((backend.get_result(r.id).started_at, r.id) for r in (low, high, plain))
     assert [task_id for _, task_id in started] == [high.id, plain.id, low.id]
+
+
+def test_django_s_own_sqlite_file_keeps_its_mode_without_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import asyncio
+    import logging
+    import os
+
+    from durq.brokers import open_broker
+    from durq.contrib.django.backend import database_url
+
+    path = str(connections["default"].settings_dict["NAME"])
+    before = os.stat(path).st_mode & 0o777
+    os.chmod(path, 0o644)  # as Django made it under a 022 umask
+    try:
+        url = database_url("default")
+        assert url.endswith("?file_mode=644")
+        broker = open_broker(url)
+        caplog.set_level(logging.WARNING, logger="durq.sqlite")
+
+        async def touch() -> None:
+            await broker.connect()
+            await broker.close()
+
+        asyncio.run(touch())
+        assert not [r for r in caplog.records if "more open than" in r.getMessage()]
+        assert os.stat(path).st_mode & 0o777 == 0o644  # Django's file, left as it was
+    finally:
+        os.chmod(path, before)

@@ -44,8 +44,9 @@ from django.utils import timezone
 import durq
 from durq import durations
 from durq.brokers import resolve_url
+from durq.brokers.sqlite.files import parse_file_mode
 from durq.contrib.django import records, registry
-from durq.errors import DurqError, InvalidNameError, TaskNotFoundError
+from durq.errors import ConfigurationError, DurqError, InvalidNameError, TaskNotFoundError
 from durq.names import check_queue, check_type
 from durq.options import EnqueueRequest
 from durq.sync import SyncRunner
@@ -55,6 +56,17 @@ R = TypeVar("R")
 #: How long a completed task and its result are kept when ``OPTIONS`` says nothing: durq's
 #: own default is an hour; Django's results are meant to be read later.
 DEFAULT_RETENTION = 7 * 24 * 3600.0
+
+
+def _keep_mode(path: str) -> str:
+    """``?file_mode=`` of Django's own SQLite file: the file is Django's, so durq keeps its
+    mode rather than warning, at every start, that it is wider than durq's 0600."""
+    try:
+        mode = os.stat(path).st_mode & 0o777
+        parse_file_mode(f"{mode:o}")
+    except (OSError, ConfigurationError):
+        return ""  # not there yet (durq creates it 0600), or a mode durq refuses: its warning
+    return f"?file_mode={mode:o}"
 
 
 def database_url(alias: str, schema: str = "durq") -> str:
@@ -68,7 +80,8 @@ def database_url(alias: str, schema: str = "durq") -> str:
                 f"database {alias!r} is in memory: durq's worker needs a file "
                 "(set DATABASES[...]['TEST']['NAME'] to a file for tests)"
             )
-        return f"sqlite:///{os.path.abspath(name)}"
+        path = os.path.abspath(name)
+        return f"sqlite:///{path}{_keep_mode(path)}"
     if conn.vendor == "postgresql":
         user = quote(settings.get("USER") or "", safe="")
         password = quote(settings.get("PASSWORD") or "", safe="")
