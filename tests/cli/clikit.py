@@ -100,8 +100,10 @@ class Cli:
             app.close_sync()
 
     def wait_for(
-        self, predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition"
+        self, predicate: Callable[[], bool], timeout: float = 60.0, what: str = "condition"
     ) -> None:
+        # A bound for a stuck process, not a speed check: a loaded machine takes seconds to
+        # start a worker (the first one of a run once took over 10).
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if predicate():
