@@ -222,7 +222,7 @@ async def test_dependencies_in_another_queue(broker: FullBroker) -> None:
     assert await _state(app, "w") is TaskState.PENDING
 
 
-def test_after_is_validated(broker: FullBroker) -> None:
+async def test_after_is_validated(broker: FullBroker) -> None:
     app = durq.App(broker)
     with pytest.raises(ValidationError):
         app.params(durq.EnqueueRequest("job:w", {}, after=[42]))
@@ -230,6 +230,8 @@ def test_after_is_validated(broker: FullBroker) -> None:
         app.params(durq.EnqueueRequest("job:w", {}, after=[f"t{i}" for i in range(1001)]))
     params = app.params(durq.EnqueueRequest("job:w", {}, after=["x", "x", "y"]))
     assert params.after == (("default", "x"), ("default", "y"))
+    with pytest.raises(ValidationError):
+        await app.enqueue_group([durq.EnqueueRequest("job:w", {}, after=["x"])])
 
 
 async def test_a_worker_runs_the_dependent_after_its_dependencies(app: durq.App) -> None:
