@@ -11,13 +11,21 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from brokerkit import params
 
 import durq
 from conformance.apps import FAST
 from conformance.conftest import requires
+from conformance.test_broker_transactional import caller
 from durq import lifecycle
 from durq.brokers import FullBroker
-from durq.brokers.base import CAP_CROSS_QUEUE_GROUPS, CAP_DEPENDENCIES, ClaimParams, Lease
+from durq.brokers.base import (
+    CAP_CROSS_QUEUE_GROUPS,
+    CAP_DEPENDENCIES,
+    CAP_TRANSACTIONAL_ENQUEUE,
+    ClaimParams,
+    Lease,
+)
 from durq.clock import FakeClock
 from durq.errors import ValidationError
 from durq.states import TaskState
@@ -253,3 +261,30 @@ async def test_a_worker_runs_the_dependent_after_its_dependencies(app: durq.App)
     async with app.worker(concurrency=4, **FAST):
         assert await app.wait(last, timeout=15) == {"after": 3}
     assert order[-1] == "two" and len(order) == 4
+
+
+async def test_after_joins_the_callers_transaction(broker: FullBroker) -> None:
+    requires(broker, CAP_TRANSACTIONAL_ENQUEUE)
+    app = durq.App(broker)
+    await app.enqueue("job:a", {}, task_id="a")
+    await app.enqueue("job:w", {}, task_id="taken")
+    w = params("w")
+    async with caller(broker) as c:
+        info = await broker.enqueue(
+            dataclasses.replace(w, after=(("default", "a"),)), connection=c.conn
+        )
+        assert info.state is TaskState.WAITING
+        await c.rollback()
+    assert await _state(app, "w") is None
+    async with caller(broker) as c:
+        with pytest.raises(durq.TaskIDConflictError):  # undoes its own writes only
+            await broker.enqueue(
+                dataclasses.replace(params("taken"), after=(("default", "a"),)), connection=c.conn
+            )
+        await broker.enqueue(dataclasses.replace(w, after=(("default", "a"),)), connection=c.conn)
+        await c.commit()
+    assert await _state(app, "w") is TaskState.WAITING
+    assert await _state(app, "taken") is TaskState.PENDING
+    leases = {lease.task.id: lease for lease in await _claim(broker)}
+    assert set(leases) == {"a", "taken"} and await _complete(broker, leases["a"])
+    assert await _state(app, "w") is TaskState.PENDING

@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import psycopg
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -502,6 +503,10 @@ class PostgresStorage:
         """Create a task that waits for ``p.after`` in one transaction (a savepoint in the
         caller's): its unfinished dependencies list it, then it is inserted, waiting for as
         many; a refused task undoes the listing."""
+        if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+            # A caller's connection between transactions: start its transaction, so that
+            # the block below is a savepoint in it, not a transaction committed here (E8).
+            await conn.execute(self.q["ping"])
         try:
             async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(
