@@ -8,7 +8,7 @@ import inspect
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, overload
@@ -19,6 +19,7 @@ from durq.brokers import FullBroker, open_broker, resolve_url
 from durq.brokers.base import (
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
+    CAP_DEPENDENCIES,
     CAP_LIMITS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     EnqueueOutcome,
@@ -474,6 +475,8 @@ class App:
     def _check_follow_up_queue(broker: FullBroker, params: EnqueueParams) -> None:
         if params.limits and CAP_LIMITS not in broker.capabilities:
             raise ConfigurationError(f"the {broker.name} broker does not enforce limits")
+        if params.after:
+            _check_after(broker, params)
         if CAP_CROSS_QUEUE_FOLLOW_UPS in broker.capabilities:
             return
         spec = continuations.spec_of(params.headers)
@@ -510,6 +513,7 @@ class App:
         webhook: str | None = None,
         then: continuations.Then | str | None = None,
         limit: LimitOption = None,
+        after: Sequence[TaskInfo | str] = (),
     ) -> TaskInfo:
         """Enqueue one task and return its :class:`TaskInfo`.
 
@@ -528,7 +532,10 @@ class App:
         (see :mod:`durq.webhooks`); ValidationError for any other URL.
         ``then``: a follow-up task (:class:`durq.Then` or a task type) enqueued atomically
         with this task's completion (see :mod:`durq.continuations`).
-        ``limit``: :class:`durq.Limit` (one or several) for this task instead of its type's."""
+        ``limit``: :class:`durq.Limit` (one or several) for this task instead of its type's.
+        ``after``: tasks (``TaskInfo``, or ids in this task's queue) this one waits for: it
+        is stored ``waiting`` and becomes pending when the last of them has finished
+        (completed, archived, cancelled or deleted); see ``docs/dependencies.md``."""
         request = self._request(
             type,
             payload,
@@ -546,6 +553,7 @@ class App:
             priority=priority,
             then=then,
             limit=limit,
+            after=after,
         )
         return await self.enqueue_request(request, connection=connection)
 
@@ -787,3 +795,17 @@ class App:
     async def ping(self) -> None:
         """Raise :class:`BrokerUnavailableError` unless the broker answers."""
         await (await self.broker()).ping()
+
+
+def _check_after(broker: FullBroker, params: EnqueueParams) -> None:
+    """A broker that counts dependencies, atomically: across queues only where one atomic
+    step may span queues (not a Redis Cluster, where each queue is its own hash slot)."""
+    if CAP_DEPENDENCIES not in broker.capabilities:
+        raise ConfigurationError(f"the {broker.name} broker does not support after=")
+    if CAP_CROSS_QUEUE_GROUPS not in broker.capabilities and any(
+        queue != params.queue for queue, _ in params.after
+    ):
+        raise ValidationError(
+            f"the {broker.name} broker cannot count dependencies in other queues atomically: "
+            f"after= must name tasks of {params.queue!r}"
+        )

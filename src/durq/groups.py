@@ -121,6 +121,9 @@ def build(
         raise ValidationError(f"a group has at most {MAX_MEMBERS} members, not {len(members)}")
     if retention < 0:
         raise ValidationError("group retention must be >= 0")
+    if any(p.after for p in members):
+        # The members are created together and run together: the group waits for nothing.
+        raise ValidationError("a group member cannot wait for other tasks (after=)")
     check_id(group_id)
     queue = members[0].queue
     header = json.dumps(

@@ -133,6 +133,9 @@ class EnqueueParams:
     #: A delay in seconds (``process_in``): scheduled until the broker's clock, read in the
     #: same statement or script that stores the task, plus this. Wins over ``process_at``.
     process_in: float | None = None
+    #: ``(queue, id)`` of the tasks this one waits for (``after=``): stored ``waiting``
+    #: until the last of them that has not finished yet finishes.
+    after: tuple[tuple[str, str], ...] = ()
 
     def scheduled_until(self, now: float) -> float | None:
         """When the task becomes due on a broker clock that reads ``now``; ``None``: now."""
@@ -1088,3 +1091,8 @@ class AdminForwarder:
     async def delete_schedule(self, name: str) -> bool:
         """See :meth:`Admin.delete_schedule`."""
         return await self.admin.delete_schedule(name)
+
+
+#: ``EnqueueParams.after``: a task waits for others and is released in the same atomic step
+#: as the outcome of the last of them (see :mod:`durq.brokers.dependencies`).
+CAP_DEPENDENCIES = "dependencies"

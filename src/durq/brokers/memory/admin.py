@@ -18,7 +18,7 @@ from durq.brokers.base import (
     WorkerInfo,
     first_counted_minute,
 )
-from durq.brokers.memory.storage import WAITING, A, P, Row, Store, X
+from durq.brokers.memory.storage import READY, A, P, Row, Store, X
 from durq.clock import Clock, utc_day
 from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState
@@ -179,9 +179,10 @@ class MemoryAdmin:
                 woken.add(row.queue)
                 info = row.info()
             else:
-                if row.state not in WAITING:
+                if row.state not in READY and row.state is not TaskState.WAITING:
                     return None
                 store.move(row, X)
+                woken |= store.release_dependents(row, now)
                 row.expires_at = now  # the moment it was archived (archived retention)
                 if move.error is not None:
                     row.last_error = move.error

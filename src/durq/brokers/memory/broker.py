@@ -18,6 +18,7 @@ from durq.brokers.base import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
+    CAP_DEPENDENCIES,
     CAP_LIMITS,
     FORGET_WORKERS_AFTER,
     MINUTE_COUNTS_KEEP,
@@ -59,7 +60,13 @@ class MemoryBroker(AdminForwarder):
 
     name = "memory"
     capabilities: frozenset[str] = frozenset(
-        {CAP_ATOMIC_FOLLOW_UPS, CAP_CROSS_QUEUE_FOLLOW_UPS, CAP_CROSS_QUEUE_GROUPS, CAP_LIMITS}
+        {
+            CAP_ATOMIC_FOLLOW_UPS,
+            CAP_CROSS_QUEUE_FOLLOW_UPS,
+            CAP_CROSS_QUEUE_GROUPS,
+            CAP_DEPENDENCIES,
+            CAP_LIMITS,
+        }
     )
 
     def __init__(self, name: str = "", *, clock: Clock = SYSTEM_CLOCK) -> None:
@@ -230,6 +237,8 @@ class MemoryBroker(AdminForwarder):
         else:
             store.delete(row)
         store.bump(row.queue, now, failed=False)
+        if row.dependents is not None:
+            woken |= store.release_dependents(row, now)
         woken |= store.insert_follow_ups(p.follow_ups, now)
         if p.group is not None:
             woken |= store.finish_member(row.queue, row.id, p.group.state, p.group.entry, now)
@@ -274,6 +283,8 @@ class MemoryBroker(AdminForwarder):
         else:
             store.move(row, X)
             row.expires_at = now  # the moment it was archived, as on the SQL brokers
+            if row.dependents is not None:
+                woken |= store.release_dependents(row, now)
             woken |= store.insert_follow_ups(p.follow_ups, now)
             if p.group is not None:
                 woken |= store.finish_member(row.queue, row.id, p.group.state, p.group.entry, now)

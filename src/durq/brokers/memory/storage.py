@@ -7,13 +7,14 @@ face) share a store safely; nothing awaits while holding the lock."""
 from __future__ import annotations
 
 import itertools
+import json
 import secrets
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
-from durq.brokers import limiter, mailbox
+from durq.brokers import dependencies, limiter, mailbox
 from durq.brokers.base import (
     EnqueueParams,
     GroupInfo,
@@ -32,16 +33,17 @@ from durq.progress import decode_logs, progress_of
 from durq.states import TaskState
 from durq.task import LimitSpec, TaskInfo, make_info
 
-P, S, A, R, X, C = (
+P, S, A, R, X, C, W = (
     TaskState.PENDING,
     TaskState.SCHEDULED,
     TaskState.ACTIVE,
     TaskState.RETRY,
     TaskState.ARCHIVED,
     TaskState.COMPLETED,
+    TaskState.WAITING,
 )
 #: States a claim may take a task from (when due).
-WAITING = frozenset({P, S, R})
+READY = frozenset({P, S, R})
 
 
 @dataclass(slots=True, eq=False)
@@ -78,6 +80,10 @@ class Row:
     cancel_requested: bool = False
     unique_key: str | None = None
     unique_until: float | None = None
+    #: ``[queue, id]`` of the waiting tasks this one holds back (as JSON, as the SQL brokers
+    #: store it), and how many unfinished dependencies this one still waits for.
+    dependents: str | None = None
+    waiting_for: int = 0
     priority: int = 0
     limits: tuple[LimitSpec, ...] = ()
     #: The limit key this waiting task is held on (out of ``Queue.waiting`` meanwhile).
@@ -125,7 +131,7 @@ class Row:
         return self.state is A and self.lease_token == token
 
     def due(self, now: float) -> bool:
-        return self.state in WAITING and self.next_process_at <= now
+        return self.state in READY and self.next_process_at <= now
 
     def claim_order(self) -> tuple[int, float, int]:
         """Claim order within a queue: higher priority, then due time, then enqueue order."""
@@ -201,7 +207,7 @@ class Queue:
             if not rows:
                 del self.held[row.held]
         row.held = None
-        if row.state in WAITING:
+        if row.state in READY:
             self.waiting[row.id] = row
 
     def let_back(self, now: float) -> None:
@@ -302,7 +308,7 @@ class Store:
         queue = self.queues[row.queue]
         queue.unhold(row)
         waiting = queue.waiting
-        if state in WAITING:
+        if state in READY:
             waiting[row.id] = row
         else:
             waiting.pop(row.id, None)
@@ -347,12 +353,13 @@ class Store:
                 )
         until = p.scheduled_until(now)
         scheduled = until is not None
+        holding = [d for d in map(self.tasks.get, p.after) if d is not None and self.holds(d, now)]
         row = Row(
             id=p.id,
             queue=p.queue,
             type=p.type,
             payload=bytes(p.payload),
-            state=S if scheduled else P,
+            state=W if holding else S if scheduled else P,
             max_retry=p.max_retry,
             seq=next(self._seq),
             next_process_at=now if until is None else until,
@@ -369,8 +376,38 @@ class Store:
             row.unique_until = None if p.unique_ttl is None else now + p.unique_ttl
             self.unique[p.unique_key] = row
         self.tasks[(p.queue, p.id)] = row
-        self.queue(p.queue, now).waiting[row.id] = row
+        queue = self.queue(p.queue, now)
+        if holding:
+            row.waiting_for = len(holding)
+            for dependency in holding:
+                known = dependencies.decode(dependency.dependents)
+                known.append((p.queue, p.id))
+                dependency.dependents = json.dumps(known)
+        else:
+            queue.waiting[row.id] = row
         return row
+
+    @staticmethod
+    def holds(row: Row, now: float) -> bool:
+        """Whether ``row`` is a dependency that has not finished (and is not gone)."""
+        return not row.gone(now) and dependencies.unfinished(row.state)
+
+    def release_dependents(self, row: Row, now: float) -> set[str]:
+        """``row`` finished (or is deleted unfinished): count its dependents down and release
+        those it was the last for; the queues that got pending work."""
+        raw, row.dependents = row.dependents, None
+        woken: set[str] = set()
+        for key, n in dependencies.countdown([raw]).items():
+            waiting = self.tasks.get(key)
+            if waiting is None or waiting.state is not W:
+                continue  # cancelled, deleted or archived meanwhile
+            waiting.waiting_for = dependencies.left_after(waiting.waiting_for, n)
+            if waiting.waiting_for == 0:
+                to = dependencies.released(waiting.next_process_at, now)
+                self.move(waiting, to)
+                if to is P:
+                    woken.add(waiting.queue)
+        return woken
 
     def insert_follow_ups(self, follow_ups: Iterable[EnqueueParams], now: float) -> set[str]:
         """Create follow-up tasks; one whose id or unique key is taken is skipped. Returns
@@ -434,10 +471,12 @@ class Store:
         return self.insert_follow_ups([replace(then, payload=payload)], now)
 
     def forget(self, row: Row, now: float) -> set[str]:
-        """A task is deleted by the inspector: an unfinished member finishes as deleted."""
+        """A task is deleted by the inspector: an unfinished member finishes as deleted, and
+        its dependents count it as finished."""
         if row.state in (C, X):
             return set()
-        return self.finish_member(row.queue, row.id, "deleted", None, now)
+        woken = self.release_dependents(row, now)
+        return woken | self.finish_member(row.queue, row.id, "deleted", None, now)
 
     def drop_expired_groups(self, now: float) -> None:
         for key, group in list(self.groups.items()):

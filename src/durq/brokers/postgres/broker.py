@@ -23,6 +23,7 @@ from durq.brokers.base import (
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
+    CAP_DEPENDENCIES,
     CAP_LIMITS,
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
@@ -119,6 +120,7 @@ class PostgresBroker(AdminForwarder):
             CAP_CROSS_QUEUE_GROUPS,
             CAP_SYNC_CONNECTION_ENQUEUE,
             CAP_LIMITS,
+            CAP_DEPENDENCIES,
         }
     )
 
@@ -257,6 +259,8 @@ class PostgresBroker(AdminForwarder):
         """Create many tasks with one multi-row insert; one outcome per item (E9)."""
         if not items:
             return []
+        if any(p.after for p in items):
+            return await self._enqueue_after(items, connection)
         result: list[EnqueueOutcome]
         if connection is None:
             # Autocommit: each statement commits at once; notify after the commit (see the
@@ -280,6 +284,25 @@ class PostgresBroker(AdminForwarder):
             f"not {type(connection).__name__}"
         )
 
+    async def _enqueue_after(
+        self, items: Sequence[EnqueueParams], connection: Any
+    ) -> list[EnqueueOutcome]:
+        """Items of which some wait for others (``after=``): each in a transaction of its
+        own (a savepoint in the caller's), its dependencies listing it first."""
+        if connection is not None and not isinstance(connection, psycopg.AsyncConnection):
+            raise ConfigurationError("after= with connection= needs a psycopg AsyncConnection")
+        outcomes: list[EnqueueOutcome] = []
+        if connection is not None:
+            async with self._s.errors("enqueue"):
+                for p in items:
+                    outcomes.append(await self._s.insert_after(connection, p))
+            return outcomes  # the caller's commit decides; workers hear of it by polling
+        async with self._s.connection("enqueue") as conn:
+            for p in items:
+                outcomes.append(await self._s.insert_after(conn, p))
+        self._s.notify_created(outcomes)
+        return outcomes
+
     def enqueue_sync_in(
         self, params: EnqueueParams, connection: psycopg.Connection[Any]
     ) -> TaskInfo:
@@ -293,6 +316,8 @@ class PostgresBroker(AdminForwarder):
         """``enqueue_many`` inside the caller's sync psycopg transaction (E8); no commit."""
         if not items:
             return []
+        if any(p.after for p in items):
+            raise ConfigurationError("after= with connection= needs a psycopg AsyncConnection")
         plan = self._s.plan(items, self._s.channel)
         with self._s.errors_sync("enqueue"):
             result: list[EnqueueOutcome] = self._s.drive_sync(connection, plan)
@@ -449,6 +474,9 @@ class PostgresBroker(AdminForwarder):
         first = rows[0]
         wake = set(first[CLAIM_DONE_WAKE] or ())
         watched = set(first[CLAIM_DONE_WATCHED] or ())
+        # A waiting task released into a queue none of these completions was in.
+        if wake - set(first[CLAIM_DONE_QUEUES] or ()):
+            self._wake(wake - set(first[CLAIM_DONE_QUEUES] or ()))
         completed: list[Row] = [
             {"queue": queue, "id": task_id, "wake": queue in wake, "watched": task_id in watched}
             for queue, task_id in zip(
@@ -684,6 +712,10 @@ class PostgresBroker(AdminForwarder):
         """Wake and announce what the complete statement's ``rows`` ended (this worker's
         claim has looked at the queues in ``served`` since); one answer per item."""
         self._wake((r["queue"] for r in rows if r["wake"]), served)
+        # Waiting tasks these completions released (complete's "released", the same on
+        # every row).
+        if rows and rows[0].get("released"):
+            self._wake(rows[0]["released"], served)
         # Ends are announced for the tasks someone waits for (watch_end marked them).
         self._s.ended((r["queue"], r["id"]) for r in rows if r["watched"])
         done = {(r["queue"], r["id"]) for r in rows}
@@ -738,6 +770,8 @@ class PostgresBroker(AdminForwarder):
                 done.append(held)
                 if held and row and row["wake"]:
                     woken.add(p.lease.queue)
+                if held and row and row.get("released"):
+                    woken.update(row["released"])
                 if held and isinstance(p, ArchiveParams) and p.follow_ups:
                     created += await self._s.drive(conn, self._s.plan(p.follow_ups, None))
                 if held and isinstance(p, ArchiveParams) and p.group is not None:
@@ -766,6 +800,8 @@ class PostgresBroker(AdminForwarder):
     def _moved(self, row: Row | None, queue: str) -> bool:
         if row and row["n"] and row["wake"]:
             self._wake([queue])
+        if row and row["n"] and row.get("released"):
+            self._wake(row["released"])
         return bool(row and row["n"])
 
     async def archive(self, params: ArchiveParams) -> bool:

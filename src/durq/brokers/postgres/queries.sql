@@ -668,6 +668,37 @@ released AS (
     RETURNING l.queue, l.waiting
 );
 
+-- name: count_down
+-- A fragment, not run alone: the CTEs spliced into the statements that finish tasks (CTE
+-- "ended", with their dependents), after release_limits. Each waiting task listed counts
+-- its dependencies that finished; at zero it is released: pending, or scheduled while its
+-- due time is ahead (durq.states.released, in SQL). The waiting rows are locked in key
+-- order first; a lock waited for re-reads the row, so two steps finishing two dependencies
+-- of one task at the same time both count. "dep_released" holds the tasks counted down.
+dep_counts AS (
+    SELECT e.v ->> 0 AS queue, e.v ->> 1 AS id, count(*) AS n
+    FROM ended AS d CROSS JOIN LATERAL jsonb_array_elements(d.dependents) AS e(v)
+    GROUP BY 1, 2
+),
+dep_locked AS (
+    SELECT w.queue, w.id, c.n
+    FROM dep_counts AS c
+    JOIN {schema}.tasks AS w ON w.queue = c.queue AND w.id = c.id
+    WHERE w.state = 'waiting'
+    ORDER BY w.queue, w.id
+    FOR UPDATE OF w
+),
+dep_released AS (
+    UPDATE {schema}.tasks AS w
+    SET waiting_for = greatest(w.waiting_for - l.n, 0),
+        state = CASE WHEN w.waiting_for - l.n > 0 THEN 'waiting'
+                     WHEN w.next_process_at > {now} THEN 'scheduled'
+                     ELSE 'pending' END
+    FROM dep_locked AS l
+    WHERE w.queue = l.queue AND w.id = l.id AND w.state = 'waiting'
+    RETURNING w.queue, w.state
+)
+
 -- name: complete_work
 -- A fragment (complete, complete_claim): finish many leases (task_queues, ids, tokens):
 -- keep the row with its result while retention > 0, else delete it; count each as
@@ -688,20 +719,21 @@ kept AS (
     FROM x
     WHERE t.queue = x.queue AND t.id = x.id AND x.retention > 0
       AND t.state = 'active' AND t.lease_token = x.token
-    RETURNING t.queue, t.id, t.limits, t.watched
+    RETURNING t.queue, t.id, t.limits, t.watched, t.dependents
 ),
 gone AS (
     DELETE FROM {schema}.tasks AS t
     USING x
     WHERE t.queue = x.queue AND t.id = x.id AND x.retention <= 0
       AND t.state = 'active' AND t.lease_token = x.token
-    RETURNING t.queue, t.id, t.limits, t.watched
+    RETURNING t.queue, t.id, t.limits, t.watched, t.dependents
 ),
 ended AS (
-    SELECT queue, id, limits, watched FROM kept
-    UNION ALL SELECT queue, id, limits, watched FROM gone
+    SELECT queue, id, limits, watched, dependents FROM kept
+    UNION ALL SELECT queue, id, limits, watched, dependents FROM gone
 ),
 {release_limits},
+{count_down},
 counted AS (
     INSERT INTO {schema}.stats AS s (queue, day, processed, failed)
     SELECT queue, %(day)s, count(*), 0 FROM ended GROUP BY queue
@@ -718,7 +750,9 @@ counted_minute AS (
 -- task's end (App.wait), the broker announces it.
 WITH {complete_work}
 SELECT d.queue, d.id, d.watched,
-       EXISTS (SELECT 1 FROM released AS r WHERE r.queue = d.queue AND r.waiting) AS wake
+       EXISTS (SELECT 1 FROM released AS r WHERE r.queue = d.queue AND r.waiting) AS wake,
+       ARRAY(SELECT DISTINCT r.queue FROM dep_released AS r WHERE r.state = 'pending')
+           AS released
 FROM ended AS d;
 
 -- name: complete_claim
@@ -738,7 +772,8 @@ done AS (
     SELECT array_agg(d.queue) AS queues, array_agg(d.id) AS ids,
            array_agg(DISTINCT d.queue) FILTER (
                WHERE EXISTS (SELECT 1 FROM released AS r WHERE r.queue = d.queue AND r.waiting)
-           ) AS wake,
+           ) || ARRAY(SELECT DISTINCT r.queue FROM dep_released AS r WHERE r.state = 'pending')
+           AS wake,
            array_agg(d.id) FILTER (WHERE d.watched) AS watched
     FROM ended AS d
 )
@@ -816,9 +851,10 @@ WITH ended AS (
       AND t.state = 'active' AND t.lease_token = %(token)s
       AND (%(expired_by)s::float8 IS NULL
            OR t.lease_expires_at <= least(%(expired_by)s::float8, {now}))
-    RETURNING t.queue, t.limits
+    RETURNING t.queue, t.limits, t.dependents
 ),
 {release_limits},
+{count_down},
 counted AS (
     INSERT INTO {schema}.stats AS s (queue, day, processed, failed)
     SELECT queue, %(day)s, 1, 1 FROM ended WHERE %(count_attempt)s
@@ -831,7 +867,10 @@ counted_minute AS (
     ON CONFLICT (queue, minute) DO UPDATE
     SET processed = s.processed + 1, failed = s.failed + 1
 )
-SELECT count(*) AS n, EXISTS (SELECT 1 FROM released WHERE waiting) AS wake FROM ended;
+SELECT count(*) AS n, EXISTS (SELECT 1 FROM released WHERE waiting) AS wake,
+       ARRAY(SELECT DISTINCT r.queue FROM dep_released AS r WHERE r.state = 'pending')
+           AS released
+FROM ended;
 
 -- name: report_progress
 -- A running attempt's report (durq.progress), fenced by its token. :progress NULL keeps the
@@ -1104,10 +1143,12 @@ WHERE queue = %(queue)s AND id = %(id)s
 
 -- name: run_task
 -- The inspector's moves are fenced by the state the move was decided on (expect).
+-- An archived task released its dependents when it was archived: it starts with none.
 WITH r AS (
     UPDATE {schema}.tasks AS t
     SET state = 'pending', next_process_at = {now}, lost = 0, cancel_requested = false,
-        held_by = NULL
+        held_by = NULL,
+        dependents = CASE WHEN t.state = 'archived' THEN NULL ELSE t.dependents END
     WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = %(expect)s
     RETURNING t.*
 ),
@@ -1149,7 +1190,8 @@ RETURNING *;
 WITH r AS (
     UPDATE {schema}.tasks AS t
     SET state = 'pending', next_process_at = {now}, lost = 0, cancel_requested = false,
-        held_by = NULL
+        held_by = NULL,
+        dependents = CASE WHEN t.state = 'archived' THEN NULL ELSE t.dependents END
     WHERE t.queue = %(queue)s AND t.state = %(state)s
     RETURNING t.queue
 ),
@@ -1276,3 +1318,43 @@ RETURNING *;
 
 -- name: delete_schedule
 DELETE FROM {schema}.schedules WHERE name = %(name)s;
+
+-- name: hold_dependents
+-- enqueue after=: each dependency that has not finished lists the new task (dependent,
+-- jsonb [[queue, id]]), locked in key order; a dependency finishing meanwhile is waited
+-- for and then left out (it counts as done). The rows returned: the dependencies held.
+WITH d AS (
+    SELECT t.queue, t.id
+    FROM {schema}.tasks AS t
+    JOIN unnest(%(queues)s::text[], %(ids)s::text[]) AS x(queue, id)
+      ON t.queue = x.queue AND t.id = x.id
+    WHERE t.state NOT IN ('completed', 'archived')
+    ORDER BY t.queue, t.id
+    FOR UPDATE OF t
+)
+UPDATE {schema}.tasks AS t
+SET dependents = coalesce(t.dependents, '[]'::jsonb) || %(dependent)s::jsonb
+FROM d
+WHERE t.queue = d.queue AND t.id = d.id AND t.state NOT IN ('completed', 'archived')
+RETURNING t.queue, t.id;
+
+-- name: set_waiting
+-- The task just inserted in the same transaction waits for n dependencies.
+UPDATE {schema}.tasks SET state = 'waiting', waiting_for = %(n)s
+WHERE queue = %(queue)s AND id = %(id)s
+RETURNING *;
+
+-- name: release_dependents
+-- The inspector archived, cancelled or deleted unfinished tasks (their dependents given
+-- as a jsonb array of lists): count_down in the same transaction; the queues released to.
+WITH ended AS (
+    SELECT d.v AS dependents FROM jsonb_array_elements(%(lists)s::jsonb) AS d(v)
+),
+{count_down}
+SELECT DISTINCT queue FROM dep_released WHERE state = 'pending';
+
+-- name: dependents_in_state
+-- delete_all of an unfinished state: the dependents of the tasks it deletes.
+SELECT dependents FROM {schema}.tasks
+WHERE queue = %(queue)s AND state = %(state)s AND dependents IS NOT NULL
+FOR UPDATE;

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import re
 from collections import Counter
@@ -16,6 +17,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import psycopg
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -33,6 +35,7 @@ from durq.brokers.mailbox import end_key
 from durq.brokers.postgres.errors import pooler_error, pooler_symptom, translate
 from durq.brokers.postgres.rows import EnqueuePlan, Row, enqueue_plan
 from durq.brokers.postgres.wakeup import Notifier
+from durq.brokers.sqlrows import row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock, server_clock_for
 from durq.errors import (
     BrokerUnavailableError,
@@ -76,6 +79,7 @@ FRAGMENTS = (
     "enqueue_batch",
     "enqueue_insert",
     "release_limits",
+    "count_down",
     "claimable_due",
     "lease_set",
     "claimed_columns",
@@ -493,6 +497,52 @@ class PostgresStorage:
         self.notify_created(created)
         return rows
 
+    # ------------------------------------------------------------------ dependencies
+
+    async def insert_after(self, conn: AsyncConn, p: EnqueueParams) -> EnqueueOutcome:
+        """Create a task that waits for ``p.after`` in one transaction (a savepoint in the
+        caller's): its unfinished dependencies list it, then it is inserted, waiting for as
+        many; a refused task undoes the listing."""
+        if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+            # A caller's connection between transactions: start its transaction, so that
+            # the block below is a savepoint in it, not a transaction committed here (E8).
+            await conn.execute(self.q["ping"])
+        try:
+            async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(
+                    self.q["hold_dependents"],
+                    {
+                        "queues": [q for q, _ in p.after],
+                        "ids": [i for _, i in p.after],
+                        "dependent": json.dumps([[p.queue, p.id]]),
+                    },
+                )
+                held = len(await cur.fetchall())
+                created: list[EnqueueOutcome] = await self.drive(conn, self.plan([p], None))
+                (outcome,) = created
+                if outcome.error is not None:
+                    raise _Refused(outcome)
+                if held:
+                    await cur.execute(
+                        self.q["set_waiting"], {"queue": p.queue, "id": p.id, "n": held}
+                    )
+                    row = await cur.fetchone()
+                    assert row is not None
+                    outcome = EnqueueOutcome(p, info=row_to_info(row))
+        except _Refused as refused:
+            return refused.outcome
+        return outcome
+
+    async def release_dependents(self, conn: AsyncConn, lists: Sequence[Any]) -> set[str]:
+        """Tasks with these ``dependents`` finished (or were deleted unfinished), in the
+        caller's transaction: count each dependent down; the queues of released tasks."""
+        lists = [x for x in lists if x]
+        if not lists:
+            return set()
+        values = {"lists": json.dumps(lists), "now": self.sql_now()}
+        cur = await conn.execute(self.q["release_dependents"], values)
+        return {r["queue"] for r in await cur.fetchall()}
+
     # ------------------------------------------------------------------ groups
 
     async def insert_group(self, conn: AsyncConn, p: GroupParams) -> list[TaskInfo]:
@@ -761,3 +811,11 @@ class PostgresStorage:
         pool, self.pool = self.pool, None
         if pool is not None:
             await pool.close()
+
+
+class _Refused(Exception):
+    """A task with dependencies was refused: its transaction rolls back (internal)."""
+
+    def __init__(self, outcome: EnqueueOutcome) -> None:
+        super().__init__(outcome.error)
+        self.outcome = outcome

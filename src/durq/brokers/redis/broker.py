@@ -25,6 +25,7 @@ from durq.brokers.base import (
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
+    CAP_DEPENDENCIES,
     CAP_LIMITS,
     CAP_MULTI_PROCESS,
     CAP_WAIT_AND_CLAIM,
@@ -109,6 +110,7 @@ class RedisBroker(AdminForwarder):
             CAP_CROSS_QUEUE_GROUPS,
             CAP_LIMITS,
             CAP_WAIT_AND_CLAIM,
+            CAP_DEPENDENCIES,
         }
     )
 
@@ -231,6 +233,22 @@ class RedisBroker(AdminForwarder):
             ),
         )
 
+    async def _enqueue_after(self, params: EnqueueParams) -> EnqueueOutcome:
+        """enqueue_after.lua: the task, waiting for those of ``params.after`` that have not
+        finished, listed by them in the same script."""
+        (_, keys, args), state = self._s.enqueue_call(params, self._s.clock.now())
+        k = self._s.keys.queue(params.queue)
+        keys = [*keys, k.waiting, *(self._s.keys.queue(q).task(i) for q, i in params.after)]
+        async with self._s.op("enqueue"):
+            await self._s.ensure()
+            await self._s.remember_queues([params.queue])
+            reply = await self._s.eval("enqueue_after", keys, args)
+        if reply[0] != b"ok":
+            return self._enqueue_outcome(params, state, reply)
+        if int(reply[2]):
+            state = TaskState.WAITING
+        return self._enqueue_outcome(params, state, reply[1])
+
     async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
         """The group's record and every member in one script, or nothing."""
         now = self._s.clock.now()
@@ -307,6 +325,12 @@ class RedisBroker(AdminForwarder):
     async def _enqueue_one(self, params: EnqueueParams) -> TaskInfo:
         """The hot path of one-by-one enqueue: no context manager, the reply is the clock
         the script read on success and the TaskInfo comes from the params."""
+        if params.after:
+            outcome = await self._enqueue_after(params)
+            if outcome.error is not None:
+                raise outcome.error
+            assert outcome.info is not None
+            return outcome.info
         now = self._s.clock.now()
         call, state = self._s.enqueue_call(params, now)
         try:
@@ -334,6 +358,8 @@ class RedisBroker(AdminForwarder):
         self._no_connection(connection)
         if not items:
             return []
+        if any(p.after for p in items):  # one script each, with its dependencies' keys
+            return [await self._enqueue_after(p) for p in items]
         now = self._s.clock.now()
         by_queue: dict[str, list[int]] = defaultdict(list)
         for i, p in enumerate(items):

@@ -26,6 +26,7 @@ from durq.brokers.base import (
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
+    CAP_DEPENDENCIES,
     CAP_LIMITS,
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
@@ -92,6 +93,7 @@ class SQLiteBroker(AdminForwarder):
             CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_CROSS_QUEUE_GROUPS,
+            CAP_DEPENDENCIES,
             CAP_LIMITS,
             CAP_TRANSACTIONAL_ENQUEUE,
             CAP_SYNC_CONNECTION_ENQUEUE,
@@ -480,7 +482,7 @@ class SQLiteBroker(AdminForwarder):
             )
         else:
             cursor = conn.execute(Q["complete_delete"], ref)
-        if not self._ended(conn, p.lease.queue, cursor, woken):
+        if not self._ended(conn, p.lease.queue, cursor, woken, now):
             return False
         if bump:
             self._s.bump(conn, p.lease.queue, now, failed=False)
@@ -545,7 +547,7 @@ class SQLiteBroker(AdminForwarder):
         else:
             cursor = conn.execute(Q["archive"], {**fence, "count_attempt": int(p.count_attempt)})
             counted = p.count_attempt
-        if not self._ended(conn, lease.queue, cursor, woken):
+        if not self._ended(conn, lease.queue, cursor, woken, now):
             return False
         if isinstance(p, RetryParams) and p.delay <= 0:
             woken.add(lease.queue)
@@ -600,7 +602,7 @@ class SQLiteBroker(AdminForwarder):
         done = await self._s.write_waking(
             "sqlite.requeue",
             lambda c, now, woken: self._ended(
-                c, lease.queue, c.execute(Q["requeue"], {**ref, "now": now}), woken
+                c, lease.queue, c.execute(Q["requeue"], {**ref, "now": now}), woken, now
             ),
             inline=True,
         )
@@ -608,13 +610,17 @@ class SQLiteBroker(AdminForwarder):
             self._s.notify([lease.queue])
         return done
 
-    @staticmethod
-    def _ended(conn: Conn, queue: str, cursor: sqlite3.Cursor, woken: set[str]) -> bool:
+    def _ended(
+        self, conn: Conn, queue: str, cursor: sqlite3.Cursor, woken: set[str], now: float
+    ) -> bool:
         """Whether a fenced move of an active task (``RETURNING limits``) held; if so, its
-        limit keys give their running slot back in the same transaction (W13)."""
+        limit keys give their running slot back in the same transaction (W13), and a task
+        that finished (``RETURNING dependents`` too) counts its dependents down."""
         rows = cursor.fetchall()
         if len(rows) != 1:
             return False
+        if "dependents" in rows[0].keys() and rows[0]["dependents"] is not None:
+            woken.update(self._s.release_dependents(conn, [rows[0]["dependents"]], now))
         limits = rows[0]["limits"]
         if limits is not None:
             waiting = conn.execute(

@@ -19,12 +19,12 @@ import pathlib
 import sqlite3
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from durq import ranges
-from durq.brokers import mailbox, sqlfiles
+from durq.brokers import dependencies, mailbox, sqlfiles
 from durq.brokers.base import (
     EnqueueParams,
     GroupParams,
@@ -496,12 +496,14 @@ class SQLiteStorage:
         """Create one task or raise its conflict; a refusal writes nothing of its own.
         ``record_queue=False``: the caller records the queue (once per batch)."""
         until = p.scheduled_until(now)
+        holding = self._unfinished(conn, p.after) if p.after else []
         values = {
             "id": p.id,
             "queue": p.queue,
             "type": p.type,
             "payload": p.payload,
-            "state": "pending" if until is None else "scheduled",
+            "state": "waiting" if holding else "pending" if until is None else "scheduled",
+            "waiting_for": len(holding),
             "max_retry": p.max_retry,
             "timeout": p.timeout,
             "deadline": p.deadline,
@@ -527,7 +529,43 @@ class SQLiteStorage:
             assert row is not None, "a holder survived the checks in the same transaction"
         if record_queue:
             self.record_queues(conn, (p.queue,), now)
+        for queue, task_id in holding:  # after the insert: a refused task holds nothing
+            conn.execute(
+                Q["hold_dependent"],
+                {"queue": queue, "id": task_id, "w_queue": p.queue, "w_id": p.id},
+            )
         return row_to_info(row)
+
+    @staticmethod
+    def _unfinished(conn: Exec, after: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The dependencies of ``after`` that exist and have not finished (the write lock is
+        held: they stay so until this transaction ends)."""
+        keys = json.dumps([list(k) for k in after])
+        found = {
+            (r["queue"], r["id"])
+            for r in conn.execute(Q["dependency_states"], {"keys": keys})
+            if dependencies.unfinished(r["state"])
+        }
+        return [k for k in after if k in found]
+
+    def release_dependents(self, conn: Exec, lists: Iterable[str | None], now: float) -> set[str]:
+        """Tasks whose ``dependents`` are given finished (or were deleted unfinished): count
+        each dependent down, release those at zero; the queues that got pending work."""
+        woken: set[str] = set()
+        for (queue, task_id), n in dependencies.countdown(lists).items():
+            key = {"queue": queue, "id": task_id}
+            row = conn.execute(Q["waiting_task"], key).fetchone()
+            if row is None:
+                continue  # cancelled, deleted or archived meanwhile
+            left = dependencies.left_after(row["waiting_for"], n)
+            state = dependencies.released(row["next_process_at"], now) if left == 0 else None
+            conn.execute(
+                Q["count_down"],
+                {**key, "waiting_for": left, "state": (state or TaskState.WAITING).value},
+            )
+            if state is TaskState.PENDING:
+                woken.add(queue)
+        return woken
 
     def _make_room(self, conn: Exec, p: EnqueueParams, now: float) -> None:
         """After a refused insert: free what only looks taken (a completed task past its

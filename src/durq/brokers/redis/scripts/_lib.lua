@@ -466,3 +466,46 @@ local function unhold(task_key, held_zset, m)
     redis.call('HDEL', task_key, 'held_by', 'hs')
   end
 end
+
+-- Dependencies (enqueue after=, see enqueue_after.lua). A dependency's hash lists the
+-- waiting tasks it holds back in field "D" (a JSON array of their task hash names); a
+-- waiting task counts the dependencies it still waits for in field "wf" and sits in its
+-- queue's waiting zset, named after its task hash as keys.py names them: the part up to the
+-- closing brace of the hash tag, then ":waiting" (and ":pending", ":scheduled", ":notify").
+local function queue_base(task_key)
+  return string.sub(task_key, 1, string.find(task_key, '}', 1, true))
+end
+
+-- `task_key` finished (completed, archived) or is deleted before it finished: each task it
+-- holds back counts it; one at zero is released, pending (its workers woken) or scheduled
+-- while its due time is ahead (durq.states.released). The list is forgotten, so a task
+-- archived, run again and finished again counts nothing twice. `raw`: the field "D" if the
+-- caller read it (false or nil: none). Call before the task hash is deleted.
+local function release_dependents(task_key, raw, now_s)
+  if not raw then
+    return
+  end
+  redis.call('HDEL', task_key, 'D')
+  now_s = clock(now_s)
+  for _, wkey in ipairs(cjson.decode(raw)) do
+    local w = redis.call('HMGET', wkey, 'state', 'wf', 'npa', 'm', 'prio')
+    if w[1] == 'waiting' then
+      local left = (tonumber(w[2]) or 1) - 1
+      if left > 0 then
+        redis.call('HSET', wkey, 'wf', left)
+      else
+        local base = queue_base(wkey)
+        redis.call('HDEL', wkey, 'wf')
+        redis.call('ZREM', base .. ':waiting', w[4])
+        if tonumber(w[3]) > tonumber(now_s) then
+          redis.call('HSET', wkey, 'state', 'scheduled')
+          redis.call('ZADD', base .. ':scheduled', w[3], w[4])
+        else
+          redis.call('HSET', wkey, 'state', 'pending')
+          redis.call('ZADD', base .. ':pending', ready_score(w[3], w[5]), w[4])
+          wake_workers(base .. ':notify')
+        end
+      end
+    end
+  end
+end
