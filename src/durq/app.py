@@ -639,10 +639,12 @@ class App:
         """Enqueue the tasks of ``requests`` as one group: all are created, or none (the
         first refused member raises its TaskIDConflictError / DuplicateTaskError).
 
-        ``then``: the follow-up (:class:`durq.Then` or a task type) created exactly once,
-        when the last member has finished (completed, archived or deleted), with every
-        member's id, state and result or error (see :mod:`durq.groups`). ``retention``: how
-        long the group's record stays visible after that (default one day)."""
+        ``then``: the follow-up (:class:`durq.Then` or a task type), created with the
+        members in the state ``waiting`` (``app.wait(group.then_id)`` works at once) and
+        released exactly once, when the last member has finished (completed, archived or
+        deleted), with every member's id, state and result or error (see
+        :mod:`durq.groups`); its id is checked with the members'. ``retention``: how long
+        the group's record stays visible after that (default one day)."""
         params = [self.params(r) for r in requests]
         keep = durations.seconds(retention)
         group = groups.build(

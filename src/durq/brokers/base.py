@@ -50,7 +50,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -212,6 +212,15 @@ class GroupParams:
 def fan_in_payload(head: bytes, entries: Sequence[bytes], tail: bytes) -> bytes:
     """The payload of a group's follow-up: ``head``, the entries joined by ``,``, ``tail``."""
     return b"".join((head, b",".join(entries), tail))
+
+
+def waiting_follow_up(p: GroupParams) -> EnqueueParams | None:
+    """The follow-up ``enqueue_group`` creates with the members, ``waiting`` for its group
+    (``None``: the group has none). Its payload until the group's last member finishes has
+    no entries (``"members":[]``); the step that counts that member writes the full one."""
+    if p.then is None:
+        return None
+    return replace(p.then, payload=fan_in_payload(p.then.payload, (), p.tail))
 
 
 def follow_up_options(p: EnqueueParams) -> str:
@@ -785,8 +794,9 @@ class Broker(Protocol):
         """Create many tasks in one round trip where the backend can; one outcome per item."""
 
     async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
-        """Create a group's record and all its members atomically, or nothing: the first
-        refused member raises its TaskIDConflictError/DuplicateTaskError."""
+        """Create a group's record, all its members and its follow-up (waiting for the
+        group: :func:`waiting_follow_up`) atomically, or nothing: the first refused task
+        raises its TaskIDConflictError/DuplicateTaskError. Returns the members' infos."""
 
     async def claim(self, params: ClaimParams) -> list[Lease]:
         """Lease up to ``params.limit`` claimable tasks (state active, new fencing token,

@@ -142,7 +142,7 @@ class MemoryBroker(AdminForwarder):
         return outcomes
 
     async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
-        """The group and all its members in one step, or nothing."""
+        """The group, all its members and the waiting follow-up in one step, or nothing."""
         store = self._store
         with store.lock:
             infos = [row.info() for row in store.insert_group(params, self._clock.now())]

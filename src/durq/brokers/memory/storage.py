@@ -12,7 +12,7 @@ import secrets
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from durq.brokers import dependencies, limiter, mailbox
 from durq.brokers.base import (
@@ -25,6 +25,7 @@ from durq.brokers.base import (
     WorkerInfo,
     fan_in_payload,
     minute_of,
+    waiting_follow_up,
 )
 from durq.brokers.mailbox import Mailbox, Watches
 from durq.clock import to_datetime, utc_day
@@ -438,11 +439,18 @@ class Store:
                 )
 
     def insert_group(self, p: GroupParams, now: float) -> list[Row]:
-        """Create a group and its members, or raise the first refusal writing nothing."""
-        for member in p.members:
+        """Create a group, its members and its follow-up (waiting for the group), or raise
+        the first refusal writing nothing."""
+        then = waiting_follow_up(p)
+        for member in (*p.members, *([then] if then else [])):
             self.check_insert(member, now)
         group = Group(p, now, list(p.unfinished), [None] * len(p.members))
         rows = [self.insert(member, now) for member in p.members]
+        if then is not None:
+            # Waits for one thing, its group: the group's own count releases it.
+            row = self.insert(then, now)
+            self.move(row, W)
+            row.waiting_for = 1
         self.groups[(p.queue, p.id)] = group
         for i, member in enumerate(p.members):
             self.members[(member.queue, member.id)] = (group, i)
@@ -452,7 +460,8 @@ class Store:
         self, queue: str, task_id: str, state: str, entry: bytes | None, now: float
     ) -> set[str]:
         """Record a member's final outcome (``entry`` None: its stored deleted entry) and
-        create the group's follow-up if it was the last; the queues that got work."""
+        release the group's follow-up with its payload if it was the last; the queues that
+        got work."""
         found = self.members.pop((queue, task_id), None)
         if found is None:
             return set()
@@ -467,8 +476,14 @@ class Store:
         then = group.params.then
         if then is None:
             return set()
-        payload = fan_in_payload(then.payload, group.entries, group.params.tail)
-        return self.insert_follow_ups([replace(then, payload=payload)], now)
+        row = self.tasks.get((then.queue, then.id))
+        if row is None or row.state is not W:
+            return set()  # the waiting follow-up was cancelled or deleted: it never runs
+        row.payload = fan_in_payload(then.payload, group.entries, group.params.tail)
+        row.waiting_for = 0
+        to = dependencies.released(row.next_process_at, now)
+        self.move(row, to)
+        return {row.queue} if to is P else set()
 
     def forget(self, row: Row, now: float) -> set[str]:
         """A task is deleted by the inspector: an unfinished member finishes as deleted, and

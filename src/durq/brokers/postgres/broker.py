@@ -245,7 +245,8 @@ class PostgresBroker(AdminForwarder):
         return _unwrap(outcome)
 
     async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
-        """The group's record and every member in one transaction, or nothing."""
+        """The group's record, every member and the waiting follow-up in one transaction,
+        or nothing."""
         async with self._s.connection("enqueue_group") as conn, conn.transaction():
             infos = await self._s.insert_group(conn, params)
         self._s.notify_created(

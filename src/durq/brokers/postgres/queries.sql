@@ -1208,9 +1208,9 @@ WHERE queue = %(queue)s AND state = %(state)s
 
 -- name: insert_group
 INSERT INTO {schema}.groups (queue, id, total, created_at, retention, then_task, then_head,
-                             then_tail)
+                             then_tail, then_waiting)
 VALUES (%(queue)s, %(id)s, %(total)s, {now}, %(retention)s, %(then_task)s, %(then_head)s,
-        %(then_tail)s);
+        %(then_tail)s, %(then_waiting)s);
 
 -- name: insert_group_members
 -- The arrays arrive in binary (%(x)b), as in enqueue: text dumping costs several times more.
@@ -1252,7 +1252,17 @@ UPDATE {schema}.groups
 SET finished = finished + %(n)s,
     finished_at = CASE WHEN finished + %(n)s >= total THEN {now} END
 WHERE queue = %(group_queue)s AND id = %(group_id)s
-RETURNING finished, total, then_task, then_head, then_tail;
+RETURNING finished, total, then_task, then_head, then_tail, then_waiting;
+
+-- name: release_follow_up
+-- A group's last member counted: its waiting follow-up gets its payload and is released,
+-- pending or scheduled while its due time is ahead (durq.states.released, in SQL);
+-- cancelled or deleted meanwhile, it matches no row.
+UPDATE {schema}.tasks
+SET payload = %(payload)s, waiting_for = 0,
+    state = CASE WHEN next_process_at > {now} THEN 'scheduled' ELSE 'pending' END
+WHERE queue = %(queue)s AND id = %(id)s AND state = 'waiting'
+RETURNING *;
 
 -- name: group_entries
 SELECT entry FROM {schema}.group_members

@@ -30,6 +30,7 @@ from durq.brokers.base import (
     MemberOutcome,
     fan_in_payload,
     follow_up_from,
+    waiting_follow_up,
 )
 from durq.brokers.mailbox import end_key
 from durq.brokers.postgres.errors import pooler_error, pooler_symptom, translate
@@ -546,12 +547,19 @@ class PostgresStorage:
     # ------------------------------------------------------------------ groups
 
     async def insert_group(self, conn: AsyncConn, p: GroupParams) -> list[TaskInfo]:
-        """Create a group's record and its members in the caller's transaction; the first
-        refused member raises (the transaction rolls everything back)."""
-        outcomes: list[EnqueueOutcome] = await self.drive(conn, self.plan(p.members, None))
+        """Create a group's record, its members and its follow-up (waiting for the group) in
+        the caller's transaction; the first refused task raises (the transaction rolls
+        everything back)."""
+        then = waiting_follow_up(p)
+        everything = [*p.members, *([then] if then else [])]
+        outcomes: list[EnqueueOutcome] = await self.drive(conn, self.plan(everything, None))
         for outcome in outcomes:
             if outcome.error is not None:
                 raise outcome.error
+        if then is not None:
+            # Waits for one thing, its group: the group's own count releases it.
+            outcomes.pop()
+            await conn.execute(self.q["set_waiting"], {"queue": then.queue, "id": then.id, "n": 1})
         await conn.execute(self.q["insert_group"], sqlfiles.group_row(p, self.sql_now()))
         await conn.execute(
             self.q["insert_group_members"],
@@ -602,8 +610,9 @@ class PostgresStorage:
         return await self.count_finished(conn, await cur.fetchall())
 
     async def count_finished(self, conn: AsyncConn, rows: list[Row]) -> list[EnqueueOutcome]:
-        """Count newly finished members (one row per member: its group) and create the
-        follow-up of each group whose last member this was."""
+        """Count newly finished members (one row per member: its group) and release the
+        follow-up of each group whose last member this was (create it, for a group
+        recorded before follow-ups waited)."""
         created: list[EnqueueOutcome] = []
         counts = Counter((r["group_queue"], r["group_id"]) for r in rows)
         for (group_queue, group_id), n in sorted(counts.items()):
@@ -618,7 +627,21 @@ class PostgresStorage:
             entries = [bytes(r["entry"]) for r in await cur.fetchall()]
             payload = fan_in_payload(bytes(g["then_head"]), entries, bytes(g["then_tail"]))
             follow_up = follow_up_from(g["then_task"], payload)
-            created += await self.drive(conn, self.plan([follow_up], None))
+            if not g["then_waiting"]:  # a group created before its follow-up waited
+                created += await self.drive(conn, self.plan([follow_up], None))
+                continue
+            cur = await conn.execute(
+                self.q["release_follow_up"],
+                {
+                    "queue": follow_up.queue,
+                    "id": follow_up.id,
+                    "payload": payload,
+                    "now": self.sql_now(),
+                },
+            )
+            created += [
+                EnqueueOutcome(follow_up, info=row_to_info(r)) for r in await cur.fetchall()
+            ]
         return created
 
     async def fetch(self, method: str, query: str, params: dict[str, Any]) -> list[Row]:

@@ -48,6 +48,7 @@ from durq.brokers.base import (
     ProgressParams,
     RetryParams,
     WorkerInfo,
+    waiting_follow_up,
 )
 from durq.brokers.batcher import enqueue_coalescer
 from durq.brokers.redis.admin import WORKER_TTL, RedisAdmin
@@ -250,7 +251,8 @@ class RedisBroker(AdminForwarder):
         return self._enqueue_outcome(params, state, reply[1])
 
     async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
-        """The group's record and every member in one script, or nothing."""
+        """The group's record, every member and the waiting follow-up in one script, or
+        nothing."""
         now = self._s.clock.now()
         qk = self._s.keys.queue(params.queue)
         if self._s.cluster:
@@ -276,6 +278,8 @@ class RedisBroker(AdminForwarder):
             keys += more_keys
             args += [*more_args, entry]
             states.append(state)
+        if params.then is not None:
+            keys.append(self._s.keys.queue(params.then.queue).waiting)
         async with self._s.op("enqueue_group"):
             await self._s.ensure()
             queues = [p.queue for p in params.members]
@@ -285,7 +289,11 @@ class RedisBroker(AdminForwarder):
             reply = await self._s.eval("enqueue_group", keys, args)
         if reply[0] != b"ok":
             i = int(reply[1])
-            error = self._enqueue_outcome(params.members[i], states[i], [reply[0], reply[2]]).error
+            # Index len(members): the follow-up's id is taken.
+            refused = params.members[i] if i < len(params.members) else waiting_follow_up(params)
+            assert refused is not None
+            state = states[i] if i < len(states) else TaskState.WAITING
+            error = self._enqueue_outcome(refused, state, [reply[0], reply[2]]).error
             assert error is not None
             raise error
         return [

@@ -230,7 +230,8 @@ class SQLiteBroker(AdminForwarder):
         return await self._s.call("sqlite.enqueue_many", run)
 
     async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
-        """The group's record and every member in one transaction, or nothing."""
+        """The group's record, every member and the waiting follow-up in one transaction,
+        or nothing."""
 
         def run(conn: Conn) -> list[TaskInfo]:
             infos = self._s.transaction(conn, lambda c, now: self._s.insert_group(c, params, now))

@@ -451,8 +451,9 @@ WHERE (relative_due = 1 AND state IN ('scheduled', 'retry'))
 
 -- name: insert_group
 INSERT INTO durq_groups (queue, id, total, created_at, retention, then_task, then_head,
-                         then_tail)
-VALUES (:queue, :id, :total, :now, :retention, :then_task, :then_head, :then_tail);
+                         then_tail, then_waiting)
+VALUES (:queue, :id, :total, :now, :retention, :then_task, :then_head, :then_tail,
+        :then_waiting);
 
 -- name: insert_group_member
 INSERT INTO durq_group_members (group_queue, group_id, position, queue, task_id, type, entry)
@@ -484,7 +485,17 @@ UPDATE durq_groups
 SET finished = finished + :n,
     finished_at = CASE WHEN finished + :n >= total THEN :now END
 WHERE queue = :group_queue AND id = :group_id
-RETURNING finished, total, then_task, then_head, then_tail;
+RETURNING finished, total, then_task, then_head, then_tail, then_waiting;
+
+-- name: release_follow_up
+-- A group's last member counted: its waiting follow-up gets its payload and is released,
+-- pending or scheduled while its due time is ahead (durq.states.released, in SQL);
+-- cancelled or deleted meanwhile, it matches no row.
+UPDATE durq_tasks
+SET payload = :payload, waiting_for = 0,
+    state = CASE WHEN next_process_at > :now THEN 'scheduled' ELSE 'pending' END
+WHERE queue = :queue AND id = :id AND state = 'waiting'
+RETURNING state;
 
 -- name: group_entries
 SELECT entry FROM durq_group_members
