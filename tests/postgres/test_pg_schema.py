@@ -298,7 +298,7 @@ async def test_claim_of_limited_tasks_reads_through_the_indexes(pg_url: str, sch
     keys = {"queues": ["default"], "keys": ["k"]}
     plans = {
         "limited_due": claim_plan(schema, "limited_due", limit=10),
-        "held_tasks": claim_plan(schema, "held_tasks", **keys, rooms=[3]),
+        "held_tasks": claim_plan(schema, "held_tasks", limit=10),
         "waiting_limits": claim_plan(schema, "waiting_limits"),
         "lock_limits": claim_plan(schema, "lock_limits", **keys),
     }

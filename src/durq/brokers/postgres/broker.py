@@ -550,11 +550,11 @@ class PostgresBroker(AdminForwarder):
         complete: dict[str, Any] | None,
         conn: AsyncConn,
     ) -> tuple[list[Row], list[tuple[Any, ...]], _Admission]:
-        """One transaction of the claim of limited work, in three to four round trips: the
-        completions (when given), the forwarding step, the due rows (locked) and the
-        counters of keys with held tasks; then the counters of every key these tasks carry
-        (locked, in key order) and the held tasks of keys with room (locked); the limiter
-        decides; then the leases, holds and counters are written."""
+        """One transaction of the claim of limited work, in two round trips (three when a
+        key has no counter yet). First the completions (when given), the forwarding step,
+        the due rows, the counters of keys with held tasks and the held tasks of those with
+        a free slot, all locked; then, after the limiter has decided, the leases, holds and
+        counters are written and committed."""
         q = self._s.q
         limit = want + look
         values = {
@@ -563,58 +563,67 @@ class PostgresBroker(AdminForwarder):
             "now": self._s.sql_now(),
             "forward": max(params.limit, CLAIM_FORWARD),
         }
-        done = None
-        async with conn.pipeline(), conn.transaction():
-            if complete is not None:
-                done = await conn.execute(q["complete"], complete)
-            await conn.execute(q["claim_forward"], values)
-            clock = await conn.execute(q["claim_now"], values)
-            due = await conn.execute(q["limited_due"], values)
-            waiting = await conn.execute(q["waiting_limits"], values)
-            row = await clock.fetchone()  # the first round trip
-            assert row is not None
-            admission = _Admission(queues, float(row["now"]), want, limit)
-            admission.read(await due.fetchall(), await waiting.fetchall())
-            if admission.keys:
-                lock = await conn.execute(q["lock_limits"], admission.key_params())
-                held = None
-                if admission.rooms:
-                    held = await conn.execute(q["held_tasks"], admission.room_params())
-                admission.locked(await lock.fetchall())
-                if held is not None:
-                    admission.held(await held.fetchall())
+        done = leases = None
+        async with conn.pipeline():
+            async with conn.transaction():
+                if complete is not None:
+                    done = await conn.execute(q["complete"], complete)
+                await conn.execute(q["claim_forward"], values)
+                clock = await conn.execute(q["claim_now"], values)
+                due = await conn.execute(q["limited_due"], values)
+                waiting = await conn.execute(q["waiting_limits"], values)
+                held = await conn.execute(q["held_tasks"], {**values, "limit": want})
+                row = await clock.fetchone()  # the first round trip
+                assert row is not None
+                admission = _Admission(queues, float(row["now"]), want, limit)
+                admission.read(await due.fetchall(), await waiting.fetchall())
+                admission.held(await held.fetchall())
                 missing = admission.missing()
                 if missing:
                     # Keys no claim has counted (created as the limiter makes them), or
-                    # carried by held tasks beside the key they were held on.
+                    # that no task is held on.
                     await conn.execute(q["create_limits"], admission.fresh_params(missing))
                     lock = await conn.execute(q["lock_limits"], admission.key_params(missing))
                     admission.locked(await lock.fetchall())
-            admission.decide()
-            leased: list[tuple[Any, ...]] = []
-            if admission.chosen:
-                cur = conn.cursor(row_factory=tuple_row)
-                await cur.execute(
-                    q["lease_rows"],
-                    {
-                        "ctids": admission.chosen,
-                        "now": admission.now,
-                        "lease_seconds": float(params.lease_seconds),
-                        "worker_id": params.worker_id,
-                    },
-                )
-                leased = await cur.fetchall()
-            if len(leased) != len(admission.chosen):
-                # A row it locked was not written (a trigger, say): its start is not
-                # counted.
-                admission.recount({(r[CLAIM_QUEUE], r[CLAIM_ID]) for r in leased})
-            if admission.holds:
-                await conn.execute(q["hold_rows"], admission.hold_params())
-            if admission.dirty:
-                await conn.execute(q["save_limits"], admission.save_params())
-            if admission.settle:
-                await conn.execute(q["settle_limits"], admission.settle_params())
+                admission.decide()
+                if admission.chosen:
+                    leases = conn.cursor(row_factory=tuple_row)
+                    await leases.execute(
+                        q["lease_rows"],
+                        {
+                            "ctids": admission.chosen,
+                            "now": admission.now,
+                            "lease_seconds": float(params.lease_seconds),
+                            "worker_id": params.worker_id,
+                        },
+                    )
+                if admission.holds:
+                    await conn.execute(q["hold_rows"], admission.hold_params())
+                if admission.dirty:
+                    await conn.execute(q["save_limits"], admission.save_params())
+                if admission.settle:
+                    await conn.execute(q["settle_limits"], admission.settle_params())
+        # Read after the commit, which the pipeline's end sent with the writes: one round
+        # trip for the writes and the commit.
+        leased = await leases.fetchall() if leases is not None else []
+        if len(leased) < len(admission.chosen):
+            # A row it locked was not written (a trigger refused it): the starts it counted
+            # come back. Counted meanwhile, they only held other tasks back.
+            await self._give_back(conn, admission.not_leased(leased))
         return (await done.fetchall() if done is not None else []), leased, admission
+
+    async def _give_back(self, conn: AsyncConn, starts: dict[tuple[str, str], int]) -> None:
+        """Give back the running slots ``starts`` (by queue and key) counted for rows a
+        claim could not lease."""
+        keys = sorted(starts)
+        values = {
+            "queues": [q for q, _ in keys],
+            "keys": [k for _, k in keys],
+            "ns": [starts[k] for k in keys],
+        }
+        async with conn.transaction():
+            await conn.execute(self._s.q["lock_limits"], values)
+            await conn.execute(self._s.q["give_back_limits"], values)
 
     async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
         """Heartbeat: push the expiry of every held lease; report lost ones and cancel asks."""
@@ -974,7 +983,7 @@ def _held_answer(rows: list[tuple[Any, ...]]) -> tuple[bool, float | None]:
 class _Candidate:
     """A due or held task the claim of limited work locked, in claim order."""
 
-    __slots__ = ("ctid", "held_on", "id", "order", "queue", "specs")
+    __slots__ = ("admitted", "ctid", "held_on", "id", "order", "queue", "specs")
 
     def __init__(self, row: Row, rank: int) -> None:
         self.queue: str = row["queue"]
@@ -983,6 +992,7 @@ class _Candidate:
         self.specs: tuple[LimitSpec, ...] = limits_of(row["limits"])
         self.held_on: str | None = row.get("held_on")
         self.order = (rank, -row["priority"], row["next_process_at"], row["seq"])
+        self.admitted = False
 
 
 class _Admission:
@@ -999,8 +1009,7 @@ class _Admission:
         self.candidates: list[_Candidate] = []
         #: Every key the candidates carry (queue, key), and the first limit seen on each.
         self.specs: dict[tuple[str, str], LimitSpec] = {}
-        #: Keys with held tasks, read unlocked, and the room of those that have some.
-        self.waiting: dict[tuple[str, str], limiter.Counter] = {}
+        #: Keys with held tasks that have room, and how many held tasks the claim looks at.
         self.rooms: dict[tuple[str, str], int] = {}
         #: The locked counters, by queue and key.
         self.counters: dict[str, dict[str, limiter.Counter]] = {}
@@ -1009,13 +1018,6 @@ class _Admission:
         self.dirty: set[tuple[str, str]] = set()
         self.settle: list[tuple[str, str]] = []
         self.limited = False
-        self._locked: list[Row] = []
-        self._held: list[tuple[str, str]] = []
-
-    @property
-    def keys(self) -> list[tuple[str, str]]:
-        """The counters to lock, in key order."""
-        return sorted(self.specs.keys() | self.rooms.keys())
 
     @property
     def seen(self) -> bool:
@@ -1034,28 +1036,27 @@ class _Admission:
             self.limited = True
 
     def read(self, due: list[Row], waiting: list[Row]) -> None:
+        """The due rows and the (locked) counters of keys with held tasks."""
         self.due = len(due)
         for row in due:
             self._add(row)
+        self.locked(waiting)
         for row in waiting:
-            counter = self.waiting[row["queue"], row["key"]] = limiter.stored(row)
-            room = counter.room(self.now)
-            if room > 0:
-                self.rooms[row["queue"], row["key"]] = min(room, self.want)
+            if self.counters[row["queue"]][row["key"]].room(self.now) > 0:
+                self.rooms[row["queue"], row["key"]] = self.want
 
     def locked(self, rows: list[Row]) -> None:
-        self._locked += rows
         for row in rows:
             self.counters.setdefault(row["queue"], {})[row["key"]] = limiter.stored(row)
 
     def held(self, rows: list[Row]) -> None:
-        """The held tasks of keys with room; keys given fewer than their room may have none
-        left (their flag is cleared if so)."""
+        """The held tasks of keys without a full set of running attempts; a key with room
+        given fewer than it looked for may have none left (its flag is cleared if so)."""
         got: dict[tuple[str, str], int] = {}
         for row in rows:
             self._add(row)
             got[row["queue"], row["held_on"]] = got.get((row["queue"], row["held_on"]), 0) + 1
-        self.settle = [k for k, room in self.rooms.items() if got.get(k, 0) < room]
+        self.settle = sorted(k for k, room in self.rooms.items() if got.get(k, 0) < room)
 
     def missing(self) -> list[tuple[str, str]]:
         """Keys of the candidates without a counter."""
@@ -1072,45 +1073,34 @@ class _Admission:
                 continue
             full = limiter.admit(c.specs, self.counters.setdefault(c.queue, {}), self.now)
             if full is None:
+                c.admitted = True
                 self.chosen.append(c.ctid)
                 self.dirty.update((c.queue, spec.key) for spec in c.specs)
             else:
                 self.dirty.add((c.queue, full))
                 if full != c.held_on:
                     self.holds.append((c.ctid, full))
-                    self._held.append((c.queue, full))
 
-    def recount(self, leased: set[tuple[str, str]]) -> None:
-        """Count again the starts of the candidates leased (``(queue, id)``) only, from the
-        counters as they were locked; the keys tasks were held on stay marked waiting."""
-        self.counters = {}
-        for row in self._locked:
-            self.counters.setdefault(row["queue"], {})[row["key"]] = limiter.stored(row)
+    def not_leased(self, leased: list[tuple[Any, ...]]) -> dict[tuple[str, str], int]:
+        """The starts counted for admitted candidates that ``leased`` (claimed rows) lacks,
+        by queue and key."""
+        got = {(r[CLAIM_QUEUE], r[CLAIM_ID]) for r in leased}
+        starts: dict[tuple[str, str], int] = {}
         for c in self.candidates:
-            if c.specs and (c.queue, c.id) in leased:
-                limiter.admit(c.specs, self.counters[c.queue], self.now)
-        for queue, key in self._held:
-            self.counters[queue][key].waiting = True
+            if c.admitted and (c.queue, c.id) not in got:
+                for spec in c.specs:
+                    starts[c.queue, spec.key] = starts.get((c.queue, spec.key), 0) + 1
+        return starts
 
     def wake_at(self) -> float | None:
         """When a token comes for a key with held tasks."""
-        counters = dict(self.waiting)
-        for queue, keys in self.counters.items():
-            counters.update(((queue, key), c) for key, c in keys.items())
-        return limiter.wake_at(counters.values(), self.now)
+        counters = (c for keys in self.counters.values() for c in keys.values())
+        return limiter.wake_at(counters, self.now)
 
-    def key_params(self, keys: list[tuple[str, str]] | None = None) -> dict[str, Any]:
-        """The counters to lock: every key (``keys``: those)."""
-        keys = self.keys if keys is None else sorted(keys)
+    def key_params(self, keys: list[tuple[str, str]]) -> dict[str, Any]:
+        """lock_limits' parameters: ``keys`` in key order."""
+        keys = sorted(keys)
         return {"queues": [q for q, _ in keys], "keys": [k for _, k in keys]}
-
-    def room_params(self) -> dict[str, Any]:
-        rooms = sorted(self.rooms.items())
-        return {
-            "queues": [q for (q, _), _ in rooms],
-            "keys": [k for (_, k), _ in rooms],
-            "rooms": [room for _, room in rooms],
-        }
 
     def fresh_params(self, keys: list[tuple[str, str]]) -> dict[str, Any]:
         """create_limits' parameters: the counters of ``keys`` as the limiter makes them."""

@@ -353,16 +353,37 @@ FROM (
 ) AS d;
 
 -- name: waiting_limits
--- The counters of the keys of these queues that may have held tasks (limits_waiting), not
--- locked: the limiter finds the ones with room, whose held tasks the claim then looks at.
+-- The counters of the keys of these queues that may have held tasks (limits_waiting),
+-- locked in key order: outcomes lock them in the same order. The limiter reads their room.
 SELECT l.*
 FROM {schema}.limits AS l
 WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
+  AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.name = l.queue AND p.paused)
+ORDER BY l.queue, l.key
+FOR UPDATE OF l;
+
+-- name: held_tasks
+-- The oldest held tasks (tasks_held), up to %(limit)s, of each key waiting_limits locked
+-- that no running attempt fills, locked as due rows are; the limiter lets back as many as
+-- the room.
+SELECT b.queue, b.id, b.limits::text AS limits, b.priority, b.next_process_at, b.seq,
+       b.ctid::text AS ctid, l.key AS held_on
+FROM {schema}.limits AS l
+CROSS JOIN LATERAL (
+    SELECT t.queue, t.id, t.limits, t.priority, t.next_process_at, t.seq, t.ctid
+    FROM {schema}.tasks AS t
+    WHERE t.queue = l.queue AND t.held_by = l.key AND t.state = 'pending'
+    ORDER BY t.priority DESC, t.next_process_at, t.seq
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS b
+WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
+  AND (l.concurrency IS NULL OR l.running < l.concurrency)
   AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.name = l.queue AND p.paused);
 
 -- name: lock_limits
--- The counters of the claim's candidates, each looked up by itself (limits_pkey) and locked
--- in key order: outcomes lock them in the same order, so claims and outcomes never deadlock.
+-- The counters of keys the candidates carry that waiting_limits did not lock, each looked
+-- up by itself (limits_pkey) and locked in key order.
 SELECT l.*
 FROM unnest(%(queues)b::text[], %(keys)b::text[]) AS x(queue, key)
 CROSS JOIN LATERAL (
@@ -381,20 +402,13 @@ SELECT * FROM unnest(%(queues)b::text[], %(keys)b::text[], %(concurrencies)b::in
 ORDER BY 1, 2
 ON CONFLICT (queue, key) DO NOTHING;
 
--- name: held_tasks
--- Held tasks of keys with room (the counters are locked), oldest first (tasks_held), at
--- most %(rooms)s of each, locked as due rows are.
-SELECT b.queue, b.id, b.limits::text AS limits, b.priority, b.next_process_at, b.seq,
-       b.ctid::text AS ctid, x.key AS held_on
-FROM unnest(%(queues)b::text[], %(keys)b::text[], %(rooms)b::integer[]) AS x(queue, key, room)
-CROSS JOIN LATERAL (
-    SELECT t.queue, t.id, t.limits, t.priority, t.next_process_at, t.seq, t.ctid
-    FROM {schema}.tasks AS t
-    WHERE t.queue = x.queue AND t.held_by = x.key AND t.state = 'pending'
-    ORDER BY t.priority DESC, t.next_process_at, t.seq
-    LIMIT x.room
-    FOR UPDATE SKIP LOCKED
-) AS b;
+-- name: give_back_limits
+-- Starts a claim counted for rows it could not lease (a trigger refused the write): their
+-- running slots come back (the counters locked first, in key order, by lock_limits).
+UPDATE {schema}.limits AS l
+SET running = greatest(l.running - x.n, 0)
+FROM unnest(%(queues)b::text[], %(keys)b::text[], %(ns)b::integer[]) AS x(queue, key, n)
+WHERE l.queue = x.queue AND l.key = x.key;
 
 -- name: lease_rows
 -- The rows the limiter admitted, by the address the claim locked them at: a later statement
@@ -425,8 +439,8 @@ FROM unnest(%(queues)b::text[], %(keys)b::text[], %(running)b::integer[],
 WHERE l.queue = x.queue AND l.key = x.key;
 
 -- name: settle_limits
--- Keys where the claim found room but fewer held tasks than the room: their "waiting" flag
--- is cleared if no task is held on them (tasks_held). Their counters are locked, so every
+-- Keys where the claim found room and fewer held tasks than it looked for: their "waiting"
+-- flag is cleared if no task is held on them (tasks_held). Their counters are locked, so every
 -- claim that held a task on them has committed and this statement's snapshot sees it.
 UPDATE {schema}.limits AS l
 SET waiting = false
