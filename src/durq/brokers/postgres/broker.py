@@ -1042,8 +1042,13 @@ class _Admission:
             self._add(row)
         self.locked(waiting)
         for row in waiting:
-            if self.counters[row["queue"]][row["key"]].room(self.now) > 0:
-                self.rooms[row["queue"], row["key"]] = self.want
+            counter = self.counters[row["queue"]][row["key"]]
+            if counter.room(self.now) > 0:
+                # As many held tasks as held_tasks looks at.
+                free = self.want
+                if counter.concurrency is not None:
+                    free = min(free, counter.concurrency - counter.running)
+                self.rooms[row["queue"], row["key"]] = free
 
     def locked(self, rows: list[Row]) -> None:
         for row in rows:
@@ -1054,8 +1059,10 @@ class _Admission:
         given fewer than it looked for may have none left (its flag is cleared if so)."""
         got: dict[tuple[str, str], int] = {}
         for row in rows:
-            self._add(row)
-            got[row["queue"], row["held_on"]] = got.get((row["queue"], row["held_on"]), 0) + 1
+            key = (row["queue"], row["held_on"])
+            if key in self.rooms:  # else its counter is another's, or full: left held
+                self._add(row)
+                got[key] = got.get(key, 0) + 1
         self.settle = sorted(k for k, room in self.rooms.items() if got.get(k, 0) < room)
 
     def missing(self) -> list[tuple[str, str]]:

@@ -355,17 +355,19 @@ FROM (
 -- name: waiting_limits
 -- The counters of the keys of these queues that may have held tasks (limits_waiting),
 -- locked in key order: outcomes lock them in the same order. The limiter reads their room.
+-- A counter another transaction holds is skipped: that claim or outcome lets its held tasks
+-- back (an outcome wakes the queue's workers).
 SELECT l.*
 FROM {schema}.limits AS l
 WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
   AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.name = l.queue AND p.paused)
 ORDER BY l.queue, l.key
-FOR UPDATE OF l;
+FOR UPDATE OF l SKIP LOCKED;
 
 -- name: held_tasks
--- The oldest held tasks (tasks_held), up to %(limit)s, of each key waiting_limits locked
--- that no running attempt fills, locked as due rows are; the limiter lets back as many as
--- the room.
+-- The oldest held tasks (tasks_held) of each key with held tasks that no running attempt
+-- fills, as many as its free slots (at most %(limit)s), locked as due rows are; the limiter
+-- lets back as many as the room (held tasks of a key waiting_limits skipped stay held).
 SELECT b.queue, b.id, b.limits::text AS limits, b.priority, b.next_process_at, b.seq,
        b.ctid::text AS ctid, l.key AS held_on
 FROM {schema}.limits AS l
@@ -374,7 +376,7 @@ CROSS JOIN LATERAL (
     FROM {schema}.tasks AS t
     WHERE t.queue = l.queue AND t.held_by = l.key AND t.state = 'pending'
     ORDER BY t.priority DESC, t.next_process_at, t.seq
-    LIMIT %(limit)s
+    LIMIT least(%(limit)s, l.concurrency - l.running)
     FOR UPDATE SKIP LOCKED
 ) AS b
 WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
