@@ -155,4 +155,27 @@ def wake_at(counters: Iterable[Counter], now: float) -> float | None:
     return min(times, default=None)
 
 
-__all__ = ["Counter", "admit", "admits", "blocking", "fresh", "stored", "take", "wake_at"]
+def outlook(counters: Iterable[Counter], now: float) -> tuple[bool, float | None]:
+    """For the counters of keys with held tasks: whether one has room at ``now`` (a claim
+    would let its tasks back), and if none has, when a token comes for the first."""
+    wake: float | None = None
+    for counter in counters:
+        if counter.room(now) > 0:
+            return True, None
+        at = counter.next_room_at(now)
+        if at is not None and (wake is None or at < wake):
+            wake = at
+    return False, wake
+
+
+__all__ = [
+    "Counter",
+    "admit",
+    "admits",
+    "blocking",
+    "fresh",
+    "outlook",
+    "stored",
+    "take",
+    "wake_at",
+]

@@ -967,17 +967,15 @@ def _held_answer(rows: list[tuple[Any, ...]]) -> tuple[bool, float | None]:
     if not rows:
         return False, None
     first = rows[0]
-    limited = bool(first[CLAIM_LIMITED])
-    wake_at: float | None = None
-    for now, running, concurrency, rate, per, tokens, refilled_at in json.loads(
-        first[CLAIM_HELD] or "[]"
-    ):
-        counter = limiter.Counter(running, concurrency, rate, per, tokens, refilled_at, True)
-        limited = limited or counter.room(now) > 0
-        at = counter.next_room_at(now)
-        if at is not None and (wake_at is None or at < wake_at):
-            wake_at = at
-    return limited, wake_at
+    held = json.loads(first[CLAIM_HELD] or "[]")
+    if not held:
+        return bool(first[CLAIM_LIMITED]), None
+    counters = (
+        limiter.Counter(running, concurrency, rate, per, tokens, refilled_at, waiting=True)
+        for _, running, concurrency, rate, per, tokens, refilled_at in held
+    )
+    room, wake_at = limiter.outlook(counters, held[0][0])  # [0][0]: the claim's now
+    return bool(first[CLAIM_LIMITED]) or room, wake_at
 
 
 class _Candidate:

@@ -811,15 +811,8 @@ def _may_claim(conn: Conn, queue: str, now: float) -> tuple[bool, float | None]:
     (the mailbox in this process, a datagram and ``data_version`` in others)."""
     if conn.execute(Q["any_claimable"], {"queue": queue, "now": now}).fetchone()[0]:
         return True, None
-    wake_at: float | None = None
-    for row in conn.execute(Q["waiting_limits"], {"queue": queue}):
-        counter = limiter.stored(row)
-        if counter.room(now) > 0:
-            return True, None
-        at = counter.next_room_at(now)
-        if at is not None and (wake_at is None or at < wake_at):
-            wake_at = at
-    return False, wake_at
+    rows = conn.execute(Q["waiting_limits"], {"queue": queue})
+    return limiter.outlook((limiter.stored(row) for row in rows), now)
 
 
 class _LimitCounters:
