@@ -179,12 +179,10 @@ class MemoryBroker(AdminForwarder):
                     if len(leases) >= params.limit:
                         break
                     if row.limits:
-                        full = limiter.blocking(row.limits, queue.counters, now)
+                        full = limiter.admit(row.limits, queue.counters, now)
                         if full is not None:
                             queue.hold(row, full)  # no head-of-line blocking: skip it
                             continue
-                        for spec in row.limits:
-                            limiter.take(spec, queue.counters[spec.key], now)
                     token = store.lease(
                         row, now, self._clock.monotonic(), params.lease_seconds, params.worker_id
                     )

@@ -226,12 +226,7 @@ class Queue:
 
     def wake_at(self, now: float) -> float | None:
         """When a token comes for a key with held tasks (the claim's ``wake_at``)."""
-        times = [
-            t
-            for c in self.counters.values()
-            if c.waiting and (t := c.next_room_at(now)) is not None
-        ]
-        return min(times, default=None)
+        return limiter.wake_at(self.counters.values(), now)
 
     def release(self, row: Row) -> bool:
         """An attempt of ``row`` ended: give back its running slots; whether tasks are

@@ -818,15 +818,8 @@ def _may_claim(conn: Conn, queue: str, now: float) -> tuple[bool, float | None]:
     (the mailbox in this process, a datagram and ``data_version`` in others)."""
     if conn.execute(Q["any_claimable"], {"queue": queue, "now": now}).fetchone()[0]:
         return True, None
-    wake_at: float | None = None
-    for row in conn.execute(Q["waiting_limits"], {"queue": queue}):
-        counter = limiter.stored(row)
-        if counter.room(now) > 0:
-            return True, None
-        at = counter.next_room_at(now)
-        if at is not None and (wake_at is None or at < wake_at):
-            wake_at = at
-    return False, wake_at
+    rows = conn.execute(Q["waiting_limits"], {"queue": queue})
+    return limiter.outlook((limiter.stored(row) for row in rows), now)
 
 
 class _LimitCounters:
@@ -867,15 +860,12 @@ class _LimitCounters:
     def admit(self, rowid: int, specs: tuple[LimitSpec, ...]) -> bool:
         """Count one start of a task with ``specs``, or hold it on its first full key."""
         self._load([s.key for s in specs])
-        full = limiter.blocking(specs, self._counters, self._now)
+        full = limiter.admit(specs, self._counters, self._now)
         if full is not None:
             self._conn.execute(Q["hold_task"], {"key": full, "rowid": rowid})
-            self._counters[full].waiting = True
             self._dirty.add(full)
             return False
-        for spec in specs:
-            limiter.take(spec, self._counters[spec.key], self._now)
-            self._dirty.add(spec.key)
+        self._dirty.update(spec.key for spec in specs)
         return True
 
     def save(self) -> None:
@@ -899,9 +889,4 @@ class _LimitCounters:
 
     def wake_at(self) -> float | None:
         """When a token comes for a key with held tasks."""
-        times = [
-            t
-            for c in self._counters.values()
-            if c.waiting and (t := c.next_room_at(self._now)) is not None
-        ]
-        return min(times, default=None)
+        return limiter.wake_at(self._counters.values(), self._now)
