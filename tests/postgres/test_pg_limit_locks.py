@@ -78,7 +78,8 @@ async def test_a_claim_skips_a_counter_another_claim_holds(
     deadlocks = [r for r in caplog.records if "deadlock" in r.getMessage()]
     assert deadlocks == []
     assert other["leases"] == []  # its task needs w, which claim one held
-    assert isinstance(other["seconds"], float) and other["seconds"] < 0.5  # never waited
+    # It never waited (waiting, it would have stood still as long as claim one: 3 s).
+    assert isinstance(other["seconds"], float) and other["seconds"] < 2.0
     assert [lease.task.id for lease in leases] == ["held"]
     late = await broker.get_task("default", "late")
     assert late.state == "pending" and late.held_by is None  # left for the next claim
