@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from durq.brokers.base import (
     ArchiveParams,
     ClaimParams,
     CompleteParams,
     EnqueueParams,
+    Lease,
     RetryParams,
 )
 from durq.brokers.postgres import PostgresBroker
@@ -31,6 +33,26 @@ def task(task_id: str, key: str, concurrency: int) -> EnqueueParams:
 
 def claim_params(limit: int = 10, worker: str = "w") -> ClaimParams:
     return ClaimParams(["default"], limit, worker, 30)
+
+
+async def drain(
+    broker: PostgresBroker,
+    worker: str,
+    limit: int,
+    run: Callable[[list[Lease]], Awaitable[None]],
+    idle_claims: int = 20,
+) -> None:
+    """Claim, ``run`` and complete until ``idle_claims`` claims in a row find nothing."""
+    idle = 0
+    while idle < idle_claims:
+        leases = await broker.claim(claim_params(limit, worker))
+        if not leases:
+            idle += 1
+            await asyncio.sleep(0.01)
+            continue
+        idle = 0
+        await run(leases)
+        assert all(await broker.complete_many([CompleteParams(x.ref) for x in leases]))
 
 
 class Checkouts:
@@ -93,26 +115,17 @@ async def test_concurrent_claims_never_run_more_of_a_key_than_its_limit(make_pg)
     most: Counter[str] = Counter()
     seen: Counter[str] = Counter()
 
-    async def drain(n: int) -> None:
-        broker, idle = brokers[n], 0
-        while idle < 20:
-            leases = await broker.claim(claim_params(4, f"w{n}"))
-            if not leases:
-                idle += 1
-                await asyncio.sleep(0.01)
-                continue
-            idle = 0
-            for lease in leases:
-                key = lease.task.id[0]
-                running[key] += 1
-                most[key] = max(most[key], running[key])
-                seen[lease.task.id] += 1
-            await asyncio.sleep(0.002)
-            for lease in leases:  # counted out before the slot is given back
-                running[lease.task.id[0]] -= 1
-            assert all(await broker.complete_many([CompleteParams(x.ref) for x in leases]))
+    async def run(leases: list[Lease]) -> None:
+        for lease in leases:
+            key = lease.task.id[0]
+            running[key] += 1
+            most[key] = max(most[key], running[key])
+            seen[lease.task.id] += 1
+        await asyncio.sleep(0.002)
+        for lease in leases:  # counted out before the slot is given back
+            running[lease.task.id[0]] -= 1
 
-    await asyncio.gather(*(drain(n) for n in range(len(brokers))))
+    await asyncio.gather(*(drain(b, f"w{n}", 4, run) for n, b in enumerate(brokers)))
     assert len(seen) == 120 and set(seen.values()) == {1}
     assert all(most[key] <= n for key, n in keys.items()), most
     assert most["c"] >= 2  # the limit, not a lock, decided
@@ -135,3 +148,33 @@ async def test_a_batch_of_moves_gives_every_slot_back(make_pg) -> None:
     limits = {s.key: (s.running, s.waiting) for s in await broker.list_limits("default")}
     assert limits == {"a": (0, 1), "b": (0, 1)}
     assert sorted(x.task.id for x in await broker.claim(claim_params())) == ["a1", "b1"]
+
+
+async def test_many_claims_on_shared_keys_meet_no_deadlock(make_pg, caplog) -> None:
+    """Eight workers claim and complete tasks that each carry two of six keys, with tasks
+    held on every key all along: no claim or outcome meets a deadlock (claims never wait for
+    a counter, outcomes lock theirs in key order), and every task runs once."""
+    caplog.set_level(logging.DEBUG, logger="durq.brokers.postgres")
+    brokers = [await make_pg() for _ in range(8)]
+    keys = [LimitSpec(k, concurrency=2) for k in "abcdef"]
+    # Two different keys each (4i + 1 is never a multiple of 6), in either order.
+    tasks = [
+        EnqueueParams(
+            id=f"t{i}",
+            queue="default",
+            type="t",
+            payload=b"{}",
+            limits=(keys[i % 6], keys[(i * 5 + 1) % 6]),
+        )
+        for i in range(240)
+    ]
+    await brokers[0].enqueue_many(tasks)
+    seen: Counter[str] = Counter()
+
+    async def run(leases: list[Lease]) -> None:
+        seen.update(lease.task.id for lease in leases)
+        await asyncio.sleep(0.001)
+
+    await asyncio.gather(*(drain(b, f"w{n}", 3, run, 30) for n, b in enumerate(brokers)))
+    assert [r for r in caplog.records if "deadlock" in r.getMessage()] == []
+    assert len(seen) == len(tasks) and set(seen.values()) == {1}

@@ -494,8 +494,8 @@ class PostgresBroker(AdminForwarder):
         self, what: str, run: Callable[[AsyncConn], Awaitable[_T]], on_deadlock: _T
     ) -> _T:
         """``run`` on a pooled connection. A deadlock rolls its statements back and is never
-        fatal (nor expected: every writer locks counters in key order); it answers
-        ``on_deadlock`` and the worker claims again later."""
+        fatal (nor expected: claims never wait for a counter, outcomes lock theirs in key
+        order); it answers ``on_deadlock`` and the worker claims again later."""
         async with self._s.connection("claim") as conn:
             try:
                 return await run(conn)
@@ -650,9 +650,7 @@ class PostgresBroker(AdminForwarder):
             "keys": [k for _, k in keys],
             "ns": [starts[k] for k in keys],
         }
-        async with conn.transaction():
-            await conn.execute(self._s.q["lock_limits"], values)
-            await conn.execute(self._s.q["give_back_limits"], values)
+        await conn.execute(self._s.q["give_back_limits"], values)
 
     async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
         """Heartbeat: push the expiry of every held lease; report lost ones and cancel asks."""
@@ -1053,6 +1051,8 @@ class _Admission:
         self.dirty: set[tuple[str, str]] = set()
         self.settle: list[tuple[str, str]] = []
         self.limited = False
+        #: Some candidate needed a counter another transaction held.
+        self.skipped = False
 
     @property
     def seen(self) -> bool:
@@ -1113,7 +1113,14 @@ class _Admission:
             if not c.specs:
                 self.chosen.append(c.ctid)
                 continue
-            full = limiter.admit(c.specs, self.counters.setdefault(c.queue, {}), self.now)
+            counters = self.counters.setdefault(c.queue, {})
+            if any(spec.key not in counters for spec in c.specs):
+                # A counter another claim or outcome holds (skipped, not waited for): this
+                # task is neither admitted nor held here. It stays due (or held where it
+                # was) for the next claim, this worker's within _SKIPPED_AGAIN (wake_at).
+                self.skipped = True
+                continue
+            full = limiter.admit(c.specs, counters, self.now)
             if full is None:
                 c.admitted = True
                 self.chosen.append(c.ctid)
@@ -1135,9 +1142,14 @@ class _Admission:
         return starts
 
     def wake_at(self) -> float | None:
-        """When a token comes for a key with held tasks."""
+        """When a token comes for a key with held tasks, or, when a candidate's counter was
+        held by another transaction, when to claim it again."""
         counters = (c for keys in self.counters.values() for c in keys.values())
-        return limiter.wake_at(counters, self.now)
+        wake = limiter.wake_at(counters, self.now)
+        if self.skipped:
+            again = self.now + _SKIPPED_AGAIN
+            wake = again if wake is None else min(wake, again)
+        return wake
 
     def key_params(self, keys: list[tuple[str, str]]) -> dict[str, Any]:
         """lock_limits' parameters: ``keys`` in key order."""
@@ -1195,3 +1207,6 @@ _LIMITED_ROUNDS = 8
 _WARM_UP_QUEUE = "durq warm-up"
 _LOOK_AHEAD = 100
 _LOOK_AHEAD_MAX = 3200
+#: How soon a claim comes back for tasks whose counter another transaction held (a claim
+#: round or an outcome: a few milliseconds).
+_SKIPPED_AGAIN = 0.05

@@ -385,32 +385,51 @@ WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
 
 -- name: lock_limits
 -- The counters of keys the candidates carry that waiting_limits did not lock, each looked
--- up by itself (limits_pkey) and locked in key order.
+-- up by itself (limits_pkey). A counter another transaction holds is skipped, as in
+-- waiting_limits: a claim never waits for a counter, so claims (which lock theirs in two
+-- steps) and outcomes (which wait, in key order) never close a cycle. The candidates that
+-- need a skipped counter stay as they are for the next claim.
 SELECT l.*
 FROM unnest(%(queues)b::text[], %(keys)b::text[]) AS x(queue, key)
 CROSS JOIN LATERAL (
     SELECT * FROM {schema}.limits AS l WHERE l.queue = x.queue AND l.key = x.key
 ) AS l
 ORDER BY l.queue, l.key
-FOR UPDATE OF l;
+FOR UPDATE OF l SKIP LOCKED;
 
 -- name: create_limits
 -- Counters of keys no claim has counted yet, as the limiter makes them (nothing running, a
--- full bucket); a concurrent claim may have added one first.
+-- full bucket); a concurrent claim may have added one first. Only keys this statement
+-- does not see are inserted: an insertion whose key matches a row another transaction
+-- changes waits for that transaction (a unique index has no SKIP LOCKED), and an outcome
+-- changing a counter may be waiting for this claim. A key another claim is adding is
+-- waited for, but that claim waits afterwards only here, for keys later in key order: no
+-- cycle.
 INSERT INTO {schema}.limits AS l (queue, key, concurrency, rate, per, tokens, refilled_at)
-SELECT * FROM unnest(%(queues)b::text[], %(keys)b::text[], %(concurrencies)b::integer[],
-                     %(rates)b::integer[], %(pers)b::float8[], %(tokens)b::float8[],
-                     %(refilled)b::float8[])
+SELECT *
+FROM unnest(%(queues)b::text[], %(keys)b::text[], %(concurrencies)b::integer[],
+            %(rates)b::integer[], %(pers)b::float8[], %(tokens)b::float8[],
+            %(refilled)b::float8[]) AS x(queue, key, concurrency, rate, per, tokens, refilled)
+WHERE NOT EXISTS (
+    SELECT 1 FROM {schema}.limits AS e WHERE e.queue = x.queue AND e.key = x.key
+)
 ORDER BY 1, 2
 ON CONFLICT (queue, key) DO NOTHING;
 
 -- name: give_back_limits
 -- Starts a claim counted for rows it could not lease (a trigger refused the write): their
--- running slots come back (the counters locked first, in key order, by lock_limits).
+-- running slots come back. Like an outcome it waits for the counters, locked in key order.
+WITH back AS (
+    SELECT l.queue, l.key, x.n
+    FROM unnest(%(queues)b::text[], %(keys)b::text[], %(ns)b::integer[]) AS x(queue, key, n)
+    JOIN {schema}.limits AS l ON l.queue = x.queue AND l.key = x.key
+    ORDER BY l.queue, l.key
+    FOR UPDATE OF l
+)
 UPDATE {schema}.limits AS l
-SET running = greatest(l.running - x.n, 0)
-FROM unnest(%(queues)b::text[], %(keys)b::text[], %(ns)b::integer[]) AS x(queue, key, n)
-WHERE l.queue = x.queue AND l.key = x.key;
+SET running = greatest(l.running - back.n, 0)
+FROM back
+WHERE l.queue = back.queue AND l.key = back.key;
 
 -- name: lease_rows
 -- The rows the limiter admitted, by the address the claim locked them at: a later statement
