@@ -145,6 +145,11 @@ class IllegalTransitionError(InvalidStateError):
         self.event = event
 
 
+class StepError(DurqError):
+    """A durable step cannot be run or recorded: its name is not valid or was used twice in
+    one attempt, its result is not JSON or too large, or the attempt lost its lease."""
+
+
 # Control flow for handlers. These are signals, not failures of the library.
 
 

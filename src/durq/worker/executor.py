@@ -33,6 +33,7 @@ from durq.worker import frames
 from durq.worker.acker import Acker
 from durq.worker.hooks import WorkerHooks
 from durq.worker.reports import AttemptReports
+from durq.worker.steps import AttemptSteps
 
 if TYPE_CHECKING:
     from durq.app import App, TaskDef
@@ -366,6 +367,9 @@ class Executor:
             self.broker, ref, task.retried + 1, self.app.clock, asyncio.get_running_loop()
         )
         self._reports[ref] = reports
+        loop = asyncio.get_running_loop()
+        attempt = task.retried + 1
+        steps = AttemptSteps(self.broker, ref, attempt, self.app.clock, loop, self.app.max_result)
         return TaskContext(
             id=task.id,
             queue=task.queue,
@@ -376,6 +380,7 @@ class Executor:
             headers=dict(task.headers),
             worker_id=self.worker_id,
             reports=reports,
+            steps=steps,
         )
 
     async def _end_reports(self, ref: LeaseRef) -> None:

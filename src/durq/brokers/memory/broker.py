@@ -38,6 +38,7 @@ from durq.brokers.base import (
     LeaseReport,
     ProgressParams,
     RetryParams,
+    StepsParams,
     WorkerInfo,
     ended_by,
 )
@@ -320,6 +321,21 @@ class MemoryBroker(AdminForwarder):
                 row.progress = params.progress or None
             if params.lines:
                 row.logs = append_lines(row.logs, params.lines)
+        return True
+
+    async def read_steps(self, lease: LeaseRef) -> str | None:
+        """The stored steps of a task."""
+        with self._store.lock:
+            row = self._held(lease)
+            return None if row is None else row.steps
+
+    async def record_steps(self, params: StepsParams) -> bool:
+        """Store an attempt's durable steps, fenced by its token."""
+        with self._store.lock:
+            row = self._held(params.lease)
+            if row is None:
+                return False
+            row.steps = params.steps
         return True
 
     async def requeue(self, lease: LeaseRef) -> bool:

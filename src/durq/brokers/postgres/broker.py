@@ -47,6 +47,7 @@ from durq.brokers.base import (
     LeaseReport,
     ProgressParams,
     RetryParams,
+    StepsParams,
     WorkerInfo,
     ended_by,
 )
@@ -829,6 +830,21 @@ class PostgresBroker(AdminForwarder):
                 "lines": "\n".join(params.lines) if params.lines else None,
                 "keep": MAX_LOG_LINES,
             },
+        )
+        return row is not None
+
+    async def read_steps(self, lease: LeaseRef) -> str | None:
+        """The stored steps of a leased task (``None``: none, or the lease is gone)."""
+        fence = {"queue": lease.queue, "id": lease.id, "token": lease.token}
+        row = await self._s.fetch_one("read_steps", "read_steps", fence)
+        return None if row is None else row["steps"]
+
+    async def record_steps(self, params: StepsParams) -> bool:
+        """Store an attempt's durable steps, fenced by its token."""
+        lease = params.lease
+        fence = {"queue": lease.queue, "id": lease.id, "token": lease.token}
+        row = await self._s.fetch_one(
+            "record_steps", "record_steps", {**fence, "steps": params.steps}
         )
         return row is not None
 

@@ -872,6 +872,17 @@ SELECT count(*) AS n, EXISTS (SELECT 1 FROM released WHERE waiting) AS wake,
            AS released
 FROM ended;
 
+-- name: read_steps
+-- A running attempt's first step (durq.steps): the task's recorded steps.
+SELECT t.steps FROM {schema}.tasks AS t
+WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active' AND t.lease_token = %(token)s;
+
+-- name: record_steps
+-- A running attempt recorded a step: the whole stored steps, fenced by its token.
+UPDATE {schema}.tasks AS t SET steps = %(steps)s
+WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active' AND t.lease_token = %(token)s
+RETURNING 1 AS held;
+
 -- name: report_progress
 -- A running attempt's report (durq.progress), fenced by its token. :progress NULL keeps the
 -- progress, '' clears it; :lines (stored lines joined by a newline, NULL for none) are

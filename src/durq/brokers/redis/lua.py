@@ -27,6 +27,8 @@ SCRIPT_NAMES = (
     "archive",
     "requeue",
     "progress",
+    "steps_read",
+    "steps_record",
     "promote",
     "expired",
     "janitor",

@@ -233,6 +233,16 @@ SET progress = CASE WHEN :progress IS NULL THEN progress ELSE nullif(:progress, 
     logs = :logs
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
 
+-- name: read_steps
+-- A running attempt's first step (durq.steps): the task's recorded steps.
+SELECT steps FROM durq_tasks
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+
+-- name: record_steps
+-- A running attempt recorded a step: the whole stored steps, fenced by its token.
+UPDATE durq_tasks SET steps = :steps
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+
 -- name: requeue
 -- Graceful shutdown (W7): back to pending, due now, without counting an attempt.
 UPDATE durq_tasks
