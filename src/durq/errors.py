@@ -164,6 +164,20 @@ class NotReady(Exception):
         self.reason = reason
 
 
+class Snooze(Exception):
+    """Not now, and not a failure: run the task again in ``delay`` seconds (or a duration
+    such as ``"5m"``).
+
+    Unlike :class:`NotReady`, a snooze does not count toward ``max_retry``, leaves the
+    backoff and ``last_error`` alone and is not counted as a failure. The task waits as
+    scheduled; past its type's ``max_snoozes`` it is archived ("snoozed too often")."""
+
+    def __init__(self, delay: Any = 0.0, reason: str = "snoozed") -> None:
+        super().__init__(reason)
+        self.delay = delay
+        self.reason = reason
+
+
 class SkipRetry(Exception):
     """Give up now: the task is archived without further retries.
 

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field
 from datetime import datetime
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from durq import codec
-from durq.errors import StepError
+from durq.errors import Snooze, StepError
 from durq.progress import TaskLogLine, TaskProgress, check_fraction, check_level, clip
 from durq.states import TaskState
 from durq.steps import TaskStep, check_name, encode_result, json_value
@@ -119,6 +119,8 @@ class TaskInfo:
     #: Its handler's recorded durable steps (:meth:`TaskContext.step`), in the order first
     #: recorded, when the broker returns them: one task's get, not lists.
     steps: tuple[TaskStep, ...] = ()
+    #: How often its handler snoozed it (:class:`durq.Snooze`): not counted as attempts.
+    snoozes: int = 0
 
     @property
     def max_attempts(self) -> int:
@@ -229,6 +231,7 @@ class TaskInfo:
             ],
             "held_by": self.held_by,
             "progress": None if self.progress is None else self.progress.to_dict(),
+            "snoozes": self.snoozes,
         }
 
 
@@ -310,6 +313,11 @@ class TaskContext:
         name = check_level(level)
         if self.reports is not None:
             self.reports.log(name, clip(str(message)))
+
+    def snooze(self, delay: float | str = 0.0, reason: str = "snoozed") -> NoReturn:
+        """Stop this attempt and run the task again in ``delay`` seconds (or a duration such
+        as ``"5m"``) without counting an attempt: raises :class:`durq.Snooze`."""
+        raise Snooze(delay, reason)
 
     async def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` (a coroutine function, or a plain one) once for this

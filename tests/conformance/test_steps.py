@@ -8,13 +8,13 @@ import threading
 from typing import Any
 
 import pytest
-from brokerkit import LEASE, A, R, claim, params
+from brokerkit import LEASE, A, R, S, claim, claim_ids, params
 
 import durq
 from conformance.apps import FAST, wait_for_state
 from durq import lifecycle
 from durq.brokers import FullBroker
-from durq.brokers.base import CompleteParams, StepsParams
+from durq.brokers.base import CompleteParams, RetryParams, StepsParams
 from durq.clock import FakeClock
 from durq.states import TaskState
 from durq.steps import encode
@@ -144,3 +144,64 @@ async def test_steps_outside_a_worker_run_every_time(broker_kind: str) -> None:
     ctx = durq.TaskContext("t", "default", "x", 0, 0, None, {}, "w")
     assert await ctx.step("a", lambda: (1, 2)) == [1, 2]
     assert ctx.step_sync("b", lambda: {"k": 1}) == {"k": 1}
+
+
+# -- snooze ---------------------------------------------------------------------------------
+
+
+async def test_a_snooze_is_scheduled_without_counting_an_attempt(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    await broker.enqueue(params("t", max_retry=5))
+    (first,) = await claim(broker)
+    assert await broker.retry(RetryParams(first.ref, "boom", 0.0))
+    (second,) = await claim(broker)
+    assert await broker.read_snoozes(second.ref) == 0
+    assert await broker.retry(RetryParams(second.ref, "", 30.0, snooze=True))
+    info = await broker.get_task("default", "t")
+    assert info.state is S
+    assert (info.retried, info.snoozes, info.last_error) == (1, 1, "boom")
+    assert info.to_dict()["snoozes"] == 1
+    # Refused once the lease is gone.
+    assert await broker.read_snoozes(second.ref) is None
+    assert not await broker.retry(RetryParams(second.ref, "", 30.0, snooze=True))
+    assert await claim_ids(broker) == []
+    clock.advance(31)
+    await broker.promote_due()
+    (third,) = await claim(broker)
+    assert await broker.read_snoozes(third.ref) == 1
+
+
+async def test_snooze_does_not_count_attempts_and_is_bounded(app: durq.App) -> None:
+    seen: list[int] = []
+
+    @app.task("steps:snooze", retention=60, max_retry=0, max_snoozes=2)
+    async def job(payload: dict[str, Any], ctx: durq.TaskContext) -> None:
+        seen.append(ctx.attempt)
+        await ctx.step("once", lambda: len(seen))
+        ctx.snooze(0)
+
+    info = await app.enqueue("steps:snooze", {})
+    async with app.worker(**FAST):
+        done = await wait_for_state(app, "default", info.id, TaskState.ARCHIVED)
+    # Two snoozes allowed, the third archives; no attempt was counted (max_retry=0).
+    assert seen == [1, 1, 1]
+    assert (done.retried, done.snoozes, done.last_error) == (0, 2, "snoozed too often")
+    assert [(s.name, s.result) for s in done.steps] == [("once", 1)]
+
+
+async def test_a_sync_handler_snoozes_then_completes(app: durq.App) -> None:
+    runs: list[int] = []
+
+    @app.task("steps:snooze_sync", retention=60, max_retry=0)
+    def job(payload: dict[str, Any], ctx: durq.TaskContext) -> str:
+        runs.append(ctx.attempt)
+        if len(runs) < 3:
+            raise durq.Snooze(0.05, "partner busy")
+        return "ok"
+
+    info = await app.enqueue("steps:snooze_sync", {})
+    async with app.worker(**FAST):
+        done = await wait_for_state(app, "default", info.id, TaskState.COMPLETED)
+    assert runs == [1, 1, 1]
+    assert (done.retried, done.snoozes, done.result) == (0, 2, "ok")

@@ -446,6 +446,9 @@ class RetryParams:
     #: The attempt's traceback with its exception chain, bounded (shown for one task);
     #: ``None`` clears the stored one (the attempt ended without a crash).
     traceback: str | None = None
+    #: A snooze (:class:`durq.Snooze`): state scheduled instead, ``retried`` unchanged,
+    #: ``snoozes`` + 1, ``last_error`` and ``traceback`` kept, not counted as a failure.
+    snooze: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -840,6 +843,9 @@ class Broker(Protocol):
     async def record_steps(self, params: StepsParams) -> bool:
         """Store a running attempt's durable steps, fenced like every other write of an
         active task: ``False`` (and no change) if the lease is no longer held."""
+
+    async def read_snoozes(self, lease: LeaseRef) -> int | None:
+        """How often a leased task was snoozed; ``None`` if the lease is no longer held."""
 
     async def retry(self, params: RetryParams) -> bool:
         """Schedule the next attempt; ``False`` if the lease is no longer held."""

@@ -44,7 +44,7 @@ from durq.brokers.base import (
 )
 from durq.brokers.mailbox import Waiter, end_key
 from durq.brokers.memory.admin import MemoryAdmin
-from durq.brokers.memory.storage import C, P, R, Row, Store, X, store_for
+from durq.brokers.memory.storage import C, P, R, Row, S, Store, X, store_for
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import (
     ConfigurationError,
@@ -270,14 +270,18 @@ class MemoryBroker(AdminForwarder):
             return False
         if row.limits and store.queues[row.queue].release(row):
             woken.add(row.queue)
-        count = not isinstance(p, ArchiveParams) or p.count_attempt
+        snooze = isinstance(p, RetryParams) and p.snooze
+        count = not snooze and (not isinstance(p, ArchiveParams) or p.count_attempt)
         row.retried += int(count)
         row.lost += int(p.lost)
-        row.last_error = p.error
-        row.traceback = p.traceback
+        if snooze:
+            row.snoozes += 1
+        else:
+            row.last_error = p.error
+            row.traceback = p.traceback
         row.end_lease()
         if isinstance(p, RetryParams):
-            store.move(row, R)
+            store.move(row, S if snooze else R)
             row.next_process_at = now + max(0.0, p.delay)
             if p.delay <= 0:
                 woken.add(row.queue)
@@ -328,6 +332,12 @@ class MemoryBroker(AdminForwarder):
         with self._store.lock:
             row = self._held(lease)
             return None if row is None else row.steps
+
+    async def read_snoozes(self, lease: LeaseRef) -> int | None:
+        """How often a leased task was snoozed."""
+        with self._store.lock:
+            row = self._held(lease)
+            return None if row is None else row.snoozes
 
     async def record_steps(self, params: StepsParams) -> bool:
         """Store an attempt's durable steps, fenced by its token."""

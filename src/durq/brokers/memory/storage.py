@@ -95,6 +95,7 @@ class Row:
     logs: str | None = None
     #: Stored form of the durable steps (:mod:`durq.steps`).
     steps: str | None = None
+    snoozes: int = 0
 
     def info(self) -> TaskInfo:
         return make_info(
@@ -126,6 +127,7 @@ class Row:
             progress=progress_of(self.progress, self.state, self.retried),
             logs=decode_logs(self.logs),
             steps=decode_steps(self.steps),
+            snoozes=self.snoozes,
         )
 
     def gone(self, now: float) -> bool:

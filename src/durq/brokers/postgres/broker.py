@@ -744,6 +744,7 @@ class PostgresBroker(AdminForwarder):
         }
         if isinstance(p, RetryParams):
             values["delay"] = max(0.0, float(p.delay))
+            values["snooze"] = p.snooze
             return "retry", values
         values["count_attempt"] = p.count_attempt
         return "archive", values
@@ -838,6 +839,12 @@ class PostgresBroker(AdminForwarder):
         fence = {"queue": lease.queue, "id": lease.id, "token": lease.token}
         row = await self._s.fetch_one("read_steps", "read_steps", fence)
         return None if row is None else row["steps"]
+
+    async def read_snoozes(self, lease: LeaseRef) -> int | None:
+        """How often a leased task was snoozed (``None``: the lease is gone)."""
+        fence = {"queue": lease.queue, "id": lease.id, "token": lease.token}
+        row = await self._s.fetch_one("read_snoozes", "read_snoozes", fence)
+        return None if row is None else int(row["snoozes"])
 
     async def record_steps(self, params: StepsParams) -> bool:
         """Store an attempt's durable steps, fenced by its token."""

@@ -28,6 +28,7 @@ SCRIPT_NAMES = (
     "requeue",
     "progress",
     "steps_read",
+    "snoozes_read",
     "steps_record",
     "promote",
     "expired",

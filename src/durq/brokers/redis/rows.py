@@ -82,6 +82,7 @@ def task_info(queue: str, flat: Sequence[Any] | dict[Any, Any]) -> TaskInfo:
         progress=progress_of(h.get("progress"), state, retried),
         logs=decode_logs(h.get("logs")),
         steps=decode_steps(h.get("steps")),
+        snoozes=int(h.get("snoozes", 0)),
     )
 
 
