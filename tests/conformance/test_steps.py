@@ -4,6 +4,7 @@ task shows its steps."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -18,6 +19,7 @@ from durq.brokers.base import CompleteParams, RetryParams, StepsParams
 from durq.clock import FakeClock
 from durq.states import TaskState
 from durq.steps import encode
+from durq.worker.steps import AttemptSteps
 
 
 def stored(**results: Any) -> str:
@@ -205,3 +207,19 @@ async def test_a_sync_handler_snoozes_then_completes(app: durq.App) -> None:
         done = await wait_for_state(app, "default", info.id, TaskState.COMPLETED)
     assert runs == [1, 1, 1]
     assert (done.retried, done.snoozes, done.result) == (0, 2, "ok")
+
+
+async def test_a_step_of_a_lost_lease_fails_instead_of_going_on(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    await broker.enqueue(params("t", max_retry=5))
+    (lease,) = await claim(broker)
+    steps = AttemptSteps(broker, lease.ref, 1, clock, asyncio.get_running_loop(), 1 << 20)
+    ctx = durq.TaskContext("t", "default", "x", 0, 5, None, {}, "w", steps=steps)
+    assert await ctx.step("a", lambda: 1) == 1
+    clock.advance(LEASE + 1)
+    await lifecycle.rescue_expired(broker, 3)
+    with pytest.raises(durq.StepError, match="lost its lease"):
+        await ctx.step("b", lambda: 2)
+    with pytest.raises(durq.StepError, match="called twice"):
+        await ctx.step("a", lambda: 1)

@@ -48,9 +48,9 @@ class AttemptSteps:
         async with self._lock:
             if name in self._used:
                 raise StepError(f"step {name!r} is called twice in one attempt")
-            self._used.add(name)
             if self._entries is None:
                 self._entries = s.decode(await self._broker.read_steps(self._lease))
+            self._used.add(name)
             entry = self._entries.get(name)
         if entry is None:
             return False, None
