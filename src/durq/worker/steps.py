@@ -6,6 +6,7 @@ go on as if it were recorded."""
 from __future__ import annotations
 
 import asyncio
+import copy
 from typing import Any
 
 from durq import steps as s
@@ -54,7 +55,8 @@ class AttemptSteps:
             entry = self._entries.get(name)
         if entry is None:
             return False, None
-        return True, entry.get("result")
+        # A copy: the handler may change what it gets without changing what is stored.
+        return True, copy.deepcopy(entry.get("result"))
 
     async def record(self, name: str, text: str, started: float) -> None:
         """Store the step's result (JSON ``text``) on the task, fenced by the lease."""
