@@ -19,6 +19,8 @@ from durq.errors import (
     PayloadError,
     QueueNotFoundError,
     SkipRetry,
+    Snooze,
+    StepError,
     TaskArchivedError,
     TaskCancelledError,
     TaskIDConflictError,
@@ -30,6 +32,7 @@ from durq.limits import Limit
 from durq.options import EnqueueRequest
 from durq.progress import TaskLogLine, TaskProgress
 from durq.states import TaskState
+from durq.steps import TaskStep
 from durq.task import TaskContext, TaskInfo
 from durq.worker import Worker
 from durq.worker.hooks import WorkerHooks
@@ -67,6 +70,8 @@ __all__ = [
     "QueueNotFoundError",
     "QueueStats",
     "SkipRetry",
+    "Snooze",
+    "StepError",
     "TaskArchivedError",
     "TaskCancelledError",
     "TaskContext",
@@ -77,6 +82,7 @@ __all__ = [
     "TaskNotFoundError",
     "TaskProgress",
     "TaskState",
+    "TaskStep",
     "Then",
     "WaitTimeoutError",
     "Worker",

@@ -36,6 +36,7 @@ from durq.names import check_queue, check_type
 from durq.options import (
     DEFAULT_ARCHIVED_RETENTION,
     DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_SNOOZES,
     DEFAULT_RETENTION,
     ArchivedRetentionOption,
     Duration,
@@ -96,12 +97,15 @@ class TaskDef(Generic[T, R]):
         fn: Callable[..., Any],
         defaults: TaskDefaults,
         retry_delay: backoff.RetryDelay,
+        max_snoozes: int = DEFAULT_MAX_SNOOZES,
     ) -> None:
         self.app = app
         self.type = type
         self.fn = fn
         self.defaults = defaults
         self.retry_delay = retry_delay
+        #: Snoozes (:class:`durq.Snooze`) a task of this type may take before it is archived.
+        self.max_snoozes = max_snoozes
         self.shape: HandlerShape = inspect_handler(fn)
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
@@ -267,6 +271,7 @@ class App:
         retry_delay: str | backoff.RetryDelay | None = None,
         priority: int = 0,
         limit: LimitOption = None,
+        max_snoozes: int = DEFAULT_MAX_SNOOZES,
     ) -> TaskDecorator:
         """Register a handler for task ``type``.
 
@@ -276,8 +281,12 @@ class App:
         ``retry_delay`` is a callable ``(retried, exc) -> seconds`` or a policy name:
         ``"exponential"`` (default, capped, with jitter) or ``"capped_power_of_two"``
         (``min(2**n, 300)`` s). ``limit``: one :class:`durq.Limit` or several, enforced
-        across every worker (an enqueue's ``limit=`` replaces them)."""
+        across every worker (an enqueue's ``limit=`` replaces them). ``max_snoozes``: how
+        often a task may snooze (:class:`durq.Snooze`) before it is archived ("snoozed too
+        often")."""
         check_type(type)
+        if isinstance(max_snoozes, bool) or not isinstance(max_snoozes, int) or max_snoozes < 0:
+            raise ConfigurationError(f"max_snoozes must be an int >= 0, not {max_snoozes!r}")
         keep = durations.seconds(retention)
         defaults = TaskDefaults(
             queue=check_queue(queue or self.default_queue),
@@ -293,7 +302,7 @@ class App:
         def decorator(fn: Callable[..., Any]) -> TaskDef[Any, Any]:
             if type in self.tasks:
                 raise ConfigurationError(f"task type {type!r} is registered twice")
-            task_def: TaskDef[Any, Any] = TaskDef(self, type, fn, defaults, policy)
+            task_def: TaskDef[Any, Any] = TaskDef(self, type, fn, defaults, policy, max_snoozes)
             self.tasks[type] = task_def
             return task_def
 

@@ -145,6 +145,11 @@ class IllegalTransitionError(InvalidStateError):
         self.event = event
 
 
+class StepError(DurqError):
+    """A durable step cannot be run or recorded: its name is not valid or was used twice in
+    one attempt, its result is not JSON or too large, or the attempt lost its lease."""
+
+
 # Control flow for handlers. These are signals, not failures of the library.
 
 
@@ -156,6 +161,20 @@ class NotReady(Exception):
 
     def __init__(self, reason: str = "not ready") -> None:
         super().__init__(reason)
+        self.reason = reason
+
+
+class Snooze(Exception):
+    """Not now, and not a failure: run the task again in ``delay`` seconds (or a duration
+    such as ``"5m"``).
+
+    Unlike :class:`NotReady`, a snooze does not count toward ``max_retry``, leaves the
+    backoff and ``last_error`` alone and is not counted as a failure. The task waits as
+    scheduled; past its type's ``max_snoozes`` it is archived ("snoozed too often")."""
+
+    def __init__(self, delay: Any = 0.0, reason: str = "snoozed") -> None:
+        super().__init__(reason)
+        self.delay = delay
         self.reason = reason
 
 

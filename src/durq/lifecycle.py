@@ -45,6 +45,8 @@ LEASE_EXPIRED = "lease expired"
 #: last_error of a task archived because its worker was lost ``max_lost`` times.
 WORKER_LOST = "worker lost"
 CANCELLED = "cancelled"
+#: last_error of a task archived because it snoozed more than its type's ``max_snoozes``.
+SNOOZED_TOO_OFTEN = "snoozed too often"
 #: Expired leases the rescuer handles per broker call.
 RESCUE_BATCH = 500
 #: Tasks one call of :func:`steer_each` may name.
@@ -120,6 +122,27 @@ def gave_up(
     return ArchiveParams(
         lease.ref, error, count_attempt=count_attempt, follow_ups=follow_ups, group=member
     )
+
+
+def snoozed(
+    lease: Lease,
+    delay: float,
+    *,
+    snoozes: int,
+    max_snoozes: int,
+    now: float,
+    max_payload: int = codec.DEFAULT_MAX_PAYLOAD,
+) -> LeaseMove:
+    """The handler snoozed (:class:`durq.Snooze`) after ``snoozes`` earlier snoozes: back to
+    scheduled in ``delay`` seconds without counting an attempt, or archived "snoozed too
+    often" once it would pass ``max_snoozes``."""
+    task = lease.task
+    if snoozes >= max_snoozes:
+        return gave_up(
+            lease, SNOOZED_TOO_OFTEN, now=now, count_attempt=False, max_payload=max_payload
+        )
+    move(task.state, "snooze", task_id=task.id)
+    return RetryParams(lease.ref, "", max(0.0, delay), snooze=True)
 
 
 # -- the rescuer: expired leases -----------------------------------------------------------
@@ -338,6 +361,7 @@ def _follow_ups(
 __all__ = [
     "CANCELLED",
     "LEASE_EXPIRED",
+    "SNOOZED_TOO_OFTEN",
     "WORKER_LOST",
     "SelectionOutcome",
     "after_move",
@@ -352,5 +376,6 @@ __all__ = [
     "rescue_expired",
     "run_all",
     "run_task",
+    "snoozed",
     "steer_each",
 ]

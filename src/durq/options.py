@@ -87,6 +87,8 @@ def make_request(**values: Any) -> EnqueueRequest:
 #: enough to read a result (``app.wait``, ``durq task get``) well after it was written.
 #: ``retention=0`` deletes a completed task at once.
 DEFAULT_RETENTION = 3600.0
+#: Snoozes (:class:`durq.Snooze`) a task may take before it is archived ("snoozed too often").
+DEFAULT_MAX_SNOOZES = 100
 
 
 #: How long an archived task is kept by default, counted from when it was archived: a week

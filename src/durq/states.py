@@ -15,7 +15,8 @@ class TaskState(StrEnum):
     "run", a graceful shutdown handing a task back. Out: a worker claims it (-> active)."""
 
     SCHEDULED = "scheduled"
-    """Waits for ``next_process_at``. In: enqueue with ``process_in``/``process_at``.
+    """Waits for ``next_process_at``. In: enqueue with ``process_in``/``process_at``, a
+    handler that snoozed (``durq.Snooze``).
     Out: its time comes (-> pending), the inspector runs, archives or deletes it."""
 
     ACTIVE = "active"
@@ -60,6 +61,8 @@ TRANSITIONS: dict[tuple[TaskState, str], TaskState | None] = {
     (TaskState.ACTIVE, "fail"): TaskState.RETRY,
     (TaskState.ACTIVE, "give_up"): TaskState.ARCHIVED,
     (TaskState.ACTIVE, "requeue"): TaskState.PENDING,
+    # the handler snoozed it (durq.Snooze): no attempt counted
+    (TaskState.ACTIVE, "snooze"): TaskState.SCHEDULED,
     # the rescuer: an expired lease, or a worker lost too often (poison pill)
     (TaskState.ACTIVE, "lease_expired"): TaskState.RETRY,
     (TaskState.ACTIVE, "worker_lost"): TaskState.ARCHIVED,

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import inspect
 import json
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field
 from datetime import datetime
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from durq import codec
+from durq.errors import Snooze, StepError
 from durq.progress import TaskLogLine, TaskProgress, check_fraction, check_level, clip
 from durq.states import TaskState
+from durq.steps import TaskStep, check_name, encode_result, json_value
 
 #: Characters of payload and result a list shows per task.
 PREVIEW_CHARS = 200
@@ -111,6 +116,11 @@ class TaskInfo:
     #: Its handler's last log lines over all attempts (:meth:`TaskContext.log`), oldest
     #: first, when the broker returns them: one task's get, not lists.
     logs: tuple[TaskLogLine, ...] = ()
+    #: Its handler's recorded durable steps (:meth:`TaskContext.step`), in the order first
+    #: recorded, when the broker returns them: one task's get, not lists.
+    steps: tuple[TaskStep, ...] = ()
+    #: How often its handler snoozed it (:class:`durq.Snooze`): not counted as attempts.
+    snoozes: int = 0
 
     @property
     def max_attempts(self) -> int:
@@ -186,6 +196,7 @@ class TaskInfo:
             **self._fields(payload, result),
             "traceback": self.traceback,
             "logs": [line.to_dict() for line in self.logs],
+            "steps": [step.to_dict() for step in self.steps],
         }
 
     def _fields(self, payload: Any, result: Any) -> dict[str, Any]:
@@ -220,6 +231,7 @@ class TaskInfo:
             ],
             "held_by": self.held_by,
             "progress": None if self.progress is None else self.progress.to_dict(),
+            "snoozes": self.snoozes,
         }
 
 
@@ -250,6 +262,16 @@ class ReportSink(Protocol):
     def log(self, level: str, message: str) -> None: ...
 
 
+class StepSink(Protocol):
+    """Where a :class:`TaskContext` looks up and records its attempt's durable steps (the
+    worker reads them once and writes each new one under the attempt's lease)."""
+
+    def now(self) -> float: ...
+    async def lookup(self, name: str) -> tuple[bool, Any]: ...
+    async def record(self, name: str, text: str, started: float) -> None: ...
+    def call(self, coro: Any) -> Any: ...
+
+
 @dataclass(frozen=True)
 class TaskContext:
     """What a handler may know about the attempt it runs (pass it by annotating a parameter),
@@ -265,6 +287,9 @@ class TaskContext:
     worker_id: str
     #: Where reports go; ``None`` (a context built outside a worker): they are dropped.
     reports: ReportSink | None = field(default=None, repr=False, compare=False)
+    #: Where durable steps are recorded; ``None`` (a context built outside a worker): each
+    #: step runs every time.
+    steps: StepSink | None = field(default=None, repr=False, compare=False)
 
     @property
     def attempt(self) -> int:
@@ -288,3 +313,66 @@ class TaskContext:
         name = check_level(level)
         if self.reports is not None:
             self.reports.log(name, clip(str(message)))
+
+    def snooze(self, delay: float | str = 0.0, reason: str = "snoozed") -> NoReturn:
+        """Stop this attempt and run the task again in ``delay`` seconds (or a duration such
+        as ``"5m"``) without counting an attempt: raises :class:`durq.Snooze`."""
+        raise Snooze(delay, reason)
+
+    async def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` (a coroutine function, or a plain one) once for this
+        task: its result, which must be JSON, is stored on the task before this returns, and
+        when the task runs again (a retry, a lost worker, a redeploy) a step already recorded
+        returns its stored result without calling ``fn``. Steps are matched by ``name``: each
+        name at most once per attempt (StepError otherwise). An exception of ``fn`` is not
+        recorded: it fails the attempt like any other. Returns the stored JSON value (a tuple
+        comes back a list, the same on the first run as on the next)."""
+        sink = self.steps
+        if sink is None:
+            value = await _maybe_await(fn(*args, **kwargs))
+            return json_value(encode_result(check_name(name), value))
+        found, stored = await sink.lookup(name)
+        if found:
+            return stored
+        started = sink.now()
+        text = encode_result(name, await _maybe_await(fn(*args, **kwargs)))
+        await sink.record(name, text, started)
+        return json_value(text)
+
+    def step_sync(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`step` for sync handlers (which run on the worker's threads): ``fn`` is a
+        plain function, run on the handler's thread."""
+        sink = self.steps
+        if sink is None:
+            return json_value(
+                encode_result(check_name(name), _not_awaitable(name, fn(*args, **kwargs)))
+            )
+        if _on_loop():
+            raise StepError("step_sync is for sync handlers: use await ctx.step(...)")
+        found, stored = sink.call(sink.lookup(name))
+        if found:
+            return stored
+        started = sink.now()
+        text = encode_result(name, _not_awaitable(name, fn(*args, **kwargs)))
+        sink.call(sink.record(name, text, started))
+        return json_value(text)
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def _not_awaitable(name: str, value: Any) -> Any:
+    if inspect.isawaitable(value):
+        if inspect.iscoroutine(value):
+            value.close()  # never awaited: no warning about it
+        raise StepError(f"step {name!r}: step_sync takes a plain function, not a coroutine one")
+    return value
+
+
+def _on_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

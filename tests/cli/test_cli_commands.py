@@ -353,3 +353,30 @@ def test_W14_task_get_shows_progress_and_log_lines(cli: Cli) -> None:
     data = cli.ok("task", "get", "busy-rows", "--json").json()
     assert data["progress"]["fraction"] == 0.4 and data["progress"]["attempt"] == 1
     assert [line["message"] for line in data["logs"]] == ["started", "slow row 17"]
+
+
+def test_task_get_shows_the_recorded_steps(cli: Cli) -> None:
+    from durq.brokers.base import StepsParams
+    from durq.steps import encode
+
+    cli.ok("enqueue", "t", "--task-id", "stepped")
+    lease = _claim_one(cli)
+    app = durq.App(cli.url)
+    entry = {"result": [1, 2], "started": 1_700_000_000.0, "ended": 1_700_000_000.5}
+
+    async def record() -> None:
+        broker = await app.broker()
+        steps = encode({"charge": {**entry, "attempt": 1}, "mail": {**entry, "attempt": 2}})
+        assert await broker.record_steps(StepsParams(lease.ref, steps))
+
+    try:
+        app.run_sync(record)
+    finally:
+        app.close_sync()
+    shown = cli.ok("task", "get", "stepped").out
+    assert "charge 0.500s (attempt 1)" in shown and "mail 0.500s (attempt 2)" in shown
+    data = cli.ok("task", "get", "stepped", "--json").json()
+    assert [(s["name"], s["result"], s["attempt"]) for s in data["steps"]] == [
+        ("charge", [1, 2], 1),
+        ("mail", [1, 2], 2),
+    ]

@@ -103,6 +103,9 @@ def _ends(clock: FakeClock):
     async def retry(broker: FullBroker, lease: Lease) -> None:
         assert await broker.retry(RetryParams(lease.ref, "boom", 3600))
 
+    async def snooze(broker: FullBroker, lease: Lease) -> None:
+        assert await broker.retry(RetryParams(lease.ref, "", 3600, snooze=True))
+
     async def archive(broker: FullBroker, lease: Lease) -> None:
         assert await broker.archive(ArchiveParams(lease.ref, "boom"))
 
@@ -118,6 +121,7 @@ def _ends(clock: FakeClock):
         "complete": complete,
         "complete_kept": complete_kept,
         "retry": retry,
+        "snooze": snooze,
         "archive": archive,
         "requeue": requeue,
         "lease_expired": lease_expired,
@@ -125,7 +129,8 @@ def _ends(clock: FakeClock):
 
 
 @pytest.mark.parametrize(
-    "end", ["complete", "complete_kept", "retry", "archive", "requeue", "lease_expired"]
+    "end",
+    ["complete", "complete_kept", "retry", "snooze", "archive", "requeue", "lease_expired"],
 )
 async def test_W13_every_end_of_an_attempt_gives_its_slot_back(
     broker: FullBroker, clock: FakeClock, end: str

@@ -107,3 +107,25 @@ async def test_W14_queue_page_shows_the_progress_of_running_tasks(
     r = await api.get("/queues/default/tasks/rows-1")
     assert '<progress id="progress-bar" max="1" value="0.25">' in r.text
     assert "info &lt;b&gt;started&lt;/b&gt;" in r.text  # escaped, never markup
+
+
+async def test_task_page_and_api_show_the_recorded_steps(
+    app: durq.App, api: httpx.AsyncClient
+) -> None:
+    from durq.brokers.base import ClaimParams, StepsParams
+    from durq.steps import encode
+
+    await app.enqueue("import:rows", {}, task_id="steps-1")
+    broker = await app.broker()
+    (lease,) = await broker.claim(ClaimParams(["default"], 1, "w1", 30.0))
+    entry = {"result": {"id": "<ch_1>"}, "started": 100.0, "ended": 100.25, "attempt": 1}
+    assert await broker.record_steps(StepsParams(lease.ref, encode({"<charge>": entry})))
+    r = await api.get("/queues/default/tasks/steps-1")
+    assert r.status_code == 200
+    assert '<td class="mono">&lt;charge&gt;</td><td>1</td>' in r.text
+    assert "0.250 s" in r.text
+    r = await api.get("/api/queues/default/tasks/steps-1")
+    assert r.status_code == 200
+    (step,) = r.json()["steps"]
+    assert (step["name"], step["result"], step["duration"]) == ("<charge>", {"id": "<ch_1>"}, 0.25)
+    assert r.json()["snoozes"] == 0

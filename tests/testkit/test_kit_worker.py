@@ -299,3 +299,33 @@ async def test_encrypted_tasks_run_and_report_plain_results(broker_url: str) -> 
             assert stored.encrypted and b"1234" not in (stored.raw_result or b"")
     finally:
         await app.close()
+
+
+async def test_steps_and_snoozes_run_under_drain(app: durq.App) -> None:
+    charged: list[str] = []
+
+    def charge(order: str) -> str:
+        charged.append(order)
+        return f"ch_{order}"
+
+    @app.task("t:order", max_retry=5, retry_delay=lambda n, e: 60)
+    async def order(payload: dict[str, Any], ctx: durq.TaskContext) -> str:
+        charge_id = await ctx.step("charge", charge, payload["order"])
+        if ctx.attempt == 1:
+            raise durq.NotReady("mail server busy")
+        if not await ctx.step("stock", lambda: payload.get("stock", False)):
+            ctx.snooze("5m", "waiting for stock")
+        return str(charge_id)
+
+    async with durq.testing.worker(app) as w:
+        info = await app.enqueue("t:order", {"order": "o1"})
+        assert (await w.drain()).outcomes == [("t:order", "retry")]
+        w.clock.advance(60)
+        assert (await w.drain()).outcomes == [("t:order", "snoozed")]
+        task = await w.get(info)
+        assert (task.state, task.retried, task.snoozes) == (TaskState.SCHEDULED, 1, 1)
+        assert [s.name for s in task.steps] == ["charge", "stock"]
+        w.clock.advance("5m")
+        # The recorded "stock" step says False again: steps are for work done, not polls.
+        assert (await w.drain()).outcomes == [("t:order", "snoozed")]
+    assert charged == ["o1"]

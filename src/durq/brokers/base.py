@@ -420,6 +420,16 @@ class ProgressParams:
 
 
 @dataclass(frozen=True, slots=True)
+class StepsParams:
+    """A running attempt's durable steps after it recorded one (:mod:`durq.steps` builds
+    the stored form; the broker keeps it as opaque text)."""
+
+    lease: LeaseRef
+    #: The task's whole stored steps, replacing what it had.
+    steps: str
+
+
+@dataclass(frozen=True, slots=True)
 class RetryParams:
     """The attempt failed: state retry for ``delay`` seconds, ``retried`` + 1."""
 
@@ -436,6 +446,9 @@ class RetryParams:
     #: The attempt's traceback with its exception chain, bounded (shown for one task);
     #: ``None`` clears the stored one (the attempt ended without a crash).
     traceback: str | None = None
+    #: A snooze (:class:`durq.Snooze`): state scheduled instead, ``retried`` unchanged,
+    #: ``snoozes`` + 1, ``last_error`` and ``traceback`` kept, not counted as a failure.
+    snooze: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -822,6 +835,17 @@ class Broker(Protocol):
         """Store a running attempt's progress and log lines on its task, fenced like every
         other write of an active task: ``False`` (and no change) if the lease is no longer
         held. Keeps the last :data:`durq.progress.MAX_LOG_LINES` lines."""
+
+    async def read_steps(self, lease: LeaseRef) -> str | None:
+        """The stored durable steps of a leased task (:mod:`durq.steps`), ``None`` for none;
+        read once per attempt, at its first step."""
+
+    async def record_steps(self, params: StepsParams) -> bool:
+        """Store a running attempt's durable steps, fenced like every other write of an
+        active task: ``False`` (and no change) if the lease is no longer held."""
+
+    async def read_snoozes(self, lease: LeaseRef) -> int | None:
+        """How often a leased task was snoozed; ``None`` if the lease is no longer held."""
 
     async def retry(self, params: RetryParams) -> bool:
         """Schedule the next attempt; ``False`` if the lease is no longer held."""

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from durq.clock import to_datetime
 from durq.progress import decode_logs, progress_of
 from durq.states import TaskState
+from durq.steps import decode_steps
 from durq.task import LimitSpec, TaskInfo, limits_from_json, make_info
 
 
@@ -64,6 +65,8 @@ def row_to_info(row: TaskRow) -> TaskInfo:
             else None
         ),
         logs=decode_logs(row["logs"]) if "logs" in keys else (),
+        steps=decode_steps(row["steps"]) if "steps" in keys else (),
+        snoozes=row["snoozes"] if "snoozes" in keys else 0,
     )
 
 

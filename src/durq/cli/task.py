@@ -100,13 +100,18 @@ def print_task(info: TaskInfo, *, title: str | None = None) -> None:
     for key in (
         "id", "queue", "type", "state", "priority", "attempts", "last_error", "payload",
         "result", "timeout", "deadline", "next_process_at", "enqueued_at", "started_at",
-        "completed_at", "retention", "worker_id", "progress", "logs", "traceback",
+        "completed_at", "retention", "worker_id", "snoozes", "progress", "logs", "steps",
+        "traceback",
     ):  # fmt: skip
         value = info.attempts_label if key == "attempts" else data.get(key)
         if key == "progress" and info.progress is not None:
             value = info.progress.describe()
         elif key == "logs":
             value = "\n".join(line.describe() for line in info.logs) or None
+        elif key == "steps":
+            value = "\n".join(step.describe() for step in info.steps) or None
+        elif key == "snoozes" and not info.snoozes:
+            value = None
         if value is None or (value == {} and key != "payload"):
             continue
         if key == "state":

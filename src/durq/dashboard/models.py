@@ -117,6 +117,17 @@ class TaskLogLine(_Model):
     message: str
 
 
+class TaskStep(_Model):
+    """One durable step a task's handler recorded (``ctx.step``)."""
+
+    name: str
+    result: Any = Field(description="The step's stored JSON result")
+    started: str | None = Field(json_schema_extra={"format": "date-time"})
+    ended: str | None = Field(json_schema_extra={"format": "date-time"})
+    duration: float = Field(description="Seconds the step ran")
+    attempt: int = Field(description="The attempt that ran it (1 for the first)")
+
+
 class _TaskFields(_Model):
     id: str
     queue: str
@@ -147,6 +158,7 @@ class _TaskFields(_Model):
         description="The latest progress reported; a running attempt that has not reported "
         "yet shows none",
     )
+    snoozes: int = Field(default=0, description="How often its handler snoozed it")
 
 
 class GroupRef(_Model):
@@ -173,6 +185,10 @@ class Task(_TaskFields):
     logs: list[TaskLogLine] = Field(
         default_factory=list,
         description="The handler's last 50 log lines over all attempts, oldest first",
+    )
+    steps: list[TaskStep] = Field(
+        default_factory=list,
+        description="The durable steps its handler recorded, in the order first recorded",
     )
     group: GroupRef | None = Field(
         default=None, description="The group of a task enqueued with enqueue_group"

@@ -26,7 +26,7 @@ from durq import encryption as crypt
 from durq.brokers.base import ClaimParams, CompleteParams, Lease, WorkerInfo
 from durq.clock import FakeClock
 from durq.encryption import Encryption
-from durq.errors import ConfigurationError, NotReady, SkipRetry, TaskNotFoundError
+from durq.errors import ConfigurationError, NotReady, SkipRetry, Snooze, TaskNotFoundError
 from durq.inspector import parse_state
 from durq.states import TaskState
 from durq.sync import SyncRunner
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 
 #: Exceptions a handler raises on purpose: not reported as errors by :meth:`TestWorker.drain`.
-EXPECTED = (NotReady, SkipRetry)
+EXPECTED = (NotReady, SkipRetry, Snooze)
 _PAGE = 1000
 #: Retention of completed tasks kept for the test (``keep_completed``): the test worker's
 #: lifetime in practice, as the clock is fake; they are deleted when it stops.

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from durq import codec, groups, lifecycle
+from durq import codec, durations, groups, lifecycle
 from durq import encryption as crypt
 from durq.backoff import exponential
 from durq.brokers.base import (
@@ -26,13 +26,22 @@ from durq.brokers.base import (
     Lease,
     LeaseRef,
 )
-from durq.errors import BrokerUnavailableError, EncryptionError, NotReady, PayloadError, SkipRetry
+from durq.errors import (
+    BrokerUnavailableError,
+    EncryptionError,
+    NotReady,
+    PayloadError,
+    SkipRetry,
+    Snooze,
+)
+from durq.options import DEFAULT_MAX_SNOOZES
 from durq.payloads import build
 from durq.task import TaskContext, TaskInfo
 from durq.worker import frames
 from durq.worker.acker import Acker
 from durq.worker.hooks import WorkerHooks
 from durq.worker.reports import AttemptReports
+from durq.worker.steps import AttemptSteps
 
 if TYPE_CHECKING:
     from durq.app import App, TaskDef
@@ -251,6 +260,8 @@ class Executor:
             return await self._failed(lease, task_def, "CancelledError", exc)
         except SkipRetry as exc:
             return await self._archive(lease, exc.reason, alert=exc.alert, exc=exc)
+        except Snooze as exc:
+            return await self._snoozed(lease, task_def, exc)
         except _TimedOut:
             return await self._failed(lease, task_def, self._timeout_message(task), None)
         except _Undecodable as exc:
@@ -366,6 +377,9 @@ class Executor:
             self.broker, ref, task.retried + 1, self.app.clock, asyncio.get_running_loop()
         )
         self._reports[ref] = reports
+        loop = asyncio.get_running_loop()
+        attempt = task.retried + 1
+        steps = AttemptSteps(self.broker, ref, attempt, self.app.clock, loop, self.app.max_result)
         return TaskContext(
             id=task.id,
             queue=task.queue,
@@ -376,6 +390,7 @@ class Executor:
             headers=dict(task.headers),
             worker_id=self.worker_id,
             reports=reports,
+            steps=steps,
         )
 
     async def _end_reports(self, ref: LeaseRef) -> None:
@@ -442,6 +457,32 @@ class Executor:
             extra=_extra(task),
         )
         return "retry"
+
+    async def _snoozed(self, lease: Lease, task_def: TaskDef[Any, Any] | None, exc: Snooze) -> str:
+        """The handler snoozed: scheduled again without counting an attempt, or archived
+        past its type's ``max_snoozes``."""
+        task = lease.task
+        try:
+            delay = durations.seconds(exc.delay) or 0.0
+        except ValueError as err:
+            return await self._failed(lease, task_def, f"invalid snooze delay: {err}", None)
+        snoozes = await self.broker.read_snoozes(lease.ref)
+        if snoozes is None:
+            return "lost"
+        params = lifecycle.snoozed(
+            lease,
+            delay,
+            snoozes=snoozes,
+            max_snoozes=task_def.max_snoozes if task_def is not None else DEFAULT_MAX_SNOOZES,
+            now=self.app.clock.now(),
+            max_payload=self.app.max_payload,
+        )
+        if isinstance(params, ArchiveParams):
+            return await self._archived(lease, params, alert=True)
+        if not await self._report(self.broker.retry, params, task):
+            return "lost"
+        log.info("task %s snoozed for %.1fs: %s", task.id, delay, exc.reason, extra=_extra(task))
+        return "snoozed"
 
     async def _archive(
         self, lease: Lease, error: str, *, alert: bool, exc: BaseException | None = None

@@ -38,12 +38,13 @@ from durq.brokers.base import (
     LeaseReport,
     ProgressParams,
     RetryParams,
+    StepsParams,
     WorkerInfo,
     ended_by,
 )
 from durq.brokers.mailbox import Waiter, end_key
 from durq.brokers.memory.admin import MemoryAdmin
-from durq.brokers.memory.storage import C, P, R, Row, Store, X, store_for
+from durq.brokers.memory.storage import C, P, R, Row, S, Store, X, store_for
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import (
     ConfigurationError,
@@ -267,14 +268,18 @@ class MemoryBroker(AdminForwarder):
             return False
         if row.limits and store.queues[row.queue].release(row):
             woken.add(row.queue)
-        count = not isinstance(p, ArchiveParams) or p.count_attempt
+        snooze = isinstance(p, RetryParams) and p.snooze
+        count = not snooze and (not isinstance(p, ArchiveParams) or p.count_attempt)
         row.retried += int(count)
         row.lost += int(p.lost)
-        row.last_error = p.error
-        row.traceback = p.traceback
+        if snooze:
+            row.snoozes += 1
+        else:
+            row.last_error = p.error
+            row.traceback = p.traceback
         row.end_lease()
         if isinstance(p, RetryParams):
-            store.move(row, R)
+            store.move(row, S if snooze else R)
             row.next_process_at = now + max(0.0, p.delay)
             if p.delay <= 0:
                 woken.add(row.queue)
@@ -318,6 +323,27 @@ class MemoryBroker(AdminForwarder):
                 row.progress = params.progress or None
             if params.lines:
                 row.logs = append_lines(row.logs, params.lines)
+        return True
+
+    async def read_steps(self, lease: LeaseRef) -> str | None:
+        """The stored steps of a task."""
+        with self._store.lock:
+            row = self._held(lease)
+            return None if row is None else row.steps
+
+    async def read_snoozes(self, lease: LeaseRef) -> int | None:
+        """How often a leased task was snoozed."""
+        with self._store.lock:
+            row = self._held(lease)
+            return None if row is None else row.snoozes
+
+    async def record_steps(self, params: StepsParams) -> bool:
+        """Store an attempt's durable steps, fenced by its token."""
+        with self._store.lock:
+            row = self._held(params.lease)
+            if row is None:
+                return False
+            row.steps = params.steps
         return True
 
     async def requeue(self, lease: LeaseRef) -> bool:

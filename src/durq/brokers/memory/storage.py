@@ -32,6 +32,7 @@ from durq.clock import to_datetime, utc_day
 from durq.errors import DuplicateTaskError, TaskIDConflictError
 from durq.progress import decode_logs, progress_of
 from durq.states import TaskState
+from durq.steps import decode_steps
 from durq.task import LimitSpec, TaskInfo, make_info
 
 P, S, A, R, X, C, W = (
@@ -92,6 +93,9 @@ class Row:
     #: Stored forms of the latest progress and the log (:mod:`durq.progress`).
     progress: str | None = None
     logs: str | None = None
+    #: Stored form of the durable steps (:mod:`durq.steps`).
+    steps: str | None = None
+    snoozes: int = 0
 
     def info(self) -> TaskInfo:
         return make_info(
@@ -122,6 +126,8 @@ class Row:
             held_by=self.held,
             progress=progress_of(self.progress, self.state, self.retried),
             logs=decode_logs(self.logs),
+            steps=decode_steps(self.steps),
+            snoozes=self.snoozes,
         )
 
     def gone(self, now: float) -> bool:

@@ -48,6 +48,7 @@ from durq.brokers.base import (
     LeaseReport,
     ProgressParams,
     RetryParams,
+    StepsParams,
     WorkerInfo,
     ended_by,
 )
@@ -763,6 +764,7 @@ class PostgresBroker(AdminForwarder):
         }
         if isinstance(p, RetryParams):
             values["delay"] = max(0.0, float(p.delay))
+            values["snooze"] = p.snooze
             return "retry", values
         values["count_attempt"] = p.count_attempt
         return "archive", values
@@ -849,6 +851,27 @@ class PostgresBroker(AdminForwarder):
                 "lines": "\n".join(params.lines) if params.lines else None,
                 "keep": MAX_LOG_LINES,
             },
+        )
+        return row is not None
+
+    async def read_steps(self, lease: LeaseRef) -> str | None:
+        """The stored steps of a leased task (``None``: none, or the lease is gone)."""
+        fence = {"queue": lease.queue, "id": lease.id, "token": lease.token}
+        row = await self._s.fetch_one("read_steps", "read_steps", fence)
+        return None if row is None else row["steps"]
+
+    async def read_snoozes(self, lease: LeaseRef) -> int | None:
+        """How often a leased task was snoozed (``None``: the lease is gone)."""
+        fence = {"queue": lease.queue, "id": lease.id, "token": lease.token}
+        row = await self._s.fetch_one("read_snoozes", "read_snoozes", fence)
+        return None if row is None else int(row["snoozes"])
+
+    async def record_steps(self, params: StepsParams) -> bool:
+        """Store an attempt's durable steps, fenced by its token."""
+        lease = params.lease
+        fence = {"queue": lease.queue, "id": lease.id, "token": lease.token}
+        row = await self._s.fetch_one(
+            "record_steps", "record_steps", {**fence, "steps": params.steps}
         )
         return row is not None
 

@@ -630,10 +630,16 @@ SELECT leased.*, more.limited, more.held, NULL::text[] AS queues, NULL::text[] A
 FROM more LEFT JOIN leased ON true;
 
 -- name: retry
+-- %(snooze)s (durq.Snooze): scheduled instead, no attempt counted, the error kept, not
+-- counted as failed in the stats.
 WITH ended AS (
     UPDATE {schema}.tasks AS t
-    SET state = 'retry', retried = t.retried + 1, lost = t.lost + %(lost)s,
-        last_error = %(error)s, traceback = %(traceback)s,
+    SET state = CASE WHEN %(snooze)s THEN 'scheduled' ELSE 'retry' END,
+        retried = t.retried + CASE WHEN %(snooze)s THEN 0 ELSE 1 END,
+        snoozes = t.snoozes + CASE WHEN %(snooze)s THEN 1 ELSE 0 END,
+        lost = t.lost + %(lost)s,
+        last_error = CASE WHEN %(snooze)s THEN t.last_error ELSE %(error)s END,
+        traceback = CASE WHEN %(snooze)s THEN t.traceback ELSE %(traceback)s END,
         next_process_at = {now} + %(delay)s,
         lease_token = NULL, lease_expires_at = NULL, cancel_requested = false
     WHERE t.queue = %(queue)s AND t.id = %(id)s
@@ -645,13 +651,13 @@ WITH ended AS (
 {release_limits},
 counted AS (
     INSERT INTO {schema}.stats AS s (queue, day, processed, failed)
-    SELECT queue, %(day)s, 1, 1 FROM ended
+    SELECT queue, %(day)s, 1, 1 FROM ended WHERE NOT %(snooze)s
     ON CONFLICT (queue, day) DO UPDATE
     SET processed = s.processed + 1, failed = s.failed + 1
 ),
 counted_minute AS (
     INSERT INTO {schema}.stats_minute AS s (queue, minute, processed, failed)
-    SELECT queue, (floor({now} / 60) * 60)::bigint, 1, 1 FROM ended
+    SELECT queue, (floor({now} / 60) * 60)::bigint, 1, 1 FROM ended WHERE NOT %(snooze)s
     ON CONFLICT (queue, minute) DO UPDATE
     SET processed = s.processed + 1, failed = s.failed + 1
 )
@@ -707,6 +713,21 @@ SELECT count(*) AS n, EXISTS (SELECT 1 FROM released WHERE waiting) AS wake,
        ARRAY(SELECT DISTINCT r.queue FROM dep_released AS r WHERE r.state = 'pending')
            AS released
 FROM ended;
+
+-- name: read_steps
+-- A running attempt's first step (durq.steps): the task's recorded steps.
+SELECT t.steps FROM {schema}.tasks AS t
+WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active' AND t.lease_token = %(token)s;
+
+-- name: read_snoozes
+SELECT t.snoozes FROM {schema}.tasks AS t
+WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active' AND t.lease_token = %(token)s;
+
+-- name: record_steps
+-- A running attempt recorded a step: the whole stored steps, fenced by its token.
+UPDATE {schema}.tasks AS t SET steps = %(steps)s
+WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active' AND t.lease_token = %(token)s
+RETURNING 1 AS held;
 
 -- name: report_progress
 -- A running attempt's report (durq.progress), fenced by its token. :progress NULL keeps the

@@ -47,6 +47,7 @@ from durq.brokers.base import (
     LeaseReport,
     ProgressParams,
     RetryParams,
+    StepsParams,
     WorkerInfo,
     waiting_follow_up,
 )
@@ -673,7 +674,7 @@ class RedisBroker(AdminForwarder):
                 [
                     k.task(p.lease.id),
                     k.active,
-                    k.retry,
+                    k.scheduled if p.snooze else k.retry,
                     k.stats,
                     k.stats_day(day),
                     k.minutes(day),
@@ -692,6 +693,7 @@ class RedisBroker(AdminForwarder):
                     self._s.now_arg(),
                     MINUTE_TTL,
                     k.notify,
+                    "1" if p.snooze else "0",
                 ],
             )
         call: _Call = (
@@ -787,6 +789,33 @@ class RedisBroker(AdminForwarder):
                     MAX_LOG_LINES,
                     "\n".join(params.lines),
                 ],
+            )
+        return bool(held)
+
+    async def read_steps(self, lease: LeaseRef) -> str | None:
+        """The stored steps of a leased task (``None``: none, or the lease is gone)."""
+        k = self._s.keys.queue(lease.queue)
+        async with self._s.op("read_steps"):
+            await self._s.ensure()
+            raw = await self._s.eval("steps_read", [k.task(lease.id)], [lease.token])
+        return raw.decode("utf-8") if isinstance(raw, bytes) else raw or None
+
+    async def read_snoozes(self, lease: LeaseRef) -> int | None:
+        """How often a leased task was snoozed (``None``: the lease is gone)."""
+        k = self._s.keys.queue(lease.queue)
+        async with self._s.op("read_snoozes"):
+            await self._s.ensure()
+            raw = await self._s.eval("snoozes_read", [k.task(lease.id)], [lease.token])
+        return None if raw is None or raw is False else int(raw)
+
+    async def record_steps(self, params: StepsParams) -> bool:
+        """Store an attempt's durable steps, fenced by its token (one script on the hash)."""
+        lease = params.lease
+        k = self._s.keys.queue(lease.queue)
+        async with self._s.op("record_steps"):
+            await self._s.ensure()
+            held = await self._s.eval(
+                "steps_record", [k.task(lease.id)], [lease.token, params.steps]
             )
         return bool(held)
 

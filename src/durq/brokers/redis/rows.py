@@ -10,6 +10,7 @@ from durq.brokers.limiter import Counter
 from durq.clock import to_datetime
 from durq.progress import decode_logs, progress_of
 from durq.states import TaskState
+from durq.steps import decode_steps
 from durq.task import TaskInfo, limits_from_json, make_info
 
 
@@ -80,6 +81,8 @@ def task_info(queue: str, flat: Sequence[Any] | dict[Any, Any]) -> TaskInfo:
         held_by=_opt_str(h, "held_by"),
         progress=progress_of(h.get("progress"), state, retried),
         logs=decode_logs(h.get("logs")),
+        steps=decode_steps(h.get("steps")),
+        snoozes=int(h.get("snoozes", 0)),
     )
 
 

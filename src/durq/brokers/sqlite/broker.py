@@ -50,6 +50,7 @@ from durq.brokers.base import (
     LeaseReport,
     ProgressParams,
     RetryParams,
+    StepsParams,
     WorkerInfo,
     ended_by,
 )
@@ -543,8 +544,10 @@ class SQLiteBroker(AdminForwarder):
         }
         if isinstance(p, RetryParams):
             due = now + max(0.0, p.delay)
-            cursor = conn.execute(Q["retry"], {**fence, "next_process_at": due})
-            counted = True
+            cursor = conn.execute(
+                Q["retry"], {**fence, "next_process_at": due, "snooze": int(p.snooze)}
+            )
+            counted = not p.snooze
         else:
             cursor = conn.execute(Q["archive"], {**fence, "count_attempt": int(p.count_attempt)})
             counted = p.count_attempt
@@ -596,6 +599,36 @@ class SQLiteBroker(AdminForwarder):
             return True
 
         return await self._s.write("sqlite.report_progress", run, inline=True)
+
+    async def read_steps(self, lease: LeaseRef) -> str | None:
+        """The stored steps of a leased task (``None``: none, or the lease is gone)."""
+        ref = {"queue": lease.queue, "id": lease.id, "token": lease.token}
+
+        def run(c: Conn) -> str | None:
+            row = c.execute(Q["read_steps"], ref).fetchone()
+            return None if row is None else row["steps"]
+
+        return await self._s.read("sqlite.read_steps", run)
+
+    async def read_snoozes(self, lease: LeaseRef) -> int | None:
+        """How often a leased task was snoozed (``None``: the lease is gone)."""
+        ref = {"queue": lease.queue, "id": lease.id, "token": lease.token}
+
+        def run(c: Conn) -> int | None:
+            row = c.execute(Q["read_snoozes"], ref).fetchone()
+            return None if row is None else int(row["snoozes"])
+
+        return await self._s.read("sqlite.read_snoozes", run)
+
+    async def record_steps(self, params: StepsParams) -> bool:
+        """Store an attempt's durable steps, fenced by its token."""
+        lease = params.lease
+        values = {"queue": lease.queue, "id": lease.id, "token": lease.token, "steps": params.steps}
+
+        def run(c: Conn, now: float) -> bool:
+            return c.execute(Q["record_steps"], values).rowcount == 1
+
+        return await self._s.write("sqlite.record_steps", run, inline=True)
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Back to pending without counting an attempt (graceful shutdown, W7)."""

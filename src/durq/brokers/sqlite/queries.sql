@@ -198,9 +198,13 @@ RETURNING limits, dependents;
 -- name: retry
 -- Fenced by the token; with :expired_by (the rescuer) also by the lease having expired (as
 -- in expired_leases). The delay counts on this machine: relative_due.
+-- :snooze 1 (durq.Snooze): scheduled instead, no attempt counted, the error kept.
 UPDATE durq_tasks
-SET state = 'retry', retried = retried + 1, lost = lost + :lost, last_error = :error,
-    traceback = :traceback, next_process_at = :next_process_at, relative_due = 1,
+SET state = CASE WHEN :snooze THEN 'scheduled' ELSE 'retry' END,
+    retried = retried + 1 - :snooze, snoozes = snoozes + :snooze, lost = lost + :lost,
+    last_error = CASE WHEN :snooze THEN last_error ELSE :error END,
+    traceback = CASE WHEN :snooze THEN traceback ELSE :traceback END,
+    next_process_at = :next_process_at, relative_due = 1,
     lease_token = NULL, lease_expires_at = NULL, cancel_requested = 0
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
   AND (:expired_by IS NULL
@@ -231,6 +235,20 @@ WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
 UPDATE durq_tasks
 SET progress = CASE WHEN :progress IS NULL THEN progress ELSE nullif(:progress, '') END,
     logs = :logs
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+
+-- name: read_steps
+-- A running attempt's first step (durq.steps): the task's recorded steps.
+SELECT steps FROM durq_tasks
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+
+-- name: read_snoozes
+SELECT snoozes FROM durq_tasks
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+
+-- name: record_steps
+-- A running attempt recorded a step: the whole stored steps, fenced by its token.
+UPDATE durq_tasks SET steps = :steps
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
 
 -- name: requeue

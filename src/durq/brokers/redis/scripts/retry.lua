@@ -1,7 +1,8 @@
 -- retry: the attempt failed (or its lease expired); wait in retry for the delay (from the
--- broker's clock), retried + 1.
+-- broker's clock), retried + 1. A snooze (ARGV[12]) waits in scheduled instead, snoozes + 1,
+-- retried, last_error, traceback and the failure counters left alone.
 --
--- KEYS[1] task hash      KEYS[2] active zset      KEYS[3] retry zset
+-- KEYS[1] task hash      KEYS[2] active zset      KEYS[3] retry zset (scheduled: a snooze)
 -- KEYS[4] stats hash     KEYS[5] stats hash of the day
 -- ARGV[1] fencing token  ARGV[2] error            ARGV[3] delay (s)
 -- ARGV[4] TTL of the daily counters (s)
@@ -14,6 +15,7 @@
 -- KEYS[6] per-minute counters of the day    ARGV[10] their TTL (s)
 -- KEYS[7] limits hash    KEYS[8] waiting set (W13: the task's keys give their slot back)
 -- ARGV[11] wake-up channel (published when tasks are held on one of those keys)
+-- ARGV[12] "1": a snooze
 -- Returns 1, or 0 (nothing changed) when the fence fails.
 -- Complexity: O(log n).
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'lease_expires_at')
@@ -29,19 +31,26 @@ redis.call('ZREM', KEYS[2], cur[3])
 if release_limits(KEYS[1], KEYS[7], KEYS[8]) then
   wake_workers(ARGV[11])
 end
-redis.call('HINCRBY', KEYS[1], 'retried', 1)
 if ARGV[5] == '1' then
   redis.call('HINCRBY', KEYS[1], 'lost', 1)
 end
-redis.call('HSET', KEYS[1], 'state', 'retry', 'last_error', ARGV[2], 'npa', npa)
-if ARGV[8] ~= '' then
-  redis.call('HSET', KEYS[1], 'traceback', ARGV[8])
+if ARGV[12] == '1' then
+  redis.call('HINCRBY', KEYS[1], 'snoozes', 1)
+  redis.call('HSET', KEYS[1], 'state', 'scheduled', 'npa', npa)
 else
-  redis.call('HDEL', KEYS[1], 'traceback')
+  redis.call('HINCRBY', KEYS[1], 'retried', 1)
+  redis.call('HSET', KEYS[1], 'state', 'retry', 'last_error', ARGV[2], 'npa', npa)
+  if ARGV[8] ~= '' then
+    redis.call('HSET', KEYS[1], 'traceback', ARGV[8])
+  else
+    redis.call('HDEL', KEYS[1], 'traceback')
+  end
 end
 redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel')
 redis.call('ZADD', KEYS[3], npa, cur[3])
-count(KEYS[4], KEYS[5], ARGV[4], 1, 1, KEYS[6], now, ARGV[10])
+if ARGV[12] ~= '1' then
+  count(KEYS[4], KEYS[5], ARGV[4], 1, 1, KEYS[6], now, ARGV[10])
+end
 if ARGV[7] ~= '' then
   wake_workers(ARGV[7])
 end

@@ -1,0 +1,110 @@
+"""Durable steps of a task (``await ctx.step("charge", charge_card, order_id)``): what a
+handler records, and the stored form every broker keeps.
+
+A step runs its function once: its JSON result is stored on the task, under the attempt's
+lease, before the handler goes on; when the task runs again (a retry, a rescued lease, a
+redeploy) a step already recorded returns its stored result without running. Steps are
+matched by name: one name at most once per attempt (:class:`~durq.errors.StepError`
+otherwise); a recorded step the handler no longer reaches is left unused.
+
+Stored form (the same on every broker): one JSON object, ``{name: {"result": …, "started":
+…, "ended": …, "attempt": …}}`` in the order the steps were first recorded. The worker
+writes the whole object back on each new step; a broker stores it as opaque text."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from durq.clock import to_datetime
+from durq.errors import StepError
+
+#: Longest step name, in characters.
+MAX_NAME = 200
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStep:
+    """One recorded step of a task."""
+
+    name: str
+    #: The step function's result, decoded from its stored JSON.
+    result: Any
+    #: When it started and ended (epoch seconds on the worker app's clock).
+    started: float
+    ended: float
+    #: The attempt that ran it (1 for the first).
+    attempt: int
+
+    @property
+    def duration(self) -> float:
+        """Seconds the step function ran."""
+        return max(0.0, self.ended - self.started)
+
+    def describe(self) -> str:
+        """``charge 0.120s (attempt 1)``: the step in one line."""
+        return f"{self.name} {self.duration:.3f}s (attempt {self.attempt})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "result": self.result,
+            "started": _iso(self.started),
+            "ended": _iso(self.ended),
+            "duration": self.duration,
+            "attempt": self.attempt,
+        }
+
+
+def _iso(at: float) -> str | None:
+    moment = to_datetime(at)
+    return moment.isoformat() if moment else None
+
+
+def check_name(name: str) -> str:
+    """``name`` if it can name a step (a non-empty string of at most :data:`MAX_NAME`
+    characters); StepError otherwise."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+        raise StepError(f"a step name is a non-empty string of at most {MAX_NAME} characters")
+    return name
+
+
+def encode_result(name: str, value: Any) -> str:
+    """``value`` as JSON text; StepError when it is not JSON (a step's result is stored)."""
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise StepError(f"step {name!r}: its result must be JSON ({exc})") from None
+
+
+def decode(raw: str | bytes | None) -> dict[str, dict[str, Any]]:
+    """The stored steps as ``{name: entry}`` (``None``, empty: none)."""
+    if not raw:
+        return {}
+    data = json.loads(raw)
+    return dict(data) if isinstance(data, dict) else {}
+
+
+def encode(entries: dict[str, dict[str, Any]]) -> str:
+    """The stored form of ``entries``."""
+    return json.dumps(entries, separators=(",", ":"))
+
+
+def decode_steps(raw: str | bytes | None) -> tuple[TaskStep, ...]:
+    """The stored steps, in the order they were first recorded."""
+    return tuple(
+        TaskStep(
+            name,
+            e.get("result"),
+            float(e.get("started", 0.0)),
+            float(e.get("ended", 0.0)),
+            int(e.get("attempt", 0)),
+        )
+        for name, e in decode(raw).items()
+    )
+
+
+def json_value(text: str) -> Any:
+    """The value of JSON ``text`` (what a later attempt gets back, not the object returned)."""
+    return json.loads(text)

@@ -1,0 +1,83 @@
+"""One attempt's durable steps (``ctx.step``): the task's recorded steps, read once at the
+attempt's first step, and each new step written under the attempt's lease before the handler
+goes on. A write the fence refuses (the lease was lost) fails the step: the handler must not
+go on as if it were recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+from durq import steps as s
+from durq.brokers.base import Broker, LeaseRef, StepsParams
+from durq.clock import Clock
+from durq.errors import StepError
+
+
+class AttemptSteps:
+    """The :class:`~durq.task.StepSink` of one attempt. Its coroutines run on the worker's
+    loop; a sync handler's thread reaches them through :meth:`call`."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        lease: LeaseRef,
+        attempt: int,
+        clock: Clock,
+        loop: asyncio.AbstractEventLoop,
+        max_bytes: int,
+    ) -> None:
+        self._broker = broker
+        self._lease = lease
+        self._attempt = attempt
+        self._clock = clock
+        self._loop = loop
+        self._max_bytes = max_bytes
+        self._entries: dict[str, dict[str, Any]] | None = None
+        #: Names this attempt has used: each at most once.
+        self._used: set[str] = set()
+        self._lock = asyncio.Lock()
+
+    def now(self) -> float:
+        return self._clock.now()
+
+    async def lookup(self, name: str) -> tuple[bool, Any]:
+        """``(True, result)`` for a step recorded by an earlier attempt, else ``(False, None)``;
+        StepError when this attempt used ``name`` already."""
+        s.check_name(name)
+        async with self._lock:
+            if name in self._used:
+                raise StepError(f"step {name!r} is called twice in one attempt")
+            if self._entries is None:
+                self._entries = s.decode(await self._broker.read_steps(self._lease))
+            self._used.add(name)
+            entry = self._entries.get(name)
+        if entry is None:
+            return False, None
+        # A copy: the handler may change what it gets without changing what is stored.
+        return True, copy.deepcopy(entry.get("result"))
+
+    async def record(self, name: str, text: str, started: float) -> None:
+        """Store the step's result (JSON ``text``) on the task, fenced by the lease."""
+        async with self._lock:
+            entries = dict(self._entries or {})
+            entries[name] = {
+                "result": s.json_value(text),
+                "started": started,
+                "ended": self._clock.now(),
+                "attempt": self._attempt,
+            }
+            stored = s.encode(entries)
+            if len(stored.encode("utf-8")) > self._max_bytes:
+                raise StepError(
+                    f"step {name!r}: the task's steps would take {len(stored)} bytes, over the "
+                    f"limit of {self._max_bytes}"
+                )
+            if not await self._broker.record_steps(StepsParams(self._lease, stored)):
+                raise StepError(f"step {name!r} not recorded: the attempt lost its lease")
+            self._entries = entries
+
+    def call(self, coro: Any) -> Any:
+        """Run one of these coroutines on the worker's loop from a handler's thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

@@ -1,0 +1,225 @@
+"""Durable steps (``ctx.step``) on every broker: a recorded step does not run again when
+its task runs again (a retry, a rescued lease), its write is fenced by the lease, and the
+task shows its steps."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from brokerkit import LEASE, A, R, S, claim, claim_ids, params
+
+import durq
+from conformance.apps import FAST, wait_for_state
+from durq import lifecycle
+from durq.brokers import FullBroker
+from durq.brokers.base import CompleteParams, RetryParams, StepsParams
+from durq.clock import FakeClock
+from durq.states import TaskState
+from durq.steps import encode
+from durq.worker.steps import AttemptSteps
+
+
+def stored(**results: Any) -> str:
+    return encode(
+        {
+            name: {"result": value, "started": 10.0, "ended": 10.5, "attempt": 1}
+            for name, value in results.items()
+        }
+    )
+
+
+async def test_steps_are_stored_on_the_task_and_shown(broker: FullBroker) -> None:
+    await broker.enqueue(params("t"))
+    (lease,) = await claim(broker)
+    assert await broker.read_steps(lease.ref) is None
+    assert await broker.record_steps(StepsParams(lease.ref, stored(charge={"id": "ch_1"})))
+    assert await broker.record_steps(
+        StepsParams(lease.ref, stored(charge={"id": "ch_1"}, mail=None))
+    )
+    assert await broker.read_steps(lease.ref) == stored(charge={"id": "ch_1"}, mail=None)
+    info = await broker.get_task("default", "t")
+    assert info.state is A
+    assert [(s.name, s.result, s.duration, s.attempt) for s in info.steps] == [
+        ("charge", {"id": "ch_1"}, 0.5, 1),
+        ("mail", None, 0.5, 1),
+    ]
+    assert [s["name"] for s in info.to_dict()["steps"]] == ["charge", "mail"]
+    assert await broker.complete(CompleteParams(lease.ref, retention=60))
+    assert len((await broker.get_task("default", "t")).steps) == 2
+
+
+async def test_a_stale_lease_cannot_record_a_step(broker: FullBroker, clock: FakeClock) -> None:
+    await broker.enqueue(params("t", max_retry=5))
+    (first,) = await claim(broker, worker="zombie")
+    assert await broker.record_steps(StepsParams(first.ref, stored(a=1)))
+    clock.advance(LEASE + 1)
+    (rescued,) = await lifecycle.rescue_expired(broker, 3)
+    assert rescued.state is R
+    # Not active any more: refused.
+    assert not await broker.record_steps(StepsParams(first.ref, stored(a=1, zombie=2)))
+    (second,) = await claim(broker, worker="healthy")
+    # The step recorded before the lease expired survives the rescue.
+    assert await broker.read_steps(second.ref) == stored(a=1)
+    # Active again under another lease: still refused, and nothing changed.
+    assert not await broker.record_steps(StepsParams(first.ref, stored(a=1, zombie=2)))
+    assert await broker.read_steps(second.ref) == stored(a=1)
+    assert await broker.record_steps(StepsParams(second.ref, stored(a=1, b=2)))
+    assert await broker.complete(CompleteParams(second.ref, retention=60))
+    assert [s.name for s in (await broker.get_task("default", "t")).steps] == ["a", "b"]
+
+
+async def test_a_recorded_step_does_not_run_again_on_retry(app: durq.App) -> None:
+    calls: list[str] = []
+
+    def charge(order: str) -> dict[str, str]:
+        calls.append(order)
+        return {"charge": f"ch_{order}"}
+
+    @app.task("steps:async", retention=60, retry_delay=lambda n, e: 0.0)
+    async def job(payload: dict[str, Any], ctx: durq.TaskContext) -> Any:
+        charged = await ctx.step("charge", charge, payload["order"])
+        if ctx.attempt == 1:
+            raise RuntimeError("mail server down")
+        return charged
+
+    info = await app.enqueue("steps:async", {"order": "o1"})
+    async with app.worker(**FAST):
+        done = await wait_for_state(app, "default", info.id, TaskState.COMPLETED)
+    assert calls == ["o1"]
+    assert done.retried == 1
+    assert done.result == {"charge": "ch_o1"}
+    assert [(s.name, s.attempt) for s in done.steps] == [("charge", 1)]
+
+
+async def test_a_sync_handler_steps_from_its_thread(app: durq.App) -> None:
+    calls: list[int] = []
+
+    def add(a: int, b: int) -> int:
+        assert threading.current_thread() is not threading.main_thread()
+        calls.append(a + b)
+        return a + b
+
+    @app.task("steps:sync", retention=60, retry_delay=lambda n, e: 0.0)
+    def job(payload: dict[str, Any], ctx: durq.TaskContext) -> int:
+        total = int(ctx.step_sync("add", add, 1, 2))
+        if ctx.attempt < 3:
+            raise RuntimeError("again")
+        return total + int(ctx.step_sync("more", add, total, 4))
+
+    info = await app.enqueue("steps:sync", {})
+    async with app.worker(**FAST):
+        done = await wait_for_state(app, "default", info.id, TaskState.COMPLETED)
+    assert calls == [3, 7]
+    assert done.result == 10
+    assert [(s.name, s.attempt) for s in done.steps] == [("add", 1), ("more", 3)]
+
+
+async def test_a_step_name_twice_in_one_attempt_fails_it(app: durq.App) -> None:
+    @app.task("steps:twice", retention=60, max_retry=0)
+    async def job(payload: dict[str, Any], ctx: durq.TaskContext) -> None:
+        await ctx.step("a", lambda: 1)
+        await ctx.step("a", lambda: 2)
+
+    info = await app.enqueue("steps:twice", {})
+    async with app.worker(**FAST):
+        done = await wait_for_state(app, "default", info.id, TaskState.ARCHIVED)
+    assert "called twice" in (done.last_error or "")
+
+
+async def test_a_step_result_must_be_json(app: durq.App) -> None:
+    @app.task("steps:json", retention=60, max_retry=0)
+    async def job(payload: dict[str, Any], ctx: durq.TaskContext) -> None:
+        await ctx.step("a", lambda: object())
+
+    info = await app.enqueue("steps:json", {})
+    async with app.worker(**FAST):
+        done = await wait_for_state(app, "default", info.id, TaskState.ARCHIVED)
+    assert "must be JSON" in (done.last_error or "")
+    assert done.steps == ()
+
+
+@pytest.mark.parametrize("broker_kind", ["memory"], indirect=True)
+async def test_steps_outside_a_worker_run_every_time(broker_kind: str) -> None:
+    ctx = durq.TaskContext("t", "default", "x", 0, 0, None, {}, "w")
+    assert await ctx.step("a", lambda: (1, 2)) == [1, 2]
+    assert ctx.step_sync("b", lambda: {"k": 1}) == {"k": 1}
+
+
+# -- snooze ---------------------------------------------------------------------------------
+
+
+async def test_a_snooze_is_scheduled_without_counting_an_attempt(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    await broker.enqueue(params("t", max_retry=5))
+    (first,) = await claim(broker)
+    assert await broker.retry(RetryParams(first.ref, "boom", 0.0))
+    (second,) = await claim(broker)
+    assert await broker.read_snoozes(second.ref) == 0
+    assert await broker.retry(RetryParams(second.ref, "", 30.0, snooze=True))
+    info = await broker.get_task("default", "t")
+    assert info.state is S
+    assert (info.retried, info.snoozes, info.last_error) == (1, 1, "boom")
+    assert info.to_dict()["snoozes"] == 1
+    # Refused once the lease is gone.
+    assert await broker.read_snoozes(second.ref) is None
+    assert not await broker.retry(RetryParams(second.ref, "", 30.0, snooze=True))
+    assert await claim_ids(broker) == []
+    clock.advance(31)
+    await broker.promote_due()
+    (third,) = await claim(broker)
+    assert await broker.read_snoozes(third.ref) == 1
+
+
+async def test_snooze_does_not_count_attempts_and_is_bounded(app: durq.App) -> None:
+    seen: list[int] = []
+
+    @app.task("steps:snooze", retention=60, max_retry=0, max_snoozes=2)
+    async def job(payload: dict[str, Any], ctx: durq.TaskContext) -> None:
+        seen.append(ctx.attempt)
+        await ctx.step("once", lambda: len(seen))
+        ctx.snooze(0)
+
+    info = await app.enqueue("steps:snooze", {})
+    async with app.worker(**FAST):
+        done = await wait_for_state(app, "default", info.id, TaskState.ARCHIVED)
+    # Two snoozes allowed, the third archives; no attempt was counted (max_retry=0).
+    assert seen == [1, 1, 1]
+    assert (done.retried, done.snoozes, done.last_error) == (0, 2, "snoozed too often")
+    assert [(s.name, s.result) for s in done.steps] == [("once", 1)]
+
+
+async def test_a_sync_handler_snoozes_then_completes(app: durq.App) -> None:
+    runs: list[int] = []
+
+    @app.task("steps:snooze_sync", retention=60, max_retry=0)
+    def job(payload: dict[str, Any], ctx: durq.TaskContext) -> str:
+        runs.append(ctx.attempt)
+        if len(runs) < 3:
+            raise durq.Snooze(0.05, "partner busy")
+        return "ok"
+
+    info = await app.enqueue("steps:snooze_sync", {})
+    async with app.worker(**FAST):
+        done = await wait_for_state(app, "default", info.id, TaskState.COMPLETED)
+    assert runs == [1, 1, 1]
+    assert (done.retried, done.snoozes, done.result) == (0, 2, "ok")
+
+
+async def test_a_step_of_a_lost_lease_fails_instead_of_going_on(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    await broker.enqueue(params("t", max_retry=5))
+    (lease,) = await claim(broker)
+    steps = AttemptSteps(broker, lease.ref, 1, clock, asyncio.get_running_loop(), 1 << 20)
+    ctx = durq.TaskContext("t", "default", "x", 0, 5, None, {}, "w", steps=steps)
+    assert await ctx.step("a", lambda: 1) == 1
+    clock.advance(LEASE + 1)
+    await lifecycle.rescue_expired(broker, 3)
+    with pytest.raises(durq.StepError, match="lost its lease"):
+        await ctx.step("b", lambda: 2)
+    with pytest.raises(durq.StepError, match="called twice"):
+        await ctx.step("a", lambda: 1)
