@@ -19,7 +19,8 @@ endif
 DJ_VENV ?= .venv-django
 DJ_BIN := $(DJ_VENV)/bin
 DJ_STAMP := $(DJ_VENV)/.installed
-# Django's own tests of its Tasks framework, from Django's source distribution.
+# Django's own tests of its Tasks framework, from Django's source distribution. pytest-xdist is
+# there too: `make test` hands its PYTEST_ARGS (such as -n0) to `make test-django`.
 DJANGO_TESTS := $(DJ_VENV)/django-tests
 
 $(STAMP): pyproject.toml
@@ -36,7 +37,7 @@ $(DJ_STAMP): pyproject.toml
 	test -x $(DJ_BIN)/python || $(PY_DJANGO) -m venv $(DJ_VENV)
 	$(DJ_BIN)/python -m pip install --quiet --upgrade pip
 	$(DJ_BIN)/python -m pip install --quiet -e '.[postgres,redis,web,django]' \
-		pytest pytest-timeout pytest-asyncio
+		pytest pytest-timeout pytest-asyncio pytest-xdist
 	rm -rf $(DJ_VENV)/sdist $(DJANGO_TESTS) && mkdir -p $(DJ_VENV)/sdist $(DJANGO_TESTS)
 	$(DJ_BIN)/python -m pip download --quiet --no-deps --no-binary :all: -d $(DJ_VENV)/sdist \
 		"django==$$($(DJ_BIN)/python -c 'import django; print(django.__version__)')"
@@ -51,12 +52,19 @@ install: $(STAMP) $(if $(PY_DJANGO),$(DJ_STAMP))
 demo: $(STAMP)
 	$(BIN)/durq demo $(if $(PORT),--port $(PORT))
 
+# The suite runs in TEST_WORKERS pytest-xdist processes (`--dist loadgroup` keeps the tests
+# tests/conftest.py groups on one process). Most tests wait on servers and subprocesses, so
+# more workers than cores pay, while too many starve one another on a loaded machine: 4 on
+# 2 cores. PYTEST_ARGS comes last and wins:
+# `make test PYTEST_ARGS="-n0 tests/unit/test_urls.py"` runs one file serially.
+TEST_WORKERS ?= 4
+
 # The Django venv first: the Django admin's browser test in the main run drives it.
 test: $(STAMP) $(if $(PY_DJANGO),$(DJ_STAMP))
 	$(BIN)/ruff check src tests examples benchmarks
 	$(BIN)/ruff format --check src tests examples benchmarks
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -m "not chaos" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not chaos" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 	$(MAKE) test-django
 
 test-django: $(DJ_STAMP)

@@ -6,11 +6,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from servers import require_server
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 
 
+# The benchmark's database has a fixed name (make bench uses it too) and the figure is the
+# server's CPU: never two of these at once.
+@pytest.mark.serial
 def test_a_run_reports_the_servers_and_the_clients_cpu_per_claim() -> None:
     require_server("postgres")
     from claim_cost import PG_DB, run_once

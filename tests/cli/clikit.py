@@ -48,7 +48,9 @@ class Cli:
             self.env.pop(name, None)
         self._procs: list[subprocess.Popen[str]] = []
 
-    def __call__(self, *args: str, cwd: Path | None = None, timeout: float = 30) -> Result:
+    # A minute: a command's start is CPU-bound, and a loaded machine (a parallel run) can
+    # stretch it past half a minute.
+    def __call__(self, *args: str, cwd: Path | None = None, timeout: float = 60) -> Result:
         proc = subprocess.run(
             [sys.executable, "-m", "durq", *args],
             cwd=cwd or self.tmp_path,

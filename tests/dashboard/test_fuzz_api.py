@@ -22,6 +22,8 @@ from fuzzkit import schemathesis_run
 from .conftest import BEARER, TOKEN
 from .live import LiveServer
 
+pytestmark = pytest.mark.slow  # minutes of requests: started first under pytest-xdist
+
 
 @pytest.fixture
 def live_api(tmp_path: Path) -> Iterator[str]:

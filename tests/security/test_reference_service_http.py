@@ -171,6 +171,7 @@ def test_the_openapi_document_resolves_and_documents_every_answer(svc: Service) 
     assert {"200", "401", "404"} <= set(get)
 
 
+@pytest.mark.slow
 def test_schemathesis_with_every_check_finds_nothing(svc: Service, tmp_path) -> None:
     """The reference service against its own document, every schemathesis check."""
     from fuzzkit import schemathesis_run

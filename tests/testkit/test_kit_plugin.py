@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.slow  # a pytest subprocess per test
 
 TASKS = """
 import durq

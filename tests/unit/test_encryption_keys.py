@@ -38,6 +38,8 @@ def test_env_keys_newest_first_and_old_ones_readable(monkeypatch: pytest.MonkeyP
         ("k1:bm90IGEga2V5", "16, 24 or 32 bytes"),
         (f"bad id:{K1}", "key ids"),
     ],
+    # Names without the random keys: every xdist worker must collect the same test ids.
+    ids=["no key", "a key twice", "a short key", "a bad id"],
 )
 def test_malformed_keys_are_a_configuration_error(value: str, said: str) -> None:
     with pytest.raises(ConfigurationError, match=said) as caught:

@@ -381,20 +381,29 @@ async def test_the_wal_is_checkpointed_in_the_background(tmp_path: Path) -> None
     for i in range(20):
         await broker.enqueue(task(f"t{i}"))
     checkpointer = broker._s.checkpointer
-    deadline = time.monotonic() + 5
-    while (checkpointer.last is None or checkpointer.last[2] < checkpointer.last[1]) and (
-        time.monotonic() < deadline
-    ):
+
+    def in_the_file() -> int:
+        """Tasks another connection sees reading only the database file (no WAL)."""
+        copy = sqlite3.connect(f"file:{tmp_path / 'q.db'}?immutable=1", uri=True)
+        try:
+            return int(copy.execute("SELECT count(*) FROM durq_tasks").fetchone()[0])
+        except sqlite3.Error:
+            return -1  # read while a checkpoint writes the file: not there yet
+        finally:
+            copy.close()
+
+    # A checkpoint that ran after the 17th commit is complete too: wait for all 20 in the file.
+    deadline = time.monotonic() + 10
+    while (
+        checkpointer.last is None
+        or checkpointer.last[2] < checkpointer.last[1]
+        or in_the_file() != 20
+    ) and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
     assert checkpointer.last is not None
     busy, frames, copied = checkpointer.last
     assert busy == 0 and frames > 0 and copied == frames
-    # Another connection reading only the database file (no WAL) sees the tasks.
-    copy = sqlite3.connect(f"file:{tmp_path / 'q.db'}?immutable=1", uri=True)
-    try:
-        assert copy.execute("SELECT count(*) FROM durq_tasks").fetchone()[0] == 20
-    finally:
-        copy.close()
+    assert in_the_file() == 20
     await broker.close()
     assert not [
         t for t in threading.enumerate() if t.name == "durq-sqlite-checkpoint" and t not in before

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import os
 import subprocess
 import sys
 import sysconfig
@@ -22,6 +23,10 @@ from servers import free_port
 
 pytestmark = pytest.mark.slow
 
+#: The environment without PYTHONPATH: a test tree on it would hide what is built and
+#: installed here (this folder, ``tests/wheel``, would even stand in for the ``wheel`` package).
+ENV = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
@@ -34,6 +39,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         capture_output=True,
         text=True,
         timeout=300,
+        env=ENV,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
@@ -86,7 +92,7 @@ def test_wheel_metadata_is_complete(built: tuple[Path, str]) -> None:
 def test_durq_demo_runs_from_the_installed_wheel(built: tuple[Path, str], tmp_path: Path) -> None:
     wheel, _ = built
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=ENV)
     site = Path(
         subprocess.run(
             [
@@ -97,6 +103,7 @@ def test_durq_demo_runs_from_the_installed_wheel(built: tuple[Path, str], tmp_pa
             check=True,
             capture_output=True,
             text=True,
+            env=ENV,
         ).stdout.strip()
     )
     # The dependencies come from the dev environment (offline); durq itself only from the
@@ -116,6 +123,7 @@ def test_durq_demo_runs_from_the_installed_wheel(built: tuple[Path, str], tmp_pa
         ],
         check=True,
         timeout=120,
+        env=ENV,
     )
     workdir = tmp_path / "elsewhere"  # no source tree around: nothing to import by accident
     workdir.mkdir()
@@ -125,6 +133,7 @@ def test_durq_demo_runs_from_the_installed_wheel(built: tuple[Path, str], tmp_pa
         check=True,
         capture_output=True,
         text=True,
+        env=ENV,
     ).stdout
     assert where.startswith(str(site)), where
 
