@@ -1,4 +1,4 @@
-"""Dependencies on every broker: a task enqueued ``after=`` others waits, not claimable, and
+"""Dependencies on every broker (W15): a task enqueued ``after=`` others waits, not claimable, and
 is released in the same atomic step as the outcome of the last of them (completed, archived,
 cancelled or deleted), exactly once however many workers finish them at once."""
 

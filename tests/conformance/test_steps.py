@@ -31,7 +31,7 @@ def stored(**results: Any) -> str:
     )
 
 
-async def test_steps_are_stored_on_the_task_and_shown(broker: FullBroker) -> None:
+async def test_W16_steps_are_stored_on_the_task_and_shown(broker: FullBroker) -> None:
     await broker.enqueue(params("t"))
     (lease,) = await claim(broker)
     assert await broker.read_steps(lease.ref) is None
@@ -51,7 +51,7 @@ async def test_steps_are_stored_on_the_task_and_shown(broker: FullBroker) -> Non
     assert len((await broker.get_task("default", "t")).steps) == 2
 
 
-async def test_a_stale_lease_cannot_record_a_step(broker: FullBroker, clock: FakeClock) -> None:
+async def test_W16_a_stale_lease_cannot_record_a_step(broker: FullBroker, clock: FakeClock) -> None:
     await broker.enqueue(params("t", max_retry=5))
     (first,) = await claim(broker, worker="zombie")
     assert await broker.record_steps(StepsParams(first.ref, stored(a=1)))
@@ -71,7 +71,7 @@ async def test_a_stale_lease_cannot_record_a_step(broker: FullBroker, clock: Fak
     assert [s.name for s in (await broker.get_task("default", "t")).steps] == ["a", "b"]
 
 
-async def test_a_recorded_step_does_not_run_again_on_retry(app: durq.App) -> None:
+async def test_W16_a_recorded_step_does_not_run_again_on_retry(app: durq.App) -> None:
     calls: list[str] = []
 
     def charge(order: str) -> dict[str, str]:
@@ -94,7 +94,7 @@ async def test_a_recorded_step_does_not_run_again_on_retry(app: durq.App) -> Non
     assert [(s.name, s.attempt) for s in done.steps] == [("charge", 1)]
 
 
-async def test_a_sync_handler_steps_from_its_thread(app: durq.App) -> None:
+async def test_W16_a_sync_handler_steps_from_its_thread(app: durq.App) -> None:
     calls: list[int] = []
 
     def add(a: int, b: int) -> int:
@@ -117,7 +117,7 @@ async def test_a_sync_handler_steps_from_its_thread(app: durq.App) -> None:
     assert [(s.name, s.attempt) for s in done.steps] == [("add", 1), ("more", 3)]
 
 
-async def test_a_step_name_twice_in_one_attempt_fails_it(app: durq.App) -> None:
+async def test_W16_a_step_name_twice_in_one_attempt_fails_it(app: durq.App) -> None:
     @app.task("steps:twice", retention=60, max_retry=0)
     async def job(payload: dict[str, Any], ctx: durq.TaskContext) -> None:
         await ctx.step("a", lambda: 1)
@@ -129,7 +129,7 @@ async def test_a_step_name_twice_in_one_attempt_fails_it(app: durq.App) -> None:
     assert "called twice" in (done.last_error or "")
 
 
-async def test_a_step_result_must_be_json(app: durq.App) -> None:
+async def test_W16_a_step_result_must_be_json(app: durq.App) -> None:
     @app.task("steps:json", retention=60, max_retry=0)
     async def job(payload: dict[str, Any], ctx: durq.TaskContext) -> None:
         await ctx.step("a", lambda: object())
@@ -142,7 +142,7 @@ async def test_a_step_result_must_be_json(app: durq.App) -> None:
 
 
 @pytest.mark.parametrize("broker_kind", ["memory"], indirect=True)
-async def test_steps_outside_a_worker_run_every_time(broker_kind: str) -> None:
+async def test_W16_steps_outside_a_worker_run_every_time(broker_kind: str) -> None:
     ctx = durq.TaskContext("t", "default", "x", 0, 0, None, {}, "w")
     assert await ctx.step("a", lambda: (1, 2)) == [1, 2]
     assert ctx.step_sync("b", lambda: {"k": 1}) == {"k": 1}
@@ -151,7 +151,7 @@ async def test_steps_outside_a_worker_run_every_time(broker_kind: str) -> None:
 # -- snooze ---------------------------------------------------------------------------------
 
 
-async def test_a_snooze_is_scheduled_without_counting_an_attempt(
+async def test_W17_a_snooze_is_scheduled_without_counting_an_attempt(
     broker: FullBroker, clock: FakeClock
 ) -> None:
     await broker.enqueue(params("t", max_retry=5))
@@ -174,7 +174,7 @@ async def test_a_snooze_is_scheduled_without_counting_an_attempt(
     assert await broker.read_snoozes(third.ref) == 1
 
 
-async def test_snooze_does_not_count_attempts_and_is_bounded(app: durq.App) -> None:
+async def test_W17_snooze_does_not_count_attempts_and_is_bounded(app: durq.App) -> None:
     seen: list[int] = []
 
     @app.task("steps:snooze", retention=60, max_retry=0, max_snoozes=2)
@@ -192,7 +192,7 @@ async def test_snooze_does_not_count_attempts_and_is_bounded(app: durq.App) -> N
     assert [(s.name, s.result) for s in done.steps] == [("once", 1)]
 
 
-async def test_a_sync_handler_snoozes_then_completes(app: durq.App) -> None:
+async def test_W17_a_sync_handler_snoozes_then_completes(app: durq.App) -> None:
     runs: list[int] = []
 
     @app.task("steps:snooze_sync", retention=60, max_retry=0)
@@ -209,7 +209,7 @@ async def test_a_sync_handler_snoozes_then_completes(app: durq.App) -> None:
     assert (done.retried, done.snoozes, done.result) == (0, 2, "ok")
 
 
-async def test_a_step_of_a_lost_lease_fails_instead_of_going_on(
+async def test_W16_a_step_of_a_lost_lease_fails_instead_of_going_on(
     broker: FullBroker, clock: FakeClock
 ) -> None:
     await broker.enqueue(params("t", max_retry=5))
