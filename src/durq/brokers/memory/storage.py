@@ -402,8 +402,17 @@ class Store:
 
     def insert_group(self, p: GroupParams, now: float) -> list[Row]:
         """Create a group and its members, or raise the first refusal writing nothing."""
+        earlier: dict[str, str] = {}  # unique key -> member: a later member must not take it
         for member in p.members:
             self.check_insert(member, now)
+            if member.unique_key is None:
+                continue
+            if member.unique_key in earlier:
+                raise DuplicateTaskError(
+                    f"an identical task {earlier[member.unique_key]!r} is already queued",
+                    existing_id=earlier[member.unique_key],
+                )
+            earlier[member.unique_key] = member.id
         group = Group(p, now, list(p.unfinished), [None] * len(p.members))
         rows = [self.insert(member, now) for member in p.members]
         self.groups[(p.queue, p.id)] = group
