@@ -90,6 +90,10 @@ class Task:
     last_error: str | None = None
     #: The limit key a pending task is held on (out of the claimable set meanwhile).
     held: str | None = None
+    #: Let back from ``held`` on this key by a claim that filled up before it reached the
+    #: task: a broker may still show it held until a claim looks at it (PostgreSQL lets
+    #: held tasks back only as its claim reaches them; what a claim returns is the same).
+    lingering: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -202,13 +206,16 @@ class Model:
             state = "due"
         return (state, task.retried, task.lost, task.held)
 
-    def limit_stats(self, queue: str) -> dict[str, tuple[int, float | None, int]]:
-        """Keys a claim started or held a task on: (running, tokens, held tasks)."""
+    def limit_stats(self, queue: str) -> dict[str, tuple[int, float | None, int, int]]:
+        """Keys a claim started or held a task on: (running, tokens, held tasks, lingering
+        tasks that a broker may still count held)."""
+        mine = [t for t in self.tasks.values() if t.queue == queue]
         return {
             key: (
                 c.running,
                 None if c.rate is None else c.tokens_at(self.now),
-                sum(1 for t in self.tasks.values() if t.queue == queue and t.held == key),
+                sum(1 for t in mine if t.held == key),
+                sum(1 for t in mine if t.lingering == key and t.state in WAITING),
             )
             for (q, key), c in sorted(self.counters.items())
             if q == queue
@@ -335,6 +342,7 @@ class Model:
             for task in self.claim_order(queue):
                 if len(taken) == limit:
                     break
+                task.lingering = None
                 full = self._blocking(task)
                 if full is not None:
                     task.held = full
@@ -391,7 +399,7 @@ class Model:
             )
             room = counter.room(self.now)
             for task in held[:room]:
-                task.held = None
+                task.held, task.lingering = None, key
             if room >= len(held):
                 counter.waiting = False
 
@@ -478,7 +486,7 @@ class Model:
         task.token = None
         task.lease_until = None
         task.cancel_requested = False
-        task.held = None
+        task.held = task.lingering = None
         if state in (COMPLETED, ARCHIVED):
             task.unique = None  # E4: a finished task frees its key
 
