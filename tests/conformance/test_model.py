@@ -117,7 +117,9 @@ class BrokerAgainstModel(RuleBasedStateMachine):
 
     # -- enqueue -------------------------------------------------------------------------------
 
-    def _params(self, queue: str, task_id: str, o: dict[str, Any], then: str | None, tq: int):
+    def _params(
+        self, queue: str, task_id: str, o: dict[str, Any], then: str | None, tq: int
+    ) -> tuple[EnqueueParams, m.Task]:
         """The broker's and the model's task for one set of drawn options."""
         spec = None
         headers = {}
