@@ -1,10 +1,13 @@
 """The scheduling rules of durq as one small executable model: what every broker must answer.
 
 Plain Python, no storage, no speed: a dict of tasks and a clock. It states the rules of
-``docs/contract.md`` that decide *which task runs when* — claim order (W8), delays and due
-times (E2), one task per id (E3), uniqueness by content (E4), leases and fencing (W1),
-retries (W4), rescue of expired leases, the inspector's moves (I3), pausing (I4), per-key
-concurrency limits (W13) and retention (E5) — and nothing about how a broker stores them.
+``docs/contract.md`` that decide *which task runs when* and what an outcome creates — claim
+order (W8: queues in the order a worker takes them, then priority, due time, enqueue
+order), delays and due times (E2), one task per id (E3), uniqueness by content (E4), leases
+and fencing (W1), retries (W4), rescue of expired leases, the inspector's moves (I3),
+pausing (I4), per-key flow control with held tasks (W13), continuations and group fan-in,
+and retention of completed and archived tasks (E5) — and nothing about how a broker stores
+them.
 
 ``tests/conformance/test_model.py`` drives every broker and this model with the same random
 steps (hypothesis) and compares their answers step by step. The memory broker is checked
@@ -19,6 +22,7 @@ not yet forwarded), since brokers forward due tasks at different moments.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 PENDING, SCHEDULED, ACTIVE, RETRY, ARCHIVED, COMPLETED = (
@@ -30,9 +34,13 @@ PENDING, SCHEDULED, ACTIVE, RETRY, ARCHIVED, COMPLETED = (
     "completed",
 )
 WAITING = (PENDING, SCHEDULED, RETRY)
+DELETED = "deleted"  # a group member deleted before it finished
 LEASE_EXPIRED = "lease expired"
 WORKER_LOST = "worker lost"
 CANCELLED = "cancelled"
+
+#: A limit as a task stores it: (concurrency, rate, per); ``None`` where it has no such part.
+Spec = tuple[int | None, int | None, float | None]
 
 
 class Refused(Exception):
@@ -41,6 +49,17 @@ class Refused(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+@dataclass
+class Then:
+    """A continuation: follow-up ``then:<id>`` in ``queue`` when the task completes, and
+    also when it is archived if ``on_archived``."""
+
+    queue: str
+    on_archived: bool = False
+    max_retry: int = 0
+    retention: float = 60.0
 
 
 @dataclass
@@ -53,21 +72,100 @@ class Task:
     seq: int
     max_retry: int
     retention: float
-    #: key -> (concurrency, rate, per); ``None`` where the limit has no such part.
-    limits: dict[str, tuple[int | None, int | None, float | None]] = field(default_factory=dict)
+    #: key -> (concurrency, rate, per), in the order the task gives them.
+    limits: dict[str, Spec] = field(default_factory=dict)
     unique: str | None = None
     unique_until: float | None = None
+    then: Then | None = None
+    #: The group this task is a member of, and its place in it.
+    group: Group | None = None
+    index: int = 0
     retried: int = 0
     lost: int = 0
     token: str | None = None
     lease_until: float | None = None
+    #: Completed: when its retention ends. Archived: when it was archived.
     expires_at: float | None = None
     cancel_requested: bool = False
     last_error: str | None = None
+    #: The limit key a pending task is held on (out of the claimable set meanwhile).
+    held: str | None = None
+    #: Let back from ``held`` on this key by a claim that filled up before it reached the
+    #: task: a broker may still show it held until a claim looks at it (PostgreSQL lets
+    #: held tasks back only as its claim reaches them; what a claim returns is the same).
+    lingering: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.queue, self.id)
+
+
+@dataclass
+class Group:
+    """Members created together; ``then`` (queue) gets ``group:<id>`` once all finished."""
+
+    id: str
+    queue: str
+    members: list[tuple[str, str]]
+    then: str | None
+    #: Per member: ``None`` until its first final outcome, then (state, error or None).
+    outcomes: list[tuple[str, str | None] | None]
+    finished_at: float | None = None
+
+    @property
+    def finished(self) -> int:
+        return sum(1 for o in self.outcomes if o is not None)
+
+
+@dataclass
+class Counter:
+    """One flow-control key of one queue (W13), as ``durq.brokers.limiter`` states it: the
+    running attempts, a token bucket, the last limit a started task carried, and whether
+    some task may be held on it (cleared when letting tasks back finds none left)."""
+
+    running: int = 0
+    concurrency: int | None = None
+    rate: int | None = None
+    per: float | None = None
+    tokens: float = 0.0
+    refilled_at: float = 0.0
+    waiting: bool = False
+
+    def tokens_at(self, now: float, rate: int | None = None, per: float | None = None) -> float:
+        """Up to ``rate`` tokens, refilled at ``rate / per`` a second (the key's last rate
+        unless a task's own is given); unbounded without a rate."""
+        if rate is None or per is None:
+            rate, per = self.rate, self.per
+        if rate is None or per is None:
+            return math.inf
+        return min(float(rate), self.tokens + max(0.0, now - self.refilled_at) * rate / per)
+
+    def room(self, now: float) -> int:
+        """How many held tasks may come back: judged by the key's last limit."""
+        room = math.inf if self.concurrency is None else self.concurrency - self.running
+        tokens = self.tokens_at(now)
+        if tokens != math.inf:
+            room = min(room, math.floor(tokens + 1e-9))
+        return max(0, int(min(room, 10**9)))
+
+    def next_room_at(self, now: float) -> float | None:
+        """When a token comes, if only the bucket holds the key back (``None``: a running
+        attempt must end first)."""
+        if self.concurrency is not None and self.running >= self.concurrency:
+            return None
+        if self.rate is None or self.per is None:
+            return None
+        missing = 1.0 - self.tokens_at(now)
+        return now if missing <= 0 else now + missing * self.per / self.rate
+
+
+def queue_order(weights: dict[str, int], strict: bool) -> list[str] | None:
+    """W8: strict order takes the heaviest queue first, always (ties in the order given).
+    Weighted order is random, each queue first with a chance by its weight (``None``: any
+    order of the queues; the claim fills in the order the worker drew)."""
+    if strict or len(weights) == 1:
+        return sorted(weights, key=lambda q: -weights[q])
+    return None
 
 
 @dataclass
@@ -76,9 +174,14 @@ class Model:
     max_lost: int = 3
     tasks: dict[tuple[str, str], Task] = field(default_factory=dict)
     queues: set[str] = field(default_factory=set)
-    #: Token buckets of rate limits, per (queue, key): (tokens, refilled at).
-    buckets: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    #: Queues a group names (members, follow-up): a broker may know them from its enqueue
+    #: on, even a refused one (Redis records the queues before its script checks).
+    named: set[str] = field(default_factory=set)
     paused: set[str] = field(default_factory=set)
+    counters: dict[tuple[str, str], Counter] = field(default_factory=dict)
+    groups: dict[tuple[str, str], Group] = field(default_factory=dict)
+    #: Follow-ups created since the caller last looked: (queue, id, what it reports).
+    created: list[tuple[str, str, dict[str, object]]] = field(default_factory=list)
     _seq: itertools.count[int] = field(default_factory=itertools.count)
     _tokens: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -93,24 +196,32 @@ class Model:
             return None
         return task
 
-    def observe(self, key: tuple[str, str]) -> tuple[str, int, int] | None:
-        """(state, retried, lost) as a broker reports it; ``None``: no such task."""
+    def observe(self, key: tuple[str, str]) -> tuple[str, int, int, str | None] | None:
+        """(state, retried, lost, held on) as a broker reports it; ``None``: no such task."""
         task = self.live(key)
         if task is None:
             return None
         state = task.state
         if state in WAITING and task.due <= self.now:
             state = "due"
-        return (state, task.retried, task.lost)
+        return (state, task.retried, task.lost, task.held)
 
-    def running(self, queue: str, limit_key: str) -> int:
-        return sum(
-            1
-            for t in self.tasks.values()
-            if t.queue == queue and t.state == ACTIVE and limit_key in t.limits
-        )
+    def limit_stats(self, queue: str) -> dict[str, tuple[int, float | None, int, int]]:
+        """Keys a claim started or held a task on: (running, tokens, held tasks, lingering
+        tasks that a broker may still count held)."""
+        mine = [t for t in self.tasks.values() if t.queue == queue]
+        return {
+            key: (
+                c.running,
+                None if c.rate is None else c.tokens_at(self.now),
+                sum(1 for t in mine if t.held == key),
+                sum(1 for t in mine if t.lingering == key and t.state in WAITING),
+            )
+            for (q, key), c in sorted(self.counters.items())
+            if q == queue
+        }
 
-    # -- enqueue (E2, E3, E4) -----------------------------------------------------------------
+    # -- enqueue (E2, E3, E4) and groups ---------------------------------------------------------
 
     def enqueue(
         self,
@@ -121,30 +232,46 @@ class Model:
         delay: float = 0.0,
         max_retry: int = 25,
         retention: float = 0.0,
-        limits: dict[str, tuple[int | None, int | None, float | None]] | None = None,
+        limits: dict[str, Spec] | None = None,
         unique: str | None = None,
         unique_ttl: float | None = None,
+        then: Then | None = None,
     ) -> Task:
         """Create a task, or raise Refused("conflict") / Refused("duplicate")."""
-        if self.live((queue, task_id)) is not None:
-            raise Refused("conflict")  # E3, checked before E4
-        if unique is not None and self._unique_holder(queue, unique) is not None:
-            raise Refused("duplicate")
-        task = Task(
-            queue=queue,
-            id=task_id,
-            state=SCHEDULED if delay > 0 else PENDING,
-            priority=priority,
-            due=self.now + delay,
-            seq=next(self._seq),
-            max_retry=max_retry,
-            retention=retention,
-            limits=dict(limits or {}),
-            unique=unique,
-            unique_until=None if unique is None or unique_ttl is None else self.now + unique_ttl,
+        self._check(queue, task_id, unique, [])
+        until = None if unique is None or unique_ttl is None else self.now + unique_ttl
+        return self._insert(
+            Task(
+                queue=queue,
+                id=task_id,
+                state=SCHEDULED if delay > 0 else PENDING,
+                priority=priority,
+                due=self.now + delay,
+                seq=0,
+                max_retry=max_retry,
+                retention=retention,
+                limits=dict(limits or {}),
+                unique=unique,
+                unique_until=until,
+                then=then,
+            )
         )
+
+    def _check(self, queue: str, task_id: str, unique: str | None, before: list[Task]) -> None:
+        """E3 first, then E4; ``before``: tasks of the same step not stored yet."""
+        if self.live((queue, task_id)) is not None:
+            raise Refused("conflict")
+        if unique is None:
+            return
+        if self._unique_holder(queue, unique) is not None or any(
+            t.queue == queue and t.unique == unique for t in before
+        ):
+            raise Refused("duplicate")
+
+    def _insert(self, task: Task) -> Task:
+        task.seq = next(self._seq)
         self.tasks[task.key] = task
-        self.queues.add(queue)
+        self.queues.add(task.queue)
         return task
 
     def _unique_holder(self, queue: str, unique: str) -> Task | None:
@@ -157,6 +284,30 @@ class Model:
             return task
         return None
 
+    def enqueue_group(self, group_id: str, members: list[Task], then: str | None) -> Group:
+        """All members or none: the first refused member (in order) refuses the group.
+        ``members`` are built like :meth:`enqueue`'s tasks, due times relative to now."""
+        self.named.update(m.queue for m in members)
+        if then is not None:
+            self.named.add(then)
+        for i, member in enumerate(members):
+            self._check(member.queue, member.id, member.unique, members[:i])
+        group = Group(
+            id=group_id,
+            queue=members[0].queue,
+            members=[m.key for m in members],
+            then=then,
+            outcomes=[None] * len(members),
+        )
+        for i, member in enumerate(members):
+            member.group, member.index = group, i
+            member.due += self.now
+            if member.unique is not None and member.unique_until is not None:
+                member.unique_until += self.now
+            self._insert(member)
+        self.groups[(group.queue, group_id)] = group
+        return group
+
     # -- claim (W1, W8, W13, I4) --------------------------------------------------------------
 
     def promote(self) -> None:
@@ -167,33 +318,38 @@ class Model:
                 task.state = PENDING
 
     def claim_order(self, queue: str) -> list[Task]:
-        """Due waiting tasks of ``queue``: higher priority, then due time, then enqueue order."""
+        """Claimable tasks of ``queue`` (due, waiting, not held): higher priority, then due
+        time, then enqueue order."""
         due = [
             t
             for t in self.tasks.values()
-            if t.queue == queue and t.state in WAITING and t.due <= self.now
+            if t.queue == queue and t.state in WAITING and t.due <= self.now and t.held is None
         ]
         return sorted(due, key=lambda t: (-t.priority, t.due, t.seq))
 
     def claim(self, queues: list[str], limit: int, lease: float) -> list[Task]:
-        """Up to ``limit`` tasks, filling from ``queues`` in the order given; a task whose
-        limit keys have no room is skipped, and never blocks the tasks behind it."""
+        """Up to ``limit`` tasks, filling from ``queues`` in the order given. Per queue: held
+        tasks whose key has room come back first; then each claimable task in order is
+        started, or held on its first key without room (never blocking those behind it)."""
         self.promote()
         taken: list[Task] = []
         for queue in queues:
+            if len(taken) == limit:
+                break
             if queue in self.paused:
                 continue
+            self._let_back(queue)
             for task in self.claim_order(queue):
                 if len(taken) == limit:
-                    return taken
-                if not all(self._admits(queue, k, spec) for k, spec in task.limits.items()):
+                    break
+                task.lingering = None
+                full = self._blocking(task)
+                if full is not None:
+                    task.held = full
+                    self.counters[(queue, full)].waiting = True
                     continue
-                for key, (_, rate, per) in task.limits.items():
-                    if rate is not None and per is not None:
-                        self.buckets[(queue, key)] = (
-                            self._tokens_at(queue, key, rate, per) - 1,
-                            self.now,
-                        )
+                for key, spec in task.limits.items():
+                    self._take(queue, key, spec)
                 task.state = ACTIVE
                 task.token = f"t{next(self._tokens)}"
                 task.lease_until = self.now + lease
@@ -201,22 +357,71 @@ class Model:
                 taken.append(task)
         return taken
 
-    def _admits(
-        self, queue: str, key: str, spec: tuple[int | None, int | None, float | None]
-    ) -> bool:
-        """W13: a slot (fewer than ``concurrency`` running) and a token in the key's bucket."""
-        concurrency, rate, per = spec
-        if concurrency is not None and self.running(queue, key) >= concurrency:
-            return False
-        if rate is None or per is None:
-            return True
-        return self._tokens_at(queue, key, rate, per) >= 1 - 1e-9
+    def _blocking(self, task: Task) -> str | None:
+        """W13: the first key of the task without room by the task's own limit: a slot
+        (fewer than ``concurrency`` running) and a token in the key's bucket."""
+        for key, (concurrency, rate, per) in task.limits.items():
+            counter = self.counters.get((task.queue, key))
+            if counter is None:
+                continue  # a key no claim started: nothing runs, the bucket is full
+            if concurrency is not None and counter.running >= concurrency:
+                return key
+            if rate is not None and counter.tokens_at(self.now, rate, per) < 1 - 1e-9:
+                return key
+        return None
 
-    def _tokens_at(self, queue: str, key: str, rate: int, per: float) -> float:
-        """The bucket holds up to ``rate`` tokens (full at first) and gains ``rate / per`` a
-        second on the broker's clock."""
-        tokens, at = self.buckets.get((queue, key), (float(rate), self.now))
-        return min(float(rate), tokens + (self.now - at) * rate / per)
+    def _take(self, queue: str, key: str, spec: Spec) -> None:
+        """Count one start: a running attempt, a token; the key keeps the task's limit."""
+        concurrency, rate, per = spec
+        counter = self.counters.get((queue, key))
+        if counter is None:  # a full bucket at first
+            counter = self.counters[(queue, key)] = Counter(
+                tokens=float(rate or 0), refilled_at=self.now
+            )
+        counter.concurrency = concurrency
+        if rate is not None and per is not None:
+            counter.tokens = counter.tokens_at(self.now, rate, per) - 1.0
+            counter.rate, counter.per = rate, per
+            counter.refilled_at = self.now
+        else:
+            counter.rate = counter.per = None
+        counter.running += 1
+
+    def _let_back(self, queue: str) -> None:
+        """Held tasks of a key with room rejoin the claimable set, in claim order, as many
+        as the key's room (by its last limit)."""
+        for (q, key), counter in sorted(self.counters.items()):
+            if q != queue or not counter.waiting:
+                continue
+            held = sorted(
+                (t for t in self.tasks.values() if t.queue == queue and t.held == key),
+                key=lambda t: (-t.priority, t.due, t.seq),
+            )
+            room = counter.room(self.now)
+            for task in held[:room]:
+                task.held, task.lingering = None, key
+            if room >= len(held):
+                counter.waiting = False
+
+    def wake_at(self, queues: list[str]) -> float | None:
+        """When a token comes for a key a task is held on (the latest a claim that came
+        back short may tell its worker to look again)."""
+        times = [
+            at
+            for (queue, key), c in self.counters.items()
+            if queue in queues
+            and queue not in self.paused
+            and any(t.queue == queue and t.held == key for t in self.tasks.values())
+            and (at := c.next_room_at(self.now)) is not None
+        ]
+        return min(times, default=None)
+
+    def _release(self, task: Task) -> None:
+        """Every end of an attempt gives back a running slot on each of its keys."""
+        for key in task.limits:
+            counter = self.counters.get((task.queue, key))
+            if counter is not None:
+                counter.running = max(0, counter.running - 1)
 
     # -- the end of an attempt (W1, W4): fenced by the lease's token -------------------------
 
@@ -230,11 +435,14 @@ class Model:
         task = self._held(key, token)
         if task is None:
             return False
+        self._release(task)
         if task.retention <= 0:
             del self.tasks[key]
+            task.state = COMPLETED
         else:
             self._end(task, COMPLETED)
             task.expires_at = self.now + task.retention
+        self._finished(task, COMPLETED, None)
         return True
 
     def fail(self, key: tuple[str, str], token: str, delay: float, error: str) -> bool:
@@ -242,13 +450,25 @@ class Model:
         task = self._held(key, token)
         if task is None:
             return False
+        self._release(task)
         task.last_error = error
-        if task.retried >= task.max_retry:
-            self._end(task, ARCHIVED)
+        task.retried += 1
+        if task.retried > task.max_retry:
+            self._archive(task, error)
         else:
             self._end(task, RETRY)
             task.due = self.now + delay
-        task.retried += 1
+        return True
+
+    def give_up(self, key: tuple[str, str], token: str, error: str, count_attempt: bool) -> bool:
+        """Archived at once (SkipRetry; a cancelled handler does not count its attempt)."""
+        task = self._held(key, token)
+        if task is None:
+            return False
+        self._release(task)
+        task.last_error = error
+        task.retried += 1 if count_attempt else 0
+        self._archive(task, error)
         return True
 
     def requeue(self, key: tuple[str, str], token: str) -> bool:
@@ -256,6 +476,7 @@ class Model:
         task = self._held(key, token)
         if task is None:
             return False
+        self._release(task)
         self._end(task, PENDING)
         task.due = self.now
         return True
@@ -265,8 +486,64 @@ class Model:
         task.token = None
         task.lease_until = None
         task.cancel_requested = False
+        task.held = task.lingering = None
         if state in (COMPLETED, ARCHIVED):
             task.unique = None  # E4: a finished task frees its key
+
+    def _archive(self, task: Task, error: str) -> None:
+        self._end(task, ARCHIVED)
+        task.expires_at = self.now  # archived retention counts from here
+        self._finished(task, ARCHIVED, error)
+
+    # -- what a final outcome creates: continuations and group fan-in --------------------------
+
+    def _finished(self, task: Task, state: str, error: str | None) -> None:
+        """A task completed or was archived (``state``), or deleted unfinished: its
+        continuation, and its group's outcome (only a member's first final one counts); the
+        move that counts a group's last member creates the group's follow-up, once."""
+        then = task.then
+        if then is not None and (state == COMPLETED or (state == ARCHIVED and then.on_archived)):
+            self._follow_up(
+                then.queue,
+                f"then:{task.id}",
+                {"of": task.id, "state": state, "error": error},
+                then.max_retry,
+                then.retention,
+            )
+        group = task.group
+        if group is None or group.outcomes[task.index] is not None:
+            return
+        group.outcomes[task.index] = (state, error)
+        if group.finished < len(group.outcomes):
+            return
+        group.finished_at = self.now
+        if group.then is not None:
+            members = [
+                (queue, task_id, outcome[0], outcome[1])
+                for (queue, task_id), outcome in zip(group.members, group.outcomes, strict=True)
+                if outcome is not None
+            ]
+            self._follow_up(group.then, f"group:{group.id}", {"members": members}, 0, 60.0)
+
+    def _follow_up(
+        self, queue: str, task_id: str, report: dict[str, object], max_retry: int, retention: float
+    ) -> None:
+        """Created in the same atomic step; skipped when its id is taken."""
+        if self.live((queue, task_id)) is not None:
+            return
+        self._insert(
+            Task(
+                queue=queue,
+                id=task_id,
+                state=PENDING,
+                priority=0,
+                due=self.now,
+                seq=0,
+                max_retry=max_retry,
+                retention=retention,
+            )
+        )
+        self.created.append((queue, task_id, report))
 
     # -- heartbeats and the rescuer ----------------------------------------------------------
 
@@ -289,21 +566,22 @@ class Model:
         """Every expired lease: retry due now (an attempt and a loss counted), or archived
         when lost ``max_lost`` times or out of retries."""
         moved = []
-        for task in self.tasks.values():
+        for task in list(self.tasks.values()):
             if task.state != ACTIVE or task.lease_until is None or task.lease_until > self.now:
                 continue
-            if task.lost + 1 >= self.max_lost:
-                self._end(task, ARCHIVED)
+            self._release(task)
+            task.retried += 1
+            task.lost += 1
+            if task.lost >= self.max_lost:
                 task.last_error = WORKER_LOST
-            elif task.retried >= task.max_retry:
-                self._end(task, ARCHIVED)
+                self._archive(task, WORKER_LOST)
+            elif task.retried > task.max_retry:
                 task.last_error = LEASE_EXPIRED
+                self._archive(task, LEASE_EXPIRED)
             else:
                 self._end(task, RETRY)
                 task.due = self.now
                 task.last_error = LEASE_EXPIRED
-            task.retried += 1
-            task.lost += 1
             moved.append(task.key)
         return moved
 
@@ -319,31 +597,39 @@ class Model:
         task.lost = 0
 
     def archive(self, key: tuple[str, str]) -> None:
+        """A waiting task archived, with its last error (or "archived") as its outcome."""
         task = self._found(key)
         if task.state not in WAITING:
             raise Refused("invalid state")
-        self._end(task, ARCHIVED)
+        self._archive(task, task.last_error or "archived")
 
     def delete(self, key: tuple[str, str]) -> None:
+        """Any task but an active one; a group member that had not finished counts as
+        finished ``deleted``."""
         task = self._found(key)
         if task.state == ACTIVE:
             raise Refused("invalid state")
         del self.tasks[key]
+        if task.state in WAITING:
+            self._finished(task, DELETED, None)
 
     def cancel(self, key: tuple[str, str]) -> None:
         """Waiting: archived "cancelled" at once. Active: flagged for its worker."""
         task = self._found(key)
         if task.state in WAITING:
-            self._end(task, ARCHIVED)
             task.last_error = CANCELLED
+            self._archive(task, CANCELLED)
         elif task.state == ACTIVE:
             task.cancel_requested = True
         else:
             raise Refused("invalid state")
 
-    def pause(self, queue: str, paused: bool) -> None:
+    def pause(self, queue: str, paused: bool, known: bool = False) -> None:
         """I4: a paused queue hands out nothing and still takes enqueues. A queue exists
-        once a task was enqueued in it."""
+        once a task was enqueued in it; one that only a group named exists if the broker
+        says so (``known``)."""
+        if known and queue in self.named:
+            self.queues.add(queue)
         if queue not in self.queues:
             raise Refused("no queue")
         if paused:
@@ -357,7 +643,7 @@ class Model:
             raise Refused("not found")
         return task
 
-    # -- time and the janitor -----------------------------------------------------------------
+    # -- time and the janitor (E5) --------------------------------------------------------------
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
@@ -366,3 +652,13 @@ class Model:
         """Completed tasks past their retention are deleted (already gone to readers)."""
         for key in [k for k in self.tasks if self.live(k) is None]:
             del self.tasks[key]
+
+    def delete_archived(self, keep: dict[str, float | None]) -> None:
+        """Archived tasks archived ``keep[queue]`` seconds ago or more are deleted (``None``
+        keeps them); their groups do not change (the outcome was counted when archived)."""
+        for key, task in list(self.tasks.items()):
+            seconds = keep.get(task.queue)
+            if task.state != ARCHIVED or seconds is None or task.expires_at is None:
+                continue
+            if task.expires_at <= self.now - seconds:
+                del self.tasks[key]

@@ -60,6 +60,16 @@ async def test_members_are_created_all_or_none(app: durq.App) -> None:
         await app.inspector.get_group(group.queue, "nope")
 
 
+async def test_two_members_with_one_unique_key_write_nothing(app: durq.App) -> None:
+    """The second member is a duplicate of the first: the group is refused as a whole."""
+    with pytest.raises(durq.DuplicateTaskError):
+        await app.enqueue_group(
+            [R("job:run", {"u": 2}, unique=3600), R("job:run", {"u": 2}, unique=3600)]
+        )
+    # Not even the first member was written.
+    assert [q.size for q in await app.inspector.list_queues()] in ([], [0])
+
+
 async def test_follow_up_once_with_every_members_outcome(app: durq.App) -> None:
     got: list[dict[str, Any]] = []
     done = asyncio.Event()

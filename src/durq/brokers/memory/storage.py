@@ -443,8 +443,17 @@ class Store:
         """Create a group, its members and its follow-up (waiting for the group), or raise
         the first refusal writing nothing."""
         then = waiting_follow_up(p)
+        earlier: dict[str, str] = {}  # unique key -> member: a later member must not take it
         for member in (*p.members, *([then] if then else [])):
             self.check_insert(member, now)
+            if member.unique_key is None:
+                continue
+            if member.unique_key in earlier:
+                raise DuplicateTaskError(
+                    f"an identical task {earlier[member.unique_key]!r} is already queued",
+                    existing_id=earlier[member.unique_key],
+                )
+            earlier[member.unique_key] = member.id
         group = Group(p, now, list(p.unfinished), [None] * len(p.members))
         rows = [self.insert(member, now) for member in p.members]
         if then is not None:
