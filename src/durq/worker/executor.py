@@ -244,7 +244,8 @@ class Executor:
                 result = await self._call(task_def, task, lease.ref)
             finally:
                 self._mark_settling(lease)
-                await self._end_reports(lease.ref)
+                if self._reports:  # only attempts whose handler takes a context
+                    await self._end_reports(lease.ref)
             encoded = codec.encode_result(result, max_bytes=self.app.max_result)
             if encoded is not None and self.app.encryption is not None:
                 encoded = self.app.encryption.seal(encoded)
@@ -341,6 +342,8 @@ class Executor:
         if shape.wants_context:
             args.append(self._context(task, ref))
         if not self._wrapping:
+            if task_def.is_async and not task.timeout and task.deadline is None:
+                return await task_def.fn(*args)  # most tasks: no hook, no budget, no thread
             return await self._bounded(task_def, task, args)
         with contextlib.ExitStack() as stack:
             for hook in self._wrapping:
