@@ -5,7 +5,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-django lint typecheck chaos model bench loadtest install clean
+.PHONY: demo test test-django lint typecheck chaos model bench bench-check bench-baseline \
+	loadtest install clean
 
 # Django 6 (its Tasks framework) needs Python >= 3.12 while the project supports 3.11: the
 # Django integration is tested in a venv of its own, so 3.11 stays tested by everything else.
@@ -88,6 +89,16 @@ model: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
+
+# Instructions per enqueue, claim and completed task (valgrind's callgrind) against
+# benchmarks/baseline.json: fails on a rise over 5 %. Needs valgrind, and PostgreSQL and Redis
+# for those brokers' figures (BENCH_CHECK_ARGS="--brokers memory,sqlite" without them).
+bench-check: $(STAMP)
+	$(BIN)/python benchmarks/check.py $(BENCH_CHECK_ARGS)
+
+# Measure and write benchmarks/baseline.json again (after a change whose cost is wanted).
+bench-baseline: $(STAMP)
+	$(BIN)/python benchmarks/check.py --record $(BENCH_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) $(DJ_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -17,7 +17,7 @@ from durq.clock import SYSTEM_CLOCK
 from durq.errors import BrokerUnavailableError
 from durq.progress import MAX_LOG_LINES
 from durq.states import TaskState
-from durq.worker.reports import AttemptReports
+from durq.worker.reports import AttemptReports, LazyReports
 
 
 async def test_W14_progress_shows_while_an_async_handler_runs(app: durq.App) -> None:
@@ -166,5 +166,41 @@ async def test_W14_reports_are_written_again_after_an_outage() -> None:
         info = await broker.get_task("default", "t")
         assert [x.message for x in info.logs] == ["kept through the outage"]
         assert info.progress is not None and info.progress.fraction == 0.5
+    finally:
+        await broker.close()
+
+
+async def test_W14_a_context_that_never_reports_builds_no_writer() -> None:
+    """The writer (its locks, event and task) is built on the first report only; a report
+    after the attempt ended is dropped, whether the writer was built or not."""
+    from brokerkit import claim, params
+
+    broker = CountingBroker("lazy-reports-test")
+    await broker.connect()
+    try:
+        await broker.enqueue(params("t"))
+        (lease,) = await claim(broker)
+        loop = asyncio.get_running_loop()
+        built: list[AttemptReports] = []
+
+        def build() -> AttemptReports:
+            built.append(AttemptReports(broker, lease.ref, 1, SYSTEM_CLOCK, loop))
+            return built[-1]
+
+        silent = LazyReports(build)
+        await silent.close()
+        silent.progress(0.5, None)
+        assert built == [] and broker.writes == 0
+
+        reports = LazyReports(build)
+        await asyncio.to_thread(reports.log, "info", "from a handler's thread")
+        reports.progress(0.25, None)
+        await reports.close()
+        reports.log("info", "too late")
+        await asyncio.sleep(0)
+        assert len(built) == 1 and broker.writes in (1, 2)  # the writer may run meanwhile
+        info = await broker.get_task("default", "t")
+        assert [x.message for x in info.logs] == ["from a handler's thread"]
+        assert info.progress is not None and info.progress.fraction == 0.25
     finally:
         await broker.close()

@@ -3,7 +3,6 @@ one flag away (``--log-format json``)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import re
@@ -21,7 +20,6 @@ from durq.worker.hooks import OUTCOMES, WorkerHooks
 from durq.worker.service import PeriodicService
 
 summary_log = logging.getLogger("durq.worker")
-_NOTHING = contextlib.nullcontext()
 
 #: The level names ``setup_logging`` (and ``--log-level``) accept, in any case.
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -160,9 +158,6 @@ class TaskSummary(WorkerHooks):
     def tick_enqueued(self) -> None:
         """Count one periodic tick enqueued (the scheduler's ``on_enqueued``)."""
         self.ticks += 1
-
-    def around(self, task: TaskInfo) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
-        return _NOTHING  # cheaper than the base class's generator, entered once per task
 
     def flush(self) -> None:
         """Log the counts since the last line (nothing when there were none) and reset them."""

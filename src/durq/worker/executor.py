@@ -40,7 +40,7 @@ from durq.task import TaskContext, TaskInfo
 from durq.worker import frames
 from durq.worker.acker import Acker
 from durq.worker.hooks import WorkerHooks
-from durq.worker.reports import AttemptReports
+from durq.worker.reports import AttemptReports, LazyReports
 from durq.worker.steps import AttemptSteps
 
 if TYPE_CHECKING:
@@ -118,6 +118,12 @@ class Executor:
         self.concurrency = concurrency
         self.worker_id = worker_id
         self.hooks = hooks
+        # Only the hooks that wrap the handler call: most do not, and an ExitStack per
+        # attempt for nothing was a measurable part of a small task's cost.
+        self._wrapping = [h for h in hooks if _overrides(h, "around")]
+        self._starting = [h for h in hooks if _overrides(h, "task_started")]
+        self._finishing = [h for h in hooks if _overrides(h, "task_finished")]
+        self._watching = [h for h in hooks if _overrides(h, "busy_changed")]
         #: Keyed by lease, not task: a task may be claimed again before its last attempt's
         #: done-callback ran (a retry due at once), and the two must not share an entry.
         self.running: dict[LeaseRef, Running] = {}
@@ -128,7 +134,7 @@ class Executor:
         self.slot_freed = asyncio.Event()
         self.acker = Acker(broker, on_waiting=self.slot_freed.set, on_stored=self._completed)
         #: The progress reports of attempts whose handler takes a TaskContext.
-        self._reports: dict[LeaseRef, AttemptReports] = {}
+        self._reports: dict[LeaseRef, LazyReports] = {}
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="durq-task")
 
     @property
@@ -169,7 +175,7 @@ class Executor:
             self._busy_changed()
 
     def _busy_changed(self) -> None:
-        for hook in self.hooks:
+        for hook in self._watching:
             hook.busy_changed(len(self.running) - self._settling, self.concurrency)
 
     def cancel(self, task_id: str, reason: str, *, tokens: Collection[str] | None = None) -> bool:
@@ -216,7 +222,7 @@ class Executor:
         task = lease.task
         key = lease.ref
         started = time.perf_counter()
-        for hook in self.hooks:
+        for hook in self._starting:
             hook.task_started(task)
         outcome = "lost"
         try:
@@ -233,7 +239,7 @@ class Executor:
             )
         finally:
             duration = time.perf_counter() - started
-            for hook in self.hooks:
+            for hook in self._finishing:
                 hook.task_finished(task, outcome, duration)
 
     async def _run_and_settle(self, lease: Lease) -> str:
@@ -247,7 +253,8 @@ class Executor:
                 result = await self._call(task_def, task, lease.ref)
             finally:
                 self._mark_settling(lease)
-                await self._end_reports(lease.ref)
+                if self._reports:  # only attempts whose handler takes a context
+                    await self._end_reports(lease.ref)
             encoded = codec.encode_result(result, max_bytes=self.app.max_result)
             if encoded is not None and self.app.encryption is not None:
                 encoded = self.app.encryption.seal(encoded)
@@ -318,16 +325,14 @@ class Executor:
             self._busy_changed()
 
     async def _call(self, task_def: TaskDef[Any, Any], task: TaskInfo, ref: LeaseRef) -> Any:
-        limit = groups.payload_limit(task, self.app.max_payload)
-        if crypt.sealed(task.raw_payload):
-            limit = crypt.max_sealed(limit)  # the limit is the plain payload's
-        if len(task.raw_payload) > limit:
+        size = len(task.raw_payload)
+        # A group's follow-up and a sealed payload may be larger than max_payload, never
+        # smaller: their own limit is worked out only for a payload over it.
+        if size > self.app.max_payload and size > (limit := self._payload_limit(task)):
             # Only storage written behind the client's back gets here (enqueue refuses it;
             # a group's follow-up is bounded by its size); decoding it could cost seconds
             # and memory on every attempt.
-            raise _Undecodable(
-                f"payload decode error: {len(task.raw_payload)} bytes, over the limit of {limit}"
-            )
+            raise _Undecodable(f"payload decode error: {size} bytes, over the limit of {limit}")
         try:
             data = crypt.decode_payload(task.raw_payload, self.app.encryption)
         except EncryptionError as exc:
@@ -347,22 +352,38 @@ class Executor:
                 args.append(data)
         if shape.wants_context:
             args.append(self._context(task, ref))
-        budget = self._budget(task)
+        if not self._wrapping:
+            if task_def.is_async and not task.timeout and task.deadline is None:
+                return await task_def.fn(*args)  # most tasks: no hook, no budget, no thread
+            return await self._bounded(task_def, task, args)
         with contextlib.ExitStack() as stack:
-            for hook in self.hooks:
+            for hook in self._wrapping:
                 stack.enter_context(hook.around(task))
-            if budget is None:  # most tasks: skip the timeout machinery on the hot path
+            return await self._bounded(task_def, task, args)
+
+    def _payload_limit(self, task: TaskInfo) -> int:
+        limit = groups.payload_limit(task, self.app.max_payload)
+        if crypt.sealed(task.raw_payload):
+            limit = crypt.max_sealed(limit)  # the limit is the plain payload's
+        return limit
+
+    async def _bounded(self, task_def: TaskDef[Any, Any], task: TaskInfo, args: list[Any]) -> Any:
+        """The handler's call within its budget (W3)."""
+        if not task.timeout and task.deadline is None:
+            # Most tasks: skip the timeout machinery on the hot path.
+            return await self._invoke(task_def, args)
+        budget = self._budget(task)
+        assert budget is not None
+        scope = asyncio.timeout(budget)
+        try:
+            async with scope:
                 return await self._invoke(task_def, args)
-            scope = asyncio.timeout(budget)
-            try:
-                async with scope:
-                    return await self._invoke(task_def, args)
-            except TimeoutError:
-                # Only our own budget is W3; a TimeoutError of the handler's own I/O is an
-                # ordinary failure with its own message.
-                if scope.expired():
-                    raise _TimedOut from None
-                raise
+        except TimeoutError:
+            # Only our own budget is W3; a TimeoutError of the handler's own I/O is an
+            # ordinary failure with its own message.
+            if scope.expired():
+                raise _TimedOut from None
+            raise
 
     async def _invoke(self, task_def: TaskDef[Any, Any], args: list[Any]) -> Any:
         if task_def.is_async:
@@ -373,12 +394,13 @@ class Executor:
         return await asyncio.get_running_loop().run_in_executor(self._threads, call)
 
     def _context(self, task: TaskInfo, ref: LeaseRef) -> TaskContext:
-        reports = AttemptReports(
-            self.broker, ref, task.retried + 1, self.app.clock, asyncio.get_running_loop()
-        )
-        self._reports[ref] = reports
         loop = asyncio.get_running_loop()
         attempt = task.retried + 1
+        # Built on the first report only: most handlers that take a context never report.
+        reports = LazyReports(
+            functools.partial(AttemptReports, self.broker, ref, attempt, self.app.clock, loop)
+        )
+        self._reports[ref] = reports
         steps = AttemptSteps(self.broker, ref, attempt, self.app.clock, loop, self.app.max_result)
         return TaskContext(
             id=task.id,
@@ -579,6 +601,13 @@ class _TimedOut(Exception):
 
 class _Undecodable(Exception):
     """The stored payload is not a valid JSON object for this task: retrying cannot help."""
+
+
+def _overrides(hook: WorkerHooks, name: str) -> bool:
+    """Whether ``hook`` does something in ``name`` (the base class's does nothing)."""
+    if name in getattr(hook, "__dict__", {}):
+        return True
+    return getattr(type(hook), name, None) is not getattr(WorkerHooks, name)
 
 
 def _extra(task: TaskInfo) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 
 from durq import progress as p
 from durq.brokers.base import Broker, LeaseRef, ProgressParams
@@ -137,3 +138,47 @@ class AttemptReports:
                 await self._writer
         if not already:
             await self._flush()
+
+
+class LazyReports:
+    """The :class:`~durq.task.ReportSink` an attempt's context gets: it builds the
+    :class:`AttemptReports` on the first report, since most handlers that take a context
+    never report and the writer's locks and event cost more than a small task. Once closed,
+    reports are dropped, as :class:`AttemptReports` drops them."""
+
+    __slots__ = ("_build", "_built", "_closed")
+
+    #: Guards the first build (a sync handler reports from its thread).
+    _building = threading.Lock()
+
+    def __init__(self, build: Callable[[], AttemptReports]) -> None:
+        self._build = build
+        self._built: AttemptReports | None = None
+        self._closed = False
+
+    def _reports(self) -> AttemptReports | None:
+        built = self._built
+        if built is None:
+            with self._building:
+                if self._closed:
+                    return None
+                if self._built is None:
+                    self._built = self._build()
+                built = self._built
+        return built
+
+    def progress(self, fraction: float, message: str | None) -> None:
+        if (reports := self._reports()) is not None:
+            reports.progress(fraction, message)
+
+    def log(self, level: str, message: str) -> None:
+        if (reports := self._reports()) is not None:
+            reports.log(level, message)
+
+    async def close(self) -> None:
+        """Write what is pending (the end of the attempt); later reports are dropped."""
+        with self._building:
+            self._closed = True
+            built = self._built
+        if built is not None:
+            await built.close()
