@@ -1,6 +1,6 @@
 """durq: durable background tasks for Python web services."""
 
-from durq.app import App, TaskDef
+from durq.app import App
 from durq.backoff import capped_power_of_two, exponential, fixed
 from durq.brokers.base import EnqueueOutcome, QueueStats, WorkerInfo
 from durq.coalescer import Coalescer
@@ -31,6 +31,7 @@ from durq.options import EnqueueRequest
 from durq.progress import TaskLogLine, TaskProgress
 from durq.states import TaskState
 from durq.task import TaskContext, TaskInfo
+from durq.taskdef import TaskDef
 from durq.worker import Worker
 from durq.worker.hooks import WorkerHooks
 

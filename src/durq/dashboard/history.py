@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from durq.brokers.base import minute_of
 
 if TYPE_CHECKING:
-    from durq.app import App
+    from durq.appview import AdminView
 
 #: One point per minute.
 INTERVAL = 60
@@ -20,7 +20,7 @@ INTERVAL = 60
 class History:
     """Series of the last ``window`` seconds, one point per minute."""
 
-    def __init__(self, app: App, *, window: float = 3600.0) -> None:
+    def __init__(self, app: AdminView, *, window: float = 3600.0) -> None:
         self.app = app
         self.window = window
 

@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     trace = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
-    from durq.app import App
+    from durq.appview import HookPoints
     from durq.brokers.base import EnqueueParams
 
 TRACER_NAME = "durq"
@@ -121,7 +121,7 @@ class TracingHooks(WorkerHooks):
             yield
 
 
-def install(app: App, tracer_provider: Any = None) -> bool:
+def install(app: HookPoints, tracer_provider: Any = None) -> bool:
     """Propagate trace context through ``app``'s tasks; ``False`` without OpenTelemetry.
 
     Idempotent. ``tracer_provider``: default the global one (set by your SDK set-up)."""

@@ -19,12 +19,13 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from durq import codec, lifecycle
 from durq import encryption as crypt
+from durq.appview import WorkerView
 from durq.brokers.base import ClaimParams, CompleteParams, Lease, WorkerInfo
-from durq.clock import FakeClock
+from durq.clock import Clock, FakeClock
 from durq.encryption import Encryption
 from durq.errors import ConfigurationError, NotReady, SkipRetry, TaskNotFoundError
 from durq.inspector import parse_state
@@ -40,10 +41,24 @@ from durq.worker.periodic import PeriodicScheduler
 from durq.worker.server import parse_queues
 
 if TYPE_CHECKING:
-    from durq.app import App
     from durq.brokers.base import FullBroker
 
 R = TypeVar("R")
+
+
+class TestView(WorkerView, Protocol):
+    """An app as the testing kit drives it: a worker's view, and rebinding to a test broker
+    and clock."""
+
+    @property
+    def broker_target(self) -> str | FullBroker: ...
+    def new_broker(self) -> FullBroker: ...
+    def rebind(
+        self, broker: str | FullBroker | None = None, *, clock: Clock | None = None
+    ) -> dict[asyncio.AbstractEventLoop, FullBroker]: ...
+
+
+A = TypeVar("A", bound=TestView)
 
 #: Exceptions a handler raises on purpose: not reported as errors by :meth:`TestWorker.drain`.
 EXPECTED = (NotReady, SkipRetry)
@@ -217,7 +232,7 @@ class TestWorker:
 
     def __init__(
         self,
-        app: App,
+        app: TestView,
         *,
         queues: str | Mapping[str, int] | Sequence[str] | None = None,
         concurrency: int = 1,
@@ -515,7 +530,7 @@ class TestWorker:
         self.clock.advance(by)
 
 
-def worker(app: App, **options: Any) -> TestWorker:
+def worker(app: TestView, **options: Any) -> TestWorker:
     """A :class:`TestWorker` for ``app``: ``async with durq.testing.worker(app) as w:``."""
     return TestWorker(app, **options)
 
@@ -542,7 +557,7 @@ class SyncTestWorker:
 
     __test__ = False
 
-    def __init__(self, app: App, **options: Any) -> None:
+    def __init__(self, app: TestView, **options: Any) -> None:
         self.app = app
         self.worker = TestWorker(app, **options)
         self._runner: SyncRunner | None = None
@@ -599,12 +614,12 @@ class SyncTestWorker:
         self.clock.advance(by)
 
 
-def worker_sync(app: App, **options: Any) -> SyncTestWorker:
+def worker_sync(app: TestView, **options: Any) -> SyncTestWorker:
     """A :class:`SyncTestWorker` for ``app``: ``with durq.testing.worker_sync(app) as w:``."""
     return SyncTestWorker(app, **options)
 
 
-def drain_sync(app: App, **options: Any) -> Drained:
+def drain_sync(app: TestView, **options: Any) -> Drained:
     """Run what is due now on ``app``'s broker and return it: one blocking call for a WSGI
     test that does not move time. Options as :meth:`TestWorker.drain` (``limit``,
     ``raise_errors``) and :class:`TestWorker`."""
@@ -614,9 +629,7 @@ def drain_sync(app: App, **options: Any) -> Drained:
 
 
 @contextlib.contextmanager
-def in_memory(
-    app: App, *, clock: FakeClock | None = None, start: float | None = None
-) -> Iterator[App]:
+def in_memory(app: A, *, clock: FakeClock | None = None, start: float | None = None) -> Iterator[A]:
     """Point ``app`` at a fresh in-memory broker of its own and a fake clock for the block,
     then give it back its broker and clock: your app, isolated, in a unit test.
 

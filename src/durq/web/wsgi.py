@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 from durq.web import DEFAULT_RETRY_AFTER, Answer, Location, enqueue_answer_sync
 
 if TYPE_CHECKING:
-    from durq.app import App, TaskDef
+    from durq.app import App
+    from durq.taskdef import TaskDef
     from durq.worker.server import Worker
 
 __all__ = [

@@ -35,7 +35,8 @@ from durq.worker.hooks import WorkerHooks
 from durq.worker.reports import AttemptReports
 
 if TYPE_CHECKING:
-    from durq.app import App, TaskDef
+    from durq.appview import WorkerView
+    from durq.taskdef import TaskDef
 
 log = logging.getLogger("durq.worker")
 
@@ -97,7 +98,7 @@ class Executor:
 
     def __init__(
         self,
-        app: App,
+        app: WorkerView,
         broker: Broker,
         *,
         concurrency: int,

@@ -28,7 +28,7 @@ from durq.states import TaskState
 from durq.worker.service import PeriodicService
 
 if TYPE_CHECKING:
-    from durq.app import App
+    from durq.appview import WorkerView
     from durq.brokers.base import Broker, FullBroker
     from durq.task import TaskInfo
 
@@ -57,7 +57,7 @@ class PeriodicScheduler(PeriodicService):
 
     def __init__(
         self,
-        app: App,
+        app: WorkerView,
         broker: Broker | None = None,
         *,
         max_interval: float = 1.0,
@@ -121,7 +121,7 @@ class PeriodicScheduler(PeriodicService):
                     )
                 continue
             try:
-                entries.append(entry_of(self.app, record))
+                entries.append(entry_of(self.app.schedules, record))
             except ConfigurationError as exc:
                 if self._refused.get(record.name) != record.version:
                     self._refused[record.name] = record.version

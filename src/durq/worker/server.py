@@ -30,7 +30,7 @@ from durq.worker.recycle import MAX_MEMORY_RANGE, MAX_TASKS_RANGE, MemoryWatch
 from durq.worker.service import PeriodicService
 
 if TYPE_CHECKING:
-    from durq.app import App
+    from durq.appview import WorkerView
     from durq.brokers.base import FullBroker
 
 log = logging.getLogger("durq.worker")
@@ -85,7 +85,7 @@ class Worker:
 
     def __init__(
         self,
-        app: App,
+        app: WorkerView,
         *,
         queues: str | Mapping[str, int] | Sequence[str] | None = None,
         concurrency: int = 10,
