@@ -2,7 +2,8 @@
 
 from durq.app import App
 from durq.backoff import capped_power_of_two, exponential, fixed
-from durq.brokers.base import EnqueueOutcome, QueueStats, WorkerInfo
+from durq.brokers.params import EnqueueOutcome
+from durq.brokers.views import QueueStats, WorkerInfo
 from durq.coalescer import Coalescer
 from durq.continuations import Then
 from durq.encryption import Encryption

@@ -15,15 +15,14 @@ from durq import backoff, continuations, durations, groups, webhooks
 from durq import encryption as crypt
 from durq.appview import HeaderHook, SendHook
 from durq.brokers import FullBroker, open_broker, resolve_url
-from durq.brokers.base import (
+from durq.brokers.contract import (
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
     CAP_LIMITS,
     CAP_SYNC_CONNECTION_ENQUEUE,
-    EnqueueOutcome,
-    EnqueueParams,
     SyncConnectionEnqueue,
 )
+from durq.brokers.params import EnqueueOutcome, EnqueueParams
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.codec import DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_RESULT
 from durq.encryption import Encryption

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from durq.brokers import FullBroker
-    from durq.brokers.base import ArchivedRetention, EnqueueParams
+    from durq.brokers.params import ArchivedRetention, EnqueueParams
     from durq.clock import Clock
     from durq.encryption import Encryption
     from durq.inspector import Inspector

@@ -3,7 +3,7 @@
 ``await app.enqueue("pdf:render", {...}, then=durq.Then("email:send_pdf", on_archived=True))``
 validates the follow-up at enqueue and stores it, fully resolved, in the task's header
 ``durq-then``. When the task completes (or is archived, with ``on_archived=True``), the
-follow-up's :class:`~durq.brokers.base.EnqueueParams` ride on the call that records the
+follow-up's :class:`~durq.brokers.params.EnqueueParams` ride on the call that records the
 outcome (``CompleteParams.follow_ups`` / ``ArchiveParams.follow_ups``) and the broker writes
 both or neither: one SQL transaction, one Lua script. See ``docs/periodic.md``.
 
@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from durq import codec, durations, names, webhooks
-from durq.brokers.base import EnqueueParams
+from durq.brokers.params import EnqueueParams
 from durq.errors import InvalidPriorityError, ValidationError
 from durq.options import DEFAULT_RETENTION, check_max_retry, check_priority
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from durq import groups, lifecycle
-from durq.brokers.base import (
+from durq.brokers.views import (
     GroupInfo,
     LimitStats,
     MinuteCounts,
@@ -25,7 +25,7 @@ from durq.states import TaskState
 from durq.task import TaskInfo
 
 if TYPE_CHECKING:
-    from durq.brokers.base import FullBroker
+    from durq.brokers.contract import FullBroker
     from durq.encryption import Encryption
 
 

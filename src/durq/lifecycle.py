@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from durq import codec, continuations, groups
-from durq.brokers.base import (
+from durq.brokers.params import (
     ArchiveParams,
     CompleteParams,
     EnqueueParams,
@@ -36,7 +36,7 @@ from durq.states import TaskState, move
 from durq.task import TaskInfo
 
 if TYPE_CHECKING:
-    from durq.brokers.base import Broker, FullBroker
+    from durq.brokers.contract import Broker, FullBroker
 
 log = logging.getLogger("durq.lifecycle")
 

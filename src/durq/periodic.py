@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from durq import codec, durations, names
-from durq.brokers.base import OVERLAP_POLICIES
+from durq.brokers.views import OVERLAP_POLICIES
 from durq.errors import ConfigurationError, TaskNotFoundError, ValidationError
 from durq.options import Duration, EnqueueRequest
 from durq.taskdef import TaskDef, TaskRegistry
 
 if TYPE_CHECKING:
-    from durq.brokers.base import EnqueueParams
+    from durq.brokers.params import EnqueueParams
     from durq.clock import Clock
     from durq.inspector import Inspector
 

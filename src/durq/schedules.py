@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from durq.brokers.base import ScheduleRecord
+from durq.brokers.views import ScheduleRecord
 from durq.errors import (
     ConfigurationError,
     DuplicateTaskError,
@@ -36,7 +36,7 @@ from durq.periodic import PeriodicEntry
 
 if TYPE_CHECKING:
     from durq.brokers import FullBroker
-    from durq.brokers.base import EnqueueParams
+    from durq.brokers.params import EnqueueParams
     from durq.clock import Clock
     from durq.options import EnqueueRequest
     from durq.periodic import PeriodicRegistry

@@ -50,7 +50,7 @@ from urllib.parse import urlsplit
 
 from durq import backoff, codec, durations, names
 from durq.addresses import Address, Network, address_allowed
-from durq.brokers.base import EnqueueParams
+from durq.brokers.params import EnqueueParams
 from durq.errors import ConfigurationError, DurqError, SkipRetry, ValidationError
 from durq.taskdef import TaskRegistry
 

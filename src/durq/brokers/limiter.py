@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from durq.brokers.base import LimitStats
+from durq.brokers.views import LimitStats
 from durq.task import LimitSpec
 
 

@@ -21,13 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from durq import groups, periodic
-from durq.brokers.base import (
-    PAYLOAD_FIELD,
-    QueueStats,
-    TaskFilter,
-    TaskSearchResult,
-    WorkerInfo,
-)
+from durq.brokers.views import PAYLOAD_FIELD, QueueStats, TaskFilter, TaskSearchResult, WorkerInfo
 from durq.dashboard import models
 from durq.errors import TaskNotFoundError, ValidationError
 from durq.inspector import SEARCH_FIELDS_MAX, SEARCH_TEXT_MAX, parse_state, task_filter

@@ -34,7 +34,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from durq.appview import AdminView, HookPoints
-from durq.brokers.base import LimitStats, QueueStats
+from durq.brokers.views import LimitStats, QueueStats
 from durq.errors import DurqError
 from durq.observability.health import HealthProbe, readiness
 from durq.observability.snapshot import Snapshot

@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 if TYPE_CHECKING:
     from durq.appview import HookPoints
-    from durq.brokers.base import EnqueueParams
+    from durq.brokers.params import EnqueueParams
 
 TRACER_NAME = "durq"
 #: Prefix of the span name; the task type follows.

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from durq import codec, lifecycle
 from durq import encryption as crypt
 from durq.appview import WorkerView
-from durq.brokers.base import ClaimParams, CompleteParams, Lease, WorkerInfo
+from durq.brokers.params import ClaimParams, CompleteParams, Lease
+from durq.brokers.views import WorkerInfo
 from durq.clock import Clock, FakeClock
 from durq.encryption import Encryption
 from durq.errors import ConfigurationError, NotReady, SkipRetry, TaskNotFoundError
@@ -41,7 +42,7 @@ from durq.worker.periodic import PeriodicScheduler
 from durq.worker.server import parse_queues
 
 if TYPE_CHECKING:
-    from durq.brokers.base import FullBroker
+    from durq.brokers.contract import FullBroker
 
 R = TypeVar("R")
 

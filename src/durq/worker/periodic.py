@@ -29,7 +29,7 @@ from durq.worker.service import PeriodicService
 
 if TYPE_CHECKING:
     from durq.appview import WorkerView
-    from durq.brokers.base import Broker, FullBroker
+    from durq.brokers.contract import Broker, FullBroker
     from durq.task import TaskInfo
 
 log = logging.getLogger("durq.scheduler")

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from durq import names, ranges
-from durq.brokers.base import WorkerInfo
+from durq.brokers.views import WorkerInfo
 from durq.errors import BrokerUnavailableError, ConfigurationError
 from durq.observability.logging import TaskSummary
 from durq.worker.executor import SHUTDOWN, Executor
@@ -31,7 +31,7 @@ from durq.worker.service import PeriodicService
 
 if TYPE_CHECKING:
     from durq.appview import WorkerView
-    from durq.brokers.base import FullBroker
+    from durq.brokers.contract import FullBroker
 
 log = logging.getLogger("durq.worker")
 

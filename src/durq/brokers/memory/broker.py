@@ -14,20 +14,23 @@ from typing import Any, Self
 from urllib.parse import urlsplit
 
 from durq.brokers import limiter
-from durq.brokers.base import (
+from durq.brokers.contract import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
     CAP_LIMITS,
-    FORGET_WORKERS_AFTER,
-    MINUTE_COUNTS_KEEP,
     AdminForwarder,
+    EndWatch,
+)
+from durq.brokers.mailbox import Waiter, end_key
+from durq.brokers.memory.admin import MemoryAdmin
+from durq.brokers.memory.storage import C, P, R, Row, Store, X, store_for
+from durq.brokers.params import (
     ArchivedRetention,
     ArchiveParams,
     Claimed,
     ClaimParams,
     CompleteParams,
-    EndWatch,
     EnqueueOutcome,
     EnqueueParams,
     GroupParams,
@@ -37,12 +40,9 @@ from durq.brokers.base import (
     LeaseReport,
     ProgressParams,
     RetryParams,
-    WorkerInfo,
     ended_by,
 )
-from durq.brokers.mailbox import Waiter, end_key
-from durq.brokers.memory.admin import MemoryAdmin
-from durq.brokers.memory.storage import C, P, R, Row, Store, X, store_for
+from durq.brokers.views import FORGET_WORKERS_AFTER, MINUTE_COUNTS_KEEP, WorkerInfo
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import (
     ConfigurationError,

@@ -14,18 +14,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from durq.brokers import limiter, mailbox
-from durq.brokers.base import (
-    EnqueueParams,
+from durq.brokers.mailbox import Mailbox, Watches
+from durq.brokers.params import EnqueueParams, GroupParams, fan_in_payload
+from durq.brokers.views import (
     GroupInfo,
     GroupMemberInfo,
-    GroupParams,
     LimitStats,
     ScheduleRecord,
     WorkerInfo,
-    fan_in_payload,
     minute_of,
 )
-from durq.brokers.mailbox import Mailbox, Watches
 from durq.clock import to_datetime, utc_day
 from durq.errors import DuplicateTaskError, TaskIDConflictError
 from durq.progress import decode_logs, progress_of

@@ -16,7 +16,8 @@ import psycopg
 from psycopg import AsyncRawCursor
 from psycopg.rows import tuple_row
 
-from durq.brokers.base import (
+from durq.brokers.batcher import enqueue_coalescer
+from durq.brokers.contract import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_COMPLETE_AND_CLAIM,
     CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
@@ -27,16 +28,17 @@ from durq.brokers.base import (
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
-    CLAIM_FORWARD,
-    FORGET_WORKERS_AFTER,
-    MINUTE_COUNTS_KEEP,
     AdminForwarder,
+    EndWatch,
+)
+from durq.brokers.mailbox import end_key
+from durq.brokers.params import (
+    CLAIM_FORWARD,
     ArchivedRetention,
     ArchiveParams,
     Claimed,
     ClaimParams,
     CompleteParams,
-    EndWatch,
     EnqueueOutcome,
     EnqueueParams,
     GroupParams,
@@ -46,11 +48,8 @@ from durq.brokers.base import (
     LeaseReport,
     ProgressParams,
     RetryParams,
-    WorkerInfo,
     ended_by,
 )
-from durq.brokers.batcher import enqueue_coalescer
-from durq.brokers.mailbox import end_key
 from durq.brokers.postgres.admin import PostgresAdmin
 from durq.brokers.postgres.rows import (
     CLAIM_DONE_IDS,
@@ -84,6 +83,7 @@ from durq.brokers.postgres.storage import (
 )
 from durq.brokers.postgres.wakeup import EndListener, Listener
 from durq.brokers.sqlrows import row_to_info
+from durq.brokers.views import FORGET_WORKERS_AFTER, MINUTE_COUNTS_KEEP, WorkerInfo
 from durq.clock import SYSTEM_CLOCK, Clock, to_datetime, utc_day
 from durq.errors import ConfigurationError
 from durq.progress import MAX_LOG_LINES

@@ -1,4 +1,4 @@
-"""The Redis broker: the hot path (:class:`~durq.brokers.base.Broker`) on redis-py's asyncio
+"""The Redis broker: the hot path (:class:`~durq.brokers.contract.Broker`) on redis-py's asyncio
 client. Every state change is one Lua script of ``scripts/`` (atomic on the server); this
 module only builds keys and arguments and decodes replies. See docs/brokers/redis.md."""
 
@@ -17,7 +17,8 @@ from typing import Any, Self
 
 from redis import exceptions as rex
 
-from durq.brokers.base import (
+from durq.brokers.batcher import enqueue_coalescer
+from durq.brokers.contract import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_COMPLETE_AND_CLAIM,
     CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
@@ -28,15 +29,16 @@ from durq.brokers.base import (
     CAP_LIMITS,
     CAP_MULTI_PROCESS,
     CAP_WAIT_AND_CLAIM,
-    CLAIM_FORWARD,
-    FORGET_WORKERS_AFTER,
     AdminForwarder,
+    EndWatch,
+)
+from durq.brokers.params import (
+    CLAIM_FORWARD,
     ArchivedRetention,
     ArchiveParams,
     Claimed,
     ClaimParams,
     CompleteParams,
-    EndWatch,
     EnqueueOutcome,
     EnqueueParams,
     GroupParams,
@@ -46,9 +48,7 @@ from durq.brokers.base import (
     LeaseReport,
     ProgressParams,
     RetryParams,
-    WorkerInfo,
 )
-from durq.brokers.batcher import enqueue_coalescer
 from durq.brokers.redis.admin import WORKER_TTL, RedisAdmin
 from durq.brokers.redis.cluster import key_slot
 from durq.brokers.redis.keys import DEFAULT_PREFIX
@@ -64,6 +64,7 @@ from durq.brokers.redis.storage import (
 )
 from durq.brokers.redis.wakeup import Blocker, EndWatches, Wakeups
 from durq.brokers.redis.wire import error, is_error
+from durq.brokers.views import FORGET_WORKERS_AFTER, WorkerInfo
 from durq.clock import SYSTEM_CLOCK, Clock, utc_day
 from durq.errors import (
     BrokerError,

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from redis import exceptions as rex
 
 from durq import ranges
-from durq.brokers.base import MINUTE_COUNTS_KEEP, EnqueueParams, MemberOutcome
+from durq.brokers.params import EnqueueParams, MemberOutcome
 from durq.brokers.redis.cluster import (
     DEFAULT_RETRY,
     DEFAULT_WAIT_TIMEOUT_MS,
@@ -34,6 +34,7 @@ from durq.brokers.redis.wire import (
     loaded,
     scripts_to_load,
 )
+from durq.brokers.views import MINUTE_COUNTS_KEEP
 from durq.clock import SYSTEM_CLOCK, Clock, server_clock_for
 from durq.errors import (
     BrokerError,

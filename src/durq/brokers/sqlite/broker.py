@@ -18,7 +18,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from durq import ranges
 from durq.brokers import limiter, mailbox
-from durq.brokers.base import (
+from durq.brokers.batcher import enqueue_coalescer
+from durq.brokers.contract import (
     CAP_ATOMIC_FOLLOW_UPS,
     CAP_COMPLETE_AND_CLAIM,
     CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
@@ -30,16 +31,17 @@ from durq.brokers.base import (
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
-    CLAIM_FORWARD,
-    FORGET_WORKERS_AFTER,
-    MINUTE_COUNTS_KEEP,
     AdminForwarder,
+    EndWatch,
+)
+from durq.brokers.mailbox import Waiter
+from durq.brokers.params import (
+    CLAIM_FORWARD,
     ArchivedRetention,
     ArchiveParams,
     Claimed,
     ClaimParams,
     CompleteParams,
-    EndWatch,
     EnqueueOutcome,
     EnqueueParams,
     GroupParams,
@@ -49,11 +51,8 @@ from durq.brokers.base import (
     LeaseReport,
     ProgressParams,
     RetryParams,
-    WorkerInfo,
     ended_by,
 )
-from durq.brokers.batcher import enqueue_coalescer
-from durq.brokers.mailbox import Waiter
 from durq.brokers.sqlite import files
 from durq.brokers.sqlite.admin import SQLiteAdmin
 from durq.brokers.sqlite.storage import (
@@ -68,6 +67,7 @@ from durq.brokers.sqlite.storage import (
     schema_version,
 )
 from durq.brokers.sqlrows import row_to_info
+from durq.brokers.views import FORGET_WORKERS_AFTER, MINUTE_COUNTS_KEEP, WorkerInfo
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import ConfigurationError, DuplicateTaskError, SchemaError, TaskIDConflictError
 from durq.progress import append_lines
