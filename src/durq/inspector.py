@@ -25,7 +25,7 @@ from durq.states import TaskState
 from durq.task import TaskInfo
 
 if TYPE_CHECKING:
-    from durq.brokers.contract import FullBroker
+    from durq.brokers.contract import Admin, FullBroker
     from durq.encryption import Encryption
 
 
@@ -92,8 +92,8 @@ class Inspector:
     def __init__(self, app: InspectorHost) -> None:
         self._app = app
 
-    async def _admin(self) -> FullBroker:
-        return await self._app.broker()
+    async def _admin(self) -> Admin:
+        return (await self._app.broker()).admin
 
     async def list_queues(self) -> list[QueueStats]:
         """Every known queue with sizes per state and counters."""

@@ -36,7 +36,7 @@ from durq.states import TaskState, move
 from durq.task import TaskInfo
 
 if TYPE_CHECKING:
-    from durq.brokers.contract import Broker, FullBroker
+    from durq.brokers.contract import Admin, Broker
 
 log = logging.getLogger("durq.lifecycle")
 
@@ -199,40 +199,40 @@ async def rescue_expired(broker: Broker, max_lost: int) -> list[TaskInfo]:
 # -- the inspector -------------------------------------------------------------------------
 
 
-async def run_task(broker: FullBroker, queue: str, task_id: str) -> TaskInfo:
+async def run_task(admin: Admin, queue: str, task_id: str) -> TaskInfo:
     """scheduled/retry/archived -> pending now."""
-    return await _steer(broker, queue, task_id, "run", None)
+    return await _steer(admin, queue, task_id, "run", None)
 
 
-async def archive_task(broker: FullBroker, queue: str, task_id: str) -> TaskInfo:
+async def archive_task(admin: Admin, queue: str, task_id: str) -> TaskInfo:
     """pending/scheduled/retry -> archived; creates the follow-ups it asks for."""
-    return await _steer(broker, queue, task_id, "archive", None)
+    return await _steer(admin, queue, task_id, "archive", None)
 
 
-async def delete_task(broker: FullBroker, queue: str, task_id: str) -> None:
+async def delete_task(admin: Admin, queue: str, task_id: str) -> None:
     """Delete a task in any state but active (cancel it first)."""
-    await _steer(broker, queue, task_id, "delete", None)
+    await _steer(admin, queue, task_id, "delete", None)
 
 
-async def cancel_task(broker: FullBroker, queue: str, task_id: str) -> TaskInfo:
+async def cancel_task(admin: Admin, queue: str, task_id: str) -> TaskInfo:
     """Active: flag it, its worker cancels the handler and archives it.
     pending/scheduled/retry: archived "cancelled" at once. Finished: InvalidStateError."""
-    return await _steer(broker, queue, task_id, "cancel", CANCELLED)
+    return await _steer(admin, queue, task_id, "cancel", CANCELLED)
 
 
-async def run_all(broker: FullBroker, queue: str, state: TaskState) -> int:
+async def run_all(admin: Admin, queue: str, state: TaskState) -> int:
     """Run every task of ``state`` (scheduled, retry, archived) now; how many."""
     state = TaskState(state)
     to = move(state, "run")
-    return await broker.move_all(queue, state, to)
+    return await admin.move_all(queue, state, to)
 
 
-async def delete_all(broker: FullBroker, queue: str, state: TaskState) -> int:
+async def delete_all(admin: Admin, queue: str, state: TaskState) -> int:
     """Delete every task of ``state`` (not active); how many."""
     state = TaskState(state)
     if not _deletable(state):
         raise InvalidStateError("cannot delete active tasks: cancel them first")
-    return await broker.move_all(queue, state, None)
+    return await admin.move_all(queue, state, None)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -254,7 +254,7 @@ SELECTION_ACTIONS = ("run", "archive", "delete", "cancel")
 
 
 async def steer_each(
-    broker: FullBroker, queue: str, task_ids: list[str], action: str
+    admin: Admin, queue: str, task_ids: list[str], action: str
 ) -> list[SelectionOutcome]:
     """Run, archive, delete or cancel each task of a selection, as the single-task action
     would: each decided and fenced on its own, so one task that moved meanwhile or whose
@@ -265,7 +265,7 @@ async def steer_each(
     outcomes: list[SelectionOutcome] = []
     for task_id in dict.fromkeys(task_ids):  # each task once, in the order given
         try:
-            task = await _steer(broker, queue, task_id, action, error)
+            task = await _steer(admin, queue, task_id, action, error)
         except (TaskNotFoundError, InvalidStateError) as exc:
             outcomes.append(SelectionOutcome(task_id, error=exc))
         else:
@@ -280,14 +280,12 @@ def _deletable(state: TaskState) -> bool:
         return False
 
 
-async def _steer(
-    broker: FullBroker, queue: str, task_id: str, event: str, error: str | None
-) -> TaskInfo:
+async def _steer(admin: Admin, queue: str, task_id: str, event: str, error: str | None) -> TaskInfo:
     for _ in range(_FENCE_ATTEMPTS):
-        task = await broker.get_task(queue, task_id)
+        task = await admin.get_task(queue, task_id)
         to = move(task.state, event, task_id=task_id)
         if to is TaskState.ACTIVE:  # cancel of an active task: a flag for its worker
-            flagged = await broker.request_cancel(queue, task_id)
+            flagged = await admin.request_cancel(queue, task_id)
             if flagged is not None:
                 return flagged
             continue
@@ -300,7 +298,7 @@ async def _steer(
             follow_ups = continuations.for_archived(after)
             member = groups.outcome(task, groups.ARCHIVED, error=after.last_error or "archived")
         # A member deleted unfinished: the broker records its stored "deleted" entry.
-        moved = await broker.move_task(
+        moved = await admin.move_task(
             TaskMove(
                 queue, task_id, task.state, to, error=error, follow_ups=follow_ups, group=member
             )
@@ -308,7 +306,7 @@ async def _steer(
         if moved is not None:
             return moved
     # Moved by someone else every time we looked: say what it is now.
-    task = await broker.get_task(queue, task_id)
+    task = await admin.get_task(queue, task_id)
     raise InvalidStateError(f"task {task_id!r} keeps changing state (now {task.state.value})")
 
 

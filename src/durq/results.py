@@ -57,7 +57,7 @@ async def wait_for_end(
 
 async def _read(broker: FullBroker, queue: str, task_id: str, first: bool) -> TaskInfo:
     try:
-        return await broker.get_task(queue, task_id)
+        return await broker.admin.get_task(queue, task_id)
     except TaskNotFoundError:
         if first:
             raise

@@ -164,7 +164,7 @@ class StoredSchedules:
         shadowed by a code entry of its name, or no longer valid, is left out."""
         broker = await self._app.broker()
         stored = []
-        for record in await broker.list_schedules():
+        for record in await broker.admin.list_schedules():
             if record.name in self._app.schedules:
                 continue
             try:
@@ -178,7 +178,7 @@ class StoredSchedules:
         """The schedule called ``name``, from code or the broker."""
         if name in self._app.schedules:
             return self._app.schedules.get(name)
-        record = await (await self._app.broker()).get_schedule(name)
+        record = await (await self._app.broker()).admin.get_schedule(name)
         if record is None:
             raise ScheduleNotFoundError(f"no schedule named {name!r}")
         try:
@@ -211,7 +211,7 @@ class StoredSchedules:
             paused=paused,
         )
         self._writable(entry.name)
-        stored = await (await self._app.broker()).put_schedule(record_of(entry))
+        stored = await (await self._app.broker()).admin.put_schedule(record_of(entry))
         if stored is None:
             raise ScheduleConflictError(f"a schedule named {entry.name!r} is stored already")
         return entry_of(self._app.schedules, stored)
@@ -258,7 +258,7 @@ class StoredSchedules:
         self._writable(name)
         broker = await self._app.broker()
         for _ in range(_EDIT_ATTEMPTS):
-            record = await broker.get_schedule(name)
+            record = await broker.admin.get_schedule(name)
             if record is None:
                 raise ScheduleNotFoundError(f"no stored schedule named {name!r}")
             current = entry_of(self._app.schedules, record)
@@ -276,7 +276,7 @@ class StoredSchedules:
             entry = self._build(
                 **options, name=name, source="stored", paused=paused, version=record.version
             )
-            stored = await broker.put_schedule(record_of(entry))
+            stored = await broker.admin.put_schedule(record_of(entry))
             if stored is not None:
                 return entry_of(self._app.schedules, stored)
         raise ScheduleConflictError(f"schedule {name!r} keeps changing: try again")
@@ -284,7 +284,7 @@ class StoredSchedules:
     async def remove(self, name: str) -> None:
         """Delete a stored schedule; its runs already enqueued are left alone."""
         self._writable(name)
-        if not await (await self._app.broker()).delete_schedule(name):
+        if not await (await self._app.broker()).admin.delete_schedule(name):
             raise ScheduleNotFoundError(f"no stored schedule named {name!r}")
 
     async def trigger(self, name: str) -> TaskInfo:

@@ -91,8 +91,8 @@ async def test_completes_then_claims_in_order(
     assert [lease.task.id for lease in leases] == ["t2", "t3"]
     assert all(lease.task.worker_id == "w1" for lease in leases)
     assert await snapshot(broker) == picture(completed="t0", active="t2 t3", pending="t4")
-    assert (await broker.get_task(Q, "t0")).result == 1
-    stats = await broker.queue_stats(Q)
+    assert (await broker.admin.get_task(Q, "t0")).result == 1
+    stats = await broker.admin.queue_stats(Q)
     assert stats.processed_total == 2
 
 
@@ -153,7 +153,7 @@ async def test_the_claim_takes_the_limit_slot_the_completion_frees(
     done, leases = await send(broker, [CompleteParams(lease.ref)], claim_params(2))
     assert done == [True]
     assert [x.task.id for x in leases] == ["k1"]
-    (stats,) = await broker.list_limits(Q)
+    (stats,) = await broker.admin.list_limits(Q)
     assert stats.running == 1
 
 

@@ -50,7 +50,7 @@ async def test_E3_E4_concurrent_callers_each_get_their_own_answer(
     for answer in answers[192:]:
         assert isinstance(answer, DuplicateTaskError), answer
         assert answer.existing_id == "u0"
-    assert (await broker.get_task("default", "t7")).payload == {"call": 7}
+    assert (await broker.admin.get_task("default", "t7")).payload == {"call": 7}
     assert await snapshot(broker) == picture(
         pending=" ".join(["held", *(f"t{i}" for i in range(150)), "u0"])
     )
@@ -94,7 +94,7 @@ async def test_E9_concurrent_calls_keep_every_option(broker: FullBroker, clock: 
     answers = await enqueue_all(broker, items)
     for p, answer in zip(items, answers, strict=True):
         assert isinstance(answer, TaskInfo), answer
-        stored = await broker.get_task("default", p.id)
+        stored = await broker.admin.get_task("default", p.id)
         for info in (answer, stored):
             assert info.state is (S if p.process_in else P)
             assert (info.max_retry, info.timeout, info.retention) == (

@@ -73,8 +73,8 @@ async def test_an_illegal_inspector_move_raises_and_writes_nothing(broker: SQLit
     (lease,) = await broker.claim(ClaimParams(["default"], 1, "w", 30))
     for move in (lifecycle.run_task, lifecycle.archive_task, lifecycle.delete_task):
         with pytest.raises(IllegalTransitionError):
-            await move(broker, "default", "t")
-    after = await broker.get_task("default", "t")
+            await move(broker.admin, "default", "t")
+    after = await broker.admin.get_task("default", "t")
     assert after.state is TaskState.ACTIVE and not after.cancel_requested
     assert await broker.complete(
         lifecycle.completed(lease, None, now=broker.clock.now())

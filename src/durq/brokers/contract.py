@@ -413,91 +413,10 @@ class Admin(Protocol):
         """Delete one stored schedule; whether there was one."""
 
 
-class FullBroker(Broker, Admin, Protocol):
-    """What a backend class implements: both seams."""
+class FullBroker(Broker, Protocol):
+    """What a backend class implements: the hot path, and the admin seam as its ``admin``
+    part (another object over the same storage), which the inspector takes directly."""
 
-
-class AdminForwarder:
-    """The :class:`Admin` seam of ``self.admin``, forwarded. A backend composes the one
-    object the app hands around from its hot path (the class that inherits this) and its
-    inspector (``admin``, another object over the same storage)."""
-
-    admin: Admin
-
-    async def list_queues(self) -> list[QueueStats]:
-        """See :meth:`Admin.list_queues`."""
-        return await self.admin.list_queues()
-
-    async def queue_stats(self, queue: str) -> QueueStats:
-        """See :meth:`Admin.queue_stats`."""
-        return await self.admin.queue_stats(queue)
-
-    async def list_tasks(
-        self, queue: str, state: TaskState, *, limit: int = 50, offset: int = 0
-    ) -> list[TaskInfo]:
-        """See :meth:`Admin.list_tasks`."""
-        return await self.admin.list_tasks(queue, state, limit=limit, offset=offset)
-
-    async def search_tasks(self, search: TaskSearch) -> TaskSearchResult:
-        """See :meth:`Admin.search_tasks`."""
-        return await self.admin.search_tasks(search)
-
-    async def minute_counts(self, queue: str | None, since: float) -> list[MinuteCounts]:
-        """See :meth:`Admin.minute_counts`."""
-        return await self.admin.minute_counts(queue, since)
-
-    async def get_task(self, queue: str, task_id: str) -> TaskInfo:
-        """See :meth:`Admin.get_task`."""
-        return await self.admin.get_task(queue, task_id)
-
-    async def move_task(self, move: TaskMove) -> TaskInfo | None:
-        """See :meth:`Admin.move_task`."""
-        return await self.admin.move_task(move)
-
-    async def get_group(self, queue: str, group_id: str) -> GroupInfo:
-        """See :meth:`Admin.get_group`."""
-        return await self.admin.get_group(queue, group_id)
-
-    async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
-        """See :meth:`Admin.request_cancel`."""
-        return await self.admin.request_cancel(queue, task_id)
-
-    async def rewrite_task(self, rewrite: TaskRewrite) -> bool:
-        """See :meth:`Admin.rewrite_task`."""
-        return await self.admin.rewrite_task(rewrite)
-
-    async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
-        """See :meth:`Admin.move_all`."""
-        return await self.admin.move_all(queue, state, to)
-
-    async def pause_queue(self, queue: str) -> None:
-        """See :meth:`Admin.pause_queue`."""
-        await self.admin.pause_queue(queue)
-
-    async def unpause_queue(self, queue: str) -> None:
-        """See :meth:`Admin.unpause_queue`."""
-        await self.admin.unpause_queue(queue)
-
-    async def list_workers(self) -> list[WorkerInfo]:
-        """See :meth:`Admin.list_workers`."""
-        return await self.admin.list_workers()
-
-    async def list_limits(self, queue: str | None = None) -> list[LimitStats]:
-        """See :meth:`Admin.list_limits`."""
-        return await self.admin.list_limits(queue)
-
-    async def list_schedules(self) -> list[ScheduleRecord]:
-        """See :meth:`Admin.list_schedules`."""
-        return await self.admin.list_schedules()
-
-    async def get_schedule(self, name: str) -> ScheduleRecord | None:
-        """See :meth:`Admin.get_schedule`."""
-        return await self.admin.get_schedule(name)
-
-    async def put_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:
-        """See :meth:`Admin.put_schedule`."""
-        return await self.admin.put_schedule(record)
-
-    async def delete_schedule(self, name: str) -> bool:
-        """See :meth:`Admin.delete_schedule`."""
-        return await self.admin.delete_schedule(name)
+    @property
+    def admin(self) -> Admin:
+        """The :class:`Admin` seam of this broker's storage."""

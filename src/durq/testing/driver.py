@@ -352,7 +352,7 @@ class TestWorker:
             kept, self._kept[:] = list(self._kept), []
             for queue, task_id in kept:
                 with contextlib.suppress(Exception):  # gone, or run again meanwhile
-                    await lifecycle.delete_task(broker, queue, task_id)
+                    await lifecycle.delete_task(broker.admin, queue, task_id)
             with contextlib.suppress(Exception):
                 await broker.unregister_worker(self.id)
             if broker is not self.app.broker_target:
@@ -447,7 +447,7 @@ class TestWorker:
             return dataclasses.replace(attempt, message=text)
         broker, _ = self._running()
         try:
-            stored = await broker.get_task(attempt.task.queue, attempt.task.id)
+            stored = await broker.admin.get_task(attempt.task.queue, attempt.task.id)
         except TaskNotFoundError:
             return attempt
         return dataclasses.replace(attempt, message=stored.last_error or "")
@@ -490,7 +490,7 @@ class TestWorker:
         if queue is not None:
             queues = [queue]
         else:
-            queues = [q.name for q in await broker.list_queues()]
+            queues = [q.name for q in await broker.admin.list_queues()]
         if state is None:
             states = list(TaskState)
         elif isinstance(state, TaskState | str):
@@ -502,7 +502,7 @@ class TestWorker:
             for st in states:
                 offset = 0
                 while True:
-                    page = await broker.list_tasks(name, st, limit=_PAGE, offset=offset)
+                    page = await broker.admin.list_tasks(name, st, limit=_PAGE, offset=offset)
                     found.extend(t for t in page if type is None or t.type == type)
                     if len(page) < _PAGE:
                         break
@@ -517,7 +517,7 @@ class TestWorker:
             where, task_id = queue or self.app.default_queue, task
 
         async def get() -> TaskInfo:
-            return await self._running()[0].get_task(where, task_id)
+            return await self._running()[0].admin.get_task(where, task_id)
 
         return await self._call(get)
 

@@ -106,7 +106,7 @@ class PeriodicScheduler(PeriodicService):
         if self._loaded_at is not None and abs(now - self._loaded_at) < self.reload_interval:
             return self.stored
         broker = cast("FullBroker", await self._broker())
-        records = await broker.list_schedules()
+        records = await broker.admin.list_schedules()
         self._loaded_at = now
         entries = []
         for record in records:
@@ -222,7 +222,7 @@ class PeriodicScheduler(PeriodicService):
             if candidate is None:
                 return None
             try:
-                return await broker.get_task(queue, entry.task_id(candidate))
+                return await broker.admin.get_task(queue, entry.task_id(candidate))
             except QueueNotFoundError:
                 return None  # nothing was ever enqueued to its queue
             except TaskNotFoundError:
@@ -253,7 +253,7 @@ class PeriodicScheduler(PeriodicService):
             return "buffered"
         try:  # cancel_other
             broker = cast("FullBroker", await self._broker())
-            await lifecycle.cancel_task(broker, previous.queue, previous.id)
+            await lifecycle.cancel_task(broker.admin, previous.queue, previous.id)
         except (TaskNotFoundError, InvalidStateError):
             pass  # it ended (or another scheduler cancelled it) meanwhile
         log.info(

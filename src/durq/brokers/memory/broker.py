@@ -19,7 +19,6 @@ from durq.brokers.contract import (
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
     CAP_LIMITS,
-    AdminForwarder,
     EndWatch,
 )
 from durq.brokers.mailbox import Waiter, end_key
@@ -53,7 +52,7 @@ from durq.progress import append_lines
 from durq.task import TaskInfo
 
 
-class MemoryBroker(AdminForwarder):
+class MemoryBroker:
     """Broker and Admin on a :class:`~durq.brokers.memory.storage.Store` of this process: the
     hot path here, the inspector in :class:`MemoryAdmin`."""
 

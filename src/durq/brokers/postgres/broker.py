@@ -28,7 +28,6 @@ from durq.brokers.contract import (
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
-    AdminForwarder,
     EndWatch,
 )
 from durq.brokers.mailbox import end_key
@@ -98,7 +97,7 @@ log = logging.getLogger("durq.brokers.postgres")
 _BATCH = 1000
 
 
-class PostgresBroker(AdminForwarder):
+class PostgresBroker:
     """durq on PostgreSQL (psycopg 3, async, with a connection pool): the hot path here, the
     inspector in :class:`PostgresAdmin`, both on one :class:`PostgresStorage`.
 

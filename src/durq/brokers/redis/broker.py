@@ -29,7 +29,6 @@ from durq.brokers.contract import (
     CAP_LIMITS,
     CAP_MULTI_PROCESS,
     CAP_WAIT_AND_CLAIM,
-    AdminForwarder,
     EndWatch,
 )
 from durq.brokers.params import (
@@ -87,7 +86,7 @@ HOLD_BOUND = 1000
 ENQUEUE_CHUNK = 500
 
 
-class RedisBroker(AdminForwarder):
+class RedisBroker:
     """durq on Redis >= 6.2: ``RedisBroker.from_url("redis://host:6379/0?prefix=durq")``, or
     on a Redis Cluster: ``redis+cluster://host:port[,host:port...]/?prefix=durq``.
 

@@ -31,7 +31,6 @@ from durq.brokers.contract import (
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
-    AdminForwarder,
     EndWatch,
 )
 from durq.brokers.mailbox import Waiter
@@ -75,7 +74,7 @@ from durq.states import TaskState
 from durq.task import LimitSpec, TaskInfo, limits_from_json
 
 
-class SQLiteBroker(AdminForwarder):
+class SQLiteBroker:
     """Broker and Admin on one SQLite file (WAL mode, one database thread per instance): the
     hot path here, the inspector in :class:`SQLiteAdmin`, both on one :class:`SQLiteStorage`."""
 
