@@ -1,6 +1,7 @@
 """The task lifecycle's decisions, made once and above the broker seam.
 
-Three actors move tasks: the worker (the outcome of an attempt), the rescuer (leases that
+Three actors move tasks: the worker (the outcome of an attempt, or a task handed back at
+shutdown), the rescuer (leases that
 expired because their worker died) and the inspector (run, archive, delete, cancel). Each asks
 here which state comes next (checked against :data:`durq.states.TRANSITIONS`, the only table
 of moves) and which follow-up tasks the move creates (``then=`` continuations and webhook
@@ -27,6 +28,7 @@ from durq.brokers.params import (
     EnqueueParams,
     Lease,
     LeaseMove,
+    LeaseRef,
     RetryParams,
     TaskMove,
 )
@@ -120,6 +122,13 @@ def gave_up(
     return ArchiveParams(
         lease.ref, error, count_attempt=count_attempt, follow_ups=follow_ups, group=member
     )
+
+
+def handed_back(lease: Lease) -> LeaseRef:
+    """A graceful shutdown stops the attempt: the task goes back to pending without counting
+    an attempt (the broker's ``requeue``, fenced by the lease it names)."""
+    move(lease.task.state, "requeue", task_id=lease.task.id)
+    return lease.ref
 
 
 # -- the rescuer: expired leases -----------------------------------------------------------
