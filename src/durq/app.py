@@ -18,7 +18,6 @@ from durq.brokers import FullBroker, open_broker, resolve_url
 from durq.brokers.contract import (
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
-    CAP_LIMITS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     SyncConnectionEnqueue,
 )
@@ -377,8 +376,6 @@ class App:
 
     @staticmethod
     def _check_follow_up_queue(broker: FullBroker, params: EnqueueParams) -> None:
-        if params.limits and CAP_LIMITS not in broker.capabilities:
-            raise ConfigurationError(f"the {broker.name} broker does not enforce limits")
         if CAP_CROSS_QUEUE_FOLLOW_UPS in broker.capabilities:
             return
         spec = continuations.spec_of(params.headers)

@@ -21,7 +21,6 @@ from durq.brokers.base import (
     CAP_COMPLETE_AND_CLAIM,
     CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
     CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
-    CAP_LIMITS,
     CAP_WAIT_AND_CLAIM,
     ClaimParams,
     CompleteAndClaim,
@@ -145,7 +144,6 @@ async def test_a_follow_up_is_created_before_the_claim(
 async def test_the_claim_takes_the_limit_slot_the_completion_frees(
     broker: FullBroker, clock: FakeClock, send: Send
 ) -> None:
-    requires(broker, CAP_LIMITS)
     one = (LimitSpec("k", concurrency=1),)
     await enqueue(broker, clock, "k0", "k1", limits=one)
     (lease,) = await claim(broker, limit=2)
@@ -162,7 +160,6 @@ async def test_the_freed_slot_is_taken_after_a_claim_found_the_key_full(
 ) -> None:
     """A claim that found the key full between the two (a worker at the limit, idle until
     an attempt ends) changes nothing: the completion's claim takes the held task."""
-    requires(broker, CAP_LIMITS)
     one = (LimitSpec("k", concurrency=1),)
     await enqueue(broker, clock, "k0", "k1", "k2", limits=one)
     (lease,) = await claim(broker, limit=3)

@@ -12,7 +12,7 @@ import pytest
 from brokerkit import P, S, params, picture, snapshot
 
 from durq.brokers import FullBroker
-from durq.brokers.base import CAP_LIMITS, CAP_TRANSACTIONAL_ENQUEUE, EnqueueParams
+from durq.brokers.base import CAP_TRANSACTIONAL_ENQUEUE, EnqueueParams
 from durq.clock import FakeClock
 from durq.errors import DuplicateTaskError, TaskIDConflictError
 from durq.task import LimitSpec, TaskInfo
@@ -75,7 +75,6 @@ async def test_E9_an_error_in_one_call_does_not_fail_the_others(broker: FullBrok
 
 
 async def test_E9_concurrent_calls_keep_every_option(broker: FullBroker, clock: FakeClock) -> None:
-    limits = CAP_LIMITS in broker.capabilities
     items = [
         params(
             f"o{i}",
@@ -87,7 +86,7 @@ async def test_E9_concurrent_calls_keep_every_option(broker: FullBroker, clock: 
             priority=i - 10,
             headers={"h": str(i)},
             process_in=60.0 if i % 3 == 0 else None,
-            limits=(LimitSpec(f"key{i % 2}", concurrency=2),) if limits else (),
+            limits=(LimitSpec(f"key{i % 2}", concurrency=2),),
         )
         for i in range(20)
     ]

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from brokerkit import LEASE, A, X, claim, params, picture, put, snapshot
 
 from conformance.conftest import requires
 from durq import continuations, lifecycle
 from durq.brokers import FullBroker
 from durq.brokers.base import (
-    CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     ArchiveParams,
     CompleteParams,
@@ -38,11 +36,6 @@ def then_header(queue: str = "default", *, on_archived: bool = True) -> dict[str
         "retention": 0.0,
     }
     return {continuations.HEADER: json.dumps(spec)}
-
-
-@pytest.fixture(autouse=True)
-def _atomic(broker: FullBroker) -> None:
-    requires(broker, CAP_ATOMIC_FOLLOW_UPS)
 
 
 async def test_complete_creates_the_follow_up_with_it(broker: FullBroker, clock: FakeClock) -> None:

@@ -9,11 +9,9 @@ import time
 import pytest
 from brokerkit import LEASE, A, P, claim, claim_ids, params, snapshot
 
-from conformance.conftest import requires
 from durq import lifecycle
 from durq.brokers import FullBroker
 from durq.brokers.base import (
-    CAP_LIMITS,
     ArchiveParams,
     Claimed,
     CompleteParams,
@@ -22,11 +20,6 @@ from durq.brokers.base import (
 )
 from durq.clock import FakeClock
 from durq.task import LimitSpec
-
-
-@pytest.fixture(autouse=True)
-def _limits(broker: FullBroker) -> None:
-    requires(broker, CAP_LIMITS)
 
 
 def conc(key: str, n: int) -> LimitSpec:

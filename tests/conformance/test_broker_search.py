@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 from brokerkit import LATER, Q, R, claim, params
 
-from conformance.conftest import requires
 from durq.brokers import FullBroker
-from durq.brokers.base import CAP_LIMITS, RetryParams, TaskFilter, TaskSearch
+from durq.brokers.base import RetryParams, TaskFilter, TaskSearch
 from durq.clock import FakeClock
 from durq.errors import QueueNotFoundError, ValidationError
 from durq.states import TaskState
@@ -104,7 +103,6 @@ async def test_search_of_an_unknown_queue_is_refused(broker: FullBroker) -> None
 
 async def test_search_finds_tasks_held_by_a_limit(broker: FullBroker, clock: FakeClock) -> None:
     """A task held back by its limit is pending: the search shows it with its reason."""
-    requires(broker, CAP_LIMITS)
     acme = {"partner": "acme"}
     for task_id in ("h0", "h1", "h2"):
         await broker.enqueue(params(task_id, payload=acme, limits=(LimitSpec("acme", 1),)))

@@ -94,12 +94,9 @@ CAP_SYNC_CONNECTION_ENQUEUE = "sync_connection_enqueue"
 CAP_CROSS_PROCESS_NOTIFY = "cross_process_notify"
 
 
-#: ``CompleteParams.follow_ups`` / ``ArchiveParams.follow_ups`` are written atomically with
-#: the outcome (both or neither). Every broker has it.
-CAP_ATOMIC_FOLLOW_UPS = "atomic_follow_ups"
-
-
-#: ... also when a follow-up goes to another queue than its task. The SQL brokers and a
+#: Follow-ups (``CompleteParams.follow_ups``, ``ArchiveParams.follow_ups``) are written
+#: atomically with the outcome by every broker (the contract above); this one says: also
+#: when a follow-up goes to another queue than its task. The SQL brokers and a
 #: single Redis node write it atomically; a Redis Cluster writes it to the completing queue's
 #: outbox atomically and creates it in the other queue's slot right after.
 CAP_CROSS_QUEUE_FOLLOW_UPS = "cross_queue_follow_ups"
@@ -112,11 +109,6 @@ CAP_CROSS_QUEUE_GROUPS = "cross_queue_groups"
 
 #: Brokers in other processes (workers, the CLI) see the same tasks. All but ``memory://``.
 CAP_MULTI_PROCESS = "multi_process"
-
-
-#: The claim enforces the flow-control limits tasks carry (``EnqueueParams.limits``); a
-#: task with limits is refused at enqueue by a broker without it.
-CAP_LIMITS = "limits"
 
 
 #: The broker is a :class:`CompleteAndClaim`: a worker's completions ride in its next claim,

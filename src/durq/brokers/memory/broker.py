@@ -15,10 +15,8 @@ from urllib.parse import urlsplit
 
 from durq.brokers import limiter
 from durq.brokers.contract import (
-    CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
-    CAP_LIMITS,
     EndWatch,
 )
 from durq.brokers.mailbox import Waiter, end_key
@@ -57,9 +55,7 @@ class MemoryBroker:
     hot path here, the inspector in :class:`MemoryAdmin`."""
 
     name = "memory"
-    capabilities: frozenset[str] = frozenset(
-        {CAP_ATOMIC_FOLLOW_UPS, CAP_CROSS_QUEUE_FOLLOW_UPS, CAP_CROSS_QUEUE_GROUPS, CAP_LIMITS}
-    )
+    capabilities: frozenset[str] = frozenset({CAP_CROSS_QUEUE_FOLLOW_UPS, CAP_CROSS_QUEUE_GROUPS})
 
     def __init__(self, name: str = "", *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.url = f"memory://{name}"

@@ -18,13 +18,11 @@ from psycopg.rows import tuple_row
 
 from durq.brokers.batcher import enqueue_coalescer
 from durq.brokers.contract import (
-    CAP_ATOMIC_FOLLOW_UPS,
     CAP_COMPLETE_AND_CLAIM,
     CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
-    CAP_LIMITS,
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
@@ -111,13 +109,11 @@ class PostgresBroker:
             CAP_MULTI_PROCESS,
             CAP_TRANSACTIONAL_ENQUEUE,
             CAP_CROSS_PROCESS_NOTIFY,
-            CAP_ATOMIC_FOLLOW_UPS,
             CAP_COMPLETE_AND_CLAIM,
             CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_CROSS_QUEUE_GROUPS,
             CAP_SYNC_CONNECTION_ENQUEUE,
-            CAP_LIMITS,
         }
     )
 

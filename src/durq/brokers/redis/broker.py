@@ -19,14 +19,12 @@ from redis import exceptions as rex
 
 from durq.brokers.batcher import enqueue_coalescer
 from durq.brokers.contract import (
-    CAP_ATOMIC_FOLLOW_UPS,
     CAP_COMPLETE_AND_CLAIM,
     CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
     CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
-    CAP_LIMITS,
     CAP_MULTI_PROCESS,
     CAP_WAIT_AND_CLAIM,
     EndWatch,
@@ -101,13 +99,11 @@ class RedisBroker:
         {
             CAP_MULTI_PROCESS,
             CAP_CROSS_PROCESS_NOTIFY,
-            CAP_ATOMIC_FOLLOW_UPS,
             CAP_COMPLETE_AND_CLAIM,
             CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
             CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_CROSS_QUEUE_GROUPS,
-            CAP_LIMITS,
             CAP_WAIT_AND_CLAIM,
         }
     )

@@ -20,14 +20,12 @@ from durq import ranges
 from durq.brokers import limiter, mailbox
 from durq.brokers.batcher import enqueue_coalescer
 from durq.brokers.contract import (
-    CAP_ATOMIC_FOLLOW_UPS,
     CAP_COMPLETE_AND_CLAIM,
     CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
     CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
-    CAP_LIMITS,
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
@@ -85,13 +83,11 @@ class SQLiteBroker:
         {
             CAP_MULTI_PROCESS,
             CAP_CROSS_PROCESS_NOTIFY,
-            CAP_ATOMIC_FOLLOW_UPS,
             CAP_COMPLETE_AND_CLAIM,
             CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
             CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_CROSS_QUEUE_GROUPS,
-            CAP_LIMITS,
             CAP_TRANSACTIONAL_ENQUEUE,
             CAP_SYNC_CONNECTION_ENQUEUE,
         }
