@@ -54,6 +54,10 @@ class AdminView(Protocol):
     async def close(self) -> None: ...
 
 
+class MetricsHost(HookPoints, AdminView, Protocol):
+    """An app as a metrics server serves it: its hooks, its inspector and its broker probe."""
+
+
 class WorkerView(Protocol):
     """An app as a worker runs it: its handlers, limits, keys, schedules and brokers."""
 

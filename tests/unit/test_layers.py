@@ -43,3 +43,29 @@ def test_no_import_of_the_app_from_below(path: Path) -> None:
     assert "durq.app" not in imported_modules(path), (
         f"{rel(path)} imports durq.app: take a protocol of what it uses (durq.appview)"
     )
+
+
+def private_imports(path: Path) -> list[str]:
+    """``from durq.x import _name`` where ``durq.x`` lies in another package than ``path``."""
+    package = ".".join(("durq", *path.relative_to(PACKAGE).parent.parts))
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not (isinstance(node, ast.ImportFrom) and node.module and node.level == 0):
+            continue
+        if not node.module.startswith("durq"):
+            continue
+        home = node.module if (PACKAGE.parent / node.module.replace(".", "/")).is_dir() else ""
+        home = home or node.module.rpartition(".")[0]
+        if home == package:
+            continue
+        found += [
+            f"{node.module}.{alias.name}"
+            for alias in node.names
+            if alias.name.startswith("_") and not alias.name.startswith("__")
+        ]
+    return found
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=rel)
+def test_no_private_name_imported_from_another_package(path: Path) -> None:
+    assert not private_imports(path), f"{rel(path)}: {private_imports(path)}"

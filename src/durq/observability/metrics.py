@@ -20,7 +20,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
 
 import uvicorn
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
@@ -33,7 +32,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from durq.appview import AdminView, HookPoints
+from durq.appview import AdminView, HookPoints, MetricsHost
 from durq.brokers.views import LimitStats, QueueStats
 from durq.errors import DurqError
 from durq.observability.health import HealthProbe, readiness
@@ -43,10 +42,6 @@ from durq.task import TaskInfo
 from durq.worker.hooks import WorkerHooks
 
 log = logging.getLogger("durq.metrics")
-
-
-class MetricsHost(HookPoints, AdminView, Protocol):
-    """An app as a metrics server serves it: its hooks, its inspector and its broker probe."""
 
 
 #: Buckets of ``durq_task_duration_seconds``: 5 ms to 10 min.

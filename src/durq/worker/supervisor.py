@@ -39,7 +39,8 @@ from durq.errors import ConfigurationError
 from durq.worker.service import PeriodicService
 
 if TYPE_CHECKING:
-    from durq.observability.metrics import MetricsHost, MetricsServer
+    from durq.appview import MetricsHost
+    from durq.observability.metrics import MetricsServer
 
 log = logging.getLogger("durq.supervisor")
 

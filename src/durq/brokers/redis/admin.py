@@ -11,7 +11,7 @@ from typing import Any
 from durq.brokers.params import TaskMove, TaskRewrite
 from durq.brokers.redis.keys import QueueKeys
 from durq.brokers.redis.rows import pairs, stored_counter, task_info
-from durq.brokers.redis.storage import RedisStorage, _Call
+from durq.brokers.redis.storage import RedisStorage, ScriptCall
 from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
     GroupInfo,
@@ -242,7 +242,7 @@ class RedisAdmin:
         k = self._s.keys.queue(move.queue)
         to = {"run": "pending", "archive": "archived", "delete": "deleted"}[move.kind]
         now = self._s.clock.now()
-        call: _Call = (
+        call: ScriptCall = (
             "admin_move",
             self._task_keys(k, move.id),
             [now, move.expect.value, to, move.error or "", k.notify],

@@ -57,7 +57,7 @@ from durq.brokers.redis.storage import (
     SOCKET_TIMEOUT,
     RedisStorage,
     Scalar,
-    _Call,
+    ScriptCall,
 )
 from durq.brokers.redis.wakeup import Blocker, EndWatches, Wakeups
 from durq.brokers.redis.wire import error, is_error
@@ -335,7 +335,7 @@ class RedisBroker:
         for i, p in enumerate(items):
             by_queue[p.queue].append(i)
         states: list[TaskState] = [TaskState.PENDING] * len(items)
-        calls: list[_Call] = []
+        calls: list[ScriptCall] = []
         chunks: list[list[int]] = []
         for queue, indexes in by_queue.items():
             k = self._s.keys.queue(queue)
@@ -477,7 +477,7 @@ class RedisBroker:
             return [[queue] for queue in unique]
         return [unique] if unique else []
 
-    def _claim_call(self, queues: Sequence[str], limit: int, params: ClaimParams) -> _Call:
+    def _claim_call(self, queues: Sequence[str], limit: int, params: ClaimParams) -> ScriptCall:
         keys: list[str] = []
         args: list[Scalar] = [
             self._s.now_arg(),
@@ -520,7 +520,7 @@ class RedisBroker:
         by_queue: dict[str, list[LeaseRef]] = defaultdict(list)
         for ref in leases:
             by_queue[ref.queue].append(ref)
-        calls: list[_Call] = []
+        calls: list[ScriptCall] = []
         for queue, refs in by_queue.items():
             k = self._s.keys.queue(queue)
             args: list[Scalar] = [self._s.now_arg(), k.task_prefix, float(lease_seconds)]
@@ -538,9 +538,9 @@ class RedisBroker:
             cancel.update(i.decode() for i in cancel_ids)
         return LeaseReport(lost=frozenset(lost), cancel=frozenset(cancel))
 
-    def _complete_call(self, p: CompleteParams, now: float, day: date | None = None) -> _Call:
+    def _complete_call(self, p: CompleteParams, now: float, day: date | None = None) -> ScriptCall:
         k = self._s.keys.queue(p.lease.queue)
-        call: _Call = (
+        call: ScriptCall = (
             "complete",
             [
                 k.task(p.lease.id),
@@ -624,7 +624,7 @@ class RedisBroker:
             ]
         )
 
-    def _lease_move_call(self, p: LeaseMove, now: float, day: date) -> _Call:
+    def _lease_move_call(self, p: LeaseMove, now: float, day: date) -> ScriptCall:
         """The retry.lua or archive.lua call of one fenced move (with its follow-ups)."""
         k = self._s.keys.queue(p.lease.queue)
         expired_by: Scalar = "" if p.expired_by is None else float(p.expired_by)
@@ -656,7 +656,7 @@ class RedisBroker:
                     k.notify,
                 ],
             )
-        call: _Call = (
+        call: ScriptCall = (
             "archive",
             [
                 k.task(p.lease.id),
@@ -758,7 +758,7 @@ class RedisBroker:
             await self._s.ensure()
             return bool(await self._s.eval(*self._requeue_call(lease)))
 
-    def _requeue_call(self, lease: LeaseRef) -> _Call:
+    def _requeue_call(self, lease: LeaseRef) -> ScriptCall:
         k = self._s.keys.queue(lease.queue)
         return (
             "requeue",
@@ -776,7 +776,7 @@ class RedisBroker:
             if not queues:
                 return 0
             now = self._s.now_arg()
-            calls: list[_Call] = []
+            calls: list[ScriptCall] = []
             for q in queues:
                 k = self._s.keys.queue(q)
                 calls.append(
@@ -800,7 +800,7 @@ class RedisBroker:
             if not queues:
                 return []
             now = self._s.now_arg()
-            calls: list[_Call] = []
+            calls: list[ScriptCall] = []
             for q in queues:
                 k = self._s.keys.queue(q)
                 calls.append(("expired", [k.active], [now, k.task_prefix, limit]))
