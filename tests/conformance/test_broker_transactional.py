@@ -223,7 +223,7 @@ async def test_E8_sqlite_refuses_another_file_or_no_transaction(
 
 async def test_E8_sqlite_waiters_notice_the_commit(broker: FullBroker, make_broker: Any) -> None:
     if broker.name != "sqlite":
-        pytest.skip("PostgreSQL notifies on commit; covered in tests/postgres")
+        pytest.skip("PostgreSQL notifies on commit; covered in tests/brokers/postgres")
     worker_side = await make_broker()
     assert await claim_ids(worker_side) == []
     conn = sqlite3.connect(broker.path)  # type: ignore[attr-defined]

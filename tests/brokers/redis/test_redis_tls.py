@@ -19,7 +19,7 @@ from durq.brokers.redis import RedisBroker
 from durq.errors import BrokerUnavailableError
 from servers import TlsRedis
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

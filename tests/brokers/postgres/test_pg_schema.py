@@ -98,7 +98,7 @@ async def test_older_schema_asks_for_migrate(pg_url: str, schema: str) -> None:
 
 
 async def test_dropped_schema_while_connected_is_a_schema_error(pg, schema: str) -> None:
-    from tests.postgres.conftest import drop_schema
+    from tests.brokers.postgres.conftest import drop_schema
 
     drop_schema(schema)
     with pytest.raises(SchemaError, match="run `durq migrate`"):

@@ -12,7 +12,7 @@ from durq.brokers.base import ClaimParams, CompleteParams, EnqueueParams
 from durq.brokers.redis import RedisBroker
 from servers import raw_redis
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).parents[3] / "benchmarks"))
 from redis_memory import measure, payload_of
 
 
