@@ -53,8 +53,9 @@ from typing import Any
 from peers._common import _children_cpu, _file, _stop, _wait
 
 import durq
-from durq.bench.isolation import Isolated, redact
+from durq.bench.isolation import Isolated
 from durq.options import EnqueueRequest
+from durq.urls import redact
 
 HERE = Path(__file__).resolve().parent
 QUEUE = "limits_bench"

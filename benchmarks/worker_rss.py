@@ -28,10 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from durq.bench.isolation import Isolated, redact
+from durq.bench.isolation import Isolated
 from durq.bench.tasks import NOOP, PROCESS_QUEUE, build_app
 from durq.options import EnqueueRequest
 from durq.states import TaskState
+from durq.urls import redact
 
 CHUNK = 1000
 

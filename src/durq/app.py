@@ -7,7 +7,7 @@ import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -18,6 +18,7 @@ from durq.brokers import FullBroker, open_broker, resolve_url
 from durq.brokers.contract import (
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
+    CAP_DEPENDENCIES,
     CAP_SYNC_CONNECTION_ENQUEUE,
     SyncConnectionEnqueue,
 )
@@ -376,6 +377,8 @@ class App:
 
     @staticmethod
     def _check_follow_up_queue(broker: FullBroker, params: EnqueueParams) -> None:
+        if params.after:
+            _check_after(broker, params)
         if CAP_CROSS_QUEUE_FOLLOW_UPS in broker.capabilities:
             return
         spec = continuations.spec_of(params.headers)
@@ -412,6 +415,7 @@ class App:
         webhook: str | None = None,
         then: continuations.Then | str | None = None,
         limit: LimitOption = None,
+        after: Sequence[TaskInfo | str] = (),
     ) -> TaskInfo:
         """Enqueue one task and return its :class:`TaskInfo`.
 
@@ -430,7 +434,10 @@ class App:
         (see :mod:`durq.webhooks`); ValidationError for any other URL.
         ``then``: a follow-up task (:class:`durq.Then` or a task type) enqueued atomically
         with this task's completion (see :mod:`durq.continuations`).
-        ``limit``: :class:`durq.Limit` (one or several) for this task instead of its type's."""
+        ``limit``: :class:`durq.Limit` (one or several) for this task instead of its type's.
+        ``after``: tasks (``TaskInfo``, or ids in this task's queue) this one waits for: it
+        is stored ``waiting`` and becomes pending when the last of them has finished
+        (completed, archived, cancelled or deleted); see ``docs/dependencies.md``."""
         request = self._request(
             type,
             payload,
@@ -448,6 +455,7 @@ class App:
             priority=priority,
             then=then,
             limit=limit,
+            after=after,
         )
         return await self.enqueue_request(request, connection=connection)
 
@@ -533,10 +541,12 @@ class App:
         """Enqueue the tasks of ``requests`` as one group: all are created, or none (the
         first refused member raises its TaskIDConflictError / DuplicateTaskError).
 
-        ``then``: the follow-up (:class:`durq.Then` or a task type) created exactly once,
-        when the last member has finished (completed, archived or deleted), with every
-        member's id, state and result or error (see :mod:`durq.groups`). ``retention``: how
-        long the group's record stays visible after that (default one day)."""
+        ``then``: the follow-up (:class:`durq.Then` or a task type), created with the
+        members in the state ``waiting`` (``app.wait(group.then_id)`` works at once) and
+        released exactly once, when the last member has finished (completed, archived or
+        deleted), with every member's id, state and result or error (see
+        :mod:`durq.groups`); its id is checked with the members'. ``retention``: how long
+        the group's record stays visible after that (default one day)."""
         params = [self.params(r) for r in requests]
         keep = durations.seconds(retention)
         group = groups.build(
@@ -689,3 +699,17 @@ class App:
     async def ping(self) -> None:
         """Raise :class:`BrokerUnavailableError` unless the broker answers."""
         await (await self.broker()).ping()
+
+
+def _check_after(broker: FullBroker, params: EnqueueParams) -> None:
+    """A broker that counts dependencies, atomically: across queues only where one atomic
+    step may span queues (not a Redis Cluster, where each queue is its own hash slot)."""
+    if CAP_DEPENDENCIES not in broker.capabilities:
+        raise ConfigurationError(f"the {broker.name} broker does not support after=")
+    if CAP_CROSS_QUEUE_GROUPS not in broker.capabilities and any(
+        queue != params.queue for queue, _ in params.after
+    ):
+        raise ValidationError(
+            f"the {broker.name} broker cannot count dependencies in other queues atomically: "
+            f"after= must name tasks of {params.queue!r}"
+        )

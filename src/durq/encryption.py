@@ -249,6 +249,7 @@ ROTATED_STATES = (
     TaskState.RETRY,
     TaskState.ARCHIVED,
     TaskState.COMPLETED,
+    TaskState.WAITING,
 )
 #: Tasks read and rewritten per batch.
 ROTATE_BATCH = 200

@@ -1,12 +1,14 @@
 """Groups: N tasks created together, and one follow-up when the last of them finishes.
 
 ``await app.enqueue_group([EnqueueRequest(...), ...], then=durq.Then("report:merge"))``
-creates the members atomically (all or none) and records the group beside them. Each
-member's header ``durq-group`` names its group. When a member finishes (completed, or
-archived: retries used up, SkipRetry, cancelled, worker lost), the move that records the
-outcome also records the member's entry in the group and counts it; the move that counts the
-last member creates the follow-up, in the same transaction or script, so it exists exactly once
-whichever workers finish the members and whichever of them crash.
+creates the members and the follow-up atomically (all or none) and records the group beside
+them. The follow-up is ``waiting`` until the group's last member finished, so ``app.wait`` on
+its id works from the start. Each member's header ``durq-group`` names its group. When a
+member finishes (completed, or archived: retries used up, SkipRetry, cancelled, worker lost),
+the move that records the outcome also records the member's entry in the group and counts it;
+the move that counts the last member writes the follow-up's payload and releases it, in the
+same transaction or script, so it runs exactly once whichever workers finish the members and
+whichever of them crash.
 
 A member deleted before it finished counts as finished with state ``"deleted"`` (no result),
 so deleting a stuck member releases the group. Only a member's first final outcome counts:
@@ -121,6 +123,9 @@ def build(
         raise ValidationError(f"a group has at most {MAX_MEMBERS} members, not {len(members)}")
     if retention < 0:
         raise ValidationError("group retention must be >= 0")
+    if any(p.after for p in members):
+        # The members are created together and run together: the group waits for nothing.
+        raise ValidationError("a group member cannot wait for other tasks (after=)")
     check_id(group_id)
     queue = members[0].queue
     header = json.dumps(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from durq import codec, durations, names
+from durq.brokers.dependencies import MAX_AFTER
 from durq.brokers.params import ArchivedRetention, EnqueueParams
 from durq.durations import MAX_DURATION
 from durq.errors import ConfigurationError, InvalidPriorityError, ValidationError
@@ -58,6 +59,11 @@ class EnqueueRequest:
     then: Any = None
     #: Flow-control limits (:class:`durq.Limit`, one or several), replacing the task type's.
     limit: LimitOption = None
+    #: Tasks this one waits for: ``TaskInfo`` objects, or task ids in this task's queue.
+    #: It is stored ``waiting`` and becomes pending when the last of them has finished
+    #: (completed, archived, cancelled or deleted); one that has finished or is gone already
+    #: counts as done.
+    after: Sequence[Any] = ()
 
 
 _REQUEST_DEFAULTS = {f.name: f.default for f in fields(EnqueueRequest) if f.default is not MISSING}
@@ -241,6 +247,7 @@ def build_params(
     payload = codec.encode_payload(payload_json, max_bytes=max_payload)
     headers = check_headers(request.headers, max_header_bytes)
     limits = defaults.limits if request.limit is None else as_limits(request.limit)
+    after = check_after(request.after, queue)
     return EnqueueParams(
         id=task_id,
         queue=queue,
@@ -257,4 +264,28 @@ def build_params(
         headers=headers,
         priority=priority,
         limits=resolve_all(limits, payload_json),
+        after=after,
     )
+
+
+def check_after(after: Sequence[Any] | None, queue: str) -> tuple[tuple[str, str], ...]:
+    """``(queue, id)`` of each task of ``after=`` (a TaskInfo, or an id in ``queue``), each
+    once, in order; ValidationError for anything else or too many."""
+    if not after:
+        return ()
+    if isinstance(after, (str, bytes)) or hasattr(after, "id"):
+        after = [after]
+    keys: dict[tuple[str, str], None] = {}
+    for item in after:
+        if isinstance(item, str):
+            key = (queue, names.check_task_id(item))
+        elif isinstance(getattr(item, "id", None), str) and isinstance(
+            getattr(item, "queue", None), str
+        ):
+            key = (names.check_queue(item.queue), names.check_task_id(item.id))
+        else:
+            raise ValidationError(f"after= takes TaskInfo objects or task ids, not {item!r}")
+        keys[key] = None
+    if len(keys) > MAX_AFTER:
+        raise ValidationError(f"a task waits for at most {MAX_AFTER} tasks, not {len(keys)}")
+    return tuple(keys)

@@ -34,6 +34,13 @@ class TaskState(StrEnum):
     COMPLETED = "completed"
     """Succeeded; kept with its result until its retention passes, then deleted by the janitor."""
 
+    WAITING = "waiting"
+    """Waits for other tasks to finish (``enqueue(..., after=[...])``); not claimable. In:
+    enqueue with a dependency that has not finished. Out: the last dependency finishes
+    (completed, archived, deleted or cancelled) in the same atomic step as that outcome
+    (-> pending, or scheduled while its own due time is ahead); the inspector archives,
+    cancels or deletes it."""
+
     def __str__(self) -> str:
         return self.value
 
@@ -74,6 +81,12 @@ TRANSITIONS: dict[tuple[TaskState, str], TaskState | None] = {
     (TaskState.RETRY, "delete"): None,
     (TaskState.ARCHIVED, "delete"): None,
     (TaskState.COMPLETED, "delete"): None,
+    # dependencies (``after=``): the last one finished, in the same atomic step
+    (TaskState.WAITING, "released"): TaskState.PENDING,
+    (TaskState.WAITING, "released_early"): TaskState.SCHEDULED,
+    (TaskState.WAITING, "archive"): TaskState.ARCHIVED,
+    (TaskState.WAITING, "cancel"): TaskState.ARCHIVED,
+    (TaskState.WAITING, "delete"): None,
 }
 
 #: States a worker may take a task from once ``next_process_at`` has passed.
@@ -83,6 +96,14 @@ CLAIMABLE: frozenset[TaskState] = frozenset(
 
 #: States a task never leaves by itself (only the inspector or the janitor touch them).
 FINISHED: frozenset[TaskState] = frozenset({TaskState.ARCHIVED, TaskState.COMPLETED})
+
+
+def released(due: float, now: float) -> TaskState:
+    """The state of a waiting task whose last dependency finished at ``now``: pending, or
+    scheduled while its own due time ``due`` is ahead."""
+    to = move(TaskState.WAITING, "released_early" if due > now else "released")
+    assert to is not None
+    return to
 
 
 def allowed(state: TaskState, event: str) -> bool:

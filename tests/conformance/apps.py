@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -14,8 +15,9 @@ from typing import Any
 
 import durq
 from conformance.conftest import requires
+from durq import lifecycle
 from durq.brokers import open_broker
-from durq.brokers.base import CAP_MULTI_PROCESS
+from durq.brokers.base import CAP_MULTI_PROCESS, ClaimParams
 from durq.states import TaskState
 
 #: Short intervals so tests wait on real events, not on tickers.
@@ -106,3 +108,26 @@ async def exists(app: durq.App, queue: str, task_id: str) -> bool:
         return True
     except durq.TaskNotFoundError:
         return False
+
+
+async def check_group_made_before_upgrade(
+    broker: Any, downgrade: Callable[[str], Awaitable[None]]
+) -> None:
+    """A group recorded before a group's follow-up was created waiting (``downgrade(group
+    id)`` takes the flag off its record, once the waiting follow-up is deleted) still gets
+    its follow-up from the last member's step, once, with every member's outcome."""
+    app = durq.App(broker)
+    group = await app.enqueue_group(
+        [durq.EnqueueRequest("m:x", {"i": i}) for i in range(2)], then="m:done"
+    )
+    assert group.then_id is not None
+    await app.inspector.delete_task(group.queue, group.then_id)
+    await downgrade(group.id)
+    leases = await broker.claim(ClaimParams([group.queue], 10, "w", 60))
+    assert len(leases) == 2
+    for lease in leases:
+        assert await broker.complete(lifecycle.completed(lease, b"5", now=broker.clock.now()))
+    (follow,) = await broker.claim(ClaimParams([group.queue], 10, "w", 60))
+    assert follow.task.id == group.then_id
+    members = json.loads(follow.task.raw_payload)["members"]
+    assert [m["result"] for m in members] == [5, 5]

@@ -211,13 +211,13 @@ async def test_I1_list_queues_sizes_and_oldest(broker: FullBroker, clock: FakeCl
     queues = {q.name: q for q in await broker.admin.list_queues()}
     assert set(queues) == {"default", "low"}
     default = queues["default"]
-    assert default.sizes == {P: 2, S: 2, A: 1, R: 1, X: 1, C: 1}
+    assert default.sizes == {P: 2, S: 2, A: 1, R: 1, X: 1, C: 1, TaskState.WAITING: 0}
     assert default.size == 8
     assert default.oldest_pending_age == pytest.approx(42)
     assert not default.paused
     assert default.to_dict()["sizes"]["pending"] == 2
     low = queues["low"]
-    assert low.sizes == {P: 1, S: 0, A: 0, R: 0, X: 0, C: 0}
+    assert low.sizes == {P: 1, S: 0, A: 0, R: 0, X: 0, C: 0, TaskState.WAITING: 0}
     assert await broker.admin.queue_stats("low") == low
 
 

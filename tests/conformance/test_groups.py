@@ -26,6 +26,12 @@ from durq.states import TaskState
 R = durq.EnqueueRequest
 
 
+async def waiting(app: durq.App, queue: str, task_id: str) -> bool:
+    """Whether the follow-up ``task_id`` exists, still waiting for its group."""
+    info = await app.inspector.get_task_info(queue, task_id)
+    return info.state is TaskState.WAITING
+
+
 async def test_members_are_created_all_or_none(app: durq.App) -> None:
     await app.enqueue("job:run", {"n": 0}, task_id="taken")
     await app.enqueue("job:run", {"u": 1}, unique=3600)
@@ -86,7 +92,7 @@ async def test_follow_up_once_with_every_members_outcome(app: durq.App) -> None:
     await app.inspector.delete_task("default", ids[3])
     progress = await app.inspector.get_group("default", group.id)
     assert progress.finished == 2 and progress.by_state["archived"] == 1
-    assert not await exists(app, "default", f"group:{group.id}")
+    assert await waiting(app, "default", f"group:{group.id}")
     async with app.worker(concurrency=4, **FAST):
         await asyncio.wait_for(done.wait(), 15)
         await asyncio.sleep(0.3)  # a second follow-up would run here
@@ -175,8 +181,8 @@ async def test_batched_completions_and_rescued_members(
     rest = [lease for lease in leases if lease is not last]
     done = await broker.complete_many([lifecycle.completed(x, b"1", now=now) for x in rest])
     assert all(done)
-    assert not await exists(app, "default", f"group:{g1.id}")
-    assert await exists(app, "default", f"group:{g2.id}")
+    assert await waiting(app, "default", f"group:{g1.id}")
+    assert not await waiting(app, "default", f"group:{g2.id}")
     # The last member's worker dies: the rescuer archives it as lost, the group fans in.
     clock.advance(120)
     later = clock.now()
@@ -229,8 +235,8 @@ async def test_follow_up_exists_once_after_a_kill_during_the_last_completion(
         proc.send_signal(signal.SIGKILL)
         proc.wait(20)
     progress = await app.inspector.get_group("kill", group.id)
-    follow_up = await exists(app, "kill", f"group:{group.id}")
-    assert follow_up == (progress.finished == size), progress
+    released = not await waiting(app, "kill", f"group:{group.id}")
+    assert released == (progress.finished == size), progress
 
     runs: list[dict[str, Any]] = []
 
@@ -317,7 +323,7 @@ async def test_a_group_of_the_maximum_size_fans_in_once(broker: FullBroker) -> N
         assert all(await broker.complete_many(finished))
         done += len(leases)
     assert done == size - 1
-    assert not await exists(app, "default", f"group:{group.id}")
+    assert await waiting(app, "default", f"group:{group.id}")
     # The last member, deleted by the inspector, releases the group.
     assert await broker.admin.move_all("default", TaskState.SCHEDULED, None) == 1
     (follow,) = await broker.claim(ClaimParams(["default"], 10, "w", 60))
@@ -355,3 +361,61 @@ async def test_a_group_over_the_maximum_or_refused_at_its_last_member_writes_not
     with pytest.raises(GroupNotFoundError):
         await broker.admin.get_group("default", "refused")
     assert {q.name: q.sizes for q in await broker.admin.list_queues()} == before
+
+
+async def test_wait_for_the_follow_up_while_the_group_runs(app: durq.App) -> None:
+    """The follow-up exists from enqueue_group on, waiting for its group: app.wait on its
+    id waits for the members and then for the follow-up itself."""
+
+    @app.task("w:part")
+    async def part(payload: dict[str, Any]) -> int:
+        return int(payload["n"])
+
+    @app.task("w:sum", retention=60)
+    async def total(payload: dict[str, Any]) -> int:
+        return sum(m["result"] for m in payload["members"])
+
+    group = await app.enqueue_group(
+        [R("w:part", {"n": n}) for n in range(4)], then=durq.Then("w:sum")
+    )
+    assert group.then_id is not None
+    follow = await app.inspector.get_task_info("default", group.then_id)
+    assert follow.state is TaskState.WAITING
+    assert json.loads(follow.raw_payload)["members"] == []
+    async with app.worker(concurrency=4, **FAST):
+        assert await app.wait(group.then_id, timeout=30) == 6
+
+
+async def test_a_taken_follow_up_id_refuses_the_group(broker: FullBroker) -> None:
+    """The follow-up's id is checked with the members: taken, nothing of the group is made."""
+    app = durq.App(broker)
+    await app.enqueue("m:x", {}, task_id="group:g1")
+    before = {q.name: q.size for q in await broker.admin.list_queues()}
+    params = groups.build(
+        "g1",
+        [app.params(R("m:x", {"i": i})) for i in range(2)],
+        "m:done",
+        app,
+        retention=60,
+        max_payload=app.max_payload,
+    )
+    with pytest.raises(durq.TaskIDConflictError) as conflict:
+        await broker.enqueue_group(params)
+    assert conflict.value.existing is not None and conflict.value.existing.id == "group:g1"
+    assert {q.name: q.size for q in await broker.admin.list_queues()} == before
+    with pytest.raises(GroupNotFoundError):
+        await broker.admin.get_group("default", "g1")
+
+
+async def test_a_cancelled_follow_up_never_runs(broker: FullBroker, clock: FakeClock) -> None:
+    app = durq.App(broker)
+    group = await app.enqueue_group([R("m:x", {"i": i}) for i in range(2)], then="m:done")
+    assert group.then_id is not None
+    await app.inspector.cancel_task("default", group.then_id)
+    leases = await _claim_all(broker, "default", 2)
+    for lease in leases:
+        assert await broker.complete(lifecycle.completed(lease, b"1", now=clock.now()))
+    assert (await broker.admin.get_group("default", group.id)).finished == 2
+    follow = await app.inspector.get_task_info("default", group.then_id)
+    assert follow.state is TaskState.ARCHIVED
+    assert not await broker.claim(ClaimParams(["default"], 10, "w", 60))

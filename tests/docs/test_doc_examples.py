@@ -22,7 +22,13 @@ import durq
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Documents whose Python blocks are complete scripts (or continue the script before them).
-RUNNABLE = ["README.md", "docs/web.md", "docs/groups.md", "docs/results.md"]
+RUNNABLE = [
+    "README.md",
+    "docs/web.md",
+    "docs/groups.md",
+    "docs/results.md",
+    "docs/dependencies.md",
+]
 BLOCK = re.compile(r"^```python\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 SCRIPT_NAME = re.compile(r"^# ([\w/.-]+\.py)$")
 

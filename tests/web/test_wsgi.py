@@ -67,6 +67,34 @@ def test_sync_enqueue_503_when_the_broker_is_down(tmp_path: Path) -> None:
     assert json.loads(body)["error"]["code"] == "broker_unavailable"
 
 
+def test_a_refused_payload_is_a_422_through_flask(tmp_path: Path) -> None:
+    """Bad input from the client is answered 422 in FastAPI's shape, never a 500, and
+    nothing is enqueued."""
+    flask = pytest.importorskip("flask")
+    app = durq.App(f"sqlite:///{tmp_path / 'q.sqlite3'}")
+
+    @app.task("mail:send")
+    def send(payload: dict[str, Any]) -> None:
+        pass
+
+    web = flask.Flask(__name__)
+
+    @web.post("/mail")
+    def create() -> Any:
+        return enqueue_response(app, "mail:send", {"to": object()})
+
+    try:
+        answer = web.test_client().post("/mail")
+        assert answer.status_code == 422
+        assert answer.headers["Content-Type"] == "application/json"
+        (problem,) = answer.get_json()["detail"]
+        assert problem["loc"] == ["payload"] and "JSON" in problem["msg"]
+        with pytest.raises(durq.QueueNotFoundError):  # no task ever reached the queue
+            app.run_sync(lambda: app.inspector.list_tasks("default", "pending"))
+    finally:
+        app.close_sync()
+
+
 def test_background_worker_start_error_is_raised(tmp_path: Path) -> None:
     app = durq.App(f"sqlite:///{tmp_path / 'missing' / 'q.sqlite3'}")
     with pytest.raises(durq.BrokerUnavailableError):

@@ -12,6 +12,7 @@ from durq.brokers.contract import (
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
+    CAP_DEPENDENCIES,
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
@@ -47,6 +48,7 @@ from durq.brokers.params import (
     fan_in_payload,
     follow_up_from,
     follow_up_options,
+    waiting_follow_up,
 )
 from durq.brokers.views import (
     FORGET_WORKERS_AFTER,
@@ -75,6 +77,7 @@ __all__ = [
     "CAP_CROSS_PROCESS_NOTIFY",
     "CAP_CROSS_QUEUE_FOLLOW_UPS",
     "CAP_CROSS_QUEUE_GROUPS",
+    "CAP_DEPENDENCIES",
     "CAP_MULTI_PROCESS",
     "CAP_SYNC_CONNECTION_ENQUEUE",
     "CAP_TRANSACTIONAL_ENQUEUE",
@@ -125,4 +128,5 @@ __all__ = [
     "follow_up_from",
     "follow_up_options",
     "minute_of",
+    "waiting_follow_up",
 ]

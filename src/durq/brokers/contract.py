@@ -136,6 +136,11 @@ CAP_COMPLETE_AND_CLAIM_ANY_QUEUE = "complete_and_claim_any_queue"
 CAP_WAIT_AND_CLAIM = "wait_and_claim"
 
 
+#: ``EnqueueParams.after``: a task waits for others and is released in the same atomic step
+#: as the outcome of the last of them (see :mod:`durq.brokers.dependencies`).
+CAP_DEPENDENCIES = "dependencies"
+
+
 class EndWatch(Protocol):
     """A subscription to the end of one task (see :meth:`Broker.watch_end`)."""
 
@@ -187,8 +192,10 @@ class Broker(Protocol):
         """Create many tasks in one round trip where the backend can; one outcome per item."""
 
     async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
-        """Create a group's record and all its members atomically, or nothing: the first
-        refused member raises its TaskIDConflictError/DuplicateTaskError."""
+        """Create a group's record, all its members and its follow-up (waiting for the
+        group: :func:`~durq.brokers.params.waiting_follow_up`) atomically, or nothing: the
+        first refused task raises its TaskIDConflictError/DuplicateTaskError. Returns the
+        members' infos."""
 
     async def claim(self, params: ClaimParams) -> list[Lease]:
         """Lease up to ``params.limit`` claimable tasks (state active, new fencing token,

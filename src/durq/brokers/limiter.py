@@ -1,5 +1,7 @@
-"""The arithmetic of one flow-control key, shared by the brokers that claim in Python
-(SQLite, PostgreSQL, memory); Redis's ``claim.lua`` mirrors it.
+"""The arithmetic of one flow-control key and the admission of a task, the one copy used by
+the brokers that claim in Python (SQLite, PostgreSQL, memory): each reads the counters
+inside its claim's transaction (or lock), decides here, and writes the outcome back.
+Redis's ``_lib.lua`` and ``claim.lua`` mirror it (the model test holds them to it).
 
 A key's counter holds how many attempts of it run (``running``) and a token bucket for its
 rate: up to ``rate`` tokens, refilled at ``rate / per`` a second on the broker's clock, one
@@ -11,6 +13,7 @@ next claim after room appears lets that key's held tasks back, as many as there 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,4 +136,46 @@ def blocking(specs: tuple[LimitSpec, ...], counters: dict[str, Counter], now: fl
     return None
 
 
-__all__ = ["Counter", "admits", "blocking", "fresh", "stored", "take"]
+def admit(specs: tuple[LimitSpec, ...], counters: dict[str, Counter], now: float) -> str | None:
+    """Admit one task carrying ``specs`` (count its start on every key: ``None``), or the
+    first key without room, which the task is then held on (the key is marked waiting)."""
+    full = blocking(specs, counters, now)
+    if full is not None:
+        counters[full].waiting = True
+        return full
+    for spec in specs:
+        take(spec, counters[spec.key], now)
+    return None
+
+
+def wake_at(counters: Iterable[Counter], now: float) -> float | None:
+    """When a token comes for the first key with held tasks that only its bucket holds
+    back (``None``: none waits on a token)."""
+    times = [t for c in counters if c.waiting and (t := c.next_room_at(now)) is not None]
+    return min(times, default=None)
+
+
+def outlook(counters: Iterable[Counter], now: float) -> tuple[bool, float | None]:
+    """For the counters of keys with held tasks: whether one has room at ``now`` (a claim
+    would let its tasks back), and if none has, when a token comes for the first."""
+    wake: float | None = None
+    for counter in counters:
+        if counter.room(now) > 0:
+            return True, None
+        at = counter.next_room_at(now)
+        if at is not None and (wake is None or at < wake):
+            wake = at
+    return False, wake
+
+
+__all__ = [
+    "Counter",
+    "admit",
+    "admits",
+    "blocking",
+    "fresh",
+    "outlook",
+    "stored",
+    "take",
+    "wake_at",
+]

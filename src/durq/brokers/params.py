@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from durq.clock import to_datetime
@@ -46,6 +46,9 @@ class EnqueueParams:
     #: A delay in seconds (``process_in``): scheduled until the broker's clock, read in the
     #: same statement or script that stores the task, plus this. Wins over ``process_at``.
     process_in: float | None = None
+    #: ``(queue, id)`` of the tasks this one waits for (``after=``): stored ``waiting``
+    #: until the last of them that has not finished yet finishes.
+    after: tuple[tuple[str, str], ...] = ()
 
     def scheduled_until(self, now: float) -> float | None:
         """When the task becomes due on a broker clock that reads ``now``; ``None``: now."""
@@ -122,6 +125,15 @@ class GroupParams:
 def fan_in_payload(head: bytes, entries: Sequence[bytes], tail: bytes) -> bytes:
     """The payload of a group's follow-up: ``head``, the entries joined by ``,``, ``tail``."""
     return b"".join((head, b",".join(entries), tail))
+
+
+def waiting_follow_up(p: GroupParams) -> EnqueueParams | None:
+    """The follow-up ``enqueue_group`` creates with the members, ``waiting`` for its group
+    (``None``: the group has none). Its payload until the group's last member finishes has
+    no entries (``"members":[]``); the step that counts that member writes the full one."""
+    if p.then is None:
+        return None
+    return replace(p.then, payload=fan_in_payload(p.then.payload, (), p.tail))
 
 
 def follow_up_options(p: EnqueueParams) -> str:

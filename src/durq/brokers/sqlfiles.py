@@ -106,6 +106,8 @@ def group_row(p: GroupParams, now: float | None) -> dict[str, Any]:
         "then_task": None if p.then is None else follow_up_options(p.then),
         "then_head": None if p.then is None else p.then.payload,
         "then_tail": p.tail,
+        # Its follow-up is created now, waiting; the last member's step releases it.
+        "then_waiting": p.then is not None,
     }
 
 

@@ -53,7 +53,7 @@ def rotate_command(
 ) -> None:
     """Re-encrypt the payloads and results of stored tasks with APP's newest key.
 
-    Pending, scheduled, retry, archived and completed tasks are rewritten (tasks stored in
+    Pending, scheduled, retry, archived, completed and waiting tasks are rewritten (tasks stored in
     the clear are encrypted too); active ones are left to their workers. Each write is
     fenced by the task's state and stored bytes: a task that moves meanwhile is left as it
     is, and a second run picks it up."""

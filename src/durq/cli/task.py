@@ -177,7 +177,9 @@ def ls_command(
     state: Annotated[
         str,
         typer.Option(
-            "--state", "-s", help="pending, scheduled, active, retry, archived or completed."
+            "--state",
+            "-s",
+            help="pending, scheduled, active, retry, archived, completed or waiting.",
         ),
     ] = "pending",
     limit: Annotated[int, typer.Option("--limit", help="Tasks per page (1..1000).")] = 50,

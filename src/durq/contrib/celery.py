@@ -88,6 +88,7 @@ _STATES = {
     TaskState.RETRY: "RETRY",
     TaskState.COMPLETED: "SUCCESS",
     TaskState.ARCHIVED: "FAILURE",
+    TaskState.WAITING: "PENDING",
 }
 
 

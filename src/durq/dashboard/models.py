@@ -48,6 +48,7 @@ class QueueSizes(_Model):
     retry: int
     archived: int
     completed: int
+    waiting: int = Field(0, description="waiting for other tasks to finish (after=)")
 
 
 class Queue(_Model):

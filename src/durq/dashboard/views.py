@@ -51,6 +51,7 @@ ACTIONS_BY_STATE: dict[TaskState, tuple[str, ...]] = {
     TaskState.RETRY: ("run", "archive", "delete"),
     TaskState.ARCHIVED: ("run", "delete"),
     TaskState.COMPLETED: ("delete",),
+    TaskState.WAITING: ("archive", "delete"),
 }
 BULK_BY_STATE: dict[TaskState, tuple[str, ...]] = {
     TaskState.PENDING: ("delete_all",),
@@ -59,6 +60,7 @@ BULK_BY_STATE: dict[TaskState, tuple[str, ...]] = {
     TaskState.RETRY: ("run_all", "delete_all"),
     TaskState.ARCHIVED: ("run_all", "delete_all"),
     TaskState.COMPLETED: ("delete_all",),
+    TaskState.WAITING: ("delete_all",),
 }
 
 

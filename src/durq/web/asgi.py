@@ -128,6 +128,8 @@ class DurqLifespan:
                     log.info("durq_lifespan: fake clock, no worker (the test drains)")
                 elif self.worker:
                     options = dict(self.worker) if isinstance(self.worker, Mapping) else {}
+                    # The worker shares the loop with the requests: they come first.
+                    options.setdefault("yield_to_requests", True)
                     running = await stack.enter_async_context(run_worker(app, **options))
                     if state is not None:
                         setattr(state, STATE_WORKER, running)
@@ -146,7 +148,9 @@ def durq_lifespan(
     """A Starlette/FastAPI ``lifespan`` that opens ``app``'s client and, with ``worker``, runs
     the durq worker inside the web process.
 
-    ``worker`` is ``True`` or a mapping of :class:`~durq.Worker` options. ``inner``: the
+    ``worker`` is ``True`` or a mapping of :class:`~durq.Worker` options; the worker gives
+    way to requests (``yield_to_requests``, on unless the mapping says ``False``): it claims
+    nothing while the shared event loop is late. ``inner``: the
     service's own lifespan, run inside ours (its resources exist while tasks run).
     Shutdown order: the server has stopped taking requests, then the worker drains, then
     ``inner`` closes, then the client. Handlers find the app with :func:`get_durq`.

@@ -24,7 +24,14 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from durq.web import DEFAULT_RETRY_AFTER, Answer, Location, enqueue_answer_sync
+from durq.errors import PayloadError
+from durq.web import (
+    DEFAULT_RETRY_AFTER,
+    Answer,
+    Location,
+    enqueue_answer_sync,
+    invalid_payload,
+)
 
 if TYPE_CHECKING:
     from durq.app import App
@@ -91,10 +98,15 @@ def enqueue_response(
     **options: Any,
 ) -> tuple[str, int, dict[str, str]]:
     """Enqueue (blocking) and answer 202 · 200 already_accepted · 503 as a Flask
-    triple. With ``connection=`` a sync psycopg connection, the task joins its transaction."""
-    answer = enqueue_answer_sync(
-        app, type, payload, location=location, retry_after=retry_after, extra=extra, **options
-    )
+    triple, and a payload the task's model refuses with 422 (``{"detail": [...]}``, the shape
+    FastAPI and the ASGI helper answer). With ``connection=`` a sync psycopg connection, the
+    task joins its transaction."""
+    try:
+        answer = enqueue_answer_sync(
+            app, type, payload, location=location, retry_after=retry_after, extra=extra, **options
+        )
+    except PayloadError as exc:  # the client's bad input, never a 500
+        answer = invalid_payload(exc)
     return to_triple(answer)
 
 

@@ -29,6 +29,7 @@ from durq.brokers.contract import (
 from durq.brokers.params import Claimed, ClaimParams, CompleteParams, Lease
 from durq.errors import BrokerUnavailableError
 from durq.worker.acker import Pending
+from durq.worker.courtesy import LoopCourtesy
 from durq.worker.executor import Executor
 
 log = logging.getLogger("durq.worker")
@@ -111,6 +112,7 @@ class Fetcher:
         poll_interval: float,
         max_tasks: int | None = None,
         burst: bool = False,
+        courtesy: LoopCourtesy | None = None,
     ) -> None:
         self.broker = broker
         self.executor = executor
@@ -136,6 +138,8 @@ class Fetcher:
         self.done = asyncio.Event()
         self._retiring = False
         self._promoted = False
+        #: Holds claims while the loop this worker shares with a web server is late.
+        self.courtesy = courtesy
 
     def start(self) -> None:
         self._stop.clear()
@@ -182,6 +186,14 @@ class Fetcher:
                 if executor.free_slots + acker.waiting <= 0:
                     await executor.slot_freed.wait()
                 continue
+            if self.courtesy is not None and self.courtesy.busy:
+                # Requests first: acks go now (their slots must not wait for the hold), the
+                # claim once the loop is on time again.
+                acker.send_alone()
+                await self.courtesy.wait(self._stop)
+                if self._stop.is_set():
+                    continue
+                acker.carry()
             acks = acker.take()
             # A slot is a lease held and not acknowledged (docs/guarantees.md): the tasks
             # whose acks ride in this claim give theirs to it.
@@ -269,8 +281,12 @@ class Fetcher:
     async def _idle(self, order: list[str], timeout: float) -> None:
         """Wait for work, then let the loop claim it; where the broker claims in the same
         step, :meth:`_wait_and_claim` instead."""
-        if CAP_WAIT_AND_CLAIM in self.broker.capabilities and await self._wait_and_claim(
-            order, timeout
+        # Not for a worker that gives way to requests: a claim made inside the broker's wait
+        # could not be held.
+        if (
+            self.courtesy is None
+            and CAP_WAIT_AND_CLAIM in self.broker.capabilities
+            and await self._wait_and_claim(order, timeout)
         ):
             return
         await self._wait(self.broker.wait_for_work(order, timeout))

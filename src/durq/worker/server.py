@@ -20,6 +20,7 @@ from durq import names, ranges
 from durq.brokers.views import WorkerInfo
 from durq.errors import BrokerUnavailableError, ConfigurationError
 from durq.observability.logging import TaskSummary
+from durq.worker.courtesy import LoopCourtesy
 from durq.worker.executor import SHUTDOWN, Executor
 from durq.worker.fetcher import Fetcher
 from durq.worker.heartbeat import Heartbeat
@@ -57,6 +58,8 @@ def parse_queues(spec: str | Mapping[str, int] | Sequence[str]) -> dict[str, int
 
 #: The most task slots one worker may run at once (``concurrency``).
 MAX_CONCURRENCY = 10_000
+#: ``yield_to_requests=True``: claims wait while the loop wakes a short sleep this late (s).
+DEFAULT_YIELD_LAG = 0.010
 
 
 class Worker:
@@ -78,6 +81,11 @@ class Worker:
       manager or ``durq worker --processes`` to start a fresh process.
     * ``burst``: stop (``run()`` returns) once no task is claimable, due scheduled and retry
       tasks promoted, and none of this worker's runs; tasks due later stay queued.
+    * ``yield_to_requests``: for a worker inside a web process (``durq_lifespan`` turns it
+      on): no new claims while the event loop it shares with the requests is late (a short
+      sleep wakes more than 10 ms late; a number sets that lag in seconds) or the process's
+      CPU is saturated; running tasks go on, claims resume once the loop is on time, and a
+      hold lasts at most 2 s so work never stops.
     * ``summary_interval``: seconds between INFO lines counting the outcomes of the period
       and the periodic ticks enqueued (each completed task and each tick is logged at DEBUG
       only); ``None`` for none.
@@ -105,6 +113,7 @@ class Worker:
         max_tasks: int | None = None,
         max_memory: float | None = None,
         burst: bool = False,
+        yield_to_requests: bool | float = False,
     ) -> None:
         ranges.integer("concurrency", concurrency, 1, MAX_CONCURRENCY)
         ranges.seconds("shutdown_timeout", shutdown_timeout)
@@ -142,6 +151,16 @@ class Worker:
         self.max_tasks = max_tasks
         self.max_memory = max_memory
         self.burst = burst
+        #: The loop lag (seconds) past which claims wait, when this worker shares its loop
+        #: with a web server (``True``: the default lag); ``None``: off.
+        self.yield_lag: float | None = None
+        if yield_to_requests is True:
+            self.yield_lag = DEFAULT_YIELD_LAG
+        elif yield_to_requests is not False:
+            self.yield_lag = ranges.seconds(
+                "yield_to_requests", yield_to_requests, high=1.0, positive=True
+            )
+        self._courtesy: LoopCourtesy | None = None
         if scheduler:
             self._check_periodic_handlers()
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -223,6 +242,9 @@ class Worker:
                     self.app, broker, on_enqueued=counts.tick_enqueued if counts else None
                 )
             )
+        if self.yield_lag is not None:
+            self._courtesy = LoopCourtesy(self.yield_lag)
+            self._courtesy.start()
         self._fetcher = Fetcher(
             broker,
             self._executor,
@@ -233,6 +255,7 @@ class Worker:
             poll_interval=self.poll_interval,
             max_tasks=self.max_tasks,
             burst=self.burst,
+            courtesy=self._courtesy,
         )
         if self.max_memory is not None:
             self._services.append(MemoryWatch(self.max_memory, self._fetcher.retire))
@@ -276,6 +299,16 @@ class Worker:
         try:
             if self._fetcher is not None:
                 await self._fetcher.stop()
+            if self._courtesy is not None:
+                await self._courtesy.stop()
+                if self._courtesy.holds:
+                    log.info(
+                        "worker %s held its claims %d times, %.1fs in all, for requests",
+                        self.id,
+                        self._courtesy.holds,
+                        self._courtesy.held_seconds,
+                    )
+                self._courtesy = None
             if self._executor is not None:
                 if not await self._executor.drain(grace):
                     log.warning("shutdown: handing unfinished tasks back to the queue")

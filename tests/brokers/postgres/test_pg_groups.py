@@ -12,6 +12,7 @@ import psycopg
 from psycopg import sql
 
 import durq
+from conformance.apps import check_group_made_before_upgrade
 from durq import groups
 from durq.brokers.postgres import PostgresBroker
 from durq.brokers.postgres.storage import QUERIES, render
@@ -64,3 +65,20 @@ async def test_deleting_every_member_of_the_largest_group_reads_each_member_once
     follow = await broker.admin.get_task("default", groups.follow_up_id("g"))
     states = {m["state"] for m in json.loads(follow.raw_payload)["members"]}
     assert states == {"deleted"}
+
+
+async def test_a_group_made_before_the_follow_up_waited_still_fans_in(
+    schema: str, make_pg: Callable[..., Awaitable[PostgresBroker]]
+) -> None:
+    broker = await make_pg()
+
+    async def downgrade(group_id: str) -> None:
+        with psycopg.connect(PG_DSN, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("UPDATE {} SET then_waiting = false WHERE id = %s").format(
+                    sql.Identifier(schema, "groups")
+                ),
+                (group_id,),
+            )
+
+    await check_group_made_before_upgrade(broker, downgrade)

@@ -34,7 +34,9 @@ MOST_BUFFERS = 300
 #: How each statement of concern is told apart in the server's report.
 MARKERS = {
     "claim": "forward_first AS",
-    "claim_limited": "WITH RECURSIVE clock",
+    "limited_due": "d.limits::text AS limits",
+    "lock_limits": "AS l WHERE l.queue = x.queue AND l.key = x.key",
+    "lease_rows": "AS x(ctid)\n",
     "claim_forward": "CROSS JOIN LATERAL (\n        SELECT * FROM",
     "promote_due": "moved AS",
 }
@@ -187,8 +189,8 @@ async def test_a_claim_that_locked_a_moved_row_claims_again_at_once(
 
 
 async def test_a_limited_task_not_leased_takes_no_slot(pg_url: str, schema: str) -> None:
-    """The claim of limited tasks counts a key's running slots from the rows it leased: one
-    it decided to lease but could not write leaves the slot free for the next claim."""
+    """A row the claim of limited tasks decided to lease but could not write rolls the
+    claim back: the key's slot stays free for the next claim."""
     broker = PostgresBroker.from_url(pg_url)
     try:
         await broker.migrate()

@@ -28,7 +28,7 @@ def test_claim_returns_the_columns_claimed_info_reads() -> None:
     text = QUERIES["claimed_columns"]
     columns = [re.sub(r"::\w+$", "", c.strip()).removeprefix("t.") for c in text.split(",")]
     assert tuple(columns) == CLAIM_COLUMNS
-    for name in ("claim_work", "claim_limited"):
+    for name in ("claim_work", "lease_rows"):
         assert "RETURNING {claimed_columns}" in QUERIES[name]
 
 

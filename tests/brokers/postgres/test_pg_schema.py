@@ -292,17 +292,24 @@ def test_the_claim_that_picks_up_a_task_is_short_enough_for_psycopg_to_cache() -
     assert len(render(QUERIES["claim"], "durq")) <= MAX_CACHED_STATEMENT_LENGTH
 
 
-async def test_claim_limited_reads_through_the_indexes(pg_url: str, schema: str) -> None:
+async def test_claim_of_limited_tasks_reads_through_the_indexes(pg_url: str, schema: str) -> None:
     """The claim of limited tasks reads due rows through tasks_claimable and held ones
-    through tasks_held, each locked straight off its index, and the keys with held tasks
-    through limits_waiting: nothing scans the tables."""
+    through tasks_held, each locked straight off its index, the keys with held tasks through
+    limits_waiting and the counters it locks through limits_pkey: nothing scans the tables."""
     await migrated(pg_url)
-    lines = claim_plan(schema, "claim_limited", limit=10, take=10)
-    plan = "\n".join(lines)
-    assert locked_off(lines, "tasks_claimable"), plan
-    assert locked_off(lines, "tasks_held"), plan
-    assert "limits_waiting" in plan and "limits_pkey" in plan, plan
-    assert "Seq Scan" not in plan, plan
+    keys = {"queues": ["default"], "keys": ["k"]}
+    plans = {
+        "limited_due": claim_plan(schema, "limited_due", limit=10),
+        "held_tasks": claim_plan(schema, "held_tasks", limit=10),
+        "waiting_limits": claim_plan(schema, "waiting_limits"),
+        "lock_limits": claim_plan(schema, "lock_limits", **keys),
+    }
+    assert locked_off(plans["limited_due"], "tasks_claimable"), plans
+    assert locked_off(plans["held_tasks"], "tasks_held"), plans
+    assert "limits_waiting" in "\n".join(plans["waiting_limits"]), plans
+    assert "limits_pkey" in "\n".join(plans["lock_limits"]), plans
+    for lines in plans.values():
+        assert "Seq Scan" not in "\n".join(lines), plans
 
 
 async def test_claim_forward_reads_due_rows_by_queue_and_state(pg_url: str, schema: str) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import durq
+from conformance.apps import check_group_made_before_upgrade
 from durq import EnqueueRequest, groups
 from durq.brokers.redis import RedisBroker
 from durq.clock import FakeClock
@@ -121,3 +122,12 @@ async def test_a_group_refused_by_a_full_server_leaves_no_key(private_redis: Any
         assert (info.total, info.by_state) == (groups.MAX_MEMBERS, {"pending": groups.MAX_MEMBERS})
     finally:
         await broker.close()
+
+
+async def test_a_group_made_before_the_follow_up_waited_still_fans_in(
+    rbroker: RedisBroker,
+) -> None:
+    async def downgrade(group_id: str) -> None:
+        await raw_redis(rbroker).hdel(rbroker._s.keys.queue("default").group(group_id), "w")
+
+    await check_group_made_before_upgrade(rbroker, downgrade)

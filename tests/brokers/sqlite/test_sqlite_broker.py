@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.apps import check_group_made_before_upgrade
 from durq.brokers import open_broker
 from durq.brokers.base import ClaimParams, CompleteParams, EnqueueParams
 from durq.brokers.sqlfiles import parse_named
@@ -425,3 +426,16 @@ async def test_claims_of_many_tasks_go_to_the_database_thread(tmp_path: Path) ->
     assert await broker.complete(CompleteParams(one[0].ref))
     assert threads == {here}
     await broker.close()
+
+
+async def test_a_group_made_before_the_follow_up_waited_still_fans_in(tmp_path: Path) -> None:
+    broker = SQLiteBroker(str(tmp_path / "x.db"))
+
+    async def downgrade(group_id: str) -> None:
+        with sqlite3.connect(broker.path) as conn:
+            conn.execute("UPDATE durq_groups SET then_waiting = 0 WHERE id = ?", (group_id,))
+
+    try:
+        await check_group_made_before_upgrade(broker, downgrade)
+    finally:
+        await broker.close()

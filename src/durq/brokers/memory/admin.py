@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from durq.brokers.memory.storage import WAITING, A, P, Row, Store, X
+from durq.brokers.memory.storage import READY, A, P, Row, Store, X
 from durq.brokers.params import TaskMove, TaskRewrite
 from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
@@ -178,9 +178,10 @@ class MemoryAdmin:
                 woken.add(row.queue)
                 info = row.info()
             else:
-                if row.state not in WAITING:
+                if row.state not in READY and row.state is not TaskState.WAITING:
                     return None
                 store.move(row, X)
+                woken |= store.release_dependents(row, now)
                 row.expires_at = now  # the moment it was archived (archived retention)
                 if move.error is not None:
                     row.last_error = move.error

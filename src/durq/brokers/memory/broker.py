@@ -17,6 +17,7 @@ from durq.brokers import limiter
 from durq.brokers.contract import (
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
+    CAP_DEPENDENCIES,
     EndWatch,
 )
 from durq.brokers.mailbox import Waiter, end_key
@@ -55,7 +56,9 @@ class MemoryBroker:
     hot path here, the inspector in :class:`MemoryAdmin`."""
 
     name = "memory"
-    capabilities: frozenset[str] = frozenset({CAP_CROSS_QUEUE_FOLLOW_UPS, CAP_CROSS_QUEUE_GROUPS})
+    capabilities: frozenset[str] = frozenset(
+        {CAP_CROSS_QUEUE_FOLLOW_UPS, CAP_CROSS_QUEUE_GROUPS, CAP_DEPENDENCIES}
+    )
 
     def __init__(self, name: str = "", *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.url = f"memory://{name}"
@@ -130,7 +133,7 @@ class MemoryBroker:
         return outcomes
 
     async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
-        """The group and all its members in one step, or nothing."""
+        """The group, all its members and the waiting follow-up in one step, or nothing."""
         store = self._store
         with store.lock:
             infos = [row.info() for row in store.insert_group(params, self._clock.now())]
@@ -167,12 +170,10 @@ class MemoryBroker:
                     if len(leases) >= params.limit:
                         break
                     if row.limits:
-                        full = limiter.blocking(row.limits, queue.counters, now)
+                        full = limiter.admit(row.limits, queue.counters, now)
                         if full is not None:
                             queue.hold(row, full)  # no head-of-line blocking: skip it
                             continue
-                        for spec in row.limits:
-                            limiter.take(spec, queue.counters[spec.key], now)
                     token = store.lease(
                         row, now, self._clock.monotonic(), params.lease_seconds, params.worker_id
                     )
@@ -225,6 +226,8 @@ class MemoryBroker:
         else:
             store.delete(row)
         store.bump(row.queue, now, failed=False)
+        if row.dependents is not None:
+            woken |= store.release_dependents(row, now)
         woken |= store.insert_follow_ups(p.follow_ups, now)
         if p.group is not None:
             woken |= store.finish_member(row.queue, row.id, p.group.state, p.group.entry, now)
@@ -269,6 +272,8 @@ class MemoryBroker:
         else:
             store.move(row, X)
             row.expires_at = now  # the moment it was archived, as on the SQL brokers
+            if row.dependents is not None:
+                woken |= store.release_dependents(row, now)
             woken |= store.insert_follow_ups(p.follow_ups, now)
             if p.group is not None:
                 woken |= store.finish_member(row.queue, row.id, p.group.state, p.group.entry, now)

@@ -7,39 +7,44 @@ face) share a store safely; nothing awaits while holding the lock."""
 from __future__ import annotations
 
 import itertools
+import json
 import secrets
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from durq.brokers import limiter, mailbox
-from durq.brokers.mailbox import Mailbox, Watches
-from durq.brokers.params import EnqueueParams, GroupParams, fan_in_payload
-from durq.brokers.views import (
+from durq.brokers import dependencies, limiter, mailbox
+from durq.brokers.base import (
+    EnqueueParams,
     GroupInfo,
     GroupMemberInfo,
+    GroupParams,
     LimitStats,
     ScheduleRecord,
     WorkerInfo,
+    fan_in_payload,
     minute_of,
+    waiting_follow_up,
 )
+from durq.brokers.mailbox import Mailbox, Watches
 from durq.clock import to_datetime, utc_day
 from durq.errors import DuplicateTaskError, TaskIDConflictError
 from durq.progress import decode_logs, progress_of
 from durq.states import TaskState
 from durq.task import LimitSpec, TaskInfo, make_info
 
-P, S, A, R, X, C = (
+P, S, A, R, X, C, W = (
     TaskState.PENDING,
     TaskState.SCHEDULED,
     TaskState.ACTIVE,
     TaskState.RETRY,
     TaskState.ARCHIVED,
     TaskState.COMPLETED,
+    TaskState.WAITING,
 )
 #: States a claim may take a task from (when due).
-WAITING = frozenset({P, S, R})
+READY = frozenset({P, S, R})
 
 
 @dataclass(slots=True, eq=False)
@@ -76,6 +81,10 @@ class Row:
     cancel_requested: bool = False
     unique_key: str | None = None
     unique_until: float | None = None
+    #: ``[queue, id]`` of the waiting tasks this one holds back (as JSON, as the SQL brokers
+    #: store it), and how many unfinished dependencies this one still waits for.
+    dependents: str | None = None
+    waiting_for: int = 0
     priority: int = 0
     limits: tuple[LimitSpec, ...] = ()
     #: The limit key this waiting task is held on (out of ``Queue.waiting`` meanwhile).
@@ -123,7 +132,7 @@ class Row:
         return self.state is A and self.lease_token == token
 
     def due(self, now: float) -> bool:
-        return self.state in WAITING and self.next_process_at <= now
+        return self.state in READY and self.next_process_at <= now
 
     def claim_order(self) -> tuple[int, float, int]:
         """Claim order within a queue: higher priority, then due time, then enqueue order."""
@@ -199,7 +208,7 @@ class Queue:
             if not rows:
                 del self.held[row.held]
         row.held = None
-        if row.state in WAITING:
+        if row.state in READY:
             self.waiting[row.id] = row
 
     def let_back(self, now: float) -> None:
@@ -217,12 +226,7 @@ class Queue:
 
     def wake_at(self, now: float) -> float | None:
         """When a token comes for a key with held tasks (the claim's ``wake_at``)."""
-        times = [
-            t
-            for c in self.counters.values()
-            if c.waiting and (t := c.next_room_at(now)) is not None
-        ]
-        return min(times, default=None)
+        return limiter.wake_at(self.counters.values(), now)
 
     def release(self, row: Row) -> bool:
         """An attempt of ``row`` ended: give back its running slots; whether tasks are
@@ -300,7 +304,7 @@ class Store:
         queue = self.queues[row.queue]
         queue.unhold(row)
         waiting = queue.waiting
-        if state in WAITING:
+        if state in READY:
             waiting[row.id] = row
         else:
             waiting.pop(row.id, None)
@@ -345,12 +349,13 @@ class Store:
                 )
         until = p.scheduled_until(now)
         scheduled = until is not None
+        holding = [d for d in map(self.tasks.get, p.after) if d is not None and self.holds(d, now)]
         row = Row(
             id=p.id,
             queue=p.queue,
             type=p.type,
             payload=bytes(p.payload),
-            state=S if scheduled else P,
+            state=W if holding else S if scheduled else P,
             max_retry=p.max_retry,
             seq=next(self._seq),
             next_process_at=now if until is None else until,
@@ -367,8 +372,38 @@ class Store:
             row.unique_until = None if p.unique_ttl is None else now + p.unique_ttl
             self.unique[p.unique_key] = row
         self.tasks[(p.queue, p.id)] = row
-        self.queue(p.queue, now).waiting[row.id] = row
+        queue = self.queue(p.queue, now)
+        if holding:
+            row.waiting_for = len(holding)
+            for dependency in holding:
+                known = dependencies.decode(dependency.dependents)
+                known.append((p.queue, p.id))
+                dependency.dependents = json.dumps(known)
+        else:
+            queue.waiting[row.id] = row
         return row
+
+    @staticmethod
+    def holds(row: Row, now: float) -> bool:
+        """Whether ``row`` is a dependency that has not finished (and is not gone)."""
+        return not row.gone(now) and dependencies.unfinished(row.state)
+
+    def release_dependents(self, row: Row, now: float) -> set[str]:
+        """``row`` finished (or is deleted unfinished): count its dependents down and release
+        those it was the last for; the queues that got pending work."""
+        raw, row.dependents = row.dependents, None
+        woken: set[str] = set()
+        for key, n in dependencies.countdown([raw]).items():
+            waiting = self.tasks.get(key)
+            if waiting is None or waiting.state is not W:
+                continue  # cancelled, deleted or archived meanwhile
+            waiting.waiting_for = dependencies.left_after(waiting.waiting_for, n)
+            if waiting.waiting_for == 0:
+                to = dependencies.released(waiting.next_process_at, now)
+                self.move(waiting, to)
+                if to is P:
+                    woken.add(waiting.queue)
+        return woken
 
     def insert_follow_ups(self, follow_ups: Iterable[EnqueueParams], now: float) -> set[str]:
         """Create follow-up tasks; one whose id or unique key is taken is skipped. Returns
@@ -399,11 +434,18 @@ class Store:
                 )
 
     def insert_group(self, p: GroupParams, now: float) -> list[Row]:
-        """Create a group and its members, or raise the first refusal writing nothing."""
-        for member in p.members:
+        """Create a group, its members and its follow-up (waiting for the group), or raise
+        the first refusal writing nothing."""
+        then = waiting_follow_up(p)
+        for member in (*p.members, *([then] if then else [])):
             self.check_insert(member, now)
         group = Group(p, now, list(p.unfinished), [None] * len(p.members))
         rows = [self.insert(member, now) for member in p.members]
+        if then is not None:
+            # Waits for one thing, its group: the group's own count releases it.
+            row = self.insert(then, now)
+            self.move(row, W)
+            row.waiting_for = 1
         self.groups[(p.queue, p.id)] = group
         for i, member in enumerate(p.members):
             self.members[(member.queue, member.id)] = (group, i)
@@ -413,7 +455,8 @@ class Store:
         self, queue: str, task_id: str, state: str, entry: bytes | None, now: float
     ) -> set[str]:
         """Record a member's final outcome (``entry`` None: its stored deleted entry) and
-        create the group's follow-up if it was the last; the queues that got work."""
+        release the group's follow-up with its payload if it was the last; the queues that
+        got work."""
         found = self.members.pop((queue, task_id), None)
         if found is None:
             return set()
@@ -428,14 +471,22 @@ class Store:
         then = group.params.then
         if then is None:
             return set()
-        payload = fan_in_payload(then.payload, group.entries, group.params.tail)
-        return self.insert_follow_ups([replace(then, payload=payload)], now)
+        row = self.tasks.get((then.queue, then.id))
+        if row is None or row.state is not W:
+            return set()  # the waiting follow-up was cancelled or deleted: it never runs
+        row.payload = fan_in_payload(then.payload, group.entries, group.params.tail)
+        row.waiting_for = 0
+        to = dependencies.released(row.next_process_at, now)
+        self.move(row, to)
+        return {row.queue} if to is P else set()
 
     def forget(self, row: Row, now: float) -> set[str]:
-        """A task is deleted by the inspector: an unfinished member finishes as deleted."""
+        """A task is deleted by the inspector: an unfinished member finishes as deleted, and
+        its dependents count it as finished."""
         if row.state in (C, X):
             return set()
-        return self.finish_member(row.queue, row.id, "deleted", None, now)
+        woken = self.release_dependents(row, now)
+        return woken | self.finish_member(row.queue, row.id, "deleted", None, now)
 
     def drop_expired_groups(self, now: float) -> None:
         for key, group in list(self.groups.items()):

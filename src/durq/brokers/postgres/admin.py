@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from durq.brokers import dependencies
 from durq.brokers.limiter import stored
 from durq.brokers.params import EnqueueOutcome, TaskMove, TaskRewrite
 from durq.brokers.postgres.rows import Row
@@ -146,9 +147,14 @@ class PostgresAdmin:
         query = f"{move.kind}_task"
         follow_ups = move.follow_ups
 
+        released: set[str] = set()
+
         async def groups(conn: AsyncConn, rows: list[Row]) -> list[EnqueueOutcome]:
             if not rows:
                 return []
+            if move.to in (None, TaskState.ARCHIVED) and dependencies.unfinished(move.expect):
+                # Archived, cancelled, or deleted before it finished: its dependents count it.
+                released.update(await self._s.release_dependents(conn, [rows[0]["dependents"]]))
             if move.to is None:  # deleted: an unfinished group member finishes as deleted
                 return await self._s.forget(conn, move.queue, move.id, "")
             if move.group is not None:
@@ -160,6 +166,8 @@ class PostgresAdmin:
         )
         if not rows:
             return None
+        if released:
+            self._s.notifier.add(released)
         if move.to is not TaskState.PENDING:
             self._s.ended([(move.queue, move.id)])
         return row_to_info(rows[0])
@@ -204,9 +212,16 @@ class PostgresAdmin:
             async with self._s.connection("delete_all") as conn, conn.transaction():
                 # Unfinished group members among them finish as deleted, first.
                 created = await self._s.forget(conn, queue, None, state.value)
+                released: set[str] = set()
+                if dependencies.unfinished(state):
+                    cur = await conn.execute(self._s.q["dependents_in_state"], params)
+                    lists = [r["dependents"] for r in await cur.fetchall()]
+                    released = await self._s.release_dependents(conn, lists)
                 cur = await conn.execute(self._s.q["delete_all"], params)
                 count = max(cur.rowcount, 0)
             self._s.notify_created(created)
+            if released:
+                self._s.notifier.add(released)
         if count == 0:
             await self._require_queue("move_all", queue)
         return count

@@ -16,6 +16,7 @@ import psycopg
 from psycopg import AsyncRawCursor
 from psycopg.rows import tuple_row
 
+from durq.brokers import limiter
 from durq.brokers.batcher import enqueue_coalescer
 from durq.brokers.contract import (
     CAP_COMPLETE_AND_CLAIM,
@@ -23,6 +24,7 @@ from durq.brokers.contract import (
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
+    CAP_DEPENDENCIES,
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
@@ -53,21 +55,18 @@ from durq.brokers.postgres.rows import (
     CLAIM_DONE_QUEUES,
     CLAIM_DONE_WAKE,
     CLAIM_DONE_WATCHED,
-    CLAIM_DRAINED_KEYS,
-    CLAIM_DRAINED_QUEUES,
     CLAIM_DUE,
+    CLAIM_HELD,
+    CLAIM_ID,
     CLAIM_LIMITED,
-    CLAIM_MISSING,
     CLAIM_MOVED,
     CLAIM_NEXT_AT,
     CLAIM_PRIORITY,
     CLAIM_QUEUE,
-    CLAIM_SEEN,
     CLAIM_SEQ,
     CLAIM_STARTED,
     CLAIM_TOKEN,
     CLAIM_UNTIL,
-    CLAIM_WAKE_AT,
     Row,
     claimed_info,
 )
@@ -79,12 +78,12 @@ from durq.brokers.postgres.storage import (
     PostgresStorage,
 )
 from durq.brokers.postgres.wakeup import EndListener, Listener
-from durq.brokers.sqlrows import row_to_info
+from durq.brokers.sqlrows import limits_of, row_to_info
 from durq.brokers.views import FORGET_WORKERS_AFTER, MINUTE_COUNTS_KEEP, WorkerInfo
 from durq.clock import SYSTEM_CLOCK, Clock, to_datetime, utc_day
 from durq.errors import ConfigurationError
 from durq.progress import MAX_LOG_LINES
-from durq.task import TaskInfo
+from durq.task import LimitSpec, TaskInfo
 
 _T = TypeVar("_T")
 
@@ -114,6 +113,7 @@ class PostgresBroker:
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_CROSS_QUEUE_GROUPS,
             CAP_SYNC_CONNECTION_ENQUEUE,
+            CAP_DEPENDENCIES,
         }
     )
 
@@ -151,8 +151,8 @@ class PostgresBroker:
         # When each queue was last claimed from (monotonic): a wake-up that arrives between a
         # short claim and the next wait makes that wait return at once (level-triggered).
         self._claim_marks: dict[str, float] = {}
-        #: Queues where the last claim saw due tasks with limits or tasks held: their claims
-        #: run claim_limited at once (W13).
+        #: Queues where the last claim saw due tasks with limits or held tasks with room:
+        #: their claims go straight to the claim of limited work (W13).
         self._limited: set[str] = set()
 
     @property
@@ -238,7 +238,8 @@ class PostgresBroker:
         return _unwrap(outcome)
 
     async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
-        """The group's record and every member in one transaction, or nothing."""
+        """The group's record, every member and the waiting follow-up in one transaction,
+        or nothing."""
         async with self._s.connection("enqueue_group") as conn, conn.transaction():
             infos = await self._s.insert_group(conn, params)
         self._s.notify_created(
@@ -252,6 +253,8 @@ class PostgresBroker:
         """Create many tasks with one multi-row insert; one outcome per item (E9)."""
         if not items:
             return []
+        if any(p.after for p in items):
+            return await self._enqueue_after(items, connection)
         result: list[EnqueueOutcome]
         if connection is None:
             # Autocommit: each statement commits at once; notify after the commit (see the
@@ -275,6 +278,25 @@ class PostgresBroker:
             f"not {type(connection).__name__}"
         )
 
+    async def _enqueue_after(
+        self, items: Sequence[EnqueueParams], connection: Any
+    ) -> list[EnqueueOutcome]:
+        """Items of which some wait for others (``after=``): each in a transaction of its
+        own (a savepoint in the caller's), its dependencies listing it first."""
+        if connection is not None and not isinstance(connection, psycopg.AsyncConnection):
+            raise ConfigurationError("after= with connection= needs a psycopg AsyncConnection")
+        outcomes: list[EnqueueOutcome] = []
+        if connection is not None:
+            async with self._s.errors("enqueue"):
+                for p in items:
+                    outcomes.append(await self._s.insert_after(connection, p))
+            return outcomes  # the caller's commit decides; workers hear of it by polling
+        async with self._s.connection("enqueue") as conn:
+            for p in items:
+                outcomes.append(await self._s.insert_after(conn, p))
+        self._s.notify_created(outcomes)
+        return outcomes
+
     def enqueue_sync_in(
         self, params: EnqueueParams, connection: psycopg.Connection[Any]
     ) -> TaskInfo:
@@ -288,6 +310,8 @@ class PostgresBroker:
         """``enqueue_many`` inside the caller's sync psycopg transaction (E8); no commit."""
         if not items:
             return []
+        if any(p.after for p in items):
+            raise ConfigurationError("after= with connection= needs a psycopg AsyncConnection")
         plan = self._s.plan(items, self._s.channel)
         with self._s.errors_sync("enqueue"):
             result: list[EnqueueOutcome] = self._s.drive_sync(connection, plan)
@@ -329,9 +353,9 @@ class PostgresBroker:
         for queue in queues:
             self._claim_marks[queue] = mark
         self._start_listening()
-        # Queues where limited work was seen go straight to claim_limited (one statement
-        # for both kinds of task); the others take complete_claim, which only says whether
-        # claim_limited is needed.
+        # Queues where limited work was seen go straight to the claim of limited work (the
+        # limiter decides in Python, in the claim's transaction); the others take
+        # complete_claim, which only says whether that claim is needed.
         limited_mode = not self._limited.isdisjoint(queues)
         values = self._claim_values(queues, params)
         if self._s.warm_up is None:  # this broker claims: warm its new connections up
@@ -340,9 +364,9 @@ class PostgresBroker:
             )
         freed: set[str] = set()
         if limited_mode:
-            # claim_limited runs after the completions, in the same transaction: it sees
+            # The completions go in the claim's first round trip and transaction: it sees
             # the slots they freed.
-            completed, rows = await self._claim_pipelined(values, complete)
+            completed, rows, wake_at = await self._claim_limited(queues, params, [], complete)
             if completed is not None:
                 freed.update(queues)
         else:
@@ -356,21 +380,14 @@ class PostgresBroker:
             # A key these completions freed is not seen by the claim of the same statement.
             freed.update(r["queue"] for r in completed or () if r["wake"])
             freed.intersection_update(queues)
-        wake_at: float | None = rows[0][CLAIM_WAKE_AT] if rows else None
-        if limited_mode:
-            again = await self._limited_answer(queues, rows)
+            limited, wake_at = _held_answer(rows)
             rows = [r for r in rows if r[0] is not None]  # one row of NULLs: nothing leased
-            if again and len(rows) < params.limit:
-                wake_at = await self._claim_limited(queues, params, rows, wake_at)
-        else:
-            limited = bool(rows and rows[0][CLAIM_LIMITED])
-            rows = [r for r in rows if r[0] is not None]
             if (limited or freed) and len(rows) < params.limit:
                 # Held tasks wait on a key with room (or one these completions freed): the
                 # limited claim takes them now, rather than after this worker's own wake-up
                 # and another claim.
                 self._limited.update(queues)
-                wake_at = await self._claim_limited(queues, params, rows, wake_at)
+                _, rows, wake_at = await self._claim_limited(queues, params, rows, None)
             else:
                 freed.clear()
         if len(rows) > 1:
@@ -444,6 +461,9 @@ class PostgresBroker:
         first = rows[0]
         wake = set(first[CLAIM_DONE_WAKE] or ())
         watched = set(first[CLAIM_DONE_WATCHED] or ())
+        # A waiting task released into a queue none of these completions was in.
+        if wake - set(first[CLAIM_DONE_QUEUES] or ()):
+            self._wake(wake - set(first[CLAIM_DONE_QUEUES] or ()))
         completed: list[Row] = [
             {"queue": queue, "id": task_id, "wake": queue in wake, "watched": task_id in watched}
             for queue, task_id in zip(
@@ -505,98 +525,129 @@ class PostgresBroker:
 
         return await self._claim_statements("forwarding due tasks", run, [])
 
-    async def _claim_pipelined(
-        self, values: dict[str, Any], complete: dict[str, Any] | None
-    ) -> tuple[list[Row] | None, list[tuple[Any, ...]]]:
-        """The claim of queues with limited work: the complete statement (when given), the
-        forwarding step and claim_limited, statements of their own in one transaction and
-        one round trip (each sees what the one before it changed)."""
-        statement = self._s.raw["claim_limited"]
-
-        async def run(conn: AsyncConn) -> tuple[list[Row] | None, list[tuple[Any, ...]]]:
-            async with conn.pipeline():
-                # The statements go out in one round trip, in one implicit transaction
-                # (the Sync at the pipeline's end commits it): completions, then claim.
-                if complete is not None:
-                    done = await conn.execute(self._s.q["complete"], complete)
-                await conn.execute(self._s.q["claim_forward"], values)
-                cur = AsyncRawCursor(conn, row_factory=tuple_row)
-                await cur.execute(statement.text, statement.params(values))
-            # Read after the pipeline's end: its Sync brought every result back with the
-            # commit. Fetching inside it would ask for the results first, and the Sync
-            # would then cost a second round trip.
-            rows = await cur.fetchall()
-            return (await done.fetchall() if complete is not None else []), rows
-
-        return await self._claim_statements("claim of limited tasks", run, (None, []))
-
     async def _claim_limited(
         self,
         queues: list[str],
         params: ClaimParams,
         out: list[tuple[Any, ...]],
-        wake_at: float | None,
-    ) -> float | None:
-        """W13: more rounds of claim_limited into ``out`` (up to ``params.limit``), each one
-        statement, while a round held tasks and more may be due. Each looks further past
-        the free slots than the one before (``_LOOK_AHEAD``, then twice as far...), so a long
-        backlog on a full key is held in a few rounds. Returns when a token comes for a held
-        task."""
+        complete: dict[str, Any] | None,
+    ) -> tuple[list[Row] | None, list[tuple[Any, ...]], float | None]:
+        """W13: rounds of the claim of limited work after ``out`` (up to ``params.limit``),
+        each one transaction, while a round held tasks and more may be due. Each looks
+        further past the free slots than the one before (``_LOOK_AHEAD``, then twice as
+        far...), so a long backlog on a full key is held in a few rounds. The first round
+        stores ``complete`` first. Returns the completed rows (``[]`` without ``complete``,
+        ``None`` when a deadlock rolled them back), the leased rows and when a token comes
+        for a held task."""
         look = _LOOK_AHEAD
-        for _ in range(_LIMITED_ROUNDS):
-            want = params.limit - len(out)
-            values = {
-                "queues": queues,
-                "limit": want + look,
-                "take": want,
-                "now": self._s.sql_now(),
-                "lease_seconds": float(params.lease_seconds),
-                "worker_id": params.worker_id,
-            }
-            rows = await self._claim_rows("claim_limited", values)
-            if rows is None:
+        rows = list(out)
+        completed: list[Row] | None = []
+        wake_at: float | None = None
+        for n in range(_LIMITED_ROUNDS):
+            want = params.limit - len(rows)
+            run = functools.partial(
+                self._limited_round, queues, params, want, look, complete if n == 0 else None
+            )
+            answer = await self._claim_statements("claim of limited tasks", run, None)
+            if answer is None:
+                if n == 0 and complete is not None:
+                    completed = None
                 break
-            again = await self._limited_answer(queues, rows)
-            wake_at = rows[0][CLAIM_WAKE_AT] if rows else None
-            out.extend(r for r in rows if r[0] is not None)
-            if not again or len(out) >= params.limit:
+            done, leased, admission = answer
+            if n == 0 and complete is not None:
+                completed = done
+            if not admission.seen:
+                self._limited.difference_update(queues)
+            rows.extend(leased)
+            wake_at = admission.wake_at()
+            if not admission.again(len(leased)) or len(rows) >= params.limit:
                 break
             look = min(2 * look, _LOOK_AHEAD_MAX)
-        return wake_at
+        return completed, rows, wake_at
 
-    async def _limited_answer(self, queues: list[str], rows: list[tuple[Any, ...]]) -> bool:
-        """Read the extra columns of a claim_limited answer: note whether these queues have
-        limited work, create the counters it found missing and clear the flags of keys it
-        found drained. Whether to claim again at once."""
-        if not rows:
-            return False
-        first = rows[0]
-        if not first[CLAIM_SEEN]:
-            self._limited.difference_update(queues)
-        missing = first[CLAIM_MISSING]
-        if missing is not None:
-            await self._s.fetch(
-                "claim",
-                "claim_limited_create",
-                {"missing": missing, "now": self._s.sql_now()},
-            )
-        drained = first[CLAIM_DRAINED_QUEUES]
-        if drained:
-            await self._settle(drained, first[CLAIM_DRAINED_KEYS])
-        return bool(first[CLAIM_LIMITED]) or missing is not None
+    async def _limited_round(
+        self,
+        queues: list[str],
+        params: ClaimParams,
+        want: int,
+        look: int,
+        complete: dict[str, Any] | None,
+        conn: AsyncConn,
+    ) -> tuple[list[Row], list[tuple[Any, ...]], _Admission]:
+        """One transaction of the claim of limited work, in two round trips (three when a
+        key has no counter yet). First the completions (when given), the forwarding step,
+        the due rows, the counters of keys with held tasks and the held tasks of those with
+        a free slot, all locked; then, after the limiter has decided, the leases, holds and
+        counters are written and committed."""
+        q = self._s.q
+        limit = want + look
+        values = {
+            "queues": queues,
+            "limit": limit,
+            "now": self._s.sql_now(),
+            "forward": max(params.limit, CLAIM_FORWARD),
+        }
+        done = leases = None
+        async with conn.pipeline():
+            async with conn.transaction():
+                if complete is not None:
+                    done = await conn.execute(q["complete"], complete)
+                await conn.execute(q["claim_forward"], values)
+                clock = await conn.execute(q["claim_now"], values)
+                due = await conn.execute(q["limited_due"], values)
+                waiting = await conn.execute(q["waiting_limits"], values)
+                held = await conn.execute(q["held_tasks"], {**values, "limit": want})
+                row = await clock.fetchone()  # the first round trip
+                assert row is not None
+                admission = _Admission(queues, float(row["now"]), want, limit)
+                admission.read(await due.fetchall(), await waiting.fetchall())
+                admission.held(await held.fetchall())
+                missing = admission.missing()
+                if missing:
+                    # Keys no claim has counted (created as the limiter makes them), or
+                    # that no task is held on.
+                    await conn.execute(q["create_limits"], admission.fresh_params(missing))
+                    lock = await conn.execute(q["lock_limits"], admission.key_params(missing))
+                    admission.locked(await lock.fetchall())
+                admission.decide()
+                if admission.chosen:
+                    leases = conn.cursor(row_factory=tuple_row)
+                    await leases.execute(
+                        q["lease_rows"],
+                        {
+                            "ctids": admission.chosen,
+                            "now": admission.now,
+                            "lease_seconds": float(params.lease_seconds),
+                            "worker_id": params.worker_id,
+                        },
+                    )
+                if admission.holds:
+                    await conn.execute(q["hold_rows"], admission.hold_params())
+                if admission.dirty:
+                    await conn.execute(q["save_limits"], admission.save_params())
+                if admission.settle:
+                    await conn.execute(q["settle_limits"], admission.settle_params())
+        # Read after the commit, which the pipeline's end sent with the writes: one round
+        # trip for the writes and the commit.
+        leased = await leases.fetchall() if leases is not None else []
+        if len(leased) < len(admission.chosen):
+            # A row it locked was not written (a trigger refused it): the starts it counted
+            # come back. Counted meanwhile, they only held other tasks back.
+            await self._give_back(conn, admission.not_leased(leased))
+        return (await done.fetchall() if done is not None else []), leased, admission
 
-    async def _settle(self, queues: list[str], keys: list[str]) -> None:
-        """Clear the "waiting" flag of keys with no task held on them: their counters
-        locked first, then the held tasks read by a statement of its own (a fresh snapshot,
-        after every claim that held a task on them has committed). One round trip."""
-        values = {"queues": queues, "keys": keys}
-
-        async def run(conn: AsyncConn) -> None:
-            async with conn.pipeline(), conn.transaction():
-                await conn.execute(self._s.q["claim_limited_settle_lock"], values)
-                await conn.execute(self._s.q["claim_limited_settle"], values)
-
-        await self._claim_statements("clearing the flags of drained limit keys", run, None)
+    async def _give_back(self, conn: AsyncConn, starts: dict[tuple[str, str], int]) -> None:
+        """Give back the running slots ``starts`` (by queue and key) counted for rows a
+        claim could not lease."""
+        keys = sorted(starts)
+        values = {
+            "queues": [q for q, _ in keys],
+            "keys": [k for _, k in keys],
+            "ns": [starts[k] for k in keys],
+        }
+        async with conn.transaction():
+            await conn.execute(self._s.q["lock_limits"], values)
+            await conn.execute(self._s.q["give_back_limits"], values)
 
     async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
         """Heartbeat: push the expiry of every held lease; report lost ones and cancel asks."""
@@ -679,6 +730,10 @@ class PostgresBroker:
         """Wake and announce what the complete statement's ``rows`` ended (this worker's
         claim has looked at the queues in ``served`` since); one answer per item."""
         self._wake((r["queue"] for r in rows if r["wake"]), served)
+        # Waiting tasks these completions released (complete's "released", the same on
+        # every row).
+        if rows and rows[0].get("released"):
+            self._wake(rows[0]["released"], served)
         # Ends are announced for the tasks someone waits for (watch_end marked them).
         self._s.ended((r["queue"], r["id"]) for r in rows if r["watched"])
         done = {(r["queue"], r["id"]) for r in rows}
@@ -733,6 +788,8 @@ class PostgresBroker:
                 done.append(held)
                 if held and row and row["wake"]:
                     woken.add(p.lease.queue)
+                if held and row and row.get("released"):
+                    woken.update(row["released"])
                 if held and isinstance(p, ArchiveParams) and p.follow_ups:
                     created += await self._s.drive(conn, self._s.plan(p.follow_ups, None))
                 if held and isinstance(p, ArchiveParams) and p.group is not None:
@@ -761,6 +818,8 @@ class PostgresBroker:
     def _moved(self, row: Row | None, queue: str) -> bool:
         if row and row["n"] and row["wake"]:
             self._wake([queue])
+        if row and row["n"] and row.get("released"):
+            self._wake(row["released"])
         return bool(row and row["n"])
 
     async def archive(self, params: ArchiveParams) -> bool:
@@ -934,6 +993,185 @@ class PostgresBroker:
         await self._s.fetch("unregister_worker", "unregister_worker", {"id": worker_id})
 
 
+def _held_answer(rows: list[tuple[Any, ...]]) -> tuple[bool, float | None]:
+    """From a claim's answer: whether due tasks carry limits or held tasks have room (the
+    claim of limited work is then needed), and when a token comes for a held task."""
+    if not rows:
+        return False, None
+    first = rows[0]
+    held = json.loads(first[CLAIM_HELD] or "[]")
+    if not held:
+        return bool(first[CLAIM_LIMITED]), None
+    counters = (
+        limiter.Counter(running, concurrency, rate, per, tokens, refilled_at, waiting=True)
+        for _, running, concurrency, rate, per, tokens, refilled_at in held
+    )
+    room, wake_at = limiter.outlook(counters, held[0][0])  # [0][0]: the claim's now
+    return bool(first[CLAIM_LIMITED]) or room, wake_at
+
+
+class _Candidate:
+    """A due or held task the claim of limited work locked, in claim order."""
+
+    __slots__ = ("admitted", "ctid", "held_on", "id", "order", "queue", "specs")
+
+    def __init__(self, row: Row, rank: int) -> None:
+        self.queue: str = row["queue"]
+        self.id: str = row["id"]
+        self.ctid: str = row["ctid"]
+        self.specs: tuple[LimitSpec, ...] = limits_of(row["limits"])
+        self.held_on: str | None = row.get("held_on")
+        self.order = (rank, -row["priority"], row["next_process_at"], row["seq"])
+        self.admitted = False
+
+
+class _Admission:
+    """One round of the claim of limited work: what its statements read, and the limiter's
+    decisions (:func:`durq.brokers.limiter.admit`) in claim order, as the parameters of the
+    statements that write them."""
+
+    def __init__(self, queues: list[str], now: float, want: int, limit: int) -> None:
+        self.ranks = {q: i for i, q in enumerate(queues)}
+        self.now = now
+        self.want = want
+        self.limit = limit
+        self.due = 0
+        self.candidates: list[_Candidate] = []
+        #: Every key the candidates carry (queue, key), and the first limit seen on each.
+        self.specs: dict[tuple[str, str], LimitSpec] = {}
+        #: Keys with held tasks that have room, and how many held tasks the claim looks at.
+        self.rooms: dict[tuple[str, str], int] = {}
+        #: The locked counters, by queue and key.
+        self.counters: dict[str, dict[str, limiter.Counter]] = {}
+        self.chosen: list[str] = []
+        self.holds: list[tuple[str, str]] = []
+        self.dirty: set[tuple[str, str]] = set()
+        self.settle: list[tuple[str, str]] = []
+        self.limited = False
+
+    @property
+    def seen(self) -> bool:
+        """Whether these queues have limited work: the next claim should be this one."""
+        return self.limited or bool(self.rooms)
+
+    def again(self, leased: int) -> bool:
+        """Whether to claim once more at once: the look-ahead was full and slots stay free."""
+        return self.due >= self.limit and leased < self.want
+
+    def _add(self, row: Row) -> None:
+        candidate = _Candidate(row, self.ranks[row["queue"]])
+        self.candidates.append(candidate)
+        for spec in candidate.specs:
+            self.specs.setdefault((candidate.queue, spec.key), spec)
+            self.limited = True
+
+    def read(self, due: list[Row], waiting: list[Row]) -> None:
+        """The due rows and the (locked) counters of keys with held tasks."""
+        self.due = len(due)
+        for row in due:
+            self._add(row)
+        self.locked(waiting)
+        for row in waiting:
+            counter = self.counters[row["queue"]][row["key"]]
+            if counter.room(self.now) > 0:
+                # As many held tasks as held_tasks looks at.
+                free = self.want
+                if counter.concurrency is not None:
+                    free = min(free, counter.concurrency - counter.running)
+                self.rooms[row["queue"], row["key"]] = free
+
+    def locked(self, rows: list[Row]) -> None:
+        for row in rows:
+            self.counters.setdefault(row["queue"], {})[row["key"]] = limiter.stored(row)
+
+    def held(self, rows: list[Row]) -> None:
+        """The held tasks of keys without a full set of running attempts; a key with room
+        given fewer than it looked for may have none left (its flag is cleared if so)."""
+        got: dict[tuple[str, str], int] = {}
+        for row in rows:
+            key = (row["queue"], row["held_on"])
+            if key in self.rooms:  # else its counter is another's, or full: left held
+                self._add(row)
+                got[key] = got.get(key, 0) + 1
+        self.settle = sorted(k for k, room in self.rooms.items() if got.get(k, 0) < room)
+
+    def missing(self) -> list[tuple[str, str]]:
+        """Keys of the candidates without a counter."""
+        return [k for k in self.specs if k[1] not in self.counters.get(k[0], {})]
+
+    def decide(self) -> None:
+        """Admit or hold each candidate in claim order, up to ``want`` leases."""
+        self.candidates.sort(key=lambda c: c.order)
+        for c in self.candidates:
+            if len(self.chosen) >= self.want:
+                break  # left as it is: due, or held where it was
+            if not c.specs:
+                self.chosen.append(c.ctid)
+                continue
+            full = limiter.admit(c.specs, self.counters.setdefault(c.queue, {}), self.now)
+            if full is None:
+                c.admitted = True
+                self.chosen.append(c.ctid)
+                self.dirty.update((c.queue, spec.key) for spec in c.specs)
+            else:
+                self.dirty.add((c.queue, full))
+                if full != c.held_on:
+                    self.holds.append((c.ctid, full))
+
+    def not_leased(self, leased: list[tuple[Any, ...]]) -> dict[tuple[str, str], int]:
+        """The starts counted for admitted candidates that ``leased`` (claimed rows) lacks,
+        by queue and key."""
+        got = {(r[CLAIM_QUEUE], r[CLAIM_ID]) for r in leased}
+        starts: dict[tuple[str, str], int] = {}
+        for c in self.candidates:
+            if c.admitted and (c.queue, c.id) not in got:
+                for spec in c.specs:
+                    starts[c.queue, spec.key] = starts.get((c.queue, spec.key), 0) + 1
+        return starts
+
+    def wake_at(self) -> float | None:
+        """When a token comes for a key with held tasks."""
+        counters = (c for keys in self.counters.values() for c in keys.values())
+        return limiter.wake_at(counters, self.now)
+
+    def key_params(self, keys: list[tuple[str, str]]) -> dict[str, Any]:
+        """lock_limits' parameters: ``keys`` in key order."""
+        keys = sorted(keys)
+        return {"queues": [q for q, _ in keys], "keys": [k for _, k in keys]}
+
+    def fresh_params(self, keys: list[tuple[str, str]]) -> dict[str, Any]:
+        """create_limits' parameters: the counters of ``keys`` as the limiter makes them."""
+        return _counter_columns([(k, limiter.fresh(self.specs[k], self.now)) for k in sorted(keys)])
+
+    def hold_params(self) -> dict[str, Any]:
+        return {"ctids": [c for c, _ in self.holds], "keys": [k for _, k in self.holds]}
+
+    def save_params(self) -> dict[str, Any]:
+        """save_limits' parameters: the counters the decisions changed."""
+        saved = [(k, self.counters[k[0]][k[1]]) for k in sorted(self.dirty)]
+        return {
+            **_counter_columns(saved),
+            "running": [c.running for _, c in saved],
+            "waiting": [c.waiting for _, c in saved],
+        }
+
+    def settle_params(self) -> dict[str, Any]:
+        return {"queues": [q for q, _ in self.settle], "keys": [k for _, k in self.settle]}
+
+
+def _counter_columns(counters: list[tuple[tuple[str, str], limiter.Counter]]) -> dict[str, Any]:
+    """Counters (by queue and key) as one array per column, the bucket's and the limit's."""
+    return {
+        "queues": [q for (q, _), _ in counters],
+        "keys": [k for (_, k), _ in counters],
+        "concurrencies": [c.concurrency for _, c in counters],
+        "rates": [c.rate for _, c in counters],
+        "pers": [c.per for _, c in counters],
+        "tokens": [c.tokens for _, c in counters],
+        "refilled": [c.refilled_at for _, c in counters],
+    }
+
+
 def _unwrap(outcome: EnqueueOutcome) -> TaskInfo:
     if outcome.error is not None:
         raise outcome.error
@@ -944,7 +1182,8 @@ def _unwrap(outcome: EnqueueOutcome) -> TaskInfo:
 __all__ = ["PostgresBroker"]
 
 
-#: Rounds of claim_limited one claim goes through before it answers (each one statement),
+#: Rounds of the claim of limited work one claim goes through before it answers (each one
+#: transaction),
 #: and how many due tasks past its free slots the first such round looks at (and the most).
 _LIMITED_ROUNDS = 8
 #: The queue of the claim that warms a new connection up: a space is in no queue's name.

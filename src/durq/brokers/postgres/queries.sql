@@ -202,7 +202,7 @@ WHERE unique_key = ANY(%(keys)b::text[])
 
 -- name: claim_forward
 -- A claim's first step when due scheduled/retry rows are in its queues (always before
--- claim_limited; before complete_claim when its last answer said so), in the same round trip
+-- limited_due; before complete_claim when its last answer said so), in the same round trip
 -- and transaction: they become pending, a bounded batch (through tasks_by_state, queue by
 -- queue in the claim's order, earliest due first), keeping their due time, so the claim then
 -- sees them in priority order. The bound holds for the whole batch too: planned without
@@ -243,7 +243,7 @@ FROM due
 WHERE t.ctid = due.ctid;
 
 -- name: lease_set
--- A fragment (claim, claim_limited): an active lease with a fresh fencing token.
+-- A fragment (claim, lease_rows): an active lease with a fresh fencing token.
 SET state = 'active',
     lease_token = gen_random_uuid()::text,
     lease_expires_at = {now} + %(lease_seconds)s,
@@ -253,14 +253,14 @@ SET state = 'active',
     held_by = NULL;
 
 -- name: claimed_columns
--- A fragment (claim, claim_limited): the columns of a claimed row, in the order
+-- A fragment (claim, lease_rows): the columns of a claimed row, in the order
 -- rows.CLAIM_COLUMNS names them.
 t.id, t.queue, t.type, t.payload, t.max_retry, t.retried, t.last_error, t.timeout,
 t.deadline, t.next_process_at, t.enqueued_at, t.retention, t.lost, t.headers::text,
 t.lease_token, t.seq, t.started_at, t.lease_expires_at, t.priority, t.limits::text;
 
 -- name: claimable_due
--- A fragment, not run alone: spliced into claim and claim_limited in place of
+-- A fragment, not run alone: spliced into claim and limited_due in place of
 -- {claimable_due}. Due rows per queue through the partial index (tasks_claimable; held rows
 -- are out of it), locked with SKIP LOCKED so concurrent workers take different rows (W10),
 -- filled from the queues in the order given, with their limits and their row's address
@@ -284,9 +284,9 @@ LIMIT %(limit)s;
 -- name: claim_work
 -- A fragment (complete_claim): take due rows (claimable_due) and mark those without limits
 -- active with a fresh fencing token and lease ("leased"). Rows with limits are not leased
--- here (W13): "more" says whether some were due, or tasks are held on a key of these queues
--- that has room again (limited: the broker then runs claim_limited), and when a token comes
--- for a key whose bucket holds tasks back (wake_at). With check_due, due scheduled/retry rows
+-- here (W13): "more" says whether some were due (limited: the broker then claims them in
+-- Python) and gives the counters of keys with held tasks (held), whose room the limiter
+-- reads. With check_due, due scheduled/retry rows
 -- in these queues (not yet pending, so not in the claim index) make it lease nothing
 -- ("forward_first"): the broker forwards them and claims again, so the claim order holds.
 -- Rows locked in this statement are written through their ctid, the address the lock was
@@ -322,20 +322,15 @@ leased AS (
       AND NOT (SELECT f.due FROM forward_first AS f)
     RETURNING {claimed_columns}
 ),
-held AS (
-    -- Keys of these queues with held tasks, when nothing else holds them back than the
-    -- bucket: next_token is when its next token comes.
-    SELECT l.running, l.concurrency, l.rate,
-           l.refilled_at + (1 - l.tokens) * l.per / l.rate AS next_token
-    FROM {schema}.limits AS l
-    WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
-      AND (l.concurrency IS NULL OR l.running < l.concurrency)
-),
 more AS (
-    SELECT EXISTS (SELECT 1 FROM due WHERE due.limits IS NOT NULL)
-        OR EXISTS (SELECT 1 FROM held WHERE held.rate IS NULL OR held.next_token <= {now})
-        AS limited,
-        (SELECT min(held.next_token) FROM held WHERE held.rate IS NOT NULL) AS wake_at,
+    SELECT EXISTS (SELECT 1 FROM due WHERE due.limits IS NOT NULL) AS limited,
+        -- Counters of keys with held tasks and no running attempt in the way: the broker's
+        -- limiter says whether one has room or when a token comes (limits_waiting).
+        (SELECT jsonb_agg(jsonb_build_array({now}, l.running, l.concurrency, l.rate, l.per,
+                                            l.tokens, l.refilled_at))::text
+         FROM {schema}.limits AS l
+         WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
+           AND (l.concurrency IS NULL OR l.running < l.concurrency)) AS held,
         -- A row locked here that another transaction changed since the snapshot was not
         -- leased: the broker claims again at once.
         NOT (SELECT f.due FROM forward_first AS f)
@@ -343,290 +338,112 @@ more AS (
                 > (SELECT count(*) FROM leased) AS moved
 );
 
--- name: claim_limited
--- W13: the claim when due tasks carry limits or tasks are held, in one statement (one round
--- trip, no lock of its own): due rows as claim takes them (claimable_due, up to %(limit)s,
--- the look-ahead) plus, for each key of these queues with held tasks and room again, its
--- oldest held tasks (as many as the room); the counters of their keys locked FOR UPDATE in
--- key order (outcomes lock them in the same order, so claims and outcomes never deadlock).
--- "walk" then goes through the limited candidates in claim order as the Python limiter
--- does: a task is admitted if each of its limits has room after the starts admitted before
--- it, held on the first full key otherwise; nothing is decided past %(take)s leases. The
--- leased rows, the held ones and the counters are written by the same statement.
--- Answer: the leased rows, each with "again" (the look-ahead was full and some slots stay
--- free: claim once more), "wake_at" (when a token comes for a key its bucket holds back),
--- "seen" (limited tasks were candidates, or held ones have room: the next claim of these
--- queues should be this statement, not claim), the keys with room where no held task was
--- found ("drained": claim_limited_settle clears their flag), and keys without a counter
--- ("missing": claim_limited_create adds it, their tasks wait for the next claim). Without a
--- lease the answer is one row of NULLs with those columns.
-WITH RECURSIVE clock AS (
-    SELECT {now} AS now
-),
-due AS (
+-- name: claim_now
+-- The claim of limited work decides in Python (durq.brokers.limiter) at this time: the
+-- broker's clock as the server reads it (or a test's).
+SELECT {now} AS now;
+
+-- name: limited_due
+-- The claim of limited work, first step: due rows as claim takes them (claimable_due, up to
+-- %(limit)s: the free slots and a look-ahead past them), locked, with their limits.
+SELECT d.queue, d.id, d.limits::text AS limits, d.priority, d.next_process_at, d.seq,
+       d.ctid::text AS ctid
+FROM (
     {claimable_due}
-),
-waiting AS (
-    -- Keys with tasks held on them and, by the last limit a task of it carried, their room.
-    SELECT l.queue, l.key,
-           least(
-               %(take)s::bigint,
-               l.concurrency - l.running,
-               floor(least(l.rate::float8,
-                           l.tokens + greatest(0, clock.now - l.refilled_at) * l.rate / l.per)
-                     + 1e-9)::bigint
-           ) AS room,
-           l.concurrency, l.running, l.rate, l.per, l.tokens, l.refilled_at
-    FROM {schema}.limits AS l, clock
-    WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
-      AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.name = l.queue AND p.paused)
-),
-back AS (
-    -- Held tasks of keys with room, oldest first (tasks_held), locked as due rows are.
-    SELECT b.queue, b.id, b.limits, b.priority, b.next_process_at, b.seq, b.ctid,
-           w.key AS held_on
-    FROM waiting AS w
-    CROSS JOIN LATERAL (
-        SELECT t.queue, t.id, t.limits, t.priority, t.next_process_at, t.seq, t.ctid
-        FROM {schema}.tasks AS t
-        WHERE t.queue = w.queue AND t.held_by = w.key AND t.state = 'pending'
-        ORDER BY t.priority DESC, t.next_process_at, t.seq
-        LIMIT greatest(w.room, 0)
-        FOR UPDATE SKIP LOCKED
-    ) AS b
-    WHERE w.room > 0
-),
-cand AS MATERIALIZED (
-    -- Every candidate in claim order: queue order, then priority, due time, enqueue order.
-    SELECT c.queue, c.id, c.limits, c.ctid,
-           row_number() OVER (ORDER BY q.ord, c.priority DESC, c.next_process_at, c.seq) AS n
-    FROM (
-        SELECT queue, id, limits, priority, next_process_at, seq, ctid FROM due
-        UNION ALL
-        SELECT queue, id, limits, priority, next_process_at, seq, ctid FROM back
-    ) AS c
-    JOIN unnest(%(queues)b::text[]) WITH ORDINALITY AS q(name, ord) ON q.name = c.queue
-),
-lim AS MATERIALIZED (
-    -- The limited candidates, numbered, with how many unlimited ones come before each.
-    SELECT row_number() OVER (ORDER BY n) AS i, n - row_number() OVER (ORDER BY n) AS free,
-           queue, id, limits, ctid
-    FROM cand
-    WHERE limits IS NOT NULL
-),
-specs AS MATERIALIZED (
-    SELECT lim.i, lim.queue, e.li, e.v ->> 0 AS key, (e.v ->> 1)::integer AS concurrency,
-           (e.v ->> 2)::integer AS rate, (e.v ->> 3)::float8 AS per
-    FROM lim CROSS JOIN LATERAL jsonb_array_elements(lim.limits) WITH ORDINALITY AS e(v, li)
-),
-counters AS (
-    -- Each key looked up by itself (limits_pkey) and locked, in key order.
-    SELECT c.queue, c.key, c.running, c.tokens, c.refilled_at
-    FROM (SELECT DISTINCT s.queue, s.key FROM specs AS s ORDER BY s.queue, s.key) AS x
-    CROSS JOIN LATERAL (
-        SELECT l.queue, l.key, l.running, l.tokens, l.refilled_at
-        FROM {schema}.limits AS l
-        WHERE l.queue = x.queue AND l.key = x.key
-        FOR UPDATE
-    ) AS c
-),
-steps AS MATERIALIZED (
-    -- Per limited candidate, each limit in the task's order: [slot, key, no counter yet,
-    -- starts it admits now by the task's own limit (null: no bound)].
-    SELECT lim.i, lim.free,
-           jsonb_agg(
-               jsonb_build_array(
-                   jsonb_build_array(s.queue, s.key)::text,
-                   s.key,
-                   k.queue IS NULL,
-                   least(
-                       s.concurrency - k.running,
-                       floor(least(s.rate::float8,
-                                   k.tokens + greatest(0, clock.now - k.refilled_at)
-                                              * s.rate / s.per)
-                             + 1e-9)
-                   )
-               ) ORDER BY s.li
-           ) AS checks
-    FROM lim
-    JOIN specs AS s ON s.i = lim.i
-    CROSS JOIN clock
-    LEFT JOIN counters AS k ON k.queue = s.queue AND k.key = s.key
-    GROUP BY lim.i, lim.free
-),
-walk (i, taken, admitted, verdict, blocked) AS (
-    -- taken: starts admitted so far per slot; verdict: lease, hold, missing, or past (the
-    -- claim had its fill before this candidate: left as it is).
-    SELECT 0::bigint, jsonb_build_object(), 0::bigint, NULL::text, NULL::text
-    UNION ALL
-    SELECT st.i,
-           CASE WHEN d.verdict = 'lease' THEN w.taken || v.plus ELSE w.taken END,
-           w.admitted + CASE WHEN d.verdict = 'lease' THEN 1 ELSE 0 END,
-           d.verdict, v.blocked
-    FROM walk AS w
-    JOIN steps AS st ON st.i = w.i + 1
-    CROSS JOIN LATERAL (
-        SELECT bool_or(x.missing) AS missing,
-               bool_and(x.fits) AS fits,
-               (array_agg(x.key ORDER BY x.li) FILTER (WHERE NOT x.fits))[1] AS blocked,
-               jsonb_object_agg(x.slot, x.used + 1) AS plus
-        FROM (
-            SELECT c.li, c.v ->> 1 AS key, c.v ->> 0 AS slot, (c.v ->> 2)::boolean AS missing,
-                   u.used,
-                   NOT (c.v ->> 2)::boolean
-                   AND (c.v -> 3 = 'null'::jsonb OR u.used < (c.v ->> 3)::float8) AS fits
-            FROM jsonb_array_elements(st.checks) WITH ORDINALITY AS c(v, li)
-            CROSS JOIN LATERAL (
-                SELECT coalesce((w.taken ->> (c.v ->> 0))::integer, 0) AS used
-            ) AS u
-        ) AS x
-    ) AS v
-    CROSS JOIN LATERAL (
-        SELECT CASE
-            WHEN w.admitted + st.free >= %(take)s THEN 'past'
-            WHEN v.missing THEN 'missing'
-            WHEN v.fits THEN 'lease'
-            ELSE 'hold'
-        END AS verdict
-    ) AS d
-),
-missing AS (
-    SELECT DISTINCT ON (s.queue, s.key) s.queue, s.key, s.concurrency, s.rate, s.per
-    FROM specs AS s
-    WHERE NOT EXISTS (SELECT 1 FROM counters AS k WHERE k.queue = s.queue AND k.key = s.key)
-    ORDER BY s.queue, s.key, s.i
-),
-decided AS MATERIALIZED (
-    -- Nothing is decided while a key has no counter: the broker adds it and claims again.
-    SELECT lim.queue, lim.id, lim.ctid, lim.i, w.verdict, w.blocked
-    FROM lim
-    JOIN walk AS w ON w.i = lim.i
-    WHERE NOT EXISTS (SELECT 1 FROM missing)
-),
-chosen AS (
-    -- Unlimited candidates and admitted ones, the first %(take)s in claim order.
-    SELECT x.ctid
-    FROM (
-        SELECT c.ctid, row_number() OVER (ORDER BY c.n) AS r
-        FROM cand AS c
-        LEFT JOIN decided AS d ON d.queue = c.queue AND d.id = c.id
-        WHERE (c.limits IS NULL OR d.verdict = 'lease') AND NOT EXISTS (SELECT 1 FROM missing)
-    ) AS x
-    WHERE x.r <= %(take)s
-),
-leased AS (
-    UPDATE {schema}.tasks AS t
-    {lease_set}
-    FROM chosen
-    WHERE t.ctid = chosen.ctid  -- the rows due and back locked (see claim_work)
-    RETURNING {claimed_columns}
-),
-held AS (
-    UPDATE {schema}.tasks AS t
-    SET held_by = d.blocked
-    FROM decided AS d
-    WHERE d.verdict = 'hold' AND t.ctid = d.ctid
-),
-taken AS (
-    -- Per key: starts admitted, and the limit of the last task admitted (the key shows it).
-    -- Counted from the rows leased, not from the verdicts: a row another transaction changed
-    -- after this statement's snapshot is not leased (see claim_work) and takes no slot.
-    SELECT s.queue, s.key, count(*) AS n,
-           (array_agg(s.concurrency ORDER BY s.i DESC))[1] AS concurrency,
-           (array_agg(s.rate ORDER BY s.i DESC))[1] AS rate,
-           (array_agg(s.per ORDER BY s.i DESC))[1] AS per
-    FROM specs AS s
-    JOIN decided AS d ON d.i = s.i AND d.verdict = 'lease'
-    JOIN leased AS l ON l.queue = d.queue AND l.id = d.id
-    GROUP BY s.queue, s.key
-),
-holds AS (
-    SELECT DISTINCT d.queue, d.blocked AS key FROM decided AS d WHERE d.verdict = 'hold'
-),
-changes AS (
-    SELECT coalesce(t.queue, h.queue) AS queue, coalesce(t.key, h.key) AS key,
-           coalesce(t.n, 0) AS n, t.concurrency, t.rate, t.per, h.key IS NOT NULL AS held
-    FROM taken AS t
-    FULL JOIN holds AS h ON h.queue = t.queue AND h.key = t.key
-),
-saved AS (
-    -- The rows are locked (counters): l is their latest version.
-    UPDATE {schema}.limits AS l
-    SET running = l.running + x.n,
-        concurrency = CASE WHEN x.n > 0 THEN x.concurrency ELSE l.concurrency END,
-        tokens = CASE WHEN x.n > 0 AND x.rate IS NOT NULL
-                      THEN least(x.rate::float8,
-                                 l.tokens + greatest(0, clock.now - l.refilled_at)
-                                            * x.rate / x.per) - x.n
-                      ELSE l.tokens END,
-        refilled_at = CASE WHEN x.n > 0 AND x.rate IS NOT NULL THEN clock.now
-                           ELSE l.refilled_at END,
-        rate = CASE WHEN x.n > 0 THEN x.rate ELSE l.rate END,
-        per = CASE WHEN x.n > 0 THEN x.per ELSE l.per END,
-        waiting = l.waiting OR x.held
-    FROM changes AS x, clock
-    WHERE l.queue = x.queue AND l.key = x.key
-    RETURNING l.queue, l.key, l.running, l.concurrency, l.rate, l.per, l.tokens,
-              l.refilled_at, l.waiting
-),
-tokens_due AS (
-    -- When the next token comes for keys with held tasks that only their bucket holds back.
-    SELECT min(k.refilled_at + (1 - k.tokens) * k.per / k.rate) AS at
-    FROM (
-        SELECT queue, key, running, concurrency, rate, per, tokens, refilled_at FROM saved
-        WHERE waiting
-        UNION ALL
-        SELECT w.queue, w.key, w.running, w.concurrency, w.rate, w.per, w.tokens,
-               w.refilled_at
-        FROM waiting AS w
-        WHERE NOT EXISTS (SELECT 1 FROM changes AS x WHERE x.queue = w.queue AND x.key = w.key)
-    ) AS k
-    WHERE k.rate IS NOT NULL AND (k.concurrency IS NULL OR k.running < k.concurrency)
-),
-drained AS (
-    SELECT w.queue, w.key
-    FROM waiting AS w
-    WHERE w.room > 0
-      AND (SELECT count(*) FROM back AS b WHERE b.queue = w.queue AND b.held_on = w.key)
-          < w.room
-      AND NOT EXISTS (SELECT 1 FROM holds AS h WHERE h.queue = w.queue AND h.key = w.key)
-),
-more AS (
-    SELECT (SELECT count(*) FROM due) >= %(limit)s
-           AND (SELECT count(*) FROM chosen) < %(take)s AS again,
-           (SELECT at FROM tokens_due) AS wake_at,
-           EXISTS (SELECT 1 FROM lim) OR EXISTS (SELECT 1 FROM waiting WHERE room > 0) AS seen,
-           (SELECT array_agg(queue) FROM drained) AS drained_queues,
-           (SELECT array_agg(key) FROM drained) AS drained_keys,
-           (SELECT jsonb_agg(jsonb_build_array(queue, key, concurrency, rate, per))::text
-            FROM missing) AS missing
-)
-SELECT leased.*, more.again, more.wake_at, more.seen, more.drained_queues,
-       more.drained_keys, more.missing
-FROM more LEFT JOIN leased ON true;
+) AS d;
 
--- name: claim_limited_create
--- Counters for keys no claim has counted yet: nothing running, a full bucket. A claim that
--- found none left those tasks as they were; the next claim counts them.
-INSERT INTO {schema}.limits AS l (queue, key, concurrency, rate, per, tokens, refilled_at)
-SELECT x.v ->> 0, x.v ->> 1, (x.v ->> 2)::integer, (x.v ->> 3)::integer,
-       (x.v ->> 4)::float8, coalesce((x.v ->> 3)::float8, 0), {now}
-FROM jsonb_array_elements(%(missing)s::jsonb) AS x(v)
-ON CONFLICT (queue, key) DO NOTHING;
-
--- name: claim_limited_settle_lock
--- Keys where a claim found room but no held task: lock their counters (key order), so that
--- claim_limited_settle, the next statement of the same transaction, reads the held tasks
--- after every claim that held one on them has committed.
-SELECT l.key
+-- name: waiting_limits
+-- The counters of the keys of these queues that may have held tasks (limits_waiting),
+-- locked in key order: outcomes lock them in the same order. The limiter reads their room.
+-- A counter another transaction holds is skipped: that claim or outcome lets its held tasks
+-- back (an outcome wakes the queue's workers).
+SELECT l.*
 FROM {schema}.limits AS l
-JOIN unnest(%(queues)b::text[], %(keys)b::text[]) AS x(queue, key)
-  ON l.queue = x.queue AND l.key = x.key
+WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
+  AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.name = l.queue AND p.paused)
+ORDER BY l.queue, l.key
+FOR UPDATE OF l SKIP LOCKED;
+
+-- name: held_tasks
+-- The oldest held tasks (tasks_held) of each key with held tasks that no running attempt
+-- fills, as many as its free slots (at most %(limit)s), locked as due rows are; the limiter
+-- lets back as many as the room (held tasks of a key waiting_limits skipped stay held).
+SELECT b.queue, b.id, b.limits::text AS limits, b.priority, b.next_process_at, b.seq,
+       b.ctid::text AS ctid, l.key AS held_on
+FROM {schema}.limits AS l
+CROSS JOIN LATERAL (
+    SELECT t.queue, t.id, t.limits, t.priority, t.next_process_at, t.seq, t.ctid
+    FROM {schema}.tasks AS t
+    WHERE t.queue = l.queue AND t.held_by = l.key AND t.state = 'pending'
+    ORDER BY t.priority DESC, t.next_process_at, t.seq
+    LIMIT least(%(limit)s, l.concurrency - l.running)
+    FOR UPDATE SKIP LOCKED
+) AS b
+WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
+  AND (l.concurrency IS NULL OR l.running < l.concurrency)
+  AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.name = l.queue AND p.paused);
+
+-- name: lock_limits
+-- The counters of keys the candidates carry that waiting_limits did not lock, each looked
+-- up by itself (limits_pkey) and locked in key order.
+SELECT l.*
+FROM unnest(%(queues)b::text[], %(keys)b::text[]) AS x(queue, key)
+CROSS JOIN LATERAL (
+    SELECT * FROM {schema}.limits AS l WHERE l.queue = x.queue AND l.key = x.key
+) AS l
 ORDER BY l.queue, l.key
 FOR UPDATE OF l;
 
--- name: claim_limited_settle
--- ... and clear their "waiting" flag if no task is held on them (tasks_held).
+-- name: create_limits
+-- Counters of keys no claim has counted yet, as the limiter makes them (nothing running, a
+-- full bucket); a concurrent claim may have added one first.
+INSERT INTO {schema}.limits AS l (queue, key, concurrency, rate, per, tokens, refilled_at)
+SELECT * FROM unnest(%(queues)b::text[], %(keys)b::text[], %(concurrencies)b::integer[],
+                     %(rates)b::integer[], %(pers)b::float8[], %(tokens)b::float8[],
+                     %(refilled)b::float8[])
+ORDER BY 1, 2
+ON CONFLICT (queue, key) DO NOTHING;
+
+-- name: give_back_limits
+-- Starts a claim counted for rows it could not lease (a trigger refused the write): their
+-- running slots come back (the counters locked first, in key order, by lock_limits).
+UPDATE {schema}.limits AS l
+SET running = greatest(l.running - x.n, 0)
+FROM unnest(%(queues)b::text[], %(keys)b::text[], %(ns)b::integer[]) AS x(queue, key, n)
+WHERE l.queue = x.queue AND l.key = x.key;
+
+-- name: lease_rows
+-- The rows the limiter admitted, by the address the claim locked them at: a later statement
+-- of the same transaction sees the version it locked, which no one else can change.
+UPDATE {schema}.tasks AS t
+{lease_set}
+FROM unnest(%(ctids)b::text[]) AS x(ctid)
+WHERE t.ctid = x.ctid::tid AND t.state = 'pending'
+RETURNING {claimed_columns};
+
+-- name: hold_rows
+-- Tasks the limiter held, each on the first of its keys without room (out of the claim
+-- index until that key has room).
+UPDATE {schema}.tasks AS t
+SET held_by = x.key
+FROM unnest(%(ctids)b::text[], %(keys)b::text[]) AS x(ctid, key)
+WHERE t.ctid = x.ctid::tid AND t.state = 'pending';
+
+-- name: save_limits
+-- The counters as the limiter left them (they are locked: no one changed them since).
+UPDATE {schema}.limits AS l
+SET running = x.running, concurrency = x.concurrency, rate = x.rate, per = x.per,
+    tokens = x.tokens, refilled_at = x.refilled_at, waiting = x.waiting
+FROM unnest(%(queues)b::text[], %(keys)b::text[], %(running)b::integer[],
+            %(concurrencies)b::integer[], %(rates)b::integer[], %(pers)b::float8[],
+            %(tokens)b::float8[], %(refilled)b::float8[], %(waiting)b::boolean[])
+     AS x(queue, key, running, concurrency, rate, per, tokens, refilled_at, waiting)
+WHERE l.queue = x.queue AND l.key = x.key;
+
+-- name: settle_limits
+-- Keys where the claim found room and fewer held tasks than it looked for: their "waiting"
+-- flag is cleared if no task is held on them (tasks_held). Their counters are locked, so every
+-- claim that held a task on them has committed and this statement's snapshot sees it.
 UPDATE {schema}.limits AS l
 SET waiting = false
 FROM unnest(%(queues)b::text[], %(keys)b::text[]) AS x(queue, key)
@@ -668,6 +485,37 @@ released AS (
     RETURNING l.queue, l.waiting
 );
 
+-- name: count_down
+-- A fragment, not run alone: the CTEs spliced into the statements that finish tasks (CTE
+-- "ended", with their dependents), after release_limits. Each waiting task listed counts
+-- its dependencies that finished; at zero it is released: pending, or scheduled while its
+-- due time is ahead (durq.states.released, in SQL). The waiting rows are locked in key
+-- order first; a lock waited for re-reads the row, so two steps finishing two dependencies
+-- of one task at the same time both count. "dep_released" holds the tasks counted down.
+dep_counts AS (
+    SELECT e.v ->> 0 AS queue, e.v ->> 1 AS id, count(*) AS n
+    FROM ended AS d CROSS JOIN LATERAL jsonb_array_elements(d.dependents) AS e(v)
+    GROUP BY 1, 2
+),
+dep_locked AS (
+    SELECT w.queue, w.id, c.n
+    FROM dep_counts AS c
+    JOIN {schema}.tasks AS w ON w.queue = c.queue AND w.id = c.id
+    WHERE w.state = 'waiting'
+    ORDER BY w.queue, w.id
+    FOR UPDATE OF w
+),
+dep_released AS (
+    UPDATE {schema}.tasks AS w
+    SET waiting_for = greatest(w.waiting_for - l.n, 0),
+        state = CASE WHEN w.waiting_for - l.n > 0 THEN 'waiting'
+                     WHEN w.next_process_at > {now} THEN 'scheduled'
+                     ELSE 'pending' END
+    FROM dep_locked AS l
+    WHERE w.queue = l.queue AND w.id = l.id AND w.state = 'waiting'
+    RETURNING w.queue, w.state
+)
+
 -- name: complete_work
 -- A fragment (complete, complete_claim): finish many leases (task_queues, ids, tokens):
 -- keep the row with its result while retention > 0, else delete it; count each as
@@ -688,20 +536,21 @@ kept AS (
     FROM x
     WHERE t.queue = x.queue AND t.id = x.id AND x.retention > 0
       AND t.state = 'active' AND t.lease_token = x.token
-    RETURNING t.queue, t.id, t.limits, t.watched
+    RETURNING t.queue, t.id, t.limits, t.watched, t.dependents
 ),
 gone AS (
     DELETE FROM {schema}.tasks AS t
     USING x
     WHERE t.queue = x.queue AND t.id = x.id AND x.retention <= 0
       AND t.state = 'active' AND t.lease_token = x.token
-    RETURNING t.queue, t.id, t.limits, t.watched
+    RETURNING t.queue, t.id, t.limits, t.watched, t.dependents
 ),
 ended AS (
-    SELECT queue, id, limits, watched FROM kept
-    UNION ALL SELECT queue, id, limits, watched FROM gone
+    SELECT queue, id, limits, watched, dependents FROM kept
+    UNION ALL SELECT queue, id, limits, watched, dependents FROM gone
 ),
 {release_limits},
+{count_down},
 counted AS (
     INSERT INTO {schema}.stats AS s (queue, day, processed, failed)
     SELECT queue, %(day)s, count(*), 0 FROM ended GROUP BY queue
@@ -718,7 +567,9 @@ counted_minute AS (
 -- task's end (App.wait), the broker announces it.
 WITH {complete_work}
 SELECT d.queue, d.id, d.watched,
-       EXISTS (SELECT 1 FROM released AS r WHERE r.queue = d.queue AND r.waiting) AS wake
+       EXISTS (SELECT 1 FROM released AS r WHERE r.queue = d.queue AND r.waiting) AS wake,
+       ARRAY(SELECT DISTINCT r.queue FROM dep_released AS r WHERE r.state = 'pending')
+           AS released
 FROM ended AS d;
 
 -- name: complete_claim
@@ -738,11 +589,12 @@ done AS (
     SELECT array_agg(d.queue) AS queues, array_agg(d.id) AS ids,
            array_agg(DISTINCT d.queue) FILTER (
                WHERE EXISTS (SELECT 1 FROM released AS r WHERE r.queue = d.queue AND r.waiting)
-           ) AS wake,
+           ) || ARRAY(SELECT DISTINCT r.queue FROM dep_released AS r WHERE r.state = 'pending')
+           AS wake,
            array_agg(d.id) FILTER (WHERE d.watched) AS watched
     FROM ended AS d
 )
-SELECT leased.*, more.limited, more.wake_at, done.queues, done.ids, done.wake,
+SELECT leased.*, more.limited, more.held, done.queues, done.ids, done.wake,
        (SELECT f.due FROM forward_first AS f) AS due, done.watched, more.moved
 FROM more CROSS JOIN done LEFT JOIN leased ON true;
 
@@ -753,7 +605,7 @@ FROM more CROSS JOIN done LEFT JOIN leased ON true;
 -- against 0.48-0.57 ms and 304-336 us (with complete_claim's text then parsed again by
 -- psycopg on every call; the claims now run as raw statements, storage.RAW).
 WITH {claim_work}
-SELECT leased.*, more.limited, more.wake_at, NULL::text[] AS queues, NULL::text[] AS ids,
+SELECT leased.*, more.limited, more.held, NULL::text[] AS queues, NULL::text[] AS ids,
        NULL::text[] AS wake, (SELECT f.due FROM forward_first AS f) AS due,
        NULL::text[] AS watched, more.moved
 FROM more LEFT JOIN leased ON true;
@@ -816,9 +668,10 @@ WITH ended AS (
       AND t.state = 'active' AND t.lease_token = %(token)s
       AND (%(expired_by)s::float8 IS NULL
            OR t.lease_expires_at <= least(%(expired_by)s::float8, {now}))
-    RETURNING t.queue, t.limits
+    RETURNING t.queue, t.limits, t.dependents
 ),
 {release_limits},
+{count_down},
 counted AS (
     INSERT INTO {schema}.stats AS s (queue, day, processed, failed)
     SELECT queue, %(day)s, 1, 1 FROM ended WHERE %(count_attempt)s
@@ -831,7 +684,10 @@ counted_minute AS (
     ON CONFLICT (queue, minute) DO UPDATE
     SET processed = s.processed + 1, failed = s.failed + 1
 )
-SELECT count(*) AS n, EXISTS (SELECT 1 FROM released WHERE waiting) AS wake FROM ended;
+SELECT count(*) AS n, EXISTS (SELECT 1 FROM released WHERE waiting) AS wake,
+       ARRAY(SELECT DISTINCT r.queue FROM dep_released AS r WHERE r.state = 'pending')
+           AS released
+FROM ended;
 
 -- name: report_progress
 -- A running attempt's report (durq.progress), fenced by its token. :progress NULL keeps the
@@ -1104,10 +960,12 @@ WHERE queue = %(queue)s AND id = %(id)s
 
 -- name: run_task
 -- The inspector's moves are fenced by the state the move was decided on (expect).
+-- An archived task released its dependents when it was archived: it starts with none.
 WITH r AS (
     UPDATE {schema}.tasks AS t
     SET state = 'pending', next_process_at = {now}, lost = 0, cancel_requested = false,
-        held_by = NULL
+        held_by = NULL,
+        dependents = CASE WHEN t.state = 'archived' THEN NULL ELSE t.dependents END
     WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = %(expect)s
     RETURNING t.*
 ),
@@ -1149,7 +1007,8 @@ RETURNING *;
 WITH r AS (
     UPDATE {schema}.tasks AS t
     SET state = 'pending', next_process_at = {now}, lost = 0, cancel_requested = false,
-        held_by = NULL
+        held_by = NULL,
+        dependents = CASE WHEN t.state = 'archived' THEN NULL ELSE t.dependents END
     WHERE t.queue = %(queue)s AND t.state = %(state)s
     RETURNING t.queue
 ),
@@ -1166,9 +1025,9 @@ WHERE queue = %(queue)s AND state = %(state)s
 
 -- name: insert_group
 INSERT INTO {schema}.groups (queue, id, total, created_at, retention, then_task, then_head,
-                             then_tail)
+                             then_tail, then_waiting)
 VALUES (%(queue)s, %(id)s, %(total)s, {now}, %(retention)s, %(then_task)s, %(then_head)s,
-        %(then_tail)s);
+        %(then_tail)s, %(then_waiting)s);
 
 -- name: insert_group_members
 -- The arrays arrive in binary (%(x)b), as in enqueue: text dumping costs several times more.
@@ -1210,7 +1069,17 @@ UPDATE {schema}.groups
 SET finished = finished + %(n)s,
     finished_at = CASE WHEN finished + %(n)s >= total THEN {now} END
 WHERE queue = %(group_queue)s AND id = %(group_id)s
-RETURNING finished, total, then_task, then_head, then_tail;
+RETURNING finished, total, then_task, then_head, then_tail, then_waiting;
+
+-- name: release_follow_up
+-- A group's last member counted: its waiting follow-up gets its payload and is released,
+-- pending or scheduled while its due time is ahead (durq.states.released, in SQL);
+-- cancelled or deleted meanwhile, it matches no row.
+UPDATE {schema}.tasks
+SET payload = %(payload)s, waiting_for = 0,
+    state = CASE WHEN next_process_at > {now} THEN 'scheduled' ELSE 'pending' END
+WHERE queue = %(queue)s AND id = %(id)s AND state = 'waiting'
+RETURNING *;
 
 -- name: group_entries
 SELECT entry FROM {schema}.group_members
@@ -1276,3 +1145,43 @@ RETURNING *;
 
 -- name: delete_schedule
 DELETE FROM {schema}.schedules WHERE name = %(name)s;
+
+-- name: hold_dependents
+-- enqueue after=: each dependency that has not finished lists the new task (dependent,
+-- jsonb [[queue, id]]), locked in key order; a dependency finishing meanwhile is waited
+-- for and then left out (it counts as done). The rows returned: the dependencies held.
+WITH d AS (
+    SELECT t.queue, t.id
+    FROM {schema}.tasks AS t
+    JOIN unnest(%(queues)s::text[], %(ids)s::text[]) AS x(queue, id)
+      ON t.queue = x.queue AND t.id = x.id
+    WHERE t.state NOT IN ('completed', 'archived')
+    ORDER BY t.queue, t.id
+    FOR UPDATE OF t
+)
+UPDATE {schema}.tasks AS t
+SET dependents = coalesce(t.dependents, '[]'::jsonb) || %(dependent)s::jsonb
+FROM d
+WHERE t.queue = d.queue AND t.id = d.id AND t.state NOT IN ('completed', 'archived')
+RETURNING t.queue, t.id;
+
+-- name: set_waiting
+-- The task just inserted in the same transaction waits for n dependencies.
+UPDATE {schema}.tasks SET state = 'waiting', waiting_for = %(n)s
+WHERE queue = %(queue)s AND id = %(id)s
+RETURNING *;
+
+-- name: release_dependents
+-- The inspector archived, cancelled or deleted unfinished tasks (their dependents given
+-- as a jsonb array of lists): count_down in the same transaction; the queues released to.
+WITH ended AS (
+    SELECT d.v AS dependents FROM jsonb_array_elements(%(lists)s::jsonb) AS d(v)
+),
+{count_down}
+SELECT DISTINCT queue FROM dep_released WHERE state = 'pending';
+
+-- name: dependents_in_state
+-- delete_all of an unfinished state: the dependents of the tasks it deletes.
+SELECT dependents FROM {schema}.tasks
+WHERE queue = %(queue)s AND state = %(state)s AND dependents IS NOT NULL
+FOR UPDATE;

@@ -41,15 +41,12 @@ _CLAIM_INDEXED = ("queue", "next_process_at", "lease_token", "seq", "started_at"
 CLAIM_QUEUE, CLAIM_NEXT_AT, CLAIM_TOKEN, CLAIM_SEQ, CLAIM_STARTED, CLAIM_UNTIL, CLAIM_PRIORITY = (
     CLAIM_COLUMNS.index(c) for c in _CLAIM_INDEXED
 )
-CLAIM_LIMITS = CLAIM_COLUMNS.index("limits")
-#: ``complete_claim`` adds two columns (W13): whether claim_limited should run, and when a token
-#: comes for a key whose bucket holds tasks back. ``claim_limited`` adds, in their place,
-#: whether to claim again at once and that time, then whether these queues have limited
-#: work, the keys it found drained (queues, keys) and the counters missing (JSON).
-CLAIM_LIMITED, CLAIM_WAKE_AT = len(CLAIM_COLUMNS), len(CLAIM_COLUMNS) + 1
-CLAIM_SEEN, CLAIM_DRAINED_QUEUES, CLAIM_DRAINED_KEYS, CLAIM_MISSING = (
-    len(CLAIM_COLUMNS) + i for i in range(2, 6)
-)
+CLAIM_LIMITS, CLAIM_ID = CLAIM_COLUMNS.index("limits"), CLAIM_COLUMNS.index("id")
+#: ``claim`` and ``complete_claim`` add two columns (W13): whether due tasks carry limits (the
+#: broker then claims them in Python), and the counters of keys with held tasks and no
+#: running attempt in the way (JSON: ``[now, running, concurrency, rate, per, tokens,
+#: refilled_at]`` each), for the limiter to say whether one has room or when a token comes.
+CLAIM_LIMITED, CLAIM_HELD = len(CLAIM_COLUMNS), len(CLAIM_COLUMNS) + 1
 #: ``complete_claim`` adds, after those two, the leases it completed (queues, ids), the queues
 #: whose freed limit keys hold tasks, whether due scheduled/retry rows wait, the ids of the
 #: completed tasks someone waits for, and whether a row it locked had moved (not leased).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import re
 from collections import Counter
@@ -16,6 +17,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import psycopg
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -28,11 +30,13 @@ from durq.brokers.base import (
     MemberOutcome,
     fan_in_payload,
     follow_up_from,
+    waiting_follow_up,
 )
 from durq.brokers.mailbox import end_key
 from durq.brokers.postgres.errors import pooler_error, pooler_symptom, translate
 from durq.brokers.postgres.rows import EnqueuePlan, Row, enqueue_plan
 from durq.brokers.postgres.wakeup import Notifier
+from durq.brokers.sqlrows import row_to_info
 from durq.clock import SYSTEM_CLOCK, Clock, server_clock_for
 from durq.errors import (
     BrokerUnavailableError,
@@ -76,6 +80,7 @@ FRAGMENTS = (
     "enqueue_batch",
     "enqueue_insert",
     "release_limits",
+    "count_down",
     "claimable_due",
     "lease_set",
     "claimed_columns",
@@ -97,11 +102,11 @@ def render(text: str, schema: str) -> bytes:
     return composed.as_bytes(None)
 
 
-#: The claims a worker sends on every round trip. Their texts pass psycopg's 4 KB query cache
-#: (``complete_claim`` 5.5 KB, ``claim_limited`` 10 KB), so psycopg would split the text again
-#: for its named parameters on every call (about 0.1 ms of the worker's CPU): they run as raw
-#: queries, their parameters numbered once here.
-RAW = ("complete_claim", "claim", "claim_limited")
+#: The claims a worker sends on every round trip. ``complete_claim``'s text passes psycopg's
+#: 4 KB query cache (5.5 KB), so psycopg would split it again for its named parameters on
+#: every call (about 0.1 ms of the worker's CPU): they run as raw queries, their parameters
+#: numbered once here.
+RAW = ("complete_claim", "claim")
 
 _PARAM = re.compile(rb"%\((\w+)\)[sbt]")
 
@@ -493,15 +498,68 @@ class PostgresStorage:
         self.notify_created(created)
         return rows
 
+    # ------------------------------------------------------------------ dependencies
+
+    async def insert_after(self, conn: AsyncConn, p: EnqueueParams) -> EnqueueOutcome:
+        """Create a task that waits for ``p.after`` in one transaction (a savepoint in the
+        caller's): its unfinished dependencies list it, then it is inserted, waiting for as
+        many; a refused task undoes the listing."""
+        if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+            # A caller's connection between transactions: start its transaction, so that
+            # the block below is a savepoint in it, not a transaction committed here (E8).
+            await conn.execute(self.q["ping"])
+        try:
+            async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(
+                    self.q["hold_dependents"],
+                    {
+                        "queues": [q for q, _ in p.after],
+                        "ids": [i for _, i in p.after],
+                        "dependent": json.dumps([[p.queue, p.id]]),
+                    },
+                )
+                held = len(await cur.fetchall())
+                created: list[EnqueueOutcome] = await self.drive(conn, self.plan([p], None))
+                (outcome,) = created
+                if outcome.error is not None:
+                    raise _Refused(outcome)
+                if held:
+                    await cur.execute(
+                        self.q["set_waiting"], {"queue": p.queue, "id": p.id, "n": held}
+                    )
+                    row = await cur.fetchone()
+                    assert row is not None
+                    outcome = EnqueueOutcome(p, info=row_to_info(row))
+        except _Refused as refused:
+            return refused.outcome
+        return outcome
+
+    async def release_dependents(self, conn: AsyncConn, lists: Sequence[Any]) -> set[str]:
+        """Tasks with these ``dependents`` finished (or were deleted unfinished), in the
+        caller's transaction: count each dependent down; the queues of released tasks."""
+        lists = [x for x in lists if x]
+        if not lists:
+            return set()
+        values = {"lists": json.dumps(lists), "now": self.sql_now()}
+        cur = await conn.execute(self.q["release_dependents"], values)
+        return {r["queue"] for r in await cur.fetchall()}
+
     # ------------------------------------------------------------------ groups
 
     async def insert_group(self, conn: AsyncConn, p: GroupParams) -> list[TaskInfo]:
-        """Create a group's record and its members in the caller's transaction; the first
-        refused member raises (the transaction rolls everything back)."""
-        outcomes: list[EnqueueOutcome] = await self.drive(conn, self.plan(p.members, None))
+        """Create a group's record, its members and its follow-up (waiting for the group) in
+        the caller's transaction; the first refused task raises (the transaction rolls
+        everything back)."""
+        then = waiting_follow_up(p)
+        everything = [*p.members, *([then] if then else [])]
+        outcomes: list[EnqueueOutcome] = await self.drive(conn, self.plan(everything, None))
         for outcome in outcomes:
             if outcome.error is not None:
                 raise outcome.error
+        if then is not None:
+            # Waits for one thing, its group: the group's own count releases it.
+            outcomes.pop()
+            await conn.execute(self.q["set_waiting"], {"queue": then.queue, "id": then.id, "n": 1})
         await conn.execute(self.q["insert_group"], sqlfiles.group_row(p, self.sql_now()))
         await conn.execute(
             self.q["insert_group_members"],
@@ -552,8 +610,9 @@ class PostgresStorage:
         return await self.count_finished(conn, await cur.fetchall())
 
     async def count_finished(self, conn: AsyncConn, rows: list[Row]) -> list[EnqueueOutcome]:
-        """Count newly finished members (one row per member: its group) and create the
-        follow-up of each group whose last member this was."""
+        """Count newly finished members (one row per member: its group) and release the
+        follow-up of each group whose last member this was (create it, for a group
+        recorded before follow-ups waited)."""
         created: list[EnqueueOutcome] = []
         counts = Counter((r["group_queue"], r["group_id"]) for r in rows)
         for (group_queue, group_id), n in sorted(counts.items()):
@@ -568,7 +627,21 @@ class PostgresStorage:
             entries = [bytes(r["entry"]) for r in await cur.fetchall()]
             payload = fan_in_payload(bytes(g["then_head"]), entries, bytes(g["then_tail"]))
             follow_up = follow_up_from(g["then_task"], payload)
-            created += await self.drive(conn, self.plan([follow_up], None))
+            if not g["then_waiting"]:  # a group created before its follow-up waited
+                created += await self.drive(conn, self.plan([follow_up], None))
+                continue
+            cur = await conn.execute(
+                self.q["release_follow_up"],
+                {
+                    "queue": follow_up.queue,
+                    "id": follow_up.id,
+                    "payload": payload,
+                    "now": self.sql_now(),
+                },
+            )
+            created += [
+                EnqueueOutcome(follow_up, info=row_to_info(r)) for r in await cur.fetchall()
+            ]
         return created
 
     async def fetch(self, method: str, query: str, params: dict[str, Any]) -> list[Row]:
@@ -761,3 +834,11 @@ class PostgresStorage:
         pool, self.pool = self.pool, None
         if pool is not None:
             await pool.close()
+
+
+class _Refused(Exception):
+    """A task with dependencies was refused: its transaction rolls back (internal)."""
+
+    def __init__(self, outcome: EnqueueOutcome) -> None:
+        super().__init__(outcome.error)
+        self.outcome = outcome

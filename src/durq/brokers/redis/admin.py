@@ -88,6 +88,7 @@ class RedisAdmin:
                 ("HMGET", k.stats, "processed", "failed"),
                 ("HMGET", k.stats_day(utc_day(now)), "processed", "failed"),
                 ("ZCARD", k.held),
+                ("ZCARD", k.waiting),
             ]
         )
         oldest = await self._s.eval("oldest_pending", [k.pending], [PRIORITY_BANDS])
@@ -102,6 +103,7 @@ class RedisAdmin:
                 TaskState.RETRY: r[4],
                 TaskState.ARCHIVED: r[5],
                 TaskState.COMPLETED: r[6],
+                TaskState.WAITING: r[10],
             },
             oldest_pending_age=max(0.0, now - float(oldest)) if oldest else 0.0,
             processed_today=int(today[0] or 0),

@@ -25,6 +25,7 @@ from durq.brokers.contract import (
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
+    CAP_DEPENDENCIES,
     CAP_MULTI_PROCESS,
     CAP_WAIT_AND_CLAIM,
     EndWatch,
@@ -45,6 +46,7 @@ from durq.brokers.params import (
     LeaseReport,
     ProgressParams,
     RetryParams,
+    waiting_follow_up,
 )
 from durq.brokers.redis.admin import WORKER_TTL, RedisAdmin
 from durq.brokers.redis.cluster import key_slot
@@ -105,6 +107,7 @@ class RedisBroker:
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_CROSS_QUEUE_GROUPS,
             CAP_WAIT_AND_CLAIM,
+            CAP_DEPENDENCIES,
         }
     )
 
@@ -227,8 +230,25 @@ class RedisBroker:
             ),
         )
 
+    async def _enqueue_after(self, params: EnqueueParams) -> EnqueueOutcome:
+        """enqueue_after.lua: the task, waiting for those of ``params.after`` that have not
+        finished, listed by them in the same script."""
+        (_, keys, args), state = self._s.enqueue_call(params, self._s.clock.now())
+        k = self._s.keys.queue(params.queue)
+        keys = [*keys, k.waiting, *(self._s.keys.queue(q).task(i) for q, i in params.after)]
+        async with self._s.op("enqueue"):
+            await self._s.ensure()
+            await self._s.remember_queues([params.queue])
+            reply = await self._s.eval("enqueue_after", keys, args)
+        if reply[0] != b"ok":
+            return self._enqueue_outcome(params, state, reply)
+        if int(reply[2]):
+            state = TaskState.WAITING
+        return self._enqueue_outcome(params, state, reply[1])
+
     async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
-        """The group's record and every member in one script, or nothing."""
+        """The group's record, every member and the waiting follow-up in one script, or
+        nothing."""
         now = self._s.clock.now()
         qk = self._s.keys.queue(params.queue)
         if self._s.cluster:
@@ -254,6 +274,8 @@ class RedisBroker:
             keys += more_keys
             args += [*more_args, entry]
             states.append(state)
+        if params.then is not None:
+            keys.append(self._s.keys.queue(params.then.queue).waiting)
         async with self._s.op("enqueue_group"):
             await self._s.ensure()
             queues = [p.queue for p in params.members]
@@ -263,7 +285,11 @@ class RedisBroker:
             reply = await self._s.eval("enqueue_group", keys, args)
         if reply[0] != b"ok":
             i = int(reply[1])
-            error = self._enqueue_outcome(params.members[i], states[i], [reply[0], reply[2]]).error
+            # Index len(members): the follow-up's id is taken.
+            refused = params.members[i] if i < len(params.members) else waiting_follow_up(params)
+            assert refused is not None
+            state = states[i] if i < len(states) else TaskState.WAITING
+            error = self._enqueue_outcome(refused, state, [reply[0], reply[2]]).error
             assert error is not None
             raise error
         return [
@@ -303,6 +329,12 @@ class RedisBroker:
     async def _enqueue_one(self, params: EnqueueParams) -> TaskInfo:
         """The hot path of one-by-one enqueue: no context manager, the reply is the clock
         the script read on success and the TaskInfo comes from the params."""
+        if params.after:
+            outcome = await self._enqueue_after(params)
+            if outcome.error is not None:
+                raise outcome.error
+            assert outcome.info is not None
+            return outcome.info
         now = self._s.clock.now()
         call, state = self._s.enqueue_call(params, now)
         try:
@@ -330,6 +362,8 @@ class RedisBroker:
         self._no_connection(connection)
         if not items:
             return []
+        if any(p.after for p in items):  # one script each, with its dependencies' keys
+            return [await self._enqueue_after(p) for p in items]
         now = self._s.clock.now()
         by_queue: dict[str, list[int]] = defaultdict(list)
         for i, p in enumerate(items):

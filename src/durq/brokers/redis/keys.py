@@ -15,6 +15,8 @@ Layout (``P`` is the prefix, default ``durq``; ``Q`` a queue name)::
     P:{Q}:active                zset     by lease expiry
     P:{Q}:completed             zset     by end of retention
     P:{Q}:archived              zset     by time archived
+    P:{Q}:waiting               zset     tasks waiting for others (after=), by enqueue time;
+                                         scripts name it after a task hash (up to "}")
     P:{Q}:paused                string   present while the queue is paused
     P:{Q}:seq                   string   enqueue counter (tie-break of the zsets)
     P:{Q}:unique                hash     unique key -> "<task id>|<expires at>"
@@ -100,6 +102,7 @@ class QueueKeys:
         "stats",
         "task_prefix",
         "unique",
+        "waiting",
     )
 
     def __init__(self, prefix: str, queue: str) -> None:
@@ -111,6 +114,7 @@ class QueueKeys:
         self.active = f"{self.base}:active"
         self.completed = f"{self.base}:completed"
         self.archived = f"{self.base}:archived"
+        self.waiting = f"{self.base}:waiting"
         self.paused = f"{self.base}:paused"
         self.seq = f"{self.base}:seq"
         self.unique = f"{self.base}:unique"
@@ -155,6 +159,7 @@ class QueueKeys:
             "active": self.active,
             "completed": self.completed,
             "archived": self.archived,
+            "waiting": self.waiting,
         }[state]
 
 

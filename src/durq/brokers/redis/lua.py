@@ -19,6 +19,7 @@ SCRIPT_NAMES = (
     "enqueue",
     "enqueue_many",
     "enqueue_group",
+    "enqueue_after",
     "claim",
     "extend",
     "complete",

@@ -6,7 +6,7 @@ import json
 import sqlite3
 from typing import Any
 
-from durq.brokers import limiter
+from durq.brokers import dependencies, limiter
 from durq.brokers.params import TaskMove, TaskRewrite
 from durq.brokers.sqlfiles import group_info, rewrite_params, schedule_record, schedule_row
 from durq.brokers.sqlite.storage import Conn, Q, SQLiteStorage, snapshot
@@ -209,6 +209,11 @@ class SQLiteAdmin:
                 return None
             if move.to is None:
                 woken.update(self._s.forget(conn, move.queue, move.id, "", now))
+            if (move.to is None or move.to is TaskState.ARCHIVED) and row["dependents"]:
+                # Archived, cancelled, or deleted before it finished; a finished task
+                # released its dependents when it finished.
+                if dependencies.unfinished(move.expect):
+                    woken.update(self._s.release_dependents(conn, [row["dependents"]], now))
             if move.follow_ups:
                 woken.update(self._s.insert_follow_ups(conn, move.follow_ups, now))
             if move.group is not None:
@@ -263,6 +268,11 @@ class SQLiteAdmin:
             self._require_queue(conn, queue)
             if to is None:
                 woken.update(self._s.forget(conn, queue, None, state.value, now))
+            if to is None and dependencies.unfinished(state):
+                lists = conn.execute(
+                    Q["dependents_in_state"], {"queue": queue, "state": state.value}
+                )
+                woken.update(self._s.release_dependents(conn, [r[0] for r in lists], now))
             count: int = conn.execute(
                 Q[query], {"queue": queue, "state": state.value, "now": now}
             ).rowcount

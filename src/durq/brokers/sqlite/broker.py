@@ -26,6 +26,7 @@ from durq.brokers.contract import (
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
+    CAP_DEPENDENCIES,
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
@@ -88,6 +89,7 @@ class SQLiteBroker:
             CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_CROSS_QUEUE_GROUPS,
+            CAP_DEPENDENCIES,
             CAP_TRANSACTIONAL_ENQUEUE,
             CAP_SYNC_CONNECTION_ENQUEUE,
         }
@@ -223,7 +225,8 @@ class SQLiteBroker:
         return await self._s.call("sqlite.enqueue_many", run)
 
     async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
-        """The group's record and every member in one transaction, or nothing."""
+        """The group's record, every member and the waiting follow-up in one transaction,
+        or nothing."""
 
         def run(conn: Conn) -> list[TaskInfo]:
             infos = self._s.transaction(conn, lambda c, now: self._s.insert_group(c, params, now))
@@ -475,7 +478,7 @@ class SQLiteBroker:
             )
         else:
             cursor = conn.execute(Q["complete_delete"], ref)
-        if not self._ended(conn, p.lease.queue, cursor, woken):
+        if not self._ended(conn, p.lease.queue, cursor, woken, now):
             return False
         if bump:
             self._s.bump(conn, p.lease.queue, now, failed=False)
@@ -540,7 +543,7 @@ class SQLiteBroker:
         else:
             cursor = conn.execute(Q["archive"], {**fence, "count_attempt": int(p.count_attempt)})
             counted = p.count_attempt
-        if not self._ended(conn, lease.queue, cursor, woken):
+        if not self._ended(conn, lease.queue, cursor, woken, now):
             return False
         if isinstance(p, RetryParams) and p.delay <= 0:
             woken.add(lease.queue)
@@ -595,7 +598,7 @@ class SQLiteBroker:
         done = await self._s.write_waking(
             "sqlite.requeue",
             lambda c, now, woken: self._ended(
-                c, lease.queue, c.execute(Q["requeue"], {**ref, "now": now}), woken
+                c, lease.queue, c.execute(Q["requeue"], {**ref, "now": now}), woken, now
             ),
             inline=True,
         )
@@ -603,13 +606,17 @@ class SQLiteBroker:
             self._s.notify([lease.queue])
         return done
 
-    @staticmethod
-    def _ended(conn: Conn, queue: str, cursor: sqlite3.Cursor, woken: set[str]) -> bool:
+    def _ended(
+        self, conn: Conn, queue: str, cursor: sqlite3.Cursor, woken: set[str], now: float
+    ) -> bool:
         """Whether a fenced move of an active task (``RETURNING limits``) held; if so, its
-        limit keys give their running slot back in the same transaction (W13)."""
+        limit keys give their running slot back in the same transaction (W13), and a task
+        that finished (``RETURNING dependents`` too) counts its dependents down."""
         rows = cursor.fetchall()
         if len(rows) != 1:
             return False
+        if "dependents" in rows[0].keys() and rows[0]["dependents"] is not None:
+            woken.update(self._s.release_dependents(conn, [rows[0]["dependents"]], now))
         limits = rows[0]["limits"]
         if limits is not None:
             waiting = conn.execute(
@@ -806,15 +813,8 @@ def _may_claim(conn: Conn, queue: str, now: float) -> tuple[bool, float | None]:
     (the mailbox in this process, a datagram and ``data_version`` in others)."""
     if conn.execute(Q["any_claimable"], {"queue": queue, "now": now}).fetchone()[0]:
         return True, None
-    wake_at: float | None = None
-    for row in conn.execute(Q["waiting_limits"], {"queue": queue}):
-        counter = limiter.stored(row)
-        if counter.room(now) > 0:
-            return True, None
-        at = counter.next_room_at(now)
-        if at is not None and (wake_at is None or at < wake_at):
-            wake_at = at
-    return False, wake_at
+    rows = conn.execute(Q["waiting_limits"], {"queue": queue})
+    return limiter.outlook((limiter.stored(row) for row in rows), now)
 
 
 class _LimitCounters:
@@ -855,15 +855,12 @@ class _LimitCounters:
     def admit(self, rowid: int, specs: tuple[LimitSpec, ...]) -> bool:
         """Count one start of a task with ``specs``, or hold it on its first full key."""
         self._load([s.key for s in specs])
-        full = limiter.blocking(specs, self._counters, self._now)
+        full = limiter.admit(specs, self._counters, self._now)
         if full is not None:
             self._conn.execute(Q["hold_task"], {"key": full, "rowid": rowid})
-            self._counters[full].waiting = True
             self._dirty.add(full)
             return False
-        for spec in specs:
-            limiter.take(spec, self._counters[spec.key], self._now)
-            self._dirty.add(spec.key)
+        self._dirty.update(spec.key for spec in specs)
         return True
 
     def save(self) -> None:
@@ -887,9 +884,4 @@ class _LimitCounters:
 
     def wake_at(self) -> float | None:
         """When a token comes for a key with held tasks."""
-        times = [
-            t
-            for c in self._counters.values()
-            if c.waiting and (t := c.next_room_at(self._now)) is not None
-        ]
-        return min(times, default=None)
+        return limiter.wake_at(self._counters.values(), self._now)

@@ -65,10 +65,12 @@ SELECT id FROM durq_tasks WHERE unique_key = :unique_key;
 -- clears what only looks taken, or raises the live holder's conflict, and tries again.
 INSERT INTO durq_tasks (
     id, queue, type, payload, state, max_retry, timeout, deadline, next_process_at,
-    enqueued_at, retention, headers, unique_key, unique_until, relative_due, priority, limits
+    enqueued_at, retention, headers, unique_key, unique_until, relative_due, priority, limits,
+    waiting_for
 ) VALUES (
     :id, :queue, :type, :payload, :state, :max_retry, :timeout, :deadline, :next_process_at,
-    :now, :retention, :headers, :unique_key, :unique_until, :relative_due, :priority, :limits
+    :now, :retention, :headers, :unique_key, :unique_until, :relative_due, :priority, :limits,
+    :waiting_for
 )
 ON CONFLICT DO NOTHING
 RETURNING *;
@@ -186,12 +188,12 @@ SET state = 'completed', completed_at = :now, result = :result, retention = :ret
     expires_at = :now + :retention, lease_token = NULL, lease_expires_at = NULL,
     unique_key = NULL, unique_until = NULL, cancel_requested = 0
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
-RETURNING limits;
+RETURNING limits, dependents;
 
 -- name: complete_delete
 DELETE FROM durq_tasks
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
-RETURNING limits;
+RETURNING limits, dependents;
 
 -- name: retry
 -- Fenced by the token; with :expired_by (the rescuer) also by the lease having expired (as
@@ -216,7 +218,7 @@ WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
   AND (:expired_by IS NULL
        OR CASE WHEN lease_boot IS NULL THEN lease_expires_at <= :now
                ELSE lease_boot IS NOT :boot OR lease_mono <= :mono END)
-RETURNING limits;
+RETURNING limits, dependents;
 
 -- name: held_logs
 -- A running attempt's report (durq.progress): the task's log, if the lease is still held.
@@ -376,8 +378,10 @@ ORDER BY page.next_process_at, page.seq_;
 -- name: run_task
 -- The inspector's moves are fenced by the state the move was decided on (:expect).
 -- A held task goes back to the claimable set (the next claim holds it again if need be).
+-- An archived task released its dependents when it was archived: it starts with none.
 UPDATE durq_tasks
-SET state = 'pending', next_process_at = :now, lost = 0, cancel_requested = 0, held_by = NULL
+SET state = 'pending', next_process_at = :now, lost = 0, cancel_requested = 0, held_by = NULL,
+    dependents = CASE WHEN state = 'archived' THEN NULL ELSE dependents END
 WHERE queue = :queue AND id = :id AND state = :expect
 RETURNING *;
 
@@ -410,7 +414,8 @@ RETURNING *;
 
 -- name: run_all
 UPDATE durq_tasks
-SET state = 'pending', next_process_at = :now, lost = 0, cancel_requested = 0, held_by = NULL
+SET state = 'pending', next_process_at = :now, lost = 0, cancel_requested = 0, held_by = NULL,
+    dependents = CASE WHEN state = 'archived' THEN NULL ELSE dependents END
 WHERE queue = :queue AND state = :state;
 
 -- name: delete_all
@@ -446,8 +451,9 @@ WHERE (relative_due = 1 AND state IN ('scheduled', 'retry'))
 
 -- name: insert_group
 INSERT INTO durq_groups (queue, id, total, created_at, retention, then_task, then_head,
-                         then_tail)
-VALUES (:queue, :id, :total, :now, :retention, :then_task, :then_head, :then_tail);
+                         then_tail, then_waiting)
+VALUES (:queue, :id, :total, :now, :retention, :then_task, :then_head, :then_tail,
+        :then_waiting);
 
 -- name: insert_group_member
 INSERT INTO durq_group_members (group_queue, group_id, position, queue, task_id, type, entry)
@@ -479,7 +485,17 @@ UPDATE durq_groups
 SET finished = finished + :n,
     finished_at = CASE WHEN finished + :n >= total THEN :now END
 WHERE queue = :group_queue AND id = :group_id
-RETURNING finished, total, then_task, then_head, then_tail;
+RETURNING finished, total, then_task, then_head, then_tail, then_waiting;
+
+-- name: release_follow_up
+-- A group's last member counted: its waiting follow-up gets its payload and is released,
+-- pending or scheduled while its due time is ahead (durq.states.released, in SQL);
+-- cancelled or deleted meanwhile, it matches no row.
+UPDATE durq_tasks
+SET payload = :payload, waiting_for = 0,
+    state = CASE WHEN next_process_at > :now THEN 'scheduled' ELSE 'pending' END
+WHERE queue = :queue AND id = :id AND state = 'waiting'
+RETURNING state;
 
 -- name: group_entries
 SELECT entry FROM durq_group_members
@@ -552,3 +568,31 @@ RETURNING *;
 
 -- name: delete_schedule
 DELETE FROM durq_schedules WHERE name = :name;
+
+-- name: hold_dependent
+-- enqueue after=: an unfinished dependency lists the new waiting task (the caller's write
+-- transaction has found it unfinished).
+UPDATE durq_tasks
+SET dependents = json_insert(coalesce(dependents, '[]'), '$[#]', json_array(:w_queue, :w_id))
+WHERE queue = :queue AND id = :id;
+
+-- name: dependency_states
+-- The state of each dependency named (JSON [[queue, id], ...]) that exists.
+SELECT t.queue, t.id, t.state
+FROM json_each(:keys) AS k
+JOIN durq_tasks AS t
+  ON t.queue = json_extract(k.value, '$[0]') AND t.id = json_extract(k.value, '$[1]');
+
+-- name: waiting_task
+SELECT waiting_for, next_process_at FROM durq_tasks
+WHERE queue = :queue AND id = :id AND state = 'waiting';
+
+-- name: count_down
+-- A waiting task counted down (dependencies.countdown decides :waiting_for and :state).
+UPDATE durq_tasks SET waiting_for = :waiting_for, state = :state
+WHERE queue = :queue AND id = :id AND state = 'waiting';
+
+-- name: dependents_in_state
+-- delete_all of an unfinished state: the dependents of the tasks it deletes.
+SELECT dependents FROM durq_tasks
+WHERE queue = :queue AND state = :state AND dependents IS NOT NULL;

@@ -19,12 +19,12 @@ import pathlib
 import sqlite3
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from durq import ranges
-from durq.brokers import mailbox, sqlfiles
+from durq.brokers import dependencies, mailbox, sqlfiles
 from durq.brokers.base import (
     EnqueueParams,
     GroupParams,
@@ -32,6 +32,7 @@ from durq.brokers.base import (
     fan_in_payload,
     follow_up_from,
     minute_of,
+    waiting_follow_up,
 )
 from durq.brokers.sqlite import files, wakeup
 from durq.brokers.sqlite.checkpoint import Checkpointer
@@ -491,17 +492,28 @@ class SQLiteStorage:
         mailbox.ended(self.key, tasks)
 
     def insert(
-        self, conn: Exec, p: EnqueueParams, now: float, *, record_queue: bool = True
+        self,
+        conn: Exec,
+        p: EnqueueParams,
+        now: float,
+        *,
+        record_queue: bool = True,
+        for_group: bool = False,
     ) -> TaskInfo:
         """Create one task or raise its conflict; a refusal writes nothing of its own.
-        ``record_queue=False``: the caller records the queue (once per batch)."""
+        ``record_queue=False``: the caller records the queue (once per batch).
+        ``for_group``: a group's follow-up, waiting for its group (one more thing to wait
+        for, which the group's own count releases)."""
         until = p.scheduled_until(now)
+        holding = self._unfinished(conn, p.after) if p.after else []
+        waits = len(holding) + for_group
         values = {
             "id": p.id,
             "queue": p.queue,
             "type": p.type,
             "payload": p.payload,
-            "state": "pending" if until is None else "scheduled",
+            "state": "waiting" if waits else "pending" if until is None else "scheduled",
+            "waiting_for": waits,
             "max_retry": p.max_retry,
             "timeout": p.timeout,
             "deadline": p.deadline,
@@ -527,7 +539,43 @@ class SQLiteStorage:
             assert row is not None, "a holder survived the checks in the same transaction"
         if record_queue:
             self.record_queues(conn, (p.queue,), now)
+        for queue, task_id in holding:  # after the insert: a refused task holds nothing
+            conn.execute(
+                Q["hold_dependent"],
+                {"queue": queue, "id": task_id, "w_queue": p.queue, "w_id": p.id},
+            )
         return row_to_info(row)
+
+    @staticmethod
+    def _unfinished(conn: Exec, after: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The dependencies of ``after`` that exist and have not finished (the write lock is
+        held: they stay so until this transaction ends)."""
+        keys = json.dumps([list(k) for k in after])
+        found = {
+            (r["queue"], r["id"])
+            for r in conn.execute(Q["dependency_states"], {"keys": keys})
+            if dependencies.unfinished(r["state"])
+        }
+        return [k for k in after if k in found]
+
+    def release_dependents(self, conn: Exec, lists: Iterable[str | None], now: float) -> set[str]:
+        """Tasks whose ``dependents`` are given finished (or were deleted unfinished): count
+        each dependent down, release those at zero; the queues that got pending work."""
+        woken: set[str] = set()
+        for (queue, task_id), n in dependencies.countdown(lists).items():
+            key = {"queue": queue, "id": task_id}
+            row = conn.execute(Q["waiting_task"], key).fetchone()
+            if row is None:
+                continue  # cancelled, deleted or archived meanwhile
+            left = dependencies.left_after(row["waiting_for"], n)
+            state = dependencies.released(row["next_process_at"], now) if left == 0 else None
+            conn.execute(
+                Q["count_down"],
+                {**key, "waiting_for": left, "state": (state or TaskState.WAITING).value},
+            )
+            if state is TaskState.PENDING:
+                woken.add(queue)
+        return woken
 
     def _make_room(self, conn: Exec, p: EnqueueParams, now: float) -> None:
         """After a refused insert: free what only looks taken (a completed task past its
@@ -573,9 +621,12 @@ class SQLiteStorage:
     # ------------------------------------------------------------------ groups
 
     def insert_group(self, conn: Exec, p: GroupParams, now: float) -> list[TaskInfo]:
-        """Create a group's record and its members; the first refusal raises (the caller's
-        transaction rolls everything back)."""
+        """Create a group's record, its members and its follow-up (waiting for the group);
+        the first refusal raises (the caller's transaction rolls everything back)."""
         infos = [self.insert(conn, member, now) for member in p.members]
+        then = waiting_follow_up(p)
+        if then is not None:
+            self.insert(conn, then, now, for_group=True)
         conn.execute(Q["insert_group"], sqlfiles.group_row(p, now))
         conn.executemany(
             Q["insert_group_member"],
@@ -625,8 +676,9 @@ class SQLiteStorage:
         return self.count_finished(conn, rows, now)
 
     def count_finished(self, conn: Exec, rows: list[sqlite3.Row], now: float) -> set[str]:
-        """Count newly finished members (one row per member: its group) and create the
-        follow-up of each group whose last member this was; the queues that got work."""
+        """Count newly finished members (one row per member: its group) and release the
+        follow-up of each group whose last member this was (create it, for a group
+        recorded before follow-ups waited); the queues that got work."""
         woken: set[str] = set()
         for (group_queue, group_id), n in Counter((r[0], r[1]) for r in rows).items():
             key = {"group_queue": group_queue, "group_id": group_id}
@@ -635,7 +687,16 @@ class SQLiteStorage:
                 continue
             entries = [bytes(r[0]) for r in conn.execute(Q["group_entries"], key)]
             payload = fan_in_payload(bytes(g["then_head"]), entries, bytes(g["then_tail"]))
-            woken |= self.insert_follow_ups(conn, [follow_up_from(g["then_task"], payload)], now)
+            then = follow_up_from(g["then_task"], payload)
+            if not g["then_waiting"]:  # a group created before its follow-up waited
+                woken |= self.insert_follow_ups(conn, [then], now)
+                continue
+            released = conn.execute(
+                Q["release_follow_up"],
+                {"queue": then.queue, "id": then.id, "payload": payload, "now": now},
+            ).fetchone()
+            if released is not None and released["state"] == TaskState.PENDING.value:
+                woken.add(then.queue)
         return woken
 
     def bump(self, conn: Conn, queue: str, now: float, *, failed: bool, count: int = 1) -> None:

@@ -39,6 +39,8 @@ STATUS = {
     TaskState.ACTIVE: TaskResultStatus.RUNNING,
     TaskState.COMPLETED: TaskResultStatus.SUCCESSFUL,
     TaskState.ARCHIVED: TaskResultStatus.FAILED,
+    # Waits for other tasks (after=): queued, not running yet.
+    TaskState.WAITING: TaskResultStatus.READY,
 }
 
 #: The note the worker adds to a failed attempt's exception (see the module docstring).

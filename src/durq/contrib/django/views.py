@@ -46,7 +46,15 @@ ACTIONS: dict[str, tuple[str, str, frozenset[TaskState], str]] = {
     "cancel": (
         "cancel_task",
         "change",
-        frozenset({TaskState.PENDING, TaskState.SCHEDULED, TaskState.RETRY, TaskState.ACTIVE}),
+        frozenset(
+            {
+                TaskState.PENDING,
+                TaskState.SCHEDULED,
+                TaskState.RETRY,
+                TaskState.ACTIVE,
+                TaskState.WAITING,
+            }
+        ),
         "cancelled",
     ),
     "delete": (

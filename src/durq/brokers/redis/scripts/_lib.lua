@@ -291,15 +291,52 @@ local function enqueue_follow_ups(nk, na)
   end
 end
 
+-- Dependencies (enqueue after=, see enqueue_after.lua). A dependency's hash lists the
+-- waiting tasks it holds back in field "D" (a JSON array of their task hash names); a
+-- waiting task counts the dependencies it still waits for in field "wf" and sits in its
+-- queue's waiting zset, named after its task hash as keys.py names them: the part up to the
+-- closing brace of the hash tag, then ":waiting" (and ":pending", ":scheduled", ":notify").
+local function queue_base(task_key)
+  return string.sub(task_key, 1, string.find(task_key, '}', 1, true))
+end
+
+-- A waiting task waits no more: out of the waiting zset, pending (its workers woken) or
+-- scheduled while its due time is ahead (durq.states.released).
+local function release_waiting(wkey, now_s)
+  local w = redis.call('HMGET', wkey, 'npa', 'm', 'prio')
+  local base = queue_base(wkey)
+  redis.call('HDEL', wkey, 'wf')
+  redis.call('ZREM', base .. ':waiting', w[2])
+  if tonumber(w[1]) > tonumber(now_s) then
+    redis.call('HSET', wkey, 'state', 'scheduled')
+    redis.call('ZADD', base .. ':scheduled', w[1], w[2])
+  else
+    redis.call('HSET', wkey, 'state', 'pending')
+    redis.call('ZADD', base .. ':pending', ready_score(w[1], w[3]), w[2])
+    wake_workers(base .. ':notify')
+  end
+end
+
+-- Replace a value stored by set_chunked (every old chunk goes: the new one may have fewer).
+local function reset_chunked(key, tag, value)
+  local i = 0
+  while redis.call('HDEL', key, tag .. ':' .. i) == 1 do
+    i = i + 1
+  end
+  set_chunked(key, tag, value)
+end
+
 -- Groups. A member's task hash holds its group's hash key ("g") and its position ("gp"). The
 -- group hash: total, finished, retention, and its follow-up as enqueue.lua's KEYS (k1..k6)
 -- and ARGV (a1..a17; a5 is the payload's head), with "tail" closing the payload; g..':e'
 -- maps position -> entry (first the member's "deleted" entry), g..':s' position -> final
 -- state. These keys are read from the task hash: one slot when the group and its members
--- share a queue, several (single node only) otherwise.
+-- share a queue, several (single node only) otherwise. Field "w" (groups made since the
+-- follow-up exists from the start): the follow-up k1 was created waiting with the members.
 --
 -- Record a member's first final outcome (entry "" keeps the stored "deleted" entry), count
--- it, and when it was the last create the follow-up (exactly once: HSETNX on the state).
+-- it, and when it was the last release the follow-up with its payload (a group without "w":
+-- create it), exactly once: HSETNX on the state.
 -- Call before the task hash is deleted.
 local function finish_member(task_key, state, entry, now_s)
   now_s = clock(now_s)
@@ -324,18 +361,28 @@ local function finish_member(task_key, state, entry, now_s)
       fields[#fields + 1] = tostring(i)
     end
     local entries = hmget_all(g .. ':e', fields)
-    local k = redis.call('HMGET', g, 'k1', 'k2', 'k3', 'k4', 'k5', 'k6')
-    local a = redis.call('HMGET', g, 'a1', 'a2', 'a3', 'a4', 'a5', 'a6', 'a7', 'a8', 'a9',
-      'a10', 'a11', 'a12', 'a13', 'a14', 'a15', 'a16', 'a17')
-    -- Due now (no process_at, no delay), pending, the members' entries between head and tail.
-    a[1] = now_s
-    a[5] = head[3] .. table.concat(entries, ',') .. head[4]
-    a[9] = ''
-    a[10] = 'pending'
-    a[15] = ''
-    local _, pending = enqueue_task(k[1], k, 1, now_s, a, 2)
-    if pending then
-      wake_workers(a[2])
+    local k = redis.call('HMGET', g, 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'w')
+    if k[7] then
+      -- Created waiting with the group: its payload now, and released (unless it was
+      -- cancelled or deleted meanwhile: then it never runs).
+      if redis.call('HGET', k[1], 'state') == 'waiting' then
+        reset_chunked(k[1], 'p', head[3] .. table.concat(entries, ',') .. head[4])
+        release_waiting(k[1], now_s)
+      end
+    else
+      -- A group created before its follow-up waited: the follow-up is created now.
+      local a = redis.call('HMGET', g, 'a1', 'a2', 'a3', 'a4', 'a5', 'a6', 'a7', 'a8', 'a9',
+        'a10', 'a11', 'a12', 'a13', 'a14', 'a15', 'a16', 'a17')
+      -- Due now (no process_at, no delay), pending, the members' entries between head and tail.
+      a[1] = now_s
+      a[5] = head[3] .. table.concat(entries, ',') .. head[4]
+      a[9] = ''
+      a[10] = 'pending'
+      a[15] = ''
+      local _, pending = enqueue_task(k[1], k, 1, now_s, a, 2)
+      if pending then
+        wake_workers(a[2])
+      end
     end
   end
   -- The record stays for the group's retention, then Redis drops it.
@@ -464,5 +511,30 @@ local function unhold(task_key, held_zset, m)
   if cur[1] then
     redis.call('ZREM', held_zset, held_entry(cur[1], cur[2], m), cur[1] .. '\0' .. m)
     redis.call('HDEL', task_key, 'held_by', 'hs')
+  end
+end
+
+
+-- `task_key` finished (completed, archived) or is deleted before it finished: each task it
+-- holds back counts it; one at zero is released, pending (its workers woken) or scheduled
+-- while its due time is ahead (durq.states.released). The list is forgotten, so a task
+-- archived, run again and finished again counts nothing twice. `raw`: the field "D" if the
+-- caller read it (false or nil: none). Call before the task hash is deleted.
+local function release_dependents(task_key, raw, now_s)
+  if not raw then
+    return
+  end
+  redis.call('HDEL', task_key, 'D')
+  now_s = clock(now_s)
+  for _, wkey in ipairs(cjson.decode(raw)) do
+    local w = redis.call('HMGET', wkey, 'state', 'wf')
+    if w[1] == 'waiting' then
+      local left = (tonumber(w[2]) or 1) - 1
+      if left > 0 then
+        redis.call('HSET', wkey, 'wf', left)
+      else
+        release_waiting(wkey, now_s)
+      end
+    end
   end
 end

@@ -3,7 +3,8 @@
 --
 -- KEYS[1] source zset (of that state)   KEYS[2] unique hash
 -- ARGV[1] now            ARGV[2] task key prefix  ARGV[3] batch size
--- An unfinished group member finishes as deleted.
+-- An unfinished group member finishes as deleted; tasks waiting for an unfinished one
+-- count it.
 -- ARGV[4] "held": KEYS[1] is the held zset (W13), whose members end in "\0<member>"
 -- Returns how many were deleted (integer).
 -- Complexity: O(k log n) for k tasks.
@@ -15,6 +16,7 @@ for _, m in ipairs(batch) do
   end
   local key = ARGV[2] .. member_id(m)
   forget_member(key, ARGV[1])
+  release_dependents(key, redis.call('HGET', key, 'D'), ARGV[1])
   free_unique(KEYS[2], key)
   redis.call('DEL', key)
 end

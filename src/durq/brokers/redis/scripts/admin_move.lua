@@ -10,13 +10,14 @@
 -- Then, per follow-up i = 0, 1, ...: KEYS[10+6i .. 15+6i] and ARGV[6+17i .. 22+17i] as KEYS
 -- and ARGV of enqueue.lua.
 -- Last two ARGV: a group member's final state when archived ("" for none) and its entry.
--- An unfinished group member that is deleted finishes as deleted.
+-- An unfinished group member that is deleted finishes as deleted; tasks waiting for an
+-- archived or deleted task count it (a finished one holds none back any more).
 -- Archive and delete publish on the task's end channel (KEYS[1] .. ':end', see keys.py).
 -- Returns {"ok", <HGETALL after (before, when deleted)>} | {"fenced"}.
 -- Complexity: O(log n).
 local zsets = {pending = KEYS[2], scheduled = KEYS[3], retry = KEYS[4], active = KEYS[5],
-  completed = KEYS[6], archived = KEYS[7]}
-local cur = redis.call('HMGET', KEYS[1], 'state', 'm', 'expires_at', 'prio')
+  completed = KEYS[6], archived = KEYS[7], waiting = queue_base(KEYS[1]) .. ':waiting'}
+local cur = redis.call('HMGET', KEYS[1], 'state', 'm', 'expires_at', 'prio', 'D')
 if cur[1] ~= ARGV[2] or cur[1] == 'active'
     or (cur[1] == 'completed' and tonumber(cur[3]) <= tonumber(ARGV[1])) then
   return {'fenced'}
@@ -27,6 +28,7 @@ local to = ARGV[3]
 if to == 'deleted' then
   local before = redis.call('HGETALL', KEYS[1])
   forget_member(KEYS[1], ARGV[1])
+  release_dependents(KEYS[1], cur[5], ARGV[1])
   free_unique(KEYS[8], KEYS[1])
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', KEYS[1] .. ':end', '1')
@@ -49,6 +51,7 @@ else
   if ARGV[#ARGV - 1] ~= '' then
     finish_member(KEYS[1], ARGV[#ARGV - 1], ARGV[#ARGV], ARGV[1])
   end
+  release_dependents(KEYS[1], cur[5], ARGV[1])
   redis.call('PUBLISH', KEYS[1] .. ':end', '1')
 end
 return {'ok', redis.call('HGETALL', KEYS[1])}

@@ -19,7 +19,7 @@
 -- Publishes on the task's end channel (KEYS[1] .. ':end', see keys.py) when it changed.
 -- Returns 1, or 0 (nothing changed) when the fence fails.
 -- Complexity: O(log n).
-local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'lease_expires_at')
+local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'lease_expires_at', 'D')
 if cur[1] ~= 'active' or cur[2] ~= ARGV[1] then
   return 0
 end
@@ -51,5 +51,6 @@ enqueue_follow_ups(9, 9)
 if ARGV[#ARGV - 1] ~= '' then
   finish_member(KEYS[1], ARGV[#ARGV - 1], ARGV[#ARGV], now)
 end
+release_dependents(KEYS[1], cur[5], now)
 redis.call('PUBLISH', KEYS[1] .. ':end', '1')
 return 1

@@ -13,10 +13,11 @@
 -- one whose id is taken is skipped. Keys of another queue are another hash slot: atomic on
 -- a single node, refused by a Redis Cluster.
 -- Last two ARGV: a group member's final state ("" for no group member) and its entry.
+-- Tasks waiting for this one count it (release_dependents in _lib.lua).
 -- Publishes on the task's end channel (KEYS[1] .. ':end', see keys.py) when it changed.
 -- Returns 1, or 0 (nothing changed) when the lease is no longer held.
 -- Complexity: O(log n).
-local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm')
+local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'D')
 if cur[1] ~= 'active' or cur[2] ~= ARGV[1] then
   return 0
 end
@@ -29,6 +30,7 @@ local now = clock(ARGV[2])
 if ARGV[#ARGV - 1] ~= '' then
   finish_member(KEYS[1], ARGV[#ARGV - 1], ARGV[#ARGV], now)
 end
+release_dependents(KEYS[1], cur[4], now)
 if tonumber(ARGV[3]) > 0 then
   local expires = later(now, ARGV[3])
   redis.call('HSET', KEYS[1], 'state', 'completed', 'completed_at', now,

@@ -1,0 +1,55 @@
+"""Dependencies between tasks (``enqueue(..., after=[...])``), as brokers store them.
+
+A task that waits for others is stored ``waiting`` with ``waiting_for``, the number of its
+dependencies that had not finished when it was created. Each of those dependencies lists it
+in its own ``dependents`` (a JSON array of ``[queue, id]``), written in the same atomic step as
+the waiting task; a dependency that has finished (completed, archived) or is gone counts as
+done at once and is not written to.
+
+The step that finishes a dependency (completed, archived, cancelled, or deleted before it
+finished) reads its ``dependents`` in that same transaction or script and counts each one
+down (:func:`countdown`); a waiting task counted to zero is released (:func:`released`,
+pending or scheduled at its own due time) and its queue's workers are woken. The list lives
+on the dependency's own row, which the finishing step locks anyway: a dependent registered
+concurrently is either seen there or saw the dependency finished. An archived task that the
+inspector runs again starts with no dependents, so no dependent is counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+
+from durq.states import FINISHED, TaskState, released
+
+#: How many tasks one task may wait for.
+MAX_AFTER = 1000
+
+__all__ = ["MAX_AFTER", "countdown", "decode", "left_after", "released", "unfinished"]
+
+
+def unfinished(state: str | TaskState | None) -> bool:
+    """Whether a dependency in ``state`` (``None``: gone) still holds its dependents."""
+    return state is not None and TaskState(state) not in FINISHED
+
+
+def decode(raw: str | bytes | None) -> list[tuple[str, str]]:
+    """The ``[queue, id]`` pairs of a stored ``dependents`` value (``None``: none)."""
+    if not raw:
+        return []
+    return [(str(q), str(i)) for q, i in json.loads(raw)]
+
+
+def countdown(lists: Iterable[str | bytes | None]) -> Counter[tuple[str, str]]:
+    """How many of its dependencies finished, per dependent, from the finished tasks'
+    ``dependents`` (a task finishing two dependencies of one dependent counts it twice)."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for raw in lists:
+        counts.update(decode(raw))
+    return counts
+
+
+def left_after(waiting_for: int, finished: int) -> int:
+    """Dependencies still unfinished once ``finished`` more finished."""
+    return max(0, waiting_for - finished)
