@@ -150,7 +150,7 @@ async def worker_drain(dsn: str, schema: str, n: int, concurrency: int) -> dict[
     """One bench worker process drains ``n`` no-op tasks; rate from "go" to "drained"."""
     url = f"{dsn}?schema={schema}"
     broker = PostgresBroker.from_url(url)
-    before = (await broker.queue_stats(PROCESS_QUEUE)).processed_total
+    before = (await broker.admin.queue_stats(PROCESS_QUEUE)).processed_total
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "durq.bench", "worker", "--broker", url,
         "--concurrency", str(concurrency), "--process", str(n), "--progress-every", str(n),
@@ -183,7 +183,7 @@ async def worker_drain(dsn: str, schema: str, n: int, concurrency: int) -> dict[
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    processed = (await broker.queue_stats(PROCESS_QUEUE)).processed_total - before
+    processed = (await broker.admin.queue_stats(PROCESS_QUEUE)).processed_total - before
     await broker.close()
     # The worker keeps taking tasks between "drained" and "stop": at least n, never fewer.
     if processed < n:

@@ -1,8 +1,9 @@
 """durq: durable background tasks for Python web services."""
 
-from durq.app import App, TaskDef
+from durq.app import App
 from durq.backoff import capped_power_of_two, exponential, fixed
-from durq.brokers.base import EnqueueOutcome, QueueStats, WorkerInfo
+from durq.brokers.params import EnqueueOutcome
+from durq.brokers.views import QueueStats, WorkerInfo
 from durq.coalescer import Coalescer
 from durq.continuations import Then
 from durq.encryption import Encryption
@@ -34,6 +35,7 @@ from durq.progress import TaskLogLine, TaskProgress
 from durq.states import TaskState
 from durq.steps import TaskStep
 from durq.task import TaskContext, TaskInfo
+from durq.taskdef import TaskDef
 from durq.worker import Worker
 from durq.worker.hooks import WorkerHooks
 

@@ -4,28 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import os
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from durq import backoff, continuations, durations, groups, webhooks
 from durq import encryption as crypt
+from durq.appview import HeaderHook, SendHook
 from durq.brokers import FullBroker, open_broker, resolve_url
-from durq.brokers.base import (
+from durq.brokers.contract import (
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
     CAP_DEPENDENCIES,
-    CAP_LIMITS,
     CAP_SYNC_CONNECTION_ENQUEUE,
-    EnqueueOutcome,
-    EnqueueParams,
     SyncConnectionEnqueue,
 )
+from durq.brokers.params import EnqueueOutcome, EnqueueParams
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.codec import DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_RESULT
 from durq.encryption import Encryption
@@ -49,12 +46,14 @@ from durq.options import (
     make_request,
     new_task_id,
 )
-from durq.payloads import HandlerShape, inspect_handler, rebuild_result, validate
+from durq.payloads import validate
 from durq.periodic import PeriodicEntry, PeriodicRegistry
 from durq.results import wait_for_end
 from durq.schedules import StoredSchedules
 from durq.sync import SyncRunner
 from durq.task import TaskInfo
+from durq.taskdef import TaskDecorator as TaskDecorator
+from durq.taskdef import TaskDef as TaskDef
 
 if TYPE_CHECKING:
     from durq.inspector import Inspector
@@ -74,104 +73,6 @@ _THEN_FIELDS = (
     "retention",
     "priority",
 )
-
-#: Called with the headers of every new task, e.g. to inject trace context.
-HeaderHook = Callable[[dict[str, str]], None]
-#: Wraps the broker call of an enqueue: given the tasks about to be sent, a context manager
-#: that yields them (headers may change, e.g. a producer span's trace context) and sees how
-#: the call ended (an exception propagates through it).
-SendHook = Callable[[list[EnqueueParams]], AbstractContextManager[list[EnqueueParams]]]
-
-
-class TaskDef(Generic[T, R]):
-    """A registered task type: its handler and its default options.
-
-    ``T`` is the payload type the handler takes (its first parameter's annotation) and ``R``
-    what it returns (awaited, for an async handler), so ``enqueue`` is checked by mypy.
-    Calling it runs the handler directly (handy in tests); ``enqueue`` queues it."""
-
-    def __init__(
-        self,
-        app: App,
-        type: str,
-        fn: Callable[..., Any],
-        defaults: TaskDefaults,
-        retry_delay: backoff.RetryDelay,
-        max_snoozes: int = DEFAULT_MAX_SNOOZES,
-    ) -> None:
-        self.app = app
-        self.type = type
-        self.fn = fn
-        self.defaults = defaults
-        self.retry_delay = retry_delay
-        #: Snoozes (:class:`durq.Snooze`) a task of this type may take before it is archived.
-        self.max_snoozes = max_snoozes
-        self.shape: HandlerShape = inspect_handler(fn)
-        self.is_async = inspect.iscoroutinefunction(fn)
-        self.__doc__ = fn.__doc__
-        self.__name__ = getattr(fn, "__name__", type)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
-
-    def request(self, payload: T | None = None, **options: Any) -> EnqueueRequest:
-        """An :class:`EnqueueRequest` for bulk enqueue."""
-        return EnqueueRequest(self.type, payload, **options)
-
-    async def enqueue(self, payload: T | None = None, **options: Any) -> TaskInfo:
-        """Enqueue this task; options as :meth:`App.enqueue`."""
-        return await self.app.enqueue(self.type, payload, **options)
-
-    def enqueue_sync(self, payload: T | None = None, **options: Any) -> TaskInfo:
-        """Blocking :meth:`enqueue`, for WSGI code."""
-        return self.app.enqueue_sync(self.type, payload, **options)
-
-    async def wait(
-        self,
-        task: TaskInfo | str,
-        *,
-        queue: str | None = None,
-        timeout: Duration | None = None,
-    ) -> R:
-        """:meth:`App.wait` for a task of this type: the result, rebuilt into the handler's
-        return model when it has one (a dataclass, pydantic or msgspec model). A task id
-        alone is looked up in ``queue``, by default this type's queue."""
-        if isinstance(task, str):
-            queue = queue or self.defaults.queue
-        result = await self.app.wait(task, queue=queue, timeout=timeout)
-        return cast(R, rebuild_result(self.shape.result_model, result))
-
-    def wait_sync(
-        self,
-        task: TaskInfo | str,
-        *,
-        queue: str | None = None,
-        timeout: Duration | None = None,
-    ) -> R:
-        """Blocking :meth:`wait`, for WSGI code and scripts."""
-        return self.app.run_sync(lambda: self.wait(task, queue=queue, timeout=timeout))
-
-    def __repr__(self) -> str:
-        return f"<TaskDef {self.type!r} queue={self.defaults.queue!r}>"
-
-
-class TaskDecorator(Protocol):
-    """What ``@app.task(...)`` returns: typed by the handler's payload and result."""
-
-    @overload
-    def __call__(self, fn: Callable[[T], Awaitable[R]]) -> TaskDef[T, R]: ...
-    @overload
-    def __call__(self, fn: Callable[[T, Any], Awaitable[R]]) -> TaskDef[T, R]: ...
-    @overload
-    def __call__(self, fn: Callable[[], Awaitable[R]]) -> TaskDef[Any, R]: ...
-    @overload
-    def __call__(self, fn: Callable[[T], R]) -> TaskDef[T, R]: ...
-    @overload
-    def __call__(self, fn: Callable[[T, Any], R]) -> TaskDef[T, R]: ...
-    @overload
-    def __call__(self, fn: Callable[[], R]) -> TaskDef[Any, R]: ...
-    @overload
-    def __call__(self, fn: Callable[..., Any]) -> TaskDef[Any, Any]: ...
 
 
 class App:
@@ -482,8 +383,6 @@ class App:
 
     @staticmethod
     def _check_follow_up_queue(broker: FullBroker, params: EnqueueParams) -> None:
-        if params.limits and CAP_LIMITS not in broker.capabilities:
-            raise ConfigurationError(f"the {broker.name} broker does not enforce limits")
         if params.after:
             _check_after(broker, params)
         if CAP_CROSS_QUEUE_FOLLOW_UPS in broker.capabilities:

@@ -3,7 +3,7 @@
 ``await app.enqueue("pdf:render", {...}, then=durq.Then("email:send_pdf", on_archived=True))``
 validates the follow-up at enqueue and stores it, fully resolved, in the task's header
 ``durq-then``. When the task completes (or is archived, with ``on_archived=True``), the
-follow-up's :class:`~durq.brokers.base.EnqueueParams` ride on the call that records the
+follow-up's :class:`~durq.brokers.params.EnqueueParams` ride on the call that records the
 outcome (``CompleteParams.follow_ups`` / ``ArchiveParams.follow_ups``) and the broker writes
 both or neither: one SQL transaction, one Lua script. See ``docs/periodic.md``.
 
@@ -26,19 +26,20 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from durq import codec, durations, names, webhooks
-from durq.brokers.base import EnqueueParams
+from durq.brokers.params import EnqueueParams
 from durq.errors import InvalidPriorityError, ValidationError
 from durq.options import DEFAULT_RETENTION, check_max_retry, check_priority
 
 if TYPE_CHECKING:
-    from durq.app import App
     from durq.options import Duration
     from durq.task import TaskInfo
+    from durq.taskdef import TaskDef
 
 #: Header of the parent task holding the resolved follow-up (canonical JSON).
 HEADER = "durq-then"
@@ -70,7 +71,14 @@ class Then:
     priority: int | None = None
 
 
-def resolve(then: Then | str, task_queue: str, app: App) -> str:
+class TaskTypes(Protocol):
+    """Where :func:`resolve` reads a follow-up type's defaults: the app's registry."""
+
+    @property
+    def tasks(self) -> Mapping[str, TaskDef[Any, Any]]: ...
+
+
+def resolve(then: Then | str, task_queue: str, app: TaskTypes) -> str:
     """Validate ``then`` and resolve its defaults; the ``durq-then`` header value.
 
     Raises :class:`ValidationError` (or InvalidNameError) before anything is written."""

@@ -27,12 +27,12 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from durq import codec
-from durq.brokers.base import TaskRewrite
+from durq.brokers.params import TaskRewrite
 from durq.errors import ConfigurationError, EncryptionError
 from durq.states import TaskState
 
 if TYPE_CHECKING:
-    from durq.brokers.base import Admin
+    from durq.brokers.contract import Admin
     from durq.task import TaskInfo
 
 #: Environment variable of the keys: ``"<id>:<base64 key>,<id>:<base64 key>"``, newest first.

@@ -6,10 +6,10 @@ through :mod:`durq.lifecycle`, which decides them and hands the broker fenced wr
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from durq import groups, lifecycle
-from durq.brokers.base import (
+from durq.brokers.views import (
     GroupInfo,
     LimitStats,
     MinuteCounts,
@@ -25,8 +25,8 @@ from durq.states import TaskState
 from durq.task import TaskInfo
 
 if TYPE_CHECKING:
-    from durq.app import App
-    from durq.brokers.base import FullBroker
+    from durq.brokers.contract import Admin, FullBroker
+    from durq.encryption import Encryption
 
 
 def parse_state(state: TaskState | str) -> TaskState:
@@ -78,14 +78,22 @@ def _check_page(limit: int, offset: int) -> None:
         raise ValidationError("limit must be 1..1000 and offset >= 0")
 
 
+class InspectorHost(Protocol):
+    """What an :class:`Inspector` uses of its app: its broker and its keys."""
+
+    @property
+    def encryption(self) -> Encryption | None: ...
+    async def broker(self) -> FullBroker: ...
+
+
 class Inspector:
     """Look at and steer queues, tasks and workers."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: InspectorHost) -> None:
         self._app = app
 
-    async def _admin(self) -> FullBroker:
-        return await self._app.broker()
+    async def _admin(self) -> Admin:
+        return (await self._app.broker()).admin
 
     async def list_queues(self) -> list[QueueStats]:
         """Every known queue with sizes per state and counters."""

@@ -1,6 +1,7 @@
 """The task lifecycle's decisions, made once and above the broker seam.
 
-Three actors move tasks: the worker (the outcome of an attempt), the rescuer (leases that
+Three actors move tasks: the worker (the outcome of an attempt, or a task handed back at
+shutdown), the rescuer (leases that
 expired because their worker died) and the inspector (run, archive, delete, cancel). Each asks
 here which state comes next (checked against :data:`durq.states.TRANSITIONS`, the only table
 of moves) and which follow-up tasks the move creates (``then=`` continuations and webhook
@@ -21,12 +22,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from durq import codec, continuations, groups
-from durq.brokers.base import (
+from durq.brokers.params import (
     ArchiveParams,
     CompleteParams,
     EnqueueParams,
     Lease,
     LeaseMove,
+    LeaseRef,
     RetryParams,
     TaskMove,
 )
@@ -36,7 +38,7 @@ from durq.states import TaskState, move
 from durq.task import TaskInfo
 
 if TYPE_CHECKING:
-    from durq.brokers.base import Broker, FullBroker
+    from durq.brokers.contract import Admin, Broker
 
 log = logging.getLogger("durq.lifecycle")
 
@@ -145,6 +147,13 @@ def snoozed(
     return RetryParams(lease.ref, "", max(0.0, delay), snooze=True)
 
 
+def handed_back(lease: Lease) -> LeaseRef:
+    """A graceful shutdown stops the attempt: the task goes back to pending without counting
+    an attempt (the broker's ``requeue``, fenced by the lease it names)."""
+    move(lease.task.state, "requeue", task_id=lease.task.id)
+    return lease.ref
+
+
 # -- the rescuer: expired leases -----------------------------------------------------------
 
 
@@ -222,40 +231,40 @@ async def rescue_expired(broker: Broker, max_lost: int) -> list[TaskInfo]:
 # -- the inspector -------------------------------------------------------------------------
 
 
-async def run_task(broker: FullBroker, queue: str, task_id: str) -> TaskInfo:
+async def run_task(admin: Admin, queue: str, task_id: str) -> TaskInfo:
     """scheduled/retry/archived -> pending now."""
-    return await _steer(broker, queue, task_id, "run", None)
+    return await _steer(admin, queue, task_id, "run", None)
 
 
-async def archive_task(broker: FullBroker, queue: str, task_id: str) -> TaskInfo:
+async def archive_task(admin: Admin, queue: str, task_id: str) -> TaskInfo:
     """pending/scheduled/retry -> archived; creates the follow-ups it asks for."""
-    return await _steer(broker, queue, task_id, "archive", None)
+    return await _steer(admin, queue, task_id, "archive", None)
 
 
-async def delete_task(broker: FullBroker, queue: str, task_id: str) -> None:
+async def delete_task(admin: Admin, queue: str, task_id: str) -> None:
     """Delete a task in any state but active (cancel it first)."""
-    await _steer(broker, queue, task_id, "delete", None)
+    await _steer(admin, queue, task_id, "delete", None)
 
 
-async def cancel_task(broker: FullBroker, queue: str, task_id: str) -> TaskInfo:
+async def cancel_task(admin: Admin, queue: str, task_id: str) -> TaskInfo:
     """Active: flag it, its worker cancels the handler and archives it.
     pending/scheduled/retry: archived "cancelled" at once. Finished: InvalidStateError."""
-    return await _steer(broker, queue, task_id, "cancel", CANCELLED)
+    return await _steer(admin, queue, task_id, "cancel", CANCELLED)
 
 
-async def run_all(broker: FullBroker, queue: str, state: TaskState) -> int:
+async def run_all(admin: Admin, queue: str, state: TaskState) -> int:
     """Run every task of ``state`` (scheduled, retry, archived) now; how many."""
     state = TaskState(state)
     to = move(state, "run")
-    return await broker.move_all(queue, state, to)
+    return await admin.move_all(queue, state, to)
 
 
-async def delete_all(broker: FullBroker, queue: str, state: TaskState) -> int:
+async def delete_all(admin: Admin, queue: str, state: TaskState) -> int:
     """Delete every task of ``state`` (not active); how many."""
     state = TaskState(state)
     if not _deletable(state):
         raise InvalidStateError("cannot delete active tasks: cancel them first")
-    return await broker.move_all(queue, state, None)
+    return await admin.move_all(queue, state, None)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -277,7 +286,7 @@ SELECTION_ACTIONS = ("run", "archive", "delete", "cancel")
 
 
 async def steer_each(
-    broker: FullBroker, queue: str, task_ids: list[str], action: str
+    admin: Admin, queue: str, task_ids: list[str], action: str
 ) -> list[SelectionOutcome]:
     """Run, archive, delete or cancel each task of a selection, as the single-task action
     would: each decided and fenced on its own, so one task that moved meanwhile or whose
@@ -288,7 +297,7 @@ async def steer_each(
     outcomes: list[SelectionOutcome] = []
     for task_id in dict.fromkeys(task_ids):  # each task once, in the order given
         try:
-            task = await _steer(broker, queue, task_id, action, error)
+            task = await _steer(admin, queue, task_id, action, error)
         except (TaskNotFoundError, InvalidStateError) as exc:
             outcomes.append(SelectionOutcome(task_id, error=exc))
         else:
@@ -303,14 +312,12 @@ def _deletable(state: TaskState) -> bool:
         return False
 
 
-async def _steer(
-    broker: FullBroker, queue: str, task_id: str, event: str, error: str | None
-) -> TaskInfo:
+async def _steer(admin: Admin, queue: str, task_id: str, event: str, error: str | None) -> TaskInfo:
     for _ in range(_FENCE_ATTEMPTS):
-        task = await broker.get_task(queue, task_id)
+        task = await admin.get_task(queue, task_id)
         to = move(task.state, event, task_id=task_id)
         if to is TaskState.ACTIVE:  # cancel of an active task: a flag for its worker
-            flagged = await broker.request_cancel(queue, task_id)
+            flagged = await admin.request_cancel(queue, task_id)
             if flagged is not None:
                 return flagged
             continue
@@ -323,7 +330,7 @@ async def _steer(
             follow_ups = continuations.for_archived(after)
             member = groups.outcome(task, groups.ARCHIVED, error=after.last_error or "archived")
         # A member deleted unfinished: the broker records its stored "deleted" entry.
-        moved = await broker.move_task(
+        moved = await admin.move_task(
             TaskMove(
                 queue, task_id, task.state, to, error=error, follow_ups=follow_ups, group=member
             )
@@ -331,7 +338,7 @@ async def _steer(
         if moved is not None:
             return moved
     # Moved by someone else every time we looked: say what it is now.
-    task = await broker.get_task(queue, task_id)
+    task = await admin.get_task(queue, task_id)
     raise InvalidStateError(f"task {task_id!r} keeps changing state (now {task.state.value})")
 
 

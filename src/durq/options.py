@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from durq import codec, durations, names
-from durq.brokers.base import ArchivedRetention, EnqueueParams
 from durq.brokers.dependencies import MAX_AFTER
+from durq.brokers.params import ArchivedRetention, EnqueueParams
 from durq.durations import MAX_DURATION
 from durq.errors import ConfigurationError, InvalidPriorityError, ValidationError
 from durq.limits import Limit, LimitOption, as_limits, resolve_all
@@ -101,7 +101,7 @@ ArchivedRetentionOption = Duration | None | Mapping[str, Duration | None]
 
 
 def archived_policy(option: ArchivedRetentionOption) -> ArchivedRetention:
-    """The :class:`~durq.brokers.base.ArchivedRetention` of ``App(archived_retention=...)``;
+    """The :class:`~durq.brokers.params.ArchivedRetention` of ``App(archived_retention=...)``;
     ConfigurationError for a bad duration or queue name."""
     try:
         if not isinstance(option, Mapping):

@@ -22,13 +22,15 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from durq import codec, durations, names
-from durq.brokers.base import OVERLAP_POLICIES
+from durq.brokers.views import OVERLAP_POLICIES
 from durq.errors import ConfigurationError, TaskNotFoundError, ValidationError
 from durq.options import Duration, EnqueueRequest
+from durq.taskdef import TaskDef, TaskRegistry
 
 if TYPE_CHECKING:
-    from durq.app import App, TaskDef
-    from durq.brokers.base import EnqueueParams
+    from durq.brokers.params import EnqueueParams
+    from durq.clock import Clock
+    from durq.inspector import Inspector
 
 MissedPolicy = Literal["skip", "run_once"]
 MISSED_POLICIES: tuple[str, ...] = ("skip", "run_once")
@@ -297,10 +299,20 @@ class PeriodicEntry:
         }
 
 
+class PeriodicHost(TaskRegistry, Protocol):
+    """What a :class:`PeriodicRegistry` uses of its app."""
+
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def max_payload(self) -> int: ...
+    def params(self, request: EnqueueRequest) -> EnqueueParams: ...
+
+
 class PeriodicRegistry:
     """The periodic entries of one app (``app.schedules``); use ``app.periodic`` and friends."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: PeriodicHost) -> None:
         self._app = app
         self._entries: dict[str, PeriodicEntry] = {}
 
@@ -440,8 +452,6 @@ class PeriodicRegistry:
         """``@app.periodic("*/5 * * * *", tz=...)``: register the handler (if it is not a task
         yet) and a schedule for it. Task options (``max_retry``, ``timeout``, ``queue``…) go
         to :meth:`durq.App.task`; the rest to :meth:`add`."""
-        from durq.app import TaskDef
-
         schedule_keys = {
             "payload", "tz", "missed", "tolerance", "retention", "name", "queue", "overlap",
         }  # fmt: skip
@@ -549,8 +559,19 @@ class EntryStatus:
         }
 
 
+class StatusHost(Protocol):
+    """What :func:`status` reads of an app."""
+
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def schedules(self) -> PeriodicRegistry: ...
+    @property
+    def inspector(self) -> Inspector: ...
+
+
 async def status(
-    app: App,
+    app: StatusHost,
     *,
     lookback: int = 2,
     upcoming: int = 1,

@@ -1,7 +1,7 @@
 """Waiting for a task's result: :meth:`durq.App.wait` and its twins.
 
 A wait subscribes to the end of its task through the broker's wake-up channel
-(:meth:`~durq.brokers.base.Broker.watch_end`), then reads the task, so an end that happens
+(:meth:`~durq.brokers.contract.Broker.watch_end`), then reads the task, so an end that happens
 between the read and the wait is still heard. It reads the task again when notified, and
 every :data:`RECHECK` seconds without a notification: a slow safety net for notifications
 lost while a connection was down, not the way a wait learns of the end.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from durq.brokers.base import FullBroker
+from durq.brokers.contract import FullBroker
 from durq.errors import (
     TaskArchivedError,
     TaskCancelledError,
@@ -57,7 +57,7 @@ async def wait_for_end(
 
 async def _read(broker: FullBroker, queue: str, task_id: str, first: bool) -> TaskInfo:
     try:
-        return await broker.get_task(queue, task_id)
+        return await broker.admin.get_task(queue, task_id)
     except TaskNotFoundError:
         if first:
             raise

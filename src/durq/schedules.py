@@ -21,9 +21,9 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from durq.brokers.base import ScheduleRecord
+from durq.brokers.views import ScheduleRecord
 from durq.errors import (
     ConfigurationError,
     DuplicateTaskError,
@@ -35,8 +35,11 @@ from durq.errors import (
 from durq.periodic import PeriodicEntry
 
 if TYPE_CHECKING:
-    from durq.app import App
-    from durq.brokers.base import EnqueueParams
+    from durq.brokers import FullBroker
+    from durq.brokers.params import EnqueueParams
+    from durq.clock import Clock
+    from durq.options import EnqueueRequest
+    from durq.periodic import PeriodicRegistry
     from durq.task import TaskInfo
 
 #: A backfill enqueues at most this many ticks; a wider range is refused (narrow it).
@@ -63,14 +66,14 @@ def record_of(entry: PeriodicEntry) -> ScheduleRecord:
     )
 
 
-def entry_of(app: App, record: ScheduleRecord) -> PeriodicEntry:
-    """A stored record as an entry of ``app`` (ConfigurationError if it is no longer valid,
+def entry_of(schedules: PeriodicRegistry, record: ScheduleRecord) -> PeriodicEntry:
+    """A stored record as an entry of ``schedules`` (ConfigurationError if it is no longer valid,
     e.g. its payload no longer fits the task's model)."""
     try:
         payload = json.loads(record.payload)
     except ValueError as exc:
         raise ConfigurationError(f"stored schedule {record.name!r}: bad payload: {exc}") from None
-    return app.schedules.build(
+    return schedules.build(
         record.spec,
         record.type,
         payload=payload,
@@ -123,6 +126,17 @@ class BackfillResult:
         }
 
 
+class ScheduleHost(Protocol):
+    """What :class:`StoredSchedules` uses of its app."""
+
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def schedules(self) -> PeriodicRegistry: ...
+    async def broker(self) -> FullBroker: ...
+    def params(self, request: EnqueueRequest) -> EnqueueParams: ...
+
+
 class StoredSchedules:
     """The schedules of ``app`` kept in its broker, and the run-time actions on any schedule.
 
@@ -130,7 +144,7 @@ class StoredSchedules:
     input) and raises ScheduleNotFoundError for an unknown name and ScheduleConflictError
     for a name declared in code (read-only) or taken."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: ScheduleHost) -> None:
         self._app = app
 
     def _build(self, **options: Any) -> PeriodicEntry:
@@ -150,11 +164,11 @@ class StoredSchedules:
         shadowed by a code entry of its name, or no longer valid, is left out."""
         broker = await self._app.broker()
         stored = []
-        for record in await broker.list_schedules():
+        for record in await broker.admin.list_schedules():
             if record.name in self._app.schedules:
                 continue
             try:
-                stored.append(entry_of(self._app, record))
+                stored.append(entry_of(self._app.schedules, record))
             except ConfigurationError:
                 continue
         code = sorted(self._app.schedules, key=lambda e: e.name)
@@ -164,11 +178,11 @@ class StoredSchedules:
         """The schedule called ``name``, from code or the broker."""
         if name in self._app.schedules:
             return self._app.schedules.get(name)
-        record = await (await self._app.broker()).get_schedule(name)
+        record = await (await self._app.broker()).admin.get_schedule(name)
         if record is None:
             raise ScheduleNotFoundError(f"no schedule named {name!r}")
         try:
-            return entry_of(self._app, record)
+            return entry_of(self._app.schedules, record)
         except ConfigurationError as exc:
             raise ValidationError(exc.message) from None
 
@@ -197,10 +211,10 @@ class StoredSchedules:
             paused=paused,
         )
         self._writable(entry.name)
-        stored = await (await self._app.broker()).put_schedule(record_of(entry))
+        stored = await (await self._app.broker()).admin.put_schedule(record_of(entry))
         if stored is None:
             raise ScheduleConflictError(f"a schedule named {entry.name!r} is stored already")
-        return entry_of(self._app, stored)
+        return entry_of(self._app.schedules, stored)
 
     async def update(
         self,
@@ -244,10 +258,10 @@ class StoredSchedules:
         self._writable(name)
         broker = await self._app.broker()
         for _ in range(_EDIT_ATTEMPTS):
-            record = await broker.get_schedule(name)
+            record = await broker.admin.get_schedule(name)
             if record is None:
                 raise ScheduleNotFoundError(f"no stored schedule named {name!r}")
-            current = entry_of(self._app, record)
+            current = entry_of(self._app.schedules, record)
             options: dict[str, Any] = {
                 "schedule": current.spec,
                 "type": current.type,
@@ -262,15 +276,15 @@ class StoredSchedules:
             entry = self._build(
                 **options, name=name, source="stored", paused=paused, version=record.version
             )
-            stored = await broker.put_schedule(record_of(entry))
+            stored = await broker.admin.put_schedule(record_of(entry))
             if stored is not None:
-                return entry_of(self._app, stored)
+                return entry_of(self._app.schedules, stored)
         raise ScheduleConflictError(f"schedule {name!r} keeps changing: try again")
 
     async def remove(self, name: str) -> None:
         """Delete a stored schedule; its runs already enqueued are left alone."""
         self._writable(name)
-        if not await (await self._app.broker()).delete_schedule(name):
+        if not await (await self._app.broker()).admin.delete_schedule(name):
             raise ScheduleNotFoundError(f"no stored schedule named {name!r}")
 
     async def trigger(self, name: str) -> TaskInfo:

@@ -46,16 +46,17 @@ class TaskState(StrEnum):
         return self.value
 
 
-#: Every allowed move, as ``(from, event) -> to``; ``None`` as ``to``: the task is deleted.
-#: The only table of the lifecycle: :mod:`durq.lifecycle` asks :func:`move` before every
-#: state change it decides (worker outcomes, rescuer, inspector), and brokers store the result.
+#: Every move that is decided, as ``(from, event) -> to``; ``None`` as ``to``: the task is
+#: deleted. The only table of the lifecycle: :mod:`durq.lifecycle` asks :func:`move` before
+#: every state change it decides (worker outcomes, shutdown, rescuer, inspector), and brokers
+#: store the result; every row is asked (tests/unit/test_lifecycle.py checks it).
+#:
+#: Three moves are no rows, because nothing above the seam decides them: a claim (a
+#: :data:`CLAIMABLE` task whose time has come -> active), the promotion of due scheduled and
+#: retry tasks (-> pending) and the janitor's deletion of completed tasks past their
+#: retention. Each broker makes them on its own, in the statement or script that finds the
+#: tasks, so a row for them would be read by nothing; :class:`TaskState` documents them.
 TRANSITIONS: dict[tuple[TaskState, str], TaskState | None] = {
-    # its time comes (promoter; a SQL claim takes due tasks directly)
-    (TaskState.SCHEDULED, "due"): TaskState.PENDING,
-    (TaskState.RETRY, "due"): TaskState.PENDING,
-    (TaskState.PENDING, "claim"): TaskState.ACTIVE,
-    (TaskState.SCHEDULED, "claim"): TaskState.ACTIVE,
-    (TaskState.RETRY, "claim"): TaskState.ACTIVE,
     # the worker's outcome of an attempt (retention 0: completed and deleted at once)
     (TaskState.ACTIVE, "complete"): TaskState.COMPLETED,
     (TaskState.ACTIVE, "fail"): TaskState.RETRY,
@@ -89,8 +90,6 @@ TRANSITIONS: dict[tuple[TaskState, str], TaskState | None] = {
     (TaskState.WAITING, "archive"): TaskState.ARCHIVED,
     (TaskState.WAITING, "cancel"): TaskState.ARCHIVED,
     (TaskState.WAITING, "delete"): None,
-    # the janitor, once the retention has passed
-    (TaskState.COMPLETED, "expire"): None,
 }
 
 #: States a worker may take a task from once ``next_process_at`` has passed.

@@ -45,16 +45,17 @@ import socket
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from durq import backoff, codec, durations, names
 from durq.addresses import Address, Network, address_allowed
-from durq.brokers.base import EnqueueParams
+from durq.brokers.params import EnqueueParams
 from durq.errors import ConfigurationError, DurqError, SkipRetry, ValidationError
+from durq.taskdef import TaskRegistry
 
 if TYPE_CHECKING:
-    from durq.app import App
+    from durq.clock import Clock
     from durq.task import TaskContext, TaskInfo
 
 #: The task type that delivers webhooks.
@@ -488,8 +489,17 @@ def resolve_secret(secret: str | None) -> str | None:
     return secret or os.environ.get(SECRET_ENV) or None
 
 
+class WebhookHost(TaskRegistry, Protocol):
+    """What :func:`install` sets and registers on an app."""
+
+    webhook_options: WebhookOptions
+
+    @property
+    def clock(self) -> Clock: ...
+
+
 def install(
-    app: App,
+    app: WebhookHost,
     secret: str | None = None,
     *,
     queue: str | None = None,

@@ -421,7 +421,7 @@ async def final_states(url: str, queue: str = QUEUE) -> dict[str, int]:
         for _ in range(100):
             try:
                 await broker.connect()
-                stats = await broker.queue_stats(queue)
+                stats = await broker.admin.queue_stats(queue)
                 return {s.value: n for s, n in stats.sizes.items() if n}
             except durq.BrokerUnavailableError:
                 await asyncio.sleep(0.2)

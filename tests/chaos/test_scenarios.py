@@ -136,8 +136,8 @@ async def poison_pill(url: str, clusters, record, *, others: int) -> None:
     try:
         while True:
             cluster.respawn_exited()  # what a supervisor does
-            poison = await broker.get_task(QUEUE, "poison")
-            stats = await broker.queue_stats(QUEUE)
+            poison = await broker.admin.get_task(QUEUE, "poison")
+            stats = await broker.admin.queue_stats(QUEUE)
             if poison.state is TaskState.ARCHIVED and stats.sizes[TaskState.COMPLETED] == others:
                 break
             assert time.monotonic() - began < 90, (poison, stats.sizes)

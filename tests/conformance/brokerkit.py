@@ -109,7 +109,7 @@ async def snapshot(broker: FullBroker, queue: str = Q) -> dict[TaskState, list[s
         ids: list[str] = []
         offset = 0
         while True:
-            page = await broker.list_tasks(queue, state, limit=100, offset=offset)
+            page = await broker.admin.list_tasks(queue, state, limit=100, offset=offset)
             ids.extend(task.id for task in page)
             if len(page) < 100:
                 break

@@ -19,7 +19,7 @@ import durq
 from conformance import limits_app
 from conformance.conftest import requires
 from durq.brokers import open_broker
-from durq.brokers.base import CAP_LIMITS, CAP_MULTI_PROCESS
+from durq.brokers.base import CAP_MULTI_PROCESS
 from durq.options import EnqueueRequest
 
 HERE = Path(__file__).parent
@@ -89,7 +89,6 @@ async def needs_processes(broker_url: str) -> None:
     """Skip unless other processes see the tasks and limits are enforced; migrate."""
     broker = open_broker(broker_url)
     requires(broker, CAP_MULTI_PROCESS)
-    requires(broker, CAP_LIMITS)
     await migrated(broker_url)
 
 

@@ -12,18 +12,11 @@ import pytest
 
 import durq
 from conformance.apps import FAST
-from conformance.conftest import requires
-from durq.brokers.base import CAP_LIMITS
 from durq.errors import ValidationError
 from durq.task import LimitSpec
 
 
-async def _needs_limits(app: durq.App) -> None:
-    requires(await app.broker(), CAP_LIMITS)
-
-
 async def test_W13_limits_are_stored_with_the_task(app: durq.App) -> None:
-    await _needs_limits(app)
 
     @app.task(
         "partner:call",
@@ -43,7 +36,6 @@ async def test_W13_limits_are_stored_with_the_task(app: durq.App) -> None:
 
 
 async def test_W13_worker_never_exceeds_a_key_and_others_flow_past(app: durq.App) -> None:
-    await _needs_limits(app)
     running: dict[str, int] = {}
     peak: dict[str, int] = {}
     done: list[str] = []

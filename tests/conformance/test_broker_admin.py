@@ -33,10 +33,10 @@ async def test_I3_run_task(
     await put(broker, clock, ALL)
     if after is None:
         with pytest.raises(InvalidStateError):
-            await lifecycle.run_task(broker, "default", task_id)
+            await lifecycle.run_task(broker.admin, "default", task_id)
         assert await snapshot(broker) == BEFORE
         return
-    info = await lifecycle.run_task(broker, "default", task_id)
+    info = await lifecycle.run_task(broker.admin, "default", task_id)
     assert info.state is P
     assert await snapshot(broker) == moved(task_id, P)
     assert sorted(await claim_ids(broker)) == sorted(["p", task_id])
@@ -44,7 +44,7 @@ async def test_I3_run_task(
 
 async def test_I3_run_archived_keeps_its_history(broker: FullBroker, clock: FakeClock) -> None:
     await put(broker, clock, {"x": X})
-    info = await lifecycle.run_task(broker, "default", "x")
+    info = await lifecycle.run_task(broker.admin, "default", "x")
     assert info.state is P and info.retried == 1 and info.last_error == "boom"
     assert await claim_ids(broker) == ["x"]
 
@@ -59,10 +59,10 @@ async def test_I3_archive_task(
     await put(broker, clock, ALL)
     if not ok:
         with pytest.raises(InvalidStateError):
-            await lifecycle.archive_task(broker, "default", task_id)
+            await lifecycle.archive_task(broker.admin, "default", task_id)
         assert await snapshot(broker) == BEFORE
         return
-    info = await lifecycle.archive_task(broker, "default", task_id)
+    info = await lifecycle.archive_task(broker.admin, "default", task_id)
     assert info.state is X
     assert await snapshot(broker) == moved(task_id, X)
 
@@ -72,13 +72,13 @@ async def test_I3_delete_task(broker: FullBroker, clock: FakeClock, task_id: str
     await put(broker, clock, ALL)
     if task_id == "a":
         with pytest.raises(InvalidStateError):
-            await lifecycle.delete_task(broker, "default", task_id)
+            await lifecycle.delete_task(broker.admin, "default", task_id)
         assert await snapshot(broker) == BEFORE
         return
-    await lifecycle.delete_task(broker, "default", task_id)
+    await lifecycle.delete_task(broker.admin, "default", task_id)
     assert await snapshot(broker) == moved(task_id, None)  # type: ignore[arg-type]
     with pytest.raises(TaskNotFoundError):
-        await broker.get_task("default", task_id)
+        await broker.admin.get_task("default", task_id)
 
 
 @pytest.mark.parametrize("task_id", ["p", "s", "r"])
@@ -86,14 +86,14 @@ async def test_I3_cancel_waiting_task_archives_it(
     broker: FullBroker, clock: FakeClock, task_id: str
 ) -> None:
     await put(broker, clock, ALL)
-    info = await lifecycle.cancel_task(broker, "default", task_id)
+    info = await lifecycle.cancel_task(broker.admin, "default", task_id)
     assert info.state is X and info.last_error == "cancelled"
     assert await snapshot(broker) == moved(task_id, X)
 
 
 async def test_W12_cancel_active_flags_it(broker: FullBroker, clock: FakeClock) -> None:
     leases = await put(broker, clock, ALL)
-    info = await lifecycle.cancel_task(broker, "default", "a")
+    info = await lifecycle.cancel_task(broker.admin, "default", "a")
     assert info.state is A and info.cancel_requested
     assert await snapshot(broker) == BEFORE
     report = await broker.extend_leases([leases["a"].ref], 30)
@@ -106,7 +106,7 @@ async def test_I3_cancel_finished_task_is_refused(
 ) -> None:
     await put(broker, clock, ALL)
     with pytest.raises(InvalidStateError):
-        await lifecycle.cancel_task(broker, "default", task_id)
+        await lifecycle.cancel_task(broker.admin, "default", task_id)
     assert await snapshot(broker) == BEFORE
 
 
@@ -116,14 +116,18 @@ async def test_I3_cancel_finished_task_is_refused(
 async def test_I3_unknown_task(broker: FullBroker, clock: FakeClock, action: str) -> None:
     await put(broker, clock, {"p": P})
     # Reads go to the broker; moves through the lifecycle, which reads first.
-    act = getattr(broker, action) if action == "get_task" else getattr(lifecycle, action)
+    act = getattr(broker.admin, action) if action == "get_task" else getattr(lifecycle, action)
     with pytest.raises(TaskNotFoundError):
         await (
-            act("default", "missing") if action == "get_task" else act(broker, "default", "missing")
+            act("default", "missing")
+            if action == "get_task"
+            else act(broker.admin, "default", "missing")
         )
     with pytest.raises(TaskNotFoundError):
         await (
-            act("no-such-queue", "p") if action == "get_task" else act(broker, "no-such-queue", "p")
+            act("no-such-queue", "p")
+            if action == "get_task"
+            else act(broker.admin, "no-such-queue", "p")
         )
 
 
@@ -132,7 +136,7 @@ async def test_I3_run_all(broker: FullBroker, clock: FakeClock, state: TaskState
     await put(broker, clock, {**ALL, "s2": S, "r2": R, "x2": X})
     await put(broker, clock, {"elsewhere": X}, queue="other")
     ids = {S: "s s2", R: "r r2", X: "x x2"}[state]
-    assert await lifecycle.run_all(broker, "default", state) == 2
+    assert await lifecycle.run_all(broker.admin, "default", state) == 2
     expected = {k.value: " ".join(v) for k, v in BEFORE.items()}
     for other in (S, R, X):
         expected[other.value] = {S: "s s2", R: "r r2", X: "x x2"}[other]
@@ -146,7 +150,7 @@ async def test_I3_run_all(broker: FullBroker, clock: FakeClock, state: TaskState
 async def test_I3_delete_all(broker: FullBroker, clock: FakeClock, state: TaskState) -> None:
     await put(broker, clock, ALL)
     await put(broker, clock, {"elsewhere": state}, queue="other")
-    assert await lifecycle.delete_all(broker, "default", state) == 1
+    assert await lifecycle.delete_all(broker.admin, "default", state) == 1
     expected = {k: v for k, v in BEFORE.items() if k is not state}
     assert await snapshot(broker) == expected
     assert await snapshot(broker, "other") == {state: ["elsewhere"]}
@@ -155,7 +159,7 @@ async def test_I3_delete_all(broker: FullBroker, clock: FakeClock, state: TaskSt
 async def test_I3_delete_all_active_is_refused(broker: FullBroker, clock: FakeClock) -> None:
     await put(broker, clock, ALL)
     with pytest.raises(InvalidStateError):
-        await lifecycle.delete_all(broker, "default", A)
+        await lifecycle.delete_all(broker.admin, "default", A)
     assert await snapshot(broker) == BEFORE
 
 
@@ -163,17 +167,17 @@ async def test_I2_list_tasks_pages_in_order(broker: FullBroker, clock: FakeClock
     for i in range(7):
         await broker.enqueue(params(f"t{i}"))
         clock.advance(1)
-    page1 = await broker.list_tasks("default", P, limit=3)
-    page2 = await broker.list_tasks("default", P, limit=3, offset=3)
-    page3 = await broker.list_tasks("default", P, limit=3, offset=6)
+    page1 = await broker.admin.list_tasks("default", P, limit=3)
+    page2 = await broker.admin.list_tasks("default", P, limit=3, offset=3)
+    page3 = await broker.admin.list_tasks("default", P, limit=3, offset=6)
     assert [len(page1), len(page2), len(page3)] == [3, 3, 1]
     assert [t.id for t in page1 + page2 + page3] == [f"t{i}" for i in range(7)]
-    assert await broker.list_tasks("default", S) == []
+    assert await broker.admin.list_tasks("default", S) == []
 
 
 async def test_I2_list_tasks_shows_fields(broker: FullBroker, clock: FakeClock) -> None:
     await put(broker, clock, {"r": R}, max_retry=4)
-    (task,) = await broker.list_tasks("default", R)
+    (task,) = await broker.admin.list_tasks("default", R)
     assert (task.id, task.state, task.retried, task.max_retry, task.last_error) == (
         "r",
         R,
@@ -185,18 +189,18 @@ async def test_I2_list_tasks_shows_fields(broker: FullBroker, clock: FakeClock) 
 
 async def test_I2_unknown_queue(broker: FullBroker) -> None:
     with pytest.raises(QueueNotFoundError):
-        await broker.list_tasks("nope", P)
+        await broker.admin.list_tasks("nope", P)
     with pytest.raises(QueueNotFoundError):
-        await broker.queue_stats("nope")
+        await broker.admin.queue_stats("nope")
     with pytest.raises(QueueNotFoundError):
-        await broker.pause_queue("nope")
+        await broker.admin.pause_queue("nope")
     with pytest.raises(QueueNotFoundError):
-        await broker.unpause_queue("nope")
+        await broker.admin.unpause_queue("nope")
     with pytest.raises(QueueNotFoundError):
-        await lifecycle.run_all(broker, "nope", X)
+        await lifecycle.run_all(broker.admin, "nope", X)
     with pytest.raises(QueueNotFoundError):
-        await lifecycle.delete_all(broker, "nope", X)
-    assert "nope" not in {q.name for q in await broker.list_queues()}
+        await lifecycle.delete_all(broker.admin, "nope", X)
+    assert "nope" not in {q.name for q in await broker.admin.list_queues()}
 
 
 async def test_I1_list_queues_sizes_and_oldest(broker: FullBroker, clock: FakeClock) -> None:
@@ -204,7 +208,7 @@ async def test_I1_list_queues_sizes_and_oldest(broker: FullBroker, clock: FakeCl
     await broker.enqueue(params("due-soon", process_at=clock.now() + 5))
     await broker.enqueue(params("other", "low"))
     clock.advance(42)
-    queues = {q.name: q for q in await broker.list_queues()}
+    queues = {q.name: q for q in await broker.admin.list_queues()}
     assert set(queues) == {"default", "low"}
     default = queues["default"]
     assert default.sizes == {P: 2, S: 2, A: 1, R: 1, X: 1, C: 1, TaskState.WAITING: 0}
@@ -214,7 +218,7 @@ async def test_I1_list_queues_sizes_and_oldest(broker: FullBroker, clock: FakeCl
     assert default.to_dict()["sizes"]["pending"] == 2
     low = queues["low"]
     assert low.sizes == {P: 1, S: 0, A: 0, R: 0, X: 0, C: 0, TaskState.WAITING: 0}
-    assert await broker.queue_stats("low") == low
+    assert await broker.admin.queue_stats("low") == low
 
 
 async def test_I1_oldest_pending_age_is_zero_when_nothing_waits(
@@ -222,7 +226,7 @@ async def test_I1_oldest_pending_age_is_zero_when_nothing_waits(
 ) -> None:
     await put(broker, clock, {"a": A, "s": S})
     clock.advance(100)
-    assert (await broker.queue_stats("default")).oldest_pending_age == 0
+    assert (await broker.admin.queue_stats("default")).oldest_pending_age == 0
 
 
 async def test_I1_completed_past_retention_not_counted(
@@ -230,19 +234,19 @@ async def test_I1_completed_past_retention_not_counted(
 ) -> None:
     await put(broker, clock, {"c": C}, retention=10)
     clock.advance(10)
-    assert (await broker.queue_stats("default")).sizes[C] == 0
+    assert (await broker.admin.queue_stats("default")).sizes[C] == 0
     assert await snapshot(broker) == {}
 
 
 async def test_I4_pause_and_unpause(broker: FullBroker, clock: FakeClock) -> None:
     await broker.enqueue(params("t"))
-    await broker.pause_queue("default")
-    await broker.pause_queue("default")  # idempotent
-    assert (await broker.queue_stats("default")).paused
-    assert [q.paused for q in await broker.list_queues()] == [True]
+    await broker.admin.pause_queue("default")
+    await broker.admin.pause_queue("default")  # idempotent
+    assert (await broker.admin.queue_stats("default")).paused
+    assert [q.paused for q in await broker.admin.list_queues()] == [True]
     assert await claim_ids(broker) == []
-    await broker.unpause_queue("default")
-    assert not (await broker.queue_stats("default")).paused
+    await broker.admin.unpause_queue("default")
+    assert not (await broker.admin.queue_stats("default")).paused
     assert await claim_ids(broker) == ["t"]
 
 
@@ -262,7 +266,7 @@ def worker(worker_id: str, clock: FakeClock, **changes: object) -> WorkerInfo:
 async def test_I5_workers_register_list_unregister(broker: FullBroker, clock: FakeClock) -> None:
     await broker.register_worker(worker("w1", clock))
     await broker.register_worker(worker("w2", clock, queues={"low": 1}, strict=True))
-    listed = {w.id: w for w in await broker.list_workers()}
+    listed = {w.id: w for w in await broker.admin.list_workers()}
     assert set(listed) == {"w1", "w2"}
     w1 = listed["w1"]
     assert (w1.host, w1.pid, w1.concurrency) == ("host-1", 4242, 10)
@@ -271,9 +275,9 @@ async def test_I5_workers_register_list_unregister(broker: FullBroker, clock: Fa
     assert w1.last_heartbeat == pytest.approx(clock.now())
     assert listed["w2"].strict
     # Its queues are known to the inspector even before anything is enqueued.
-    assert {"critical", "default", "low"} <= {q.name for q in await broker.list_queues()}
+    assert {"critical", "default", "low"} <= {q.name for q in await broker.admin.list_queues()}
     await broker.unregister_worker("w2")
-    assert [w.id for w in await broker.list_workers()] == ["w1"]
+    assert [w.id for w in await broker.admin.list_workers()] == ["w1"]
 
 
 async def test_I5_heartbeat_refreshes_and_silent_workers_disappear(
@@ -284,7 +288,7 @@ async def test_I5_heartbeat_refreshes_and_silent_workers_disappear(
     clock.advance(45)
     await broker.register_worker(worker("w1", clock, started_at=clock.now() - 45, active=3))
     clock.advance(20)  # w2 silent for 65 s, w1 for 20 s
-    (only,) = await broker.list_workers()
+    (only,) = await broker.admin.list_workers()
     assert only.id == "w1" and only.active == 3
     assert only.last_heartbeat == pytest.approx(clock.now() - 20)
 
@@ -304,12 +308,12 @@ async def test_I5_a_worker_silent_for_a_day_is_forgotten_when_another_registers(
     await broker.register_worker(worker("new", clock))
     clock.set(start + 1)
     # Every heartbeat since is in the future; only the forgotten worker's row is not.
-    assert {w.id for w in await broker.list_workers()} == {"kept", "new"}
+    assert {w.id for w in await broker.admin.list_workers()} == {"kept", "new"}
 
 
 async def test_I3_pause_is_per_queue(broker: FullBroker, clock: FakeClock) -> None:
     await put(broker, clock, {"a": P})
     await put(broker, clock, {"b": P}, queue="other")
-    await broker.pause_queue("other")
+    await broker.admin.pause_queue("other")
     assert await claim_ids(broker, ["default", "other"]) == ["a"]
     assert [lease.task.id for lease in await claim(broker, "other")] == []

@@ -23,7 +23,7 @@ async def test_archived_tasks_go_once_their_retention_has_passed(
     await put(broker, clock, {"old": X, "done": C, "again": R}, retention=86400)
     clock.advance(1800)
     await put(broker, clock, {"young": X, "later": S, "now": P})
-    await lifecycle.archive_task(broker, "default", "now")  # by the inspector
+    await lifecycle.archive_task(broker.admin, "default", "now")  # by the inspector
     before = picture(archived="now old young", completed="done", retry="again", scheduled="later")
     assert await broker.delete_archived(HOUR, 100) == 0
     clock.advance(1799)
@@ -44,7 +44,7 @@ async def test_the_clock_restarts_when_a_task_is_archived_again(
 ) -> None:
     await put(broker, clock, {"t": X})
     clock.advance(3000)
-    await lifecycle.run_task(broker, "default", "t")
+    await lifecycle.run_task(broker.admin, "default", "t")
     (lease,) = await claim(broker)
     assert await broker.archive(ArchiveParams(lease.ref, "again"))
     clock.advance(3000)

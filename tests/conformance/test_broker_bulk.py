@@ -50,7 +50,7 @@ async def test_E9_conflicts_inside_one_batch(broker: FullBroker) -> None:
     assert isinstance(outcomes[1].error, TaskIDConflictError)
     assert isinstance(outcomes[3].error, DuplicateTaskError)
     assert outcomes[3].error.existing_id == "u1"
-    assert (await broker.get_task("default", "a")).payload == {"id": "a"}
+    assert (await broker.admin.get_task("default", "a")).payload == {"id": "a"}
 
 
 async def test_E9_id_conflicts_in_a_batch_without_unique_keys(
@@ -76,7 +76,7 @@ async def test_E9_id_conflicts_in_a_batch_without_unique_keys(
     assert [o.created for o in outcomes] == [True, False, True, False, False, True]
     for refused in (outcomes[1], outcomes[3], outcomes[4]):
         assert isinstance(refused.error, TaskIDConflictError) and refused.info is None
-    assert (await broker.get_task(Q, "new2")).payload == {"id": "new2"}
+    assert (await broker.admin.get_task(Q, "new2")).payload == {"id": "new2"}
     assert await snapshot(broker) == picture(pending="taken new1 new2 old", completed="done")
 
 
@@ -87,4 +87,4 @@ async def test_E9_empty_batch(broker: FullBroker) -> None:
 async def test_E9_large_batch(broker: FullBroker, clock: FakeClock) -> None:
     outcomes = await broker.enqueue_many([params(f"t{i:04}") for i in range(500)])
     assert all(o.created for o in outcomes)
-    assert (await broker.queue_stats("default")).sizes[P] == 500
+    assert (await broker.admin.queue_stats("default")).sizes[P] == 500

@@ -68,7 +68,7 @@ async def test_claim_sets_the_lease(broker: FullBroker, clock: FakeClock) -> Non
     assert task.lease_expires_at == datetime.fromtimestamp(clock.now() + 45, tz=UTC)
     assert task.payload == {"id": "t"}
     assert lease.token
-    stored = await broker.get_task("default", "t")
+    stored = await broker.admin.get_task("default", "t")
     assert stored.state is A and stored.worker_id == "w1"
 
 
@@ -95,12 +95,12 @@ async def test_W8_paused_queue_gives_nothing_but_accepts_enqueue(
 ) -> None:
     await broker.enqueue(params("before", "mail"))
     await broker.enqueue(params("other", "sms"))
-    await broker.pause_queue("mail")
+    await broker.admin.pause_queue("mail")
     info = await broker.enqueue(params("during", "mail"))
     assert info.state is P
     assert await claim_ids(broker, ["mail", "sms"]) == ["other"]
-    assert (await broker.queue_stats("mail")).paused
-    await broker.unpause_queue("mail")
+    assert (await broker.admin.queue_stats("mail")).paused
+    await broker.admin.unpause_queue("mail")
     assert await claim_ids(broker, ["mail"]) == ["before", "during"]
 
 

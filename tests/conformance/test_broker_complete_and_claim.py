@@ -21,7 +21,6 @@ from durq.brokers.base import (
     CAP_COMPLETE_AND_CLAIM,
     CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
     CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
-    CAP_LIMITS,
     CAP_WAIT_AND_CLAIM,
     ClaimParams,
     CompleteAndClaim,
@@ -91,8 +90,8 @@ async def test_completes_then_claims_in_order(
     assert [lease.task.id for lease in leases] == ["t2", "t3"]
     assert all(lease.task.worker_id == "w1" for lease in leases)
     assert await snapshot(broker) == picture(completed="t0", active="t2 t3", pending="t4")
-    assert (await broker.get_task(Q, "t0")).result == 1
-    stats = await broker.queue_stats(Q)
+    assert (await broker.admin.get_task(Q, "t0")).result == 1
+    stats = await broker.admin.queue_stats(Q)
     assert stats.processed_total == 2
 
 
@@ -145,7 +144,6 @@ async def test_a_follow_up_is_created_before_the_claim(
 async def test_the_claim_takes_the_limit_slot_the_completion_frees(
     broker: FullBroker, clock: FakeClock, send: Send
 ) -> None:
-    requires(broker, CAP_LIMITS)
     one = (LimitSpec("k", concurrency=1),)
     await enqueue(broker, clock, "k0", "k1", limits=one)
     (lease,) = await claim(broker, limit=2)
@@ -153,7 +151,7 @@ async def test_the_claim_takes_the_limit_slot_the_completion_frees(
     done, leases = await send(broker, [CompleteParams(lease.ref)], claim_params(2))
     assert done == [True]
     assert [x.task.id for x in leases] == ["k1"]
-    (stats,) = await broker.list_limits(Q)
+    (stats,) = await broker.admin.list_limits(Q)
     assert stats.running == 1
 
 
@@ -162,7 +160,6 @@ async def test_the_freed_slot_is_taken_after_a_claim_found_the_key_full(
 ) -> None:
     """A claim that found the key full between the two (a worker at the limit, idle until
     an attempt ends) changes nothing: the completion's claim takes the held task."""
-    requires(broker, CAP_LIMITS)
     one = (LimitSpec("k", concurrency=1),)
     await enqueue(broker, clock, "k0", "k1", "k2", limits=one)
     (lease,) = await claim(broker, limit=3)

@@ -12,7 +12,7 @@ import pytest
 from brokerkit import P, S, params, picture, snapshot
 
 from durq.brokers import FullBroker
-from durq.brokers.base import CAP_LIMITS, CAP_TRANSACTIONAL_ENQUEUE, EnqueueParams
+from durq.brokers.base import CAP_TRANSACTIONAL_ENQUEUE, EnqueueParams
 from durq.clock import FakeClock
 from durq.errors import DuplicateTaskError, TaskIDConflictError
 from durq.task import LimitSpec, TaskInfo
@@ -50,7 +50,7 @@ async def test_E3_E4_concurrent_callers_each_get_their_own_answer(
     for answer in answers[192:]:
         assert isinstance(answer, DuplicateTaskError), answer
         assert answer.existing_id == "u0"
-    assert (await broker.get_task("default", "t7")).payload == {"call": 7}
+    assert (await broker.admin.get_task("default", "t7")).payload == {"call": 7}
     assert await snapshot(broker) == picture(
         pending=" ".join(["held", *(f"t{i}" for i in range(150)), "u0"])
     )
@@ -75,7 +75,6 @@ async def test_E9_an_error_in_one_call_does_not_fail_the_others(broker: FullBrok
 
 
 async def test_E9_concurrent_calls_keep_every_option(broker: FullBroker, clock: FakeClock) -> None:
-    limits = CAP_LIMITS in broker.capabilities
     items = [
         params(
             f"o{i}",
@@ -87,14 +86,14 @@ async def test_E9_concurrent_calls_keep_every_option(broker: FullBroker, clock: 
             priority=i - 10,
             headers={"h": str(i)},
             process_in=60.0 if i % 3 == 0 else None,
-            limits=(LimitSpec(f"key{i % 2}", concurrency=2),) if limits else (),
+            limits=(LimitSpec(f"key{i % 2}", concurrency=2),),
         )
         for i in range(20)
     ]
     answers = await enqueue_all(broker, items)
     for p, answer in zip(items, answers, strict=True):
         assert isinstance(answer, TaskInfo), answer
-        stored = await broker.get_task("default", p.id)
+        stored = await broker.admin.get_task("default", p.id)
         for info in (answer, stored):
             assert info.state is (S if p.process_in else P)
             assert (info.max_retry, info.timeout, info.retention) == (

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from brokerkit import LEASE, A, X, claim, params, picture, put, snapshot
 
 from conformance.conftest import requires
 from durq import continuations, lifecycle
 from durq.brokers import FullBroker
 from durq.brokers.base import (
-    CAP_ATOMIC_FOLLOW_UPS,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     ArchiveParams,
     CompleteParams,
@@ -40,17 +38,12 @@ def then_header(queue: str = "default", *, on_archived: bool = True) -> dict[str
     return {continuations.HEADER: json.dumps(spec)}
 
 
-@pytest.fixture(autouse=True)
-def _atomic(broker: FullBroker) -> None:
-    requires(broker, CAP_ATOMIC_FOLLOW_UPS)
-
-
 async def test_complete_creates_the_follow_up_with_it(broker: FullBroker, clock: FakeClock) -> None:
     leases = await put(broker, clock, {"a": A})
     done = await broker.complete(CompleteParams(leases["a"].ref, b'{"n":1}', 60, follow("a")))
     assert done
     assert await snapshot(broker) == picture(completed="a", pending="then:a")
-    info = await broker.get_task("default", "then:a")
+    info = await broker.admin.get_task("default", "then:a")
     assert info.type == NEXT and info.payload == {"of": "a"}
     # The follow-up is claimable like any task (and woke nobody in the wrong way).
     (lease,) = await claim(broker)
@@ -71,7 +64,7 @@ async def test_follow_up_in_another_queue(broker: FullBroker, clock: FakeClock) 
     assert await broker.complete(CompleteParams(leases["a"].ref, None, 60, follow("a", "mail")))
     assert await snapshot(broker) == picture(completed="a")
     assert await snapshot(broker, "mail") == picture(pending="then:a")
-    assert "mail" in {q.name for q in await broker.list_queues()}
+    assert "mail" in {q.name for q in await broker.admin.list_queues()}
     (lease,) = await claim(broker, "mail")
     assert lease.task.id == "then:a"
 
@@ -98,7 +91,7 @@ async def test_follow_up_id_conflict_does_not_fail_the_completion(
     done = await broker.complete(CompleteParams(leases["a"].ref, None, 60, follow("a")))
     assert done
     assert await snapshot(broker) == picture(completed="a", pending="then:a")
-    assert (await broker.get_task("default", "then:a")).payload == {"first": True}
+    assert (await broker.admin.get_task("default", "then:a")).payload == {"first": True}
 
 
 async def test_archive_creates_the_follow_up(broker: FullBroker, clock: FakeClock) -> None:
@@ -132,7 +125,7 @@ async def test_rescuer_archive_creates_the_follow_up_of_the_header(
     rescued = await lifecycle.rescue_expired(broker, 1)
     assert {t.id: t.state for t in rescued} == {"pill": X, "plain": X}
     assert await snapshot(broker, "after") == picture(pending="then:pill")
-    info = await broker.get_task("after", "then:pill")
+    info = await broker.admin.get_task("after", "then:pill")
     assert info.type == NEXT and info.max_retry == 3
     assert info.payload == {
         "task": {"id": "pill", "queue": "default", "type": "test:task", "state": "archived"},
@@ -156,14 +149,14 @@ async def test_inspector_archive_and_cancel_create_the_follow_up(
     await broker.enqueue(params("x", headers=then_header()))
     await broker.enqueue(params("y", headers=then_header()))
     await broker.enqueue(params("z", headers=then_header(on_archived=False)))
-    await lifecycle.archive_task(broker, "default", "x")
-    await lifecycle.cancel_task(broker, "default", "y")
-    await lifecycle.archive_task(broker, "default", "z")
+    await lifecycle.archive_task(broker.admin, "default", "x")
+    await lifecycle.cancel_task(broker.admin, "default", "y")
+    await lifecycle.archive_task(broker.admin, "default", "z")
     assert await snapshot(broker) == picture(archived="x y z", pending="then:x then:y")
-    assert (await broker.get_task("default", "then:y")).payload["error"] == "cancelled"
+    assert (await broker.admin.get_task("default", "then:y")).payload["error"] == "cancelled"
     # Archiving again after a rerun finds the follow-up there: skipped, no error.
-    await lifecycle.run_task(broker, "default", "x")
-    await lifecycle.archive_task(broker, "default", "x")
+    await lifecycle.run_task(broker.admin, "default", "x")
+    await lifecycle.archive_task(broker.admin, "default", "x")
     assert await snapshot(broker) == picture(archived="x y z", pending="then:x then:y")
 
 
@@ -172,7 +165,7 @@ async def test_cancel_of_an_active_task_waits_for_its_worker(
 ) -> None:
     await broker.enqueue(params("a", headers=then_header()))
     (lease,) = await claim(broker)
-    await lifecycle.cancel_task(broker, "default", "a")
+    await lifecycle.cancel_task(broker.admin, "default", "a")
     assert await snapshot(broker) == picture(active="a")  # the worker archives it
     follow_ups = continuations.build(lease.task, continuations.ARCHIVED, error="cancelled")
     assert await broker.archive(

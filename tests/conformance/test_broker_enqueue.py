@@ -38,7 +38,7 @@ async def test_E1_enqueue_returns_task_info(broker: FullBroker, clock: FakeClock
     assert info.next_process_at == at(clock.now())
     assert info.completed_at is None and info.raw_result is None
     assert info.headers == {"traceparent": "00-abc-def-01"}
-    stored = await broker.get_task("default", "t1")
+    stored = await broker.admin.get_task("default", "t1")
     assert stored.payload == info.payload
     assert stored.headers == info.headers
     assert (stored.max_retry, stored.timeout, stored.deadline) == (5, 30.0, info.deadline)
@@ -88,21 +88,21 @@ async def test_E3_task_id_conflict_in_every_state(
 ) -> None:
     await put(broker, clock, {"order-1": state})
     before = await snapshot(broker)
-    original = await broker.get_task("default", "order-1")
+    original = await broker.admin.get_task("default", "order-1")
     with pytest.raises(TaskIDConflictError) as caught:
         await broker.enqueue(params("order-1", payload={"other": True}))
     existing = caught.value.existing
     assert existing is not None
     assert (existing.id, existing.queue, existing.state) == ("order-1", "default", state)
     assert await snapshot(broker) == before
-    assert (await broker.get_task("default", "order-1")).raw_payload == original.raw_payload
+    assert (await broker.admin.get_task("default", "order-1")).raw_payload == original.raw_payload
 
 
 async def test_E3_same_id_in_another_queue_is_not_a_conflict(broker: FullBroker) -> None:
     await broker.enqueue(params("same", "q1"))
     await broker.enqueue(params("same", "q2"))
-    assert (await broker.get_task("q1", "same")).queue == "q1"
-    assert (await broker.get_task("q2", "same")).queue == "q2"
+    assert (await broker.admin.get_task("q1", "same")).queue == "q1"
+    assert (await broker.admin.get_task("q2", "same")).queue == "q2"
 
 
 async def test_E3_completed_within_retention_conflicts_after_retention_not(
@@ -163,7 +163,7 @@ async def test_E4_freed_when_first_task_is_archived(broker: FullBroker, clock: F
 
 async def test_E4_freed_when_inspector_archives(broker: FullBroker, clock: FakeClock) -> None:
     await broker.enqueue(params("u1", unique_key="k", unique_ttl=3600))
-    await lifecycle.archive_task(broker, "default", "u1")
+    await lifecycle.archive_task(broker.admin, "default", "u1")
     assert (await broker.enqueue(params("u2", unique_key="k", unique_ttl=3600))).state is P
 
 
@@ -185,19 +185,19 @@ async def test_S3_names_with_separators_round_trip(broker: FullBroker, clock: Fa
     queue, task_type, task_id = "critical:eu-west.1", "insurance:check-coverage.v2", "order-1.a:b"
     info = await broker.enqueue(params(task_id, queue, type=task_type))
     assert (info.id, info.queue, info.type) == (task_id, queue, task_type)
-    got = await broker.get_task(queue, task_id)
+    got = await broker.admin.get_task(queue, task_id)
     assert (got.id, got.queue, got.type) == (task_id, queue, task_type)
-    assert queue in {q.name for q in await broker.list_queues()}
+    assert queue in {q.name for q in await broker.admin.list_queues()}
     (lease,) = await claim(broker, queue)
     assert (lease.task.id, lease.task.type) == (task_id, task_type)
     assert await broker.complete(CompleteParams(lease.ref, b"1", retention=60))
-    assert (await broker.get_task(queue, task_id)).state is C
+    assert (await broker.admin.get_task(queue, task_id)).state is C
 
 
 async def test_I1_queue_known_after_enqueue(broker: FullBroker) -> None:
-    assert "fresh" not in {q.name for q in await broker.list_queues()}
+    assert "fresh" not in {q.name for q in await broker.admin.list_queues()}
     await broker.enqueue(params("x", "fresh"))
-    stats = await broker.queue_stats("fresh")
+    stats = await broker.admin.queue_stats("fresh")
     assert stats.sizes[P] == 1 and not stats.paused
 
 
@@ -206,6 +206,6 @@ async def test_E1_payload_bytes_stored_verbatim(broker: FullBroker) -> None:
     p = params("raw")
     p = type(p)(**{**{f: getattr(p, f) for f in p.__dataclass_fields__}, "payload": raw})
     await broker.enqueue(p)
-    assert (await broker.get_task("default", "raw")).raw_payload == raw
+    assert (await broker.admin.get_task("default", "raw")).raw_payload == raw
     (lease,) = await claim(broker)
     assert lease.task.raw_payload == raw

@@ -47,10 +47,10 @@ async def test_E5_past_retention_is_gone_before_the_janitor(
     broker: FullBroker, clock: FakeClock
 ) -> None:
     await put(broker, clock, {"t": C}, retention=10)
-    assert (await broker.get_task("default", "t")).state is C
+    assert (await broker.admin.get_task("default", "t")).state is C
     clock.advance(10)
     with pytest.raises(TaskNotFoundError):
-        await broker.get_task("default", "t")
+        await broker.admin.get_task("default", "t")
 
 
 async def test_E5_default_retention_keeps_a_result_an_hour_then_the_janitor_deletes_it(
@@ -64,9 +64,9 @@ async def test_E5_default_retention_keeps_a_result_an_hour_then_the_janitor_dele
     assert await broker.complete(lifecycle.completed(lease, b'{"ok": true}', now=clock.now()))
     clock.advance(DEFAULT_RETENTION - 1)
     assert await broker.delete_expired(100) == 0
-    done = await broker.get_task("default", info.id)
+    done = await broker.admin.get_task("default", info.id)
     assert done.state is C and done.result == {"ok": True}
     clock.advance(1)
     assert await broker.delete_expired(100) == 1
     with pytest.raises(TaskNotFoundError):
-        await broker.get_task("default", info.id)
+        await broker.admin.get_task("default", info.id)

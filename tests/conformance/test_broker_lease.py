@@ -54,7 +54,7 @@ async def test_W12_extend_leases_reports_cancel(broker: FullBroker, clock: FakeC
     await broker.enqueue(params("a"))
     await broker.enqueue(params("b"))
     a, b = await claim(broker, limit=2)
-    info = await lifecycle.cancel_task(broker, "default", "a")
+    info = await lifecycle.cancel_task(broker.admin, "default", "a")
     assert info.state is A and info.cancel_requested
     report = await broker.extend_leases([a.ref, b.ref], LEASE)
     assert report.cancel == {"a"} and report.lost == frozenset()
@@ -74,12 +74,12 @@ async def test_W1_fencing_stale_token_changes_nothing(broker: FullBroker, clock:
     assert not await broker.archive(ArchiveParams(stale, "zombie gave up"))
     assert not await broker.requeue(stale)
     assert (await broker.complete_many([CompleteParams(stale)])) == [False]
-    now = await broker.get_task("default", "t")
+    now = await broker.admin.get_task("default", "t")
     assert now.state is A and now.worker_id == "healthy"
     assert now.retried == 1 and now.last_error == "lease expired"
     assert await snapshot(broker) == picture(active="t")
     assert await broker.complete(CompleteParams(second.ref, b'"ok"', retention=60))
-    assert (await broker.get_task("default", "t")).result == "ok"
+    assert (await broker.admin.get_task("default", "t")).result == "ok"
 
 
 async def test_W1_fencing_after_finish(broker: FullBroker, clock: FakeClock) -> None:
@@ -89,7 +89,7 @@ async def test_W1_fencing_after_finish(broker: FullBroker, clock: FakeClock) -> 
     assert not await broker.complete(CompleteParams(lease.ref, retention=60))
     assert not await broker.retry(RetryParams(lease.ref, "late", 0))
     assert not await broker.archive(ArchiveParams(lease.ref, "late"))
-    assert (await broker.get_task("default", "t")).state.value == "completed"
+    assert (await broker.admin.get_task("default", "t")).state.value == "completed"
 
 
 async def test_W1_fencing_needs_the_right_queue(broker: FullBroker, clock: FakeClock) -> None:
@@ -108,7 +108,7 @@ async def test_W7_requeue_hands_back_without_counting(broker: FullBroker, clock:
     (lease,) = await claim(broker)
     assert lease.task.retried == 1
     assert await broker.requeue(lease.ref)
-    info = await broker.get_task("default", "t")
+    info = await broker.admin.get_task("default", "t")
     assert info.state is P and info.retried == 1
     assert await claim_ids(broker) == ["t"]
 

@@ -9,11 +9,9 @@ import time
 import pytest
 from brokerkit import LEASE, A, P, claim, claim_ids, params, snapshot
 
-from conformance.conftest import requires
 from durq import lifecycle
 from durq.brokers import FullBroker
 from durq.brokers.base import (
-    CAP_LIMITS,
     ArchiveParams,
     Claimed,
     CompleteParams,
@@ -22,11 +20,6 @@ from durq.brokers.base import (
 )
 from durq.clock import FakeClock
 from durq.task import LimitSpec
-
-
-@pytest.fixture(autouse=True)
-def _limits(broker: FullBroker) -> None:
-    requires(broker, CAP_LIMITS)
 
 
 def conc(key: str, n: int) -> LimitSpec:
@@ -44,7 +37,7 @@ async def enqueue(broker: FullBroker, clock: FakeClock, task_id: str, *limits: L
 
 async def limits_of(broker: FullBroker) -> dict[str, tuple[int, int]]:
     """``{key: (running, waiting)}`` of the default queue, as the inspector shows it."""
-    return {s.key: (s.running, s.waiting) for s in await broker.list_limits("default")}
+    return {s.key: (s.running, s.waiting) for s in await broker.admin.list_limits("default")}
 
 
 async def test_W13_concurrency_limit_holds_across_claims_and_workers(
@@ -59,7 +52,7 @@ async def test_W13_concurrency_limit_holds_across_claims_and_workers(
     assert await claim_ids(two, limit=10) == []
     assert await snapshot(one) == {A: ["k0", "k1"], P: ["k2", "k3", "k4"]}
     assert await limits_of(one) == {"k": (2, 3)}
-    held = await one.get_task("default", "k2")
+    held = await one.admin.get_task("default", "k2")
     assert held.state is P and held.held_by == "k"
     assert held.limits == (conc("k", 2),)
 
@@ -197,7 +190,7 @@ async def test_W13_rate_limit_on_the_broker_clock(broker: FullBroker, clock: Fak
     assert await claim_ids(broker, limit=10) == []
     clock.advance(60)  # the bucket holds at most 3
     assert await claim_ids(broker, limit=10) == ["r4", "r5", "r6"]
-    stats = (await broker.list_limits("default"))[0]
+    stats = (await broker.admin.list_limits("default"))[0]
     assert (stats.key, stats.rate, stats.per, stats.waiting) == ("r", 3, 10.0, 1)
     assert stats.tokens is not None and stats.tokens < 1
 
@@ -229,9 +222,9 @@ async def test_W13_inspector_moves_of_held_tasks(broker: FullBroker, clock: Fake
     await enqueue(broker, clock, "b", conc("k", 1))
     await enqueue(broker, clock, "c", conc("k", 1))
     (lease,) = await claim(broker, limit=10)
-    await lifecycle.archive_task(broker, "default", "b")
-    await lifecycle.delete_task(broker, "default", "c")
+    await lifecycle.archive_task(broker.admin, "default", "b")
+    await lifecycle.delete_task(broker.admin, "default", "c")
     assert await broker.complete(CompleteParams(lease.ref))
-    await lifecycle.run_task(broker, "default", "b")
+    await lifecycle.run_task(broker.admin, "default", "b")
     assert await claim_ids(broker, limit=10) == ["b"]
     assert await limits_of(broker) == {"k": (1, 0)}

@@ -48,19 +48,19 @@ async def test_counts_per_minute_per_queue_and_summed(broker: FullBroker, clock:
     await finish(broker, clock, "g", "move_leases", "other")
 
     m = int(start)
-    assert await broker.minute_counts("default", start) == [
+    assert await broker.admin.minute_counts("default", start) == [
         MinuteCounts(m, 2, 0),
         MinuteCounts(m + 60, 1, 1),
         MinuteCounts(m + 240, 1, 1),
     ]
-    assert await broker.minute_counts(None, start) == [
+    assert await broker.admin.minute_counts(None, start) == [
         MinuteCounts(m, 3, 0),
         MinuteCounts(m + 60, 1, 1),
         MinuteCounts(m + 240, 2, 2),
     ]
     # From the minute of `since` on: 61 s in is the second minute.
-    assert await broker.minute_counts("other", start + 61) == [MinuteCounts(m + 240, 1, 1)]
-    assert await broker.minute_counts("nowhere", start) == []
+    assert await broker.admin.minute_counts("other", start + 61) == [MinuteCounts(m + 240, 1, 1)]
+    assert await broker.admin.minute_counts("nowhere", start) == []
 
 
 async def test_the_janitor_drops_minutes_older_than_the_keep(
@@ -71,9 +71,9 @@ async def test_the_janitor_drops_minutes_older_than_the_keep(
     clock.advance(MINUTE_COUNTS_KEEP - 60)
     await finish(broker, clock, "b", "complete", "default")
     await broker.delete_expired(100)
-    assert [c.processed for c in await broker.minute_counts(None, start)] == [1, 1]
+    assert [c.processed for c in await broker.admin.minute_counts(None, start)] == [1, 1]
     clock.advance(120)
     await broker.delete_expired(100)
-    assert await broker.minute_counts(None, start) == [
+    assert await broker.admin.minute_counts(None, start) == [
         MinuteCounts(int(start + MINUTE_COUNTS_KEEP - 60), 1, 0)
     ]

@@ -93,7 +93,7 @@ async def test_a_retried_task_keeps_its_priority(broker: FullBroker, clock: Fake
     (lease,) = await claim(broker, limit=1)
     assert lease.task.priority == 9
     assert await broker.retry(RetryParams(lease.ref, "boom", delay=5))
-    assert (await broker.get_task(Q, "vip")).priority == 9
+    assert (await broker.admin.get_task(Q, "vip")).priority == 9
     clock.advance(1)
     await broker.enqueue(params("plain-1"))
     await broker.enqueue(params("plain-2", priority=8))
@@ -131,9 +131,9 @@ async def test_the_inspectors_run_keeps_the_priority(broker: FullBroker, clock: 
     assert lease.task.id == "doomed"
     assert await broker.archive(ArchiveParams(lease.ref, "gave up"))
     await broker.enqueue(params("plain", priority=10))
-    ran = await broker.move_task(TaskMove(Q, "vip", expect=S, to=P))
+    ran = await broker.admin.move_task(TaskMove(Q, "vip", expect=S, to=P))
     assert ran is not None and ran.priority == 20
-    assert await broker.move_all(Q, X, P) == 1
+    assert await broker.admin.move_all(Q, X, P) == 1
     assert await claim_ids(broker, limit=10) == ["doomed", "vip", "plain"]
 
 
@@ -144,8 +144,8 @@ async def test_priority_is_shown_on_every_read(broker: FullBroker, clock: FakeCl
         [params("two", priority=42), params("three"), params("four", priority=-100)]
     )
     assert [o.info.priority for o in outcomes if o.info] == [42, 0, -100]
-    assert (await broker.get_task(Q, "one")).priority == -7
-    listed = {t.id: t.priority for t in await broker.list_tasks(Q, P)}
+    assert (await broker.admin.get_task(Q, "one")).priority == -7
+    listed = {t.id: t.priority for t in await broker.admin.list_tasks(Q, P)}
     assert listed == {"one": -7, "two": 42, "three": 0, "four": -100}
 
 
@@ -157,5 +157,5 @@ async def test_oldest_pending_age_looks_past_higher_priorities(
     await broker.enqueue(params("new", priority=5))
     await broker.enqueue(params("newer", priority=0))
     clock.advance(10)
-    stats = await broker.queue_stats(Q)
+    stats = await broker.admin.queue_stats(Q)
     assert abs(stats.oldest_pending_age - 110) < 0.01

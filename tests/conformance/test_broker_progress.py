@@ -28,7 +28,7 @@ async def test_W14_progress_and_log_lines_are_stored_on_the_task(broker: FullBro
     assert await broker.report_progress(
         ProgressParams(lease.ref, progress=encode_progress(1, 0.5, None, 1001.0))
     )
-    info = await broker.get_task("default", "t")
+    info = await broker.admin.get_task("default", "t")
     assert info.state is A
     assert info.progress is not None
     assert (info.progress.fraction, info.progress.message) == (0.5, None)
@@ -43,7 +43,7 @@ async def test_W14_progress_and_log_lines_are_stored_on_the_task(broker: FullBro
     assert [x["message"] for x in data["logs"]] == ["started", "halfway\nthere"]
     # After the attempt ends they stay with the task.
     assert await broker.complete(CompleteParams(lease.ref, retention=60))
-    done = await broker.get_task("default", "t")
+    done = await broker.admin.get_task("default", "t")
     assert done.progress is not None and done.progress.fraction == 0.5
     assert len(done.logs) == 2
 
@@ -55,7 +55,7 @@ async def test_W14_only_the_last_log_lines_are_kept(broker: FullBroker) -> None:
     second = tuple(line(1, f"line {i}") for i in range(30, 70))
     assert await broker.report_progress(ProgressParams(lease.ref, lines=first))
     assert await broker.report_progress(ProgressParams(lease.ref, lines=second))
-    info = await broker.get_task("default", "t")
+    info = await broker.admin.get_task("default", "t")
     assert [x.message for x in info.logs] == [f"line {i}" for i in range(70 - MAX_LOG_LINES, 70)]
     assert info.progress is None  # lines alone leave the progress as it was
 
@@ -74,13 +74,13 @@ async def test_W14_a_stale_lease_cannot_report(broker: FullBroker, clock: FakeCl
     (second,) = await claim(broker, worker="healthy")
     # Active again under another lease: still refused, and nothing changed.
     assert not await broker.report_progress(stale)
-    info = await broker.get_task("default", "t")
+    info = await broker.admin.get_task("default", "t")
     assert info.progress is None and info.logs == ()
     assert await broker.report_progress(ProgressParams(second.ref, lines=(line(2, "ok"),)))
     assert await broker.complete(CompleteParams(second.ref, retention=60))
     # A completed task refuses its own (former) lease too.
     assert not await broker.report_progress(ProgressParams(second.ref, lines=(line(2, "late"),)))
-    assert [x.message for x in (await broker.get_task("default", "t")).logs] == ["ok"]
+    assert [x.message for x in (await broker.admin.get_task("default", "t")).logs] == ["ok"]
 
 
 async def test_W14_logs_stay_across_attempts_and_progress_starts_again(
@@ -96,11 +96,11 @@ async def test_W14_logs_stay_across_attempts_and_progress_starts_again(
         )
     )
     assert await broker.retry(RetryParams(first.ref, "boom", delay=0.0))
-    waiting = await broker.get_task("default", "t")
+    waiting = await broker.admin.get_task("default", "t")
     assert waiting.progress is not None and waiting.progress.attempt == 1  # shown until rerun
     clock.advance(1)
     (second,) = await claim(broker)
-    running = await broker.get_task("default", "t")
+    running = await broker.admin.get_task("default", "t")
     # The new attempt has not reported: the earlier attempt's progress is not shown.
     assert running.state is A and running.progress is None
     assert [x.attempt for x in running.logs] == [1]
@@ -109,7 +109,7 @@ async def test_W14_logs_stay_across_attempts_and_progress_starts_again(
         ProgressParams(second.ref, progress="", lines=(line(2, "try two"),))
     )
     assert await broker.retry(RetryParams(second.ref, "boom", delay=LATER))
-    after = await broker.get_task("default", "t")
+    after = await broker.admin.get_task("default", "t")
     assert after.progress is None
     assert [(x.attempt, x.message) for x in after.logs] == [(1, "try one"), (2, "try two")]
 
@@ -127,7 +127,7 @@ async def test_W14_text_is_made_storable_and_bounded(broker: FullBroker) -> None
             lines=(line(1, hostile), line(1, long)),
         )
     )
-    info = await broker.get_task("default", "t")
+    info = await broker.admin.get_task("default", "t")
     assert info.progress is not None and info.progress.message == "nul\\x00 lone\\ud800 é"
     assert [x.message for x in info.logs] == ["nul\\x00 lone\\ud800 é", long]
 
@@ -146,5 +146,5 @@ async def test_W14_a_task_id_used_again_starts_without_logs(
     clock.advance(11)  # past its retention: the id is free again, before the janitor runs
     again = await broker.enqueue(params("t"))
     assert again.progress is None and again.logs == ()
-    info = await broker.get_task("default", "t")
+    info = await broker.admin.get_task("default", "t")
     assert info.progress is None and info.logs == ()

@@ -84,7 +84,7 @@ async def test_W1_rescue_counts_processed_and_failed(broker: FullBroker, clock: 
     await claim(broker)
     clock.advance(LEASE + 1)
     await lifecycle.rescue_expired(broker, 3)
-    stats = await broker.queue_stats("default")
+    stats = await broker.admin.queue_stats("default")
     assert (stats.processed_today, stats.failed_today) == (1, 1)
 
 
@@ -99,9 +99,9 @@ async def test_W1_running_a_worker_lost_task_gives_it_max_lost_chances_again(
         clock.advance(LEASE + 1)
         (task,) = await lifecycle.rescue_expired(broker, 1)
         assert (task.state, task.lost) == (X, 1)
-    assert (await lifecycle.run_task(broker, "default", "one")).lost == 0
-    assert await lifecycle.run_all(broker, "default", X) == 1
-    assert (await broker.get_task("default", "all")).lost == 0
+    assert (await lifecycle.run_task(broker.admin, "default", "one")).lost == 0
+    assert await lifecycle.run_all(broker.admin, "default", X) == 1
+    assert (await broker.admin.get_task("default", "all")).lost == 0
     await claim(broker, limit=2)
     clock.advance(LEASE + 1)
     rescued = await lifecycle.rescue_expired(broker, 2)

@@ -17,7 +17,7 @@ async def test_W6_result_is_stored_while_retained(broker: FullBroker, clock: Fak
     (lease,) = await claim(broker)
     clock.advance(2)
     assert await broker.complete(CompleteParams(lease.ref, b'{"ok":true,"n":3}', retention=60))
-    info = await broker.get_task("default", "t")
+    info = await broker.admin.get_task("default", "t")
     assert info.state is C
     assert info.result == {"ok": True, "n": 3}
     assert info.completed_at == datetime.fromtimestamp(clock.now(), tz=UTC)
@@ -29,7 +29,7 @@ async def test_W6_complete_without_result(broker: FullBroker, clock: FakeClock) 
     await broker.enqueue(params("t"))
     (lease,) = await claim(broker)
     assert await broker.complete(CompleteParams(lease.ref, None, retention=60))
-    info = await broker.get_task("default", "t")
+    info = await broker.admin.get_task("default", "t")
     assert info.raw_result is None and info.result is None
 
 
@@ -56,7 +56,7 @@ async def test_complete_many_in_one_call(broker: FullBroker, clock: FakeClock) -
     )
     assert outcomes == [True, True, False, True]
     assert await snapshot(broker) == picture(completed="t0 t2", active="t3")
-    assert (await broker.get_task("default", "t0")).result == 1
+    assert (await broker.admin.get_task("default", "t0")).result == 1
     assert await broker.complete_many([]) == []
 
 
@@ -64,7 +64,7 @@ async def test_W4_retry_waits_for_its_time(broker: FullBroker, clock: FakeClock)
     await broker.enqueue(params("t", max_retry=3))
     (lease,) = await claim(broker)
     assert await broker.retry(RetryParams(lease.ref, "boom: ValueError", 30))
-    info = await broker.get_task("default", "t")
+    info = await broker.admin.get_task("default", "t")
     assert info.state is R
     assert info.retried == 1 and info.last_error == "boom: ValueError"
     assert info.next_process_at == datetime.fromtimestamp(clock.now() + 30, tz=UTC)
@@ -79,7 +79,7 @@ async def test_W4_archive_counts_the_attempt(broker: FullBroker, clock: FakeCloc
     await broker.enqueue(params("t", max_retry=0))
     (lease,) = await claim(broker)
     assert await broker.archive(ArchiveParams(lease.ref, "gave up"))
-    info = await broker.get_task("default", "t")
+    info = await broker.admin.get_task("default", "t")
     assert info.state is X and info.retried == 1 and info.last_error == "gave up"
     assert await claim_ids(broker) == []
 
@@ -88,7 +88,7 @@ async def test_W12_archive_without_counting(broker: FullBroker, clock: FakeClock
     await broker.enqueue(params("t"))
     (lease,) = await claim(broker)
     assert await broker.archive(ArchiveParams(lease.ref, "cancelled", count_attempt=False))
-    info = await broker.get_task("default", "t")
+    info = await broker.admin.get_task("default", "t")
     assert info.state is X and info.retried == 0 and info.last_error == "cancelled"
 
 
@@ -103,10 +103,10 @@ async def test_I1_counters_per_outcome(broker: FullBroker, clock: FakeClock) -> 
     assert await broker.requeue(requeued.ref)  # neither
     clock.advance(3600)
     assert [t.id for t in await lifecycle.rescue_expired(broker, 3)] == [lost.task.id]  # both
-    stats = await broker.queue_stats("default")
+    stats = await broker.admin.queue_stats("default")
     assert (stats.processed_today, stats.failed_today) == (4, 3)
     assert (stats.processed_total, stats.failed_total) == (4, 3)
-    (listed,) = [q for q in await broker.list_queues() if q.name == "default"]
+    (listed,) = [q for q in await broker.admin.list_queues() if q.name == "default"]
     assert listed.processed_total == 4
 
 
@@ -120,6 +120,6 @@ async def test_I1_today_counters_follow_the_utc_day(broker: FullBroker, clock: F
     assert await broker.retry(RetryParams(b.ref, "e", LATER))
     clock.advance(20)  # the next UTC day
     assert await broker.complete(CompleteParams(c.ref))
-    stats = await broker.queue_stats("default")
+    stats = await broker.admin.queue_stats("default")
     assert (stats.processed_today, stats.failed_today) == (1, 0)
     assert (stats.processed_total, stats.failed_total) == (3, 1)

@@ -27,9 +27,11 @@ async def test_rewrites_a_task_whose_fences_hold(
 ) -> None:
     await put(broker, clock, ALL)
     before = await snapshot(broker)
-    info = await broker.get_task("default", task_id)
-    assert await broker.rewrite_task(change(task_id, info.state, info.raw_payload, info.raw_result))
-    after = await broker.get_task("default", task_id)
+    info = await broker.admin.get_task("default", task_id)
+    assert await broker.admin.rewrite_task(
+        change(task_id, info.state, info.raw_payload, info.raw_result)
+    )
+    after = await broker.admin.get_task("default", task_id)
     assert after.raw_payload == NEW and after.state is info.state
     assert after.raw_result == (NEW if info.raw_result is not None else None)
     assert await snapshot(broker) == before
@@ -37,9 +39,9 @@ async def test_rewrites_a_task_whose_fences_hold(
 
 async def test_refuses_when_a_fence_fails(broker: FullBroker, clock: FakeClock) -> None:
     await put(broker, clock, ALL)
-    a = await broker.get_task("default", "a")
-    c = await broker.get_task("default", "c")
-    p = await broker.get_task("default", "p")
+    a = await broker.admin.get_task("default", "a")
+    c = await broker.admin.get_task("default", "c")
+    p = await broker.admin.get_task("default", "p")
     refused = [
         change("a", A, a.raw_payload, None),  # a worker holds it
         change("p", S, p.raw_payload, None),  # it moved: not in the expected state
@@ -49,9 +51,9 @@ async def test_refuses_when_a_fence_fails(broker: FullBroker, clock: FakeClock) 
         change("gone", P, p.raw_payload, None),
     ]
     for rewrite in refused:
-        assert not await broker.rewrite_task(rewrite), rewrite
+        assert not await broker.admin.rewrite_task(rewrite), rewrite
     for task_id, info in (("a", a), ("c", c), ("p", p)):
-        now = await broker.get_task("default", task_id)
+        now = await broker.admin.get_task("default", task_id)
         assert (now.raw_payload, now.raw_result) == (info.raw_payload, info.raw_result)
 
 
@@ -59,6 +61,6 @@ async def test_a_completed_task_past_its_retention_counts_as_gone(
     broker: FullBroker, clock: FakeClock
 ) -> None:
     await put(broker, clock, {"c": C}, retention=10)
-    c = await broker.get_task("default", "c")
+    c = await broker.admin.get_task("default", "c")
     clock.advance(11)
-    assert not await broker.rewrite_task(change("c", C, c.raw_payload, c.raw_result))
+    assert not await broker.admin.rewrite_task(change("c", C, c.raw_payload, c.raw_result))

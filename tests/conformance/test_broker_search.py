@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 from brokerkit import LATER, Q, R, claim, params
 
-from conformance.conftest import requires
 from durq.brokers import FullBroker
-from durq.brokers.base import CAP_LIMITS, RetryParams, TaskFilter, TaskSearch
+from durq.brokers.base import RetryParams, TaskFilter, TaskSearch
 from durq.clock import FakeClock
 from durq.errors import QueueNotFoundError, ValidationError
 from durq.states import TaskState
@@ -36,7 +35,7 @@ def _fields(p: object) -> dict[str, object]:
 
 
 async def found(broker: FullBroker, where: TaskFilter, state: TaskState = P) -> list[str]:
-    result = await broker.search_tasks(TaskSearch(Q, state, where, limit=50))
+    result = await broker.admin.search_tasks(TaskSearch(Q, state, where, limit=50))
     assert result.total == len(result.tasks)
     assert result.complete
     return [t.id for t in result.tasks]
@@ -90,7 +89,7 @@ async def test_search_pages_in_list_order_with_the_total(broker: FullBroker) -> 
         await broker.enqueue(params(f"t{i}", payload={"partner": partner}))
     where = TaskFilter(payload=(("partner", "acme"),))
     pages = [
-        await broker.search_tasks(TaskSearch(Q, P, where, limit=3, offset=offset))
+        await broker.admin.search_tasks(TaskSearch(Q, P, where, limit=3, offset=offset))
         for offset in (0, 3, 6)
     ]
     assert [[t.id for t in page.tasks] for page in pages] == [["t0", "t2", "t4"], ["t6"], []]
@@ -99,23 +98,24 @@ async def test_search_pages_in_list_order_with_the_total(broker: FullBroker) -> 
 
 async def test_search_of_an_unknown_queue_is_refused(broker: FullBroker) -> None:
     with pytest.raises(QueueNotFoundError):
-        await broker.search_tasks(TaskSearch("nowhere", P, TaskFilter()))
+        await broker.admin.search_tasks(TaskSearch("nowhere", P, TaskFilter()))
 
 
 async def test_search_finds_tasks_held_by_a_limit(broker: FullBroker, clock: FakeClock) -> None:
     """A task held back by its limit is pending: the search shows it with its reason."""
-    requires(broker, CAP_LIMITS)
     acme = {"partner": "acme"}
     for task_id in ("h0", "h1", "h2"):
         await broker.enqueue(params(task_id, payload=acme, limits=(LimitSpec("acme", 1),)))
         clock.advance(0.001)
     await broker.enqueue(params("free", payload=acme))
     assert sorted(lease.task.id for lease in await claim(broker)) == ["free", "h0"]
-    result = await broker.search_tasks(TaskSearch(Q, P, TaskFilter(payload=(("partner", "acme"),))))
+    result = await broker.admin.search_tasks(
+        TaskSearch(Q, P, TaskFilter(payload=(("partner", "acme"),)))
+    )
     assert sorted(t.id for t in result.tasks) == ["h1", "h2"]
     assert result.total == 2 and result.complete
     assert {t.held_by for t in result.tasks} == {"acme"}
-    page = await broker.search_tasks(TaskSearch(Q, P, TaskFilter(), limit=1, offset=1))
+    page = await broker.admin.search_tasks(TaskSearch(Q, P, TaskFilter(), limit=1, offset=1))
     assert len(page.tasks) == 1 and page.total == 2
 
 

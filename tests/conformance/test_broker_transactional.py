@@ -95,7 +95,7 @@ async def caller(broker: FullBroker) -> AsyncIterator[Caller]:
 
 async def pending(broker: FullBroker) -> list[str]:
     try:
-        return sorted(t.id for t in await broker.list_tasks("default", TaskState.PENDING))
+        return sorted(t.id for t in await broker.admin.list_tasks("default", TaskState.PENDING))
     except QueueNotFoundError:
         return []
 
@@ -170,9 +170,9 @@ async def test_E8_sync_face_takes_the_options_of_enqueue(
             conn.commit()
         assert info.headers[webhooks.HEADER_URL] == "https://hooks.example.com/durq"
         assert continuations.spec_of(info.headers) == continuations.spec_of(
-            (await broker.get_task("default", "w-1")).headers
+            (await broker.admin.get_task("default", "w-1")).headers
         )
-        assert (await broker.get_task("default", "w-1")).headers == info.headers
+        assert (await broker.admin.get_task("default", "w-1")).headers == info.headers
     finally:
         await app.close()
 
@@ -223,7 +223,7 @@ async def test_E8_sqlite_refuses_another_file_or_no_transaction(
 
 async def test_E8_sqlite_waiters_notice_the_commit(broker: FullBroker, make_broker: Any) -> None:
     if broker.name != "sqlite":
-        pytest.skip("PostgreSQL notifies on commit; covered in tests/postgres")
+        pytest.skip("PostgreSQL notifies on commit; covered in tests/brokers/postgres")
     worker_side = await make_broker()
     assert await claim_ids(worker_side) == []
     conn = sqlite3.connect(broker.path)  # type: ignore[attr-defined]

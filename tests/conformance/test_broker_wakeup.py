@@ -71,7 +71,7 @@ async def test_W11_requeue_and_run_wake(make_broker, clock: FakeClock) -> None:
     waiter, admin = await make_broker(), await make_broker()
     await put(admin, clock, {"x": X})
     woken, _ = await woken_by(
-        waiter, ["default"], lambda: lifecycle.run_task(admin, "default", "x")
+        waiter, ["default"], lambda: lifecycle.run_task(admin.admin, "default", "x")
     )
     assert woken
     (lease,) = await claim(admin)
@@ -115,12 +115,12 @@ async def test_W11_enqueue_from_another_process_wakes(make_broker, broker_url: s
 async def test_W11_unpause_wakes(make_broker, clock: FakeClock) -> None:
     # A paused queue's pending tasks become claimable when it is resumed: its idle workers
     # must learn it then, not at the end of their wait.
-    waiter, admin = await make_broker(), await make_broker()
-    await admin.enqueue(params("t"))
-    await admin.pause_queue("default")
+    waiter, other = await make_broker(), await make_broker()
+    await other.enqueue(params("t"))
+    await other.admin.pause_queue("default")
     for _ in range(10):  # settle: the enqueue's wake-up and any first-wait one are spent
         assert await claim(waiter) == []
         if not await waiter.wait_for_work(["default"], timeout=0.2):
             break
-    woken, took = await woken_by(waiter, ["default"], lambda: admin.unpause_queue("default"))
+    woken, took = await woken_by(waiter, ["default"], lambda: other.admin.unpause_queue("default"))
     assert woken and took < BOUND

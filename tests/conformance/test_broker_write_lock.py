@@ -43,8 +43,8 @@ WRITES: dict[str, Callable[[FullBroker], Awaitable[Any]]] = {
     "register_worker": lambda b: b.register_worker(
         WorkerInfo("w-1", "host", 1, {"default": 1}, 1, 0.0)
     ),
-    "pause_queue": lambda b: b.pause_queue("default"),
-    "move_all": lambda b: b.move_all("default", TaskState.PENDING, None),
+    "pause_queue": lambda b: b.admin.pause_queue("default"),
+    "move_all": lambda b: b.admin.move_all("default", TaskState.PENDING, None),
 }
 
 
@@ -164,9 +164,9 @@ async def test_enqueue_on_the_callers_connection_waits_within_the_callers_budget
         caller.close()
     if budget < 1:
         with pytest.raises(TaskNotFoundError):
-            await broker.get_task("default", "joined")
+            await broker.admin.get_task("default", "joined")
     else:
-        assert (await broker.get_task("default", "joined")).state is P
+        assert (await broker.admin.get_task("default", "joined")).state is P
 
 
 async def test_a_claim_with_only_tasks_held_on_full_keys_takes_no_write_lock(

@@ -166,7 +166,7 @@ async def test_concurrent_completions_create_the_follow_up_once(
             return await w.complete(lifecycle.completed(lease, result, now=now))
 
         assert all(await asyncio.gather(*(finish(i, lease) for i, lease in enumerate(leases))))
-        info = await broker.get_group(group.queue, group.id)
+        info = await broker.admin.get_group(group.queue, group.id)
         assert info.finished == size, round_
         (follow,) = await _claim_all(broker, "fan", 1)
         assert follow.task.id == f"group:{group.id}"
@@ -275,11 +275,11 @@ async def test_finished_group_is_kept_for_its_retention(
     assert await broker.complete(lifecycle.completed(lease, None, now=clock.now()))
     clock.advance(599)
     await broker.delete_expired(100)
-    assert (await broker.get_group("default", group.id)).finished == 1
+    assert (await broker.admin.get_group("default", group.id)).finished == 1
     clock.advance(2)
     await broker.delete_expired(100)
     with pytest.raises(GroupNotFoundError):
-        await broker.get_group("default", group.id)
+        await broker.admin.get_group("default", group.id)
     assert await exists(app, "default", f"group:{group.id}")  # the follow-up stays
 
 
@@ -293,7 +293,7 @@ async def test_members_in_several_queues(broker: FullBroker, clock: FakeClock) -
     if CAP_CROSS_QUEUE_GROUPS not in broker.capabilities:
         with pytest.raises(ValidationError):
             await app.enqueue_group(requests, then=then)
-        assert not [q for q in await broker.list_queues() if q.size]
+        assert not [q for q in await broker.admin.list_queues() if q.size]
         return
     group = await app.enqueue_group(requests, then=then)
     assert group.queue == "qa"
@@ -303,7 +303,7 @@ async def test_members_in_several_queues(broker: FullBroker, clock: FakeClock) -
     (follow,) = await _claim_all(broker, "qc", 1)
     members = json.loads(follow.task.raw_payload)["members"]
     assert [(m["queue"], m["result"]) for m in members] == [("qa", 7), ("qb", 7)]
-    assert (await broker.get_group("qa", group.id)).finished == 2
+    assert (await broker.admin.get_group("qa", group.id)).finished == 2
 
 
 async def test_a_group_of_the_maximum_size_fans_in_once(broker: FullBroker) -> None:
@@ -318,7 +318,7 @@ async def test_a_group_of_the_maximum_size_fans_in_once(broker: FullBroker) -> N
         then="m:merge",
     )
     assert len(group.tasks) == size
-    info = await broker.get_group(group.queue, group.id)
+    info = await broker.admin.get_group(group.queue, group.id)
     assert (info.total, info.finished, info.by_state) == (
         size,
         0,
@@ -335,17 +335,17 @@ async def test_a_group_of_the_maximum_size_fans_in_once(broker: FullBroker) -> N
     assert done == size - 1
     assert await waiting(app, "default", f"group:{group.id}")
     # The last member, deleted by the inspector, releases the group.
-    assert await broker.move_all("default", TaskState.SCHEDULED, None) == 1
+    assert await broker.admin.move_all("default", TaskState.SCHEDULED, None) == 1
     (follow,) = await broker.claim(ClaimParams(["default"], 10, "w", 60))
     assert follow.task.id == f"group:{group.id}"
     body = json.loads(follow.task.raw_payload)
     assert body["group"] == {"id": group.id, "queue": "default", "size": size}
     assert [m["id"] for m in body["members"]] == [f"m{i}" for i in range(size)]
     assert [m["state"] for m in body["members"]] == ["completed"] * (size - 1) + ["deleted"]
-    info = await broker.get_group(group.queue, group.id)
+    info = await broker.admin.get_group(group.queue, group.id)
     assert (info.finished, info.by_state) == (size, {"completed": size - 1, "deleted": 1})
     # The members completed and the follow-up: no member orphaned, no second follow-up.
-    stats = await broker.queue_stats("default")
+    stats = await broker.admin.queue_stats("default")
     sizes = {s: n for s, n in stats.sizes.items() if n}
     assert sizes == {TaskState.COMPLETED: size - 1, TaskState.ACTIVE: 1}
     assert await broker.claim(ClaimParams(["default"], 10, "w", 60)) == []
@@ -359,18 +359,18 @@ async def test_a_group_over_the_maximum_or_refused_at_its_last_member_writes_not
     app = durq.App(broker)
     size = groups.MAX_MEMBERS
     await app.enqueue("m:x", {}, task_id="taken")
-    before = {q.name: q.sizes for q in await broker.list_queues()}
+    before = {q.name: q.sizes for q in await broker.admin.list_queues()}
     with pytest.raises(ValidationError, match=f"at most {size} members"):
         await app.enqueue_group([R("m:x", {"i": i}) for i in range(size + 1)], then="m:merge")
-    assert {q.name: q.sizes for q in await broker.list_queues()} == before
+    assert {q.name: q.sizes for q in await broker.admin.list_queues()} == before
     members = [app.params(R("m:x", {"i": i})) for i in range(size - 1)]
     members.append(app.params(R("m:x", {}, task_id="taken")))
     params = groups.build("refused", members, "m:merge", app, retention=60, max_payload=1 << 20)
     with pytest.raises(durq.TaskIDConflictError):
         await broker.enqueue_group(params)
     with pytest.raises(GroupNotFoundError):
-        await broker.get_group("default", "refused")
-    assert {q.name: q.sizes for q in await broker.list_queues()} == before
+        await broker.admin.get_group("default", "refused")
+    assert {q.name: q.sizes for q in await broker.admin.list_queues()} == before
 
 
 async def test_wait_for_the_follow_up_while_the_group_runs(app: durq.App) -> None:
@@ -400,7 +400,7 @@ async def test_a_taken_follow_up_id_refuses_the_group(broker: FullBroker) -> Non
     """The follow-up's id is checked with the members: taken, nothing of the group is made."""
     app = durq.App(broker)
     await app.enqueue("m:x", {}, task_id="group:g1")
-    before = {q.name: q.size for q in await broker.list_queues()}
+    before = {q.name: q.size for q in await broker.admin.list_queues()}
     params = groups.build(
         "g1",
         [app.params(R("m:x", {"i": i})) for i in range(2)],
@@ -412,9 +412,9 @@ async def test_a_taken_follow_up_id_refuses_the_group(broker: FullBroker) -> Non
     with pytest.raises(durq.TaskIDConflictError) as conflict:
         await broker.enqueue_group(params)
     assert conflict.value.existing is not None and conflict.value.existing.id == "group:g1"
-    assert {q.name: q.size for q in await broker.list_queues()} == before
+    assert {q.name: q.size for q in await broker.admin.list_queues()} == before
     with pytest.raises(GroupNotFoundError):
-        await broker.get_group("default", "g1")
+        await broker.admin.get_group("default", "g1")
 
 
 async def test_a_cancelled_follow_up_never_runs(broker: FullBroker, clock: FakeClock) -> None:
@@ -425,7 +425,7 @@ async def test_a_cancelled_follow_up_never_runs(broker: FullBroker, clock: FakeC
     leases = await _claim_all(broker, "default", 2)
     for lease in leases:
         assert await broker.complete(lifecycle.completed(lease, b"1", now=clock.now()))
-    assert (await broker.get_group("default", group.id)).finished == 2
+    assert (await broker.admin.get_group("default", group.id)).finished == 2
     follow = await app.inspector.get_task_info("default", group.then_id)
     assert follow.state is TaskState.ARCHIVED
     assert not await broker.claim(ClaimParams(["default"], 10, "w", 60))

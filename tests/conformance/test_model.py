@@ -420,7 +420,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
             "cancel": lifecycle.cancel_task,
         }[action]
         try:
-            self.call(steer(self.broker, queue, task_id))
+            self.call(steer(self.broker.admin, queue, task_id))
             got = "ok"
         except TaskNotFoundError:
             got = "not found"
@@ -438,9 +438,9 @@ class BrokerAgainstModel(RuleBasedStateMachine):
         queue = self.queues[q]
         try:
             if paused:
-                self.call(self.broker.pause_queue(queue))
+                self.call(self.broker.admin.pause_queue(queue))
             else:
-                self.call(self.broker.unpause_queue(queue))
+                self.call(self.broker.admin.unpause_queue(queue))
             got = "ok"
         except QueueNotFoundError:
             got = "no queue"
@@ -477,7 +477,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
         now = self.clock.now()
         for key in sorted(self.seen):
             try:
-                info = self.call(self.broker.get_task(*key))
+                info = self.call(self.broker.admin.get_task(*key))
             except TaskNotFoundError:
                 got = None
             else:

@@ -167,7 +167,7 @@ async def test_watch_hears_an_end_between_the_read_and_the_wait(
     await broker.enqueue(params("t1"))
     (lease,) = await claim(other)
     async with broker.watch_end("default", "t1") as watch:
-        assert (await broker.get_task("default", "t1")).state is TaskState.ACTIVE
+        assert (await broker.admin.get_task("default", "t1")).state is TaskState.ACTIVE
         assert await other.complete(CompleteParams(lease.ref, b"1", retention=60))
         assert await watch.wait(LIMIT)
 

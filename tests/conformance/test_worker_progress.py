@@ -120,7 +120,7 @@ async def test_W14_reports_are_coalesced_into_few_writes() -> None:
             reports.progress(i / 500, None)
         await reports.close()
         assert broker.writes == 1
-        info = await broker.get_task("default", "t")
+        info = await broker.admin.get_task("default", "t")
         assert len(info.logs) == MAX_LOG_LINES and info.logs[-1].message == "line 499"
         # Closed: later reports (a sync handler still running after a timeout) are dropped.
         reports.log("info", "too late")
@@ -157,13 +157,13 @@ async def test_W14_reports_are_written_again_after_an_outage() -> None:
         reports.progress(0.5, None)
 
         async def stored() -> bool:
-            return len((await broker.get_task("default", "t")).logs) == 1
+            return len((await broker.admin.get_task("default", "t")).logs) == 1
 
         # Written by the coalescing loop itself, not only at the attempt's end.
         await wait_until(stored)
         assert broker.writes == 2
         await reports.close()
-        info = await broker.get_task("default", "t")
+        info = await broker.admin.get_task("default", "t")
         assert [x.message for x in info.logs] == ["kept through the outage"]
         assert info.progress is not None and info.progress.fraction == 0.5
     finally:

@@ -196,11 +196,11 @@ def test_names_refused_or_round_trip(fuzz_target: tuple[str, str, object]) -> No
             seen.add((queue, task_id))
             assert (info.queue, info.type, info.id) == (queue, type_, task_id)
             try:
-                got = loop.run(broker.get_task(queue, task_id))
+                got = loop.run(broker.admin.get_task(queue, task_id))
             except (InvalidNameError, TaskNotFoundError) as exc:
                 raise AssertionError(f"stored but not readable: {queue!r} {task_id!r}") from exc
             assert (got.queue, got.type, got.id) == (queue, type_, task_id)
-        for call in (broker.queue_stats(queue), broker.pause_queue(queue)):
+        for call in (broker.admin.queue_stats(queue), broker.admin.pause_queue(queue)):
             try:
                 loop.run(call)
             except DurqError:

@@ -76,14 +76,18 @@ async def test_hostile_search_values_are_refused_or_answered_as_the_model_says(
                     TaskFilter(error=text)
                 continue
             where = TaskFilter(payload=(("x", text),))
-            result = await broker.search_tasks(TaskSearch(QUEUE, TaskState.PENDING, where, 100))
+            result = await broker.admin.search_tasks(
+                TaskSearch(QUEUE, TaskState.PENDING, where, 100)
+            )
             expected = {
                 i for i, raw in stored.items() if search.payload_matches(raw, where.payload)
             }
             assert {t.id for t in result.tasks} == expected, repr(text)
             where = TaskFilter(error=text)
-            result = await broker.search_tasks(TaskSearch("errors", TaskState.RETRY, where, 100))
-            infos = [await broker.get_task("errors", i) for i in errors]
+            result = await broker.admin.search_tasks(
+                TaskSearch("errors", TaskState.RETRY, where, 100)
+            )
+            infos = [await broker.admin.get_task("errors", i) for i in errors]
             expected = {t.id for t in infos if search.error_matches(t.last_error, text)}
             assert {t.id for t in result.tasks} == expected, repr(text)
             checked += 1

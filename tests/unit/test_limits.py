@@ -5,10 +5,8 @@ from __future__ import annotations
 import pytest
 
 import durq
-from durq.brokers.base import CAP_LIMITS
 from durq.brokers.limiter import Counter, admits, blocking, fresh, take
-from durq.brokers.memory.broker import MemoryBroker
-from durq.errors import ConfigurationError, ValidationError
+from durq.errors import ValidationError
 from durq.limits import as_limits, parse_rate, resolve_all
 from durq.task import LimitSpec, limits_from_json, limits_to_json
 
@@ -69,16 +67,3 @@ def test_token_bucket() -> None:
     assert admits(spec, c, 100.5)
     assert c.room(200.0) == 2  # the bucket holds at most 2
     assert fresh(spec, 0.0).room(0.0) == 2
-
-
-async def test_W13_a_broker_that_cannot_enforce_limits_refuses_them() -> None:
-    """Never run a limited task unlimited: the enqueue fails before the broker is written."""
-
-    class Unlimited(MemoryBroker):
-        capabilities = MemoryBroker.capabilities - {CAP_LIMITS}
-
-    app = durq.App(Unlimited("no-limits"))
-    with pytest.raises(ConfigurationError, match="limits"):
-        await app.enqueue("t", {}, limit=durq.Limit("k", concurrency=1))
-    assert (await app.enqueue("t", {})).limits == ()
-    assert len(await app.inspector.list_tasks("default", "pending")) == 1

@@ -83,8 +83,8 @@ def run_mypy(tmp_path: Path, source: str) -> list[str]:
 def test_handler_annotations_type_the_task_and_its_enqueue(tmp_path: Path) -> None:
     lines = run_mypy(tmp_path, SNIPPET)
     revealed = [line for line in lines if "Revealed type" in line]
-    assert "durq.app.TaskDef[snippet.Order, snippet.Receipt]" in revealed[0]
-    assert "durq.app.TaskDef[snippet.Order, int]" in revealed[1]
+    assert "durq.taskdef.TaskDef[snippet.Order, snippet.Receipt]" in revealed[0]
+    assert "durq.taskdef.TaskDef[snippet.Order, int]" in revealed[1]
     # The awaited result is the handler's return type.
     assert '"snippet.Receipt"' in revealed[2] and 'is "int"' in revealed[3]
     errors = [line for line in lines if ": error:" in line]

@@ -119,13 +119,13 @@ async def test_rescuer_worker_lost_archive_delivers(
     clock.advance(LEASE + 1)
     rescued = await lifecycle.rescue_expired(broker, 1)
     assert [(t.id, t.state) for t in rescued] == [(info.id, TaskState.ARCHIVED)]
-    hook = await broker.get_task("hooks", webhooks.delivery_task_id(info.id, "archived"))
+    hook = await broker.admin.get_task("hooks", webhooks.delivery_task_id(info.id, "archived"))
     assert hook.type == webhooks.TASK_TYPE and hook.max_retry == 4
     assert hook.headers["durq-then-of"] == info.id
     body = hook.payload["body"]
     assert body["event"] == "task.archived" and body["error"] == "worker lost"
     assert body["task"]["retried"] == 1 and body["task"]["state"] == "archived"
-    then = await broker.get_task("default", f"then:{info.id}")
+    then = await broker.admin.get_task("default", f"then:{info.id}")
     assert then.payload["error"] == "worker lost"
 
     sender = await make_app(fake_clock=False, webhook_secret=SECRET)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
-from durq.brokers.base import Admin, Broker, FullBroker
+from durq.brokers.contract import Admin, Broker, FullBroker
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import ConfigurationError
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
-from durq.brokers.base import EnqueueOutcome, EnqueueParams
+from durq.brokers.params import EnqueueOutcome, EnqueueParams
 from durq.coalescer import MAX_BATCH, Coalescer
 from durq.errors import BrokerUnavailableError
 from durq.task import TaskInfo

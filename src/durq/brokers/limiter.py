@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from durq.brokers.base import LimitStats
+from durq.brokers.views import LimitStats
 from durq.task import LimitSpec
 
 

@@ -14,15 +14,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from durq.brokers.base import (
-    GroupInfo,
-    GroupMemberInfo,
-    GroupParams,
-    ScheduleRecord,
-    TaskRewrite,
-    follow_up_from,
-    follow_up_options,
-)
+from durq.brokers.params import GroupParams, TaskRewrite, follow_up_from, follow_up_options
+from durq.brokers.views import GroupInfo, GroupMemberInfo, ScheduleRecord
 from durq.states import TaskState
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$")

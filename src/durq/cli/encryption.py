@@ -64,7 +64,7 @@ def rotate_command(
         raise UsageFailure(f"{app_spec} has no encryption keys (set {crypt.ENV})")
 
     async def body(app: App) -> crypt.RotateReport:
-        admin = await app.broker()
+        admin = (await app.broker()).admin
         queues = wanted or [q.name for q in await admin.list_queues()]
         return await crypt.rotate(admin, keys, queues, dry_run=dry_run, batch=batch)
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from durq.app import App
-from durq.brokers.base import GroupInfo
+from durq.brokers.views import GroupInfo
 from durq.cli.common import (
     BrokerOpt,
     JsonOpt,

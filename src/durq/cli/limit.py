@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from durq.app import App
-from durq.brokers.base import LimitStats
+from durq.brokers.views import LimitStats
 from durq.cli.common import BrokerOpt, JsonOpt, console, make_table, print_json, run
 from durq.limits import format_rate
 

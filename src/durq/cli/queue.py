@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from durq.app import App
-from durq.brokers.base import QueueStats
+from durq.brokers.views import QueueStats
 from durq.cli.common import (
     BrokerOpt,
     JsonOpt,

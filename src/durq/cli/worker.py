@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import os
-import sys
-import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -17,7 +14,9 @@ from durq import ranges
 from durq.app import App
 from durq.cli.common import BrokerOpt, UsageFailure, fail
 from durq.cli.common import load_app as load_app  # re-exported: other commands import it here
+from durq.errors import ConfigurationError
 from durq.observability.logging import bind_worker_id, setup_logging
+from durq.worker.process import exit_past_stuck_threads, start_metrics
 from durq.worker.recycle import MAX_MEMORY_RANGE, MAX_TASKS_RANGE
 from durq.worker.server import MAX_CONCURRENCY, Worker, parse_queues
 from durq.worker.service import PeriodicService
@@ -43,20 +42,6 @@ EPILOG = (
     "SIGTERM or Ctrl-C stops taking tasks, waits up to --shutdown-timeout for running ones and "
     "hands the rest back as pending; a second signal stops at once."
 )
-
-
-def _start_metrics(app: App, port: int, readyz_details: bool = False) -> None:
-    """Expose Prometheus metrics on ``port`` (the metrics module is optional)."""
-    try:
-        metrics = importlib.import_module("durq.observability.metrics")
-    except ImportError as exc:
-        fail(
-            f"--metrics-port needs durq.observability.metrics (pip install 'durq[metrics]'): {exc}"
-        )
-    serve = getattr(metrics, "serve", None)
-    if serve is None:
-        fail("--metrics-port: this durq has no durq.observability.metrics.serve(app, port)")
-    serve(app, port, readyz_details=readyz_details)
 
 
 def worker_command(
@@ -230,7 +215,10 @@ def worker_command(
             install(application)
     if metrics_port is not None:
         # before the worker copies the app's hooks
-        _start_metrics(application, metrics_port, readyz_details)
+        try:
+            start_metrics(application, metrics_port, readyz_details)
+        except ConfigurationError as exc:
+            fail(exc.message)
     worker = application.worker(
         queues=weights,
         concurrency=concurrency,
@@ -247,7 +235,7 @@ def worker_command(
         log.warning("%s registers no tasks: every task will wait for a handler", app_path)
     log.info("tasks: %s", ", ".join(sorted(application.tasks)) or "(none)")
     asyncio.run(_run(application, worker, patience))
-    _exit_past_stuck_threads()
+    exit_past_stuck_threads()
 
 
 async def _supervise(supervisor: Supervisor, app: App | None) -> int:
@@ -263,21 +251,6 @@ async def _run(application: App, worker: Worker, wait_for_broker: float) -> None
         await worker.run(wait_for_broker=wait_for_broker)
     finally:
         await application.close()
-
-
-def _exit_past_stuck_threads() -> None:
-    """Sync handlers cannot be cancelled: after a graceful stop their tasks are already handed
-    back, so do not let interpreter exit wait (join) for their threads."""
-    stuck = [t for t in threading.enumerate() if t.name.startswith("durq-task") and t.is_alive()]
-    if not stuck:
-        return
-    log.warning(
-        "exiting with %d sync handler(s) still running; their tasks were handed back", len(stuck)
-    )
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def register(app: typer.Typer) -> None:

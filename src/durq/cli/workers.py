@@ -8,7 +8,7 @@ from dataclasses import asdict
 import typer
 
 from durq.app import App
-from durq.brokers.base import WorkerInfo
+from durq.brokers.views import WorkerInfo
 from durq.cli.common import (
     BrokerOpt,
     JsonOpt,

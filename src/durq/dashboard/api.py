@@ -21,13 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from durq import groups, periodic
-from durq.brokers.base import (
-    PAYLOAD_FIELD,
-    QueueStats,
-    TaskFilter,
-    TaskSearchResult,
-    WorkerInfo,
-)
+from durq.brokers.views import PAYLOAD_FIELD, QueueStats, TaskFilter, TaskSearchResult, WorkerInfo
 from durq.dashboard import models
 from durq.errors import TaskNotFoundError, ValidationError
 from durq.inspector import SEARCH_FIELDS_MAX, SEARCH_TEXT_MAX, parse_state, task_filter
@@ -38,7 +32,7 @@ from durq.schedules import MAX_BACKFILL
 from durq.states import TaskState
 
 if TYPE_CHECKING:
-    from durq.app import App
+    from durq.appview import AdminView
     from durq.dashboard.app import Dashboard
     from durq.inspector import Inspector
 
@@ -667,7 +661,7 @@ async def task_page(
 UPCOMING_RUNS = 3
 
 
-async def periodic_rows(app: App) -> list[dict[str, Any]]:
+async def periodic_rows(app: AdminView) -> list[dict[str, Any]]:
     """The app's schedules, code then stored, as the API and the page show them:
     :func:`durq.periodic.status` with the next runs and whether the queue the ticks go to
     is paused."""

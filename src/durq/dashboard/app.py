@@ -45,7 +45,7 @@ from durq.errors import (
 )
 
 if TYPE_CHECKING:
-    from durq.app import App
+    from durq.appview import AdminView
 
 log = logging.getLogger("durq.dashboard")
 
@@ -128,7 +128,7 @@ def status_for(exc: DurqError) -> tuple[int, str]:
 class Dashboard:
     """Holds what the endpoints share: the durq app, auth, settings, history, metrics."""
 
-    def __init__(self, app: App, auth: security.Auth, settings: DashboardSettings) -> None:
+    def __init__(self, app: AdminView, auth: security.Auth, settings: DashboardSettings) -> None:
         self.app = app
         self.auth = auth
         self.settings = settings
@@ -390,7 +390,7 @@ def cookie_header(
 
 
 def create_dashboard(
-    app: App,
+    app: AdminView,
     *,
     token: str | None = None,
     insecure_no_auth: bool = False,

@@ -1,17 +1,17 @@
 """The throughput and failure chart: the broker's per-minute counters of the last hour.
 
 Workers count every processed and failed task per queue and minute in the broker (see
-:meth:`durq.brokers.base.Admin.minute_counts`); the chart reads them. Every dashboard
+:meth:`durq.brokers.contract.Admin.minute_counts`); the chart reads them. Every dashboard
 instance shows the same history, and a restarted one shows it at once."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from durq.brokers.base import minute_of
+from durq.brokers.views import minute_of
 
 if TYPE_CHECKING:
-    from durq.app import App
+    from durq.appview import AdminView
 
 #: One point per minute.
 INTERVAL = 60
@@ -20,7 +20,7 @@ INTERVAL = 60
 class History:
     """Series of the last ``window`` seconds, one point per minute."""
 
-    def __init__(self, app: App, *, window: float = 3600.0) -> None:
+    def __init__(self, app: AdminView, *, window: float = 3600.0) -> None:
         self.app = app
         self.window = window
 

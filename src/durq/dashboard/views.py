@@ -19,7 +19,7 @@ from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
 from durq import groups
-from durq.brokers.base import TaskFilter
+from durq.brokers.views import TaskFilter
 from durq.dashboard import security
 from durq.dashboard.api import (
     DEFAULT_PAGE_SIZE,

@@ -19,7 +19,7 @@ from durq.errors import DurqError
 from durq.observability.snapshot import Snapshot
 
 if TYPE_CHECKING:
-    from durq.app import App
+    from durq.appview import AdminView
 
 log = logging.getLogger("durq.health")
 
@@ -45,7 +45,7 @@ class HealthProbe:
 
     def __init__(
         self,
-        app: App,
+        app: AdminView,
         ttl: float = 5.0,
         *,
         timeout: float = 2.0,

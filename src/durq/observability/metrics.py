@@ -20,7 +20,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import uvicorn
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
@@ -33,7 +32,8 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from durq.brokers.base import LimitStats, QueueStats
+from durq.appview import AdminView, HookPoints, MetricsHost
+from durq.brokers.views import LimitStats, QueueStats
 from durq.errors import DurqError
 from durq.observability.health import HealthProbe, readiness
 from durq.observability.snapshot import Snapshot
@@ -41,10 +41,8 @@ from durq.states import TaskState
 from durq.task import TaskInfo
 from durq.worker.hooks import WorkerHooks
 
-if TYPE_CHECKING:
-    from durq.app import App
-
 log = logging.getLogger("durq.metrics")
+
 
 #: Buckets of ``durq_task_duration_seconds``: 5 ms to 10 min.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -138,10 +136,10 @@ class TaskMetrics(WorkerHooks):
         self.enqueued.labels(info.queue, info.type).inc()
 
 
-_installed: weakref.WeakKeyDictionary[App, TaskMetrics] = weakref.WeakKeyDictionary()
+_installed: weakref.WeakKeyDictionary[HookPoints, TaskMetrics] = weakref.WeakKeyDictionary()
 
 
-def install(app: App, registry: CollectorRegistry | None = None) -> TaskMetrics:
+def install(app: HookPoints, registry: CollectorRegistry | None = None) -> TaskMetrics:
     """Count enqueues and task outcomes of ``app`` (idempotent: one set of metrics per app).
 
     ``registry``: where the metrics live; default a new registry of their own (pass
@@ -156,7 +154,7 @@ def install(app: App, registry: CollectorRegistry | None = None) -> TaskMetrics:
     return metrics
 
 
-def installed(app: App) -> TaskMetrics | None:
+def installed(app: HookPoints) -> TaskMetrics | None:
     """The metrics :func:`install` added to ``app``, if any."""
     return _installed.get(app)
 
@@ -169,7 +167,7 @@ class QueueCollector(Collector):
 
     def __init__(
         self,
-        app: App,
+        app: AdminView,
         *,
         ttl: float = 5.0,
         registry: CollectorRegistry | None = None,
@@ -298,7 +296,7 @@ class MetricsServer:
 
     def __init__(
         self,
-        app: App,
+        app: MetricsHost,
         port: int,
         host: str = "0.0.0.0",  # noqa: S104  # scraped and probed from outside the host
         *,
@@ -378,7 +376,7 @@ class MetricsServer:
 
 async def start_metrics_server(
     port: int,
-    app: App,
+    app: MetricsHost,
     host: str = "0.0.0.0",  # noqa: S104
     *,
     probe: HealthProbe | None = None,
@@ -401,7 +399,7 @@ class MetricsThread:
 
     def __init__(
         self,
-        app: App,
+        app: MetricsHost,
         port: int,
         host: str = "0.0.0.0",  # noqa: S104
         *,
@@ -453,7 +451,7 @@ class MetricsThread:
 
 
 def serve(
-    app: App,
+    app: MetricsHost,
     port: int,
     host: str = "0.0.0.0",  # noqa: S104
     *,

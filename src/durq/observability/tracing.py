@@ -25,8 +25,8 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     trace = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
-    from durq.app import App
-    from durq.brokers.base import EnqueueParams
+    from durq.appview import HookPoints
+    from durq.brokers.params import EnqueueParams
 
 TRACER_NAME = "durq"
 #: Prefix of the span name; the task type follows.
@@ -121,7 +121,7 @@ class TracingHooks(WorkerHooks):
             yield
 
 
-def install(app: App, tracer_provider: Any = None) -> bool:
+def install(app: HookPoints, tracer_provider: Any = None) -> bool:
     """Propagate trace context through ``app``'s tasks; ``False`` without OpenTelemetry.
 
     Idempotent. ``tracer_provider``: default the global one (set by your SDK set-up)."""

@@ -19,12 +19,14 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from durq import codec, lifecycle
 from durq import encryption as crypt
-from durq.brokers.base import ClaimParams, CompleteParams, Lease, WorkerInfo
-from durq.clock import FakeClock
+from durq.appview import WorkerView
+from durq.brokers.params import ClaimParams, CompleteParams, Lease
+from durq.brokers.views import WorkerInfo
+from durq.clock import Clock, FakeClock
 from durq.encryption import Encryption
 from durq.errors import ConfigurationError, NotReady, SkipRetry, Snooze, TaskNotFoundError
 from durq.inspector import parse_state
@@ -40,10 +42,24 @@ from durq.worker.periodic import PeriodicScheduler
 from durq.worker.server import parse_queues
 
 if TYPE_CHECKING:
-    from durq.app import App
-    from durq.brokers.base import FullBroker
+    from durq.brokers.contract import FullBroker
 
 R = TypeVar("R")
+
+
+class TestView(WorkerView, Protocol):
+    """An app as the testing kit drives it: a worker's view, and rebinding to a test broker
+    and clock."""
+
+    @property
+    def broker_target(self) -> str | FullBroker: ...
+    def new_broker(self) -> FullBroker: ...
+    def rebind(
+        self, broker: str | FullBroker | None = None, *, clock: Clock | None = None
+    ) -> dict[asyncio.AbstractEventLoop, FullBroker]: ...
+
+
+A = TypeVar("A", bound=TestView)
 
 #: Exceptions a handler raises on purpose: not reported as errors by :meth:`TestWorker.drain`.
 EXPECTED = (NotReady, SkipRetry, Snooze)
@@ -217,7 +233,7 @@ class TestWorker:
 
     def __init__(
         self,
-        app: App,
+        app: TestView,
         *,
         queues: str | Mapping[str, int] | Sequence[str] | None = None,
         concurrency: int = 1,
@@ -336,7 +352,7 @@ class TestWorker:
             kept, self._kept[:] = list(self._kept), []
             for queue, task_id in kept:
                 with contextlib.suppress(Exception):  # gone, or run again meanwhile
-                    await lifecycle.delete_task(broker, queue, task_id)
+                    await lifecycle.delete_task(broker.admin, queue, task_id)
             with contextlib.suppress(Exception):
                 await broker.unregister_worker(self.id)
             if broker is not self.app.broker_target:
@@ -418,7 +434,7 @@ class TestWorker:
 
     async def _hand_back(self, broker: FullBroker, leases: list[Lease]) -> None:
         for lease in leases:
-            await broker.requeue(lease.ref)
+            await broker.requeue(lifecycle.handed_back(lease))
 
     async def _with_message(self, attempt: Attempt) -> Attempt:
         """A failed attempt gets the error the worker stored, so the report says why even
@@ -431,7 +447,7 @@ class TestWorker:
             return dataclasses.replace(attempt, message=text)
         broker, _ = self._running()
         try:
-            stored = await broker.get_task(attempt.task.queue, attempt.task.id)
+            stored = await broker.admin.get_task(attempt.task.queue, attempt.task.id)
         except TaskNotFoundError:
             return attempt
         return dataclasses.replace(attempt, message=stored.last_error or "")
@@ -474,7 +490,7 @@ class TestWorker:
         if queue is not None:
             queues = [queue]
         else:
-            queues = [q.name for q in await broker.list_queues()]
+            queues = [q.name for q in await broker.admin.list_queues()]
         if state is None:
             states = list(TaskState)
         elif isinstance(state, TaskState | str):
@@ -486,7 +502,7 @@ class TestWorker:
             for st in states:
                 offset = 0
                 while True:
-                    page = await broker.list_tasks(name, st, limit=_PAGE, offset=offset)
+                    page = await broker.admin.list_tasks(name, st, limit=_PAGE, offset=offset)
                     found.extend(t for t in page if type is None or t.type == type)
                     if len(page) < _PAGE:
                         break
@@ -501,7 +517,7 @@ class TestWorker:
             where, task_id = queue or self.app.default_queue, task
 
         async def get() -> TaskInfo:
-            return await self._running()[0].get_task(where, task_id)
+            return await self._running()[0].admin.get_task(where, task_id)
 
         return await self._call(get)
 
@@ -515,7 +531,7 @@ class TestWorker:
         self.clock.advance(by)
 
 
-def worker(app: App, **options: Any) -> TestWorker:
+def worker(app: TestView, **options: Any) -> TestWorker:
     """A :class:`TestWorker` for ``app``: ``async with durq.testing.worker(app) as w:``."""
     return TestWorker(app, **options)
 
@@ -542,7 +558,7 @@ class SyncTestWorker:
 
     __test__ = False
 
-    def __init__(self, app: App, **options: Any) -> None:
+    def __init__(self, app: TestView, **options: Any) -> None:
         self.app = app
         self.worker = TestWorker(app, **options)
         self._runner: SyncRunner | None = None
@@ -599,12 +615,12 @@ class SyncTestWorker:
         self.clock.advance(by)
 
 
-def worker_sync(app: App, **options: Any) -> SyncTestWorker:
+def worker_sync(app: TestView, **options: Any) -> SyncTestWorker:
     """A :class:`SyncTestWorker` for ``app``: ``with durq.testing.worker_sync(app) as w:``."""
     return SyncTestWorker(app, **options)
 
 
-def drain_sync(app: App, **options: Any) -> Drained:
+def drain_sync(app: TestView, **options: Any) -> Drained:
     """Run what is due now on ``app``'s broker and return it: one blocking call for a WSGI
     test that does not move time. Options as :meth:`TestWorker.drain` (``limit``,
     ``raise_errors``) and :class:`TestWorker`."""
@@ -614,9 +630,7 @@ def drain_sync(app: App, **options: Any) -> Drained:
 
 
 @contextlib.contextmanager
-def in_memory(
-    app: App, *, clock: FakeClock | None = None, start: float | None = None
-) -> Iterator[App]:
+def in_memory(app: A, *, clock: FakeClock | None = None, start: float | None = None) -> Iterator[A]:
     """Point ``app`` at a fresh in-memory broker of its own and a fake clock for the block,
     then give it back its broker and clock: your app, isolated, in a unit test.
 

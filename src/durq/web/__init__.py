@@ -32,8 +32,9 @@ from durq.errors import (
 )
 
 if TYPE_CHECKING:
-    from durq.app import App, TaskDef
+    from durq.app import App
     from durq.task import TaskInfo
+    from durq.taskdef import TaskDef
 
 __all__ = [
     "DEFAULT_RETRY_AFTER",

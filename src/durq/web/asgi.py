@@ -29,7 +29,8 @@ from durq.errors import PayloadError
 from durq.web import DEFAULT_RETRY_AFTER, Answer, Location, enqueue_answer, invalid_payload
 
 if TYPE_CHECKING:
-    from durq.app import App, TaskDef
+    from durq.app import App
+    from durq.taskdef import TaskDef
     from durq.worker.server import Worker
 
 __all__ = [

@@ -34,7 +34,8 @@ from durq.web import (
 )
 
 if TYPE_CHECKING:
-    from durq.app import App, TaskDef
+    from durq.app import App
+    from durq.taskdef import TaskDef
     from durq.worker.server import Worker
 
 __all__ = [

@@ -18,7 +18,8 @@ import asyncio
 import enum
 from collections.abc import Callable, Sequence
 
-from durq.brokers.base import Broker, CompleteParams
+from durq.brokers.contract import Broker
+from durq.brokers.params import CompleteParams
 from durq.errors import BrokerError
 
 #: An ack waiting to be sent, and the caller waiting for its answer.

@@ -44,7 +44,8 @@ from durq.worker.reports import AttemptReports, LazyReports
 from durq.worker.steps import AttemptSteps
 
 if TYPE_CHECKING:
-    from durq.app import App, TaskDef
+    from durq.appview import WorkerView
+    from durq.taskdef import TaskDef
 
 log = logging.getLogger("durq.worker")
 
@@ -106,7 +107,7 @@ class Executor:
 
     def __init__(
         self,
-        app: App,
+        app: WorkerView,
         broker: Broker,
         *,
         concurrency: int,
@@ -547,7 +548,7 @@ class Executor:
     async def _settle_cancelled(self, lease: Lease, reason: str | None) -> str:
         task = lease.task
         if reason == SHUTDOWN:
-            if await self._report(self.broker.requeue, lease.ref, task):
+            if await self._report(self.broker.requeue, lifecycle.handed_back(lease), task):
                 log.info("task %s handed back at shutdown", task.id, extra=_extra(task))
                 return "requeued"
             return "lost"

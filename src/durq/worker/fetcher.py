@@ -17,19 +17,16 @@ import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from durq.brokers.base import (
+from durq.brokers.contract import (
     CAP_COMPLETE_AND_CLAIM,
     CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
     CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
     CAP_WAIT_AND_CLAIM,
     Broker,
-    Claimed,
-    ClaimParams,
     CompleteAndClaim,
-    CompleteParams,
-    Lease,
     WaitAndClaim,
 )
+from durq.brokers.params import Claimed, ClaimParams, CompleteParams, Lease
 from durq.errors import BrokerUnavailableError
 from durq.worker.acker import Pending
 from durq.worker.courtesy import LoopCourtesy

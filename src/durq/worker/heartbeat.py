@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from durq.brokers.base import Broker, WorkerInfo
+from durq.brokers.contract import Broker
+from durq.brokers.views import WorkerInfo
 from durq.worker.executor import CANCELLED, LOST, Executor
 from durq.worker.service import PeriodicService
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 
 from durq import lifecycle
-from durq.brokers.base import ArchivedRetention, Broker
+from durq.brokers.contract import Broker
+from durq.brokers.params import ArchivedRetention
 from durq.states import TaskState
 from durq.worker.service import PeriodicService
 

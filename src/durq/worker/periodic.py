@@ -28,8 +28,8 @@ from durq.states import TaskState
 from durq.worker.service import PeriodicService
 
 if TYPE_CHECKING:
-    from durq.app import App
-    from durq.brokers.base import Broker, FullBroker
+    from durq.appview import WorkerView
+    from durq.brokers.contract import Broker, FullBroker
     from durq.task import TaskInfo
 
 log = logging.getLogger("durq.scheduler")
@@ -57,7 +57,7 @@ class PeriodicScheduler(PeriodicService):
 
     def __init__(
         self,
-        app: App,
+        app: WorkerView,
         broker: Broker | None = None,
         *,
         max_interval: float = 1.0,
@@ -106,7 +106,7 @@ class PeriodicScheduler(PeriodicService):
         if self._loaded_at is not None and abs(now - self._loaded_at) < self.reload_interval:
             return self.stored
         broker = cast("FullBroker", await self._broker())
-        records = await broker.list_schedules()
+        records = await broker.admin.list_schedules()
         self._loaded_at = now
         entries = []
         for record in records:
@@ -121,7 +121,7 @@ class PeriodicScheduler(PeriodicService):
                     )
                 continue
             try:
-                entries.append(entry_of(self.app, record))
+                entries.append(entry_of(self.app.schedules, record))
             except ConfigurationError as exc:
                 if self._refused.get(record.name) != record.version:
                     self._refused[record.name] = record.version
@@ -222,7 +222,7 @@ class PeriodicScheduler(PeriodicService):
             if candidate is None:
                 return None
             try:
-                return await broker.get_task(queue, entry.task_id(candidate))
+                return await broker.admin.get_task(queue, entry.task_id(candidate))
             except QueueNotFoundError:
                 return None  # nothing was ever enqueued to its queue
             except TaskNotFoundError:
@@ -253,7 +253,7 @@ class PeriodicScheduler(PeriodicService):
             return "buffered"
         try:  # cancel_other
             broker = cast("FullBroker", await self._broker())
-            await lifecycle.cancel_task(broker, previous.queue, previous.id)
+            await lifecycle.cancel_task(broker.admin, previous.queue, previous.id)
         except (TaskNotFoundError, InvalidStateError):
             pass  # it ended (or another scheduler cancelled it) meanwhile
         log.info(

@@ -12,7 +12,8 @@ import threading
 from collections.abc import Callable
 
 from durq import progress as p
-from durq.brokers.base import Broker, LeaseRef, ProgressParams
+from durq.brokers.contract import Broker
+from durq.brokers.params import LeaseRef, ProgressParams
 from durq.clock import Clock
 from durq.errors import BrokerUnavailableError
 

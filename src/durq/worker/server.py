@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from durq import names, ranges
-from durq.brokers.base import WorkerInfo
+from durq.brokers.views import WorkerInfo
 from durq.errors import BrokerUnavailableError, ConfigurationError
 from durq.observability.logging import TaskSummary
 from durq.worker.courtesy import LoopCourtesy
@@ -31,8 +31,8 @@ from durq.worker.recycle import MAX_MEMORY_RANGE, MAX_TASKS_RANGE, MemoryWatch
 from durq.worker.service import PeriodicService
 
 if TYPE_CHECKING:
-    from durq.app import App
-    from durq.brokers.base import FullBroker
+    from durq.appview import WorkerView
+    from durq.brokers.contract import FullBroker
 
 log = logging.getLogger("durq.worker")
 
@@ -93,7 +93,7 @@ class Worker:
 
     def __init__(
         self,
-        app: App,
+        app: WorkerView,
         *,
         queues: str | Mapping[str, int] | Sequence[str] | None = None,
         concurrency: int = 10,

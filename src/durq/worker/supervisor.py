@@ -39,7 +39,7 @@ from durq.errors import ConfigurationError
 from durq.worker.service import PeriodicService
 
 if TYPE_CHECKING:
-    from durq.app import App
+    from durq.appview import MetricsHost
     from durq.observability.metrics import MetricsServer
 
 log = logging.getLogger("durq.supervisor")
@@ -134,7 +134,7 @@ class Supervisor:
         command: Sequence[str],
         processes: int,
         *,
-        app: App | None = None,
+        app: MetricsHost | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "0.0.0.0",  # noqa: S104  # scraped from outside the host
         backoff: tuple[float, float] = (0.5, 30.0),

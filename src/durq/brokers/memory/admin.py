@@ -4,21 +4,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from durq.brokers.base import (
+from durq.brokers.memory.storage import READY, A, P, Row, Store, X
+from durq.brokers.params import TaskMove, TaskRewrite
+from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
     GroupInfo,
     LimitStats,
     MinuteCounts,
     QueueStats,
     ScheduleRecord,
-    TaskMove,
-    TaskRewrite,
     TaskSearch,
     TaskSearchResult,
     WorkerInfo,
     first_counted_minute,
 )
-from durq.brokers.memory.storage import READY, A, P, Row, Store, X
 from durq.clock import Clock, utc_day
 from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState

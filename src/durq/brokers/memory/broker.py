@@ -14,21 +14,21 @@ from typing import Any, Self
 from urllib.parse import urlsplit
 
 from durq.brokers import limiter
-from durq.brokers.base import (
-    CAP_ATOMIC_FOLLOW_UPS,
+from durq.brokers.contract import (
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
     CAP_DEPENDENCIES,
-    CAP_LIMITS,
-    FORGET_WORKERS_AFTER,
-    MINUTE_COUNTS_KEEP,
-    AdminForwarder,
+    EndWatch,
+)
+from durq.brokers.mailbox import Waiter, end_key
+from durq.brokers.memory.admin import MemoryAdmin
+from durq.brokers.memory.storage import C, P, R, Row, S, Store, X, store_for
+from durq.brokers.params import (
     ArchivedRetention,
     ArchiveParams,
     Claimed,
     ClaimParams,
     CompleteParams,
-    EndWatch,
     EnqueueOutcome,
     EnqueueParams,
     GroupParams,
@@ -39,12 +39,9 @@ from durq.brokers.base import (
     ProgressParams,
     RetryParams,
     StepsParams,
-    WorkerInfo,
     ended_by,
 )
-from durq.brokers.mailbox import Waiter, end_key
-from durq.brokers.memory.admin import MemoryAdmin
-from durq.brokers.memory.storage import C, P, R, Row, S, Store, X, store_for
+from durq.brokers.views import FORGET_WORKERS_AFTER, MINUTE_COUNTS_KEEP, WorkerInfo
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import (
     ConfigurationError,
@@ -55,19 +52,13 @@ from durq.progress import append_lines
 from durq.task import TaskInfo
 
 
-class MemoryBroker(AdminForwarder):
+class MemoryBroker:
     """Broker and Admin on a :class:`~durq.brokers.memory.storage.Store` of this process: the
     hot path here, the inspector in :class:`MemoryAdmin`."""
 
     name = "memory"
     capabilities: frozenset[str] = frozenset(
-        {
-            CAP_ATOMIC_FOLLOW_UPS,
-            CAP_CROSS_QUEUE_FOLLOW_UPS,
-            CAP_CROSS_QUEUE_GROUPS,
-            CAP_DEPENDENCIES,
-            CAP_LIMITS,
-        }
+        {CAP_CROSS_QUEUE_FOLLOW_UPS, CAP_CROSS_QUEUE_GROUPS, CAP_DEPENDENCIES}
     )
 
     def __init__(self, name: str = "", *, clock: Clock = SYSTEM_CLOCK) -> None:

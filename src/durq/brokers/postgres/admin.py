@@ -6,27 +6,25 @@ import json
 from typing import Any
 
 from durq.brokers import dependencies
-from durq.brokers.base import (
-    WORKER_VISIBLE_FOR,
-    EnqueueOutcome,
-    GroupInfo,
-    LimitStats,
-    MinuteCounts,
-    QueueStats,
-    ScheduleRecord,
-    TaskMove,
-    TaskRewrite,
-    TaskSearch,
-    TaskSearchResult,
-    WorkerInfo,
-    first_counted_minute,
-)
 from durq.brokers.limiter import stored
+from durq.brokers.params import EnqueueOutcome, TaskMove, TaskRewrite
 from durq.brokers.postgres.rows import Row
 from durq.brokers.postgres.storage import AsyncConn, PostgresStorage
 from durq.brokers.search import ascii_lower, sql_pair
 from durq.brokers.sqlfiles import group_info, rewrite_params, schedule_record, schedule_row
 from durq.brokers.sqlrows import row_to_info
+from durq.brokers.views import (
+    WORKER_VISIBLE_FOR,
+    GroupInfo,
+    LimitStats,
+    MinuteCounts,
+    QueueStats,
+    ScheduleRecord,
+    TaskSearch,
+    TaskSearchResult,
+    WorkerInfo,
+    first_counted_minute,
+)
 from durq.clock import utc_day
 from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState

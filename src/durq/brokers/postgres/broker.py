@@ -17,28 +17,27 @@ from psycopg import AsyncRawCursor
 from psycopg.rows import tuple_row
 
 from durq.brokers import limiter
-from durq.brokers.base import (
-    CAP_ATOMIC_FOLLOW_UPS,
+from durq.brokers.batcher import enqueue_coalescer
+from durq.brokers.contract import (
     CAP_COMPLETE_AND_CLAIM,
     CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
     CAP_CROSS_PROCESS_NOTIFY,
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
     CAP_DEPENDENCIES,
-    CAP_LIMITS,
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
+    EndWatch,
+)
+from durq.brokers.mailbox import end_key
+from durq.brokers.params import (
     CLAIM_FORWARD,
-    FORGET_WORKERS_AFTER,
-    MINUTE_COUNTS_KEEP,
-    AdminForwarder,
     ArchivedRetention,
     ArchiveParams,
     Claimed,
     ClaimParams,
     CompleteParams,
-    EndWatch,
     EnqueueOutcome,
     EnqueueParams,
     GroupParams,
@@ -49,11 +48,8 @@ from durq.brokers.base import (
     ProgressParams,
     RetryParams,
     StepsParams,
-    WorkerInfo,
     ended_by,
 )
-from durq.brokers.batcher import enqueue_coalescer
-from durq.brokers.mailbox import end_key
 from durq.brokers.postgres.admin import PostgresAdmin
 from durq.brokers.postgres.rows import (
     CLAIM_DONE_IDS,
@@ -84,6 +80,7 @@ from durq.brokers.postgres.storage import (
 )
 from durq.brokers.postgres.wakeup import EndListener, Listener
 from durq.brokers.sqlrows import limits_of, row_to_info
+from durq.brokers.views import FORGET_WORKERS_AFTER, MINUTE_COUNTS_KEEP, WorkerInfo
 from durq.clock import SYSTEM_CLOCK, Clock, to_datetime, utc_day
 from durq.errors import ConfigurationError
 from durq.progress import MAX_LOG_LINES
@@ -98,7 +95,7 @@ log = logging.getLogger("durq.brokers.postgres")
 _BATCH = 1000
 
 
-class PostgresBroker(AdminForwarder):
+class PostgresBroker:
     """durq on PostgreSQL (psycopg 3, async, with a connection pool): the hot path here, the
     inspector in :class:`PostgresAdmin`, both on one :class:`PostgresStorage`.
 
@@ -112,13 +109,11 @@ class PostgresBroker(AdminForwarder):
             CAP_MULTI_PROCESS,
             CAP_TRANSACTIONAL_ENQUEUE,
             CAP_CROSS_PROCESS_NOTIFY,
-            CAP_ATOMIC_FOLLOW_UPS,
             CAP_COMPLETE_AND_CLAIM,
             CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_CROSS_QUEUE_GROUPS,
             CAP_SYNC_CONNECTION_ENQUEUE,
-            CAP_LIMITS,
             CAP_DEPENDENCIES,
         }
     )

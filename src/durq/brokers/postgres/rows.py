@@ -11,7 +11,7 @@ from collections.abc import Generator, Sequence
 from datetime import datetime
 from typing import Any
 
-from durq.brokers.base import EnqueueOutcome, EnqueueParams
+from durq.brokers.params import EnqueueOutcome, EnqueueParams
 from durq.brokers.sqlrows import headers_of, limits_of, row_to_info
 from durq.clock import to_datetime
 from durq.errors import DuplicateTaskError, TaskIDConflictError

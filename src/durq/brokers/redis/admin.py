@@ -1,4 +1,4 @@
-"""The inspector's seam (:class:`~durq.brokers.base.Admin`) on Redis."""
+"""The inspector's seam (:class:`~durq.brokers.contract.Admin`) on Redis."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ from dataclasses import asdict, replace
 from datetime import timedelta
 from typing import Any
 
-from durq.brokers.base import (
+from durq.brokers.params import TaskMove, TaskRewrite
+from durq.brokers.redis.keys import QueueKeys
+from durq.brokers.redis.rows import pairs, stored_counter, task_info
+from durq.brokers.redis.storage import RedisStorage, ScriptCall
+from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
     GroupInfo,
     GroupMemberInfo,
@@ -16,16 +20,11 @@ from durq.brokers.base import (
     MinuteCounts,
     QueueStats,
     ScheduleRecord,
-    TaskMove,
-    TaskRewrite,
     TaskSearch,
     TaskSearchResult,
     WorkerInfo,
     first_counted_minute,
 )
-from durq.brokers.redis.keys import QueueKeys
-from durq.brokers.redis.rows import pairs, stored_counter, task_info
-from durq.brokers.redis.storage import RedisStorage, _Call
 from durq.clock import utc_day
 from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
 from durq.options import MAX_PRIORITY, MIN_PRIORITY
@@ -245,7 +244,7 @@ class RedisAdmin:
         k = self._s.keys.queue(move.queue)
         to = {"run": "pending", "archive": "archived", "delete": "deleted"}[move.kind]
         now = self._s.clock.now()
-        call: _Call = (
+        call: ScriptCall = (
             "admin_move",
             self._task_keys(k, move.id),
             [now, move.expect.value, to, move.error or "", k.notify],

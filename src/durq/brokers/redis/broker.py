@@ -1,4 +1,4 @@
-"""The Redis broker: the hot path (:class:`~durq.brokers.base.Broker`) on redis-py's asyncio
+"""The Redis broker: the hot path (:class:`~durq.brokers.contract.Broker`) on redis-py's asyncio
 client. Every state change is one Lua script of ``scripts/`` (atomic on the server); this
 module only builds keys and arguments and decodes replies. See docs/brokers/redis.md."""
 
@@ -17,8 +17,8 @@ from typing import Any, Self
 
 from redis import exceptions as rex
 
-from durq.brokers.base import (
-    CAP_ATOMIC_FOLLOW_UPS,
+from durq.brokers.batcher import enqueue_coalescer
+from durq.brokers.contract import (
     CAP_COMPLETE_AND_CLAIM,
     CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
     CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
@@ -26,18 +26,17 @@ from durq.brokers.base import (
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
     CAP_DEPENDENCIES,
-    CAP_LIMITS,
     CAP_MULTI_PROCESS,
     CAP_WAIT_AND_CLAIM,
+    EndWatch,
+)
+from durq.brokers.params import (
     CLAIM_FORWARD,
-    FORGET_WORKERS_AFTER,
-    AdminForwarder,
     ArchivedRetention,
     ArchiveParams,
     Claimed,
     ClaimParams,
     CompleteParams,
-    EndWatch,
     EnqueueOutcome,
     EnqueueParams,
     GroupParams,
@@ -48,10 +47,8 @@ from durq.brokers.base import (
     ProgressParams,
     RetryParams,
     StepsParams,
-    WorkerInfo,
     waiting_follow_up,
 )
-from durq.brokers.batcher import enqueue_coalescer
 from durq.brokers.redis.admin import WORKER_TTL, RedisAdmin
 from durq.brokers.redis.cluster import key_slot
 from durq.brokers.redis.keys import DEFAULT_PREFIX
@@ -63,10 +60,11 @@ from durq.brokers.redis.storage import (
     SOCKET_TIMEOUT,
     RedisStorage,
     Scalar,
-    _Call,
+    ScriptCall,
 )
 from durq.brokers.redis.wakeup import Blocker, EndWatches, Wakeups
 from durq.brokers.redis.wire import error, is_error
+from durq.brokers.views import FORGET_WORKERS_AFTER, WorkerInfo
 from durq.clock import SYSTEM_CLOCK, Clock, utc_day
 from durq.errors import (
     BrokerError,
@@ -89,7 +87,7 @@ HOLD_BOUND = 1000
 ENQUEUE_CHUNK = 500
 
 
-class RedisBroker(AdminForwarder):
+class RedisBroker:
     """durq on Redis >= 6.2: ``RedisBroker.from_url("redis://host:6379/0?prefix=durq")``, or
     on a Redis Cluster: ``redis+cluster://host:port[,host:port...]/?prefix=durq``.
 
@@ -104,13 +102,11 @@ class RedisBroker(AdminForwarder):
         {
             CAP_MULTI_PROCESS,
             CAP_CROSS_PROCESS_NOTIFY,
-            CAP_ATOMIC_FOLLOW_UPS,
             CAP_COMPLETE_AND_CLAIM,
             CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
             CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_CROSS_QUEUE_GROUPS,
-            CAP_LIMITS,
             CAP_WAIT_AND_CLAIM,
             CAP_DEPENDENCIES,
         }
@@ -374,7 +370,7 @@ class RedisBroker(AdminForwarder):
         for i, p in enumerate(items):
             by_queue[p.queue].append(i)
         states: list[TaskState] = [TaskState.PENDING] * len(items)
-        calls: list[_Call] = []
+        calls: list[ScriptCall] = []
         chunks: list[list[int]] = []
         for queue, indexes in by_queue.items():
             k = self._s.keys.queue(queue)
@@ -516,7 +512,7 @@ class RedisBroker(AdminForwarder):
             return [[queue] for queue in unique]
         return [unique] if unique else []
 
-    def _claim_call(self, queues: Sequence[str], limit: int, params: ClaimParams) -> _Call:
+    def _claim_call(self, queues: Sequence[str], limit: int, params: ClaimParams) -> ScriptCall:
         keys: list[str] = []
         args: list[Scalar] = [
             self._s.now_arg(),
@@ -559,7 +555,7 @@ class RedisBroker(AdminForwarder):
         by_queue: dict[str, list[LeaseRef]] = defaultdict(list)
         for ref in leases:
             by_queue[ref.queue].append(ref)
-        calls: list[_Call] = []
+        calls: list[ScriptCall] = []
         for queue, refs in by_queue.items():
             k = self._s.keys.queue(queue)
             args: list[Scalar] = [self._s.now_arg(), k.task_prefix, float(lease_seconds)]
@@ -577,9 +573,9 @@ class RedisBroker(AdminForwarder):
             cancel.update(i.decode() for i in cancel_ids)
         return LeaseReport(lost=frozenset(lost), cancel=frozenset(cancel))
 
-    def _complete_call(self, p: CompleteParams, now: float, day: date | None = None) -> _Call:
+    def _complete_call(self, p: CompleteParams, now: float, day: date | None = None) -> ScriptCall:
         k = self._s.keys.queue(p.lease.queue)
-        call: _Call = (
+        call: ScriptCall = (
             "complete",
             [
                 k.task(p.lease.id),
@@ -663,7 +659,7 @@ class RedisBroker(AdminForwarder):
             ]
         )
 
-    def _lease_move_call(self, p: LeaseMove, now: float, day: date) -> _Call:
+    def _lease_move_call(self, p: LeaseMove, now: float, day: date) -> ScriptCall:
         """The retry.lua or archive.lua call of one fenced move (with its follow-ups)."""
         k = self._s.keys.queue(p.lease.queue)
         expired_by: Scalar = "" if p.expired_by is None else float(p.expired_by)
@@ -696,7 +692,7 @@ class RedisBroker(AdminForwarder):
                     "1" if p.snooze else "0",
                 ],
             )
-        call: _Call = (
+        call: ScriptCall = (
             "archive",
             [
                 k.task(p.lease.id),
@@ -825,7 +821,7 @@ class RedisBroker(AdminForwarder):
             await self._s.ensure()
             return bool(await self._s.eval(*self._requeue_call(lease)))
 
-    def _requeue_call(self, lease: LeaseRef) -> _Call:
+    def _requeue_call(self, lease: LeaseRef) -> ScriptCall:
         k = self._s.keys.queue(lease.queue)
         return (
             "requeue",
@@ -843,7 +839,7 @@ class RedisBroker(AdminForwarder):
             if not queues:
                 return 0
             now = self._s.now_arg()
-            calls: list[_Call] = []
+            calls: list[ScriptCall] = []
             for q in queues:
                 k = self._s.keys.queue(q)
                 calls.append(
@@ -867,7 +863,7 @@ class RedisBroker(AdminForwarder):
             if not queues:
                 return []
             now = self._s.now_arg()
-            calls: list[_Call] = []
+            calls: list[ScriptCall] = []
             for q in queues:
                 k = self._s.keys.queue(q)
                 calls.append(("expired", [k.active], [now, k.task_prefix, limit]))

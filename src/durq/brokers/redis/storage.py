@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from redis import exceptions as rex
 
 from durq import ranges
-from durq.brokers.base import MINUTE_COUNTS_KEEP, EnqueueParams, MemberOutcome
+from durq.brokers.params import EnqueueParams, MemberOutcome
 from durq.brokers.redis.cluster import (
     DEFAULT_RETRY,
     DEFAULT_WAIT_TIMEOUT_MS,
@@ -34,6 +34,7 @@ from durq.brokers.redis.wire import (
     loaded,
     scripts_to_load,
 )
+from durq.brokers.views import MINUTE_COUNTS_KEEP
 from durq.clock import SYSTEM_CLOCK, Clock, server_clock_for
 from durq.errors import (
     BrokerError,
@@ -61,7 +62,8 @@ DAY_TTL = 90 * 86400
 MINUTE_TTL = int(MINUTE_COUNTS_KEEP) + 86400
 
 Scalar = str | bytes | int | float
-_Call = tuple[str, Sequence[str], Sequence[Scalar]]
+#: One script call: the script's name, its ``KEYS`` and its ``ARGV``.
+ScriptCall = tuple[str, Sequence[str], Sequence[Scalar]]
 
 
 class RedisStorage:
@@ -434,12 +436,12 @@ class RedisStorage:
         one). Built once, after the reply (not before the call and again after it)."""
         return p.created(state, float(now_s))
 
-    def enqueue_call(self, p: EnqueueParams, now: float) -> tuple[_Call, TaskState]:
+    def enqueue_call(self, p: EnqueueParams, now: float) -> tuple[ScriptCall, TaskState]:
         """One enqueue.lua call (also the layout of a follow-up in complete/archive), and
         the state the task starts in."""
         k = self.keys.queue(p.queue)
         fields, state = self.enqueue_fields(p, k, now)
-        call: _Call = (
+        call: ScriptCall = (
             "enqueue",
             [k.task(p.id), k.pending, k.scheduled, k.completed, k.unique, k.seq],
             [self.now_arg(), k.notify, *fields],
@@ -447,8 +449,8 @@ class RedisStorage:
         return call, state
 
     def with_follow_ups(
-        self, call: _Call, follow_ups: Sequence[EnqueueParams], now: float
-    ) -> _Call:
+        self, call: ScriptCall, follow_ups: Sequence[EnqueueParams], now: float
+    ) -> ScriptCall:
         """Append each follow-up's enqueue keys and arguments to a complete/archive call: the
         script creates them in the same atomic step."""
         if not follow_ups:

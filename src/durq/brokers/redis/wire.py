@@ -15,7 +15,7 @@ Semantics kept from the redis-py path it replaces:
 * a call that meets a refused or dropped connection is retried twice with a 50-500 ms
   backoff (the server may have run a script whose reply was lost: see docs/brokers/redis.md);
 * AUTH (password or ACL user), SELECT and CLIENT SETNAME (``client_name``) on connect; error
-  replies become redis-py's exception classes, which :meth:`RedisCore._op` maps onto durq's errors.
+  replies become redis-py's exception classes, which :meth:`~durq.brokers.redis.storage.RedisStorage.op` maps onto durq's errors.
 
 Every URL uses it: TCP, Unix sockets and TLS (``rediss://``, through an
 :class:`ssl.SSLContext` built by redis-py's own rules from the URL's ``ssl_*`` options), with a
@@ -104,7 +104,7 @@ class _ReplyError(Exception):
 
 
 def error(reply: _ReplyError) -> rex.RedisError:
-    """The redis-py exception for an error reply (the classes ``RedisCore._op`` maps)."""
+    """The redis-py exception for an error reply (the classes ``RedisStorage.op`` maps)."""
     text = str(reply)
     code = text.split(" ", 1)[0]
     if code == "NOSCRIPT":

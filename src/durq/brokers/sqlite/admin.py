@@ -7,23 +7,22 @@ import sqlite3
 from typing import Any
 
 from durq.brokers import dependencies, limiter
-from durq.brokers.base import (
+from durq.brokers.params import TaskMove, TaskRewrite
+from durq.brokers.sqlfiles import group_info, rewrite_params, schedule_record, schedule_row
+from durq.brokers.sqlite.storage import Conn, Q, SQLiteStorage, snapshot
+from durq.brokers.sqlrows import row_to_info
+from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
     GroupInfo,
     LimitStats,
     MinuteCounts,
     QueueStats,
     ScheduleRecord,
-    TaskMove,
-    TaskRewrite,
     TaskSearch,
     TaskSearchResult,
     WorkerInfo,
     first_counted_minute,
 )
-from durq.brokers.sqlfiles import group_info, rewrite_params, schedule_record, schedule_row
-from durq.brokers.sqlite.storage import Conn, Q, SQLiteStorage, snapshot
-from durq.brokers.sqlrows import row_to_info
 from durq.clock import utc_day
 from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
 from durq.states import TaskState

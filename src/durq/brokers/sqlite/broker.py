@@ -18,8 +18,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from durq import ranges
 from durq.brokers import limiter, mailbox
-from durq.brokers.base import (
-    CAP_ATOMIC_FOLLOW_UPS,
+from durq.brokers.batcher import enqueue_coalescer
+from durq.brokers.contract import (
     CAP_COMPLETE_AND_CLAIM,
     CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
     CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
@@ -27,20 +27,19 @@ from durq.brokers.base import (
     CAP_CROSS_QUEUE_FOLLOW_UPS,
     CAP_CROSS_QUEUE_GROUPS,
     CAP_DEPENDENCIES,
-    CAP_LIMITS,
     CAP_MULTI_PROCESS,
     CAP_SYNC_CONNECTION_ENQUEUE,
     CAP_TRANSACTIONAL_ENQUEUE,
+    EndWatch,
+)
+from durq.brokers.mailbox import Waiter
+from durq.brokers.params import (
     CLAIM_FORWARD,
-    FORGET_WORKERS_AFTER,
-    MINUTE_COUNTS_KEEP,
-    AdminForwarder,
     ArchivedRetention,
     ArchiveParams,
     Claimed,
     ClaimParams,
     CompleteParams,
-    EndWatch,
     EnqueueOutcome,
     EnqueueParams,
     GroupParams,
@@ -51,11 +50,8 @@ from durq.brokers.base import (
     ProgressParams,
     RetryParams,
     StepsParams,
-    WorkerInfo,
     ended_by,
 )
-from durq.brokers.batcher import enqueue_coalescer
-from durq.brokers.mailbox import Waiter
 from durq.brokers.sqlite import files
 from durq.brokers.sqlite.admin import SQLiteAdmin
 from durq.brokers.sqlite.storage import (
@@ -70,6 +66,7 @@ from durq.brokers.sqlite.storage import (
     schema_version,
 )
 from durq.brokers.sqlrows import row_to_info
+from durq.brokers.views import FORGET_WORKERS_AFTER, MINUTE_COUNTS_KEEP, WorkerInfo
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.errors import ConfigurationError, DuplicateTaskError, SchemaError, TaskIDConflictError
 from durq.progress import append_lines
@@ -77,7 +74,7 @@ from durq.states import TaskState
 from durq.task import LimitSpec, TaskInfo, limits_from_json
 
 
-class SQLiteBroker(AdminForwarder):
+class SQLiteBroker:
     """Broker and Admin on one SQLite file (WAL mode, one database thread per instance): the
     hot path here, the inspector in :class:`SQLiteAdmin`, both on one :class:`SQLiteStorage`."""
 
@@ -88,14 +85,12 @@ class SQLiteBroker(AdminForwarder):
         {
             CAP_MULTI_PROCESS,
             CAP_CROSS_PROCESS_NOTIFY,
-            CAP_ATOMIC_FOLLOW_UPS,
             CAP_COMPLETE_AND_CLAIM,
             CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
             CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
             CAP_CROSS_QUEUE_FOLLOW_UPS,
             CAP_CROSS_QUEUE_GROUPS,
             CAP_DEPENDENCIES,
-            CAP_LIMITS,
             CAP_TRANSACTIONAL_ENQUEUE,
             CAP_SYNC_CONNECTION_ENQUEUE,
         }

@@ -15,12 +15,12 @@ from django.tasks import task_backends
 from django.tasks.exceptions import InvalidTaskBackend
 
 from durq import durations
-from durq.cli.worker import _exit_past_stuck_threads, _start_metrics
 from durq.contrib.django import registry
 from durq.contrib.django.backend import DurqBackend
 from durq.contrib.django.execution import register
 from durq.errors import DurqError
 from durq.observability.logging import JsonFormatter, setup_logging
+from durq.worker.process import exit_past_stuck_threads, start_metrics
 from durq.worker.server import parse_queues
 
 log = logging.getLogger("durq.contrib.django")
@@ -92,7 +92,10 @@ class Command(BaseCommand):  # type: ignore[misc]
         log.info("tasks: %s", ", ".join(sorted(tasks)) or "(none)")
         backend.ready()  # durq's tables exist before the worker connects
         if options["metrics_port"] is not None:
-            _start_metrics(app, options["metrics_port"])
+            try:
+                start_metrics(app, options["metrics_port"])
+            except DurqError as exc:
+                raise CommandError(str(exc)) from None
         worker = app.worker(
             queues=weights,
             concurrency=options["concurrency"],
@@ -100,7 +103,7 @@ class Command(BaseCommand):  # type: ignore[misc]
             shutdown_timeout=grace,
         )
         asyncio.run(self._run(backend, worker, patience))
-        _exit_past_stuck_threads()
+        exit_past_stuck_threads()
 
     async def _run(self, backend: DurqBackend, worker: Any, patience: float) -> None:
         try:

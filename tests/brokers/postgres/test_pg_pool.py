@@ -171,7 +171,7 @@ async def test_new_connections_of_a_claiming_broker_have_the_idle_claim_ready(
             # Both connections are busy: the next one is new.
             statements = await prepared(broker)
         assert any("forward_first AS" in s for s in statements), statements
-        assert (await broker.get_task("default", "a")).state.value == "pending"
+        assert (await broker.admin.get_task("default", "a")).state.value == "pending"
     finally:
         await broker.close()
 

@@ -100,7 +100,7 @@ def test_worker_ids_are_escaped() -> None:
     assert key == "durq:worker:host%20%7Bx%7D%2A:1"
 
 
-_SCRIPTS = Path(__file__).parents[2] / "src" / "durq" / "brokers" / "redis" / "scripts"
+_SCRIPTS = Path(__file__).parents[3] / "src" / "durq" / "brokers" / "redis" / "scripts"
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)

@@ -19,7 +19,7 @@ from durq.brokers.redis import RedisBroker
 from durq.errors import BrokerUnavailableError
 from servers import TlsRedis
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ async def test_a_task_goes_through_a_tls_server(tls_redis: TlsRedis) -> None:
         await broker.migrate()
         await broker.enqueue(EnqueueParams(id="t", queue="q", type="x", payload=b"{}"))
         (lease,) = await broker.claim(ClaimParams(["q"], 1, "w", 30))
-        assert lease.task.id == "t" and (await broker.list_queues())[0].name == "q"
+        assert lease.task.id == "t" and (await broker.admin.list_queues())[0].name == "q"
     finally:
         await broker.close()
 

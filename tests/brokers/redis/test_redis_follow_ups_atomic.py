@@ -58,9 +58,9 @@ async def archive_by(actor: str, broker: RedisBroker) -> None:
     if actor == "rescuer":
         await lifecycle.rescue_expired(broker, 1)
     elif actor == "inspector-archive":
-        await lifecycle.archive_task(broker, "default", "t")
+        await lifecycle.archive_task(broker.admin, "default", "t")
     else:
-        await lifecycle.cancel_task(broker, "default", "t")
+        await lifecycle.cancel_task(broker.admin, "default", "t")
 
 
 @pytest.mark.parametrize("actor", ["rescuer", "inspector-archive", "inspector-cancel"])
@@ -86,9 +86,9 @@ async def test_archive_and_its_follow_up_are_one_step(
     finally:
         await victim.close()
 
-    archived = (await setup.get_task("default", "t")).state is TaskState.ARCHIVED
+    archived = (await setup.admin.get_task("default", "t")).state is TaskState.ARCHIVED
     try:
-        await setup.get_task("default", "then:t")
+        await setup.admin.get_task("default", "then:t")
         followed = True
     except TaskNotFoundError:
         followed = False

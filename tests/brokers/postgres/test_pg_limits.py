@@ -83,7 +83,7 @@ async def test_a_freed_slot_is_taken_by_one_claim_statement(make_pg) -> None:
     (second,) = await broker.claim(claim_params())
     assert second.task.id == "t1"
     assert checkouts.counts["claim"] == 1  # (the completion's wake-ups go in the background)
-    held = await broker.get_task("default", "t2")
+    held = await broker.admin.get_task("default", "t2")
     assert held.held_by == "k"
 
 
@@ -129,7 +129,7 @@ async def test_concurrent_claims_never_run_more_of_a_key_than_its_limit(make_pg)
     assert len(seen) == 120 and set(seen.values()) == {1}
     assert all(most[key] <= n for key, n in keys.items()), most
     assert most["c"] >= 2  # the limit, not a lock, decided
-    limits = {s.key: (s.running, s.waiting) for s in await brokers[0].list_limits("default")}
+    limits = {s.key: (s.running, s.waiting) for s in await brokers[0].admin.list_limits("default")}
     assert limits == {"a": (0, 0), "b": (0, 0), "c": (0, 0)}
 
 
@@ -145,7 +145,7 @@ async def test_a_batch_of_moves_gives_every_slot_back(make_pg) -> None:
         ArchiveParams(leases[1].ref, "boom"),
     ]
     assert await broker.move_leases(moves) == [True, True]
-    limits = {s.key: (s.running, s.waiting) for s in await broker.list_limits("default")}
+    limits = {s.key: (s.running, s.waiting) for s in await broker.admin.list_limits("default")}
     assert limits == {"a": (0, 1), "b": (0, 1)}
     assert sorted(x.task.id for x in await broker.claim(claim_params())) == ["a1", "b1"]
 

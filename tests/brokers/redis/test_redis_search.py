@@ -22,9 +22,9 @@ async def test_a_search_past_the_bound_says_it_is_incomplete(
     where = TaskFilter(payload=(("partner", "acme"),))
     monkeypatch.setattr(admin, "SEARCH_CHUNK", 4)
     monkeypatch.setattr(admin, "SEARCH_SCAN", 8)
-    result = await rbroker.search_tasks(TaskSearch("q", TaskState.PENDING, where))
+    result = await rbroker.admin.search_tasks(TaskSearch("q", TaskState.PENDING, where))
     assert [t.id for t in result.tasks] == ["t00", "t03", "t06"]
     assert (result.total, result.complete, result.scanned) == (3, False, 8)
     monkeypatch.setattr(admin, "SEARCH_SCAN", 12)
-    result = await rbroker.search_tasks(TaskSearch("q", TaskState.PENDING, where))
+    result = await rbroker.admin.search_tasks(TaskSearch("q", TaskState.PENDING, where))
     assert (result.total, result.complete, result.scanned) == (4, True, 12)

@@ -66,7 +66,7 @@ async def test_restart_with_aof_everysec_loses_no_acknowledged_enqueue(private_r
 
         server.start()
         started = time.monotonic()
-        stats = await client.queue_stats("default")  # the very next call works
+        stats = await client.admin.queue_stats("default")  # the very next call works
         assert stats.sizes[TaskState.PENDING] + stats.sizes[TaskState.ACTIVE] == N
         assert stats.sizes[TaskState.ACTIVE] == 5
         assert await worker.complete_many([CompleteParams(x.ref) for x in leases]) == [True] * 5

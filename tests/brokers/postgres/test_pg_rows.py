@@ -44,7 +44,7 @@ async def test_enqueue_answers_what_the_row_holds(pg: PostgresBroker, clock: Fak
     assert [o.created for o in many] == [True, True, False]
     for info in [one, later, many[0].info, many[1].info]:
         assert info is not None
-        assert info == await pg.get_task("default", info.id)
+        assert info == await pg.admin.get_task("default", info.id)
     assert later.state is TaskState.SCHEDULED
 
 
@@ -53,7 +53,7 @@ async def test_claim_answers_what_the_row_holds(pg: PostgresBroker) -> None:
     leases = await pg.claim(ClaimParams(["default"], 10, "w1", 30.0))
     assert [lease.task.id for lease in leases] == [f"c{i}" for i in range(5)]
     for lease in leases:
-        assert lease.task == await pg.get_task("default", lease.task.id)
+        assert lease.task == await pg.admin.get_task("default", lease.task.id)
         assert lease.task.state is TaskState.ACTIVE and lease.task.worker_id == "w1"
 
 

@@ -87,7 +87,7 @@ async def test_restart_costs_no_task(make_pg, clock) -> None:
         f"first enqueue after start: {time.monotonic() - start:.2f}s"
     )
     with pytest.raises(TaskNotFoundError):
-        await client.get_task("default", "during")
+        await client.admin.get_task("default", "during")
 
     # The lease of the task that was active recovers normally once it expires.
     clock.advance(31)
@@ -118,5 +118,5 @@ async def test_restart_command_while_idle(make_pg) -> None:
     pg_ctl("restart")
     # The first call may see a dead pooled connection; the pool then replaces them.
     await until_ok(lambda: broker.enqueue(task("b")))
-    assert (await broker.get_task("default", "b")).state is TaskState.PENDING
+    assert (await broker.admin.get_task("default", "b")).state is TaskState.PENDING
     await broker.ping()

@@ -315,7 +315,7 @@ async def test_priority_migration_keeps_existing_tasks_claimable_in_order(
         got = await broker.claim(ClaimParams(["default"], 10, "w", 30.0))
         assert [lease.task.id for lease in got] == ["early", "due-scheduled", "late"]
         assert {lease.task.priority for lease in got} == {0}
-        assert (await broker.get_task("default", "future-retry")).priority == 0
+        assert (await broker.admin.get_task("default", "future-retry")).priority == 0
     finally:
         await broker.close()
 

@@ -61,8 +61,8 @@ async def test_deleting_every_member_of_the_largest_group_reads_each_member_once
     assert plan["Actual Rows"] == size
     assert buffers(plan) <= MOST_BUFFERS_PER_MEMBER * size, json.dumps(plan, indent=1)
     # The delete itself: every member finishes as deleted, one follow-up.
-    assert await broker.move_all("default", TaskState.SCHEDULED, None) == size
-    follow = await broker.get_task("default", groups.follow_up_id("g"))
+    assert await broker.admin.move_all("default", TaskState.SCHEDULED, None) == size
+    follow = await broker.admin.get_task("default", groups.follow_up_id("g"))
     states = {m["state"] for m in json.loads(follow.raw_payload)["members"]}
     assert states == {"deleted"}
 

@@ -65,14 +65,14 @@ async def test_deleting_every_member_of_the_maximum_leaves_no_task_key(
     app = durq.App(rbroker)
     last = EnqueueRequest("m:x", {"i": "last"}, process_in=3600)
     await rbroker.enqueue_group(_group(app, "full", last, process_in=3600))
-    assert await rbroker.move_all("default", TaskState.SCHEDULED, None) == groups.MAX_MEMBERS
+    assert await rbroker.admin.move_all("default", TaskState.SCHEDULED, None) == groups.MAX_MEMBERS
     qk = rbroker._s.keys.queue("default")
     raw = raw_redis(rbroker)
     tasks = [k async for k in raw.scan_iter(match=f"{qk.task_prefix}*", count=1000)]
     assert tasks == [qk.task("group:full").encode()]
     group = qk.group("full")
     assert await raw.exists(group, f"{group}:e", f"{group}:s") == 3
-    info = await rbroker.get_group("default", "full")
+    info = await rbroker.admin.get_group("default", "full")
     assert info.by_state == {"deleted": groups.MAX_MEMBERS}
 
 
@@ -118,7 +118,7 @@ async def test_a_group_refused_by_a_full_server_leaves_no_key(private_redis: Any
             await raw.config_set("maxmemory", 0)
         assert await _picture(broker) == before
         await broker.enqueue_group(params)
-        info = await broker.get_group("default", "g")
+        info = await broker.admin.get_group("default", "g")
         assert (info.total, info.by_state) == (groups.MAX_MEMBERS, {"pending": groups.MAX_MEMBERS})
     finally:
         await broker.close()

@@ -33,7 +33,7 @@ def task(task_id: str, **options: object) -> EnqueueParams:
 async def ids(pg: PostgresBroker) -> list[str]:
     """Pending task ids, sorted ([] also when the queue itself was rolled back)."""
     try:
-        return sorted(t.id for t in await pg.list_tasks("default", TaskState.PENDING))
+        return sorted(t.id for t in await pg.admin.list_tasks("default", TaskState.PENDING))
     except QueueNotFoundError:
         return []
 
@@ -44,9 +44,9 @@ async def test_E8_async_commit_makes_the_task_visible(pg: PostgresBroker) -> Non
         assert info.state is TaskState.PENDING
         # Not committed yet: other connections do not see it.
         with pytest.raises(TaskNotFoundError):
-            await pg.get_task("default", "o-1")
+            await pg.admin.get_task("default", "o-1")
         await conn.commit()
-    assert (await pg.get_task("default", "o-1")).id == "o-1"
+    assert (await pg.admin.get_task("default", "o-1")).id == "o-1"
 
 
 async def test_E8_async_rollback_leaves_nothing(pg: PostgresBroker) -> None:
@@ -100,7 +100,7 @@ def test_E8_sync_connection_commit_and_rollback(pg: PostgresBroker) -> None:
 async def _pending(pg: PostgresBroker) -> list[str]:
     fresh = PostgresBroker.from_url(f"{PG_DSN}?schema={pg.schema}")
     try:
-        return sorted(t.id for t in await fresh.list_tasks("default", TaskState.PENDING))
+        return sorted(t.id for t in await fresh.admin.list_tasks("default", TaskState.PENDING))
     finally:
         await fresh.close()
 

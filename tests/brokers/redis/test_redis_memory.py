@@ -12,7 +12,7 @@ from durq.brokers.base import ClaimParams, CompleteParams, EnqueueParams
 from durq.brokers.redis import RedisBroker
 from servers import raw_redis
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).parents[3] / "benchmarks"))
 from redis_memory import measure, payload_of
 
 
@@ -25,20 +25,20 @@ async def test_task_hashes_stay_listpacks_and_round_trip(rbroker: RedisBroker, s
     )
     key = f"{rbroker.prefix}:{{default}}:t:t"
     assert await raw_redis(rbroker).object("encoding", key) == b"listpack"
-    info = await rbroker.get_task("default", "t")
+    info = await rbroker.admin.get_task("default", "t")
     assert info.raw_payload == payload and info.headers == headers
     (lease,) = await rbroker.claim(ClaimParams(["default"], 1, "w", 30))
     assert lease.task.raw_payload == payload
     result = b'"' + b"r" * 300 + b'"'
     assert await rbroker.complete(CompleteParams(lease.ref, result, retention=60))
-    assert (await rbroker.get_task("default", "t")).raw_result == result
+    assert (await rbroker.admin.get_task("default", "t")).raw_result == result
     assert await raw_redis(rbroker).object("encoding", key) == b"listpack"
 
 
 async def test_very_large_payloads_are_stored_whole(rbroker: RedisBroker) -> None:
     payload = payload_of(100_000, 1)
     await rbroker.enqueue(EnqueueParams(id="big", queue="default", type="x", payload=payload))
-    assert (await rbroker.get_task("default", "big")).raw_payload == payload
+    assert (await rbroker.admin.get_task("default", "big")).raw_payload == payload
     assert await raw_redis(rbroker).hlen(f"{rbroker.prefix}:{{default}}:t:big") < 20
 
 

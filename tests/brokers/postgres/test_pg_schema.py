@@ -98,11 +98,11 @@ async def test_older_schema_asks_for_migrate(pg_url: str, schema: str) -> None:
 
 
 async def test_dropped_schema_while_connected_is_a_schema_error(pg, schema: str) -> None:
-    from tests.postgres.conftest import drop_schema
+    from tests.brokers.postgres.conftest import drop_schema
 
     drop_schema(schema)
     with pytest.raises(SchemaError, match="run `durq migrate`"):
-        await pg.list_queues()
+        await pg.admin.list_queues()
 
 
 def describe(schema: str) -> str:
@@ -210,11 +210,13 @@ async def test_priority_migration_keeps_existing_tasks_claimable_in_order(
     try:
         assert adding.label in await broker.migrate()
         await broker.connect()
-        assert {t.priority for t in await broker.list_tasks("default", TaskState.PENDING)} == {0}
+        assert {
+            t.priority for t in await broker.admin.list_tasks("default", TaskState.PENDING)
+        } == {0}
         got = await broker.claim(ClaimParams(["default"], 10, "w", 30.0))
         assert [lease.task.id for lease in got] == ["early", "due-scheduled", "late"]
-        assert (await broker.get_task("default", "future-retry")).state is TaskState.RETRY
-        assert (await broker.get_task("default", "done")).priority == 0
+        assert (await broker.admin.get_task("default", "future-retry")).state is TaskState.RETRY
+        assert (await broker.admin.get_task("default", "done")).priority == 0
     finally:
         await broker.close()
     with psycopg.connect(PG_DSN) as conn:

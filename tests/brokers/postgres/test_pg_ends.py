@@ -68,4 +68,4 @@ async def test_a_wait_that_starts_after_the_end_reads_it(pg: PostgresBroker) -> 
     (lease,) = await pg.claim(ClaimParams(["default"], 1, "w", 30))
     assert await pg.complete_many([CompleteParams(lease.ref, retention=60)]) == [True]
     async with pg.watch_end("default", "t"):
-        assert (await pg.get_task("default", "t")).state.value == "completed"
+        assert (await pg.admin.get_task("default", "t")).state.value == "completed"

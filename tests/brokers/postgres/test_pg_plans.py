@@ -200,7 +200,7 @@ async def test_a_limited_task_not_leased_takes_no_slot(pg_url: str, schema: str)
         for _ in range(3):
             leases += await broker.claim(ClaimParams(["default"], 10, "w", 30.0))
         assert len(leases) == 1
-        (limit,) = await broker.list_limits("default")
+        (limit,) = await broker.admin.list_limits("default")
         assert limit.running == 1
         assert await broker.complete(CompleteParams(leases[0].ref))
     finally:

@@ -141,12 +141,12 @@ async def test_every_script_call_touches_one_slot_under_the_prefix(
     clock.advance(100)
     await lifecycle.rescue_expired(rbroker, 3)
     await rbroker.delete_expired(10)
-    await lifecycle.run_all(rbroker, "q:1", TaskState.RETRY)
-    await lifecycle.archive_task(rbroker, "q:1", "b")
-    await lifecycle.run_task(rbroker, "q:1", "b")
-    await lifecycle.cancel_task(rbroker, "q:1", "b")
-    await lifecycle.delete_task(rbroker, "q:1", "b")
-    await lifecycle.delete_all(rbroker, "other", TaskState.PENDING)
+    await lifecycle.run_all(rbroker.admin, "q:1", TaskState.RETRY)
+    await lifecycle.archive_task(rbroker.admin, "q:1", "b")
+    await lifecycle.run_task(rbroker.admin, "q:1", "b")
+    await lifecycle.cancel_task(rbroker.admin, "q:1", "b")
+    await lifecycle.delete_task(rbroker.admin, "q:1", "b")
+    await lifecycle.delete_all(rbroker.admin, "other", TaskState.PENDING)
     assert len(rec.calls) >= 15
     assert rec.several_queues  # (twice when the first call met NOSCRIPT)
     for keys in rec.calls:
@@ -215,14 +215,14 @@ async def test_enqueue_between_claim_and_wait_is_not_missed(
 
 async def test_pause_of_unknown_queue_and_queues_known_by_workers(rbroker: RedisBroker) -> None:
     with pytest.raises(QueueNotFoundError):
-        await rbroker.pause_queue("nope")
+        await rbroker.admin.pause_queue("nope")
     await rbroker.register_worker(
         WorkerInfo(id="host:1", host="host", pid=1, queues={"mail": 1}, concurrency=2, started_at=0)
     )
-    await rbroker.pause_queue("mail")
-    (stats,) = await rbroker.list_queues()
+    await rbroker.admin.pause_queue("mail")
+    (stats,) = await rbroker.admin.list_queues()
     assert stats.name == "mail" and stats.paused
-    (worker,) = await rbroker.list_workers()
+    (worker,) = await rbroker.admin.list_workers()
     assert worker.queues == {"mail": 1}
 
 
@@ -304,7 +304,7 @@ async def test_a_held_entry_of_the_layout_before_ranks_is_still_let_back(
         await redis.zadd(held_key, {key + b"\0" + member: 0})
     listed = await rbroker.admin.list_tasks("default", TaskState.PENDING)
     assert sorted(t.id for t in listed) == ["held", "other"]
-    await lifecycle.archive_task(rbroker, "default", "other")
+    await lifecycle.archive_task(rbroker.admin, "default", "other")
     assert await redis.zcard(held_key) == 1
     assert await rbroker.complete(CompleteParams(lease.ref))
     assert [x.task.id for x in await rbroker.claim(claim_params(["default"]))] == ["held"]

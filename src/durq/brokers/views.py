@@ -1,0 +1,285 @@
+"""The read models of the admin seam (what the inspector shows: queues, workers, limits,
+groups, searches, stored schedules) and the bounds brokers keep them within."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from durq.brokers import search
+from durq.errors import ValidationError
+from durq.states import TaskState
+from durq.task import TaskInfo
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMemberInfo:
+    """One member of a group: its state now (``completed``/``archived``/``deleted`` once it
+    finished, else its task's state, ``None`` if gone)."""
+
+    id: str
+    queue: str
+    type: str
+    state: str | None
+    finished: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """A group as the inspector shows it: progress and its members."""
+
+    id: str
+    queue: str
+    total: int
+    finished: int
+    created_at: float
+    #: When the last member finished (and the follow-up was created); ``None`` before.
+    finished_at: float | None
+    #: The follow-up's task id and queue, ``None`` for a group without one.
+    then_id: str | None
+    then_queue: str | None
+    members: tuple[GroupMemberInfo, ...]
+
+    @property
+    def by_state(self) -> dict[str, int]:
+        """How many members are in each state (finished members by their outcome)."""
+        counts: dict[str, int] = {}
+        for m in self.members:
+            key = m.state or "gone"
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "queue": self.queue,
+            "total": self.total,
+            "finished": self.finished,
+            "by_state": self.by_state,
+            "created_at": self.created_at,
+            "finished_at": self.finished_at,
+            "then_id": self.then_id,
+            "then_queue": self.then_queue,
+            "members": [
+                {
+                    "id": m.id,
+                    "queue": m.queue,
+                    "type": m.type,
+                    "state": m.state,
+                    "finished": m.finished,
+                }
+                for m in self.members
+            ],
+        }
+
+
+#: Characters of one payload field name in a search (``partner``, ``customer.id``); use
+#: ``fullmatch`` (``$`` alone would let a trailing newline through).
+PAYLOAD_FIELD = re.compile(r"^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}$")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFilter:
+    """Which tasks a search keeps: every condition given must hold. What each one means
+    is written once in :mod:`durq.brokers.search`; the values are checked here, before any
+    broker (ValidationError)."""
+
+    #: The task type, exactly.
+    type: str | None = None
+    #: Text the last error contains (ASCII case-insensitive).
+    error: str | None = None
+    #: ``(field path, value)`` pairs: the payload's value at the dotted path matches the
+    #: value (:func:`durq.brokers.search.value_matches`).
+    payload: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.type is not None:
+            search.check_text("task type", self.type)
+        if self.error is not None:
+            search.check_text("error text", self.error)
+        for field_, value in self.payload:
+            if not PAYLOAD_FIELD.fullmatch(field_):
+                raise ValidationError(
+                    f"payload field {field_[:80]!r} must be names of letters, digits, _ or - "
+                    "joined by dots (customer.id)"
+                )
+            search.check_text("payload value", value)
+
+    @property
+    def empty(self) -> bool:
+        return self.type is None and self.error is None and not self.payload
+
+    def matches(self, task: TaskInfo) -> bool:
+        """The same test in Python, for brokers that cannot ask their storage."""
+        if self.type is not None and task.type != self.type:
+            return False
+        return self.matches_content(task.last_error, task.raw_payload)
+
+    def matches_content(self, last_error: str | None, raw_payload: bytes | str | None) -> bool:
+        """The error and payload conditions alone (SQLite calls it from SQL)."""
+        if self.error is not None and not search.error_matches(last_error, self.error):
+            return False
+        return search.payload_matches(raw_payload, self.payload)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSearch:
+    """Tasks of one queue in one state that pass ``filter``, a page at a time (oldest
+    first, as :meth:`Admin.list_tasks` orders them)."""
+
+    queue: str
+    state: TaskState
+    filter: TaskFilter
+    limit: int = 50
+    offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSearchResult:
+    """One page of a search, and how many tasks matched in all."""
+
+    tasks: list[TaskInfo]
+    #: Matching tasks in all (among the ``scanned`` ones when ``complete`` is false).
+    total: int
+    #: ``False`` when the broker looked at only the first ``scanned`` tasks of the state
+    #: (Redis filters in the client, within a bound): more may match.
+    complete: bool = True
+    scanned: int | None = None
+
+
+#: How long per-minute counters are kept (seconds of the broker clock).
+MINUTE_COUNTS_KEEP = 2 * 86400.0
+
+
+#: ``list_workers`` shows the workers whose last heartbeat is younger than this (seconds of
+#: the broker clock).
+WORKER_VISIBLE_FOR = 60.0
+
+
+#: A worker silent this long (stopped without unregistering: killed, its machine gone) is
+#: dropped from the registry when another worker registers or sends its heartbeat.
+FORGET_WORKERS_AFTER = 86400.0
+
+
+def minute_of(ts: float) -> int:
+    """The start of the minute ``ts`` falls in (epoch seconds, a multiple of 60)."""
+    return int(ts // 60) * 60
+
+
+def first_counted_minute(since: float, now: float) -> int:
+    """Where :meth:`Admin.minute_counts` starts: the minute of ``since``, but never a minute
+    older than the keep (Redis drops them by expiry, not at the janitor's run)."""
+    return max(minute_of(since), math.ceil((now - MINUTE_COUNTS_KEEP) / 60) * 60)
+
+
+@dataclass(frozen=True, slots=True)
+class MinuteCounts:
+    """Tasks processed and failed in one minute of the broker clock."""
+
+    #: The minute's start, epoch seconds (a multiple of 60).
+    minute: int
+    processed: int
+    failed: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A worker process as the inspector shows it."""
+
+    id: str
+    host: str
+    pid: int
+    queues: dict[str, int]
+    concurrency: int
+    started_at: float
+    last_heartbeat: float = 0.0
+    active: int = 0
+    strict: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """One queue as the inspector shows it."""
+
+    name: str
+    paused: bool
+    sizes: dict[TaskState, int]
+    #: Seconds since the oldest pending task became ready; 0 when none.
+    oldest_pending_age: float
+    processed_today: int
+    failed_today: int
+    processed_total: int
+    failed_total: int
+
+    @property
+    def size(self) -> int:
+        return sum(self.sizes.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "paused": self.paused,
+            "size": self.size,
+            "sizes": {s.value: self.sizes.get(s, 0) for s in TaskState},
+            "oldest_pending_age": self.oldest_pending_age,
+            "processed_today": self.processed_today,
+            "failed_today": self.failed_today,
+            "processed_total": self.processed_total,
+            "failed_total": self.failed_total,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class LimitStats:
+    """One flow-control key of a queue as the inspector shows it."""
+
+    queue: str
+    key: str
+    #: Attempts of the key running now (leases held).
+    running: int
+    #: The limit the last task of the key carried.
+    concurrency: int | None
+    rate: int | None
+    per: float | None
+    #: Tokens in the bucket now (``None`` without a rate).
+    tokens: float | None
+    #: Pending tasks held back on this key.
+    waiting: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "key": self.key,
+            "running": self.running,
+            "concurrency": self.concurrency,
+            "rate": self.rate,
+            "per": self.per,
+            "tokens": None if self.tokens is None else round(self.tokens, 3),
+            "waiting": self.waiting,
+        }
+
+
+#: What a schedule does when its previous run is unfinished at a tick (docs/periodic.md).
+OVERLAP_POLICIES: tuple[str, ...] = ("allow", "skip", "buffer_one", "cancel_other")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRecord:
+    """A periodic schedule kept in the broker (``app.stored_schedules``), as stored.
+
+    The broker keeps it as data: ``payload`` is JSON text it does not read, and it checks
+    nothing but the version fence. ``version`` 0 is a record not stored yet; each write
+    stores the next version and the broker's time in ``updated_at``."""
+
+    name: str
+    spec: str
+    type: str
+    payload: str = "{}"
+    queue: str | None = None
+    tz: str = "UTC"
+    overlap: str = "allow"
+    paused: bool = False
+    updated_at: float = 0.0
+    version: int = 0
