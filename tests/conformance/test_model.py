@@ -458,7 +458,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
         """Each follow-up the model created exists, reporting the outcomes it follows."""
         for queue, task_id, want in self.model.created:
             self.seen.add((queue, task_id))
-            info = self.call(self.broker.get_task(queue, task_id))
+            info = self.call(self.broker.admin.get_task(queue, task_id))
             body = json.loads(info.raw_payload)
             if "members" in want:
                 got: dict[str, object] = {
@@ -501,7 +501,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
             want = self.model.limit_stats(queue)
             if not want:
                 continue  # a task a broker held on another key shows in its held_by
-            stats = self.call(self.broker.list_limits(queue))
+            stats = self.call(self.broker.admin.list_limits(queue))
             got = {s.key: (s.running, s.tokens, s.waiting) for s in stats if s.key in want}
             for key, (running, tokens, held, lingering) in want.items():
                 assert key in got, (queue, key)
@@ -519,7 +519,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
     def every_group_as_the_model_says(self) -> None:
         for (queue, group_id), group in sorted(self.model.groups.items()):
             try:
-                info = self.call(self.broker.get_group(queue, group_id))
+                info = self.call(self.broker.admin.get_group(queue, group_id))
             except GroupNotFoundError:
                 got = None
             else:

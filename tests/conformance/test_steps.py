@@ -40,7 +40,7 @@ async def test_W16_steps_are_stored_on_the_task_and_shown(broker: FullBroker) ->
         StepsParams(lease.ref, stored(charge={"id": "ch_1"}, mail=None))
     )
     assert await broker.read_steps(lease.ref) == stored(charge={"id": "ch_1"}, mail=None)
-    info = await broker.get_task("default", "t")
+    info = await broker.admin.get_task("default", "t")
     assert info.state is A
     assert [(s.name, s.result, s.duration, s.attempt) for s in info.steps] == [
         ("charge", {"id": "ch_1"}, 0.5, 1),
@@ -48,7 +48,7 @@ async def test_W16_steps_are_stored_on_the_task_and_shown(broker: FullBroker) ->
     ]
     assert [s["name"] for s in info.to_dict()["steps"]] == ["charge", "mail"]
     assert await broker.complete(CompleteParams(lease.ref, retention=60))
-    assert len((await broker.get_task("default", "t")).steps) == 2
+    assert len((await broker.admin.get_task("default", "t")).steps) == 2
 
 
 async def test_W16_a_stale_lease_cannot_record_a_step(broker: FullBroker, clock: FakeClock) -> None:
@@ -68,7 +68,7 @@ async def test_W16_a_stale_lease_cannot_record_a_step(broker: FullBroker, clock:
     assert await broker.read_steps(second.ref) == stored(a=1)
     assert await broker.record_steps(StepsParams(second.ref, stored(a=1, b=2)))
     assert await broker.complete(CompleteParams(second.ref, retention=60))
-    assert [s.name for s in (await broker.get_task("default", "t")).steps] == ["a", "b"]
+    assert [s.name for s in (await broker.admin.get_task("default", "t")).steps] == ["a", "b"]
 
 
 async def test_W16_a_recorded_step_does_not_run_again_on_retry(app: durq.App) -> None:
@@ -160,7 +160,7 @@ async def test_W17_a_snooze_is_scheduled_without_counting_an_attempt(
     (second,) = await claim(broker)
     assert await broker.read_snoozes(second.ref) == 0
     assert await broker.retry(RetryParams(second.ref, "", 30.0, snooze=True))
-    info = await broker.get_task("default", "t")
+    info = await broker.admin.get_task("default", "t")
     assert info.state is S
     assert (info.retried, info.snoozes, info.last_error) == (1, 1, "boom")
     assert info.to_dict()["snoozes"] == 1

@@ -199,7 +199,7 @@ async def test_W14_a_context_that_never_reports_builds_no_writer() -> None:
         reports.log("info", "too late")
         await asyncio.sleep(0)
         assert len(built) == 1 and broker.writes in (1, 2)  # the writer may run meanwhile
-        info = await broker.get_task("default", "t")
+        info = await broker.admin.get_task("default", "t")
         assert [x.message for x in info.logs] == ["from a handler's thread"]
         assert info.progress is not None and info.progress.fraction == 0.25
     finally:

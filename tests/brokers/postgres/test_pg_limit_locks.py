@@ -40,7 +40,7 @@ async def test_a_claim_skips_a_counter_another_claim_holds(
     broker = await make_pg()
     await broker.enqueue_many([limited("first", A, W), limited("held", A, W)])
     (first,) = await broker.claim(claim_params(2))
-    assert (await broker.get_task("default", "held")).held_by == "w"
+    assert (await broker.admin.get_task("default", "held")).held_by == "w"
     assert await broker.complete(CompleteParams(first.ref))  # w: room, a task held on it
 
     other: dict[str, object] = {}
@@ -81,7 +81,7 @@ async def test_a_claim_skips_a_counter_another_claim_holds(
     # It never waited (waiting, it would have stood still as long as claim one: 3 s).
     assert isinstance(other["seconds"], float) and other["seconds"] < 2.0
     assert [lease.task.id for lease in leases] == ["held"]
-    late = await broker.get_task("default", "late")
+    late = await broker.admin.get_task("default", "late")
     assert late.state == "pending" and late.held_by is None  # left for the next claim
     assert await broker.claim(claim_params()) == []  # w is full now: late is held on it
-    assert (await broker.get_task("default", "late")).held_by == "w"
+    assert (await broker.admin.get_task("default", "late")).held_by == "w"
