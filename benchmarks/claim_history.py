@@ -43,13 +43,13 @@ async def measure(steps: list[int], claims: int) -> list[tuple[int, float]]:
     rows: list[tuple[int, float]] = []
     try:
         await broker.migrate()
-        async with broker._s.connection("history") as conn:
+        async with broker._storage.connection("history") as conn:
             await conn.execute("ALTER TABLE durq.tasks SET (autovacuum_enabled = false)")
         for _ in range(8):  # psycopg prepares a statement at its fifth call on a connection
             await broker.claim(claim)
         history = 0
         for step in steps:
-            async with broker._s.connection("history") as conn:
+            async with broker._storage.connection("history") as conn:
                 await conn.execute(
                     sql.SQL(
                         "INSERT INTO durq.tasks (queue, id, type, payload, state, max_retry,"

@@ -100,7 +100,7 @@ async def build(
 
 async def explain_claim(dsn: str, schema: str, batch: int) -> str:
     broker = PostgresBroker.from_url(f"{dsn}?schema={schema}")
-    query = broker._s.q["claim"]  # the exact statement the broker runs
+    query = broker._storage.statements["claim"]  # the exact statement the broker runs
     params = {
         "queues": ["default"],
         "limit": batch,

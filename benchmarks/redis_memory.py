@@ -34,7 +34,7 @@ def payload_of(size: int, i: int) -> bytes:
 
 def raw(broker: RedisBroker) -> redis.asyncio.Redis:
     """A redis-py client on the broker's server, for what the benchmark reads directly."""
-    return redis.asyncio.Redis(connection_pool=broker._s.pool)
+    return redis.asyncio.Redis(connection_pool=broker._storage.pool)
 
 
 async def used_memory(broker: RedisBroker) -> int:

@@ -362,7 +362,7 @@ def raw_redis(broker: Any) -> Any:
     """A redis-py client on the server of a Redis broker, to look at what it stored."""
     import redis.asyncio
 
-    return redis.asyncio.Redis(connection_pool=broker._s.pool)
+    return redis.asyncio.Redis(connection_pool=broker._storage.pool)
 
 
 class RedisCluster:

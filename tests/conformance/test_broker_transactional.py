@@ -59,7 +59,7 @@ class Caller:
 
 
 def caller_dsn(broker: FullBroker) -> str:
-    return str(broker._s.dsn)  # type: ignore[attr-defined]
+    return str(broker._storage.dsn)  # type: ignore[attr-defined]
 
 
 def orders(broker: FullBroker) -> str:

@@ -67,14 +67,14 @@ LEASE = 30.0
 MAX_LOST = 3
 IDS = [f"t{i}" for i in range(6)]
 #: The limits a task may carry: a concurrency key with two limits, so that tasks of one key
-#: carry different ones (a change of limit), a rate key (1 start per 10 s), or both. One rate
-#: only: PostgreSQL's claim does not yet agree with the model when tasks of one key carry
-#: different rates.
+#: carry different ones (a change of limit), a rate key (1 or 2 starts per 10 s: tasks of one
+#: key may carry different rates too), or both.
 LIMITS: dict[str | None, tuple[LimitSpec, ...]] = {
     None: (),
     "k1": (LimitSpec("k", concurrency=1),),
     "k2": (LimitSpec("k", concurrency=2),),
     "r1": (LimitSpec("r", rate=1, per=10.0),),
+    "r2": (LimitSpec("r", rate=2, per=10.0),),
     "k1r1": (LimitSpec("k", concurrency=1), LimitSpec("r", rate=1, per=10.0)),
 }
 #: A continuation: none, on completion only, or on completion and archiving.
@@ -89,7 +89,7 @@ task_options = st.fixed_dictionaries(
         "delay": st.sampled_from([0, 0, 5, 30]),
         "max_retry": st.integers(0, 2),
         "retention": st.sampled_from([0, 60]),
-        "limit": st.sampled_from([None, None, "k1", "k2", "r1", "k1r1"]),
+        "limit": st.sampled_from([None, None, "k1", "k2", "r1", "r2", "k1r1"]),
         "unique": st.sampled_from([False, False, False, True]),
     }
 )

@@ -255,7 +255,7 @@ async def test_a_flood_is_read_a_bounded_number_at_a_time(
     finally:
         flood.close()
     assert sent > 4, "the socket buffer holds fewer datagrams than the test needs"
-    listener = broker._s.listener
+    listener = broker._storage.listener
     for _ in range(50):  # let the event loop serve the socket for a while
         await asyncio.sleep(0.01)
     assert not waiting.done()  # garbage wakes nobody
@@ -291,7 +291,7 @@ async def main():
     while not leases:
         await broker.wait_for_work(["q"], 60)
         leases = await broker.claim(ClaimParams(["q"], 1, "w", 30.0))
-    listener = broker._s.listener
+    listener = broker._storage.listener
     print(json.dumps({
         "claimed": leases[0].task.id,
         "seconds": time.monotonic() - started,

@@ -24,7 +24,7 @@ async def heard_until(broker: PostgresBroker, act: Callable[[], Any], last: str)
     """The end notifications sent while ``act`` runs, up to and including ``last`` (the
     notifier sends them in order, after each commit)."""
     async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as conn:
-        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(broker._s.end_channel)))
+        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(broker._storage.end_channel)))
         await act()
         payloads: list[str] = []
         async with asyncio.timeout(30):

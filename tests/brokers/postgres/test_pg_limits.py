@@ -60,7 +60,7 @@ class Checkouts:
 
     def __init__(self, broker: PostgresBroker) -> None:
         self.counts: Counter[str] = Counter()
-        storage = broker._s
+        storage = broker._storage
         taken = storage.connection
 
         @contextlib.asynccontextmanager

@@ -109,7 +109,7 @@ async def test_straight_to_postgresql_nothing_is_found(pg_url: str) -> None:
     try:
         await broker.connect()
         assert broker.capabilities >= {CAP_CROSS_PROCESS_NOTIFY}
-        assert "prepare_threshold" not in broker._s.connect_kwargs()
+        assert "prepare_threshold" not in broker._storage.connect_kwargs()
     finally:
         await broker.close()
 

@@ -88,7 +88,7 @@ async def test_claims_planned_on_an_empty_table_do_not_read_the_queue_history(
     broker = PostgresBroker.from_url(f"{pg_url}&pool_max=1")  # one connection: one plan cache
     try:
         await broker.migrate()
-        async with broker._s.connection("test") as conn:
+        async with broker._storage.connection("test") as conn:
             # Only the plans made here count: an ANALYZE by autovacuum would plan again.
             await conn.execute(
                 sql.SQL("ALTER TABLE {}.tasks SET (autovacuum_enabled = false)").format(
@@ -98,7 +98,7 @@ async def test_claims_planned_on_an_empty_table_do_not_read_the_queue_history(
         for _ in range(6):  # psycopg prepares a statement at its fifth call on a connection
             await one_round(broker)
 
-        async with broker._s.connection("test") as conn:
+        async with broker._storage.connection("test") as conn:
             await conn.execute(
                 sql.SQL(
                     "INSERT INTO {}.tasks (queue, id, type, payload, state, max_retry,"
@@ -151,7 +151,7 @@ async def refuse_first_lease(broker: PostgresBroker, schema: str) -> None:
     transaction changed the row after the claim's snapshot and before its lock: the claim
     locked it but leased nothing."""
     s = sql.Identifier(schema)
-    async with broker._s.connection("test") as conn:
+    async with broker._storage.connection("test") as conn:
         await conn.execute(sql.SQL("CREATE TABLE {}.refused (n integer)").format(s))
         await conn.execute(
             sql.SQL(

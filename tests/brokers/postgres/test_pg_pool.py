@@ -104,7 +104,7 @@ async def test_pooled_connections_keep_one_generic_plan_per_statement(pg_url: st
         await broker.migrate()
         for _ in range(12):  # psycopg prepares a statement at its fifth call on a connection
             await broker.claim(ClaimParams(["default"], 10, "w", 30.0))
-        async with broker._s.connection("test") as conn:
+        async with broker._storage.connection("test") as conn:
             cur = await conn.execute(
                 "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
                 " WHERE statement LIKE '%forward_first%'"
@@ -118,7 +118,7 @@ async def test_pooled_connections_keep_one_generic_plan_per_statement(pg_url: st
 async def prepared(broker: PostgresBroker) -> list[str]:
     """The statements prepared in the session of the pooled connection it gets (the only
     one with pool_max=1; a new one when the others are busy)."""
-    async with broker._s.connection("test") as conn:
+    async with broker._storage.connection("test") as conn:
         cur = await conn.execute("SELECT statement FROM pg_prepared_statements")
         return [row["statement"] for row in await cur.fetchall()]
 
@@ -162,12 +162,12 @@ async def test_new_connections_of_a_claiming_broker_have_the_idle_claim_ready(
     broker = PostgresBroker.from_url(f"{pg_url}&pool_max=3")
     try:
         await broker.migrate()
-        async with broker._s.connection("hold"):  # the pool's first connection, busy
+        async with broker._storage.connection("hold"):  # the pool's first connection, busy
             assert not any("forward_first AS" in s for s in await prepared(broker))
         assert await broker.claim(ClaimParams(["default"], 10, "w", 30.0)) == []
         # A task in the queue that claim named: the warm-up must not take it.
         await broker.enqueue_many([EnqueueParams(id="a", queue="default", type="t", payload=b"")])
-        async with broker._s.connection("hold"), broker._s.connection("hold"):
+        async with broker._storage.connection("hold"), broker._storage.connection("hold"):
             # Both connections are busy: the next one is new.
             statements = await prepared(broker)
         assert any("forward_first AS" in s for s in statements), statements
@@ -182,7 +182,7 @@ async def test_behind_pgbouncer_the_pool_leaves_the_plan_choice_to_the_server(pg
     broker = PostgresBroker.from_url(f"{pg_url}&pool_max=1&pgbouncer=true")
     try:
         await broker.migrate()
-        async with broker._s.connection("test") as conn:
+        async with broker._storage.connection("test") as conn:
             cur = await conn.execute("SHOW plan_cache_mode")
             row = await cur.fetchone()
         assert row is not None and row["plan_cache_mode"] == "auto"

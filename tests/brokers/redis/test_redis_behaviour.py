@@ -35,10 +35,10 @@ def unknown_to_server(broker: RedisBroker) -> None:
     import uuid
 
     fresh = {}
-    for name, s in broker._s.scripts.items():
+    for name, s in broker._storage.scripts.items():
         source = s.source + f"\n-- {uuid.uuid4()}\n".encode()
         fresh[name] = LuaScript(name, source, hashlib.sha1(source).hexdigest())
-    broker._s.scripts = fresh
+    broker._storage.scripts = fresh
 
 
 async def test_scripts_are_reloaded_on_noscript(rbroker: RedisBroker) -> None:
@@ -96,10 +96,10 @@ class SlotRecorder:
         self.calls: list[list[str]] = []
         #: Claim calls of several queues (on a cluster each queue has a call of its own).
         self.several_queues = 0
-        wire = broker._s.wire
+        wire = broker._storage.wire
         wire_call, wire_call_many = wire.call, wire.call_many
 
-        claim_sha = broker._s.scripts["claim"].sha
+        claim_sha = broker._storage.scripts["claim"].sha
 
         def record(command: Any) -> None:
             if command[0] == "EVALSHA":
@@ -230,7 +230,7 @@ async def test_E9_concurrent_enqueues_share_script_calls(rbroker: RedisBroker) -
     """50 callers, 10 enqueues each: a script call carries the calls that arrived while the
     one before was in flight (not one script call per enqueue)."""
     await rbroker.enqueue(task("warm"))  # connected, queue known
-    wire = rbroker._s.wire
+    wire = rbroker._storage.wire
     scripts: list[int] = []  # EVALSHA commands per round trip
 
     def counted(send: Any) -> Any:
@@ -260,7 +260,7 @@ async def test_E9_concurrent_enqueues_keep_two_round_trips_in_flight(rbroker: Re
     """While Redis runs one batch of concurrent enqueues the next is already on its way: two
     round trips in flight, never more."""
     await rbroker.enqueue(task("warm"))
-    wire = rbroker._s.wire
+    wire = rbroker._storage.wire
     flying = most = 0
 
     def counted(send: Any) -> Any:
@@ -296,7 +296,7 @@ async def test_a_held_entry_of_the_layout_before_ranks_is_still_let_back(
         clock.advance(0.001)
     (lease,) = await rbroker.claim(claim_params(["default"]))
     assert await rbroker.claim(claim_params(["default"])) == []  # both held now
-    held_key = rbroker._s.keys.queue("default").held
+    held_key = rbroker._storage.keys.queue("default").held
     redis = raw_redis(rbroker)
     for entry in await redis.zrange(held_key, 0, -1):
         key, _rank, member = entry.split(b"\0")

@@ -225,7 +225,7 @@ async def test_follow_up_left_in_the_outbox_is_created_once(
     (lease,) = await cbroker.claim(ClaimParams(["default"], 1, "w", 60.0))
     follow = task("then:a", "mail")
     done = CompleteParams(lease.ref, None, 60, (follow,))
-    s = cbroker._s
+    s = cbroker._storage
     assert await s.eval(*cbroker._complete_call(done, s.clock.now()))
     outbox = s.keys.queue("default").outbox
     entries = await s.command("HGETALL", outbox)

@@ -102,14 +102,14 @@ async def test_wrong_credentials_are_a_broker_error_not_a_hang(private_redis) ->
 async def test_too_old_a_server_is_refused(rbroker: RedisBroker, monkeypatch) -> None:
     fresh = RedisBroker.from_url(f"{REDIS_URL}?prefix={rbroker.prefix}")
 
-    real = fresh._s.command
+    real = fresh._storage.command
 
     async def old_info(*args: Any) -> Any:
         if args[:1] == ("INFO",):
             return b"# Server\r\nredis_version:6.0.16\r\n"
         return await real(*args)
 
-    monkeypatch.setattr(fresh._s, "command", old_info)
+    monkeypatch.setattr(fresh._storage, "command", old_info)
     with pytest.raises(SchemaError, match=r"too old: durq needs Redis 6\.2"):
         await fresh.connect()
     await fresh.close()
@@ -147,8 +147,8 @@ def test_malformed_urls_are_configuration_errors(url: str) -> None:
 def test_prefix_is_taken_out_of_the_url_and_other_options_pass_through() -> None:
     broker = RedisBroker.from_url("redis://127.0.0.1:6379/3?prefix=app1&socket_timeout=1.5")
     assert broker.prefix == "app1"
-    kwargs = broker._s.pool.connection_kwargs
+    kwargs = broker._storage.pool.connection_kwargs
     assert kwargs["db"] == 3 and kwargs["socket_timeout"] == 1.5
     unix = open_broker("unix:///tmp/redis.sock?prefix=u1&db=2")
     assert isinstance(unix, RedisBroker) and unix.prefix == "u1"
-    assert unix._s.pool.connection_kwargs["path"] == "/tmp/redis.sock"
+    assert unix._storage.pool.connection_kwargs["path"] == "/tmp/redis.sock"

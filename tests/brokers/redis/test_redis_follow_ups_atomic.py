@@ -31,7 +31,7 @@ ARCHIVING = {"archive", "admin_move"}
 def cut(broker: RedisBroker, *, before: bool) -> None:
     """Make the connection fail at the first archiving script call: ``before`` it runs (the
     archive never reaches the server), or right after its reply (every later call fails)."""
-    eval_one, eval_many = broker._s.eval, broker._s.eval_many
+    eval_one, eval_many = broker._storage.eval, broker._storage.eval_many
     gone = False
 
     async def guarded(names: Sequence[str], call: Callable[[], Awaitable[Any]]) -> Any:
@@ -50,8 +50,8 @@ def cut(broker: RedisBroker, *, before: bool) -> None:
     async def many(calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
         return await guarded([c[0] for c in calls], lambda: eval_many(calls))
 
-    broker._s.eval = one  # type: ignore[method-assign]
-    broker._s.eval_many = many  # type: ignore[method-assign]
+    broker._storage.eval = one  # type: ignore[method-assign]
+    broker._storage.eval_many = many  # type: ignore[method-assign]
 
 
 async def archive_by(actor: str, broker: RedisBroker) -> None:

@@ -66,7 +66,7 @@ async def test_deleting_every_member_of_the_maximum_leaves_no_task_key(
     last = EnqueueRequest("m:x", {"i": "last"}, process_in=3600)
     await rbroker.enqueue_group(_group(app, "full", last, process_in=3600))
     assert await rbroker.admin.move_all("default", TaskState.SCHEDULED, None) == groups.MAX_MEMBERS
-    qk = rbroker._s.keys.queue("default")
+    qk = rbroker._storage.keys.queue("default")
     raw = raw_redis(rbroker)
     tasks = [k async for k in raw.scan_iter(match=f"{qk.task_prefix}*", count=1000)]
     assert tasks == [qk.task("group:full").encode()]
@@ -80,7 +80,7 @@ async def test_a_group_wakes_its_queue_once(rbroker: RedisBroker) -> None:
     """One wake-up message for a group's pending members (E9), as for a batch: a group of
     10,000 must not send 10,000 messages to every subscribed worker."""
     app = durq.App(rbroker)
-    channel = rbroker._s.keys.queue("default").notify
+    channel = rbroker._storage.keys.queue("default").notify
     pubsub = raw_redis(rbroker).pubsub()
     await pubsub.subscribe(channel)
     try:
@@ -128,6 +128,6 @@ async def test_a_group_made_before_the_follow_up_waited_still_fans_in(
     rbroker: RedisBroker,
 ) -> None:
     async def downgrade(group_id: str) -> None:
-        await raw_redis(rbroker).hdel(rbroker._s.keys.queue("default").group(group_id), "w")
+        await raw_redis(rbroker).hdel(rbroker._storage.keys.queue("default").group(group_id), "w")
 
     await check_group_made_before_upgrade(rbroker, downgrade)

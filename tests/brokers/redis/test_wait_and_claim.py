@@ -24,11 +24,11 @@ def claim(limit: int = 1, *queues: str) -> ClaimParams:
 async def blocked(broker: RedisBroker, params: ClaimParams, timeout: float) -> asyncio.Task:
     """A wait_and_claim call that has reached the server and blocks there."""
     waiting = asyncio.create_task(broker.wait_and_claim(params, timeout))
-    blocking = broker._s.blocking_wire
+    blocking = broker._storage.blocking_wire
     assert blocking is not None
     for _ in range(200):
         await asyncio.sleep(0.01)
-        clients = await broker._s.command("CLIENT", "LIST", "TYPE", "normal")
+        clients = await broker._storage.command("CLIENT", "LIST", "TYPE", "normal")
         if b"cmd=blpop" in clients:
             return waiting
     raise AssertionError("the wait never blocked on the server")

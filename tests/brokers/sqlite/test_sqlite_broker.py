@@ -20,7 +20,7 @@ from durq.brokers.sqlfiles import parse_named
 from durq.brokers.sqlite import SQLiteBroker
 from durq.brokers.sqlite.admin import SEARCH_FUNCTION
 from durq.brokers.sqlite.broker import SHORT_CALL_TASKS
-from durq.brokers.sqlite.storage import MIGRATIONS, SCHEMA_VERSION, Q, split_statements
+from durq.brokers.sqlite.storage import MIGRATIONS, SCHEMA_VERSION, STATEMENTS, split_statements
 from durq.clock import FakeClock
 from durq.errors import BrokerUnavailableError, ConfigurationError, SchemaError
 
@@ -225,7 +225,7 @@ async def test_short_calls_run_on_the_callers_thread_only_when_the_connection_is
         conn.execute("SELECT 1").fetchone()
         return threading.current_thread().name
 
-    storage = broker._s
+    storage = broker._storage
     assert await storage.call("test", where, inline=True) == here
     assert await storage.call("test", where) != here  # not marked short: the database thread
     # While the database thread holds the connection, a short call queues behind it there.
@@ -239,11 +239,11 @@ async def test_short_calls_run_on_the_callers_thread_only_when_the_connection_is
 def test_every_query_prepares_against_the_schema() -> None:
     conn = sqlite3.connect(":memory:")
     conn.create_function(SEARCH_FUNCTION, 2, lambda *_: 1)  # the admin registers it per search
-    conn.execute(Q["migrations_table"])
+    conn.execute(STATEMENTS["migrations_table"])
     for migration in MIGRATIONS:
         for statement in split_statements(migration.sql):
             conn.execute(statement)
-    for name, sql in Q.items():
+    for name, sql in STATEMENTS.items():
         if sql.upper().startswith(("CREATE", "PRAGMA")):
             continue
         # EXPLAIN compiles without running.
@@ -257,21 +257,21 @@ def test_claim_uses_the_partial_index() -> None:
     for migration in MIGRATIONS:
         for statement in split_statements(migration.sql):
             conn.execute(statement)
-    query = Q["claim_candidates"]
+    query = STATEMENTS["claim_candidates"]
     names = dict.fromkeys(re.findall(r":([a-z_]+)", query))
     plan = " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {query}", names))
     assert "durq_tasks_claimable" in plan
     assert "TEMP B-TREE" not in plan  # the index order is the claim order
     # The claim's first step finds due scheduled/retry rows by range, not by a table scan.
-    names = dict.fromkeys(re.findall(r":([a-z_]+)", Q["promote_queue"]))
+    names = dict.fromkeys(re.findall(r":([a-z_]+)", STATEMENTS["promote_queue"]))
     plan = " ".join(
-        row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {Q['promote_queue']}", names)
+        row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {STATEMENTS['promote_queue']}", names)
     )
     assert "INDEX durq_tasks_state (queue=? AND state=? AND next_process_at<?)" in plan, plan
     # The idle check finds pending rows through the claim index too, past any held rows.
-    names = dict.fromkeys(re.findall(r":([a-z_]+)", Q["any_claimable"]))
+    names = dict.fromkeys(re.findall(r":([a-z_]+)", STATEMENTS["any_claimable"]))
     plan = " ".join(
-        row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {Q['any_claimable']}", names)
+        row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {STATEMENTS['any_claimable']}", names)
     )
     assert "INDEX durq_tasks_claimable (queue=?)" in plan, plan
 
@@ -283,7 +283,7 @@ async def test_priority_migration_keeps_existing_tasks_claimable_in_order(
     each has priority 0 and the claim takes the due ones in due-time order."""
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
-    conn.execute(Q["migrations_table"])
+    conn.execute(STATEMENTS["migrations_table"])
     (adding,) = [m for m in MIGRATIONS if m.label.endswith("_priority")]
     for migration in MIGRATIONS:
         if migration.version >= adding.version:
@@ -291,7 +291,8 @@ async def test_priority_migration_keeps_existing_tasks_claimable_in_order(
         for statement in split_statements(migration.sql):
             conn.execute(statement)
         conn.execute(
-            Q["record_migration"], {"version": migration.version, "name": "old", "now": 0.0}
+            STATEMENTS["record_migration"],
+            {"version": migration.version, "name": "old", "now": 0.0},
         )
     t0 = 1_800_000_000.0
     for task_id, state, at in [
@@ -380,7 +381,7 @@ async def test_the_wal_is_checkpointed_in_the_background(tmp_path: Path) -> None
     await broker.connect()
     for i in range(20):
         await broker.enqueue(task(f"t{i}"))
-    checkpointer = broker._s.checkpointer
+    checkpointer = broker._storage.checkpointer
 
     def in_the_file() -> int:
         """Tasks another connection sees reading only the database file (no WAL)."""
@@ -418,7 +419,7 @@ async def test_claims_of_many_tasks_go_to_the_database_thread(tmp_path: Path) ->
     many = SHORT_CALL_TASKS + 1
     await broker.enqueue_many([task(f"t{i}") for i in range(many + 1)])
     threads: set[str] = set()
-    conn = broker._s._conn
+    conn = broker._storage._conn
     assert conn is not None
     conn.set_trace_callback(lambda _: threads.add(threading.current_thread().name))
     here = threading.current_thread().name

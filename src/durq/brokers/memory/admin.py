@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from durq.brokers.memory.storage import READY, A, P, Row, Store, X
+from durq.brokers.memory.storage import ACTIVE, ARCHIVED, CLAIMABLE, PENDING, Row, Store
 from durq.brokers.params import TaskMove, TaskRewrite
 from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
@@ -153,7 +153,7 @@ class MemoryAdmin:
         return row
 
     def _run(self, row: Row, now: float) -> None:
-        self._store.move(row, P)
+        self._store.move(row, PENDING)
         row.next_process_at = now
         row.lost = 0
         row.cancel_requested = False
@@ -166,7 +166,7 @@ class MemoryAdmin:
         with store.lock:
             now = self._clock.now()
             row = store.get(move.queue, move.id, now)
-            if row is None or row.state is not move.expect or row.state is A:
+            if row is None or row.state is not move.expect or row.state is ACTIVE:
                 return None
             kind = move.kind
             if kind == "delete":
@@ -178,9 +178,9 @@ class MemoryAdmin:
                 woken.add(row.queue)
                 info = row.info()
             else:
-                if row.state not in READY and row.state is not TaskState.WAITING:
+                if row.state not in CLAIMABLE and row.state is not TaskState.WAITING:
                     return None
-                store.move(row, X)
+                store.move(row, ARCHIVED)
                 woken |= store.release_dependents(row, now)
                 row.expires_at = now  # the moment it was archived (archived retention)
                 if move.error is not None:
@@ -210,7 +210,7 @@ class MemoryAdmin:
         """Flag an active task for its worker (W12)."""
         with self._store.lock:
             row = self._store.get(queue, task_id, self._clock.now())
-            if row is None or row.state is not A:
+            if row is None or row.state is not ACTIVE:
                 return None
             row.cancel_requested = True
             return row.info()
@@ -221,7 +221,7 @@ class MemoryAdmin:
             row = self._store.get(rewrite.queue, rewrite.id, self._clock.now())
             if (
                 row is None
-                or row.state is A
+                or row.state is ACTIVE
                 or row.state is not TaskState(rewrite.expect)
                 or row.payload != rewrite.payload
                 or row.result != rewrite.result
@@ -239,12 +239,12 @@ class MemoryAdmin:
             rows = [row for row in self._store.rows(queue) if row.state is state]
             woken: set[str] = set()
             for row in rows:
-                if to is P:
+                if to is PENDING:
                     self._run(row, now)
                 else:
                     woken |= self._store.forget(row, now)
                     self._store.delete(row)
-        if rows and to is P:
+        if rows and to is PENDING:
             woken.add(queue)
         self._store.notify(woken)
         return len(rows)

@@ -22,7 +22,16 @@ from durq.brokers.contract import (
 )
 from durq.brokers.mailbox import Waiter, end_key
 from durq.brokers.memory.admin import MemoryAdmin
-from durq.brokers.memory.storage import C, P, R, Row, S, Store, X, store_for
+from durq.brokers.memory.storage import (
+    ARCHIVED,
+    COMPLETED,
+    PENDING,
+    RETRY,
+    SCHEDULED,
+    Row,
+    Store,
+    store_for,
+)
 from durq.brokers.params import (
     ArchivedRetention,
     ArchiveParams,
@@ -138,7 +147,7 @@ class MemoryBroker:
         store = self._store
         with store.lock:
             infos = [row.info() for row in store.insert_group(params, self._clock.now())]
-        store.notify({i.queue for i in infos if i.state is P})
+        store.notify({i.queue for i in infos if i.state is PENDING})
         return infos
 
     def _no_connection(self, connection: Any) -> None:
@@ -218,7 +227,7 @@ class MemoryBroker:
         if row.limits and store.queues[row.queue].release(row):
             woken.add(row.queue)
         if p.retention > 0:
-            store.move(row, C)
+            store.move(row, COMPLETED)
             row.completed_at = now
             row.result = p.result
             row.retention = p.retention
@@ -270,12 +279,12 @@ class MemoryBroker:
             row.traceback = p.traceback
         row.end_lease()
         if isinstance(p, RetryParams):
-            store.move(row, S if snooze else R)
+            store.move(row, SCHEDULED if snooze else RETRY)
             row.next_process_at = now + max(0.0, p.delay)
             if p.delay <= 0:
                 woken.add(row.queue)
         else:
-            store.move(row, X)
+            store.move(row, ARCHIVED)
             row.expires_at = now  # the moment it was archived, as on the SQL brokers
             if row.dependents is not None:
                 woken |= store.release_dependents(row, now)
@@ -346,7 +355,7 @@ class MemoryBroker:
                 return False
             if row.limits:
                 store.queues[row.queue].release(row)
-            store.move(row, P)
+            store.move(row, PENDING)
             row.next_process_at = self._clock.now()
             row.end_lease()
         store.notify([lease.queue])
@@ -363,8 +372,8 @@ class MemoryBroker:
             now = self._clock.now()
             for queue in store.queues.values():
                 for row in list(queue.waiting.values()):
-                    if row.state is not P and row.next_process_at <= now:
-                        store.move(row, P)
+                    if row.state is not PENDING and row.next_process_at <= now:
+                        store.move(row, PENDING)
                         woken.add(row.queue)
                         count += 1
         store.notify(woken)
@@ -386,7 +395,7 @@ class MemoryBroker:
             old = [
                 row
                 for row in store.tasks.values()
-                if row.state is X
+                if row.state is ARCHIVED
                 and (keep := retention.of(row.queue)) is not None
                 and row.expires_at is not None
                 and row.expires_at <= now - keep

@@ -35,7 +35,7 @@ from durq.states import TaskState
 from durq.steps import decode_steps
 from durq.task import LimitSpec, TaskInfo, make_info
 
-P, S, A, R, X, C, W = (
+PENDING, SCHEDULED, ACTIVE, RETRY, ARCHIVED, COMPLETED, WAITING = (
     TaskState.PENDING,
     TaskState.SCHEDULED,
     TaskState.ACTIVE,
@@ -45,7 +45,7 @@ P, S, A, R, X, C, W = (
     TaskState.WAITING,
 )
 #: States a claim may take a task from (when due).
-READY = frozenset({P, S, R})
+CLAIMABLE = frozenset({PENDING, SCHEDULED, RETRY})
 
 
 @dataclass(slots=True, eq=False)
@@ -132,13 +132,13 @@ class Row:
 
     def gone(self, now: float) -> bool:
         """A completed task past its retention counts as gone (E3) before the janitor runs."""
-        return self.state is C and self.expires_at is not None and self.expires_at <= now
+        return self.state is COMPLETED and self.expires_at is not None and self.expires_at <= now
 
     def holds(self, token: str) -> bool:
-        return self.state is A and self.lease_token == token
+        return self.state is ACTIVE and self.lease_token == token
 
     def due(self, now: float) -> bool:
-        return self.state in READY and self.next_process_at <= now
+        return self.state in CLAIMABLE and self.next_process_at <= now
 
     def claim_order(self) -> tuple[int, float, int]:
         """Claim order within a queue: higher priority, then due time, then enqueue order."""
@@ -152,7 +152,7 @@ class Row:
 
     def lease_expired(self, mono: float) -> bool:
         """Active, and its lease ran out on the monotonic clock reading ``mono``."""
-        return self.state is A and self.lease_mono is not None and self.lease_mono <= mono
+        return self.state is ACTIVE and self.lease_mono is not None and self.lease_mono <= mono
 
 
 @dataclass(slots=True, eq=False)
@@ -214,7 +214,7 @@ class Queue:
             if not rows:
                 del self.held[row.held]
         row.held = None
-        if row.state in READY:
+        if row.state in CLAIMABLE:
             self.waiting[row.id] = row
 
     def let_back(self, now: float) -> None:
@@ -310,12 +310,12 @@ class Store:
         queue = self.queues[row.queue]
         queue.unhold(row)
         waiting = queue.waiting
-        if state in READY:
+        if state in CLAIMABLE:
             waiting[row.id] = row
         else:
             waiting.pop(row.id, None)
         row.state = state
-        if state in (C, X):
+        if state in (COMPLETED, ARCHIVED):
             self.release_unique(row)
 
     def release_unique(self, row: Row) -> None:
@@ -361,7 +361,7 @@ class Store:
             queue=p.queue,
             type=p.type,
             payload=bytes(p.payload),
-            state=W if holding else S if scheduled else P,
+            state=WAITING if holding else SCHEDULED if scheduled else PENDING,
             max_retry=p.max_retry,
             seq=next(self._seq),
             next_process_at=now if until is None else until,
@@ -401,13 +401,13 @@ class Store:
         woken: set[str] = set()
         for key, n in dependencies.countdown([raw]).items():
             waiting = self.tasks.get(key)
-            if waiting is None or waiting.state is not W:
+            if waiting is None or waiting.state is not WAITING:
                 continue  # cancelled, deleted or archived meanwhile
             waiting.waiting_for = dependencies.left_after(waiting.waiting_for, n)
             if waiting.waiting_for == 0:
                 to = dependencies.released(waiting.next_process_at, now)
                 self.move(waiting, to)
-                if to is P:
+                if to is PENDING:
                     woken.add(waiting.queue)
         return woken
 
@@ -420,7 +420,7 @@ class Store:
                 row = self.insert(p, now)
             except (TaskIDConflictError, DuplicateTaskError):
                 continue  # created by an earlier outcome of the same task
-            if row.state is P:
+            if row.state is PENDING:
                 woken.add(p.queue)
         return woken
 
@@ -459,7 +459,7 @@ class Store:
         if then is not None:
             # Waits for one thing, its group: the group's own count releases it.
             row = self.insert(then, now)
-            self.move(row, W)
+            self.move(row, WAITING)
             row.waiting_for = 1
         self.groups[(p.queue, p.id)] = group
         for i, member in enumerate(p.members):
@@ -487,18 +487,18 @@ class Store:
         if then is None:
             return set()
         row = self.tasks.get((then.queue, then.id))
-        if row is None or row.state is not W:
+        if row is None or row.state is not WAITING:
             return set()  # the waiting follow-up was cancelled or deleted: it never runs
         row.payload = fan_in_payload(then.payload, group.entries, group.params.tail)
         row.waiting_for = 0
         to = dependencies.released(row.next_process_at, now)
         self.move(row, to)
-        return {row.queue} if to is P else set()
+        return {row.queue} if to is PENDING else set()
 
     def forget(self, row: Row, now: float) -> set[str]:
         """A task is deleted by the inspector: an unfinished member finishes as deleted, and
         its dependents count it as finished."""
-        if row.state in (C, X):
+        if row.state in (COMPLETED, ARCHIVED):
             return set()
         woken = self.release_dependents(row, now)
         return woken | self.finish_member(row.queue, row.id, "deleted", None, now)
@@ -510,7 +510,7 @@ class Store:
                 del self.groups[key]
 
     def lease(self, row: Row, now: float, mono: float, lease_seconds: float, worker_id: str) -> str:
-        self.move(row, A)
+        self.move(row, ACTIVE)
         row.lease_token = secrets.token_hex(16)
         row.lease_expires_at = now + lease_seconds
         row.lease_mono = mono + lease_seconds

@@ -36,7 +36,7 @@ class PostgresAdmin:
     workers."""
 
     def __init__(self, storage: PostgresStorage) -> None:
-        self._s = storage
+        self._storage = storage
 
     def _to_stats(self, row: Row, now: float) -> QueueStats:
         sizes: dict[str, Any] = row["sizes"] or {}
@@ -53,8 +53,8 @@ class PostgresAdmin:
         )
 
     async def _stats_rows(self, method: str, queue: str | None) -> list[QueueStats]:
-        now = self._s.now()
-        rows = await self._s.fetch(
+        now = self._storage.now()
+        rows = await self._storage.fetch(
             method, "queue_stats", {"queue": queue, "now": now, "day": utc_day(now)}
         )
         return [self._to_stats(r, now) for r in rows]
@@ -71,20 +71,20 @@ class PostgresAdmin:
         return found[0]
 
     async def _require_queue(self, method: str, queue: str) -> None:
-        if await self._s.fetch_one(method, "queue_exists", {"queue": queue}) is None:
+        if await self._storage.fetch_one(method, "queue_exists", {"queue": queue}) is None:
             raise QueueNotFoundError(f"no queue named {queue!r}")
 
     async def list_tasks(
         self, queue: str, state: TaskState, *, limit: int = 50, offset: int = 0
     ) -> list[TaskInfo]:
         """Tasks of one queue in one state, oldest first; QueueNotFoundError if unknown."""
-        rows = await self._s.fetch(
+        rows = await self._storage.fetch(
             "list_tasks",
             "list_tasks",
             {
                 "queue": queue,
                 "state": TaskState(state).value,
-                "now": self._s.now(),
+                "now": self._storage.now(),
                 "limit": max(0, limit),
                 "offset": max(0, offset),
             },
@@ -96,13 +96,13 @@ class PostgresAdmin:
     async def search_tasks(self, search: TaskSearch) -> TaskSearchResult:
         """Tasks of one queue and state passing the filter, counted and paged in one query."""
         f = search.filter
-        rows = await self._s.fetch(
+        rows = await self._storage.fetch(
             "search_tasks",
             "search_tasks",
             {
                 "queue": search.queue,
                 "state": TaskState(search.state).value,
-                "now": self._s.now(),
+                "now": self._storage.now(),
                 "type": f.type,
                 "error": None if f.error is None else ascii_lower(f.error),
                 "payload": json.dumps([sql_pair(path, text) for path, text in f.payload]),
@@ -117,17 +117,17 @@ class PostgresAdmin:
 
     async def minute_counts(self, queue: str | None, since: float) -> list[MinuteCounts]:
         """Per-minute counters from the minute of ``since`` on."""
-        rows = await self._s.fetch(
+        rows = await self._storage.fetch(
             "minute_counts",
             "minute_counts",
-            {"queue": queue, "since": first_counted_minute(since, self._s.now())},
+            {"queue": queue, "since": first_counted_minute(since, self._storage.now())},
         )
         return [MinuteCounts(int(r["minute"]), int(r["processed"]), int(r["failed"])) for r in rows]
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task; TaskNotFoundError if absent (or completed past its retention)."""
-        row = await self._s.fetch_one(
-            "get_task", "get_task", {"queue": queue, "id": task_id, "now": self._s.now()}
+        row = await self._storage.fetch_one(
+            "get_task", "get_task", {"queue": queue, "id": task_id, "now": self._storage.now()}
         )
         if row is None:
             raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
@@ -140,8 +140,8 @@ class PostgresAdmin:
             "queue": move.queue,
             "id": move.id,
             "expect": move.expect.value,
-            "now": self._s.now(),
-            "channel": self._s.channel,
+            "now": self._storage.now(),
+            "channel": self._storage.channel,
             "error": move.error,
         }
         query = f"{move.kind}_task"
@@ -154,47 +154,49 @@ class PostgresAdmin:
                 return []
             if move.to in (None, TaskState.ARCHIVED) and dependencies.unfinished(move.expect):
                 # Archived, cancelled, or deleted before it finished: its dependents count it.
-                released.update(await self._s.release_dependents(conn, [rows[0]["dependents"]]))
+                released.update(
+                    await self._storage.release_dependents(conn, [rows[0]["dependents"]])
+                )
             if move.to is None:  # deleted: an unfinished group member finishes as deleted
-                return await self._s.forget(conn, move.queue, move.id, "")
+                return await self._storage.forget(conn, move.queue, move.id, "")
             if move.group is not None:
-                return await self._s.finish_members(conn, [(move.queue, move.id, move.group)])
+                return await self._storage.finish_members(conn, [(move.queue, move.id, move.group)])
             return []
 
-        rows = await self._s.write_with_follow_ups(
+        rows = await self._storage.write_with_follow_ups(
             query, query, params, lambda rows: follow_ups if rows else (), groups
         )
         if not rows:
             return None
         if released:
-            self._s.notifier.add(released)
+            self._storage.notifier.add(released)
         if move.to is not TaskState.PENDING:
-            self._s.ended([(move.queue, move.id)])
+            self._storage.ended([(move.queue, move.id)])
         return row_to_info(rows[0])
 
     async def get_group(self, queue: str, group_id: str) -> GroupInfo:
         """One group with its members; GroupNotFoundError if absent or expired."""
-        key = {"queue": queue, "id": group_id, "now": self._s.now()}
-        async with self._s.connection("get_group") as conn, conn.transaction():
-            cur = await conn.execute(self._s.q["get_group"], key)
+        key = {"queue": queue, "id": group_id, "now": self._storage.now()}
+        async with self._storage.connection("get_group") as conn, conn.transaction():
+            cur = await conn.execute(self._storage.statements["get_group"], key)
             g = await cur.fetchone()
             if g is None:
                 raise GroupNotFoundError(f"no group {group_id!r} in queue {queue!r}")
-            cur = await conn.execute(self._s.q["group_members"], key)
+            cur = await conn.execute(self._storage.statements["group_members"], key)
             members = await cur.fetchall()
         return group_info(g, members)
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """Flag an active task for its worker (W12)."""
-        row = await self._s.fetch_one(
+        row = await self._storage.fetch_one(
             "request_cancel", "request_cancel", {"queue": queue, "id": task_id}
         )
         return None if row is None else row_to_info(row)
 
     async def rewrite_task(self, rewrite: TaskRewrite) -> bool:
         """New payload and result bytes, fenced (see :class:`TaskRewrite`)."""
-        params = {**rewrite_params(rewrite), "now": self._s.now()}
-        return await self._s.rowcount("rewrite_task", "rewrite_task", params) == 1
+        params = {**rewrite_params(rewrite), "now": self._storage.now()}
+        return await self._storage.rowcount("rewrite_task", "rewrite_task", params) == 1
 
     async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
         """Run (``to`` pending) or delete (``to`` None) every task of ``state``."""
@@ -202,33 +204,37 @@ class PostgresAdmin:
         params = {
             "queue": queue,
             "state": state.value,
-            "now": self._s.now(),
-            "channel": self._s.channel,
+            "now": self._storage.now(),
+            "channel": self._storage.channel,
         }
         if to is TaskState.PENDING:
-            row = await self._s.fetch_one("run_all", "run_all", params)
+            row = await self._storage.fetch_one("run_all", "run_all", params)
             count = int(row["n"]) if row else 0
         else:
-            async with self._s.connection("delete_all") as conn, conn.transaction():
+            async with self._storage.connection("delete_all") as conn, conn.transaction():
                 # Unfinished group members among them finish as deleted, first.
-                created = await self._s.forget(conn, queue, None, state.value)
+                created = await self._storage.forget(conn, queue, None, state.value)
                 released: set[str] = set()
                 if dependencies.unfinished(state):
-                    cur = await conn.execute(self._s.q["dependents_in_state"], params)
+                    cur = await conn.execute(
+                        self._storage.statements["dependents_in_state"], params
+                    )
                     lists = [r["dependents"] for r in await cur.fetchall()]
-                    released = await self._s.release_dependents(conn, lists)
-                cur = await conn.execute(self._s.q["delete_all"], params)
+                    released = await self._storage.release_dependents(conn, lists)
+                cur = await conn.execute(self._storage.statements["delete_all"], params)
                 count = max(cur.rowcount, 0)
-            self._s.notify_created(created)
+            self._storage.notify_created(created)
             if released:
-                self._s.notifier.add(released)
+                self._storage.notifier.add(released)
         if count == 0:
             await self._require_queue("move_all", queue)
         return count
 
     async def _set_paused(self, method: str, queue: str, paused: bool) -> None:
-        row = await self._s.fetch_one(
-            method, "set_paused", {"queue": queue, "paused": paused, "channel": self._s.channel}
+        row = await self._storage.fetch_one(
+            method,
+            "set_paused",
+            {"queue": queue, "paused": paused, "channel": self._storage.channel},
         )
         if row is None:
             raise QueueNotFoundError(f"no queue named {queue!r}")
@@ -243,14 +249,14 @@ class PostgresAdmin:
 
     async def list_limits(self, queue: str | None = None) -> list[LimitStats]:
         """Flow-control keys by queue and key (W13)."""
-        rows = await self._s.fetch("list_limits", "list_limits", {"queue": queue})
-        now = self._s.now()
+        rows = await self._storage.fetch("list_limits", "list_limits", {"queue": queue})
+        now = self._storage.now()
         return [stored(r).stats(r["queue"], r["key"], r["held_count"], now) for r in rows]
 
     async def list_workers(self) -> list[WorkerInfo]:
         """Worker processes that sent a heartbeat recently."""
-        rows = await self._s.fetch(
-            "list_workers", "list_workers", {"since": self._s.now() - WORKER_VISIBLE_FOR}
+        rows = await self._storage.fetch(
+            "list_workers", "list_workers", {"since": self._storage.now() - WORKER_VISIBLE_FOR}
         )
         return [
             WorkerInfo(
@@ -271,22 +277,24 @@ class PostgresAdmin:
 
     async def list_schedules(self) -> list[ScheduleRecord]:
         """Every stored schedule, by name."""
-        rows = await self._s.fetch("list_schedules", "list_schedules", {})
+        rows = await self._storage.fetch("list_schedules", "list_schedules", {})
         return [schedule_record(r) for r in rows]
 
     async def get_schedule(self, name: str) -> ScheduleRecord | None:
         """One stored schedule, or ``None``."""
-        row = await self._s.fetch_one("get_schedule", "get_schedule", {"name": name})
+        row = await self._storage.fetch_one("get_schedule", "get_schedule", {"name": name})
         return None if row is None else schedule_record(row)
 
     async def put_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:
         """Create (version 0) or update, fenced by ``record.version``."""
         query = "update_schedule" if record.version else "create_schedule"
-        row = await self._s.fetch_one(
-            "put_schedule", query, schedule_row(record, self._s.sql_now())
+        row = await self._storage.fetch_one(
+            "put_schedule", query, schedule_row(record, self._storage.sql_now())
         )
         return None if row is None else schedule_record(row)
 
     async def delete_schedule(self, name: str) -> bool:
         """Delete one stored schedule; whether there was one."""
-        return await self._s.rowcount("delete_schedule", "delete_schedule", {"name": name}) > 0
+        return (
+            await self._storage.rowcount("delete_schedule", "delete_schedule", {"name": name}) > 0
+        )

@@ -131,7 +131,7 @@ class PostgresBroker:
         pgbouncer: bool | None = None,
         listen_url: str | None = None,
     ) -> None:
-        self._s = PostgresStorage(
+        self._storage = PostgresStorage(
             dsn,
             schema=schema,
             clock=clock,
@@ -142,13 +142,13 @@ class PostgresBroker:
             pgbouncer=pgbouncer,
             listen_url=listen_url,
         )
-        self.admin = PostgresAdmin(self._s)
+        self.admin = PostgresAdmin(self._storage)
         self._listener: Listener | None = None
         self._batcher = enqueue_coalescer(self._enqueue_one, self.enqueue_many)
         self._end_listener: EndListener | None = None
         self._polling_warned = False
         self._check_polling()
-        self._s.pooler_found = self._check_polling
+        self._storage.pooler_found = self._check_polling
         # When each queue was last claimed from (monotonic): a wake-up that arrives between a
         # short claim and the next wait makes that wait return at once (level-triggered).
         self._claim_marks: dict[str, float] = {}
@@ -161,7 +161,7 @@ class PostgresBroker:
         # LISTEN through a transaction pooler hears nothing: without a direct listen_url,
         # workers poll (warned once, when a worker first claims). Known from the URL, or
         # once connected (the storage finds a pooler the URL did not name).
-        return self._s.pgbouncer and self._s.listen_dsn is None
+        return self._storage.pgbouncer and self._storage.listen_dsn is None
 
     def _check_polling(self) -> None:
         if self._polling:
@@ -179,36 +179,36 @@ class PostgresBroker:
     @property
     def clock(self) -> Clock:
         """The clock this broker stamps times with (the server's, once measured)."""
-        return self._s.clock
+        return self._storage.clock
 
     @property
     def schema(self) -> str:
         """The PostgreSQL schema that holds this broker's tables."""
-        return self._s.schema
+        return self._storage.schema
 
     @property
     def channel(self) -> str:
         """The LISTEN/NOTIFY channel of this schema."""
-        return self._s.channel
+        return self._storage.channel
 
     async def connect(self) -> None:
         """Open the pool (idempotent). Raises BrokerUnavailableError or SchemaError."""
-        await self._s.connect()
+        await self._storage.connect()
 
     async def migrate(self) -> list[str]:
         """Apply the missing migrations under an advisory lock; returns their names.
 
         Safe when several processes run it at once: the lock serialises them and the second
         finds nothing left to do. A schema newer than this code is refused (SchemaError)."""
-        return await self._s.migrate()
+        return await self._storage.migrate()
 
     async def pending_migrations(self) -> list[str]:
         """The migrations :meth:`migrate` would apply, read without writing."""
-        return await self._s.pending_migrations()
+        return await self._storage.pending_migrations()
 
     async def ping(self) -> None:
         """One cheap round trip; raises BrokerUnavailableError."""
-        await self._s.ping()
+        await self._storage.ping()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -218,7 +218,7 @@ class PostgresBroker:
             if listener is not None:
                 await listener.close()
         self._listener = self._end_listener = None
-        await self._s.close()
+        await self._storage.close()
 
     # ------------------------------------------------------------------ enqueue
 
@@ -241,9 +241,9 @@ class PostgresBroker:
     async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
         """The group's record, every member and the waiting follow-up in one transaction,
         or nothing."""
-        async with self._s.connection("enqueue_group") as conn, conn.transaction():
-            infos = await self._s.insert_group(conn, params)
-        self._s.notify_created(
+        async with self._storage.connection("enqueue_group") as conn, conn.transaction():
+            infos = await self._storage.insert_group(conn, params)
+        self._storage.notify_created(
             [EnqueueOutcome(p, info=i) for p, i in zip(params.members, infos, strict=True)]
         )
         return infos
@@ -260,16 +260,16 @@ class PostgresBroker:
         if connection is None:
             # Autocommit: each statement commits at once; notify after the commit (see the
             # `enqueue` query for why not inside it).
-            plan = self._s.plan(items, None, alone=True)
-            async with self._s.connection("enqueue") as conn:
-                result = await self._s.drive(conn, plan)
-            self._s.notify_created(result)
+            plan = self._storage.plan(items, None, alone=True)
+            async with self._storage.connection("enqueue") as conn:
+                result = await self._storage.drive(conn, plan)
+            self._storage.notify_created(result)
             return result
         # The caller's transaction: the notification must wait for *its* commit.
-        plan = self._s.plan(items, self._s.channel)
+        plan = self._storage.plan(items, self._storage.channel)
         if isinstance(connection, psycopg.AsyncConnection):
-            async with self._s.errors("enqueue"):
-                result = await self._s.drive(connection, plan)
+            async with self._storage.errors("enqueue"):
+                result = await self._storage.drive(connection, plan)
             return result
         if isinstance(connection, psycopg.Connection):
             # A sync connection blocks: run it off the event loop.
@@ -288,14 +288,14 @@ class PostgresBroker:
             raise ConfigurationError("after= with connection= needs a psycopg AsyncConnection")
         outcomes: list[EnqueueOutcome] = []
         if connection is not None:
-            async with self._s.errors("enqueue"):
+            async with self._storage.errors("enqueue"):
                 for p in items:
-                    outcomes.append(await self._s.insert_after(connection, p))
+                    outcomes.append(await self._storage.insert_after(connection, p))
             return outcomes  # the caller's commit decides; workers hear of it by polling
-        async with self._s.connection("enqueue") as conn:
+        async with self._storage.connection("enqueue") as conn:
             for p in items:
-                outcomes.append(await self._s.insert_after(conn, p))
-        self._s.notify_created(outcomes)
+                outcomes.append(await self._storage.insert_after(conn, p))
+        self._storage.notify_created(outcomes)
         return outcomes
 
     def enqueue_sync_in(
@@ -313,9 +313,9 @@ class PostgresBroker:
             return []
         if any(p.after for p in items):
             raise ConfigurationError("after= with connection= needs a psycopg AsyncConnection")
-        plan = self._s.plan(items, self._s.channel)
-        with self._s.errors_sync("enqueue"):
-            result: list[EnqueueOutcome] = self._s.drive_sync(connection, plan)
+        plan = self._storage.plan(items, self._storage.channel)
+        with self._storage.errors_sync("enqueue"):
+            result: list[EnqueueOutcome] = self._storage.drive_sync(connection, plan)
         return result
 
     # ------------------------------------------------------------------ claim and leases
@@ -337,7 +337,7 @@ class PostgresBroker:
         values = self._complete_values(items)
         rows, leases, served = await self._claim(claim, values)
         if rows is None:  # the claim's deadlock rolled the completions back: alone, then
-            rows = await self._s.fetch("complete", "complete", values)
+            rows = await self._storage.fetch("complete", "complete", values)
         return self._completed(items, rows, served), leases
 
     async def _claim(
@@ -359,8 +359,8 @@ class PostgresBroker:
         # complete_claim, which only says whether that claim is needed.
         limited_mode = not self._limited.isdisjoint(queues)
         values = self._claim_values(queues, params)
-        if self._s.warm_up is None:  # this broker claims: warm its new connections up
-            self._s.warm_up = functools.partial(
+        if self._storage.warm_up is None:  # this broker claims: warm its new connections up
+            self._storage.warm_up = functools.partial(
                 self._warm_up, self._claim_values([_WARM_UP_QUEUE], params)
             )
         freed: set[str] = set()
@@ -424,7 +424,7 @@ class PostgresBroker:
             "queues": queues,
             "limit": params.limit,
             "take": params.limit,
-            "now": self._s.sql_now(),
+            "now": self._storage.sql_now(),
             "lease_seconds": float(params.lease_seconds),
             "worker_id": params.worker_id,
             "forward": max(params.limit, CLAIM_FORWARD),
@@ -438,7 +438,7 @@ class PostgresBroker:
         spell, the first idle claim on each of them took 1.5-3 ms more. A failure leaves the
         connection as it was (the claim prepares the statement then). ``values``: a claim's,
         with a queue of its own (their types select the prepared statement)."""
-        statement = self._s.raw["claim"]
+        statement = self._storage.raw_statements["claim"]
         try:
             cur = AsyncRawCursor(conn, row_factory=tuple_row)
             await cur.execute(statement.text, statement.params({**values, "check_due": True}))
@@ -492,7 +492,7 @@ class PostgresBroker:
         """``run`` on a pooled connection. A deadlock rolls its statements back and is never
         fatal (nor expected: claims never wait for a counter, outcomes lock theirs in key
         order); it answers ``on_deadlock`` and the worker claims again later."""
-        async with self._s.connection("claim") as conn:
+        async with self._storage.connection("claim") as conn:
             try:
                 return await run(conn)
             except psycopg.errors.DeadlockDetected:
@@ -501,7 +501,7 @@ class PostgresBroker:
 
     async def _claim_rows(self, query: str, values: dict[str, Any]) -> list[tuple[Any, ...]] | None:
         """One claim statement's rows, as tuples; ``None`` when a deadlock rolled it back."""
-        statement = self._s.raw[query]
+        statement = self._storage.raw_statements[query]
 
         async def run(conn: AsyncConn) -> list[tuple[Any, ...]] | None:
             cur = AsyncRawCursor(conn, row_factory=tuple_row)
@@ -515,11 +515,11 @@ class PostgresBroker:
         batch waits for the next claim) in the same round trip
         and transaction, which sees the rows it moved; the claim's rows."""
         claim = {**values, "check_due": False}
-        statement = self._s.raw["claim"]
+        statement = self._storage.raw_statements["claim"]
 
         async def run(conn: AsyncConn) -> list[tuple[Any, ...]]:
             async with conn.pipeline():
-                await conn.execute(self._s.q["claim_forward"], values)
+                await conn.execute(self._storage.statements["claim_forward"], values)
                 cur = AsyncRawCursor(conn, row_factory=tuple_row)
                 await cur.execute(statement.text, statement.params(claim))
             return await cur.fetchall()
@@ -580,12 +580,12 @@ class PostgresBroker:
         the due rows, the counters of keys with held tasks and the held tasks of those with
         a free slot, all locked; then, after the limiter has decided, the leases, holds and
         counters are written and committed."""
-        q = self._s.q
+        q = self._storage.statements
         limit = want + look
         values = {
             "queues": queues,
             "limit": limit,
-            "now": self._s.sql_now(),
+            "now": self._storage.sql_now(),
             "forward": max(params.limit, CLAIM_FORWARD),
         }
         done = leases = None
@@ -646,20 +646,20 @@ class PostgresBroker:
             "keys": [k for _, k in keys],
             "ns": [starts[k] for k in keys],
         }
-        await conn.execute(self._s.q["give_back_limits"], values)
+        await conn.execute(self._storage.statements["give_back_limits"], values)
 
     async def extend_leases(self, leases: Sequence[LeaseRef], lease_seconds: float) -> LeaseReport:
         """Heartbeat: push the expiry of every held lease; report lost ones and cancel asks."""
         if not leases:
             return LeaseReport()
-        rows = await self._s.fetch(
+        rows = await self._storage.fetch(
             "extend_leases",
             "extend_leases",
             {
                 "queues": [lease.queue for lease in leases],
                 "ids": [lease.id for lease in leases],
                 "tokens": [lease.token for lease in leases],
-                "now": self._s.sql_now(),
+                "now": self._storage.sql_now(),
                 "lease_seconds": float(lease_seconds),
             },
         )
@@ -682,8 +682,8 @@ class PostgresBroker:
             "tokens": [i.lease.token for i in items],
             "results": [None if i.result is None else bytes(i.result) for i in items],
             "retentions": [float(i.retention) for i in items],
-            "now": self._s.sql_now(),
-            "day": utc_day(self._s.now()),
+            "now": self._storage.sql_now(),
+            "day": utc_day(self._storage.now()),
         }
 
     async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
@@ -714,13 +714,13 @@ class PostgresBroker:
                         finished.append((*key, item.group))
                 if not finished:
                     return []
-                return await self._s.finish_members(conn, finished)
+                return await self._storage.finish_members(conn, finished)
 
-            rows = await self._s.write_with_follow_ups(
+            rows = await self._storage.write_with_follow_ups(
                 "complete", "complete", params, follow_ups, groups
             )
         else:
-            rows = await self._s.fetch("complete", "complete", params)
+            rows = await self._storage.fetch("complete", "complete", params)
         return self._completed(items, rows)
 
     def _completed(
@@ -734,7 +734,7 @@ class PostgresBroker:
         if rows and rows[0].get("released"):
             self._wake(rows[0]["released"], served)
         # Ends are announced for the tasks someone waits for (watch_end marked them).
-        self._s.ended((r["queue"], r["id"]) for r in rows if r["watched"])
+        self._storage.ended((r["queue"], r["id"]) for r in rows if r["watched"])
         done = {(r["queue"], r["id"]) for r in rows}
         answers: list[bool] = []
         for item in items:
@@ -754,7 +754,7 @@ class PostgresBroker:
             "traceback": p.traceback,
             "lost": int(p.lost),
             "expired_by": p.expired_by,
-            "now": self._s.sql_now(),
+            "now": self._storage.sql_now(),
             "day": utc_day(now),
         }
         if isinstance(p, RetryParams):
@@ -768,21 +768,21 @@ class PostgresBroker:
         """Several fenced retry/archive moves, with their follow-ups, in one transaction."""
         if not moves:
             return []
-        now = self._s.now()
+        now = self._storage.now()
         done: list[bool] = []
         woken: set[str] = set()
         created: list[EnqueueOutcome] = []
-        async with self._s.connection("move_leases") as conn, conn.transaction():
+        async with self._storage.connection("move_leases") as conn, conn.transaction():
             if len(moves) > 1:
                 # Each move locks its counters; take them all first, in key order, as claims
                 # do, so that a batch and a claim never wait for each other in a cycle.
                 await conn.execute(
-                    self._s.q["move_leases_lock"],
+                    self._storage.statements["move_leases_lock"],
                     {"queues": [p.lease.queue for p in moves], "ids": [p.lease.id for p in moves]},
                 )
             for p in moves:
                 query, values = self._lease_move(p, now)
-                cur = await conn.execute(self._s.q[query], values)
+                cur = await conn.execute(self._storage.statements[query], values)
                 row = await cur.fetchone()
                 held = bool(row and row["n"])
                 done.append(held)
@@ -791,12 +791,14 @@ class PostgresBroker:
                 if held and row and row.get("released"):
                     woken.update(row["released"])
                 if held and isinstance(p, ArchiveParams) and p.follow_ups:
-                    created += await self._s.drive(conn, self._s.plan(p.follow_ups, None))
+                    created += await self._storage.drive(
+                        conn, self._storage.plan(p.follow_ups, None)
+                    )
                 if held and isinstance(p, ArchiveParams) and p.group is not None:
                     finished = [(p.lease.queue, p.lease.id, p.group)]
-                    created += await self._s.finish_members(conn, finished)
-        self._s.notify_created(created)
-        self._s.ended(ended_by(moves, done))
+                    created += await self._storage.finish_members(conn, finished)
+        self._storage.notify_created(created)
+        self._storage.ended(ended_by(moves, done))
         self._wake(woken)
         return done
 
@@ -808,11 +810,11 @@ class PostgresBroker:
             # This worker's fetcher claims at once; the others hear the NOTIFY.
             if self._listener is not None and wanted - served:
                 self._listener.poke(wanted - served)
-            self._s.notifier.add(wanted)
+            self._storage.notifier.add(wanted)
 
     async def retry(self, params: RetryParams) -> bool:
         """Schedule the next attempt; ``False`` if the lease is no longer held."""
-        row = await self._s.fetch_one("retry", *self._lease_move(params, self._s.now()))
+        row = await self._storage.fetch_one("retry", *self._lease_move(params, self._storage.now()))
         return self._moved(row, params.lease.queue)
 
     def _moved(self, row: Row | None, queue: str) -> bool:
@@ -827,15 +829,17 @@ class PostgresBroker:
         if params.follow_ups or params.group is not None:
             (done,) = await self.move_leases([params])
             return done
-        row = await self._s.fetch_one("archive", *self._lease_move(params, self._s.now()))
+        row = await self._storage.fetch_one(
+            "archive", *self._lease_move(params, self._storage.now())
+        )
         if row and row["n"]:
-            self._s.ended([params.lease.task_key])
+            self._storage.ended([params.lease.task_key])
         return self._moved(row, params.lease.queue)
 
     async def report_progress(self, params: ProgressParams) -> bool:
         """Store an attempt's progress and log lines, fenced by its token (one statement
         appends and trims the log)."""
-        row = await self._s.fetch_one(
+        row = await self._storage.fetch_one(
             "report_progress",
             "report_progress",
             {
@@ -852,35 +856,35 @@ class PostgresBroker:
     async def read_steps(self, lease: LeaseRef) -> str | None:
         """The stored steps of a leased task (``None``: none, or the lease is gone)."""
         fence = {"queue": lease.queue, "id": lease.id, "token": lease.token}
-        row = await self._s.fetch_one("read_steps", "read_steps", fence)
+        row = await self._storage.fetch_one("read_steps", "read_steps", fence)
         return None if row is None else row["steps"]
 
     async def read_snoozes(self, lease: LeaseRef) -> int | None:
         """How often a leased task was snoozed (``None``: the lease is gone)."""
         fence = {"queue": lease.queue, "id": lease.id, "token": lease.token}
-        row = await self._s.fetch_one("read_snoozes", "read_snoozes", fence)
+        row = await self._storage.fetch_one("read_snoozes", "read_snoozes", fence)
         return None if row is None else int(row["snoozes"])
 
     async def record_steps(self, params: StepsParams) -> bool:
         """Store an attempt's durable steps, fenced by its token."""
         lease = params.lease
         fence = {"queue": lease.queue, "id": lease.id, "token": lease.token}
-        row = await self._s.fetch_one(
+        row = await self._storage.fetch_one(
             "record_steps", "record_steps", {**fence, "steps": params.steps}
         )
         return row is not None
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Hand an active task back as pending without counting an attempt (W7)."""
-        row = await self._s.fetch_one(
+        row = await self._storage.fetch_one(
             "requeue",
             "requeue",
             {
                 "queue": lease.queue,
                 "id": lease.id,
                 "token": lease.token,
-                "now": self._s.sql_now(),
-                "channel": self._s.channel,
+                "now": self._storage.sql_now(),
+                "channel": self._storage.channel,
             },
         )
         return bool(row and row["n"])
@@ -892,10 +896,10 @@ class PostgresBroker:
         inspector's view current and wakes listeners); returns how many."""
         total = 0
         while True:
-            row = await self._s.fetch_one(
+            row = await self._storage.fetch_one(
                 "promote_due",
                 "promote_due",
-                {"now": self._s.sql_now(), "limit": _BATCH, "channel": self._s.channel},
+                {"now": self._storage.sql_now(), "limit": _BATCH, "channel": self._storage.channel},
             )
             moved = int(row["n"]) if row else 0
             total += moved
@@ -904,8 +908,8 @@ class PostgresBroker:
 
     async def expired_leases(self, limit: int) -> list[Lease]:
         """Active tasks whose lease expired by now, oldest expiry first."""
-        rows = await self._s.fetch(
-            "expired_leases", "expired_leases", {"now": self._s.sql_now(), "limit": limit}
+        rows = await self._storage.fetch(
+            "expired_leases", "expired_leases", {"now": self._storage.sql_now(), "limit": limit}
         )
         return [Lease(row_to_info(r), r["lease_token"]) for r in rows]
 
@@ -918,22 +922,22 @@ class PostgresBroker:
             "keeps": list(retention.queues.values()),
             "default": retention.default,
             "limit": limit,
-            "now": self._s.sql_now(),
+            "now": self._storage.sql_now(),
         }
-        return await self._s.rowcount("delete_archived", "delete_archived", params)
+        return await self._storage.rowcount("delete_archived", "delete_archived", params)
 
     async def delete_expired(self, limit: int) -> int:
         """Janitor: delete up to ``limit`` completed tasks whose retention has passed."""
-        now = self._s.sql_now()
-        await self._s.rowcount(
+        now = self._storage.sql_now()
+        await self._storage.rowcount(
             "delete_expired", "prune_minute_stats", {"now": now, "keep": MINUTE_COUNTS_KEEP}
         )
         if limit <= 0:
             return 0
         params = {"now": now, "limit": limit}
         # Finished groups past their retention go in the same bounded way.
-        await self._s.rowcount("delete_expired", "delete_expired_groups", params)
-        return await self._s.rowcount("delete_expired", "delete_expired", params)
+        await self._storage.rowcount("delete_expired", "delete_expired_groups", params)
+        return await self._storage.rowcount("delete_expired", "delete_expired", params)
 
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Wait for a NOTIFY on one of ``queues``, or ``timeout`` seconds.
@@ -963,8 +967,8 @@ class PostgresBroker:
         # One listening connection per broker instance, opened on first need (workers only),
         # straight to PostgreSQL when listen_url is given.
         if self._listener is None:
-            dsn = self._s.listen_dsn or self._s.dsn
-            self._listener = Listener(dsn, self._s.channel, self._s.connect_kwargs())
+            dsn = self._storage.listen_dsn or self._storage.dsn
+            self._listener = Listener(dsn, self._storage.channel, self._storage.connect_kwargs())
         return self._listener
 
     @asynccontextmanager
@@ -973,21 +977,25 @@ class PostgresBroker:
         connection per broker object, opened on first use; behind PgBouncer without
         ``listen_url`` nothing is heard and the caller's re-check finds the end)."""
         if self._end_listener is None:
-            dsn = self._s.listen_dsn or self._s.dsn
-            self._end_listener = EndListener(dsn, self._s.end_channel, self._s.connect_kwargs())
+            dsn = self._storage.listen_dsn or self._storage.dsn
+            self._end_listener = EndListener(
+                dsn, self._storage.end_channel, self._storage.connect_kwargs()
+            )
         listener = self._end_listener
         if not self._polling:
-            await listener.ready(self._s.connect_timeout)
+            await listener.ready(self._storage.connect_timeout)
         async with listener.watches.watching(end_key(queue, task_id)) as watch:
             if not self._polling:
                 # Listening first: the completion that reads the mark announces the end.
-                await self._s.fetch("watch_end", "watch_task", {"queue": queue, "id": task_id})
+                await self._storage.fetch(
+                    "watch_end", "watch_task", {"queue": queue, "id": task_id}
+                )
             yield watch
 
     async def register_worker(self, info: WorkerInfo) -> None:
         """Insert or refresh a worker's row (its heartbeat); also makes its queues known."""
-        await self._s.sync_clock("register_worker")  # rides the heartbeat, once a minute
-        await self._s.fetch(
+        await self._storage.sync_clock("register_worker")  # rides the heartbeat, once a minute
+        await self._storage.fetch(
             "register_worker",
             "register_worker",
             {
@@ -998,8 +1006,8 @@ class PostgresBroker:
                 "concurrency": info.concurrency,
                 "strict": info.strict,
                 "started_at": float(info.started_at),
-                "now": self._s.now(),
-                "forget_before": self._s.now() - FORGET_WORKERS_AFTER,
+                "now": self._storage.now(),
+                "forget_before": self._storage.now() - FORGET_WORKERS_AFTER,
                 "active": info.active,
                 "queue_names": list(info.queues),
             },
@@ -1011,7 +1019,7 @@ class PostgresBroker:
 
     async def unregister_worker(self, worker_id: str) -> None:
         """Remove a worker's row at shutdown."""
-        await self._s.fetch("unregister_worker", "unregister_worker", {"id": worker_id})
+        await self._storage.fetch("unregister_worker", "unregister_worker", {"id": worker_id})
 
 
 def _held_answer(rows: list[tuple[Any, ...]]) -> tuple[bool, float | None]:

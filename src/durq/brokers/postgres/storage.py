@@ -229,8 +229,8 @@ class PostgresStorage:
         self._channel = channel_for(schema)
         #: Where the ends of tasks are announced (``App.wait`` listens; workers do not).
         self.end_channel = channel_for(schema, "end")
-        self.q = render_all(schema)
-        self.raw = render_raw(schema)
+        self.statements = render_all(schema)
+        self.raw_statements = render_raw(schema)
         self.pool: AsyncConnectionPool[AsyncConn] | None = None
         self.notifier = Notifier(self._send_notify)
         self.end_notifier = Notifier(self._send_ends)
@@ -415,7 +415,7 @@ class PostgresStorage:
         # A session setting: behind PgBouncer (transaction pooling) it would reach other
         # clients' sessions, so it is not used there (see the `generic_plans` query).
         try:
-            await conn.execute(self.q["generic_plans"])
+            await conn.execute(self.statements["generic_plans"])
         except psycopg.Error as exc:
             if pooler_symptom(exc):
                 self._pooler_symptom = exc
@@ -438,7 +438,7 @@ class PostgresStorage:
                 while True:
                     rows: list[Row] | None
                     try:
-                        await cur.execute(self.q[name], params)
+                        await cur.execute(self.statements[name], params)
                         rows = await cur.fetchall() if cur.description else []
                     except psycopg.errors.UniqueViolation:
                         if name != "enqueue_fresh":
@@ -457,7 +457,9 @@ class PostgresStorage:
 
     async def _send_notify(self, queues: list[str]) -> None:
         async with self.connection("notify") as conn:
-            await conn.execute(self.q["notify"], {"channel": self._channel, "queues": queues})
+            await conn.execute(
+                self.statements["notify"], {"channel": self._channel, "queues": queues}
+            )
 
     def ended(self, tasks: Iterable[tuple[str, str]]) -> None:
         """Announce that ``(queue, id)`` ended; call after the commit. Sent in the background
@@ -469,7 +471,7 @@ class PostgresStorage:
     async def _send_ends(self, keys: list[str]) -> None:
         async with self.connection("notify") as conn:
             await conn.execute(
-                self.q["notify"], {"channel": self.end_channel, "queues": pack_ends(keys)}
+                self.statements["notify"], {"channel": self.end_channel, "queues": pack_ends(keys)}
             )
 
     async def write_with_follow_ups(
@@ -487,7 +489,7 @@ class PostgresStorage:
         tasks too."""
         async with self.connection(method) as conn:
             async with conn.transaction():
-                cur = await conn.execute(self.q[query], params)
+                cur = await conn.execute(self.statements[query], params)
                 rows: list[Row] = await cur.fetchall() if cur.description else []
                 extra = follow_ups(rows)
                 created: list[EnqueueOutcome] = []
@@ -507,11 +509,11 @@ class PostgresStorage:
         if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
             # A caller's connection between transactions: start its transaction, so that
             # the block below is a savepoint in it, not a transaction committed here (E8).
-            await conn.execute(self.q["ping"])
+            await conn.execute(self.statements["ping"])
         try:
             async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(
-                    self.q["hold_dependents"],
+                    self.statements["hold_dependents"],
                     {
                         "queues": [q for q, _ in p.after],
                         "ids": [i for _, i in p.after],
@@ -525,7 +527,7 @@ class PostgresStorage:
                     raise _Refused(outcome)
                 if held:
                     await cur.execute(
-                        self.q["set_waiting"], {"queue": p.queue, "id": p.id, "n": held}
+                        self.statements["set_waiting"], {"queue": p.queue, "id": p.id, "n": held}
                     )
                     row = await cur.fetchone()
                     assert row is not None
@@ -541,7 +543,7 @@ class PostgresStorage:
         if not lists:
             return set()
         values = {"lists": json.dumps(lists), "now": self.sql_now()}
-        cur = await conn.execute(self.q["release_dependents"], values)
+        cur = await conn.execute(self.statements["release_dependents"], values)
         return {r["queue"] for r in await cur.fetchall()}
 
     # ------------------------------------------------------------------ groups
@@ -559,10 +561,12 @@ class PostgresStorage:
         if then is not None:
             # Waits for one thing, its group: the group's own count releases it.
             outcomes.pop()
-            await conn.execute(self.q["set_waiting"], {"queue": then.queue, "id": then.id, "n": 1})
-        await conn.execute(self.q["insert_group"], sqlfiles.group_row(p, self.sql_now()))
+            await conn.execute(
+                self.statements["set_waiting"], {"queue": then.queue, "id": then.id, "n": 1}
+            )
+        await conn.execute(self.statements["insert_group"], sqlfiles.group_row(p, self.sql_now()))
         await conn.execute(
-            self.q["insert_group_members"],
+            self.statements["insert_group_members"],
             {
                 "group_queue": p.queue,
                 "group_id": p.id,
@@ -583,7 +587,7 @@ class PostgresStorage:
         # batches that finish members of the same groups.
         for queue, task_id, o in sorted(finished, key=lambda f: (f[2].group_queue, f[2].group)):
             cur = await conn.execute(
-                self.q["finish_member"],
+                self.statements["finish_member"],
                 {
                     "group_queue": o.group_queue,
                     "group_id": o.group,
@@ -602,10 +606,12 @@ class PostgresStorage:
         """Before the inspector deletes a task (``task_id``) or every task of ``state``: the
         unfinished group members among them finish as deleted."""
         if task_id is not None:
-            cur = await conn.execute(self.q["forget_member"], {"queue": queue, "id": task_id})
+            cur = await conn.execute(
+                self.statements["forget_member"], {"queue": queue, "id": task_id}
+            )
         else:
             cur = await conn.execute(
-                self.q["forget_members_in_state"], {"queue": queue, "state": state}
+                self.statements["forget_members_in_state"], {"queue": queue, "state": state}
             )
         return await self.count_finished(conn, await cur.fetchall())
 
@@ -618,12 +624,12 @@ class PostgresStorage:
         for (group_queue, group_id), n in sorted(counts.items()):
             key = {"group_queue": group_queue, "group_id": group_id}
             cur = await conn.execute(
-                self.q["count_finished"], {**key, "n": n, "now": self.sql_now()}
+                self.statements["count_finished"], {**key, "n": n, "now": self.sql_now()}
             )
             g = await cur.fetchone()
             if g is None or g["finished"] < g["total"] or g["then_task"] is None:
                 continue
-            cur = await conn.execute(self.q["group_entries"], key)
+            cur = await conn.execute(self.statements["group_entries"], key)
             entries = [bytes(r["entry"]) for r in await cur.fetchall()]
             payload = fan_in_payload(bytes(g["then_head"]), entries, bytes(g["then_tail"]))
             follow_up = follow_up_from(g["then_task"], payload)
@@ -631,7 +637,7 @@ class PostgresStorage:
                 created += await self.drive(conn, self.plan([follow_up], None))
                 continue
             cur = await conn.execute(
-                self.q["release_follow_up"],
+                self.statements["release_follow_up"],
                 {
                     "queue": follow_up.queue,
                     "id": follow_up.id,
@@ -647,7 +653,7 @@ class PostgresStorage:
     async def fetch(self, method: str, query: str, params: dict[str, Any]) -> list[Row]:
         """Run one named query on a pooled connection; its rows (empty if none)."""
         async with self.connection(method) as conn:
-            cur = await conn.execute(self.q[query], params)
+            cur = await conn.execute(self.statements[query], params)
             return await cur.fetchall() if cur.description else []
 
     async def fetch_one(self, method: str, query: str, params: dict[str, Any]) -> Row | None:
@@ -657,7 +663,7 @@ class PostgresStorage:
     async def rowcount(self, method: str, query: str, params: dict[str, Any]) -> int:
         """Run one named statement; how many rows it changed."""
         async with self.connection(method) as conn:
-            cur = await conn.execute(self.q[query], params)
+            cur = await conn.execute(self.statements[query], params)
             return max(cur.rowcount, 0)
 
     # ------------------------------------------------------------------ lifecycle
@@ -689,7 +695,7 @@ class PostgresStorage:
         one short connection."""
 
         async def pid(c: AsyncConn) -> int:
-            cur = await c.execute(self.q["backend_pid"], prepare=False)
+            cur = await c.execute(self.statements["backend_pid"], prepare=False)
             row = await cur.fetchone()
             return int(row["pid"]) if row else 0
 
@@ -701,14 +707,14 @@ class PostgresStorage:
     async def check_schema(self, conn: AsyncConn, method: str) -> None:
         latest = MIGRATIONS[-1].version
         table = sql.Identifier(self._schema, "schema_migrations").as_string(None)
-        cur = await conn.execute(self.q["schema_version"], {"table": table})
+        cur = await conn.execute(self.statements["schema_version"], {"table": table})
         row = await cur.fetchone()
         if row is None or not row["present"]:
             raise SchemaError(
                 f"schema {self._schema!r} has no durq tables: run `durq migrate`",
                 operation=self.op(method),
             )
-        cur = await conn.execute(self.q["current_version"])
+        cur = await conn.execute(self.statements["current_version"])
         row = await cur.fetchone()
         version = int(row["version"]) if row else 0
         if version > latest:
@@ -758,10 +764,12 @@ class PostgresStorage:
         async with self.errors("migrate"):
             conn = await self.direct_connection("migrate")
             async with conn, conn.transaction():
-                await conn.execute(self.q["migrate_lock"], {"key": f"durq.migrate:{self._schema}"})
-                await conn.execute(self.q["create_schema"])
-                await conn.execute(self.q["create_migrations_table"])
-                cur = await conn.execute(self.q["applied_migrations"])
+                await conn.execute(
+                    self.statements["migrate_lock"], {"key": f"durq.migrate:{self._schema}"}
+                )
+                await conn.execute(self.statements["create_schema"])
+                await conn.execute(self.statements["create_migrations_table"])
+                cur = await conn.execute(self.statements["applied_migrations"])
                 applied = {int(r["version"]) for r in await cur.fetchall()}
                 self._refuse_newer(applied)
                 for migration in MIGRATIONS:
@@ -770,7 +778,7 @@ class PostgresStorage:
                     await conn.execute(render(migration.sql, self._schema))
                     label = migration.label
                     await conn.execute(
-                        self.q["record_migration"],
+                        self.statements["record_migration"],
                         {"version": migration.version, "name": label},
                     )
                     applied_now.append(label)
@@ -783,11 +791,11 @@ class PostgresStorage:
         async with self.errors("migrate"):
             conn = await self.direct_connection("migrate")
             async with conn:
-                cur = await conn.execute(self.q["schema_version"], {"table": table})
+                cur = await conn.execute(self.statements["schema_version"], {"table": table})
                 row = await cur.fetchone()
                 applied: set[int] = set()
                 if row is not None and row["present"]:
-                    cur = await conn.execute(self.q["applied_migrations"])
+                    cur = await conn.execute(self.statements["applied_migrations"])
                     applied = {int(r["version"]) for r in await cur.fetchall()}
         self._refuse_newer(applied)
         return [m.label for m in MIGRATIONS if m.version not in applied]
@@ -811,7 +819,7 @@ class PostgresStorage:
             try:
                 name, params = next(plan)
                 while True:
-                    cur.execute(self.q[name], params)
+                    cur.execute(self.statements[name], params)
                     rows: list[Row] = cur.fetchall() if cur.description else []
                     name, params = plan.send(rows)
             except StopIteration as stop:

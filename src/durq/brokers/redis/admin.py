@@ -50,13 +50,13 @@ class RedisAdmin:
     """The Admin seam on a :class:`RedisStorage`: list, count, move tasks and queues; workers."""
 
     def __init__(self, storage: RedisStorage) -> None:
-        self._s = storage
+        self._storage = storage
 
     # -- helpers --------------------------------------------------------------------------
 
     async def _known(self, queue: str) -> QueueKeys:
-        k = self._s.keys.queue(queue)
-        if not await self._s.command("SISMEMBER", self._s.keys.queues, queue):
+        k = self._storage.keys.queue(queue)
+        if not await self._storage.command("SISMEMBER", self._storage.keys.queues, queue):
             raise QueueNotFoundError(f"no queue named {queue!r}")
         return k
 
@@ -75,8 +75,8 @@ class RedisAdmin:
         ]
 
     async def _stats(self, queue: str, now: float) -> QueueStats:
-        k = self._s.keys.queue(queue)
-        r = await self._s.commands(
+        k = self._storage.keys.queue(queue)
+        r = await self._storage.commands(
             [
                 ("EXISTS", k.paused),
                 ("ZCARD", k.pending),
@@ -91,7 +91,7 @@ class RedisAdmin:
                 ("ZCARD", k.waiting),
             ]
         )
-        oldest = await self._s.eval("oldest_pending", [k.pending], [PRIORITY_BANDS])
+        oldest = await self._storage.eval("oldest_pending", [k.pending], [PRIORITY_BANDS])
         total, today = r[7], r[8]
         return QueueStats(
             name=queue,
@@ -116,17 +116,17 @@ class RedisAdmin:
 
     async def list_queues(self) -> list[QueueStats]:
         """Every known queue (enqueued into, served by a worker, or paused)."""
-        async with self._s.op("list_queues"):
-            await self._s.ensure()
-            now = self._s.clock.now()
-            return [await self._stats(q, now) for q in await self._s.all_queues()]
+        async with self._storage.op("list_queues"):
+            await self._storage.ensure()
+            now = self._storage.clock.now()
+            return [await self._stats(q, now) for q in await self._storage.all_queues()]
 
     async def queue_stats(self, queue: str) -> QueueStats:
         """One queue; QueueNotFoundError if unknown."""
-        async with self._s.op("queue_stats"):
-            await self._s.ensure()
+        async with self._storage.op("queue_stats"):
+            await self._storage.ensure()
             await self._known(queue)
-            return await self._stats(queue, self._s.clock.now())
+            return await self._stats(queue, self._storage.clock.now())
 
     async def list_tasks(
         self, queue: str, state: TaskState, *, limit: int = 50, offset: int = 0
@@ -134,15 +134,17 @@ class RedisAdmin:
         """Tasks of one queue in one state in zset order: oldest first (time, then enqueue);
         pending ones in claim order (priority first)."""
         state = TaskState(state)
-        async with self._s.op("list_tasks"):
-            await self._s.ensure()
+        async with self._storage.op("list_tasks"):
+            await self._storage.ensure()
             k = await self._known(queue)
             if limit <= 0:
                 return []
             members = await self._page(k, state, offset, limit)
             if not members:
                 return []
-            rows = await self._s.commands([("HGETALL", k.task(m[16:].decode())) for m in members])
+            rows = await self._storage.commands(
+                [("HGETALL", k.task(m[16:].decode())) for m in members]
+            )
             return [task_info(queue, row) for row in rows if row]
 
     async def _page(self, k: QueueKeys, state: TaskState, start: int, count: int) -> list[bytes]:
@@ -156,18 +158,18 @@ class RedisAdmin:
 
     async def _held_members(self, k: QueueKeys, offset: int, count: int) -> list[bytes]:
         """Pending tasks held on a limit key come after the claimable ones (W13)."""
-        start = max(0, offset - int(await self._s.command("ZCARD", k.pending)))
-        held: Any = await self._s.command("ZRANGE", k.held, start, start + count - 1)
+        start = max(0, offset - int(await self._storage.command("ZCARD", k.pending)))
+        held: Any = await self._storage.command("ZRANGE", k.held, start, start + count - 1)
         return [bytes(h).rsplit(b"\0", 1)[1] for h in held]  # the member ends the entry
 
     async def _members(self, zset: str, completed: bool, start: int, count: int) -> Any:
         if completed:
             # Past their retention they count as gone, even before the janitor runs.
-            now = self._s.clock.now()
-            return await self._s.command(
+            now = self._storage.clock.now()
+            return await self._storage.command(
                 "ZRANGEBYSCORE", zset, f"({now!r}", "+inf", "LIMIT", start, count
             )
-        return await self._s.command("ZRANGE", zset, start, start + count - 1)
+        return await self._storage.command("ZRANGE", zset, start, start + count - 1)
 
     async def search_tasks(self, search: TaskSearch) -> TaskSearchResult:
         """Tasks of one queue and state passing the filter: the state's first
@@ -177,14 +179,14 @@ class RedisAdmin:
         hits: list[TaskInfo] = []
         total = scanned = 0
         complete = False
-        async with self._s.op("search_tasks"):
-            await self._s.ensure()
+        async with self._storage.op("search_tasks"):
+            await self._storage.ensure()
             k = await self._known(search.queue)
             while scanned < SEARCH_SCAN:
                 count = min(SEARCH_CHUNK, SEARCH_SCAN - scanned)
                 members = await self._page(k, state, scanned, count)
                 if members:
-                    rows = await self._s.commands(
+                    rows = await self._storage.commands(
                         [("HGETALL", k.task(m[16:].decode())) for m in members]
                     )
                     for row in rows:
@@ -206,16 +208,16 @@ class RedisAdmin:
         """Per-minute counters from the minute of ``since`` on: the day hashes that cover
         the span, of one queue or of every queue, read in one pipeline."""
         sums: dict[int, list[int]] = {}
-        async with self._s.op("minute_counts"):
-            await self._s.ensure()
-            now = self._s.clock.now()
+        async with self._storage.op("minute_counts"):
+            await self._storage.ensure()
+            now = self._storage.clock.now()
             start = first_counted_minute(since, now)
             days = [utc_day(start)]
             while days[-1] < utc_day(now):
                 days.append(days[-1] + timedelta(days=1))
-            queues = [queue] if queue is not None else await self._s.all_queues()
-            keys = [self._s.keys.queue(q).minutes(day) for q in queues for day in days]
-            replies = await self._s.commands([("HGETALL", key) for key in keys])
+            queues = [queue] if queue is not None else await self._storage.all_queues()
+            keys = [self._storage.keys.queue(q).minutes(day) for q in queues for day in days]
+            replies = await self._storage.commands([("HGETALL", key) for key in keys])
         for reply in replies:
             for field, value in pairs(reply).items():
                 kind, _, minute = field.partition(":")
@@ -226,48 +228,54 @@ class RedisAdmin:
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task; TaskNotFoundError if absent or completed past its retention."""
-        k = self._s.keys.queue(queue)
-        async with self._s.op("get_task"):
-            await self._s.ensure()
-            row: Any = await self._s.command("HGETALL", k.task(task_id))
+        k = self._storage.keys.queue(queue)
+        async with self._storage.op("get_task"):
+            await self._storage.ensure()
+            row: Any = await self._storage.command("HGETALL", k.task(task_id))
         if not row:
             raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
         info = task_info(queue, row)
         expires = pairs(row).get("expires_at")
-        if info.state is TaskState.COMPLETED and expires and float(expires) <= self._s.clock.now():
+        if (
+            info.state is TaskState.COMPLETED
+            and expires
+            and float(expires) <= self._storage.clock.now()
+        ):
             raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
         return info
 
     async def move_task(self, move: TaskMove) -> TaskInfo | None:
         """Run, archive or delete one task if it is still in ``move.expect``: one script,
         which also creates the follow-ups."""
-        k = self._s.keys.queue(move.queue)
+        k = self._storage.keys.queue(move.queue)
         to = {"run": "pending", "archive": "archived", "delete": "deleted"}[move.kind]
-        now = self._s.clock.now()
+        now = self._storage.clock.now()
         call: ScriptCall = (
             "admin_move",
             self._task_keys(k, move.id),
             [now, move.expect.value, to, move.error or "", k.notify],
         )
-        name, keys, args = self._s.with_follow_ups(call, move.follow_ups, now)
-        call = (name, keys, [*args, *self._s.member_args(move.group)])
-        async with self._s.op("move_task"):
-            await self._s.ensure()
+        name, keys, args = self._storage.with_follow_ups(call, move.follow_ups, now)
+        call = (name, keys, [*args, *self._storage.member_args(move.group)])
+        async with self._storage.op("move_task"):
+            await self._storage.ensure()
             if move.follow_ups:
-                await self._s.remember_queues([f.queue for f in move.follow_ups])
-            reply = await self._s.eval(*call)
+                await self._storage.remember_queues([f.queue for f in move.follow_ups])
+            reply = await self._storage.eval(*call)
             if reply[0] == b"ok" and move.follow_ups:
-                await self._s.drain_outboxes(self._s.outbox_queues(move.queue, move.follow_ups))
+                await self._storage.drain_outboxes(
+                    self._storage.outbox_queues(move.queue, move.follow_ups)
+                )
         return task_info(move.queue, reply[1]) if reply[0] == b"ok" else None
 
     async def get_group(self, queue: str, group_id: str) -> GroupInfo:
         """One group with its members; GroupNotFoundError if absent (or expired: Redis
         drops a finished group's keys after its retention)."""
-        g = self._s.keys.queue(queue).group(group_id)
-        now = self._s.clock.now()
-        async with self._s.op("get_group"):
-            await self._s.ensure()
-            head, entries, states = await self._s.commands(
+        g = self._storage.keys.queue(queue).group(group_id)
+        now = self._storage.clock.now()
+        async with self._storage.op("get_group"):
+            await self._storage.ensure()
+            head, entries, states = await self._storage.commands(
                 [("HGETALL", g), ("HGETALL", f"{g}:e"), ("HGETALL", f"{g}:s")]
             )
             fields = _pairs(head)
@@ -283,11 +291,11 @@ class RedisAdmin:
             ]
             # The live state of members that have not finished: one HGET each.
             live_keys = [
-                self._s.keys.queue(m["queue"]).task(m["id"])
+                self._storage.keys.queue(m["queue"]).task(m["id"])
                 for i, m in enumerate(members)
                 if i not in final
             ]
-            live = await self._s.commands([("HGET", key, "state") for key in live_keys])
+            live = await self._storage.commands([("HGET", key, "state") for key in live_keys])
         live_states = iter(live)
         out = []
         for i, m in enumerate(members):
@@ -313,17 +321,17 @@ class RedisAdmin:
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """Flag an active task for its worker (W12)."""
-        k = self._s.keys.queue(queue)
-        async with self._s.op("request_cancel"):
-            await self._s.ensure()
-            reply = await self._s.eval("admin_cancel", [k.task(task_id)], ["1"])
+        k = self._storage.keys.queue(queue)
+        async with self._storage.op("request_cancel"):
+            await self._storage.ensure()
+            reply = await self._storage.eval("admin_cancel", [k.task(task_id)], ["1"])
         return task_info(queue, reply[1]) if reply[0] == b"ok" else None
 
     async def rewrite_task(self, rewrite: TaskRewrite) -> bool:
         """New payload and result bytes, fenced (see :class:`TaskRewrite`)."""
-        k = self._s.keys.queue(rewrite.queue)
+        k = self._storage.keys.queue(rewrite.queue)
         args = [
-            self._s.now_arg(),
+            self._storage.now_arg(),
             TaskState(rewrite.expect).value,
             rewrite.payload,
             "0" if rewrite.result is None else "1",
@@ -332,9 +340,9 @@ class RedisAdmin:
             "0" if rewrite.new_result is None else "1",
             rewrite.new_result or b"",
         ]
-        async with self._s.op("rewrite_task"):
-            await self._s.ensure()
-            reply = await self._s.eval("admin_rewrite", [k.task(rewrite.id)], args)
+        async with self._storage.op("rewrite_task"):
+            await self._storage.ensure()
+            reply = await self._storage.eval("admin_rewrite", [k.task(rewrite.id)], args)
         return bool(reply == 1)
 
     async def _in_batches(
@@ -348,14 +356,16 @@ class RedisAdmin:
         """Run a bulk script until it touches fewer than BATCH tasks; how many in all.
 
         Batches keep each script short, so one "run all" never blocks Redis for long."""
-        async with self._s.op(method):
-            await self._s.ensure()
+        async with self._storage.op(method):
+            await self._storage.ensure()
             k = await self._known(queue)
             total = 0
             while True:
                 n = int(
-                    await self._s.eval(
-                        script, keys(k), [self._s.clock.now(), k.task_prefix, BATCH, *extra(k)]
+                    await self._storage.eval(
+                        script,
+                        keys(k),
+                        [self._storage.clock.now(), k.task_prefix, BATCH, *extra(k)],
                     )
                 )
                 total += n
@@ -392,40 +402,42 @@ class RedisAdmin:
 
     async def pause_queue(self, queue: str) -> None:
         """Stop handing out tasks of ``queue`` (the claim script reads P:{Q}:paused)."""
-        async with self._s.op("pause_queue"):
-            await self._s.ensure()
+        async with self._storage.op("pause_queue"):
+            await self._storage.ensure()
             k = await self._known(queue)
-            await self._s.atomic([("SET", k.paused, "1"), ("SADD", self._s.keys.paused, queue)])
+            await self._storage.atomic(
+                [("SET", k.paused, "1"), ("SADD", self._storage.keys.paused, queue)]
+            )
 
     async def unpause_queue(self, queue: str) -> None:
         """Resume handing out tasks of ``queue``."""
-        async with self._s.op("unpause_queue"):
-            await self._s.ensure()
+        async with self._storage.op("unpause_queue"):
+            await self._storage.ensure()
             k = await self._known(queue)
             # Idle workers of this queue may have tasks waiting for them: wake them (as the
             # scripts' wake_workers does: a message, and the token a blocked worker waits on).
-            await self._s.atomic(
+            await self._storage.atomic(
                 [
                     ("DEL", k.paused),
                     ("PUBLISH", k.notify, "1"),
                     ("LPUSH", k.notify, "1"),
                     ("LTRIM", k.notify, 0, 0),  # one token at most, as the scripts keep it
-                    ("SREM", self._s.keys.paused, queue),
+                    ("SREM", self._storage.keys.paused, queue),
                 ]
             )
 
     async def list_limits(self, queue: str | None = None) -> list[LimitStats]:
         """Flow-control keys by queue and key (W13)."""
-        async with self._s.op("list_limits"):
-            await self._s.ensure()
-            queues = await self._s.all_queues() if queue is None else [queue]
-            now = self._s.clock.now()
+        async with self._storage.op("list_limits"):
+            await self._storage.ensure()
+            queues = await self._storage.all_queues() if queue is None else [queue]
+            now = self._storage.clock.now()
             out: list[LimitStats] = []
             for name in queues:
-                k = self._s.keys.queue(name)
-                raw: Any = await self._s.command("HGETALL", k.limits)
+                k = self._storage.keys.queue(name)
+                raw: Any = await self._storage.command("HGETALL", k.limits)
                 fields = pairs(raw)
-                counts = await self._s.commands(
+                counts = await self._storage.commands(
                     [
                         (
                             "ZLEXCOUNT",
@@ -442,17 +454,19 @@ class RedisAdmin:
 
     async def list_workers(self) -> list[WorkerInfo]:
         """Workers whose last heartbeat (broker clock) is younger than ``WORKER_VISIBLE_FOR``."""
-        async with self._s.op("list_workers"):
-            await self._s.ensure()
-            now = self._s.clock.now()
-            flat: Any = await self._s.command(
-                "ZRANGEBYSCORE", self._s.keys.workers, f"({now - WORKER_VISIBLE_FOR!r}", "+inf",
+        async with self._storage.op("list_workers"):
+            await self._storage.ensure()
+            now = self._storage.clock.now()
+            flat: Any = await self._storage.command(
+                "ZRANGEBYSCORE", self._storage.keys.workers, f"({now - WORKER_VISIBLE_FOR!r}", "+inf",
                 "WITHSCORES",
             )  # fmt: skip
             if not flat:
                 return []
             rows = list(zip(flat[::2], flat[1::2], strict=True))
-            records = await self._s.get_many([self._s.keys.worker(m.decode()) for m, _ in rows])
+            records = await self._storage.get_many(
+                [self._storage.keys.worker(m.decode()) for m, _ in rows]
+            )
         out: list[WorkerInfo] = []
         for (_, beat), raw in zip(rows, records, strict=True):
             if raw is None:
@@ -466,36 +480,36 @@ class RedisAdmin:
 
     async def list_schedules(self) -> list[ScheduleRecord]:
         """Every stored schedule, by name (one hash, P:schedules)."""
-        async with self._s.op("list_schedules"):
-            await self._s.ensure()
-            reply: Any = await self._s.command("HGETALL", self._s.keys.schedules)
+        async with self._storage.op("list_schedules"):
+            await self._storage.ensure()
+            reply: Any = await self._storage.command("HGETALL", self._storage.keys.schedules)
         records = [_schedule(raw) for raw in (reply or [])[1::2]]
         return sorted(records, key=lambda r: r.name)
 
     async def get_schedule(self, name: str) -> ScheduleRecord | None:
         """One stored schedule, or ``None``."""
-        async with self._s.op("get_schedule"):
-            await self._s.ensure()
-            raw: Any = await self._s.command("HGET", self._s.keys.schedules, name)
+        async with self._storage.op("get_schedule"):
+            await self._storage.ensure()
+            raw: Any = await self._storage.command("HGET", self._storage.keys.schedules, name)
         return None if raw is None else _schedule(raw)
 
     async def put_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:
         """Create (version 0) or update, fenced by ``record.version`` in a script."""
-        stored = replace(record, version=record.version + 1, updated_at=self._s.clock.now())
-        async with self._s.op("put_schedule"):
-            await self._s.ensure()
-            done = await self._s.eval(
+        stored = replace(record, version=record.version + 1, updated_at=self._storage.clock.now())
+        async with self._storage.op("put_schedule"):
+            await self._storage.ensure()
+            done = await self._storage.eval(
                 "schedule_put",
-                [self._s.keys.schedules],
+                [self._storage.keys.schedules],
                 [record.name, record.version, json.dumps(asdict(stored))],
             )
         return stored if int(done) else None
 
     async def delete_schedule(self, name: str) -> bool:
         """Delete one stored schedule; whether there was one."""
-        async with self._s.op("delete_schedule"):
-            await self._s.ensure()
-            return bool(await self._s.command("HDEL", self._s.keys.schedules, name))
+        async with self._storage.op("delete_schedule"):
+            await self._storage.ensure()
+            return bool(await self._storage.command("HDEL", self._storage.keys.schedules, name))
 
 
 def _schedule(raw: bytes | str) -> ScheduleRecord:

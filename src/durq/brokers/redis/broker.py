@@ -121,24 +121,24 @@ class RedisBroker:
         connect_timeout: float = CONNECT_TIMEOUT,
         socket_timeout: float = SOCKET_TIMEOUT,
     ) -> None:
-        self._s = RedisStorage(
+        self._storage = RedisStorage(
             url,
             prefix=prefix,
             clock=clock,
             connect_timeout=connect_timeout,
             socket_timeout=socket_timeout,
         )
-        self.admin = RedisAdmin(self._s)
-        self._wakeups = Wakeups(self._s)
-        self._blocker = Blocker(self._s)
-        if self._s.cluster:
+        self.admin = RedisAdmin(self._storage)
+        self._wakeups = Wakeups(self._storage)
+        self._blocker = Blocker(self._storage)
+        if self._storage.cluster:
             # One script stays in one hash slot; completions of another queue than the
             # claimed one may be on another node, not surely stored before the claim.
             self.capabilities = self.capabilities - {
                 CAP_CROSS_QUEUE_GROUPS,
                 CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
             }
-        self._ends = EndWatches(self._s)
+        self._ends = EndWatches(self._storage)
         # Two batches in flight: Redis runs one while this process answers the callers of
         # the other and gathers the next, instead of each side waiting for the other (make
         # bench's 50 callers on a quiet machine, about 1.2-1.3x; docs/benchmarks.md). Redis
@@ -146,7 +146,7 @@ class RedisBroker:
         # after as many round trips as the one before (connect, a new queue's SADD). A
         # cluster's batch is split per node and waits on routing before it is written, so
         # one batch at a time there.
-        depth = 1 if self._s.cluster else 2
+        depth = 1 if self._storage.cluster else 2
         self._batcher = enqueue_coalescer(self._enqueue_one, self.enqueue_many, in_flight=depth)
 
     @classmethod
@@ -161,32 +161,32 @@ class RedisBroker:
     @property
     def clock(self) -> Clock:
         """The clock this broker stamps times with (the server's, once measured)."""
-        return self._s.clock
+        return self._storage.clock
 
     @property
     def prefix(self) -> str:
         """The key prefix of this broker."""
-        return self._s.keys.prefix
+        return self._storage.keys.prefix
 
     async def connect(self) -> None:
         """Check the server once: reachable, a Redis, new enough, our layout version."""
-        await self._s.connect()
+        await self._storage.connect()
 
     async def migrate(self) -> list[str]:
         """Redis needs no schema; this records the layout version under the prefix."""
-        return await self._s.migrate()
+        return await self._storage.migrate()
 
     async def pending_migrations(self) -> list[str]:
         """The layout version record, when the prefix has none yet."""
-        return await self._s.pending_migrations()
+        return await self._storage.pending_migrations()
 
     async def ping(self) -> None:
         """One cheap round trip."""
-        await self._s.ping()
+        await self._storage.ping()
 
     async def durability_warnings(self) -> list[str]:
         """Server settings that can lose acknowledged tasks (see docs/guarantees.md)."""
-        return await self._s.durability_warnings()
+        return await self._storage.durability_warnings()
 
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Wait for a wake-up published by a script that made a task pending in ``queues``
@@ -204,7 +204,7 @@ class RedisBroker:
         """Stop the wake-up listener and close every connection (idempotent)."""
         await self._wakeups.close()
         await self._ends.close()
-        await self._s.close()
+        await self._storage.close()
 
     # -- enqueue --------------------------------------------------------------------------
 
@@ -234,13 +234,13 @@ class RedisBroker:
     async def _enqueue_after(self, params: EnqueueParams) -> EnqueueOutcome:
         """enqueue_after.lua: the task, waiting for those of ``params.after`` that have not
         finished, listed by them in the same script."""
-        (_, keys, args), state = self._s.enqueue_call(params, self._s.clock.now())
-        k = self._s.keys.queue(params.queue)
-        keys = [*keys, k.waiting, *(self._s.keys.queue(q).task(i) for q, i in params.after)]
-        async with self._s.op("enqueue"):
-            await self._s.ensure()
-            await self._s.remember_queues([params.queue])
-            reply = await self._s.eval("enqueue_after", keys, args)
+        (_, keys, args), state = self._storage.enqueue_call(params, self._storage.clock.now())
+        k = self._storage.keys.queue(params.queue)
+        keys = [*keys, k.waiting, *(self._storage.keys.queue(q).task(i) for q, i in params.after)]
+        async with self._storage.op("enqueue"):
+            await self._storage.ensure()
+            await self._storage.remember_queues([params.queue])
+            reply = await self._storage.eval("enqueue_after", keys, args)
         if reply[0] != b"ok":
             return self._enqueue_outcome(params, state, reply)
         if int(reply[2]):
@@ -250,19 +250,19 @@ class RedisBroker:
     async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
         """The group's record, every member and the waiting follow-up in one script, or
         nothing."""
-        now = self._s.clock.now()
-        qk = self._s.keys.queue(params.queue)
-        if self._s.cluster:
+        now = self._storage.clock.now()
+        qk = self._storage.keys.queue(params.queue)
+        if self._storage.cluster:
             self._one_slot(params)
         g = qk.group(params.id)
         keys: list[str] = [g, f"{g}:e"]
         then: list[Scalar] = [""] * 23  # enqueue.lua's 6 KEYS and 17 ARGV
         if params.then is not None:
-            (_, then_keys, then_args), _ = self._s.enqueue_call(params.then, now)
+            (_, then_keys, then_args), _ = self._storage.enqueue_call(params.then, now)
             then = [*then_keys, *then_args]
         then_queue = "" if params.then is None else params.then.queue
         args: list[Scalar] = [
-            self._s.now_arg(),
+            self._storage.now_arg(),
             len(params.members),
             params.retention,
             *then,
@@ -271,19 +271,19 @@ class RedisBroker:
         ]
         states: list[TaskState] = []
         for p, entry in zip(params.members, params.unfinished, strict=True):
-            (_, more_keys, more_args), state = self._s.enqueue_call(p, now)
+            (_, more_keys, more_args), state = self._storage.enqueue_call(p, now)
             keys += more_keys
             args += [*more_args, entry]
             states.append(state)
         if params.then is not None:
-            keys.append(self._s.keys.queue(params.then.queue).waiting)
-        async with self._s.op("enqueue_group"):
-            await self._s.ensure()
+            keys.append(self._storage.keys.queue(params.then.queue).waiting)
+        async with self._storage.op("enqueue_group"):
+            await self._storage.ensure()
             queues = [p.queue for p in params.members]
             if params.then is not None:
                 queues.append(params.then.queue)
-            await self._s.remember_queues(queues)
-            reply = await self._s.eval("enqueue_group", keys, args)
+            await self._storage.remember_queues(queues)
+            reply = await self._storage.eval("enqueue_group", keys, args)
         if reply[0] != b"ok":
             i = int(reply[1])
             # Index len(members): the follow-up's id is taken.
@@ -294,7 +294,8 @@ class RedisBroker:
             assert error is not None
             raise error
         return [
-            self._s.created(p, s, reply[1]) for p, s in zip(params.members, states, strict=True)
+            self._storage.created(p, s, reply[1])
+            for p, s in zip(params.members, states, strict=True)
         ]
 
     def _one_slot(self, params: GroupParams) -> None:
@@ -302,7 +303,7 @@ class RedisBroker:
         queues = {p.queue for p in params.members}
         if params.then is not None:
             queues.add(params.then.queue)
-        slots = {key_slot(self._s.keys.queue(q).base) for q in queues | {params.queue}}
+        slots = {key_slot(self._storage.keys.queue(q).base) for q in queues | {params.queue}}
         if len(slots) > 1:
             raise ValidationError(
                 "on a Redis Cluster a group's members and its follow-up must be in queues of "
@@ -336,16 +337,16 @@ class RedisBroker:
                 raise outcome.error
             assert outcome.info is not None
             return outcome.info
-        now = self._s.clock.now()
-        call, state = self._s.enqueue_call(params, now)
+        now = self._storage.clock.now()
+        call, state = self._storage.enqueue_call(params, now)
         try:
-            if not self._s.ready:
+            if not self._storage.ready:
                 await self.connect()
-            if params.queue not in self._s.known_queues:
-                await self._s.remember_queues([params.queue])
-            reply = await self._s.eval(*call)
+            if params.queue not in self._storage.known_queues:
+                await self._storage.remember_queues([params.queue])
+            reply = await self._storage.eval(*call)
         except Exception as exc:
-            mapped = self._s.mapped(exc, "enqueue")
+            mapped = self._storage.mapped(exc, "enqueue")
             if mapped is exc:
                 raise
             raise mapped from exc
@@ -353,7 +354,7 @@ class RedisBroker:
             error = self._enqueue_outcome(params, state, reply).error
             assert error is not None
             raise error
-        return self._s.created(params, state, reply)
+        return self._storage.created(params, state, reply)
 
     async def enqueue_many(
         self, items: Sequence[EnqueueParams], *, connection: Any = None
@@ -365,7 +366,7 @@ class RedisBroker:
             return []
         if any(p.after for p in items):  # one script each, with its dependencies' keys
             return [await self._enqueue_after(p) for p in items]
-        now = self._s.clock.now()
+        now = self._storage.clock.now()
         by_queue: dict[str, list[int]] = defaultdict(list)
         for i, p in enumerate(items):
             by_queue[p.queue].append(i)
@@ -373,22 +374,22 @@ class RedisBroker:
         calls: list[ScriptCall] = []
         chunks: list[list[int]] = []
         for queue, indexes in by_queue.items():
-            k = self._s.keys.queue(queue)
+            k = self._storage.keys.queue(queue)
             for first in range(0, len(indexes), ENQUEUE_CHUNK):
                 chunk = indexes[first : first + ENQUEUE_CHUNK]
                 keys = [k.pending, k.scheduled, k.completed, k.unique, k.seq]
-                args: list[Scalar] = [self._s.now_arg(), k.notify]
+                args: list[Scalar] = [self._storage.now_arg(), k.notify]
                 for i in chunk:
                     p = items[i]
                     keys.append(k.task(p.id))
-                    fields, states[i] = self._s.enqueue_fields(p, k, now)
+                    fields, states[i] = self._storage.enqueue_fields(p, k, now)
                     args += fields
                 calls.append(("enqueue_many", keys, args))
                 chunks.append(chunk)
-        async with self._s.op("enqueue_many"):
-            await self._s.ensure()
-            await self._s.remember_queues(list(by_queue))
-            replies = await self._s.eval_many(calls)
+        async with self._storage.op("enqueue_many"):
+            await self._storage.ensure()
+            await self._storage.remember_queues(list(by_queue))
+            replies = await self._storage.eval_many(calls)
         outcomes: list[EnqueueOutcome | None] = [None] * len(items)
         for chunk, reply in zip(chunks, replies, strict=True):
             for i, item_reply in zip(chunk, reply, strict=True):
@@ -403,8 +404,8 @@ class RedisBroker:
         # Level-triggered wake-ups: what was published before this claim started is covered
         # by it; only notifications from now on make the next wait_for_work return at once.
         await self._wakeups.before_claim(params.queues)
-        async with self._s.op("claim"):
-            await self._s.ensure()
+        async with self._storage.op("claim"):
+            await self._storage.ensure()
             await self._claim_into(leases, self._claim_groups(params.queues), params)
         return leases
 
@@ -419,15 +420,15 @@ class RedisBroker:
         if len(groups) != 1 or claim.limit <= 0 or not self._blocker.available:
             return None  # the claim behind the wait must be one script
         (queues,) = groups
-        tokens = [self._s.keys.queue(queue).notify for queue in queues]
+        tokens = [self._storage.keys.queue(queue).notify for queue in queues]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout)
-        async with self._s.op("wait_and_claim"):
-            await self._s.ensure()
+        async with self._storage.op("wait_and_claim"):
+            await self._storage.ensure()
             while True:
                 seconds = min(max(deadline - loop.time(), 0.01), self._blocker.longest)
                 name, keys, args = self._claim_call(queues, claim.limit, claim)
-                command = self._s.evalsha(name, keys, args)
+                command = self._storage.evalsha(name, keys, args)
                 call = asyncio.ensure_future(self._blocker.block_then(tokens, seconds, command))
                 try:
                     answer = await asyncio.shield(call)
@@ -441,7 +442,9 @@ class RedisBroker:
                     exc = error(reply)
                     if not isinstance(exc, rex.NoScriptError):
                         raise exc
-                    reply = await self._s.eval(name, keys, args)  # loads it; the token is spent
+                    reply = await self._storage.eval(
+                        name, keys, args
+                    )  # loads it; the token is spent
                 leases = Claimed()
                 self._take(queues, reply, leases)
                 if leases or leases.wake_at is not None or not woken or loop.time() >= deadline:
@@ -461,7 +464,7 @@ class RedisBroker:
             leases = Claimed()
             self._take(queues, reply, leases)
             if leases:
-                await self._s.eval_many([self._requeue_call(lease.ref) for lease in leases])
+                await self._storage.eval_many([self._requeue_call(lease.ref) for lease in leases])
         except Exception as exc:
             log.warning("tasks claimed as the worker stopped were not handed back: %s", exc)
 
@@ -473,16 +476,16 @@ class RedisBroker:
         of the first queue only rides (completions of that queue only: one node), the other
         queues' claims follow."""
         queues = list(dict.fromkeys(claim.queues))
-        now = self._s.clock.now()
+        now = self._storage.clock.now()
         leases = Claimed()
         await self._wakeups.before_claim(queues)
-        async with self._s.op("complete_and_claim"):
-            await self._s.ensure()
+        async with self._storage.op("complete_and_claim"):
+            await self._storage.ensure()
             await self._remember_follow_ups(items)
             day = utc_day(now)
             calls = [self._complete_call(p, now, day) for p in items]
             first, *rest = self._claim_groups(queues)
-            *replies, answer = await self._s.eval_many(
+            *replies, answer = await self._storage.eval_many(
                 [*calls, self._claim_call(first, claim.limit, claim)]
             )
             self._take(first, answer, leases)
@@ -501,21 +504,21 @@ class RedisBroker:
             if remaining <= 0:
                 break
             self._take(
-                group, await self._s.eval(*self._claim_call(group, remaining, params)), leases
+                group, await self._storage.eval(*self._claim_call(group, remaining, params)), leases
             )
 
     def _claim_groups(self, queues: Sequence[str]) -> list[list[str]]:
         """The distinct ``queues``, in order, split into the queues of one claim script
         each: all of them on a single node, one a script on a cluster (its slot)."""
         unique = list(dict.fromkeys(queues))
-        if self._s.cluster:
+        if self._storage.cluster:
             return [[queue] for queue in unique]
         return [unique] if unique else []
 
     def _claim_call(self, queues: Sequence[str], limit: int, params: ClaimParams) -> ScriptCall:
         keys: list[str] = []
         args: list[Scalar] = [
-            self._s.now_arg(),
+            self._storage.now_arg(),
             limit,
             float(params.lease_seconds),
             params.worker_id,
@@ -524,7 +527,7 @@ class RedisBroker:
             HOLD_BOUND,
         ]
         for queue in queues:
-            k = self._s.keys.queue(queue)
+            k = self._storage.keys.queue(queue)
             keys += [
                 k.pending,
                 k.scheduled,
@@ -557,15 +560,15 @@ class RedisBroker:
             by_queue[ref.queue].append(ref)
         calls: list[ScriptCall] = []
         for queue, refs in by_queue.items():
-            k = self._s.keys.queue(queue)
-            args: list[Scalar] = [self._s.now_arg(), k.task_prefix, float(lease_seconds)]
+            k = self._storage.keys.queue(queue)
+            args: list[Scalar] = [self._storage.now_arg(), k.task_prefix, float(lease_seconds)]
             for ref in refs:
                 k.task(ref.id)  # validates the id
                 args += [ref.id, ref.token]
             calls.append(("extend", [k.active], args))
-        async with self._s.op("extend_leases"):
-            await self._s.ensure()
-            replies = await self._s.eval_many(calls)
+        async with self._storage.op("extend_leases"):
+            await self._storage.ensure()
+            replies = await self._storage.eval_many(calls)
         lost: set[str] = set()
         cancel: set[str] = set()
         for lost_ids, cancel_ids in replies:
@@ -574,7 +577,7 @@ class RedisBroker:
         return LeaseReport(lost=frozenset(lost), cancel=frozenset(cancel))
 
     def _complete_call(self, p: CompleteParams, now: float, day: date | None = None) -> ScriptCall:
-        k = self._s.keys.queue(p.lease.queue)
+        k = self._storage.keys.queue(p.lease.queue)
         call: ScriptCall = (
             "complete",
             [
@@ -590,7 +593,7 @@ class RedisBroker:
             ],
             [
                 p.lease.token,
-                self._s.now_arg(),
+                self._storage.now_arg(),
                 float(p.retention),
                 "",
                 "1" if p.result is not None else "0",
@@ -600,21 +603,21 @@ class RedisBroker:
                 k.notify,
             ],
         )
-        name, keys, args = self._s.with_follow_ups(call, p.follow_ups, now)
+        name, keys, args = self._storage.with_follow_ups(call, p.follow_ups, now)
         # A group member's outcome goes last (see complete.lua).
-        return name, keys, [*args, *self._s.member_args(p.group)]
+        return name, keys, [*args, *self._storage.member_args(p.group)]
 
     async def complete(self, params: CompleteParams) -> bool:
         """Completed (kept for its retention) or deleted; False if the lease is lost.
         Its follow-ups are created by the same script."""
-        call = self._complete_call(params, self._s.clock.now())
-        async with self._s.op("complete"):
-            await self._s.ensure()
+        call = self._complete_call(params, self._storage.clock.now())
+        async with self._storage.op("complete"):
+            await self._storage.ensure()
             if params.follow_ups:
-                await self._s.remember_queues([p.queue for p in params.follow_ups])
-            done = bool(await self._s.eval(*call))
+                await self._storage.remember_queues([p.queue for p in params.follow_ups])
+            done = bool(await self._storage.eval(*call))
         if done and params.follow_ups:
-            await self._drain(self._s.outbox_queues(params.lease.queue, params.follow_ups))
+            await self._drain(self._storage.outbox_queues(params.lease.queue, params.follow_ups))
         return done
 
     async def _drain(self, queues: Sequence[str]) -> None:
@@ -624,8 +627,8 @@ class RedisBroker:
         if not queues:
             return
         try:
-            async with self._s.op("drain_outboxes"):
-                await self._s.drain_outboxes(queues)
+            async with self._storage.op("drain_outboxes"):
+                await self._storage.drain_outboxes(queues)
         except BrokerError as exc:
             log.warning("follow-ups of %s stay in the outbox until the next promotion: %s",
                         ", ".join(queues), exc)  # fmt: skip
@@ -634,12 +637,14 @@ class RedisBroker:
         """Several complete scripts in one pipeline."""
         if not items:
             return []
-        now = self._s.clock.now()
-        async with self._s.op("complete_many"):
-            await self._s.ensure()
+        now = self._storage.clock.now()
+        async with self._storage.op("complete_many"):
+            await self._storage.ensure()
             await self._remember_follow_ups(items)
             day = utc_day(now)  # once per batch, not per task
-            replies = await self._s.eval_many([self._complete_call(p, now, day) for p in items])
+            replies = await self._storage.eval_many(
+                [self._complete_call(p, now, day) for p in items]
+            )
         done = [bool(r) for r in replies]
         await self._drain_follow_ups(items, done)
         return done
@@ -647,7 +652,7 @@ class RedisBroker:
     async def _remember_follow_ups(self, items: Sequence[CompleteParams]) -> None:
         follow_queues = [f.queue for p in items for f in p.follow_ups]
         if follow_queues:
-            await self._s.remember_queues(follow_queues)
+            await self._storage.remember_queues(follow_queues)
 
     async def _drain_follow_ups(self, items: Sequence[CompleteParams], done: list[bool]) -> None:
         await self._drain(
@@ -655,13 +660,13 @@ class RedisBroker:
                 q
                 for p, ok in zip(items, done, strict=True)
                 if ok and p.follow_ups
-                for q in self._s.outbox_queues(p.lease.queue, p.follow_ups)
+                for q in self._storage.outbox_queues(p.lease.queue, p.follow_ups)
             ]
         )
 
     def _lease_move_call(self, p: LeaseMove, now: float, day: date) -> ScriptCall:
         """The retry.lua or archive.lua call of one fenced move (with its follow-ups)."""
-        k = self._s.keys.queue(p.lease.queue)
+        k = self._storage.keys.queue(p.lease.queue)
         expired_by: Scalar = "" if p.expired_by is None else float(p.expired_by)
         lost = "1" if p.lost else "0"
         if isinstance(p, RetryParams):
@@ -686,7 +691,7 @@ class RedisBroker:
                     expired_by,
                     k.notify if p.delay <= 0 else "",
                     p.traceback or "",
-                    self._s.now_arg(),
+                    self._storage.now_arg(),
                     MINUTE_TTL,
                     k.notify,
                     "1" if p.snooze else "0",
@@ -707,7 +712,7 @@ class RedisBroker:
             ],
             [
                 p.lease.token,
-                self._s.now_arg(),
+                self._storage.now_arg(),
                 p.error,
                 "1" if p.count_attempt else "0",
                 DAY_TTL,
@@ -717,30 +722,30 @@ class RedisBroker:
                 k.notify,
             ],
         )
-        name, keys, args = self._s.with_follow_ups(call, p.follow_ups, now)
+        name, keys, args = self._storage.with_follow_ups(call, p.follow_ups, now)
         # The traceback and a group member's outcome go last, after the follow-ups'
         # arguments (see archive.lua).
-        return name, keys, [*args, p.traceback or "", *self._s.member_args(p.group)]
+        return name, keys, [*args, p.traceback or "", *self._storage.member_args(p.group)]
 
     async def move_leases(self, moves: Sequence[LeaseMove]) -> list[bool]:
         """One retry/archive script per move (each atomic with its follow-ups), all in one
         pipeline."""
         if not moves:
             return []
-        now = self._s.clock.now()
+        now = self._storage.clock.now()
         day = utc_day(now)
         calls = [self._lease_move_call(p, now, day) for p in moves]
-        async with self._s.op("move_leases"):
-            await self._s.ensure()
+        async with self._storage.op("move_leases"):
+            await self._storage.ensure()
             await self._remember_follow_up_queues(moves)
-            replies = await self._s.eval_many(calls)
+            replies = await self._storage.eval_many(calls)
         done = [bool(r) for r in replies]
         await self._drain(
             [
                 q
                 for p, ok in zip(moves, done, strict=True)
                 if ok and isinstance(p, ArchiveParams) and p.follow_ups
-                for q in self._s.outbox_queues(p.lease.queue, p.follow_ups)
+                for q in self._storage.outbox_queues(p.lease.queue, p.follow_ups)
             ]
         )
         return done
@@ -748,7 +753,7 @@ class RedisBroker:
     async def _remember_follow_up_queues(self, moves: Sequence[LeaseMove]) -> None:
         queues = [f.queue for p in moves if isinstance(p, ArchiveParams) for f in p.follow_ups]
         if queues:
-            await self._s.remember_queues(queues)
+            await self._storage.remember_queues(queues)
 
     async def retry(self, params: RetryParams) -> bool:
         """retry for ``delay`` seconds, retried + 1; False if the lease is lost."""
@@ -759,23 +764,23 @@ class RedisBroker:
         return await self._move_one("archive", params)
 
     async def _move_one(self, op: str, params: LeaseMove) -> bool:
-        now = self._s.clock.now()
+        now = self._storage.clock.now()
         call = self._lease_move_call(params, now, utc_day(now))
-        async with self._s.op(op):
-            await self._s.ensure()
+        async with self._storage.op(op):
+            await self._storage.ensure()
             await self._remember_follow_up_queues([params])
-            done = bool(await self._s.eval(*call))
+            done = bool(await self._storage.eval(*call))
         if done and isinstance(params, ArchiveParams) and params.follow_ups:
-            await self._drain(self._s.outbox_queues(params.lease.queue, params.follow_ups))
+            await self._drain(self._storage.outbox_queues(params.lease.queue, params.follow_ups))
         return done
 
     async def report_progress(self, params: ProgressParams) -> bool:
         """Store an attempt's progress and log lines, fenced by its token (one script on
         the task's hash, which appends and trims the log)."""
-        k = self._s.keys.queue(params.lease.queue)
-        async with self._s.op("report_progress"):
-            await self._s.ensure()
-            held = await self._s.eval(
+        k = self._storage.keys.queue(params.lease.queue)
+        async with self._storage.op("report_progress"):
+            await self._storage.ensure()
+            held = await self._storage.eval(
                 "progress",
                 [k.task(params.lease.id)],
                 [
@@ -790,58 +795,58 @@ class RedisBroker:
 
     async def read_steps(self, lease: LeaseRef) -> str | None:
         """The stored steps of a leased task (``None``: none, or the lease is gone)."""
-        k = self._s.keys.queue(lease.queue)
-        async with self._s.op("read_steps"):
-            await self._s.ensure()
-            raw = await self._s.eval("steps_read", [k.task(lease.id)], [lease.token])
+        k = self._storage.keys.queue(lease.queue)
+        async with self._storage.op("read_steps"):
+            await self._storage.ensure()
+            raw = await self._storage.eval("steps_read", [k.task(lease.id)], [lease.token])
         return raw.decode("utf-8") if isinstance(raw, bytes) else raw or None
 
     async def read_snoozes(self, lease: LeaseRef) -> int | None:
         """How often a leased task was snoozed (``None``: the lease is gone)."""
-        k = self._s.keys.queue(lease.queue)
-        async with self._s.op("read_snoozes"):
-            await self._s.ensure()
-            raw = await self._s.eval("snoozes_read", [k.task(lease.id)], [lease.token])
+        k = self._storage.keys.queue(lease.queue)
+        async with self._storage.op("read_snoozes"):
+            await self._storage.ensure()
+            raw = await self._storage.eval("snoozes_read", [k.task(lease.id)], [lease.token])
         return None if raw is None or raw is False else int(raw)
 
     async def record_steps(self, params: StepsParams) -> bool:
         """Store an attempt's durable steps, fenced by its token (one script on the hash)."""
         lease = params.lease
-        k = self._s.keys.queue(lease.queue)
-        async with self._s.op("record_steps"):
-            await self._s.ensure()
-            held = await self._s.eval(
+        k = self._storage.keys.queue(lease.queue)
+        async with self._storage.op("record_steps"):
+            await self._storage.ensure()
+            held = await self._storage.eval(
                 "steps_record", [k.task(lease.id)], [lease.token, params.steps]
             )
         return bool(held)
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Hand an active task back as pending without counting an attempt (W7)."""
-        async with self._s.op("requeue"):
-            await self._s.ensure()
-            return bool(await self._s.eval(*self._requeue_call(lease)))
+        async with self._storage.op("requeue"):
+            await self._storage.ensure()
+            return bool(await self._storage.eval(*self._requeue_call(lease)))
 
     def _requeue_call(self, lease: LeaseRef) -> ScriptCall:
-        k = self._s.keys.queue(lease.queue)
+        k = self._storage.keys.queue(lease.queue)
         return (
             "requeue",
             [k.task(lease.id), k.active, k.pending, k.limits, k.limit_waiting],
-            [lease.token, k.notify, self._s.now_arg()],
+            [lease.token, k.notify, self._storage.now_arg()],
         )
 
     # -- maintenance ----------------------------------------------------------------------
 
     async def promote_due(self) -> int:
         """Forward due scheduled/retry tasks of every known queue (one pipeline)."""
-        async with self._s.op("promote_due"):
-            await self._s.ensure()
-            queues = await self._s.all_queues()
+        async with self._storage.op("promote_due"):
+            await self._storage.ensure()
+            queues = await self._storage.all_queues()
             if not queues:
                 return 0
-            now = self._s.now_arg()
+            now = self._storage.now_arg()
             calls: list[ScriptCall] = []
             for q in queues:
-                k = self._s.keys.queue(q)
+                k = self._storage.keys.queue(q)
                 calls.append(
                     (
                         "promote",
@@ -849,25 +854,25 @@ class RedisBroker:
                         [now, k.task_prefix, PROMOTE_BOUND, k.notify],
                     )
                 )
-            promoted = sum(int(n) for n in await self._s.eval_many(calls))
-            if self._s.cluster:
+            promoted = sum(int(n) for n in await self._storage.eval_many(calls))
+            if self._storage.cluster:
                 # Follow-ups whose creation was cut short (a crash between the two steps).
-                await self._s.drain_outboxes(queues)
+                await self._storage.drain_outboxes(queues)
             return promoted
 
     async def expired_leases(self, limit: int) -> list[Lease]:
         """Expired leases of every known queue (one pipeline), oldest expiry first."""
-        async with self._s.op("expired_leases"):
-            await self._s.ensure()
-            queues = await self._s.all_queues()
+        async with self._storage.op("expired_leases"):
+            await self._storage.ensure()
+            queues = await self._storage.all_queues()
             if not queues:
                 return []
-            now = self._s.now_arg()
+            now = self._storage.now_arg()
             calls: list[ScriptCall] = []
             for q in queues:
-                k = self._s.keys.queue(q)
+                k = self._storage.keys.queue(q)
                 calls.append(("expired", [k.active], [now, k.task_prefix, limit]))
-            replies = await self._s.eval_many(calls)
+            replies = await self._storage.eval_many(calls)
         leases = [
             Lease(task_info(q, row), pairs(row)["token"].decode())
             for q, rows in zip(queues, replies, strict=True)
@@ -881,18 +886,18 @@ class RedisBroker:
         if retention.keeps_all:
             return 0
         deleted = 0
-        async with self._s.op("delete_archived"):
-            await self._s.ensure()
-            now = self._s.now_arg()
-            for q in await self._s.all_queues():
+        async with self._storage.op("delete_archived"):
+            await self._storage.ensure()
+            now = self._storage.now_arg()
+            for q in await self._storage.all_queues():
                 keep = retention.of(q)
                 if deleted >= limit:
                     break
                 if keep is None:
                     continue
-                k = self._s.keys.queue(q)
+                k = self._storage.keys.queue(q)
                 deleted += int(
-                    await self._s.eval(
+                    await self._storage.eval(
                         "janitor_archived",
                         [k.archived],
                         [now, repr(float(keep)), k.task_prefix, limit - deleted],
@@ -903,15 +908,15 @@ class RedisBroker:
     async def delete_expired(self, limit: int) -> int:
         """Janitor: delete up to ``limit`` completed tasks past their retention."""
         deleted = 0
-        async with self._s.op("delete_expired"):
-            await self._s.ensure()
-            now = self._s.now_arg()
-            for q in await self._s.all_queues():
+        async with self._storage.op("delete_expired"):
+            await self._storage.ensure()
+            now = self._storage.now_arg()
+            for q in await self._storage.all_queues():
                 if deleted >= limit:
                     break
-                k = self._s.keys.queue(q)
+                k = self._storage.keys.queue(q)
                 deleted += int(
-                    await self._s.eval(
+                    await self._storage.eval(
                         "janitor", [k.completed], [now, k.task_prefix, limit - deleted]
                     )
                 )
@@ -923,32 +928,37 @@ class RedisBroker:
 
     async def register_worker(self, info: WorkerInfo) -> None:
         """Insert or refresh a worker's record (its heartbeat); makes its queues known."""
-        async with self._s.op("register_worker"):
-            await self._s.ensure()
-            await self._s.sync_clock()  # rides the heartbeat, once a minute
-            now = self._s.clock.now()
+        async with self._storage.op("register_worker"):
+            await self._storage.ensure()
+            await self._storage.sync_clock()  # rides the heartbeat, once a minute
+            now = self._storage.clock.now()
             data = asdict(info)
             data["last_heartbeat"] = now
             for q in info.queues:
-                self._s.keys.queue(q)  # validate before storing
+                self._storage.keys.queue(q)  # validate before storing
             commands: list[tuple[Scalar, ...]] = [
-                ("SET", self._s.keys.worker(info.id), json.dumps(data), "EX", WORKER_TTL),
-                ("ZADD", self._s.keys.workers, now, info.id),
+                ("SET", self._storage.keys.worker(info.id), json.dumps(data), "EX", WORKER_TTL),
+                ("ZADD", self._storage.keys.workers, now, info.id),
                 # Forget silent workers (their records have expired anyway).
-                ("ZREMRANGEBYSCORE", self._s.keys.workers, "-inf", now - FORGET_WORKERS_AFTER),
+                (
+                    "ZREMRANGEBYSCORE",
+                    self._storage.keys.workers,
+                    "-inf",
+                    now - FORGET_WORKERS_AFTER,
+                ),
             ]
             if info.queues:
-                commands.append(("SADD", self._s.keys.queues, *info.queues))
-            await self._s.commands(commands)
-            self._s.known_queues.update(info.queues)
+                commands.append(("SADD", self._storage.keys.queues, *info.queues))
+            await self._storage.commands(commands)
+            self._storage.known_queues.update(info.queues)
 
     async def unregister_worker(self, worker_id: str) -> None:
         """Remove a worker's record at shutdown."""
-        async with self._s.op("unregister_worker"):
-            await self._s.ensure()
-            await self._s.commands(
+        async with self._storage.op("unregister_worker"):
+            await self._storage.ensure()
+            await self._storage.commands(
                 [
-                    ("ZREM", self._s.keys.workers, worker_id),
-                    ("DEL", self._s.keys.worker(worker_id)),
+                    ("ZREM", self._storage.keys.workers, worker_id),
+                    ("DEL", self._storage.keys.worker(worker_id)),
                 ]
             )

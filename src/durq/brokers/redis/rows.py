@@ -17,11 +17,11 @@ from durq.task import TaskInfo, limits_from_json, make_info
 def pairs(flat: Sequence[Any] | dict[Any, Any]) -> dict[str, bytes]:
     """A flat ``[field, value, ...]`` reply (or an HGETALL dict) as ``{field: value}``."""
     if isinstance(flat, dict):
-        return {_s(k): v for k, v in flat.items()}
-    return {_s(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+        return {_text(k): v for k, v in flat.items()}
+    return {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
 
 
-def _s(value: bytes | str) -> str:
+def _text(value: bytes | str) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
@@ -39,7 +39,7 @@ def _chunks(h: dict[str, bytes], tag: str) -> bytes | None:
 
 def _opt_str(h: dict[str, bytes], name: str) -> str | None:
     value = h.get(name)
-    return None if value is None else _s(value)
+    return None if value is None else _text(value)
 
 
 def _opt_float(h: dict[str, bytes], name: str) -> float | None:
@@ -52,11 +52,11 @@ def task_info(queue: str, flat: Sequence[Any] | dict[Any, Any]) -> TaskInfo:
     h = pairs(flat)
     headers_raw = _chunks(h, "h")
     headers: dict[str, str] = json.loads(headers_raw) if headers_raw else {}
-    state, retried = TaskState(_s(h["state"])), int(h.get("retried", 0))
+    state, retried = TaskState(_text(h["state"])), int(h.get("retried", 0))
     return make_info(
-        id=_s(h["id"]),
+        id=_text(h["id"]),
         queue=queue,
-        type=_s(h["type"]),
+        type=_text(h["type"]),
         raw_payload=_chunks(h, "p") or b"",
         state=state,
         max_retry=int(h["max_retry"]),

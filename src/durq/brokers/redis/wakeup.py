@@ -37,7 +37,7 @@ class Wakeups:
     """The wake-up subscription of one broker object and the waiters on it."""
 
     def __init__(self, storage: RedisStorage) -> None:
-        self._s = storage
+        self._storage = storage
         self._notified: set[str] = set()
         self._wake = asyncio.Event()
         self._listener: asyncio.Task[None] | None = None
@@ -101,7 +101,7 @@ class Wakeups:
         whether queues were added that a waiter may have missed messages of."""
         new = [q for q in dict.fromkeys(queues) if q not in self._watched]
         for q in new:
-            channel = self._s.keys.queue(q).notify  # validates the name
+            channel = self._storage.keys.queue(q).notify  # validates the name
             self._channel_queue[channel.encode()] = q
             self._watched.add(q)
         if self._listener is None or self._listener.done():
@@ -121,7 +121,7 @@ class Wakeups:
             return bool(new)
         try:
             await asyncio.wait_for(
-                sub.subscribe([self._s.keys.queue(q).notify for q in new]), _SUBSCRIBE_WAIT
+                sub.subscribe([self._storage.keys.queue(q).notify for q in new]), _SUBSCRIBE_WAIT
             )
         except (rex.RedisError, OSError, TimeoutError):
             self._notify_local(_ALL)  # not sure it is subscribed: the next wait returns
@@ -135,10 +135,10 @@ class Wakeups:
         while True:
             sub: Subscriber | None = None
             try:
-                sub = await self._s.wire.subscriber(self._on_channel_message)
+                sub = await self._storage.wire.subscriber(self._on_channel_message)
                 done: set[str] = set()
                 while todo := [q for q in self._watched if q not in done]:
-                    await sub.subscribe([self._s.keys.queue(q).notify for q in todo])
+                    await sub.subscribe([self._storage.keys.queue(q).notify for q in todo])
                     done.update(todo)
                 self._sub = sub
                 delay = _LISTEN_BACKOFF[0]
@@ -180,7 +180,7 @@ class Blocker:
     ``CLIENT UNBLOCK`` from the broker's other connection."""
 
     def __init__(self, storage: RedisStorage) -> None:
-        self._s = storage
+        self._storage = storage
         #: Why the server refused this way (an ACL without ``CLIENT ID`` or ``BLPOP``), if it
         #: did: the broker object then waits on the subscription.
         self._refused: str | None = None
@@ -188,7 +188,7 @@ class Blocker:
     @property
     def available(self) -> bool:
         """A single node (a cluster keeps the subscription's way) that has not refused it."""
-        return self._s.blocking_wire is not None and self._refused is None
+        return self._storage.blocking_wire is not None and self._refused is None
 
     #: The longest block (seconds); the blocking connection's socket timeout allows for it.
     longest = LONGEST_BLOCK
@@ -204,7 +204,7 @@ class Blocker:
         token came, and ``then``'s reply (an error reply as a value). ``None`` when the
         server refuses to name the connection (nothing was sent); a refused ``BLPOP`` still
         answers with ``then``'s reply. Either refusal turns this way off."""
-        wire = self._s.blocking_wire
+        wire = self._storage.blocking_wire
         assert wire is not None
         try:
             await wire.client_id()  # known before it blocks, so that it can be unblocked
@@ -220,11 +220,11 @@ class Blocker:
     async def unblock(self) -> None:
         """End a block now; the command behind it still runs and answers. Refused (an ACL
         without ``CLIENT UNBLOCK``), the block ends at its timeout instead."""
-        wire = self._s.blocking_wire
+        wire = self._storage.blocking_wire
         client = None if wire is None else wire.current_client_id
         if client is not None:
             try:
-                await self._s.command("CLIENT", "UNBLOCK", client)
+                await self._storage.command("CLIENT", "UNBLOCK", client)
             except rex.ResponseError as exc:
                 log.debug("CLIENT UNBLOCK refused, the wait ends at its timeout: %s", exc)
 
@@ -236,7 +236,7 @@ class EndWatches:
     next watch opens another."""
 
     def __init__(self, storage: RedisStorage) -> None:
-        self._s = storage
+        self._storage = storage
         self._watches = Watches()
         self._sub: Subscriber | None = None
         self._lock = asyncio.Lock()
@@ -248,7 +248,7 @@ class EndWatches:
         async with self._lock:
             sub = self._sub
             if sub is None or sub.closed:
-                sub = self._sub = await self._s.wire.subscriber(self._on_message)
+                sub = self._sub = await self._storage.wire.subscriber(self._on_message)
                 sub.lost.add_done_callback(lambda _: self._lost(sub))
             return sub
 
@@ -260,7 +260,7 @@ class EndWatches:
     @contextlib.asynccontextmanager
     async def watching(self, queue: str, task_id: str) -> AsyncIterator[Watch]:
         """A watch of the task's end channel, subscribed before the block starts."""
-        channel = self._s.keys.queue(queue).end(task_id)
+        channel = self._storage.keys.queue(queue).end(task_id)
         watch = Watch()
         self._watches.add(channel, watch)
         sub: Subscriber | None = None

@@ -9,7 +9,7 @@ from typing import Any
 from durq.brokers import dependencies, limiter
 from durq.brokers.params import TaskMove, TaskRewrite
 from durq.brokers.sqlfiles import group_info, rewrite_params, schedule_record, schedule_row
-from durq.brokers.sqlite.storage import Conn, Q, SQLiteStorage, snapshot
+from durq.brokers.sqlite.storage import STATEMENTS, Conn, SQLiteStorage, snapshot
 from durq.brokers.sqlrows import row_to_info
 from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
@@ -38,23 +38,23 @@ class SQLiteAdmin:
     immediate transaction."""
 
     def __init__(self, storage: SQLiteStorage) -> None:
-        self._s = storage
+        self._storage = storage
 
     # ------------------------------------------------------------------ queues
 
     def _require_queue(self, conn: Conn, queue: str) -> sqlite3.Row:
-        row: sqlite3.Row | None = conn.execute(Q["get_queue"], {"queue": queue}).fetchone()
+        row: sqlite3.Row | None = conn.execute(STATEMENTS["get_queue"], {"queue": queue}).fetchone()
         if row is None:
             raise QueueNotFoundError(f"no queue named {queue!r}")
         return row
 
     def _stats(self, conn: Conn, name: str, paused: bool, now: float) -> QueueStats:
         sizes = dict.fromkeys(TaskState, 0)
-        for row in conn.execute(Q["queue_sizes"], {"queue": name, "now": now}):
+        for row in conn.execute(STATEMENTS["queue_sizes"], {"queue": name, "now": now}):
             sizes[TaskState(row["state"])] = row["n"]
-        oldest = conn.execute(Q["oldest_ready"], {"queue": name, "now": now}).fetchone()[0]
+        oldest = conn.execute(STATEMENTS["oldest_ready"], {"queue": name, "now": now}).fetchone()[0]
         counters = conn.execute(
-            Q["queue_counters"], {"queue": name, "day": utc_day(now).isoformat()}
+            STATEMENTS["queue_counters"], {"queue": name, "day": utc_day(now).isoformat()}
         ).fetchone()
         return QueueStats(
             name=name,
@@ -69,37 +69,37 @@ class SQLiteAdmin:
 
     async def list_limits(self, queue: str | None = None) -> list[LimitStats]:
         """Flow-control keys by queue and key (W13)."""
-        now = self._s.clock.now()
+        now = self._storage.clock.now()
 
         def run(conn: Conn) -> list[LimitStats]:
             return [
                 limiter.stored(row).stats(row["queue"], row["key"], row["held_count"], now)
-                for row in conn.execute(Q["list_limits"], {"queue": queue}).fetchall()
+                for row in conn.execute(STATEMENTS["list_limits"], {"queue": queue}).fetchall()
             ]
 
-        return await self._s.read("sqlite.list_limits", run)
+        return await self._storage.read("sqlite.list_limits", run)
 
     async def list_queues(self) -> list[QueueStats]:
         """Every known queue with its sizes and counters, by name."""
-        now = self._s.clock.now()
+        now = self._storage.clock.now()
 
         def run(conn: Conn) -> list[QueueStats]:
             return [
                 self._stats(conn, row["name"], bool(row["paused"]), now)
-                for row in conn.execute(Q["all_queues"]).fetchall()
+                for row in conn.execute(STATEMENTS["all_queues"]).fetchall()
             ]
 
-        return await self._s.read("sqlite.list_queues", run)
+        return await self._storage.read("sqlite.list_queues", run)
 
     async def queue_stats(self, queue: str) -> QueueStats:
         """One queue; QueueNotFoundError if unknown."""
-        now = self._s.clock.now()
+        now = self._storage.clock.now()
 
         def run(conn: Conn) -> QueueStats:
             row = self._require_queue(conn, queue)
             return self._stats(conn, queue, bool(row["paused"]), now)
 
-        return await self._s.read("sqlite.queue_stats", run)
+        return await self._storage.read("sqlite.queue_stats", run)
 
     async def pause_queue(self, queue: str) -> None:
         """Stop handing out tasks of ``queue``; enqueue still works (W8)."""
@@ -108,14 +108,19 @@ class SQLiteAdmin:
     async def unpause_queue(self, queue: str) -> None:
         """Resume handing out tasks of ``queue``."""
         await self._set_paused(queue, False)
-        self._s.notify([queue])
+        self._storage.notify([queue])
 
     async def _set_paused(self, queue: str, paused: bool) -> None:
         def run(conn: Conn, _: float) -> None:
-            if conn.execute(Q["set_paused"], {"queue": queue, "paused": int(paused)}).rowcount == 0:
+            if (
+                conn.execute(
+                    STATEMENTS["set_paused"], {"queue": queue, "paused": int(paused)}
+                ).rowcount
+                == 0
+            ):
                 raise QueueNotFoundError(f"no queue named {queue!r}")
 
-        await self._s.write("sqlite.pause_queue" if paused else "sqlite.unpause_queue", run)
+        await self._storage.write("sqlite.pause_queue" if paused else "sqlite.unpause_queue", run)
 
     # ------------------------------------------------------------------ tasks
 
@@ -123,13 +128,13 @@ class SQLiteAdmin:
         self, queue: str, state: TaskState, *, limit: int = 50, offset: int = 0
     ) -> list[TaskInfo]:
         """Tasks of one queue in one state, by ``next_process_at`` then enqueue order."""
-        now = self._s.clock.now()
+        now = self._storage.clock.now()
         state = TaskState(state)
 
         def run(conn: Conn) -> list[TaskInfo]:
             self._require_queue(conn, queue)
             rows = conn.execute(
-                Q["list_tasks"],
+                STATEMENTS["list_tasks"],
                 {
                     "queue": queue,
                     "state": state.value,
@@ -140,11 +145,11 @@ class SQLiteAdmin:
             ).fetchall()
             return [row_to_info(row) for row in rows]
 
-        return await self._s.read("sqlite.list_tasks", run)
+        return await self._storage.read("sqlite.list_tasks", run)
 
     async def search_tasks(self, search: TaskSearch) -> TaskSearchResult:
         """Tasks of one queue and state passing the filter, counted and paged in one query."""
-        now = self._s.clock.now()
+        now = self._storage.clock.now()
         f = search.filter
         params = {
             "queue": search.queue,
@@ -161,33 +166,33 @@ class SQLiteAdmin:
             # The error and payload conditions are tested by the same Python as on Redis:
             # SQLite's lower() and number parsing differ from it (durq.brokers.search).
             conn.create_function(SEARCH_FUNCTION, 2, f.matches_content, deterministic=True)
-            rows = conn.execute(Q["search_tasks"], params).fetchall()
+            rows = conn.execute(STATEMENTS["search_tasks"], params).fetchall()
             tasks = [row_to_info(row) for row in rows if row["id"] is not None]
             return TaskSearchResult(tasks, rows[0]["total_"] if rows else 0)
 
-        return await self._s.read("sqlite.search_tasks", run)
+        return await self._storage.read("sqlite.search_tasks", run)
 
     async def minute_counts(self, queue: str | None, since: float) -> list[MinuteCounts]:
         """Per-minute counters from the minute of ``since`` on (one read)."""
-        params = {"queue": queue, "since": first_counted_minute(since, self._s.clock.now())}
+        params = {"queue": queue, "since": first_counted_minute(since, self._storage.clock.now())}
 
         def run(conn: Conn) -> list[MinuteCounts]:
-            rows = conn.execute(Q["minute_counts"], params).fetchall()
+            rows = conn.execute(STATEMENTS["minute_counts"], params).fetchall()
             return [MinuteCounts(r["minute"], r["processed"], r["failed"]) for r in rows]
 
-        return await self._s.read("sqlite.minute_counts", run)
+        return await self._storage.read("sqlite.minute_counts", run)
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task; TaskNotFoundError if absent (or completed past its retention)."""
-        now = self._s.clock.now()
+        now = self._storage.clock.now()
 
         def run(conn: Conn) -> TaskInfo:
             return row_to_info(self._existing(conn, queue, task_id, now))
 
-        return await self._s.call("sqlite.get_task", run)
+        return await self._storage.call("sqlite.get_task", run)
 
     def _existing(self, conn: Conn, queue: str, task_id: str, now: float) -> sqlite3.Row:
-        row = self._s.get_row(conn, queue, task_id, now)
+        row = self._storage.get_row(conn, queue, task_id, now)
         if row is None:
             raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
         return row
@@ -204,60 +209,64 @@ class SQLiteAdmin:
         query = f"{move.kind}_task"
 
         def body(conn: Conn, now: float, woken: set[str]) -> TaskInfo | None:
-            row = conn.execute(Q[query], {**params, "now": now}).fetchone()
+            row = conn.execute(STATEMENTS[query], {**params, "now": now}).fetchone()
             if row is None:
                 return None
             if move.to is None:
-                woken.update(self._s.forget(conn, move.queue, move.id, "", now))
+                woken.update(self._storage.forget(conn, move.queue, move.id, "", now))
             if (move.to is None or move.to is TaskState.ARCHIVED) and row["dependents"]:
                 # Archived, cancelled, or deleted before it finished; a finished task
                 # released its dependents when it finished.
                 if dependencies.unfinished(move.expect):
-                    woken.update(self._s.release_dependents(conn, [row["dependents"]], now))
+                    woken.update(self._storage.release_dependents(conn, [row["dependents"]], now))
             if move.follow_ups:
-                woken.update(self._s.insert_follow_ups(conn, move.follow_ups, now))
+                woken.update(self._storage.insert_follow_ups(conn, move.follow_ups, now))
             if move.group is not None:
-                woken.update(self._s.finish_member(conn, move.queue, move.id, move.group, now))
+                woken.update(
+                    self._storage.finish_member(conn, move.queue, move.id, move.group, now)
+                )
             if move.to is TaskState.PENDING:
                 woken.add(move.queue)
             return row_to_info(row)
 
-        info = await self._s.write_waking(f"sqlite.{query}", body)
+        info = await self._storage.write_waking(f"sqlite.{query}", body)
         if info is not None and move.to is not TaskState.PENDING:
-            self._s.ended([(move.queue, move.id)])
+            self._storage.ended([(move.queue, move.id)])
         return info
 
     async def get_group(self, queue: str, group_id: str) -> GroupInfo:
         """One group with its members; GroupNotFoundError if absent or expired."""
-        now = self._s.clock.now()
+        now = self._storage.clock.now()
         key = {"queue": queue, "id": group_id, "now": now}
 
         def run(conn: Conn) -> GroupInfo:
-            g = conn.execute(Q["get_group"], key).fetchone()
+            g = conn.execute(STATEMENTS["get_group"], key).fetchone()
             if g is None:
                 raise GroupNotFoundError(f"no group {group_id!r} in queue {queue!r}")
-            members = conn.execute(Q["group_members"], key).fetchall()
+            members = conn.execute(STATEMENTS["group_members"], key).fetchall()
             return group_info(g, members)
 
-        return await self._s.call("sqlite.get_group", lambda c: snapshot(c, run))
+        return await self._storage.call("sqlite.get_group", lambda c: snapshot(c, run))
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """Flag an active task for its worker (W12)."""
 
         def body(conn: Conn, _: float) -> TaskInfo | None:
-            row = conn.execute(Q["request_cancel"], {"queue": queue, "id": task_id}).fetchone()
+            row = conn.execute(
+                STATEMENTS["request_cancel"], {"queue": queue, "id": task_id}
+            ).fetchone()
             return None if row is None else row_to_info(row)
 
-        return await self._s.write("sqlite.request_cancel", body)
+        return await self._storage.write("sqlite.request_cancel", body)
 
     async def rewrite_task(self, rewrite: TaskRewrite) -> bool:
         """New payload and result bytes, fenced (see :class:`TaskRewrite`)."""
 
         def body(conn: Conn, now: float) -> bool:
             params = {**rewrite_params(rewrite), "now": now}
-            return bool(conn.execute(Q["rewrite_task"], params).rowcount == 1)
+            return bool(conn.execute(STATEMENTS["rewrite_task"], params).rowcount == 1)
 
-        return await self._s.write("sqlite.rewrite_task", body)
+        return await self._storage.write("sqlite.rewrite_task", body)
 
     async def move_all(self, queue: str, state: TaskState, to: TaskState | None) -> int:
         """Run (``to`` pending) or delete (``to`` None) every task of ``state``."""
@@ -267,26 +276,26 @@ class SQLiteAdmin:
         def body(conn: Conn, now: float, woken: set[str]) -> int:
             self._require_queue(conn, queue)
             if to is None:
-                woken.update(self._s.forget(conn, queue, None, state.value, now))
+                woken.update(self._storage.forget(conn, queue, None, state.value, now))
             if to is None and dependencies.unfinished(state):
                 lists = conn.execute(
-                    Q["dependents_in_state"], {"queue": queue, "state": state.value}
+                    STATEMENTS["dependents_in_state"], {"queue": queue, "state": state.value}
                 )
-                woken.update(self._s.release_dependents(conn, [r[0] for r in lists], now))
+                woken.update(self._storage.release_dependents(conn, [r[0] for r in lists], now))
             count: int = conn.execute(
-                Q[query], {"queue": queue, "state": state.value, "now": now}
+                STATEMENTS[query], {"queue": queue, "state": state.value, "now": now}
             ).rowcount
             if count and to is TaskState.PENDING:
                 woken.add(queue)
             return count
 
-        return await self._s.write_waking(f"sqlite.{query}", body)
+        return await self._storage.write_waking(f"sqlite.{query}", body)
 
     # ------------------------------------------------------------------ workers
 
     async def list_workers(self) -> list[WorkerInfo]:
         """Workers whose last heartbeat is younger than ``WORKER_VISIBLE_FOR``."""
-        since = self._s.clock.now() - WORKER_VISIBLE_FOR
+        since = self._storage.clock.now() - WORKER_VISIBLE_FOR
 
         def run(conn: Conn) -> list[WorkerInfo]:
             return [
@@ -301,10 +310,10 @@ class SQLiteAdmin:
                     active=row["active"],
                     strict=bool(row["strict"]),
                 )
-                for row in conn.execute(Q["live_workers"], {"since": since}).fetchall()
+                for row in conn.execute(STATEMENTS["live_workers"], {"since": since}).fetchall()
             ]
 
-        return await self._s.call("sqlite.list_workers", run)
+        return await self._storage.call("sqlite.list_workers", run)
 
     # ------------------------------------------------------------------ schedules
 
@@ -312,33 +321,33 @@ class SQLiteAdmin:
         """Every stored schedule, by name."""
 
         def run(conn: Conn) -> list[ScheduleRecord]:
-            return [schedule_record(r) for r in conn.execute(Q["list_schedules"])]
+            return [schedule_record(r) for r in conn.execute(STATEMENTS["list_schedules"])]
 
-        return await self._s.read("sqlite.list_schedules", run)
+        return await self._storage.read("sqlite.list_schedules", run)
 
     async def get_schedule(self, name: str) -> ScheduleRecord | None:
         """One stored schedule, or ``None``."""
 
         def run(conn: Conn) -> ScheduleRecord | None:
-            row = conn.execute(Q["get_schedule"], {"name": name}).fetchone()
+            row = conn.execute(STATEMENTS["get_schedule"], {"name": name}).fetchone()
             return None if row is None else schedule_record(row)
 
-        return await self._s.read("sqlite.get_schedule", run)
+        return await self._storage.read("sqlite.get_schedule", run)
 
     async def put_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:
         """Create (version 0) or update, fenced by ``record.version``."""
         query = "update_schedule" if record.version else "create_schedule"
 
         def run(conn: Conn, now: float) -> ScheduleRecord | None:
-            row = conn.execute(Q[query], schedule_row(record, now)).fetchone()
+            row = conn.execute(STATEMENTS[query], schedule_row(record, now)).fetchone()
             return None if row is None else schedule_record(row)
 
-        return await self._s.write("sqlite.put_schedule", run)
+        return await self._storage.write("sqlite.put_schedule", run)
 
     async def delete_schedule(self, name: str) -> bool:
         """Delete one stored schedule; whether there was one."""
 
         def run(conn: Conn, _: float) -> bool:
-            return conn.execute(Q["delete_schedule"], {"name": name}).rowcount > 0
+            return conn.execute(STATEMENTS["delete_schedule"], {"name": name}).rowcount > 0
 
-        return await self._s.write("sqlite.delete_schedule", run)
+        return await self._storage.write("sqlite.delete_schedule", run)

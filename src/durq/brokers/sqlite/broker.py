@@ -58,9 +58,9 @@ from durq.brokers.sqlite.storage import (
     DEFAULT_BUSY_TIMEOUT,
     DEFAULT_POLL_INTERVAL,
     SCHEMA_VERSION,
+    STATEMENTS,
     Conn,
     Exec,
-    Q,
     SQLiteStorage,
     join_write_lock,
     schema_version,
@@ -140,14 +140,14 @@ class SQLiteBroker:
     ) -> None:
         """``file_mode``: the mode of the database files created (``0o600``: owner only;
         an existing file keeps its own, see ``files.py``)."""
-        self._s = SQLiteStorage(
+        self._storage = SQLiteStorage(
             path,
             clock=clock,
             busy_timeout=busy_timeout,
             poll_interval=poll_interval,
             file_mode=file_mode,
         )
-        self.admin = SQLiteAdmin(self._s)
+        self.admin = SQLiteAdmin(self._storage)
         self._batcher = enqueue_coalescer(self._enqueue_one, self.enqueue_many)
 
     def __repr__(self) -> str:
@@ -156,35 +156,35 @@ class SQLiteBroker:
     @property
     def path(self) -> str:
         """The database file (absolute)."""
-        return self._s.path
+        return self._storage.path
 
     @property
     def clock(self) -> Clock:
         """The clock this broker stamps times with."""
-        return self._s.clock
+        return self._storage.clock
 
     async def connect(self) -> None:
         """Open the connection and migrate the schema if needed (idempotent).
 
         Raises BrokerUnavailableError (unreachable path, not a database) or SchemaError
         (a schema newer than this code)."""
-        await self._s.connect()
+        await self._storage.connect()
 
     async def migrate(self) -> list[str]:
         """Apply missing migrations; returns the names applied by this call."""
-        return await self._s.migrate()
+        return await self._storage.migrate()
 
     async def pending_migrations(self) -> list[str]:
         """The migrations :meth:`migrate` would apply, read without writing."""
-        return await self._s.pending_migrations()
+        return await self._storage.pending_migrations()
 
     async def close(self) -> None:
         """Close the connection and stop the database thread (idempotent)."""
-        await self._s.close()
+        await self._storage.close()
 
     async def ping(self) -> None:
         """One cheap query on the database thread."""
-        await self._s.ping()
+        await self._storage.ping()
 
     # ------------------------------------------------------------------ enqueue
 
@@ -201,11 +201,13 @@ class SQLiteBroker:
 
     async def _enqueue_one(self, params: EnqueueParams) -> TaskInfo:
         def run(conn: Conn) -> TaskInfo:
-            info = self._s.transaction(conn, lambda c, now: self._s.insert(c, params, now))
-            self._s.notify([params.queue])
+            info = self._storage.transaction(
+                conn, lambda c, now: self._storage.insert(c, params, now)
+            )
+            self._storage.notify([params.queue])
             return info
 
-        return await self._s.call("sqlite.enqueue", run)
+        return await self._storage.call("sqlite.enqueue", run)
 
     async def enqueue_many(
         self, items: Sequence[EnqueueParams], *, connection: Any = None
@@ -219,22 +221,26 @@ class SQLiteBroker:
             return self.enqueue_many_sync_in(items, connection)
 
         def run(conn: Conn) -> list[EnqueueOutcome]:
-            outcomes = self._s.transaction(conn, lambda c, now: self._insert_many(c, items, now))
-            self._s.notify({o.params.queue for o in outcomes if o.created})
+            outcomes = self._storage.transaction(
+                conn, lambda c, now: self._insert_many(c, items, now)
+            )
+            self._storage.notify({o.params.queue for o in outcomes if o.created})
             return outcomes
 
-        return await self._s.call("sqlite.enqueue_many", run)
+        return await self._storage.call("sqlite.enqueue_many", run)
 
     async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
         """The group's record, every member and the waiting follow-up in one transaction,
         or nothing."""
 
         def run(conn: Conn) -> list[TaskInfo]:
-            infos = self._s.transaction(conn, lambda c, now: self._s.insert_group(c, params, now))
-            self._s.notify({i.queue for i in infos if i.state is TaskState.PENDING})
+            infos = self._storage.transaction(
+                conn, lambda c, now: self._storage.insert_group(c, params, now)
+            )
+            self._storage.notify({i.queue for i in infos if i.state is TaskState.PENDING})
             return infos
 
-        return await self._s.call("sqlite.enqueue_group", run)
+        return await self._storage.call("sqlite.enqueue_group", run)
 
     def _insert_many(
         self, conn: Exec, items: Sequence[EnqueueParams], now: float
@@ -242,11 +248,11 @@ class SQLiteBroker:
         outcomes: list[EnqueueOutcome] = []
         for p in items:
             try:
-                info = self._s.insert(conn, p, now, record_queue=False)
+                info = self._storage.insert(conn, p, now, record_queue=False)
                 outcomes.append(EnqueueOutcome(p, info=info))
             except (TaskIDConflictError, DuplicateTaskError) as exc:
                 outcomes.append(EnqueueOutcome(p, error=exc))
-        self._s.record_queues(conn, {o.params.queue for o in outcomes if o.created}, now)
+        self._storage.record_queues(conn, {o.params.queue for o in outcomes if o.created}, now)
         return outcomes
 
     # ------------------------------------------------------------------ E8: the caller's connection
@@ -275,10 +281,10 @@ class SQLiteBroker:
         cursor = self._caller_cursor(connection)
         try:
             # Under the caller's write lock: catch up with a step of the wall clock first.
-            now = self._s.timeline.check(cursor, Q, remember=False)
+            now = self._storage.timeline.check(cursor, STATEMENTS, remember=False)
             return self._insert_many(cursor, items, now)
         except sqlite3.Error as exc:
-            raise self._s.map_error(exc, "sqlite.enqueue", caller=True) from exc
+            raise self._storage.map_error(exc, "sqlite.enqueue", caller=True) from exc
         finally:
             cursor.close()
 
@@ -293,9 +299,11 @@ class SQLiteBroker:
         try:
             cursor = connection.cursor()
             cursor.row_factory = sqlite3.Row
-            files = {row["name"]: row["file"] for row in cursor.execute(Q["database_list"])}
+            files = {
+                row["name"]: row["file"] for row in cursor.execute(STATEMENTS["database_list"])
+            }
             path = files.get("main") or ""
-            if not path or os.path.realpath(path) != self._s.key:
+            if not path or os.path.realpath(path) != self._storage.key:
                 raise ConfigurationError(
                     f"the connection has {path or 'an in-memory database'!r} open, not the "
                     f"broker's file {self.path!r}: transactional enqueue needs both in one file"
@@ -308,7 +316,7 @@ class SQLiteBroker:
                     operation="sqlite.enqueue",
                 )
         except sqlite3.Error as exc:
-            raise self._s.map_error(exc, "sqlite.enqueue", caller=True) from exc
+            raise self._storage.map_error(exc, "sqlite.enqueue", caller=True) from exc
         autocommit = getattr(connection, "autocommit", None) is True  # Python 3.12+
         if not connection.in_transaction and (connection.isolation_level is None or autocommit):
             cursor.close()
@@ -323,12 +331,12 @@ class SQLiteBroker:
 
     async def claim(self, params: ClaimParams) -> list[Lease]:
         """Lease up to ``limit`` due tasks, filling from the queues in the order given."""
-        looked_at = self._s.clock.now()  # for the read-only look; the claim reads its own
+        looked_at = self._storage.clock.now()  # for the read-only look; the claim reads its own
         if params.limit <= 0:
             return []
         queues = list(dict.fromkeys(params.queues))  # keep order, drop repeats
         # Notifications up to here are answered by this claim; later ones stay for the wait.
-        self._s.mailbox.take(queues)
+        self._storage.mailbox.take(queues)
 
         def run(conn: Conn) -> Claimed:
             version = _data_version(conn)  # before the claim reads: later commits stay news
@@ -336,17 +344,17 @@ class SQLiteBroker:
             for queue in queues:
                 claimable, wake_at = _may_claim(conn, queue, looked_at)
                 if claimable:
-                    leases = self._s.transaction(
+                    leases = self._storage.transaction(
                         conn, lambda c, now: self._claim_queues(c, queues, params, now)
                     )
                     break
                 if wake_at is not None and (leases.wake_at is None or wake_at < leases.wake_at):
                     leases.wake_at = wake_at
             if len(leases) < params.limit:
-                self._s.seen_version = version
+                self._storage.seen_version = version
             return leases
 
-        leases = await self._s.call("sqlite.claim", run, inline=_short(params.limit))
+        leases = await self._storage.call("sqlite.claim", run, inline=_short(params.limit))
         self._claimed(queues, params, leases)
         return leases
 
@@ -356,7 +364,7 @@ class SQLiteBroker:
         """``complete_many`` and ``claim`` in one write transaction: the lock is taken for
         the completions anyway, so the claim skips its read-only look for work."""
         queues = list(dict.fromkeys(claim.queues))
-        self._s.mailbox.take(queues)
+        self._storage.mailbox.take(queues)
         woken: set[str] = set()
 
         def body(conn: Conn, now: float) -> tuple[list[bool], Claimed]:
@@ -365,33 +373,35 @@ class SQLiteBroker:
 
         def run(conn: Conn) -> tuple[list[bool], Claimed]:
             version = _data_version(conn)
-            done, leases = self._s.transaction(conn, body)
+            done, leases = self._storage.transaction(conn, body)
             if len(leases) < claim.limit:
-                self._s.seen_version = version
+                self._storage.seen_version = version
             return done, leases
 
         short = _short(len(items) + claim.limit)
-        done, leases = await self._s.call("sqlite.complete_and_claim", run, inline=short)
-        self._s.notify(woken)
-        self._s.ended(p.lease.task_key for p, ok in zip(items, done, strict=True) if ok)
+        done, leases = await self._storage.call("sqlite.complete_and_claim", run, inline=short)
+        self._storage.notify(woken)
+        self._storage.ended(p.lease.task_key for p, ok in zip(items, done, strict=True) if ok)
         self._claimed(queues, claim, leases)
         return done, leases
 
     def _claimed(self, queues: list[str], params: ClaimParams, leases: Claimed) -> None:
         if len(leases) >= params.limit:
-            self._s.mailbox.post(frozenset(queues))  # a full claim may have left work behind
+            self._storage.mailbox.post(frozenset(queues))  # a full claim may have left work behind
 
     def _claim_queues(
         self, conn: Conn, queues: list[str], params: ClaimParams, now: float
     ) -> Claimed:
         """The claim's writes, inside the caller's transaction."""
         forward = max(params.limit, CLAIM_FORWARD)
-        paused = {row[0] for row in conn.execute(Q["paused_queues"])}
+        paused = {row[0] for row in conn.execute(STATEMENTS["paused_queues"])}
         leases = Claimed()
         for queue in queues:
             if queue in paused:
                 continue
-            conn.execute(Q["promote_queue"], {"queue": queue, "now": now, "bound": forward})
+            conn.execute(
+                STATEMENTS["promote_queue"], {"queue": queue, "now": now, "bound": forward}
+            )
             self._claim_queue(conn, queue, params, now, leases)
             if len(leases) >= params.limit:
                 break
@@ -410,7 +420,7 @@ class SQLiteBroker:
         while len(leases) < params.limit:
             want = params.limit - len(leases)
             rows = conn.execute(
-                Q["claim_candidates"], {"queue": queue, "now": now, "limit": want}
+                STATEMENTS["claim_candidates"], {"queue": queue, "now": now, "limit": want}
             ).fetchall()
             chosen: list[int] = []
             held = 0
@@ -424,13 +434,13 @@ class SQLiteBroker:
             counters.save()
             if chosen:
                 claimed = conn.execute(
-                    Q["claim"],
+                    STATEMENTS["claim"],
                     {
                         "rowids": json.dumps(chosen),
                         "now": now,
                         "lease_seconds": params.lease_seconds,
                         "worker_id": params.worker_id,
-                        **self._s.timeline.lease_params(),
+                        **self._storage.timeline.lease_params(),
                     },
                 ).fetchall()
                 # RETURNING gives no order guarantee: restore the claim order.
@@ -453,11 +463,11 @@ class SQLiteBroker:
             clock = {
                 "now": now,
                 "lease_seconds": lease_seconds,
-                **self._s.timeline.lease_params(),
+                **self._storage.timeline.lease_params(),
             }
             for ref in leases:
                 row = conn.execute(
-                    Q["extend_lease"],
+                    STATEMENTS["extend_lease"],
                     {"queue": ref.queue, "id": ref.id, "token": ref.token, **clock},
                 ).fetchone()
                 if row is None:
@@ -466,7 +476,7 @@ class SQLiteBroker:
                     cancel.add(ref.id)
             return LeaseReport(lost=frozenset(lost), cancel=frozenset(cancel))
 
-        return await self._s.write("sqlite.extend_leases", body, inline=_short(len(leases)))
+        return await self._storage.write("sqlite.extend_leases", body, inline=_short(len(leases)))
 
     def _complete(
         self, conn: Conn, p: CompleteParams, now: float, woken: set[str], *, bump: bool = True
@@ -474,43 +484,43 @@ class SQLiteBroker:
         ref = {"queue": p.lease.queue, "id": p.lease.id, "token": p.lease.token}
         if p.retention > 0:
             cursor = conn.execute(
-                Q["complete_keep"],
+                STATEMENTS["complete_keep"],
                 {**ref, "now": now, "result": p.result, "retention": p.retention},
             )
         else:
-            cursor = conn.execute(Q["complete_delete"], ref)
+            cursor = conn.execute(STATEMENTS["complete_delete"], ref)
         if not self._ended(conn, p.lease.queue, cursor, woken, now):
             return False
         if bump:
-            self._s.bump(conn, p.lease.queue, now, failed=False)
+            self._storage.bump(conn, p.lease.queue, now, failed=False)
         if p.follow_ups:
-            woken.update(self._s.insert_follow_ups(conn, p.follow_ups, now))
+            woken.update(self._storage.insert_follow_ups(conn, p.follow_ups, now))
         if p.group is not None:
-            woken.update(self._s.finish_member(conn, p.lease.queue, p.lease.id, p.group, now))
+            woken.update(self._storage.finish_member(conn, p.lease.queue, p.lease.id, p.group, now))
         return True
 
     async def complete(self, params: CompleteParams) -> bool:
         """Completed (kept ``retention`` s with its result) or deleted; fenced by the token.
         Its follow-ups are created in the same transaction."""
-        done = await self._s.write_waking(
+        done = await self._storage.write_waking(
             "sqlite.complete",
             lambda c, now, woken: self._complete(c, params, now, woken),
             inline=True,
         )
         if done:
-            self._s.ended([params.lease.task_key])
+            self._storage.ended([params.lease.task_key])
         return done
 
     async def complete_many(self, items: Sequence[CompleteParams]) -> list[bool]:
         """``complete`` for several tasks in one transaction."""
         if not items:
             return []
-        done = await self._s.write_waking(
+        done = await self._storage.write_waking(
             "sqlite.complete_many",
             lambda c, now, woken: self._complete_batch(c, items, now, woken),
             inline=_short(len(items)),
         )
-        self._s.ended(p.lease.task_key for p, ok in zip(items, done, strict=True) if ok)
+        self._storage.ended(p.lease.task_key for p, ok in zip(items, done, strict=True) if ok)
         return done
 
     def _complete_batch(
@@ -520,7 +530,7 @@ class SQLiteBroker:
         # One counter update per queue for the batch, not one per task.
         per_queue = Counter(p.lease.queue for p, ok in zip(items, done, strict=True) if ok)
         for queue, count in per_queue.items():
-            self._s.bump(conn, queue, now, failed=False, count=count)
+            self._storage.bump(conn, queue, now, failed=False, count=count)
         return done
 
     def _move(self, conn: Conn, p: LeaseMove, now: float, woken: set[str]) -> bool:
@@ -535,39 +545,41 @@ class SQLiteBroker:
             "lost": int(p.lost),
             "expired_by": p.expired_by,
             "now": now,
-            **self._s.timeline.lease_params(),
+            **self._storage.timeline.lease_params(),
         }
         if isinstance(p, RetryParams):
             due = now + max(0.0, p.delay)
             cursor = conn.execute(
-                Q["retry"], {**fence, "next_process_at": due, "snooze": int(p.snooze)}
+                STATEMENTS["retry"], {**fence, "next_process_at": due, "snooze": int(p.snooze)}
             )
             counted = not p.snooze
         else:
-            cursor = conn.execute(Q["archive"], {**fence, "count_attempt": int(p.count_attempt)})
+            cursor = conn.execute(
+                STATEMENTS["archive"], {**fence, "count_attempt": int(p.count_attempt)}
+            )
             counted = p.count_attempt
         if not self._ended(conn, lease.queue, cursor, woken, now):
             return False
         if isinstance(p, RetryParams) and p.delay <= 0:
             woken.add(lease.queue)
         if counted:
-            self._s.bump(conn, lease.queue, now, failed=True)
+            self._storage.bump(conn, lease.queue, now, failed=True)
         if isinstance(p, ArchiveParams) and p.follow_ups:
-            woken.update(self._s.insert_follow_ups(conn, p.follow_ups, now))
+            woken.update(self._storage.insert_follow_ups(conn, p.follow_ups, now))
         if isinstance(p, ArchiveParams) and p.group is not None:
-            woken.update(self._s.finish_member(conn, lease.queue, lease.id, p.group, now))
+            woken.update(self._storage.finish_member(conn, lease.queue, lease.id, p.group, now))
         return True
 
     async def move_leases(self, moves: Sequence[LeaseMove]) -> list[bool]:
         """Several fenced retry/archive moves in one transaction."""
         if not moves:
             return []
-        done = await self._s.write_waking(
+        done = await self._storage.write_waking(
             "sqlite.move_leases",
             lambda c, now, woken: [self._move(c, p, now, woken) for p in moves],
             inline=_short(len(moves)),
         )
-        self._s.ended(ended_by(moves, done))
+        self._storage.ended(ended_by(moves, done))
         return done
 
     async def retry(self, params: RetryParams) -> bool:
@@ -586,34 +598,36 @@ class SQLiteBroker:
         ref = {"queue": params.lease.queue, "id": params.lease.id, "token": params.lease.token}
 
         def run(c: Conn, now: float) -> bool:
-            row = c.execute(Q["held_logs"], ref).fetchone()
+            row = c.execute(STATEMENTS["held_logs"], ref).fetchone()
             if row is None:
                 return False
             logs = append_lines(row["logs"], params.lines) if params.lines else row["logs"]
-            c.execute(Q["report_progress"], {**ref, "progress": params.progress, "logs": logs})
+            c.execute(
+                STATEMENTS["report_progress"], {**ref, "progress": params.progress, "logs": logs}
+            )
             return True
 
-        return await self._s.write("sqlite.report_progress", run, inline=True)
+        return await self._storage.write("sqlite.report_progress", run, inline=True)
 
     async def read_steps(self, lease: LeaseRef) -> str | None:
         """The stored steps of a leased task (``None``: none, or the lease is gone)."""
         ref = {"queue": lease.queue, "id": lease.id, "token": lease.token}
 
         def run(c: Conn) -> str | None:
-            row = c.execute(Q["read_steps"], ref).fetchone()
+            row = c.execute(STATEMENTS["read_steps"], ref).fetchone()
             return None if row is None else row["steps"]
 
-        return await self._s.read("sqlite.read_steps", run)
+        return await self._storage.read("sqlite.read_steps", run)
 
     async def read_snoozes(self, lease: LeaseRef) -> int | None:
         """How often a leased task was snoozed (``None``: the lease is gone)."""
         ref = {"queue": lease.queue, "id": lease.id, "token": lease.token}
 
         def run(c: Conn) -> int | None:
-            row = c.execute(Q["read_snoozes"], ref).fetchone()
+            row = c.execute(STATEMENTS["read_snoozes"], ref).fetchone()
             return None if row is None else int(row["snoozes"])
 
-        return await self._s.read("sqlite.read_snoozes", run)
+        return await self._storage.read("sqlite.read_snoozes", run)
 
     async def record_steps(self, params: StepsParams) -> bool:
         """Store an attempt's durable steps, fenced by its token."""
@@ -621,22 +635,22 @@ class SQLiteBroker:
         values = {"queue": lease.queue, "id": lease.id, "token": lease.token, "steps": params.steps}
 
         def run(c: Conn, now: float) -> bool:
-            return c.execute(Q["record_steps"], values).rowcount == 1
+            return c.execute(STATEMENTS["record_steps"], values).rowcount == 1
 
-        return await self._s.write("sqlite.record_steps", run, inline=True)
+        return await self._storage.write("sqlite.record_steps", run, inline=True)
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Back to pending without counting an attempt (graceful shutdown, W7)."""
         ref = {"queue": lease.queue, "id": lease.id, "token": lease.token}
-        done = await self._s.write_waking(
+        done = await self._storage.write_waking(
             "sqlite.requeue",
             lambda c, now, woken: self._ended(
-                c, lease.queue, c.execute(Q["requeue"], {**ref, "now": now}), woken, now
+                c, lease.queue, c.execute(STATEMENTS["requeue"], {**ref, "now": now}), woken, now
             ),
             inline=True,
         )
         if done:
-            self._s.notify([lease.queue])
+            self._storage.notify([lease.queue])
         return done
 
     def _ended(
@@ -649,11 +663,11 @@ class SQLiteBroker:
         if len(rows) != 1:
             return False
         if "dependents" in rows[0].keys() and rows[0]["dependents"] is not None:
-            woken.update(self._s.release_dependents(conn, [rows[0]["dependents"]], now))
+            woken.update(self._storage.release_dependents(conn, [rows[0]["dependents"]], now))
         limits = rows[0]["limits"]
         if limits is not None:
             waiting = conn.execute(
-                Q["release_limits"], {"queue": queue, "limits": limits}
+                STATEMENTS["release_limits"], {"queue": queue, "limits": limits}
             ).fetchall()
             if any(row["waiting"] for row in waiting):
                 woken.add(queue)  # a held task may be taken now
@@ -663,19 +677,24 @@ class SQLiteBroker:
 
     async def promote_due(self) -> int:
         """Move due scheduled/retry tasks to pending (claim also takes them directly)."""
-        queues = await self._s.write(
+        queues = await self._storage.write(
             "sqlite.promote_due",
-            lambda c, now: [row[0] for row in c.execute(Q["promote_due"], {"now": now})],
+            lambda c, now: [row[0] for row in c.execute(STATEMENTS["promote_due"], {"now": now})],
         )
         if queues:
-            self._s.notify(set(queues))
+            self._storage.notify(set(queues))
         return len(queues)
 
     async def expired_leases(self, limit: int) -> list[Lease]:
         """Active tasks whose lease expired by now, oldest expiry first."""
-        params = {"now": self._s.clock.now(), "limit": limit, **self._s.timeline.lease_params()}
-        rows = await self._s.read(
-            "sqlite.expired_leases", lambda c: c.execute(Q["expired_leases"], params).fetchall()
+        params = {
+            "now": self._storage.clock.now(),
+            "limit": limit,
+            **self._storage.timeline.lease_params(),
+        }
+        rows = await self._storage.read(
+            "sqlite.expired_leases",
+            lambda c: c.execute(STATEMENTS["expired_leases"], params).fetchall(),
         )
         return [Lease(row_to_info(row), row["lease_token"]) for row in rows]
 
@@ -690,23 +709,27 @@ class SQLiteBroker:
         }
 
         def run(conn: Conn, now: float) -> int:
-            deleted: int = conn.execute(Q["delete_archived"], {**params, "now": now}).rowcount
+            deleted: int = conn.execute(
+                STATEMENTS["delete_archived"], {**params, "now": now}
+            ).rowcount
             return deleted
 
-        return await self._s.write("sqlite.delete_archived", run)
+        return await self._storage.write("sqlite.delete_archived", run)
 
     async def delete_expired(self, limit: int) -> int:
         """Delete up to ``limit`` completed tasks past their retention."""
 
         def run(conn: Conn, now: float) -> int:
-            conn.execute(Q["prune_minute_stats"], {"before": now - MINUTE_COUNTS_KEEP})
+            conn.execute(STATEMENTS["prune_minute_stats"], {"before": now - MINUTE_COUNTS_KEEP})
             # Finished groups past their retention go in the same bounded way.
-            conn.execute(Q["delete_expired_group_members"], {"now": now, "limit": limit})
-            conn.execute(Q["delete_expired_groups"], {"now": now, "limit": limit})
-            deleted: int = conn.execute(Q["delete_expired"], {"now": now, "limit": limit}).rowcount
+            conn.execute(STATEMENTS["delete_expired_group_members"], {"now": now, "limit": limit})
+            conn.execute(STATEMENTS["delete_expired_groups"], {"now": now, "limit": limit})
+            deleted: int = conn.execute(
+                STATEMENTS["delete_expired"], {"now": now, "limit": limit}
+            ).rowcount
             return deleted
 
-        return await self._s.write("sqlite.delete_expired", run)
+        return await self._storage.write("sqlite.delete_expired", run)
 
     # ------------------------------------------------------------------ wake-up
 
@@ -720,46 +743,48 @@ class SQLiteBroker:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout)
         waiter = Waiter(loop, queues)
-        self._s.mailbox.park(waiter)  # before looking: nothing slips between
+        self._storage.mailbox.park(waiter)  # before looking: nothing slips between
         watching = False
         try:
-            if self._s.mailbox.take(queues):
+            if self._storage.mailbox.take(queues):
                 return True
-            watching = self._s.watch(loop)  # before the data_version look, see watch()
-            version = await self._s.call("sqlite.wait_for_work", _data_version, inline=True)
-            if self._s.seen_version is not None and version != self._s.seen_version:
-                self._s.seen_version = version  # another connection committed since we looked
+            watching = self._storage.watch(loop)  # before the data_version look, see watch()
+            version = await self._storage.call("sqlite.wait_for_work", _data_version, inline=True)
+            if self._storage.seen_version is not None and version != self._storage.seen_version:
+                self._storage.seen_version = version  # another connection committed since we looked
                 return True
-            self._s.seen_version = version
+            self._storage.seen_version = version
             while True:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return False
                 try:
-                    async with asyncio.timeout(min(self._s.poll_interval, remaining)):
+                    async with asyncio.timeout(min(self._storage.poll_interval, remaining)):
                         await waiter.event.wait()
-                    self._s.mailbox.take(queues)
+                    self._storage.mailbox.take(queues)
                     return True
                 except TimeoutError:
                     pass
-                version = await self._s.call("sqlite.wait_for_work", _data_version, inline=True)
-                if version != self._s.seen_version:
-                    self._s.seen_version = version
+                version = await self._storage.call(
+                    "sqlite.wait_for_work", _data_version, inline=True
+                )
+                if version != self._storage.seen_version:
+                    self._storage.seen_version = version
                     return True
         finally:
             if watching:
-                self._s.unwatch()
-            self._s.mailbox.unpark(waiter)
+                self._storage.unwatch()
+            self._storage.mailbox.unpark(waiter)
 
     @asynccontextmanager
     async def watch_end(self, queue: str, task_id: str) -> AsyncIterator[EndWatch]:
         """Subscribe to the end of one task: at once for this process (shared registry),
         within ``poll_interval`` for other processes (``PRAGMA data_version`` changed: the
         wait returns and the caller reads the task again)."""
-        watches = mailbox.watches(self._s.key)
+        watches = mailbox.watches(self._storage.key)
         async with watches.watching(mailbox.end_key(queue, task_id)) as local:
-            version = await self._s.call("sqlite.watch_end", _data_version, inline=True)
-            yield _FileWatch(self._s, local, version)
+            version = await self._storage.call("sqlite.watch_end", _data_version, inline=True)
+            yield _FileWatch(self._storage, local, version)
 
     # ------------------------------------------------------------------ workers
 
@@ -768,7 +793,7 @@ class SQLiteBroker:
 
         def body(conn: Conn, now: float) -> None:
             conn.execute(
-                Q["upsert_worker"],
+                STATEMENTS["upsert_worker"],
                 {
                     "id": info.id,
                     "host": info.host,
@@ -782,10 +807,10 @@ class SQLiteBroker:
                 },
             )
             for queue in info.queues:
-                conn.execute(Q["ensure_queue"], {"queue": queue, "now": now})
-            conn.execute(Q["forget_dead_workers"], {"before": now - FORGET_WORKERS_AFTER})
+                conn.execute(STATEMENTS["ensure_queue"], {"queue": queue, "now": now})
+            conn.execute(STATEMENTS["forget_dead_workers"], {"before": now - FORGET_WORKERS_AFTER})
 
-        await self._s.write("sqlite.register_worker", body)
+        await self._storage.write("sqlite.register_worker", body)
 
     async def durability_warnings(self) -> list[str]:
         """None to report: a commit is durable (see docs/guarantees.md)."""
@@ -793,9 +818,9 @@ class SQLiteBroker:
 
     async def unregister_worker(self, worker_id: str) -> None:
         """Remove the worker's row at shutdown."""
-        await self._s.write(
+        await self._storage.write(
             "sqlite.unregister_worker",
-            lambda c, _: c.execute(Q["delete_worker"], {"id": worker_id}),
+            lambda c, _: c.execute(STATEMENTS["delete_worker"], {"id": worker_id}),
         )
 
 
@@ -804,7 +829,7 @@ class _FileWatch:
     other processes seen through ``PRAGMA data_version`` (the wake-up channel workers use)."""
 
     def __init__(self, storage: SQLiteStorage, local: mailbox.Watch, version: int) -> None:
-        self._s = storage
+        self._storage = storage
         self._local = local
         self._version = version
 
@@ -813,13 +838,13 @@ class _FileWatch:
         deadline = loop.time() + max(0.0, timeout)
         while True:
             remaining = deadline - loop.time()
-            if await self._local.wait(min(self._s.poll_interval, max(0.0, remaining))):
+            if await self._local.wait(min(self._storage.poll_interval, max(0.0, remaining))):
                 return True
-            version = await self._s.call("sqlite.watch_end", _data_version, inline=True)
+            version = await self._storage.call("sqlite.watch_end", _data_version, inline=True)
             if version != self._version:
                 self._version = version  # another process committed: maybe this task's end
                 return True
-            if remaining <= self._s.poll_interval:
+            if remaining <= self._storage.poll_interval:
                 return False
 
 
@@ -834,7 +859,7 @@ def _short(tasks: int) -> bool:
 
 
 def _data_version(conn: Conn) -> int:
-    return int(conn.execute(Q["data_version"]).fetchone()[0])
+    return int(conn.execute(STATEMENTS["data_version"]).fetchone()[0])
 
 
 def _may_claim(conn: Conn, queue: str, now: float) -> tuple[bool, float | None]:
@@ -844,9 +869,9 @@ def _may_claim(conn: Conn, queue: str, now: float) -> tuple[bool, float | None]:
     While every key with held tasks is full, idle workers thus poll without the write lock
     (WAL readers contend with nobody); the end of an attempt that frees a slot wakes them
     (the mailbox in this process, a datagram and ``data_version`` in others)."""
-    if conn.execute(Q["any_claimable"], {"queue": queue, "now": now}).fetchone()[0]:
+    if conn.execute(STATEMENTS["any_claimable"], {"queue": queue, "now": now}).fetchone()[0]:
         return True, None
-    rows = conn.execute(Q["waiting_limits"], {"queue": queue})
+    rows = conn.execute(STATEMENTS["waiting_limits"], {"queue": queue})
     return limiter.outlook((limiter.stored(row) for row in rows), now)
 
 
@@ -866,20 +891,22 @@ class _LimitCounters:
         if not missing:
             return
         rows = self._conn.execute(
-            Q["limit_counters"], {"queue": self._queue, "keys": json.dumps(missing)}
+            STATEMENTS["limit_counters"], {"queue": self._queue, "keys": json.dumps(missing)}
         )
         for row in rows:
             self._counters[row["key"]] = limiter.stored(row)
 
     def let_back(self) -> None:
         """Held tasks of keys with room again rejoin the claimable set."""
-        for row in self._conn.execute(Q["waiting_limits"], {"queue": self._queue}).fetchall():
+        for row in self._conn.execute(
+            STATEMENTS["waiting_limits"], {"queue": self._queue}
+        ).fetchall():
             counter = self._counters[row["key"]] = limiter.stored(row)
             room = counter.room(self._now)
             if room <= 0:
                 continue
             moved = self._conn.execute(
-                Q["let_back"], {"queue": self._queue, "key": row["key"], "room": room}
+                STATEMENTS["let_back"], {"queue": self._queue, "key": row["key"], "room": room}
             ).rowcount
             if moved < room:  # none left held on it
                 counter.waiting = False
@@ -890,7 +917,7 @@ class _LimitCounters:
         self._load([s.key for s in specs])
         full = limiter.admit(specs, self._counters, self._now)
         if full is not None:
-            self._conn.execute(Q["hold_task"], {"key": full, "rowid": rowid})
+            self._conn.execute(STATEMENTS["hold_task"], {"key": full, "rowid": rowid})
             self._dirty.add(full)
             return False
         self._dirty.update(spec.key for spec in specs)
@@ -900,7 +927,7 @@ class _LimitCounters:
         for key in self._dirty:
             c = self._counters[key]
             self._conn.execute(
-                Q["save_limit_counter"],
+                STATEMENTS["save_limit_counter"],
                 {
                     "queue": self._queue,
                     "key": key,

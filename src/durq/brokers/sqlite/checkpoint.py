@@ -31,7 +31,7 @@ class Checkpointer:
         self, path: str, queries: Mapping[str, str], *, delay: float = DEFAULT_DELAY
     ) -> None:
         self.path = path
-        self.q = queries  # the package's named statements (queries.sql)
+        self.statements = queries  # the package's named statements (queries.sql)
         self.delay = delay
         #: ``(busy, log frames, checkpointed frames)`` of the last checkpoint, for tests.
         self.last: tuple[int, int, int] | None = None
@@ -75,7 +75,7 @@ class Checkpointer:
                 try:
                     if conn is None:
                         conn = sqlite3.connect(self.path, isolation_level=None)
-                        conn.execute(self.q["synchronous_normal"])
+                        conn.execute(self.statements["synchronous_normal"])
                     self._checkpoint(conn)
                 except sqlite3.Error:
                     pass  # e.g. locked by a migration: the next commit asks again
@@ -89,7 +89,7 @@ class Checkpointer:
         which keeps the log short and away from the automatic checkpoint's threshold."""
         previous = -1
         for _ in range(MAX_PASSES):
-            row = conn.execute(self.q["wal_checkpoint"]).fetchone()
+            row = conn.execute(self.statements["wal_checkpoint"]).fetchone()
             self.last = busy, frames, copied = int(row[0]), int(row[1]), int(row[2])
             if busy or copied < frames or frames == previous or self._stop.is_set():
                 return

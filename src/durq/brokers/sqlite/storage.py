@@ -56,7 +56,7 @@ Conn = sqlite3.Connection
 Exec = sqlite3.Connection | sqlite3.Cursor
 
 #: Every named statement of ``queries.sql``.
-Q: dict[str, str] = sqlfiles.load_queries(__package__)
+STATEMENTS: dict[str, str] = sqlfiles.load_queries(__package__)
 #: Every migration, in version order.
 MIGRATIONS: tuple[sqlfiles.Migration, ...] = sqlfiles.load_migrations(__package__)
 #: The schema version this code expects.
@@ -103,7 +103,7 @@ def join_write_lock(cursor: sqlite3.Cursor) -> None:
     if not cursor.connection.in_transaction:
         return  # Python's implicit BEGIN comes with the first write, which waits anyway
     try:
-        cursor.execute(Q["take_write_lock"])
+        cursor.execute(STATEMENTS["take_write_lock"])
     except sqlite3.OperationalError as exc:
         if "no such table" not in str(exc):
             raise
@@ -152,7 +152,7 @@ class SQLiteStorage:
         self.listener = wakeup.Listener(self.wake_dir, window=poll_interval)
         self.sender = wakeup.Sender(self.wake_dir)
         # Copies the WAL back into the file after commits, off the callers' path.
-        self.checkpointer = Checkpointer(self.path, Q)
+        self.checkpointer = Checkpointer(self.path, STATEMENTS)
         self._watchers = 0
         self._watch_loop: asyncio.AbstractEventLoop | None = None
         self._watch_fd = -1
@@ -208,7 +208,7 @@ class SQLiteStorage:
         wall clock (see :class:`~durq.brokers.sqlite.timeline.Timeline`). ``now`` is the wall
         clock read then, under the write lock: a moment read before the lock may predate a
         step another process has meanwhile applied to the stored moments."""
-        result = transaction(conn, lambda c: fn(c, self.timeline.check(c, Q)))
+        result = transaction(conn, lambda c: fn(c, self.timeline.check(c, STATEMENTS)))
         self.timeline.settle()
         self.checkpointer.poke()
         return result
@@ -325,7 +325,7 @@ class SQLiteStorage:
             return []
 
         def apply(c: Conn) -> list[str]:
-            c.execute(Q["migrations_table"])
+            c.execute(STATEMENTS["migrations_table"])
             applied = applied_versions(c)  # another process may have migrated meanwhile
             self._check_version(max(applied, default=0), operation)
             done: list[str] = []
@@ -335,7 +335,7 @@ class SQLiteStorage:
                 for statement in split_statements(migration.sql):
                     c.execute(statement)
                 c.execute(
-                    Q["record_migration"],
+                    STATEMENTS["record_migration"],
                     {
                         "version": migration.version,
                         "name": migration.file,
@@ -531,17 +531,17 @@ class SQLiteStorage:
         }
         # The insert first: a free id and key are the common case, and cost one statement
         # instead of four.
-        row = conn.execute(Q["insert_task"], values).fetchone()
+        row = conn.execute(STATEMENTS["insert_task"], values).fetchone()
         if row is None:
             self._make_room(conn, p, now)
-            row = conn.execute(Q["insert_task"], values).fetchone()
+            row = conn.execute(STATEMENTS["insert_task"], values).fetchone()
             # The write lock is held: what _make_room found free is still free.
             assert row is not None, "a holder survived the checks in the same transaction"
         if record_queue:
             self.record_queues(conn, (p.queue,), now)
         for queue, task_id in holding:  # after the insert: a refused task holds nothing
             conn.execute(
-                Q["hold_dependent"],
+                STATEMENTS["hold_dependent"],
                 {"queue": queue, "id": task_id, "w_queue": p.queue, "w_id": p.id},
             )
         return row_to_info(row)
@@ -553,7 +553,7 @@ class SQLiteStorage:
         keys = json.dumps([list(k) for k in after])
         found = {
             (r["queue"], r["id"])
-            for r in conn.execute(Q["dependency_states"], {"keys": keys})
+            for r in conn.execute(STATEMENTS["dependency_states"], {"keys": keys})
             if dependencies.unfinished(r["state"])
         }
         return [k for k in after if k in found]
@@ -564,13 +564,13 @@ class SQLiteStorage:
         woken: set[str] = set()
         for (queue, task_id), n in dependencies.countdown(lists).items():
             key = {"queue": queue, "id": task_id}
-            row = conn.execute(Q["waiting_task"], key).fetchone()
+            row = conn.execute(STATEMENTS["waiting_task"], key).fetchone()
             if row is None:
                 continue  # cancelled, deleted or archived meanwhile
             left = dependencies.left_after(row["waiting_for"], n)
             state = dependencies.released(row["next_process_at"], now) if left == 0 else None
             conn.execute(
-                Q["count_down"],
+                STATEMENTS["count_down"],
                 {**key, "waiting_for": left, "state": (state or TaskState.WAITING).value},
             )
             if state is TaskState.PENDING:
@@ -581,7 +581,7 @@ class SQLiteStorage:
         """After a refused insert: free what only looks taken (a completed task past its
         retention, a stale unique key) or raise the conflict of a live holder."""
         key = {"queue": p.queue, "id": p.id, "now": now}
-        conn.execute(Q["drop_expired_completed"], key)
+        conn.execute(STATEMENTS["drop_expired_completed"], key)
         existing = self.get_row(conn, p.queue, p.id, now)
         if existing is not None:
             raise TaskIDConflictError(
@@ -590,8 +590,8 @@ class SQLiteStorage:
             )
         if p.unique_key is not None:
             unique = {"unique_key": p.unique_key, "now": now}
-            conn.execute(Q["release_stale_unique"], unique)
-            holder = conn.execute(Q["find_unique"], unique).fetchone()
+            conn.execute(STATEMENTS["release_stale_unique"], unique)
+            holder = conn.execute(STATEMENTS["find_unique"], unique).fetchone()
             if holder is not None:
                 raise DuplicateTaskError(
                     f"an identical task {holder['id']!r} is already queued",
@@ -601,7 +601,7 @@ class SQLiteStorage:
     def record_queues(self, conn: Exec, queues: Iterable[str], now: float) -> None:
         """Record the queues tasks were written to (the inspector lists them)."""
         for queue in queues:
-            conn.execute(Q["ensure_queue"], {"queue": queue, "now": now})
+            conn.execute(STATEMENTS["ensure_queue"], {"queue": queue, "now": now})
 
     def insert_follow_ups(
         self, conn: Exec, follow_ups: Iterable[EnqueueParams], now: float
@@ -627,9 +627,9 @@ class SQLiteStorage:
         then = waiting_follow_up(p)
         if then is not None:
             self.insert(conn, then, now, for_group=True)
-        conn.execute(Q["insert_group"], sqlfiles.group_row(p, now))
+        conn.execute(STATEMENTS["insert_group"], sqlfiles.group_row(p, now))
         conn.executemany(
-            Q["insert_group_member"],
+            STATEMENTS["insert_group_member"],
             [
                 {
                     "group_queue": p.queue,
@@ -650,7 +650,7 @@ class SQLiteStorage:
     ) -> set[str]:
         """Record a member's outcome and count it (see :meth:`count_finished`)."""
         rows = conn.execute(
-            Q["finish_member"],
+            STATEMENTS["finish_member"],
             {
                 "group_queue": outcome.group_queue,
                 "group_id": outcome.group,
@@ -668,10 +668,12 @@ class SQLiteStorage:
         """Before the inspector deletes a task (``task_id``) or every task of ``state``: the
         unfinished group members among them finish as deleted."""
         if task_id is not None:
-            rows = conn.execute(Q["forget_member"], {"queue": queue, "id": task_id}).fetchall()
+            rows = conn.execute(
+                STATEMENTS["forget_member"], {"queue": queue, "id": task_id}
+            ).fetchall()
         else:
             rows = conn.execute(
-                Q["forget_members_in_state"], {"queue": queue, "state": state}
+                STATEMENTS["forget_members_in_state"], {"queue": queue, "state": state}
             ).fetchall()
         return self.count_finished(conn, rows, now)
 
@@ -682,17 +684,17 @@ class SQLiteStorage:
         woken: set[str] = set()
         for (group_queue, group_id), n in Counter((r[0], r[1]) for r in rows).items():
             key = {"group_queue": group_queue, "group_id": group_id}
-            g = conn.execute(Q["count_finished"], {**key, "n": n, "now": now}).fetchone()
+            g = conn.execute(STATEMENTS["count_finished"], {**key, "n": n, "now": now}).fetchone()
             if g is None or g["finished"] < g["total"] or g["then_task"] is None:
                 continue
-            entries = [bytes(r[0]) for r in conn.execute(Q["group_entries"], key)]
+            entries = [bytes(r[0]) for r in conn.execute(STATEMENTS["group_entries"], key)]
             payload = fan_in_payload(bytes(g["then_head"]), entries, bytes(g["then_tail"]))
             then = follow_up_from(g["then_task"], payload)
             if not g["then_waiting"]:  # a group created before its follow-up waited
                 woken |= self.insert_follow_ups(conn, [then], now)
                 continue
             released = conn.execute(
-                Q["release_follow_up"],
+                STATEMENTS["release_follow_up"],
                 {"queue": then.queue, "id": then.id, "payload": payload, "now": now},
             ).fetchone()
             if released is not None and released["state"] == TaskState.PENDING.value:
@@ -703,28 +705,28 @@ class SQLiteStorage:
         """Add ``count`` processed (and as many failed, if ``failed``) to the counters of
         today and of this minute."""
         counts = {"queue": queue, "processed": count, "failed": count * failed}
-        conn.execute(Q["bump_stats"], {**counts, "day": utc_day(now).isoformat()})
-        conn.execute(Q["bump_minute_stats"], {**counts, "minute": minute_of(now)})
+        conn.execute(STATEMENTS["bump_stats"], {**counts, "day": utc_day(now).isoformat()})
+        conn.execute(STATEMENTS["bump_minute_stats"], {**counts, "minute": minute_of(now)})
 
     def get_row(self, conn: Exec, queue: str, task_id: str, now: float) -> sqlite3.Row | None:
         row: sqlite3.Row | None = conn.execute(
-            Q["get_task"], {"queue": queue, "id": task_id, "now": now}
+            STATEMENTS["get_task"], {"queue": queue, "id": task_id, "now": now}
         ).fetchone()
         return row
 
 
 def schema_version(conn: Exec) -> int:
     """The applied schema version; 0 for a file without durq tables."""
-    if not conn.execute(Q["has_migrations_table"]).fetchone()[0]:
+    if not conn.execute(STATEMENTS["has_migrations_table"]).fetchone()[0]:
         return 0
-    return int(conn.execute(Q["schema_version"]).fetchone()[0])
+    return int(conn.execute(STATEMENTS["schema_version"]).fetchone()[0])
 
 
 def applied_versions(conn: Exec) -> set[int]:
     """The versions of the migrations applied; empty for a file without durq tables."""
-    if not conn.execute(Q["has_migrations_table"]).fetchone()[0]:
+    if not conn.execute(STATEMENTS["has_migrations_table"]).fetchone()[0]:
         return set()
-    return {int(row[0]) for row in conn.execute(Q["applied_versions"])}
+    return {int(row[0]) for row in conn.execute(STATEMENTS["applied_versions"])}
 
 
 def split_statements(script: str) -> list[str]:
