@@ -6,7 +6,7 @@ order (W8: queues in the order a worker takes them, then priority, due time, enq
 order), delays and due times (E2), one task per id (E3), uniqueness by content (E4), leases
 and fencing (W1), retries (W4), rescue of expired leases, the inspector's moves (I3),
 pausing (I4), per-key flow control with held tasks (W13), continuations and group fan-in,
-and retention of completed and archived tasks (E5) — and nothing about how a broker stores
+tasks that wait for others (W15), and retention of completed and archived tasks (E5) — and nothing about how a broker stores
 them.
 
 ``tests/conformance/test_model.py`` drives every broker and this model with the same random
@@ -14,7 +14,7 @@ steps (hypothesis) and compares their answers step by step. The memory broker is
 against the model like the others rather than being it: it is a production broker with
 indexes, holds and wake-ups of its own, and the model must stay readable in one sitting.
 
-Times are seconds on the test's clock. Observable states: a waiting task that is due is
+Times are seconds on the test's clock. Observable states: a claimable task that is due is
 reported as ``"due"`` whatever its stored state (``pending``, or ``scheduled``/``retry``
 not yet forwarded), since brokers forward due tasks at different moments.
 """
@@ -33,7 +33,10 @@ PENDING, SCHEDULED, ACTIVE, RETRY, ARCHIVED, COMPLETED = (
     "archived",
     "completed",
 )
-WAITING = (PENDING, SCHEDULED, RETRY)
+#: States a claim takes a task from once it is due.
+CLAIMABLE = (PENDING, SCHEDULED, RETRY)
+#: Enqueued ``after=`` others that have not all finished (W15): never claimed.
+WAITING = "waiting"
 DELETED = "deleted"  # a group member deleted before it finished
 LEASE_EXPIRED = "lease expired"
 WORKER_LOST = "worker lost"
@@ -94,6 +97,10 @@ class Task:
     #: task: a broker may still show it held until a claim looks at it (PostgreSQL lets
     #: held tasks back only as its claim reaches them; what a claim returns is the same).
     lingering: str | None = None
+    #: W15: how many unfinished tasks this one still waits for, and the waiting tasks that
+    #: wait for this one (forgotten once this one finishes: it counts once).
+    waiting_for: int = 0
+    dependents: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -202,7 +209,7 @@ class Model:
         if task is None:
             return None
         state = task.state
-        if state in WAITING and task.due <= self.now:
+        if state in CLAIMABLE and task.due <= self.now:
             state = "due"
         return (state, task.retried, task.lost, task.held)
 
@@ -215,7 +222,7 @@ class Model:
                 c.running,
                 None if c.rate is None else c.tokens_at(self.now),
                 sum(1 for t in mine if t.held == key),
-                sum(1 for t in mine if t.lingering == key and t.state in WAITING),
+                sum(1 for t in mine if t.lingering == key and t.state in CLAIMABLE),
             )
             for (q, key), c in sorted(self.counters.items())
             if q == queue
@@ -236,11 +243,18 @@ class Model:
         unique: str | None = None,
         unique_ttl: float | None = None,
         then: Then | None = None,
+        after: tuple[str, ...] = (),
     ) -> Task:
-        """Create a task, or raise Refused("conflict") / Refused("duplicate")."""
+        """Create a task, or raise Refused("conflict") / Refused("duplicate"). ``after``: ids
+        in ``queue`` it waits for; those that exist and have not finished count (W15)."""
         self._check(queue, task_id, unique, [])
         until = None if unique is None or unique_ttl is None else self.now + unique_ttl
-        return self._insert(
+        holding = [
+            d
+            for d in (self.live((queue, a)) for a in after)
+            if d is not None and d.state not in (COMPLETED, ARCHIVED)
+        ]
+        task = self._insert(
             Task(
                 queue=queue,
                 id=task_id,
@@ -256,6 +270,11 @@ class Model:
                 then=then,
             )
         )
+        if holding:
+            task.state, task.waiting_for = WAITING, len(holding)
+            for dependency in holding:
+                dependency.dependents.append(task.key)
+        return task
 
     def _check(self, queue: str, task_id: str, unique: str | None, before: list[Task]) -> None:
         """E3 first, then E4; ``before``: tasks of the same step not stored yet."""
@@ -323,7 +342,7 @@ class Model:
         due = [
             t
             for t in self.tasks.values()
-            if t.queue == queue and t.state in WAITING and t.due <= self.now and t.held is None
+            if t.queue == queue and t.state in CLAIMABLE and t.due <= self.now and t.held is None
         ]
         return sorted(due, key=lambda t: (-t.priority, t.due, t.seq))
 
@@ -500,7 +519,16 @@ class Model:
     def _finished(self, task: Task, state: str, error: str | None) -> None:
         """A task completed or was archived (``state``), or deleted unfinished: its
         continuation, and its group's outcome (only a member's first final one counts); the
-        move that counts a group's last member creates the group's follow-up, once."""
+        move that counts a group's last member creates the group's follow-up, once; each task
+        waiting for it counts it, and the last one it waited for releases it (W15)."""
+        for key in task.dependents:
+            waiting = self.tasks.get(key)
+            if waiting is None or waiting.state != WAITING:
+                continue  # cancelled, archived or deleted meanwhile
+            waiting.waiting_for -= 1
+            if waiting.waiting_for == 0:
+                waiting.state = PENDING if waiting.due <= self.now else SCHEDULED
+        task.dependents = []
         then = task.then
         if then is not None and (state == COMPLETED or (state == ARCHIVED and then.on_archived)):
             self._follow_up(
@@ -599,7 +627,7 @@ class Model:
     def archive(self, key: tuple[str, str]) -> None:
         """A waiting task archived, with its last error (or "archived") as its outcome."""
         task = self._found(key)
-        if task.state not in WAITING:
+        if task.state not in (*CLAIMABLE, WAITING):
             raise Refused("invalid state")
         self._archive(task, task.last_error or "archived")
 
@@ -610,13 +638,13 @@ class Model:
         if task.state == ACTIVE:
             raise Refused("invalid state")
         del self.tasks[key]
-        if task.state in WAITING:
+        if task.state in (*CLAIMABLE, WAITING):
             self._finished(task, DELETED, None)
 
     def cancel(self, key: tuple[str, str]) -> None:
         """Waiting: archived "cancelled" at once. Active: flagged for its worker."""
         task = self._found(key)
-        if task.state in WAITING:
+        if task.state in (*CLAIMABLE, WAITING):
             task.last_error = CANCELLED
             self._archive(task, CANCELLED)
         elif task.state == ACTIVE:

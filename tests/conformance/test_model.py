@@ -16,6 +16,7 @@ created. A failure prints the shrunk sequence of steps.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import os
@@ -191,6 +192,40 @@ class BrokerAgainstModel(RuleBasedStateMachine):
                 unique=task.unique,
                 unique_ttl=task.unique_until,
                 then=task.then,
+            )
+            want = "created"
+        except m.Refused as exc:
+            want = exc.reason
+        self.seen.add((queue, task_id))
+        assert got == want
+
+    @rule(
+        q=st.integers(0, 1),
+        task_id=st.sampled_from(IDS),
+        options=task_options,
+        after=st.lists(st.sampled_from(IDS), min_size=1, max_size=2, unique=True),
+    )
+    def enqueue_after(
+        self, q: int, task_id: str, options: dict[str, Any], after: list[str]
+    ) -> None:
+        """A task that waits for others of its queue (W15)."""
+        queue = self.queues[q]
+        after = [a for a in after if a != task_id]
+        params, task = self._params(queue, task_id, options, None, q)
+        params = dataclasses.replace(params, after=tuple((queue, a) for a in after))
+        got = self._refusal(self.broker.enqueue(params))
+        try:
+            self.model.enqueue(
+                queue,
+                task_id,
+                priority=task.priority,
+                delay=task.due,
+                max_retry=task.max_retry,
+                retention=task.retention,
+                limits=task.limits,
+                unique=task.unique,
+                unique_ttl=task.unique_until,
+                after=tuple(after),
             )
             want = "created"
         except m.Refused as exc:
@@ -483,7 +518,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
             else:
                 state = info.state.value
                 due = info.next_process_at is None or info.next_process_at.timestamp() <= now
-                if state in m.WAITING and due:
+                if state in m.CLAIMABLE and due:
                     state = "due"
                 got = (state, info.retried, info.lost, info.held_by)
             want = self.model.observe(key)
