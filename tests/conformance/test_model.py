@@ -179,25 +179,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
     ) -> None:
         queue = self.queues[q]
         params, task = self._params(queue, task_id, options, then, then_q)
-        got = self._refusal(self.broker.enqueue(params))
-        try:
-            self.model.enqueue(
-                queue,
-                task_id,
-                priority=task.priority,
-                delay=task.due,
-                max_retry=task.max_retry,
-                retention=task.retention,
-                limits=task.limits,
-                unique=task.unique,
-                unique_ttl=task.unique_until,
-                then=task.then,
-            )
-            want = "created"
-        except m.Refused as exc:
-            want = exc.reason
-        self.seen.add((queue, task_id))
-        assert got == want
+        self._enqueue_both(params, task)
 
     @rule(
         q=st.integers(0, 1),
@@ -213,25 +195,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
         after = [a for a in after if a != task_id]
         params, task = self._params(queue, task_id, options, None, q)
         params = dataclasses.replace(params, after=tuple((queue, a) for a in after))
-        got = self._refusal(self.broker.enqueue(params))
-        try:
-            self.model.enqueue(
-                queue,
-                task_id,
-                priority=task.priority,
-                delay=task.due,
-                max_retry=task.max_retry,
-                retention=task.retention,
-                limits=task.limits,
-                unique=task.unique,
-                unique_ttl=task.unique_until,
-                after=tuple(after),
-            )
-            want = "created"
-        except m.Refused as exc:
-            want = exc.reason
-        self.seen.add((queue, task_id))
-        assert got == want
+        self._enqueue_both(params, task, tuple(after))
 
     @initialize(
         tasks=st.lists(
@@ -249,6 +213,31 @@ class BrokerAgainstModel(RuleBasedStateMachine):
         """A backlog to start from, so that claims meet held tasks and full keys often."""
         for q, task_id, options, then, then_q in tasks:
             self.enqueue(q, task_id, options, then, then_q)
+
+    def _enqueue_both(
+        self, params: EnqueueParams, task: m.Task, after: tuple[str, ...] = ()
+    ) -> None:
+        """Enqueue on the broker and in the model; both refuse alike or create alike."""
+        got = self._refusal(self.broker.enqueue(params))
+        try:
+            self.model.enqueue(
+                task.queue,
+                task.id,
+                priority=task.priority,
+                delay=task.due,
+                max_retry=task.max_retry,
+                retention=task.retention,
+                limits=task.limits,
+                unique=task.unique,
+                unique_ttl=task.unique_until,
+                then=task.then,
+                after=after,
+            )
+            want = "created"
+        except m.Refused as exc:
+            want = exc.reason
+        self.seen.add(task.key)
+        assert got == want
 
     def _refusal(self, coro: Any) -> str:
         try:
