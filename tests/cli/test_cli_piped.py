@@ -45,7 +45,7 @@ def test_queue_ls_and_task_ls_keep_ids_names_and_times_whole(piped: Cli) -> None
     queues = piped.ok("queue", "ls")
     header = row(queues, "queue ")
     assert header.split() == [
-        "queue", "pending", "scheduled", "active", "retry", "archived", "completed",
+        "queue", "pending", "scheduled", "active", "retry", "archived", "completed", "waiting",
         "oldest", "today", "total",
     ]  # fmt: skip
     assert row(queues, QUEUE).split()[:7] == [QUEUE, "0", "1", "0", "0", "0", "0"]
