@@ -93,6 +93,8 @@ def encode(entries: dict[str, dict[str, Any]]) -> str:
 
 def decode_steps(raw: str | bytes | None) -> tuple[TaskStep, ...]:
     """The stored steps, in the order they were first recorded."""
+    if not raw:  # most tasks: every enqueue, claim and read builds this
+        return ()
     return tuple(
         TaskStep(
             name,

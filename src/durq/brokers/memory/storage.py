@@ -355,7 +355,11 @@ class Store:
                 )
         until = p.scheduled_until(now)
         scheduled = until is not None
-        holding = [d for d in map(self.tasks.get, p.after) if d is not None and self.holds(d, now)]
+        holding = (
+            [d for d in map(self.tasks.get, p.after) if d is not None and self.holds(d, now)]
+            if p.after
+            else ()
+        )
         row = Row(
             id=p.id,
             queue=p.queue,
