@@ -178,6 +178,21 @@ class Snooze(Exception):
         self.reason = reason
 
 
+class Sleeping(BaseException):
+    """Raised by ``ctx.sleep`` and ``ctx.sleep_until`` once the sleep is recorded: the
+    attempt ends and the task waits, scheduled, until ``until`` (epoch seconds), then runs
+    again and replays its recorded steps. Not counted as an attempt or a snooze.
+
+    A ``BaseException``, as :class:`asyncio.CancelledError` is, so that a handler's
+    ``except Exception`` around a sleep does not swallow it; a handler that catches
+    ``BaseException`` must raise it again."""
+
+    def __init__(self, name: str, until: float) -> None:
+        super().__init__(f"sleeping ({name}) until {until}")
+        self.name = name
+        self.until = until
+
+
 class SkipRetry(Exception):
     """Give up now: the task is archived without further retries.
 

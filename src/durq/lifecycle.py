@@ -147,6 +147,14 @@ def snoozed(
     return RetryParams(lease.ref, "", max(0.0, delay), snooze=True)
 
 
+def slept(lease: Lease, delay: float) -> RetryParams:
+    """The handler fell asleep (``ctx.sleep``): back to scheduled in ``delay`` seconds
+    without counting an attempt (the snooze move; the snoozes counter counts it and
+    :func:`durq.steps.sleeps_in` tells sleeps apart, so ``max_snoozes`` does not bound them)."""
+    move(lease.task.state, "snooze", task_id=lease.task.id)
+    return RetryParams(lease.ref, "", max(0.0, delay), snooze=True)
+
+
 def handed_back(lease: Lease) -> LeaseRef:
     """A graceful shutdown stops the attempt: the task goes back to pending without counting
     an attempt (the broker's ``requeue``, fenced by the lease it names)."""

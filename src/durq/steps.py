@@ -7,6 +7,11 @@ redeploy) a step already recorded returns its stored result without running. Ste
 matched by name: one name at most once per attempt (:class:`~durq.errors.StepError`
 otherwise); a recorded step the handler no longer reaches is left unused.
 
+A durable sleep (``await ctx.sleep("cool-off", 3600)``) is a step too: its record holds the
+moment it ends, ``{"durq.sleep": {"until": …, "count": …}}`` (``count``: how often the task
+left the worker for it, more than once when it was run before its time), so a task run again
+after a sleep returns from it at once, and one woken early sleeps the rest.
+
 Stored form (the same on every broker): one JSON object, ``{name: {"result": …, "started":
 …, "ended": …, "attempt": …}}`` in the order the steps were first recorded. The worker
 writes the whole object back on each new step; a broker stores it as opaque text."""
@@ -22,6 +27,8 @@ from durq.errors import StepError
 
 #: Longest step name, in characters.
 MAX_NAME = 200
+#: The key of a durable sleep's record (its step result).
+SLEEP = "durq.sleep"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +45,22 @@ class TaskStep:
     attempt: int
 
     @property
+    def sleep_until(self) -> float | None:
+        """When a durable sleep ends (epoch seconds); ``None`` for a step."""
+        found = sleep_record(self.result)
+        return None if found is None else found[0]
+
+    @property
     def duration(self) -> float:
         """Seconds the step function ran."""
         return max(0.0, self.ended - self.started)
 
     def describe(self) -> str:
-        """``charge 0.120s (attempt 1)``: the step in one line."""
+        """``charge 0.120s (attempt 1)``: the step in one line (a sleep: ``cool-off sleeps
+        until 2026-12-07T12:00:00+00:00 (attempt 1)``)."""
+        until = self.sleep_until
+        if until is not None:
+            return f"{self.name} sleeps until {_iso(until)} (attempt {self.attempt})"
         return f"{self.name} {self.duration:.3f}s (attempt {self.attempt})"
 
     def to_dict(self) -> dict[str, Any]:
@@ -54,6 +71,7 @@ class TaskStep:
             "ended": _iso(self.ended),
             "duration": self.duration,
             "attempt": self.attempt,
+            "sleep_until": None if self.sleep_until is None else _iso(self.sleep_until),
         }
 
 
@@ -110,3 +128,30 @@ def decode_steps(raw: str | bytes | None) -> tuple[TaskStep, ...]:
 def json_value(text: str) -> Any:
     """The value of JSON ``text`` (what a later attempt gets back, not the object returned)."""
     return json.loads(text)
+
+
+def sleep_record(result: Any) -> tuple[float, int] | None:
+    """``(until, count)`` of a recorded durable sleep's result; ``None`` for a step's."""
+    if not isinstance(result, dict) or set(result) != {SLEEP}:
+        return None
+    body = result[SLEEP]
+    try:
+        return float(body["until"]), int(body.get("count", 1))
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def sleep_text(until: float, count: int) -> str:
+    """The JSON text recorded for a durable sleep ending at ``until``."""
+    return json.dumps({SLEEP: {"until": until, "count": count}}, separators=(",", ":"))
+
+
+def sleeps_in(raw: str | bytes | None) -> int:
+    """How often a task left the worker to sleep, from its stored steps (a task's
+    ``snoozes`` counter counts these too; ``max_snoozes`` bounds the rest)."""
+    total = 0
+    for entry in decode(raw).values():
+        found = sleep_record(entry.get("result"))
+        if found is not None:
+            total += found[1]
+    return total

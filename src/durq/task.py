@@ -8,15 +8,22 @@ import inspect
 import json
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any, NoReturn, Protocol
 
-from durq import codec
-from durq.errors import Snooze, StepError
+from durq import codec, durations
+from durq.errors import Sleeping, Snooze, StepError
 from durq.progress import TaskLogLine, TaskProgress, check_fraction, check_level, clip
 from durq.states import TaskState
-from durq.steps import TaskStep, check_name, encode_result, json_value
+from durq.steps import (
+    TaskStep,
+    check_name,
+    encode_result,
+    json_value,
+    sleep_record,
+    sleep_text,
+)
 
 #: Characters of payload and result a list shows per task.
 PREVIEW_CHARS = 200
@@ -333,7 +340,7 @@ class TaskContext:
             return json_value(encode_result(check_name(name), value))
         found, stored = await sink.lookup(name)
         if found:
-            return stored
+            return _step_result(name, stored)
         started = sink.now()
         text = encode_result(name, await _maybe_await(fn(*args, **kwargs)))
         await sink.record(name, text, started)
@@ -351,11 +358,111 @@ class TaskContext:
             raise StepError("step_sync is for sync handlers: use await ctx.step(...)")
         found, stored = sink.call(sink.lookup(name))
         if found:
-            return stored
+            return _step_result(name, stored)
         started = sink.now()
         text = encode_result(name, _not_awaitable(name, fn(*args, **kwargs)))
         sink.call(sink.record(name, text, started))
         return json_value(text)
+
+    async def sleep(self, name: str, delay: float | str | timedelta) -> None:
+        """Durable sleep: the task leaves the worker for ``delay`` seconds (or a duration
+        such as ``"1h"``) and runs again afterwards, replaying its recorded steps; this call
+        then returns at once. The attempt ends here (:class:`durq.Sleeping` is raised and the
+        worker handles it), so the task holds no slot, connection or limit token while it
+        sleeps; it waits ``scheduled`` on the broker's clock. Not counted as an attempt or a
+        snooze. Named like a step (the same names; each once per attempt). A context built
+        outside a worker returns at once."""
+        seconds = _seconds(delay)
+        await self._sleep(name, lambda now: now + seconds)
+
+    async def sleep_until(self, name: str, when: datetime | float) -> None:
+        """:meth:`sleep` until ``when`` (an aware datetime, or epoch seconds); a moment
+        already past returns at once."""
+        at = _moment(when)
+        await self._sleep(name, lambda now: at)
+
+    def sleep_sync(self, name: str, delay: float | str | timedelta) -> None:
+        """:meth:`sleep` for sync handlers."""
+        seconds = _seconds(delay)
+        self._sleep_sync(name, lambda now: now + seconds)
+
+    def sleep_until_sync(self, name: str, when: datetime | float) -> None:
+        """:meth:`sleep_until` for sync handlers."""
+        at = _moment(when)
+        self._sleep_sync(name, lambda now: at)
+
+    async def _sleep(self, name: str, until_of: Callable[[float], float]) -> None:
+        sink = self.steps
+        if sink is None:
+            check_name(name)
+            return
+        found, stored = await sink.lookup(name)
+        now = sink.now()
+        text = _sleep_or_wake(name, found, stored, now, until_of)
+        if text is not None:
+            await sink.record(name, text, now)
+            _fall_asleep(name, text)
+
+    def _sleep_sync(self, name: str, until_of: Callable[[float], float]) -> None:
+        sink = self.steps
+        if sink is None:
+            check_name(name)
+            return
+        if _on_loop():
+            raise StepError("sleep_sync is for sync handlers: use await ctx.sleep(...)")
+        found, stored = sink.call(sink.lookup(name))
+        now = sink.now()
+        text = _sleep_or_wake(name, found, stored, now, until_of)
+        if text is not None:
+            sink.call(sink.record(name, text, now))
+            _fall_asleep(name, text)
+
+
+def _step_result(name: str, stored: Any) -> Any:
+    """A recorded step's result; StepError if ``name`` was recorded as a sleep."""
+    if sleep_record(stored) is not None:
+        raise StepError(f"step {name!r} was recorded as a sleep: step names changed")
+    return stored
+
+
+def _sleep_or_wake(
+    name: str, found: bool, stored: Any, now: float, until_of: Callable[[float], float]
+) -> str | None:
+    """The record to write before a sleep, or ``None`` when the sleep is over (or was for
+    no time at all, which is recorded as over)."""
+    if not found:
+        until = until_of(now)
+        count = 0
+    else:
+        record = sleep_record(stored)
+        if record is None:
+            raise StepError(f"sleep {name!r} was recorded as a step: step names changed")
+        until, count = record
+        if until <= now:
+            return None
+    return sleep_text(until, count + (until > now))
+
+
+def _fall_asleep(name: str, text: str) -> None:
+    record = sleep_record(json_value(text))
+    assert record is not None
+    if record[1]:
+        raise Sleeping(name, record[0])
+
+
+def _seconds(delay: float | str | timedelta) -> float:
+    seconds = durations.seconds(delay)
+    if seconds is None or seconds < 0:
+        raise ValueError(f"a sleep lasts 0 seconds or more, not {delay!r}")
+    return seconds
+
+
+def _moment(when: datetime | float) -> float:
+    if isinstance(when, datetime):
+        if when.tzinfo is None:
+            raise ValueError("sleep_until needs an aware datetime (one with a timezone)")
+        return when.timestamp()
+    return float(when)
 
 
 async def _maybe_await(value: Any) -> Any:

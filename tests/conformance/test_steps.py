@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from datetime import datetime
 from typing import Any
 
 import pytest
 from brokerkit import LEASE, A, R, S, claim, claim_ids, params
 
 import durq
-from conformance.apps import FAST, wait_for_state
+from conformance.apps import FAST, wait_for_state, wait_until
 from durq import lifecycle
 from durq.brokers import FullBroker
 from durq.brokers.base import CompleteParams, RetryParams, StepsParams
@@ -223,3 +225,147 @@ async def test_W16_a_step_of_a_lost_lease_fails_instead_of_going_on(
         await ctx.step("b", lambda: 2)
     with pytest.raises(durq.StepError, match="called twice"):
         await ctx.step("a", lambda: 1)
+
+
+# -- durable sleep --------------------------------------------------------------------------
+
+
+async def test_W18_a_sleep_resumes_after_its_recorded_steps(app: durq.App) -> None:
+    checks: list[str] = []
+    issued: list[str] = []
+
+    @app.task("steps:sleep", retention=60, max_retry=0)
+    async def job(payload: dict[str, Any], ctx: durq.TaskContext) -> str:
+        quote = await ctx.step("check", lambda: checks.append("c") or "q-1")
+        await ctx.sleep("cool-off", 0.3)
+        return str(await ctx.step("issue", lambda: issued.append(quote) or f"policy-{quote}"))
+
+    info = await app.enqueue("steps:sleep", {})
+    async with app.worker(**FAST):
+        done = await wait_for_state(app, "default", info.id, TaskState.COMPLETED)
+    assert (checks, issued, done.result) == (["c"], ["q-1"], "policy-q-1")
+    # Neither an attempt nor a snooze the handler asked for: the counter says it left once.
+    assert (done.retried, done.snoozes) == (0, 1)
+    names = [(s.name, s.sleep_until is not None) for s in done.steps]
+    assert names == [("check", False), ("cool-off", True), ("issue", False)]
+    sleep = done.steps[1]
+    assert sleep.sleep_until == pytest.approx(sleep.started + 0.3)
+    assert "sleeps until" in sleep.describe()
+    assert done.to_dict()["steps"][1]["sleep_until"] is not None
+
+
+async def test_W18_a_sleeping_task_frees_its_slot_and_an_early_run_sleeps_the_rest(
+    app: durq.App,
+) -> None:
+    runs: list[int] = []
+
+    @app.task("steps:nap", retention=60, max_retry=0)
+    async def nap(payload: dict[str, Any], ctx: durq.TaskContext) -> None:
+        runs.append(1)
+        await ctx.sleep_until("nap", time.time() + 3600 if len(runs) == 1 else 0)
+
+    @app.task("steps:other", retention=60)
+    async def other(payload: dict[str, Any]) -> str:
+        return "ran"
+
+    sleeper = await app.enqueue("steps:nap", {})
+    async with app.worker(concurrency=1, **FAST):
+        asleep = await wait_for_state(app, "default", sleeper.id, TaskState.SCHEDULED)
+        # The one slot is free while the first task sleeps.
+        second = await app.enqueue("steps:other", {})
+        assert (await app.wait(second, timeout=20)) == "ran"
+        assert asleep.next_process_at is not None
+        assert asleep.next_process_at.timestamp() > time.time() + 3000
+        # Run before its time: the recorded end stands (the handler asks for another
+        # moment on its second run, which is not used), and it sleeps the rest.
+        await app.inspector.run_task("default", sleeper.id)
+
+        async def slept_twice() -> bool:
+            task = await app.inspector.get_task_info("default", sleeper.id)
+            return task.snoozes == 2 and task.state is TaskState.SCHEDULED
+
+        await wait_until(slept_twice, timeout=20)
+    task = await app.inspector.get_task_info("default", sleeper.id)
+    assert runs == [1, 1]
+    assert task.retried == 0
+    # The same end (the delay is measured again against the broker's clock: within a second).
+    assert task.next_process_at is not None
+    assert abs((task.next_process_at - asleep.next_process_at).total_seconds()) < 1
+
+
+async def test_W18_sleeps_do_not_use_up_max_snoozes(app: durq.App) -> None:
+    runs: list[int] = []
+
+    @app.task("steps:sleep_snooze", retention=60, max_retry=0, max_snoozes=1)
+    async def job(payload: dict[str, Any], ctx: durq.TaskContext) -> None:
+        runs.append(1)
+        await ctx.sleep("a", 0.05)
+        await ctx.sleep("b", 0.05)
+        ctx.snooze(0)
+
+    info = await app.enqueue("steps:sleep_snooze", {})
+    async with app.worker(**FAST):
+        done = await wait_for_state(app, "default", info.id, TaskState.ARCHIVED)
+    # Two sleeps, one snooze allowed, the second snooze archives.
+    assert len(runs) == 4
+    assert (done.retried, done.snoozes, done.last_error) == (0, 3, "snoozed too often")
+
+
+async def test_W18_except_exception_does_not_swallow_a_sleep(app: durq.App) -> None:
+    @app.task("steps:swallow", retention=60, max_retry=0)
+    async def job(payload: dict[str, Any], ctx: durq.TaskContext) -> str:
+        try:
+            await ctx.sleep("nap", 0.1)
+        except Exception:
+            return "swallowed"
+        return "slept"
+
+    info = await app.enqueue("steps:swallow", {})
+    async with app.worker(**FAST):
+        done = await wait_for_state(app, "default", info.id, TaskState.COMPLETED)
+    assert (done.result, done.snoozes) == ("slept", 1)
+
+
+async def test_W18_a_sync_handler_sleeps_from_its_thread(app: durq.App) -> None:
+    runs: list[int] = []
+
+    @app.task("steps:sleep_sync", retention=60, max_retry=0)
+    def job(payload: dict[str, Any], ctx: durq.TaskContext) -> int:
+        runs.append(1)
+        ctx.sleep_sync("nap", "100ms")
+        ctx.sleep_until_sync("past", 0)  # already past: returns at once, recorded as over
+        return len(runs)
+
+    info = await app.enqueue("steps:sleep_sync", {})
+    async with app.worker(**FAST):
+        done = await wait_for_state(app, "default", info.id, TaskState.COMPLETED)
+    assert (done.result, done.snoozes) == (2, 1)
+    assert [s.name for s in done.steps] == ["nap", "past"]
+
+
+async def test_W18_a_step_renamed_to_a_sleep_fails_clearly(app: durq.App) -> None:
+    runs: list[int] = []
+
+    @app.task("steps:renamed", retention=60, max_retry=0, max_snoozes=5)
+    async def job(payload: dict[str, Any], ctx: durq.TaskContext) -> None:
+        runs.append(1)
+        if len(runs) == 1:
+            await ctx.step("x", lambda: 1)
+            ctx.snooze(0)
+        await ctx.sleep("x", 1)  # the next deploy made "x" a sleep
+
+    info = await app.enqueue("steps:renamed", {})
+    async with app.worker(**FAST):
+        done = await wait_for_state(app, "default", info.id, TaskState.ARCHIVED)
+    assert "recorded as a step" in (done.last_error or "")
+
+
+@pytest.mark.parametrize("broker_kind", ["memory"], indirect=True)
+async def test_W18_a_sleep_outside_a_worker_returns_at_once(broker_kind: str) -> None:
+    ctx = durq.TaskContext("t", "default", "x", 0, 0, None, {}, "w")
+    await ctx.sleep("a", 3600)
+    ctx.sleep_sync("b", "1h")
+    with pytest.raises(ValueError, match=">= 0"):
+        await ctx.sleep("c", -1)
+    with pytest.raises(ValueError, match="aware"):
+        await ctx.sleep_until("d", datetime(2030, 1, 1))

@@ -329,3 +329,27 @@ async def test_steps_and_snoozes_run_under_drain(app: durq.App) -> None:
         # The recorded "stock" step says False again: steps are for work done, not polls.
         assert (await w.drain()).outcomes == [("t:order", "snoozed")]
     assert charged == ["o1"]
+
+
+async def test_durable_sleeps_pass_on_the_test_clock(app: durq.App) -> None:
+    done: list[str] = []
+
+    @app.task("t:cool_off")
+    async def cool_off(payload: dict[str, Any], ctx: durq.TaskContext) -> str:
+        await ctx.step("check", lambda: done.append("check"))
+        await ctx.sleep("cool-off", "1h")
+        await ctx.step("issue", lambda: done.append("issue"))
+        return "issued"
+
+    async with durq.testing.worker(app) as w:
+        info = await app.enqueue("t:cool_off", {})
+        assert (await w.drain()).outcomes == [("t:cool_off", "slept")]
+        w.clock.advance("59m")
+        assert (await w.drain()).outcomes == []
+        w.clock.advance("1m")
+        drained = await w.drain()
+        assert drained.outcomes == [("t:cool_off", "completed")]
+        assert drained[0].result == "issued"
+        task = await w.get(info)
+        assert [s.name for s in task.steps] == ["check", "cool-off", "issue"]
+    assert done == ["check", "issue"]

@@ -32,10 +32,12 @@ from durq.errors import (
     NotReady,
     PayloadError,
     SkipRetry,
+    Sleeping,
     Snooze,
 )
 from durq.options import DEFAULT_MAX_SNOOZES
 from durq.payloads import build
+from durq.steps import sleeps_in
 from durq.task import TaskContext, TaskInfo
 from durq.worker import frames
 from durq.worker.acker import Acker
@@ -270,6 +272,8 @@ class Executor:
             return await self._archive(lease, exc.reason, alert=exc.alert, exc=exc)
         except Snooze as exc:
             return await self._snoozed(lease, task_def, exc)
+        except Sleeping as exc:
+            return await self._slept(lease, exc)
         except _TimedOut:
             return await self._failed(lease, task_def, self._timeout_message(task), None)
         except _Undecodable as exc:
@@ -492,6 +496,8 @@ class Executor:
         snoozes = await self.broker.read_snoozes(lease.ref)
         if snoozes is None:
             return "lost"
+        if snoozes:  # the counter counts durable sleeps too; max_snoozes bounds the rest
+            snoozes -= sleeps_in(await self.broker.read_steps(lease.ref))
         params = lifecycle.snoozed(
             lease,
             delay,
@@ -506,6 +512,16 @@ class Executor:
             return "lost"
         log.info("task %s snoozed for %.1fs: %s", task.id, delay, exc.reason, extra=_extra(task))
         return "snoozed"
+
+    async def _slept(self, lease: Lease, exc: Sleeping) -> str:
+        """The handler fell asleep (``ctx.sleep``; its record is written): scheduled again
+        when the sleep ends, without counting an attempt or a snooze."""
+        task = lease.task
+        delay = max(0.0, exc.until - self.app.clock.now())
+        if not await self._report(self.broker.retry, lifecycle.slept(lease, delay), task):
+            return "lost"
+        log.info("task %s sleeps (%s) for %.1fs", task.id, exc.name, delay, extra=_extra(task))
+        return "slept"
 
     async def _archive(
         self, lease: Lease, error: str, *, alert: bool, exc: BaseException | None = None

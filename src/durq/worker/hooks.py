@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from durq.task import TaskInfo
 
 #: Outcomes reported to :meth:`WorkerHooks.task_finished`.
-OUTCOMES = ("completed", "retry", "snoozed", "archived", "requeued", "lost")
+OUTCOMES = ("completed", "retry", "snoozed", "slept", "archived", "requeued", "lost")
 
 
 class WorkerHooks:
