@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,30 @@ async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 
             return
         await asyncio.sleep(0.02)
     raise AssertionError("condition not met in time")
+
+
+@contextlib.asynccontextmanager
+async def hang_report(seconds: float) -> AsyncIterator[None]:
+    """Fail with every asyncio task's stack when the block takes over ``seconds``: a test
+    that hangs then says where, instead of a bare timeout of the whole run."""
+    loop = asyncio.get_running_loop()
+    report: list[str] = []
+
+    def dump() -> None:
+        out = io.StringIO()
+        for task in asyncio.all_tasks(loop):
+            print(task, file=out)
+            task.print_stack(file=out)
+        report.append(out.getvalue())
+
+    timer = loop.call_later(seconds, dump)
+    try:
+        async with asyncio.timeout(seconds + 1):
+            yield
+    except TimeoutError:
+        raise AssertionError(f"hung for {seconds}s; tasks:\n{''.join(report)}") from None
+    finally:
+        timer.cancel()
 
 
 def noop(payload: dict[str, Any]) -> None:

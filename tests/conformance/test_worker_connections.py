@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 
 import durq
-from conformance.apps import FAST, wait_until
+from conformance.apps import FAST, hang_report, wait_until
 from servers import PG_DSN, REDIS_URL, unique_name
 
 #: Pool size of the PostgreSQL worker under test: its budget is this plus one listener.
@@ -134,7 +134,12 @@ async def test_worker_process_connections_on_the_server(broker_kind: str, broker
 
     counter = ServerConnections(broker_kind, tag, broker_url)
     try:
-        async with counter.sampling(), app.worker(queues=["conn"], concurrency=8, **FAST):
+        # Once hung past pytest's timeout on a loaded machine (Redis Cluster): say where.
+        async with (
+            hang_report(90),
+            counter.sampling(),
+            app.worker(queues=["conn"], concurrency=8, **FAST),
+        ):
             await producer.enqueue_many(
                 [durq.EnqueueRequest("conn:fan", {}, queue="conn") for _ in range(40)]
             )
