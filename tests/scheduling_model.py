@@ -109,7 +109,8 @@ class Task:
 
 @dataclass
 class Group:
-    """Members created together; ``then`` (queue) gets ``group:<id>`` once all finished."""
+    """Members created together, and ``group:<id>`` in queue ``then`` waiting beside them,
+    released once all finished."""
 
     id: str
     queue: str
@@ -311,6 +312,8 @@ class Model:
             self.named.add(then)
         for i, member in enumerate(members):
             self._check(member.queue, member.id, member.unique, members[:i])
+        if then is not None and self.live((then, f"group:{group_id}")) is not None:
+            raise Refused("conflict")
         group = Group(
             id=group_id,
             queue=members[0].queue,
@@ -324,6 +327,21 @@ class Model:
             if member.unique is not None and member.unique_until is not None:
                 member.unique_until += self.now
             self._insert(member)
+        if then is not None:
+            # The follow-up exists from the start, waiting for one thing: its group.
+            follow_up = self._insert(
+                Task(
+                    queue=then,
+                    id=f"group:{group_id}",
+                    state=WAITING,
+                    priority=0,
+                    due=self.now,
+                    seq=0,
+                    max_retry=0,
+                    retention=60.0,
+                )
+            )
+            follow_up.waiting_for = 1
         self.groups[(group.queue, group_id)] = group
         return group
 
@@ -551,7 +569,12 @@ class Model:
                 for (queue, task_id), outcome in zip(group.members, group.outcomes, strict=True)
                 if outcome is not None
             ]
-            self._follow_up(group.then, f"group:{group.id}", {"members": members}, 0, 60.0)
+            follow_up = self.tasks.get((group.then, f"group:{group.id}"))
+            if follow_up is None or follow_up.state != WAITING:
+                return  # cancelled or deleted while it waited: it never runs
+            follow_up.waiting_for = 0
+            follow_up.state = PENDING if follow_up.due <= self.now else SCHEDULED
+            self.created.append((group.then, follow_up.id, {"members": members}))
 
     def _follow_up(
         self, queue: str, task_id: str, report: dict[str, object], max_retry: int, retention: float
@@ -594,7 +617,7 @@ class Model:
         """Every expired lease: retry due now (an attempt and a loss counted), or archived
         when lost ``max_lost`` times or out of retries."""
         moved = []
-        for task in list(self.tasks.values()):
+        for task in sorted(self.tasks.values(), key=lambda t: t.key):  # as lifecycle orders them
             if task.state != ACTIVE or task.lease_until is None or task.lease_until > self.now:
                 continue
             self._release(task)

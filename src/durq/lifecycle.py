@@ -224,6 +224,9 @@ async def rescue_expired(broker: Broker, max_lost: int) -> list[TaskInfo]:
         leases = await broker.expired_leases(RESCUE_BATCH)
         if not leases:
             return rescued
+        # One order on every broker (leases that expired together tie on the time), so the
+        # follow-ups the batch creates line up the same way in their queues.
+        leases = sorted(leases, key=lambda lease: (lease.task.queue, lease.task.id))
         now = broker.clock.now()
         moves = [lease_expired(lease, now=now, max_lost=max_lost) for lease in leases]
         held = await broker.move_leases(moves)

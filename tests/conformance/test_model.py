@@ -287,6 +287,8 @@ class BrokerAgainstModel(RuleBasedStateMachine):
         except m.Refused as exc:
             want = exc.reason
         self.seen.update(t.key for _, t in built)
+        if then and want == "created":
+            self.seen.add((self.queues[then_q], f"group:{group_id}"))  # waiting from now
         assert got == want
 
     # -- claim and the end of an attempt -------------------------------------------------------
