@@ -1,18 +1,21 @@
-"""The coverage task: polling the insurance partner, as a durq task.
+"""The coverage task: polling the insurance partner, as one durable durq task.
 
 The polling loop step by step, and who does it:
 
 * "find due tasks with FOR UPDATE SKIP LOCKED LIMIT 50": the durq worker's claim;
-* "call the partner with a per-call deadline": :func:`coverage_attempt` via ``partners.py``;
-* "still pending: reschedule with min(2^n, 300) s": ``raise NotReady`` with the
-  ``capped_power_of_two`` retry policy (the broker keeps the time, not this process);
-* "after 20 attempts: FAILED + ERROR log": the handler marks the order FAILED on its last
-  attempt and durq archives the task with its ERROR alert line;
+* "call the partner with a per-call deadline": :func:`request_coverage` and
+  :func:`coverage_status` via ``partners.py``, each recorded as a step of the task;
+* "still pending: reschedule with min(2^n, 300) s": ``ctx.sleep`` for :func:`poll_delay`
+  (the broker keeps the time, not this process; the task holds no worker while it waits);
+* "after 20 attempts: FAILED + ERROR log": after the 20th "pending" the handler marks the
+  order FAILED and durq archives the task with its ERROR alert line;
 * "success: COMPLETED and the business flow continues": the order becomes COVERED with
   the policy number, and the task completes.
 
-However the coverage task ends up archived (retries used up, the rescuer's "worker lost"
-after repeated crashes, an operator's archive or cancel), its continuation
+A partner that cannot answer (down, a malformed answer) fails the attempt: durq retries it
+with the capped backoff, at most ``max_attempts`` times, and the recorded polls are not
+made again. However the coverage task ends up archived (retries used up, the rescuer's
+"worker lost" after repeated crashes, an operator's archive or cancel), its continuation
 ``insurance:finalize`` marks a still-PENDING order FAILED. durq creates that follow-up in
 the same transaction (or Lua script) that archives the task, so no order stays PENDING
 behind an archived task.
@@ -202,36 +205,43 @@ def retry_policy(settings: Settings) -> str | RetryDelay:
     return policy
 
 
-async def coverage_attempt(runtime: Runtime, order: Order) -> str:
-    """One attempt: availability (first time), submit (first time), then one status call.
-
-    Returns the policy number; raises ``durq.NotReady`` while the partner checks,
-    :class:`SystemUnavailableError` when a system is down, :class:`PermanentFailure` when
-    retrying cannot help."""
+async def request_coverage(runtime: Runtime, order: Order) -> str:
+    """Check stock (fan-out to the warehouses) and submit the order to the insurance partner;
+    its reference. Runs once per order: the task records it as a step."""
     budget = runtime.settings.in_memory_wait
-    ref = order.external_ref
-    if ref is None:
-        needed: dict[str, int] = {}
-        for item in order.items:
-            needed[item["sku"]] = needed.get(item["sku"], 0) + int(item["qty"])
-        available = await runtime.warehouses.availability(list(needed))
-        if runtime.warehouses.systems:
-            short = [sku for sku, qty in needed.items() if available.get(sku, 0) < qty]
-            if short:
-                raise PermanentFailure(f"out of stock: {', '.join(sorted(short))}")
-        items = [CoverageItem(sku=i["sku"], qty=int(i["qty"])) for i in order.items]
-        ref = await retry_briefly(
-            lambda: runtime.insurance.request_coverage(order.id, items), budget=budget
-        )
-        await runtime.store.set_external_ref(order.id, ref)
+    if order.external_ref is not None:  # submitted before the step was recorded
+        return order.external_ref
+    needed: dict[str, int] = {}
+    for item in order.items:
+        needed[item["sku"]] = needed.get(item["sku"], 0) + int(item["qty"])
+    available = await runtime.warehouses.availability(list(needed))
+    if runtime.warehouses.systems:
+        short = [sku for sku, qty in needed.items() if available.get(sku, 0) < qty]
+        if short:
+            raise PermanentFailure(f"out of stock: {', '.join(sorted(short))}")
+    items = [CoverageItem(sku=i["sku"], qty=int(i["qty"])) for i in order.items]
+    ref = await retry_briefly(
+        lambda: runtime.insurance.request_coverage(order.id, items), budget=budget
+    )
+    await runtime.store.set_external_ref(order.id, ref)
+    return ref
+
+
+async def coverage_status(runtime: Runtime, ref: str) -> dict[str, Any]:
+    """One status call: ``{"status": "pending" | "confirmed" | "rejected", ...}``; raises
+    :class:`SystemUnavailableError` or :class:`PartnerProtocolError` when the partner cannot
+    answer (the attempt fails and durq retries it with the backoff)."""
+    budget = runtime.settings.in_memory_wait
     status = await retry_briefly(lambda: runtime.insurance.coverage_status(ref), budget=budget)
-    if status.status == "pending":
-        raise durq.NotReady("coverage pending at the insurance partner")
-    if status.status == "rejected":
-        raise PermanentFailure(f"rejected by the insurance partner: {status.reason or 'no reason'}")
-    if not status.policy_number:
+    if status.status == "confirmed" and not status.policy_number:
         raise PartnerProtocolError("insurance: confirmed without a policy number")
-    return status.policy_number
+    return {"status": status.status, "policy": status.policy_number, "reason": status.reason}
+
+
+def poll_delay(settings: Settings, polls: int) -> float:
+    """How long to wait after the ``polls``-th "pending": ``min(base * 2**(polls - 1), cap)``
+    seconds (by default ``min(2**n, 300)``, n counted from 0)."""
+    return float(min(settings.backoff_base * 2 ** min(polls - 1, 62), settings.backoff_cap))
 
 
 def partner_limit(settings: Settings) -> durq.Limit:
@@ -258,7 +268,12 @@ def register(app: durq.App, runtimes: Runtimes, settings: Settings) -> durq.Task
         limit=partner_limit(settings),
     )
     async def check_coverage(payload: CoveragePayload, ctx: durq.TaskContext) -> dict[str, Any]:
-        """Poll the insurance partner for one order until it is covered or given up."""
+        """One order, as one durable task: request coverage, then poll the partner, sleeping
+        with the capped backoff between "pending" answers, until it is covered or given up.
+
+        Each poll's answer is recorded as a step and each wait is a durable sleep, so a run
+        after a sleep (or after a crash or a deploy) replays what is recorded and makes only
+        the next call. Sleeps hold no worker slot and no partner token."""
         runtime = await runtimes.get()
         store = runtime.store
         fields = {"order_id": payload.order_id, "task_id": ctx.id, "attempt": ctx.attempt}
@@ -267,25 +282,44 @@ def register(app: durq.App, runtimes: Runtimes, settings: Settings) -> durq.Task
             raise durq.SkipRetry(f"order {payload.order_id} not found")
         if order.status != "PENDING":  # at-least-once: a re-run after success changes nothing
             return {"order_id": order.id, "status": order.status, "policy": order.policy_number}
-        last_attempt = ctx.retried >= ctx.max_retry
+        polls = 0
         try:
-            policy = await coverage_attempt(runtime, order)
+            ref = await ctx.step("request", request_coverage, runtime, order)
+            while True:
+                polls += 1
+                answer = await ctx.step(f"status-{polls}", coverage_status, runtime, ref)
+                if answer["status"] != "pending":
+                    break
+                reason = "coverage pending at the insurance partner"
+                if polls >= settings.max_attempts:
+                    # durq archives the task after this raise and writes the ERROR alert line.
+                    await store.mark_failed(
+                        order.id, f"gave up after {polls} attempts: {reason}", polls
+                    )
+                    log.warning("order FAILED after %d attempts: %s", polls, reason, extra=fields)
+                    raise durq.SkipRetry(f"gave up after {polls} polls: {reason}", alert=True)
+                await store.record_attempt(order.id, polls, reason)
+                await ctx.sleep(f"wait-{polls}", poll_delay(settings, polls))
         except PermanentFailure as exc:
-            await store.mark_failed(order.id, str(exc), ctx.attempt)
+            await store.mark_failed(order.id, str(exc), max(polls, 1))
             log.warning("order FAILED: %s", exc, extra=fields)
             raise durq.SkipRetry(str(exc)) from None
-        except (durq.NotReady, SystemUnavailableError, PartnerProtocolError) as exc:
-            reason = exc.reason if isinstance(exc, durq.NotReady) else str(exc)
-            if last_attempt:
-                # durq archives the task after this raise and writes the ERROR alert line.
+        except (SystemUnavailableError, PartnerProtocolError) as exc:
+            if ctx.retried >= ctx.max_retry:
                 await store.mark_failed(
-                    order.id, f"gave up after {ctx.attempt} attempts: {reason}", ctx.attempt
+                    order.id, f"gave up after {ctx.attempt} attempts: {exc}", max(polls, 1)
                 )
-                log.warning("order FAILED after %d attempts: %s", ctx.attempt, reason, extra=fields)
+                log.warning("order FAILED after %d attempts: %s", ctx.attempt, exc, extra=fields)
             else:
-                await store.record_attempt(order.id, ctx.attempt, reason)
+                await store.record_attempt(order.id, max(polls, 1), str(exc))
             raise
-        await store.mark_covered(order.id, policy, ctx.attempt)
+        if answer["status"] == "rejected":
+            error = f"rejected by the insurance partner: {answer['reason'] or 'no reason'}"
+            await store.mark_failed(order.id, error, polls)
+            log.warning("order FAILED: %s", error, extra=fields)
+            raise durq.SkipRetry(error)
+        policy = str(answer["policy"])
+        await store.mark_covered(order.id, policy, polls)
         log.info("order COVERED: policy %s", policy, extra=fields)
         return {"order_id": order.id, "status": "COVERED", "policy": policy}
 

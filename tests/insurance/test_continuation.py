@@ -55,23 +55,23 @@ def test_orders_in_another_file_save_then_enqueue(
     assert service.wait_status(location, "COVERED")["policy_number"]
 
 
-def order_waiting_in_retry(
+def order_sleeping_between_polls(
     start_service: Any, settings: Settings, sim: Sim
 ) -> tuple[Service, str, str]:
-    """An order whose coverage task sits in retry: the partner keeps answering "pending" and
-    the next poll is far away. Returns the service, the order's location and the task id."""
+    """An order whose coverage task sleeps (scheduled): the partner keeps answering "pending"
+    and the next poll is far away. Returns the service, the order's location and the task id."""
     sim.configure(pending_polls=1000)
     service: Service = start_service(settings.with_(backoff_base=60.0, backoff_cap=60.0))
     answer = service.alice.post("/orders", json=ITEMS)
     location, task_id = answer.headers["Location"], answer.json()["task_id"]
-    wait_for(lambda: service.order(location)["task_state"] == "retry")
+    wait_for(lambda: service.order(location)["task_state"] == "scheduled")
     return service, location, task_id
 
 
 def test_task_archived_by_the_inspector_marks_the_order_failed(
     start_service: Any, settings: Settings, sim: Sim
 ) -> None:
-    service, location, task_id = order_waiting_in_retry(start_service, settings, sim)
+    service, location, task_id = order_sleeping_between_polls(start_service, settings, sim)
     assert service.order(location)["status"] == "PENDING"
     inspector_call(settings, lambda i: i.archive_task(COVERAGE_QUEUE, task_id))
     order = service.wait_status(location, "FAILED")
@@ -83,7 +83,7 @@ def test_task_archived_by_the_inspector_marks_the_order_failed(
 def test_task_cancelled_by_the_inspector_marks_the_order_failed(
     start_service: Any, settings: Settings, sim: Sim
 ) -> None:
-    service, location, task_id = order_waiting_in_retry(start_service, settings, sim)
+    service, location, task_id = order_sleeping_between_polls(start_service, settings, sim)
     inspector_call(settings, lambda i: i.cancel_task(COVERAGE_QUEUE, task_id))
     order = service.wait_status(location, "FAILED")
     assert "cancelled" in order["last_error"]
