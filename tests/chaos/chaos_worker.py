@@ -46,6 +46,17 @@ _fd = os.open(
 )
 
 
+_steps_fd = os.open(
+    Path(args.ledger) / f"steps-{os.getpid()}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+)
+
+
+def step_line(kind: str, task_id: str, step: int) -> None:
+    """``do`` (a step's side effect ran), ``rec`` (its record is stored), ``fin`` (the
+    durable task's handler returned), one ``write(2)`` each, in ``steps-<pid>.log``."""
+    os.write(_steps_fd, f"{kind} {task_id} {step} {os.getpid()} {time.time():.6f}\n".encode())
+
+
 def ledger(kind: str, ctx: durq.TaskContext) -> None:
     os.write(_fd, f"{kind} {ctx.id} {ctx.retried} {os.getpid()} {time.time():.6f}\n".encode())
 
@@ -86,6 +97,24 @@ def sync_work(payload: dict[str, Any], ctx: durq.TaskContext) -> dict[str, Any]:
     time.sleep(float(payload.get("ms", 10)) / 1000)
     ledger("end", ctx)
     return {"pid": os.getpid()}
+
+
+@app.task("chaos:durable", queue=QUEUE, max_retry=25)
+async def durable(payload: dict[str, Any], ctx: durq.TaskContext) -> dict[str, Any]:
+    """Five steps with a durable sleep after the second and the fourth."""
+    for i in range(5):
+
+        async def side_effect(i: int = i) -> int:
+            step_line("do", ctx.id, i)
+            await asyncio.sleep(float(payload.get("ms", 5)) / 1000)
+            return i
+
+        assert await ctx.step(f"s{i}", side_effect) == i
+        step_line("rec", ctx.id, i)
+        if i in (1, 3):
+            await ctx.sleep(f"z{i}", float(payload.get("nap_ms", 300)) / 1000)
+    step_line("fin", ctx.id, 5)
+    return {"steps": 5}
 
 
 @app.task("chaos:poison", queue=QUEUE, max_retry=25)
