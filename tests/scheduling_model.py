@@ -6,8 +6,8 @@ order (W8: queues in the order a worker takes them, then priority, due time, enq
 order), delays and due times (E2), one task per id (E3), uniqueness by content (E4), leases
 and fencing (W1), retries (W4), rescue of expired leases, the inspector's moves (I3),
 pausing (I4), per-key flow control with held tasks (W13), continuations and group fan-in,
-tasks that wait for others (W15), and retention of completed and archived tasks (E5) — and nothing about how a broker stores
-them.
+tasks that wait for others (W15), signals and the waits they end (W19), and retention of
+completed and archived tasks (E5) — and nothing about how a broker stores them.
 
 ``tests/conformance/test_model.py`` drives every broker and this model with the same random
 steps (hypothesis) and compares their answers step by step. The memory broker is checked
@@ -101,6 +101,9 @@ class Task:
     #: wait for this one (forgotten once this one finishes: it counts once).
     waiting_for: int = 0
     dependents: list[tuple[str, str]] = field(default_factory=list)
+    #: W19: the names of the signals delivered to it, and the one its last wait asked for.
+    signals: set[str] = field(default_factory=set)
+    awaits: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -495,6 +498,7 @@ class Model:
         else:
             self._end(task, RETRY)
             task.due = self.now + delay
+            task.awaits = None
         return True
 
     def give_up(self, key: tuple[str, str], token: str, error: str, count_attempt: bool) -> bool:
@@ -507,6 +511,34 @@ class Model:
         task.retried += 1 if count_attempt else 0
         self._archive(task, error)
         return True
+
+    def wait(self, key: tuple[str, str], token: str, delay: float, name: str) -> bool:
+        """A wait for the signal ``name`` (W19, a snooze a signal ends early): scheduled for
+        ``delay``, or pending now when that signal was delivered already."""
+        task = self._held(key, token)
+        if task is None:
+            return False
+        self._release(task)
+        came = name in task.signals
+        self._end(task, PENDING if came else SCHEDULED)
+        task.due = self.now if came else self.now + delay
+        task.awaits = name
+        return True
+
+    def signal(self, key: tuple[str, str], name: str) -> str:
+        """W19: stored once; a task scheduled while it waits for this name is due now."""
+        task = self.live(key)
+        if task is None:
+            raise Refused("not found")
+        if task.state in (COMPLETED, ARCHIVED):
+            return "finished"
+        if name in task.signals:
+            return "duplicate"
+        task.signals.add(name)
+        if task.state == SCHEDULED and task.awaits == name:
+            task.state, task.due = PENDING, self.now
+            return "woken"
+        return "kept"
 
     def requeue(self, key: tuple[str, str], token: str) -> bool:
         """Handed back at shutdown: pending now, the attempt not counted."""
@@ -632,6 +664,7 @@ class Model:
             else:
                 self._end(task, RETRY)
                 task.due = self.now
+                task.awaits = None
                 task.last_error = LEASE_EXPIRED
             moved.append(task.key)
         return moved

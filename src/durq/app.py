@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from durq import backoff, continuations, durations, groups, webhooks
+from durq import backoff, codec, continuations, durations, groups, webhooks
 from durq import encryption as crypt
 from durq.appview import HeaderHook, SendHook
 from durq.brokers import FullBroker, open_broker, resolve_url
@@ -22,11 +23,11 @@ from durq.brokers.contract import (
     CAP_SYNC_CONNECTION_ENQUEUE,
     SyncConnectionEnqueue,
 )
-from durq.brokers.params import EnqueueOutcome, EnqueueParams
+from durq.brokers.params import EnqueueOutcome, EnqueueParams, SignalParams
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.codec import DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_RESULT
 from durq.encryption import Encryption
-from durq.errors import ConfigurationError, ValidationError
+from durq.errors import ConfigurationError, InvalidStateError, PayloadError, ValidationError
 from durq.groups import Group
 from durq.limits import LimitOption, as_limits
 from durq.names import check_queue, check_type
@@ -50,6 +51,7 @@ from durq.payloads import validate
 from durq.periodic import PeriodicEntry, PeriodicRegistry
 from durq.results import wait_for_end
 from durq.schedules import StoredSchedules
+from durq.steps import check_signal_name
 from durq.sync import SyncRunner
 from durq.task import TaskInfo
 from durq.taskdef import TaskDecorator as TaskDecorator
@@ -62,6 +64,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 R = TypeVar("R")
+#: A NUL character in JSON text (an escape not itself escaped): PostgreSQL cannot store it.
+_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
 _THEN_FIELDS = (
     "type",
@@ -684,6 +688,50 @@ class App:
     ) -> Any:
         """Blocking :meth:`wait`, for WSGI code and scripts."""
         return self.run_sync(lambda: self.wait(task, queue=queue, timeout=timeout))
+
+    # -- signals ------------------------------------------------------------------------------
+
+    async def signal(
+        self,
+        task: TaskInfo | str,
+        name: str,
+        payload: Any = None,
+        *,
+        queue: str | None = None,
+    ) -> bool:
+        """Deliver the signal ``name`` with ``payload`` (any JSON value) to a task that waits,
+        or will wait, for it with ``ctx.wait_for(name, ...)``: once per task and name.
+
+        ``task`` is a :class:`TaskInfo` or a task id in ``queue`` (default: the app's default
+        queue). Returns ``True`` when this call delivered it (a task waiting for it is
+        claimable at once, in the same atomic step that stores it; one not waiting yet gets
+        it when it waits), ``False`` when a signal of that name was delivered before
+        (nothing changes). Raises :class:`~durq.TaskNotFoundError` (no such task),
+        :class:`~durq.InvalidStateError` (the task has finished),
+        :class:`~durq.PayloadError` (not JSON, too large, or holding a NUL character) and
+        :class:`~durq.StepError` (not a signal name: 1-100 letters, digits, ``_ . : -``)."""
+        if isinstance(task, TaskInfo):
+            task_id, queue = task.id, queue or task.queue
+        else:
+            task_id, queue = task, queue or self.default_queue
+        check_queue(queue)
+        check_signal_name(name)
+        raw = codec.encode_value(payload, "signal payload", self.max_payload)
+        if _NUL.search(raw):
+            raise PayloadError("a signal payload cannot hold a NUL character")
+        if self.encryption is not None:
+            raw = self.encryption.seal(raw)
+        broker = await self.broker()
+        outcome = await broker.signal(SignalParams(queue, task_id, name, raw.decode()))
+        if outcome == "finished":
+            raise InvalidStateError(f"task {task_id!r} in queue {queue!r} has finished")
+        return outcome in ("woken", "kept")
+
+    def signal_sync(
+        self, task: TaskInfo | str, name: str, payload: Any = None, *, queue: str | None = None
+    ) -> bool:
+        """Blocking :meth:`signal`, for WSGI code and scripts."""
+        return self.run_sync(lambda: self.signal(task, name, payload, queue=queue))
 
     # -- inspector and worker ---------------------------------------------------------------
 

@@ -73,6 +73,12 @@ def _bounded(data: Any, what: str, max_bytes: int) -> bytes:
     return raw
 
 
+def encode_value(value: Any, what: str, max_bytes: int) -> bytes:
+    """Any JSON value (``what`` names it in errors), bounded by ``max_bytes``; PayloadError
+    otherwise."""
+    return _bounded(to_jsonable(value), what, max_bytes)
+
+
 def encode_result(result: Any, *, max_bytes: int = DEFAULT_MAX_RESULT) -> bytes | None:
     """Encode a handler's return value; ``None`` stores no result. PayloadError when it is
     not JSON or larger than ``max_bytes``."""

@@ -178,6 +178,11 @@ class Snooze(Exception):
         self.reason = reason
 
 
+class SignalTimeoutError(DurqError, TimeoutError):
+    """``ctx.wait_for``: the signal did not come within the wait's timeout (raised in the
+    handler; catch it to go on without the signal)."""
+
+
 class Sleeping(BaseException):
     """Raised by ``ctx.sleep`` and ``ctx.sleep_until`` once the sleep is recorded: the
     attempt ends and the task waits, scheduled, until ``until`` (epoch seconds), then runs
@@ -187,10 +192,12 @@ class Sleeping(BaseException):
     ``except Exception`` around a sleep does not swallow it; a handler that catches
     ``BaseException`` must raise it again."""
 
-    def __init__(self, name: str, until: float) -> None:
+    def __init__(self, name: str, until: float, awaits: str | None = None) -> None:
         super().__init__(f"sleeping ({name}) until {until}")
         self.name = name
         self.until = until
+        #: ``ctx.wait_for``: the signal whose delivery ends the sleep early.
+        self.awaits = awaits
 
 
 class SkipRetry(Exception):

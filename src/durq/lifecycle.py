@@ -147,12 +147,13 @@ def snoozed(
     return RetryParams(lease.ref, "", max(0.0, delay), snooze=True)
 
 
-def slept(lease: Lease, delay: float) -> RetryParams:
-    """The handler fell asleep (``ctx.sleep``): back to scheduled in ``delay`` seconds
-    without counting an attempt (the snooze move; the snoozes counter counts it and
-    :func:`durq.steps.sleeps_in` tells sleeps apart, so ``max_snoozes`` does not bound them)."""
+def slept(lease: Lease, delay: float, *, awaits: str | None = None) -> RetryParams:
+    """The handler fell asleep (``ctx.sleep``), or waits for the signal ``awaits``
+    (``ctx.wait_for``; its delivery ends the wait early): back to scheduled in ``delay``
+    seconds without counting an attempt (the snooze move; the snoozes counter counts it and
+    :func:`durq.steps.sleeps_in` tells these apart, so ``max_snoozes`` does not bound them)."""
     move(lease.task.state, "snooze", task_id=lease.task.id)
-    return RetryParams(lease.ref, "", max(0.0, delay), snooze=True)
+    return RetryParams(lease.ref, "", max(0.0, delay), snooze=True, awaits=awaits)
 
 
 def handed_back(lease: Lease) -> LeaseRef:

@@ -19,6 +19,7 @@ writes the whole object back on each new step; a broker stores it as opaque text
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,10 @@ from durq.errors import StepError
 MAX_NAME = 200
 #: The key of a durable sleep's record (its step result).
 SLEEP = "durq.sleep"
+#: The key of a wait for a signal's record (``ctx.wait_for``).
+WAIT = "durq.wait"
+#: A signal's name: letters, digits and ``_ . : -``, at most 100 characters.
+SIGNAL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,29 @@ class TaskStep:
         return None if found is None else found[0]
 
     @property
+    def kind(self) -> str:
+        """``"step"``, ``"sleep"`` (``ctx.sleep``) or ``"wait"`` (``ctx.wait_for``)."""
+        if sleep_record(self.result) is not None:
+            return "sleep"
+        return "wait" if wait_record(self.result) is not None else "step"
+
+    @property
+    def detail(self) -> str:
+        """What a sleep or a wait is at (empty for a step): ``until 2026-…``, ``received``,
+        ``timed out``."""
+        until = self.sleep_until
+        if until is not None:
+            return f"until {_iso(until)}"
+        wait = wait_record(self.result)
+        if wait is None:
+            return ""
+        if "received" in wait:
+            return "received"
+        if wait.get("timed_out"):
+            return "timed out"
+        return f"waits until {_iso(float(wait['until']))}"
+
+    @property
     def duration(self) -> float:
         """Seconds the step function ran."""
         return max(0.0, self.ended - self.started)
@@ -58,9 +86,10 @@ class TaskStep:
     def describe(self) -> str:
         """``charge 0.120s (attempt 1)``: the step in one line (a sleep: ``cool-off sleeps
         until 2026-12-07T12:00:00+00:00 (attempt 1)``)."""
-        until = self.sleep_until
-        if until is not None:
-            return f"{self.name} sleeps until {_iso(until)} (attempt {self.attempt})"
+        if self.kind == "sleep":
+            return f"{self.name} sleeps {self.detail} (attempt {self.attempt})"
+        if self.kind == "wait":
+            return f"{self.name} signal {self.detail} (attempt {self.attempt})"
         return f"{self.name} {self.duration:.3f}s (attempt {self.attempt})"
 
     def to_dict(self) -> dict[str, Any]:
@@ -146,12 +175,39 @@ def sleep_text(until: float, count: int) -> str:
     return json.dumps({SLEEP: {"until": until, "count": count}}, separators=(",", ":"))
 
 
+def wait_record(result: Any) -> dict[str, Any] | None:
+    """The body of a recorded wait for a signal: ``until``, ``count``, and ``received`` (the
+    signal's payload) or ``timed_out`` once it ended; ``None`` for anything else."""
+    if not isinstance(result, dict) or set(result) != {WAIT}:
+        return None
+    body = result[WAIT]
+    return body if isinstance(body, dict) and "until" in body else None
+
+
+def wait_text(until: float, count: int, **ended: Any) -> str:
+    """The JSON text recorded for a wait for a signal (``received=...`` or
+    ``timed_out=True`` once it ended)."""
+    return json.dumps({WAIT: {"until": until, "count": count, **ended}}, separators=(",", ":"))
+
+
+def check_signal_name(name: str) -> str:
+    """``name`` if it can name a signal; StepError otherwise."""
+    if not isinstance(name, str) or not SIGNAL_NAME.fullmatch(name):
+        raise StepError(
+            f"a signal name is 1-100 letters, digits, '_', '.', ':' or '-', not {name!r}"
+        )
+    return name
+
+
 def sleeps_in(raw: str | bytes | None) -> int:
-    """How often a task left the worker to sleep, from its stored steps (a task's
-    ``snoozes`` counter counts these too; ``max_snoozes`` bounds the rest)."""
+    """How often a task left the worker to sleep or to wait for a signal, from its stored
+    steps (a task's ``snoozes`` counter counts these too; ``max_snoozes`` bounds the rest)."""
     total = 0
     for entry in decode(raw).values():
-        found = sleep_record(entry.get("result"))
+        result = entry.get("result")
+        found = sleep_record(result)
         if found is not None:
             total += found[1]
+        elif (wait := wait_record(result)) is not None:
+            total += int(wait.get("count", 0))
     return total

@@ -13,16 +13,19 @@ from functools import cached_property
 from typing import Any, NoReturn, Protocol
 
 from durq import codec, durations
-from durq.errors import Sleeping, Snooze, StepError
+from durq.errors import SignalTimeoutError, Sleeping, Snooze, StepError
 from durq.progress import TaskLogLine, TaskProgress, check_fraction, check_level, clip
 from durq.states import TaskState
 from durq.steps import (
     TaskStep,
     check_name,
+    check_signal_name,
     encode_result,
     json_value,
     sleep_record,
     sleep_text,
+    wait_record,
+    wait_text,
 )
 
 #: Characters of payload and result a list shows per task.
@@ -276,6 +279,7 @@ class StepSink(Protocol):
     def now(self) -> float: ...
     async def lookup(self, name: str) -> tuple[bool, Any]: ...
     async def record(self, name: str, text: str, started: float) -> None: ...
+    async def signals(self) -> dict[str, Any]: ...
     def call(self, coro: Any) -> Any: ...
 
 
@@ -417,11 +421,93 @@ class TaskContext:
             sink.call(sink.record(name, text, now))
             _fall_asleep(name, text)
 
+    async def wait_for(self, name: str, *, timeout: float | str | timedelta) -> Any:
+        """Wait for the signal ``name`` (sent with :meth:`durq.App.signal`) and return its
+        payload. A signal delivered before the task waits is kept for it, and returned at
+        once. Otherwise the attempt ends here, as in :meth:`sleep`: the task waits
+        ``scheduled``, holding nothing, until the signal makes it pending (in the same
+        atomic step that stores the signal) or ``timeout`` passes; it then runs again and
+        this call returns the payload, or raises :class:`durq.SignalTimeoutError`. The
+        outcome is recorded like a step, so later runs get the same answer. Signal names:
+        1-100 letters, digits, ``_ . : -``. A context built outside a worker raises
+        SignalTimeoutError at once."""
+        seconds = _seconds(timeout)
+        check_signal_name(name)
+        sink = self.steps
+        if sink is None:
+            raise SignalTimeoutError(f"no signal {name!r}: not running in a worker")
+        found, stored = await sink.lookup(name)
+        ended = _wait_ended(name, found, stored)
+        if ended is not None:
+            return _wait_outcome(name, ended)
+        now = sink.now()
+        until, count = _wait_state(stored, now + seconds)
+        text = _wait_or_wake(name, await sink.signals(), until, count, now)
+        await sink.record(name, text, now)
+        return _wait_outcome(name, wait_record(json_value(text)))
+
+    def wait_for_sync(self, name: str, *, timeout: float | str | timedelta) -> Any:
+        """:meth:`wait_for` for sync handlers."""
+        seconds = _seconds(timeout)
+        check_signal_name(name)
+        sink = self.steps
+        if sink is None:
+            raise SignalTimeoutError(f"no signal {name!r}: not running in a worker")
+        if _on_loop():
+            raise StepError("wait_for_sync is for sync handlers: use await ctx.wait_for(...)")
+        found, stored = sink.call(sink.lookup(name))
+        ended = _wait_ended(name, found, stored)
+        if ended is not None:
+            return _wait_outcome(name, ended)
+        now = sink.now()
+        until, count = _wait_state(stored, now + seconds)
+        text = _wait_or_wake(name, sink.call(sink.signals()), until, count, now)
+        sink.call(sink.record(name, text, now))
+        return _wait_outcome(name, wait_record(json_value(text)))
+
+
+def _wait_ended(name: str, found: bool, stored: Any) -> dict[str, Any] | None:
+    """The record of a wait that ended in an earlier run (received or timed out), else
+    ``None``; StepError when ``name`` was recorded as something else."""
+    if not found:
+        return None
+    record = wait_record(stored)
+    if record is None:
+        raise StepError(f"wait {name!r} was recorded as a step or a sleep: step names changed")
+    return record if "received" in record or record.get("timed_out") else None
+
+
+def _wait_state(stored: Any, until: float) -> tuple[float, int]:
+    """``(until, count)``: a recorded wait's, or a new one ending at ``until``."""
+    record = wait_record(stored)
+    if record is None:
+        return until, 0
+    return float(record["until"]), int(record.get("count", 0))
+
+
+def _wait_or_wake(name: str, signals: dict[str, Any], until: float, count: int, now: float) -> str:
+    """The record a wait writes now: received, timed out, or waiting (once more)."""
+    if name in signals:
+        return wait_text(until, count, received=signals[name])
+    if until <= now:
+        return wait_text(until, count, timed_out=True)
+    return wait_text(until, count + 1)
+
+
+def _wait_outcome(name: str, record: dict[str, Any] | None) -> Any:
+    """The payload of a received wait; SignalTimeoutError; or leave the worker."""
+    assert record is not None
+    if "received" in record:
+        return record["received"]
+    if record.get("timed_out"):
+        raise SignalTimeoutError(f"no signal {name!r} within the wait")
+    raise Sleeping(name, float(record["until"]), awaits=name)
+
 
 def _step_result(name: str, stored: Any) -> Any:
-    """A recorded step's result; StepError if ``name`` was recorded as a sleep."""
-    if sleep_record(stored) is not None:
-        raise StepError(f"step {name!r} was recorded as a sleep: step names changed")
+    """A recorded step's result; StepError if ``name`` was recorded as a sleep or a wait."""
+    if sleep_record(stored) is not None or wait_record(stored) is not None:
+        raise StepError(f"step {name!r} was recorded as a sleep or a wait: step names changed")
     return stored
 
 

@@ -380,3 +380,19 @@ def test_task_get_shows_the_recorded_steps(cli: Cli) -> None:
         ("charge", [1, 2], 1),
         ("mail", [1, 2], 2),
     ]
+
+
+def test_W19_task_signal(cli: Cli) -> None:
+    cli.ok("enqueue", "t", "--task-id", "waits", "--process-in", "1h")
+    done = cli.ok("task", "signal", "waits", "partner-callback", "--data", '{"policy": "P-1"}')
+    assert "delivered" in done.out
+    again = cli.ok("task", "signal", "waits", "partner-callback", "--json").json()
+    assert again == {
+        "queue": "default",
+        "id": "waits",
+        "name": "partner-callback",
+        "delivered": False,
+    }
+    assert_one_line_error(cli("task", "signal", "waits", "bad name"), 2, "signal name")
+    assert_one_line_error(cli("task", "signal", "waits", "x", "--data", "{bad"), 2, "--data")
+    assert_one_line_error(cli("task", "signal", "nope", "x"), 1, "not found")

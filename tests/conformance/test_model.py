@@ -46,6 +46,7 @@ from durq.brokers.base import (
     EnqueueParams,
     Lease,
     RetryParams,
+    SignalParams,
 )
 from durq.clock import FakeClock
 from durq.errors import (
@@ -343,6 +344,34 @@ class BrokerAgainstModel(RuleBasedStateMachine):
         params = lifecycle.completed(lease, b'{"ok": true}', now=self.clock.now())
         got = self.call(self.broker.complete(params))
         assert got == self.model.complete(lease.ref.task_key, token)
+
+    @rule(
+        index=st.integers(0, 5),
+        stale=st.booleans(),
+        delay=st.sampled_from([0, 10]),
+        name=st.sampled_from(["a", "b"]),
+    )
+    def wait(self, index: int, stale: bool, delay: int, name: str) -> None:
+        """The handler waits for a signal (ctx.wait_for): a snooze a signal ends (W19)."""
+        taken = self._take(index, stale)
+        if taken is None:
+            return
+        lease, token = taken
+        got = self.call(self.broker.retry(lifecycle.slept(lease, float(delay), awaits=name)))
+        assert got == self.model.wait(lease.ref.task_key, token, delay, name)
+
+    @rule(q=st.integers(0, 1), which=st.integers(0, len(IDS) - 1), name=st.sampled_from(["a", "b"]))
+    def signal(self, q: int, which: int, name: str) -> None:
+        key = (self.queues[q], IDS[which])
+        try:
+            got = self.call(self.broker.signal(SignalParams(*key, name, '"x"')))
+        except TaskNotFoundError:
+            got = "not found"
+        try:
+            want = self.model.signal(key, name)
+        except m.Refused as exc:
+            want = exc.reason
+        assert got == want, key
 
     @rule(index=st.integers(0, 5), stale=st.booleans(), delay=st.sampled_from([0, 10]))
     def fail(self, index: int, stale: bool, delay: int) -> None:

@@ -260,3 +260,26 @@ async def test_W14_task_shows_progress_and_log_lines(app: durq.App, api: httpx.A
     r = await api.get("/api/queues/default/tasks", params={"state": "active"})
     (row,) = r.json()["tasks"]
     assert row["progress"]["fraction"] == 0.4 and "logs" not in row
+
+
+async def test_W19_a_signal_over_http(app: durq.App, api: httpx.AsyncClient) -> None:
+    await app.enqueue("email:send", {"to": "x"}, process_in=3600, task_id="order/2")
+    url = "/api/queues/default/tasks/order/2/signals/partner-callback"
+    r = await api.post(url, json={"policy": "POL-1"})
+    assert r.status_code == 200, r.text
+    assert r.json() == {
+        "queue": "default",
+        "id": "order/2",
+        "name": "partner-callback",
+        "delivered": True,
+    }
+    r = await api.post(url, json={"policy": "again"})
+    assert r.status_code == 200 and r.json()["delivered"] is False
+    r = await api.post("/api/queues/default/tasks/order/2/signals/no%20spaces", json=1)
+    assert r.status_code == 400 and "error" in r.json()
+    r = await api.post("/api/queues/default/tasks/nope/signals/cb", json=1)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = await api.post("/api/queues/default/tasks/order/2/signals/nul", json="a\u0000b")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request"
+    doc = (await api.get("/api/openapi.json")).json()
+    assert "/api/queues/{queue}/tasks/{task_id}/signals/{name}" in doc["paths"]

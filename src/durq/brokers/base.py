@@ -27,6 +27,7 @@ from durq.brokers.contract import (
 )
 from durq.brokers.params import (
     CLAIM_FORWARD,
+    SIGNAL_OUTCOMES,
     ArchivedRetention,
     ArchiveParams,
     Claimed,
@@ -42,6 +43,7 @@ from durq.brokers.params import (
     MemberOutcome,
     ProgressParams,
     RetryParams,
+    SignalParams,
     StepsParams,
     TaskMove,
     TaskRewrite,
@@ -88,6 +90,7 @@ __all__ = [
     "MINUTE_COUNTS_KEEP",
     "OVERLAP_POLICIES",
     "PAYLOAD_FIELD",
+    "SIGNAL_OUTCOMES",
     "WORKER_VISIBLE_FOR",
     "Admin",
     "ArchiveParams",
@@ -115,6 +118,7 @@ __all__ = [
     "QueueStats",
     "RetryParams",
     "ScheduleRecord",
+    "SignalParams",
     "StepsParams",
     "SyncConnectionEnqueue",
     "TaskFilter",

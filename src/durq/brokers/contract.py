@@ -64,6 +64,7 @@ from durq.brokers.params import (
     LeaseReport,
     ProgressParams,
     RetryParams,
+    SignalParams,
     StepsParams,
     TaskMove,
     TaskRewrite,
@@ -230,6 +231,19 @@ class Broker(Protocol):
     async def record_steps(self, params: StepsParams) -> bool:
         """Store a running attempt's durable steps, fenced like every other write of an
         active task: ``False`` (and no change) if the lease is no longer held."""
+
+    async def read_signals(self, lease: LeaseRef) -> str | None:
+        """The signals stored on a leased task, as the text of one JSON object (name ->
+        payload, each payload exactly as it was sent); ``None`` for none, or when the lease
+        is no longer held."""
+
+    async def signal(self, params: SignalParams) -> str:
+        """Deliver a signal, in one atomic step: TaskNotFoundError when the task does not
+        exist; "finished" (nothing stored) when it is completed or archived; "duplicate"
+        (nothing changed) when a signal of that name is stored already; otherwise the
+        signal is stored, and a task waiting ``scheduled`` for that name (its last move's
+        ``RetryParams.awaits``) becomes pending now, its workers woken: "woken"; else
+        "kept" (the task reads it when it waits)."""
 
     async def read_snoozes(self, lease: LeaseRef) -> int | None:
         """How often a leased task was snoozed; ``None`` if the lease is no longer held."""

@@ -282,6 +282,23 @@ class StepsParams:
 
 
 @dataclass(frozen=True, slots=True)
+class SignalParams:
+    """Deliver the signal ``name`` with ``payload`` (JSON text, validated and bounded by the
+    client) to the task ``id`` of ``queue`` (:meth:`Broker.signal`)."""
+
+    queue: str
+    id: str
+    name: str
+    payload: str
+
+
+#: What :meth:`Broker.signal` did: stored and made the task waiting for it pending
+#: ("woken"), stored for later ("kept"), nothing because a signal of that name is stored
+#: already ("duplicate") or the task has finished ("finished").
+SIGNAL_OUTCOMES = ("woken", "kept", "duplicate", "finished")
+
+
+@dataclass(frozen=True, slots=True)
 class RetryParams:
     """The attempt failed: state retry for ``delay`` seconds, ``retried`` + 1."""
 
@@ -298,6 +315,11 @@ class RetryParams:
     #: The attempt's traceback with its exception chain, bounded (shown for one task);
     #: ``None`` clears the stored one (the attempt ended without a crash).
     traceback: str | None = None
+    #: With ``snooze``: the task waits for the signal of this name (``ctx.wait_for``). It is
+    #: stored on the task (``None`` clears it), so that delivering that signal makes the
+    #: waiting task pending at once (:meth:`Broker.signal`); if the signal is stored already,
+    #: the task is pending at once instead of scheduled.
+    awaits: str | None = None
     #: A snooze (:class:`durq.Snooze`): state scheduled instead, ``retried`` unchanged,
     #: ``snoozes`` + 1, ``last_error`` and ``traceback`` kept, not counted as a failure.
     snooze: bool = False

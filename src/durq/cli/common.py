@@ -277,14 +277,19 @@ def parse_json_object(text: str | None, what: str = "--payload") -> dict[str, An
     """A JSON object from the command line; a usage error for anything else."""
     if text is None or text == "":
         return {}
+    value = parse_json(text, what)
+    if not isinstance(value, dict):
+        raise UsageFailure(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def parse_json(text: str, what: str) -> Any:
+    """Any JSON value from the command line; a usage error when it is not JSON."""
     try:
-        value = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageFailure(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
     except RecursionError:
         raise UsageFailure(f"{what} is nested too deeply") from None
     except ValueError as exc:  # e.g. an integer of thousands of digits
         raise UsageFailure(f"{what} is not usable JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise UsageFailure(f"{what} must be a JSON object, got {type(value).__name__}")
-    return value

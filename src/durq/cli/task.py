@@ -1,4 +1,4 @@
-"""``durq task get|ls|run|delete|archive|cancel``: one task, or a queue's tasks by state (I2, I3)."""
+"""``durq task get|ls|run|delete|archive|cancel|signal``: one task, or a queue's tasks by state (I2, I3)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,19 @@ from durq.cli.common import (
     BrokerOpt,
     JsonOpt,
     QueueOpt,
+    UsageFailure,
     console,
     escape,
     examples,
     fmt_time,
     make_table,
+    parse_json,
     print_json,
     run,
 )
+from durq.errors import StepError
 from durq.inspector import parse_state
+from durq.steps import check_signal_name
 from durq.task import TaskInfo
 
 group = typer.Typer(
@@ -54,6 +58,11 @@ RUN_EPILOG = examples(
 ARCHIVE_EPILOG = examples(
     "durq task archive report-42 --queue default",
     "durq task archive report-42 --queue default --json",
+)
+SIGNAL_EPILOG = examples(
+    "durq task signal coverage:ord_1 partner-callback --queue insurance "
+    '--data \'{"policy": "POL-1"}\'',
+    "durq task signal import-9 go --queue default --json",
 )
 CANCEL_EPILOG = examples(
     "durq task cancel import-9 --queue default   (an active handler is cancelled)"
@@ -254,6 +263,36 @@ def cancel_command(
         )
     else:
         console.print(f"task {info.id} cancelled: now {styled_state(info.state.value)}")
+
+
+@group.command("signal", epilog=SIGNAL_EPILOG)
+def signal_command(
+    task_id: IdArg,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The signal's name.")],
+    data: Annotated[
+        str | None, typer.Option("--data", help="The signal's payload, any JSON (default null).")
+    ] = None,
+    queue: QueueOpt = "default",
+    broker: BrokerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Deliver a signal to a task that waits, or will wait, for it (ctx.wait_for)."""
+    try:
+        check_signal_name(name)
+    except StepError as exc:
+        raise UsageFailure(str(exc)) from None
+    payload = None if data is None else parse_json(data, "--data")
+
+    async def body(app: App) -> bool:
+        return await app.signal(task_id, name, payload, queue=queue)
+
+    delivered = run(broker, body)
+    if as_json:
+        print_json({"queue": queue, "id": task_id, "name": name, "delivered": delivered})
+    elif delivered:
+        console.print(f"signal {name!r} delivered to task {task_id}")
+    else:
+        console.print(f"signal {name!r} was delivered to task {task_id} before: nothing changed")
 
 
 @group.command("delete", epilog=DELETE_EPILOG)

@@ -68,6 +68,14 @@ TaskId = Annotated[
         },
     ),
 ]
+SignalName = Annotated[
+    str,
+    Path(
+        pattern=r"^[A-Za-z0-9_.:-]{1,100}$",
+        description="A signal's name",
+        examples=["partner-callback"],
+    ),
+]
 OptionalState = Annotated[
     models.State | None,  # type: ignore[valid-type]
     Query(description="Task state [default: pending]"),
@@ -324,6 +332,14 @@ class AdminAPI:
                 "Throughput and failures of one queue over the last hour",
                 responses={**COMMON, **NOT_FOUND},
             ),
+            route(
+                t + "/signals/{name}",
+                self.signal_task,
+                "POST",
+                "Deliver a signal to a task that waits, or will wait, for it "
+                "(ctx.wait_for); the body is the signal's payload, any JSON value",
+                responses={**MUTATION, **NOT_FOUND, **CONFLICT},
+            ),
             # Action routes first: ".../x/run" is the action on x.
             *[
                 route(
@@ -549,6 +565,16 @@ class AdminAPI:
         _not_an_action(task_id)
         await self.inspector.delete_task(queue, task_id)
         return Response(status_code=204)
+
+    async def signal_task(
+        self,
+        queue: QueueName,
+        task_id: TaskId,
+        name: SignalName,
+        payload: Annotated[Any, Body()] = None,
+    ) -> models.SignalResult:
+        delivered = await self.dash.app.signal(task_id, name, payload, queue=queue)
+        return models.SignalResult(queue=queue, id=task_id, name=name, delivered=delivered)
 
     def task_action(self, action: str) -> Any:
         method = {

@@ -126,6 +126,11 @@ class TaskStep(_Model):
     ended: str | None = Field(json_schema_extra={"format": "date-time"})
     duration: float = Field(description="Seconds the step ran")
     attempt: int = Field(description="The attempt that ran it (1 for the first)")
+    sleep_until: str | None = Field(
+        default=None,
+        description="A durable sleep (ctx.sleep): when it ends; null for a step",
+        json_schema_extra={"format": "date-time"},
+    )
 
 
 class _TaskFields(_Model):
@@ -244,6 +249,16 @@ class TaskPage(_Model):
         "to filter them (Redis): more may match",
     )
     scanned: int | None = Field(default=None, description="Tasks read to filter (Redis)")
+
+
+class SignalResult(_Model):
+    queue: str
+    id: str
+    name: str
+    delivered: bool = Field(
+        description="True: delivered now (a task waiting for it can run at once); false: a "
+        "signal of this name was delivered before, and nothing changed"
+    )
 
 
 class BulkResult(_Model):

@@ -406,7 +406,15 @@ class Executor:
             functools.partial(AttemptReports, self.broker, ref, attempt, self.app.clock, loop)
         )
         self._reports[ref] = reports
-        steps = AttemptSteps(self.broker, ref, attempt, self.app.clock, loop, self.app.max_result)
+        steps = AttemptSteps(
+            self.broker,
+            ref,
+            attempt,
+            self.app.clock,
+            loop,
+            self.app.max_result,
+            self.app.encryption,
+        )
         return TaskContext(
             id=task.id,
             queue=task.queue,
@@ -518,9 +526,11 @@ class Executor:
         when the sleep ends, without counting an attempt or a snooze."""
         task = lease.task
         delay = max(0.0, exc.until - self.app.clock.now())
-        if not await self._report(self.broker.retry, lifecycle.slept(lease, delay), task):
+        params = lifecycle.slept(lease, delay, awaits=exc.awaits)
+        if not await self._report(self.broker.retry, params, task):
             return "lost"
-        log.info("task %s sleeps (%s) for %.1fs", task.id, exc.name, delay, extra=_extra(task))
+        what = "waits for signal" if exc.awaits is not None else "sleeps"
+        log.info("task %s %s (%s) for %.1fs", task.id, what, exc.name, delay, extra=_extra(task))
         return "slept"
 
     async def _archive(

@@ -9,6 +9,7 @@ import asyncio
 import copy
 from typing import Any
 
+from durq import encryption as crypt
 from durq import steps as s
 from durq.brokers.base import Broker, LeaseRef, StepsParams
 from durq.clock import Clock
@@ -27,6 +28,7 @@ class AttemptSteps:
         clock: Clock,
         loop: asyncio.AbstractEventLoop,
         max_bytes: int,
+        encryption: crypt.Encryption | None = None,
     ) -> None:
         self._broker = broker
         self._lease = lease
@@ -34,6 +36,7 @@ class AttemptSteps:
         self._clock = clock
         self._loop = loop
         self._max_bytes = max_bytes
+        self._encryption = encryption
         self._entries: dict[str, dict[str, Any]] | None = None
         #: Names this attempt has used: each at most once.
         self._used: set[str] = set()
@@ -77,6 +80,14 @@ class AttemptSteps:
             if not await self._broker.record_steps(StepsParams(self._lease, stored)):
                 raise StepError(f"step {name!r} not recorded: the attempt lost its lease")
             self._entries = entries
+
+    async def signals(self) -> dict[str, Any]:
+        """The signals delivered to the task so far (name -> payload)."""
+        raw = await self._broker.read_signals(self._lease)
+        if not raw:
+            return {}
+        # Sealed payloads (an app with encryption) are opened here, as payloads are.
+        return dict(crypt.decode(raw.encode(), self._encryption))
 
     def call(self, coro: Any) -> Any:
         """Run one of these coroutines on the worker's loop from a handler's thread."""

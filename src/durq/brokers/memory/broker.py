@@ -8,6 +8,7 @@ atomic (one lock), fenced by lease tokens like the other brokers."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Self
@@ -47,6 +48,7 @@ from durq.brokers.params import (
     LeaseReport,
     ProgressParams,
     RetryParams,
+    SignalParams,
     StepsParams,
     ended_by,
 )
@@ -56,6 +58,7 @@ from durq.errors import (
     ConfigurationError,
     DuplicateTaskError,
     TaskIDConflictError,
+    TaskNotFoundError,
 )
 from durq.progress import append_lines
 from durq.task import TaskInfo
@@ -279,10 +282,17 @@ class MemoryBroker:
             row.traceback = p.traceback
         row.end_lease()
         if isinstance(p, RetryParams):
-            store.move(row, SCHEDULED if snooze else RETRY)
-            row.next_process_at = now + max(0.0, p.delay)
-            if p.delay <= 0:
+            row.awaits = p.awaits
+            if p.awaits is not None and p.awaits in row.signals:
+                # Waits for a signal delivered already: no wait at all.
+                store.move(row, PENDING)
+                row.next_process_at = now
                 woken.add(row.queue)
+            else:
+                store.move(row, SCHEDULED if snooze else RETRY)
+                row.next_process_at = now + max(0.0, p.delay)
+                if p.delay <= 0:
+                    woken.add(row.queue)
         else:
             store.move(row, ARCHIVED)
             row.expires_at = now  # the moment it was archived, as on the SQL brokers
@@ -330,6 +340,33 @@ class MemoryBroker:
         with self._store.lock:
             row = self._held(lease)
             return None if row is None else row.steps
+
+    async def read_signals(self, lease: LeaseRef) -> str | None:
+        """The signals stored on a leased task, as one JSON object's text."""
+        with self._store.lock:
+            row = self._held(lease)
+            if row is None or not row.signals:
+                return None
+            return "{" + ",".join(f"{json.dumps(n)}:{v}" for n, v in row.signals.items()) + "}"
+
+    async def signal(self, params: SignalParams) -> str:
+        """Store a signal once; wake the task if it waits for it (see the contract)."""
+        with self._store.lock:
+            now = self._clock.now()
+            row = self._store.get(params.queue, params.id, now)
+            if row is None:
+                raise TaskNotFoundError(f"no task {params.id!r} in queue {params.queue!r}")
+            if row.state in (COMPLETED, ARCHIVED):
+                return "finished"
+            if params.name in row.signals:
+                return "duplicate"
+            row.signals[params.name] = params.payload
+            if row.state is not SCHEDULED or row.awaits != params.name:
+                return "kept"
+            self._store.move(row, PENDING)
+            row.next_process_at = now
+        self._store.notify({params.queue})
+        return "woken"
 
     async def read_snoozes(self, lease: LeaseRef) -> int | None:
         """How often a leased task was snoozed."""

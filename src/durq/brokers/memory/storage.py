@@ -96,6 +96,10 @@ class Row:
     #: Stored form of the durable steps (:mod:`durq.steps`).
     steps: str | None = None
     snoozes: int = 0
+    #: Signals delivered to it (name -> payload JSON text, in order of delivery) and the one
+    #: it waits for while scheduled (set by the move that made it wait).
+    signals: dict[str, str] = field(default_factory=dict)
+    awaits: str | None = None
 
     def info(self) -> TaskInfo:
         return make_info(

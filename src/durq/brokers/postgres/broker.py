@@ -47,6 +47,7 @@ from durq.brokers.params import (
     LeaseReport,
     ProgressParams,
     RetryParams,
+    SignalParams,
     StepsParams,
     ended_by,
 )
@@ -82,7 +83,7 @@ from durq.brokers.postgres.wakeup import EndListener, Listener
 from durq.brokers.sqlrows import limits_of, row_to_info
 from durq.brokers.views import FORGET_WORKERS_AFTER, MINUTE_COUNTS_KEEP, WorkerInfo
 from durq.clock import SYSTEM_CLOCK, Clock, to_datetime, utc_day
-from durq.errors import ConfigurationError
+from durq.errors import ConfigurationError, TaskNotFoundError
 from durq.progress import MAX_LOG_LINES
 from durq.task import LimitSpec, TaskInfo
 
@@ -760,6 +761,7 @@ class PostgresBroker:
         if isinstance(p, RetryParams):
             values["delay"] = max(0.0, float(p.delay))
             values["snooze"] = p.snooze
+            values["awaits"] = p.awaits
             return "retry", values
         values["count_attempt"] = p.count_attempt
         return "archive", values
@@ -803,8 +805,9 @@ class PostgresBroker:
         return done
 
     def _wake(self, queues: Iterable[str], served: Set[str] = frozenset()) -> None:
-        """Wake the workers of queues where an ended attempt freed a key tasks wait on
-        (this worker's not for ``served``: its claim has looked at them since)."""
+        """Wake the workers of queues where an ended attempt freed a key tasks wait on, or a
+        task became pending (a signal it waited for), this worker's not for ``served``: its
+        claim has looked at them since."""
         wanted = set(queues)
         if wanted:
             # This worker's fetcher claims at once; the others hear the NOTIFY.
@@ -858,6 +861,39 @@ class PostgresBroker:
         fence = {"queue": lease.queue, "id": lease.id, "token": lease.token}
         row = await self._storage.fetch_one("read_steps", "read_steps", fence)
         return None if row is None else row["steps"]
+
+    async def read_signals(self, lease: LeaseRef) -> str | None:
+        """The signals stored on a leased task, one JSON object (``None``: none, or the
+        lease is gone)."""
+        fence = {"queue": lease.queue, "id": lease.id, "token": lease.token}
+        row = await self._storage.fetch_one("read_signals", "read_signals", fence)
+        return None if row is None else row["signals"]
+
+    async def signal(self, params: SignalParams) -> str:
+        """Deliver a signal in one statement: "woken", "kept", "duplicate" or "finished";
+        TaskNotFoundError when the task does not exist."""
+        row = await self._storage.fetch_one(
+            "signal",
+            "signal",
+            {
+                "queue": params.queue,
+                "id": params.id,
+                "name": params.name,
+                "payload": params.payload,
+                "now": self._storage.sql_now(),
+            },
+        )
+        if row is None:
+            raise TaskNotFoundError(f"no task {params.id!r} in queue {params.queue!r}")
+        if row["state"] in ("completed", "archived"):
+            return "finished"
+        if row["known"]:
+            return "duplicate"
+        if row["woken"]:
+            # Pending now: its queue's workers claim it (this one's at once, others by NOTIFY).
+            self._wake([params.queue])
+            return "woken"
+        return "kept"
 
     async def read_snoozes(self, lease: LeaseRef) -> int | None:
         """How often a leased task was snoozed (``None``: the lease is gone)."""

@@ -631,22 +631,30 @@ FROM more LEFT JOIN leased ON true;
 
 -- name: retry
 -- %(snooze)s (durq.Snooze): scheduled instead, no attempt counted, the error kept, not
--- counted as failed in the stats.
+-- counted as failed in the stats. %(awaits)s (a snooze that waits for that signal) is stored
+-- (NULL: waits for none); when that signal is stored already the wait is over: pending now.
+-- A signal delivered meanwhile locks the row first, and this update then reads the row as
+-- that signal left it (or the signal finds the task waiting): no wake-up is lost. "wake":
+-- the queue's workers should claim (a freed key with held tasks, or the task pending now).
 WITH ended AS (
     UPDATE {schema}.tasks AS t
-    SET state = CASE WHEN %(snooze)s THEN 'scheduled' ELSE 'retry' END,
+    SET state = CASE WHEN %(snooze)s AND coalesce(t.signals ? %(awaits)s::text, false)
+                     THEN 'pending'
+                     WHEN %(snooze)s THEN 'scheduled' ELSE 'retry' END,
         retried = t.retried + CASE WHEN %(snooze)s THEN 0 ELSE 1 END,
         snoozes = t.snoozes + CASE WHEN %(snooze)s THEN 1 ELSE 0 END,
         lost = t.lost + %(lost)s,
         last_error = CASE WHEN %(snooze)s THEN t.last_error ELSE %(error)s END,
         traceback = CASE WHEN %(snooze)s THEN t.traceback ELSE %(traceback)s END,
-        next_process_at = {now} + %(delay)s,
+        next_process_at = CASE WHEN %(snooze)s AND coalesce(t.signals ? %(awaits)s::text, false)
+                               THEN {now} ELSE {now} + %(delay)s END,
+        awaits = %(awaits)s::text,
         lease_token = NULL, lease_expires_at = NULL, cancel_requested = false
     WHERE t.queue = %(queue)s AND t.id = %(id)s
       AND t.state = 'active' AND t.lease_token = %(token)s
       AND (%(expired_by)s::float8 IS NULL
            OR t.lease_expires_at <= least(%(expired_by)s::float8, {now}))
-    RETURNING t.queue, t.limits
+    RETURNING t.queue, t.limits, t.state
 ),
 {release_limits},
 counted AS (
@@ -661,7 +669,10 @@ counted_minute AS (
     ON CONFLICT (queue, minute) DO UPDATE
     SET processed = s.processed + 1, failed = s.failed + 1
 )
-SELECT count(*) AS n, EXISTS (SELECT 1 FROM released WHERE waiting) AS wake FROM ended;
+SELECT count(*) AS n,
+       EXISTS (SELECT 1 FROM released WHERE waiting)
+           OR coalesce(bool_or(state = 'pending'), false) AS wake
+FROM ended;
 
 -- name: move_leases_lock
 -- Before a batch of retry/archive moves in one transaction: the counters of all their tasks'
@@ -718,6 +729,42 @@ FROM ended;
 -- A running attempt's first step (durq.steps): the task's recorded steps.
 SELECT t.steps FROM {schema}.tasks AS t
 WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active' AND t.lease_token = %(token)s;
+
+-- name: read_signals
+-- A running attempt's signals (ctx.wait_for): one JSON object, name -> payload.
+SELECT t.signals::text AS signals FROM {schema}.tasks AS t
+WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active' AND t.lease_token = %(token)s;
+
+-- name: signal
+-- Deliver one signal (app.signal), once, in one statement. "task" locks the row and reads it
+-- as the last writer left it (a concurrent signal or move is waited for), so two signals to
+-- one task both land and a name is stored only once; the update then adds the name to that
+-- version (|| keeps the others). A task scheduled while it waits for this very name (awaits,
+-- set by its last retry) is due now. No row: no such task (a completed one past its
+-- retention counts as gone, as in get_task). The answer: the state and whether the name was
+-- stored before the write, and whether this write woke the task.
+WITH task AS (
+    SELECT t.queue, t.id, t.state, t.expires_at,
+           coalesce(t.signals ? %(name)s::text, false) AS known,
+           t.state = 'scheduled' AND t.awaits IS NOT DISTINCT FROM %(name)s::text AS waits
+    FROM {schema}.tasks AS t
+    WHERE t.queue = %(queue)s AND t.id = %(id)s
+    FOR UPDATE
+),
+stored AS (
+    UPDATE {schema}.tasks AS t
+    SET signals = coalesce(t.signals, '{{}}'::jsonb)
+                  || jsonb_build_object(%(name)s::text, %(payload)s::jsonb),
+        state = CASE WHEN task.waits THEN 'pending' ELSE t.state END,
+        next_process_at = CASE WHEN task.waits THEN {now} ELSE t.next_process_at END
+    FROM task
+    WHERE t.queue = task.queue AND t.id = task.id
+      AND task.state NOT IN ('completed', 'archived') AND NOT task.known
+    RETURNING task.waits AS woken
+)
+SELECT task.state, task.known, coalesce(stored.woken, false) AS woken
+FROM task LEFT JOIN stored ON true
+WHERE NOT (task.state = 'completed' AND task.expires_at <= {now});
 
 -- name: read_snoozes
 SELECT t.snoozes FROM {schema}.tasks AS t

@@ -46,6 +46,7 @@ from durq.brokers.params import (
     LeaseReport,
     ProgressParams,
     RetryParams,
+    SignalParams,
     StepsParams,
     waiting_follow_up,
 )
@@ -70,6 +71,7 @@ from durq.errors import (
     BrokerError,
     DuplicateTaskError,
     TaskIDConflictError,
+    TaskNotFoundError,
     ValidationError,
 )
 from durq.progress import MAX_LOG_LINES
@@ -681,6 +683,7 @@ class RedisBroker:
                     k.minutes(day),
                     k.limits,
                     k.limit_waiting,
+                    k.pending,
                 ],
                 [
                     p.lease.token,
@@ -695,6 +698,7 @@ class RedisBroker:
                     MINUTE_TTL,
                     k.notify,
                     "1" if p.snooze else "0",
+                    p.awaits or "",
                 ],
             )
         call: ScriptCall = (
@@ -800,6 +804,31 @@ class RedisBroker:
             await self._storage.ensure()
             raw = await self._storage.eval("steps_read", [k.task(lease.id)], [lease.token])
         return raw.decode("utf-8") if isinstance(raw, bytes) else raw or None
+
+    async def read_signals(self, lease: LeaseRef) -> str | None:
+        """The signals of a leased task as one JSON object's text, each payload as it was
+        sent (``None``: none, or the lease is gone)."""
+        k = self._storage.keys.queue(lease.queue)
+        async with self._storage.op("read_signals"):
+            await self._storage.ensure()
+            raw = await self._storage.eval("signals_read", [k.task(lease.id)], [lease.token])
+        return raw.decode("utf-8") if isinstance(raw, bytes) else raw or None
+
+    async def signal(self, params: SignalParams) -> str:
+        """Store a signal on its task and wake the task if it waits for it: one script on
+        the queue's slot (see scripts/signal.lua)."""
+        k = self._storage.keys.queue(params.queue)
+        async with self._storage.op("signal"):
+            await self._storage.ensure()
+            reply = await self._storage.eval(
+                "signal",
+                [k.task(params.id), k.scheduled, k.pending],
+                [params.name, params.payload, self._storage.now_arg(), k.notify],
+            )
+        outcome = bytes(reply).decode()
+        if outcome == "missing":
+            raise TaskNotFoundError(f"no task {params.id!r} in queue {params.queue!r}")
+        return outcome
 
     async def read_snoozes(self, lease: LeaseRef) -> int | None:
         """How often a leased task was snoozed (``None``: the lease is gone)."""

@@ -30,6 +30,8 @@ SCRIPT_NAMES = (
     "steps_read",
     "snoozes_read",
     "steps_record",
+    "signal",
+    "signals_read",
     "promote",
     "expired",
     "janitor",

@@ -49,6 +49,7 @@ from durq.brokers.params import (
     LeaseReport,
     ProgressParams,
     RetryParams,
+    SignalParams,
     StepsParams,
     ended_by,
 )
@@ -68,7 +69,13 @@ from durq.brokers.sqlite.storage import (
 from durq.brokers.sqlrows import row_to_info
 from durq.brokers.views import FORGET_WORKERS_AFTER, MINUTE_COUNTS_KEEP, WorkerInfo
 from durq.clock import SYSTEM_CLOCK, Clock
-from durq.errors import ConfigurationError, DuplicateTaskError, SchemaError, TaskIDConflictError
+from durq.errors import (
+    ConfigurationError,
+    DuplicateTaskError,
+    SchemaError,
+    TaskIDConflictError,
+    TaskNotFoundError,
+)
 from durq.progress import append_lines
 from durq.states import TaskState
 from durq.task import LimitSpec, TaskInfo, limits_from_json
@@ -549,9 +556,8 @@ class SQLiteBroker:
         }
         if isinstance(p, RetryParams):
             due = now + max(0.0, p.delay)
-            cursor = conn.execute(
-                STATEMENTS["retry"], {**fence, "next_process_at": due, "snooze": int(p.snooze)}
-            )
+            values = {**fence, "next_process_at": due, "snooze": int(p.snooze), "awaits": p.awaits}
+            cursor = conn.execute(STATEMENTS["retry"], values)
             counted = not p.snooze
         else:
             cursor = conn.execute(
@@ -560,8 +566,8 @@ class SQLiteBroker:
             counted = p.count_attempt
         if not self._ended(conn, lease.queue, cursor, woken, now):
             return False
-        if isinstance(p, RetryParams) and p.delay <= 0:
-            woken.add(lease.queue)
+        if isinstance(p, RetryParams) and (p.delay <= 0 or p.awaits is not None):
+            woken.add(lease.queue)  # a wait whose signal came already is pending now
         if counted:
             self._storage.bump(conn, lease.queue, now, failed=True)
         if isinstance(p, ArchiveParams) and p.follow_ups:
@@ -618,6 +624,37 @@ class SQLiteBroker:
             return None if row is None else row["steps"]
 
         return await self._storage.read("sqlite.read_steps", run)
+
+    async def read_signals(self, lease: LeaseRef) -> str | None:
+        """The signals stored on a leased task (``None``: none, or the lease is gone)."""
+        ref = {"queue": lease.queue, "id": lease.id, "token": lease.token}
+
+        def run(c: Conn) -> str | None:
+            row = c.execute(STATEMENTS["read_signals"], ref).fetchone()
+            return None if row is None else row["signals"]
+
+        return await self._storage.read("sqlite.read_signals", run)
+
+    async def signal(self, params: SignalParams) -> str:
+        """Store a signal once; wake the task if it waits for it (see the contract)."""
+        key = {"queue": params.queue, "id": params.id, "name": params.name}
+
+        def run(c: Conn, now: float, woken: set[str]) -> str:
+            row = c.execute(STATEMENTS["signal_task"], {**key, "now": now}).fetchone()
+            if row is None:
+                raise TaskNotFoundError(f"task {params.id!r} not found in queue {params.queue!r}")
+            if row["state"] in ("completed", "archived"):
+                return "finished"
+            if row["known"]:
+                return "duplicate"
+            wake = row["state"] == "scheduled" and row["awaits"] == params.name
+            values = {**key, "payload": params.payload, "wake": int(wake), "now": now}
+            c.execute(STATEMENTS["store_signal"], values)
+            if wake:
+                woken.add(params.queue)
+            return "woken" if wake else "kept"
+
+        return await self._storage.write_waking("sqlite.signal", run)
 
     async def read_snoozes(self, lease: LeaseRef) -> int | None:
         """How often a leased task was snoozed (``None``: the lease is gone)."""

@@ -199,12 +199,17 @@ RETURNING limits, dependents;
 -- Fenced by the token; with :expired_by (the rescuer) also by the lease having expired (as
 -- in expired_leases). The delay counts on this machine: relative_due.
 -- :snooze 1 (durq.Snooze): scheduled instead, no attempt counted, the error kept.
+-- :awaits (a snooze that waits for that signal): pending now if the signal is stored already.
 UPDATE durq_tasks
-SET state = CASE WHEN :snooze THEN 'scheduled' ELSE 'retry' END,
+SET state = CASE WHEN :awaits IS NOT NULL AND json_type(signals, '$."' || :awaits || '"')
+                      IS NOT NULL THEN 'pending'
+                 WHEN :snooze THEN 'scheduled' ELSE 'retry' END,
     retried = retried + 1 - :snooze, snoozes = snoozes + :snooze, lost = lost + :lost,
     last_error = CASE WHEN :snooze THEN last_error ELSE :error END,
     traceback = CASE WHEN :snooze THEN traceback ELSE :traceback END,
-    next_process_at = :next_process_at, relative_due = 1,
+    next_process_at = CASE WHEN :awaits IS NOT NULL AND json_type(signals, '$."' || :awaits
+                                || '"') IS NOT NULL THEN :now ELSE :next_process_at END,
+    relative_due = 1, awaits = :awaits,
     lease_token = NULL, lease_expires_at = NULL, cancel_requested = 0
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
   AND (:expired_by IS NULL
@@ -241,6 +246,26 @@ WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
 -- A running attempt's first step (durq.steps): the task's recorded steps.
 SELECT steps FROM durq_tasks
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+
+-- name: read_signals
+SELECT signals FROM durq_tasks
+WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
+
+-- name: signal_task
+-- One signal, once (app.signal): stored unless the task finished or has one of that name; a
+-- task scheduled while it waits for this very signal is due now. The row before the write
+-- (state, whether the name was there) tells the caller what happened.
+SELECT state, awaits, json_type(signals, '$."' || :name || '"') IS NOT NULL AS known
+FROM durq_tasks
+WHERE queue = :queue AND id = :id AND NOT (state = 'completed' AND expires_at <= :now);
+
+-- name: store_signal
+UPDATE durq_tasks
+SET signals = json_set(coalesce(signals, '{}'), '$."' || :name || '"', json(:payload)),
+    state = CASE WHEN :wake THEN 'pending' ELSE state END,
+    next_process_at = CASE WHEN :wake THEN :now ELSE next_process_at END,
+    relative_due = CASE WHEN :wake THEN 1 ELSE relative_due END
+WHERE queue = :queue AND id = :id;
 
 -- name: read_snoozes
 SELECT snoozes FROM durq_tasks

@@ -1,6 +1,7 @@
 -- retry: the attempt failed (or its lease expired); wait in retry for the delay (from the
 -- broker's clock), retried + 1. A snooze (ARGV[12]) waits in scheduled instead, snoozes + 1,
--- retried, last_error, traceback and the failure counters left alone.
+-- retried, last_error, traceback and the failure counters left alone; a snooze that waits for
+-- a signal already delivered is pending at once.
 --
 -- KEYS[1] task hash      KEYS[2] active zset      KEYS[3] retry zset (scheduled: a snooze)
 -- KEYS[4] stats hash     KEYS[5] stats hash of the day
@@ -16,9 +17,12 @@
 -- KEYS[7] limits hash    KEYS[8] waiting set (W13: the task's keys give their slot back)
 -- ARGV[11] wake-up channel (published when tasks are held on one of those keys)
 -- ARGV[12] "1": a snooze
+-- ARGV[13] the signal the task waits for (field "aw"; "" clears it: names are never empty)
+-- KEYS[9] pending zset: a snooze waiting for a signal the task holds already (field
+--         "sg:<name>", see signal.lua) is pending now instead, its workers woken (ARGV[11])
 -- Returns 1, or 0 (nothing changed) when the fence fails.
 -- Complexity: O(log n).
-local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'lease_expires_at')
+local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'lease_expires_at', 'prio')
 if cur[1] ~= 'active' or cur[2] ~= ARGV[1] then
   return 0
 end
@@ -27,6 +31,13 @@ if ARGV[6] ~= '' and not (cur[4] and tonumber(cur[4]) <= tonumber(earliest(ARGV[
   return 0
 end
 local npa = later(now, ARGV[3])
+local awaits = ARGV[13]
+-- The signal came while the attempt ran: the wait ends before it starts.
+local ready = ARGV[12] == '1' and awaits ~= ''
+  and redis.call('HEXISTS', KEYS[1], 'sg:' .. awaits) == 1
+if ready then
+  npa = now
+end
 redis.call('ZREM', KEYS[2], cur[3])
 if release_limits(KEYS[1], KEYS[7], KEYS[8]) then
   wake_workers(ARGV[11])
@@ -36,7 +47,7 @@ if ARGV[5] == '1' then
 end
 if ARGV[12] == '1' then
   redis.call('HINCRBY', KEYS[1], 'snoozes', 1)
-  redis.call('HSET', KEYS[1], 'state', 'scheduled', 'npa', npa)
+  redis.call('HSET', KEYS[1], 'state', ready and 'pending' or 'scheduled', 'npa', npa)
 else
   redis.call('HINCRBY', KEYS[1], 'retried', 1)
   redis.call('HSET', KEYS[1], 'state', 'retry', 'last_error', ARGV[2], 'npa', npa)
@@ -46,11 +57,22 @@ else
     redis.call('HDEL', KEYS[1], 'traceback')
   end
 end
-redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel')
-redis.call('ZADD', KEYS[3], npa, cur[3])
+-- Every move says what the task waits for next, so a stale name never wakes it.
+if awaits ~= '' then
+  redis.call('HSET', KEYS[1], 'aw', awaits)
+  redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel')
+else
+  redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel', 'aw')
+end
 if ARGV[12] ~= '1' then
   count(KEYS[4], KEYS[5], ARGV[4], 1, 1, KEYS[6], now, ARGV[10])
 end
+if ready then
+  redis.call('ZADD', KEYS[9], ready_score(npa, cur[5]), cur[3])
+  wake_workers(ARGV[11])
+  return 1
+end
+redis.call('ZADD', KEYS[3], npa, cur[3])
 if ARGV[7] ~= '' then
   wake_workers(ARGV[7])
 end
