@@ -530,10 +530,10 @@ class Model:
         task = self.live(key)
         if task is None:
             raise Refused("not found")
-        if task.state in (COMPLETED, ARCHIVED):
-            return "finished"
         if name in task.signals:
             return "duplicate"
+        if task.state in (COMPLETED, ARCHIVED):
+            return "finished"
         task.signals.add(name)
         if task.state == SCHEDULED and task.awaits == name:
             task.state, task.due = PENDING, self.now

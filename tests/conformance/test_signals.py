@@ -107,9 +107,12 @@ async def test_W19_signals_to_missing_or_finished_tasks(broker: FullBroker) -> N
         await broker.signal(sig("cb", task_id="nope"))
     await broker.enqueue(params("t"))
     (lease,) = await claim(broker)
+    assert await broker.signal(sig("before", 1)) == "kept"
     assert await broker.complete(CompleteParams(lease.ref, retention=60))
     assert await state_of(broker) is C
     assert await broker.signal(sig("cb")) == "finished"
+    # A sender that calls again after the end hears "duplicate", as before it.
+    assert await broker.signal(sig("before", 2)) == "duplicate"
 
 
 async def test_W19_reading_signals_is_fenced_by_the_lease(

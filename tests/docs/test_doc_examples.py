@@ -28,7 +28,7 @@ RUNNABLE = [
     "docs/groups.md",
     "docs/results.md",
     "docs/dependencies.md",
-    "docs/steps.md",
+    "docs/durable.md",
 ]
 BLOCK = re.compile(r"^```python\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 SCRIPT_NAME = re.compile(r"^# ([\w/.-]+\.py)$")

@@ -239,8 +239,9 @@ class Broker(Protocol):
 
     async def signal(self, params: SignalParams) -> str:
         """Deliver a signal, in one atomic step: TaskNotFoundError when the task does not
-        exist; "finished" (nothing stored) when it is completed or archived; "duplicate"
-        (nothing changed) when a signal of that name is stored already; otherwise the
+        exist; "duplicate" (nothing changed) when a signal of that name is stored already,
+        whatever the task's state; "finished" (nothing stored) when it is completed or
+        archived; otherwise the
         signal is stored, and a task waiting ``scheduled`` for that name (its last move's
         ``RetryParams.awaits``) becomes pending now, its workers woken: "woken"; else
         "kept" (the task reads it when it waits)."""

@@ -27,8 +27,11 @@ from typing import TYPE_CHECKING, Any
 from durq.errors import (
     BrokerUnavailableError,
     DuplicateTaskError,
+    InvalidStateError,
     PayloadError,
+    StepError,
     TaskIDConflictError,
+    TaskNotFoundError,
 )
 
 if TYPE_CHECKING:
@@ -46,6 +49,8 @@ __all__ = [
     "enqueue_answer_sync",
     "invalid_payload",
     "queued",
+    "signal_answer",
+    "signal_answer_sync",
     "unavailable",
 ]
 
@@ -216,3 +221,68 @@ def enqueue_answer_sync(
             raise
         return answer
     return queued(info, location=location, extra=extra)
+
+
+async def signal_answer(
+    app: App,
+    task: TaskInfo | str,
+    name: str,
+    payload: Any = None,
+    *,
+    queue: str | None = None,
+    retry_after: int = DEFAULT_RETRY_AFTER,
+) -> Answer:
+    """Turn an inbound webhook into a signal (:meth:`durq.App.signal`) and answer it:
+    ``200 {"status": "delivered"}``, or ``"already_delivered"`` for a sender that calls
+    twice (nothing changes); ``404`` when there is no such task; ``409`` when it has
+    finished; ``422`` for a payload or name that cannot be a signal; ``503`` with
+    ``Retry-After`` while the broker is down (nothing was written: the sender should retry)."""
+    try:
+        delivered = await app.signal(task, name, payload, queue=queue)
+    except BaseException as exc:
+        answer = _signal_error(exc, retry_after)
+        if answer is None:
+            raise
+        return answer
+    return _signalled(task, name, delivered)
+
+
+def signal_answer_sync(
+    app: App,
+    task: TaskInfo | str,
+    name: str,
+    payload: Any = None,
+    *,
+    queue: str | None = None,
+    retry_after: int = DEFAULT_RETRY_AFTER,
+) -> Answer:
+    """Blocking :func:`signal_answer` for WSGI code."""
+    try:
+        delivered = app.signal_sync(task, name, payload, queue=queue)
+    except BaseException as exc:
+        answer = _signal_error(exc, retry_after)
+        if answer is None:
+            raise
+        return answer
+    return _signalled(task, name, delivered)
+
+
+def _signalled(task: TaskInfo | str, name: str, delivered: bool) -> Answer:
+    task_id = task if isinstance(task, str) else task.id
+    status = "delivered" if delivered else "already_delivered"
+    return Answer(200, {"status": status, "task_id": task_id, "signal": name})
+
+
+def _signal_error(exc: BaseException, retry_after: int) -> Answer | None:
+    def error(status: int, code: str) -> Answer:
+        return Answer(status, {"error": {"code": code, "message": str(exc)}})
+
+    if isinstance(exc, BrokerUnavailableError):
+        return unavailable(retry_after=retry_after)
+    if isinstance(exc, TaskNotFoundError):
+        return error(404, "not_found")
+    if isinstance(exc, InvalidStateError):
+        return error(409, "task_finished")
+    if isinstance(exc, (PayloadError, StepError)):
+        return error(422, "invalid_signal")
+    return None

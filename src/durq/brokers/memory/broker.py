@@ -356,10 +356,10 @@ class MemoryBroker:
             row = self._store.get(params.queue, params.id, now)
             if row is None:
                 raise TaskNotFoundError(f"no task {params.id!r} in queue {params.queue!r}")
+            if params.name in row.signals:  # before "finished": a sender calling again
+                return "duplicate"
             if row.state in (COMPLETED, ARCHIVED):
                 return "finished"
-            if params.name in row.signals:
-                return "duplicate"
             row.signals[params.name] = params.payload
             if row.state is not SCHEDULED or row.awaits != params.name:
                 return "kept"

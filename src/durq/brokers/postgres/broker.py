@@ -885,10 +885,10 @@ class PostgresBroker:
         )
         if row is None:
             raise TaskNotFoundError(f"no task {params.id!r} in queue {params.queue!r}")
+        if row["known"]:  # before "finished": a sender calling again after the end is fine
+            return "duplicate"
         if row["state"] in ("completed", "archived"):
             return "finished"
-        if row["known"]:
-            return "duplicate"
         if row["woken"]:
             # Pending now: its queue's workers claim it (this one's at once, others by NOTIFY).
             self._wake([params.queue])

@@ -643,10 +643,10 @@ class SQLiteBroker:
             row = c.execute(STATEMENTS["signal_task"], {**key, "now": now}).fetchone()
             if row is None:
                 raise TaskNotFoundError(f"task {params.id!r} not found in queue {params.queue!r}")
+            if row["known"]:  # before "finished": a sender calling again after the end is fine
+                return "duplicate"
             if row["state"] in ("completed", "archived"):
                 return "finished"
-            if row["known"]:
-                return "duplicate"
             wake = row["state"] == "scheduled" and row["awaits"] == params.name
             values = {**key, "payload": params.payload, "wake": int(wake), "now": now}
             c.execute(STATEMENTS["store_signal"], values)

@@ -7,8 +7,8 @@
 -- ARGV[1] signal name    ARGV[2] payload (JSON text)  ARGV[3] now ("" = TIME)
 -- ARGV[4] wake-up channel
 -- Returns "missing" (no such task, or completed past its retention: it counts as gone),
--- "finished" (completed or archived: nothing stored), "duplicate" (a signal of that name is
--- stored: nothing changed), "woken" or "kept".
+-- "duplicate" (a signal of that name is stored: nothing changed, whatever the state),
+-- "finished" (completed or archived: nothing stored), "woken" or "kept".
 -- Complexity: O(log n).
 local cur = redis.call('HMGET', KEYS[1], 'state', 'expires_at', 'aw', 'm', 'prio')
 local state = cur[1]
@@ -18,6 +18,10 @@ end
 if state == 'completed' or state == 'archived' then
   if state == 'completed' and cur[2] and tonumber(cur[2]) <= tonumber(clock(ARGV[3])) then
     return 'missing'
+  end
+  -- A sender calling again after the end is told "duplicate", as before the end.
+  if redis.call('HEXISTS', KEYS[1], 'sg:' .. ARGV[1]) == 1 then
+    return 'duplicate'
   end
   return 'finished'
 end
