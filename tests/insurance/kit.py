@@ -62,6 +62,13 @@ class Sim:
     def stats(self) -> dict[str, Any]:
         return dict(self.http.get("/_sim/stats").json())
 
+    def reset_when_idle(self) -> None:
+        """Zero the counters once no call is in flight: a slow call an earlier test left
+        behind (the simulator is shared by the session) would count toward this test's
+        concurrency."""
+        wait_for(lambda: self.stats()["in_flight"] == 0, timeout=30)
+        self.http.post("/_sim/reset").raise_for_status()
+
 
 class Service:
     """The running API and an HTTP client per customer."""

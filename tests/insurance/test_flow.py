@@ -92,7 +92,7 @@ def test_bulkhead_bounds_concurrent_calls_per_partner(
 ) -> None:
     service = start_service(settings.with_(bulkhead=2, warehouses={}))
     sim.configure(latency=0.1, pending_polls=0)
-    sim.http.post("/_sim/reset").raise_for_status()
+    sim.reset_when_idle()
     locations = [post(service) for _ in range(8)]
     for location in locations:
         service.wait_status(location, "COVERED")

@@ -59,7 +59,7 @@ def test_partner_bulkhead_holds_across_worker_processes(
     split = settings.with_(monolith=False, bulkhead=2, warehouses={})
     service: Service = start_service(split)
     sim.configure(latency=0.1, pending_polls=0)
-    sim.http.post("/_sim/reset").raise_for_status()
+    sim.reset_when_idle()
     locations = [service.alice.post("/orders", json=ITEMS).headers["Location"] for _ in range(8)]
     for _ in range(2):
         split_worker([sys.executable, "-m", "examples.insurance.worker"], split)

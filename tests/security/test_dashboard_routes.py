@@ -35,6 +35,9 @@ CONCRETE = {
     "/api/queues/{queue}/tasks/{task_id:path}/run": "/api/queues/default/tasks/evil-1/run",
     "/api/queues/{queue}/tasks/{task_id:path}/archive": "/api/queues/default/tasks/evil-1/archive",
     "/api/queues/{queue}/tasks/{task_id:path}/cancel": "/api/queues/default/tasks/evil-1/cancel",
+    "/api/queues/{queue}/tasks/{task_id:path}/signals/{name}": (
+        "/api/queues/default/tasks/evil-1/signals/partner-callback"
+    ),
     "/api/queues/{queue}/tasks/{task_id:path}": "/api/queues/default/tasks/evil-1",
     "/api/queues/{queue}/tasks:bulk": "/api/queues/default/tasks:bulk",
     "/api/queues/{queue}/groups/{group_id}": "/api/queues/default/groups/g-1",
