@@ -353,3 +353,26 @@ async def test_durable_sleeps_pass_on_the_test_clock(app: durq.App) -> None:
         task = await w.get(info)
         assert [s.name for s in task.steps] == ["check", "cool-off", "issue"]
     assert done == ["check", "issue"]
+
+
+async def test_signals_are_delivered_under_drain(app: durq.App) -> None:
+    @app.task("t:approval")
+    async def approval(payload: dict[str, Any], ctx: durq.TaskContext) -> str:
+        try:
+            decision = await ctx.wait_for("approved", timeout="1d")
+        except durq.SignalTimeoutError:
+            return "expired"
+        return f"approved by {decision['by']}"
+
+    async with durq.testing.worker(app) as w:
+        first = await app.enqueue("t:approval", {})
+        second = await app.enqueue("t:approval", {})
+        assert (await w.drain()).outcomes == [("t:approval", "slept"), ("t:approval", "slept")]
+        assert await app.signal(first, "approved", {"by": "ann"}) is True
+        drained = await w.drain()
+        assert drained.outcomes == [("t:approval", "completed")]
+        assert drained[0].result == "approved by ann"
+        # The other one's wait ends at its timeout, on the test's clock.
+        w.clock.advance("1d")
+        drained = await w.drain()
+        assert [(a.id, a.result) for a in drained] == [(second.id, "expired")]
