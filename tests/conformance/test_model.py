@@ -619,3 +619,59 @@ def test_every_broker_answers_as_the_model(machine: type[BrokerAgainstModel]) ->
             suppress_health_check=list(HealthCheck),
         ),
     )
+
+
+# -- sequences the long run (make model) found, kept as they were shrunk ----------------------
+
+
+def _options(limit: str | None = None, delay: int = 0) -> dict[str, Any]:
+    return {
+        "priority": -1,
+        "delay": delay,
+        "max_retry": 0,
+        "retention": 0,
+        "limit": limit,
+        "unique": False,
+    }
+
+
+def _checked(state: BrokerAgainstModel) -> None:
+    for check in (
+        state.every_task_as_the_model_says,
+        state.every_key_as_the_model_says,
+        state.every_group_as_the_model_says,
+        state.follow_ups_as_the_model_says,
+    ):
+        check()
+
+
+def test_a_token_for_a_held_task_keeps_the_queue_order(
+    machine: type[BrokerAgainstModel],
+) -> None:
+    """PostgreSQL leased a later queue's new task before the earlier queue's task held on a
+    rate whose token had come (the one statement of the fast claim leases first)."""
+    state = machine()
+    state.enqueue(0, "t0", _options("r1"), None, 0)
+    state.enqueue(1, "t0", _options(delay=5), None, 0)
+    state.enqueue(0, "t1", _options("r1"), None, 0)
+    state.claim(limit=2, seed=0, strict=False, weights=(1, 1))
+    state.claim(limit=1, seed=0, strict=False, weights=(1, 1))
+    state.advance(seconds=11)
+    state.claim(limit=1, seed=1, strict=False, weights=(1, 1))
+    _checked(state)
+    state.teardown()
+
+
+def test_a_group_follow_up_is_ordered_from_the_group_s_creation(
+    machine: type[BrokerAgainstModel],
+) -> None:
+    """The model created a group's follow-up when its last member finished, every broker
+    when the group was created: which task a claim returned differed."""
+    state = machine()
+    state.enqueue_group(members=[(0, "t0", _options())], then=True, then_q=1)
+    state.claim(limit=1, seed=0, strict=False, weights=(1, 1))
+    state.enqueue(1, "t0", _options(), None, 0)
+    state.complete(index=0, stale=False)
+    state.claim(limit=1, seed=0, strict=False, weights=(1, 1))
+    _checked(state)
+    state.teardown()

@@ -7,6 +7,7 @@ import asyncio
 import functools
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence, Set
 from contextlib import asynccontextmanager
@@ -156,6 +157,10 @@ class PostgresBroker:
         #: Queues where the last claim saw due tasks with limits or held tasks with room:
         #: their claims go straight to the claim of limited work (W13).
         self._limited: set[str] = set()
+        #: Per queue: when a task held on a rate gets its token (from the last claim's
+        #: answer). From then on the claim of limited work goes first, as the claim order
+        #: wants: the one statement would lease unlimited tasks of later queues first.
+        self._token_at: dict[str, float] = {}
 
     @property
     def _polling(self) -> bool:
@@ -358,7 +363,10 @@ class PostgresBroker:
         # Queues where limited work was seen go straight to the claim of limited work (the
         # limiter decides in Python, in the claim's transaction); the others take
         # complete_claim, which only says whether that claim is needed.
-        limited_mode = not self._limited.isdisjoint(queues)
+        now = self._storage.now()
+        limited_mode = not self._limited.isdisjoint(queues) or any(
+            self._token_at.get(q, math.inf) <= now for q in queues
+        )
         values = self._claim_values(queues, params)
         if self._storage.warm_up is None:  # this broker claims: warm its new connections up
             self._storage.warm_up = functools.partial(
@@ -392,6 +400,11 @@ class PostgresBroker:
                 _, rows, wake_at = await self._claim_limited(queues, params, rows, None)
             else:
                 freed.clear()
+        for queue in queues:
+            if wake_at is None:
+                self._token_at.pop(queue, None)
+            else:
+                self._token_at[queue] = wake_at
         if len(rows) > 1:
             # UPDATE … RETURNING has no order: restore queue order, then the claim order.
             order = {q: i for i, q in enumerate(queues)}
