@@ -1153,12 +1153,12 @@ class _Admission:
         self.locked(waiting)
         for row in waiting:
             counter = self.counters[row["queue"]][row["key"]]
-            if counter.room(self.now) > 0:
-                # As many held tasks as held_tasks looks at.
-                free = self.want
-                if counter.concurrency is not None:
-                    free = min(free, counter.concurrency - counter.running)
-                self.rooms[row["queue"], row["key"]] = free
+            room = counter.room(self.now)
+            if room > 0:
+                # As many held tasks as the key has room for at its stored limit (slots and
+                # tokens), as the other brokers let back: a task then decides by its own
+                # limit, and one of another rate must not be let back past that room.
+                self.rooms[row["queue"], row["key"]] = min(self.want, room)
 
     def locked(self, rows: list[Row]) -> None:
         for row in rows:
@@ -1170,7 +1170,8 @@ class _Admission:
         got: dict[tuple[str, str], int] = {}
         for row in rows:
             key = (row["queue"], row["held_on"])
-            if key in self.rooms:  # else its counter is another's, or full: left held
+            # Else its counter is another's, or full, or its room is taken: left held.
+            if got.get(key, 0) < self.rooms.get(key, 0):
                 self._add(row)
                 got[key] = got.get(key, 0) + 1
         self.settle = sorted(k for k, room in self.rooms.items() if got.get(k, 0) < room)
