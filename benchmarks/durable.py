@@ -36,10 +36,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import glob
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -53,7 +51,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from peers._common import _file, _stop, _wait
+from peers._common import _stop, _wait, ended, lines, record
 
 import durq
 from durq.bench.isolation import Isolated
@@ -64,7 +62,6 @@ HERE = Path(__file__).resolve().parent
 QUEUE = "default"  # the README's worker listens to the default queue
 STEPS = 5
 KINDS = {"steps": STEPS, "noop": 0}  # kind -> steps per task
-LINE = 49  # bytes of one handler's line: the parent counts them by file size
 
 
 def noop() -> None:
@@ -89,36 +86,11 @@ def build(url: str) -> durq.App:
     return app
 
 
-def record(kind: str, start: float) -> None:
-    """One line of LINE bytes per handler: its start, its end, and the worker process's CPU
-    seconds so far (every thread; one ``getrusage`` and one ``write`` call)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = usage.ru_utime + usage.ru_stime
-    _file(kind).write(f"{start:17.6f} {time.time():17.6f} {cpu:12.6f}\n".encode())
-
-
 # `durq worker durable:app` imports this module; the broker comes from DURQ_BROKER_URL.
 app = build(os.environ.get("DURQ_BROKER_URL", "memory://"))
 
 
 # -- the parent --------------------------------------------------------------------------------
-
-
-def ended(signals: str, kind: str) -> int:
-    """How many ``kind`` handlers have ended (cheap enough to poll every few ms)."""
-    paths = glob.glob(os.path.join(signals, f"{kind}-*.txt"))
-    return sum(os.path.getsize(path) // LINE for path in paths)
-
-
-def lines(signals: str, kind: str) -> list[tuple[float, float, float]]:
-    """The complete lines of every worker process's ``kind`` file, in order of start."""
-    rows = []
-    for path in glob.glob(os.path.join(signals, f"{kind}-*.txt")):
-        with open(path, "rb") as f:
-            for line in f.read().split(b"\n")[:-1]:
-                start, end, cpu = line.split()
-                rows.append((float(start), float(end), float(cpu)))
-    return sorted(rows)
 
 
 def figures(rows: list[Any], results_in: float, steps: int) -> dict[str, float]:

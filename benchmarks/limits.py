@@ -40,7 +40,6 @@ import asyncio
 import glob
 import json
 import os
-import resource
 import shlex
 import statistics
 import subprocess
@@ -50,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from peers._common import _children_cpu, _file, _stop, _wait
+from peers._common import _children_cpu, _stop, _wait, ended, lines, record
 
 import durq
 from durq.bench.isolation import Isolated
@@ -62,7 +61,6 @@ QUEUE = "limits_bench"
 AT_LIMIT = (5, 0.1)  # concurrency, seconds per task
 RATE = 50
 LONG = 600.0  # seconds a held or busy task sleeps: longer than any run
-LINE = 49  # bytes of one handler's line: the parent counts them by file size
 
 
 def build(url: str) -> durq.App:
@@ -103,36 +101,11 @@ def build(url: str) -> durq.App:
     return app
 
 
-def record(kind: str, start: float) -> None:
-    """One line of LINE bytes per handler: its start, its end, and the worker process's CPU
-    seconds so far (every thread; one ``getrusage`` and one ``write`` call)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = usage.ru_utime + usage.ru_stime
-    _file(kind).write(f"{start:17.6f} {time.time():17.6f} {cpu:12.6f}\n".encode())
-
-
 # `durq worker limits:app` imports this module; the broker comes from DURQ_BROKER_URL.
 app = build(os.environ.get("DURQ_BROKER_URL", "memory://"))
 
 
 # -- the parent --------------------------------------------------------------------------------
-
-
-def ended(signals: str, kind: str) -> int:
-    """How many ``kind`` handlers have ended (cheap enough to poll every few ms)."""
-    paths = glob.glob(os.path.join(signals, f"{kind}-*.txt"))
-    return sum(os.path.getsize(path) // LINE for path in paths)
-
-
-def lines(signals: str, kind: str) -> list[tuple[float, float, float]]:
-    """The complete lines of every worker process's ``kind`` file, in order of start."""
-    rows = []
-    for path in glob.glob(os.path.join(signals, f"{kind}-*.txt")):
-        with open(path, "rb") as f:
-            for line in f.read().split(b"\n")[:-1]:  # the last piece is empty or still written
-                start, end, cpu = line.split()
-                rows.append((float(start), float(end), float(cpu)))
-    return sorted(rows)
 
 
 async def scenario(

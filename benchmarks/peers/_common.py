@@ -350,3 +350,34 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# -- the handler ledger of benchmarks/limits.py and benchmarks/durable.py ------------------
+
+#: Bytes of one handler's line: the parent counts them by file size.
+LINE = 49
+
+
+def record(kind: str, start: float) -> None:
+    """One line of LINE bytes per handler: its start, its end, and the worker process's CPU
+    seconds so far (every thread; one ``getrusage`` and one ``write`` call)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = usage.ru_utime + usage.ru_stime
+    _file(kind).write(f"{start:17.6f} {time.time():17.6f} {cpu:12.6f}\n".encode())
+
+
+def ended(signals: str, kind: str) -> int:
+    """How many ``kind`` handlers have ended (cheap enough to poll every few ms)."""
+    paths = glob.glob(os.path.join(signals, f"{kind}-*.txt"))
+    return sum(os.path.getsize(path) // LINE for path in paths)
+
+
+def lines(signals: str, kind: str) -> list[tuple[float, float, float]]:
+    """The complete lines of every worker process's ``kind`` file, in order of start."""
+    rows = []
+    for path in glob.glob(os.path.join(signals, f"{kind}-*.txt")):
+        with open(path, "rb") as f:
+            for line in f.read().split(b"\n")[:-1]:  # the last piece is empty or still written
+                start, end, cpu = line.split()
+                rows.append((float(start), float(end), float(cpu)))
+    return sorted(rows)
