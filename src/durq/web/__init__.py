@@ -239,11 +239,8 @@ async def signal_answer(
     ``Retry-After`` while the broker is down (nothing was written: the sender should retry)."""
     try:
         delivered = await app.signal(task, name, payload, queue=queue)
-    except BaseException as exc:
-        answer = _signal_error(exc, retry_after)
-        if answer is None:
-            raise
-        return answer
+    except SIGNAL_ERRORS as exc:
+        return _signal_error(exc, retry_after)
     return _signalled(task, name, delivered)
 
 
@@ -257,14 +254,9 @@ def signal_answer_sync(
     retry_after: int = DEFAULT_RETRY_AFTER,
 ) -> Answer:
     """Blocking :func:`signal_answer` for WSGI code."""
-    try:
-        delivered = app.signal_sync(task, name, payload, queue=queue)
-    except BaseException as exc:
-        answer = _signal_error(exc, retry_after)
-        if answer is None:
-            raise
-        return answer
-    return _signalled(task, name, delivered)
+    return app.run_sync(
+        lambda: signal_answer(app, task, name, payload, queue=queue, retry_after=retry_after)
+    )
 
 
 def _signalled(task: TaskInfo | str, name: str, delivered: bool) -> Answer:
@@ -273,16 +265,24 @@ def _signalled(task: TaskInfo | str, name: str, delivered: bool) -> Answer:
     return Answer(200, {"status": status, "task_id": task_id, "signal": name})
 
 
-def _signal_error(exc: BaseException, retry_after: int) -> Answer | None:
-    def error(status: int, code: str) -> Answer:
-        return Answer(status, {"error": {"code": code, "message": str(exc)}})
+#: The errors a signal answers itself; anything else is the caller's to handle.
+SIGNAL_ERRORS = (
+    BrokerUnavailableError,
+    TaskNotFoundError,
+    InvalidStateError,
+    PayloadError,
+    StepError,
+)
 
+
+def _signal_error(exc: Exception, retry_after: int) -> Answer:
     if isinstance(exc, BrokerUnavailableError):
         return unavailable(retry_after=retry_after)
-    if isinstance(exc, TaskNotFoundError):
-        return error(404, "not_found")
-    if isinstance(exc, InvalidStateError):
-        return error(409, "task_finished")
-    if isinstance(exc, (PayloadError, StepError)):
-        return error(422, "invalid_signal")
-    return None
+    status, code = (
+        (404, "not_found")
+        if isinstance(exc, TaskNotFoundError)
+        else (409, "task_finished")
+        if isinstance(exc, InvalidStateError)
+        else (422, "invalid_signal")
+    )
+    return Answer(status, {"error": {"code": code, "message": str(exc)}})
