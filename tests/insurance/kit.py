@@ -42,7 +42,9 @@ def worker_env(settings: Settings) -> dict[str, str]:
         **os.environ,
         **settings.to_env(),
         "INSURANCE_SHUTDOWN_TIMEOUT": "2",
-        "PYTHONPATH": str(ROOT),
+        # The tree under test first, then what the tests run with (a checkout sharing
+        # another one's virtual environment puts its own src/ there).
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
 
 
@@ -121,6 +123,22 @@ def inspector_call(settings: Settings, call: Callable[[Any], Any]) -> Any:
         return app.run_sync(lambda: call(app.inspector))
     finally:
         app.close_sync()
+
+
+def migrate(url: str) -> None:
+    """Create or update the broker's schema at ``url``, as ``durq migrate`` does."""
+    import asyncio
+
+    from durq.brokers import open_broker
+
+    async def run() -> None:
+        broker = open_broker(url)
+        try:
+            await broker.migrate()
+        finally:
+            await broker.close()
+
+    asyncio.run(run())
 
 
 def coverage_tasks(settings: Settings) -> int:
