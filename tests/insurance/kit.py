@@ -22,6 +22,8 @@ from examples.insurance.store import NewOrder  # noqa: E402
 from examples.insurance.tasks import COVERAGE_QUEUE  # noqa: E402
 
 ALICE, BOB = "tok-alice", "tok-bob"
+#: The secret the simulated partner and the service share for callbacks.
+PARTNER_SECRET = "partner-secret-for-tests"
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
