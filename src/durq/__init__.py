@@ -38,6 +38,7 @@ from durq.states import TaskState
 from durq.steps import TaskStep
 from durq.task import TaskContext, TaskInfo
 from durq.taskdef import TaskDef
+from durq.uniqueness import Unique
 from durq.worker import Worker
 from durq.worker.hooks import WorkerHooks
 
@@ -90,6 +91,7 @@ __all__ = [
     "TaskState",
     "TaskStep",
     "Then",
+    "Unique",
     "WaitTimeoutError",
     "Worker",
     "WorkerHooks",
