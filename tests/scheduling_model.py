@@ -207,6 +207,30 @@ class Model:
             return None
         return task
 
+    def free_unique(self, key: tuple[str, str], unique: str, states: tuple[str, ...]) -> bool:
+        """E4 (durq.Unique's states): a twin still holding ``unique`` in one of ``states``
+        lets it go."""
+        task = self.live(key)
+        if task is None or task.unique != unique or task.state not in states:
+            return False
+        task.unique = task.unique_until = None
+        return True
+
+    def replace_twin(
+        self, key: tuple[str, str], unique: str, delay: float | None, priority: int | None
+    ) -> bool:
+        """E4 (on_conflict="replace"): a twin holding ``unique`` that has not started takes
+        the new content; a scheduled one also the new due time and priority."""
+        task = self.live(key)
+        if task is None or task.unique != unique or task.state not in (PENDING, SCHEDULED, RETRY):
+            return False
+        if task.state == SCHEDULED:
+            if delay is not None:
+                task.due = self.now + delay
+            if priority is not None:
+                task.priority = priority
+        return True
+
     def observe(self, key: tuple[str, str]) -> tuple[str, int, int, str | None] | None:
         """(state, retried, lost, held on) as a broker reports it; ``None``: no such task."""
         task = self.live(key)

@@ -47,6 +47,8 @@ from durq.brokers.base import (
     Lease,
     RetryParams,
     SignalParams,
+    TwinReplace,
+    UniqueRelease,
 )
 from durq.clock import FakeClock
 from durq.errors import (
@@ -359,6 +361,33 @@ class BrokerAgainstModel(RuleBasedStateMachine):
         lease, token = taken
         got = self.call(self.broker.retry(lifecycle.slept(lease, float(delay), awaits=name)))
         assert got == self.model.wait(lease.ref.task_key, token, delay, name)
+
+    @rule(
+        q=st.integers(0, 1),
+        which=st.integers(0, len(IDS) - 1),
+        states=st.sampled_from([("active",), ("pending", "scheduled"), ("retry", "active")]),
+    )
+    def free_unique(self, q: int, which: int, states: tuple[str, ...]) -> None:
+        queue = self.queues[q]
+        key = (queue, IDS[which])
+        release = UniqueRelease(*key, f"u:{queue}", tuple(TaskState(s) for s in states))
+        got = self.call(self.broker.free_unique(release))
+        assert got == self.model.free_unique(key, f"u:{queue}", states), key
+
+    @rule(
+        q=st.integers(0, 1),
+        which=st.integers(0, len(IDS) - 1),
+        delay=st.sampled_from([None, 0, 7, 30]),
+        priority=st.sampled_from([None, 3]),
+    )
+    def replace_twin(self, q: int, which: int, delay: int | None, priority: int | None) -> None:
+        queue = self.queues[q]
+        key = (queue, IDS[which])
+        payload = json.dumps({"id": IDS[which]}).encode()  # the model keeps no payloads
+        wait = None if delay is None else float(delay)
+        change = TwinReplace(*key, f"u:{queue}", payload, delay=wait, priority=priority)
+        got = self.call(self.broker.replace_twin(change))
+        assert (got is not None) == self.model.replace_twin(key, f"u:{queue}", wait, priority)
 
     @rule(q=st.integers(0, 1), which=st.integers(0, len(IDS) - 1), name=st.sampled_from(["a", "b"]))
     def signal(self, q: int, which: int, name: str) -> None:
