@@ -663,8 +663,11 @@ class App:
         Raises :class:`~durq.TaskArchivedError` (with ``last_error`` and ``traceback``) when
         the task failed for good, :class:`~durq.TaskCancelledError` when it was cancelled,
         :class:`~durq.WaitTimeoutError` when ``timeout`` passed first (the task goes on),
-        :class:`~durq.TaskNotFoundError` when there is no such task, or it was deleted
-        before its end was read (``retention=0`` keeps no result).
+        :class:`~durq.TaskNotFoundError` when the task was deleted before its end was read
+        (``retention=0`` keeps no result). A task that does not exist yet (a group's
+        follow-up, a continuation ``then:<id>``, a task enqueued later) is waited for until
+        it exists and ends, within ``timeout``; :class:`~durq.InvalidNameError` for an id
+        no task can have.
 
         The wait is woken by the broker's notification of the task's end, not by polling;
         it also reads the task again every few seconds in case a notification was lost
