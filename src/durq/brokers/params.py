@@ -102,6 +102,28 @@ class EnqueueOutcome:
         return self.info is not None
 
 
+def check_distinct(items: Sequence[EnqueueParams], now: float) -> None:
+    """Raise what creating ``items`` together would raise for two of them with one id (in
+    one queue) or one unique key: the later one's TaskIDConflictError / DuplicateTaskError.
+    Brokers that check a whole batch before writing it (memory, Redis) call it first."""
+    ids: dict[tuple[str, str], EnqueueParams] = {}
+    keys: dict[str, str] = {}
+    for p in items:
+        earlier = ids.setdefault((p.queue, p.id), p)
+        if earlier is not p:
+            raise TaskIDConflictError(
+                f"task {p.id!r} already exists in queue {p.queue!r} (earlier in this call)",
+                existing=earlier.created(TaskState.PENDING, now),
+            )
+        if p.unique_key is not None:
+            if p.unique_key in keys:
+                raise DuplicateTaskError(
+                    f"an identical task {keys[p.unique_key]!r} is already queued",
+                    existing_id=keys[p.unique_key],
+                )
+            keys[p.unique_key] = p.id
+
+
 @dataclass(frozen=True, slots=True)
 class GroupParams:
     """A group to create: its members, all or none, and the follow-up of its fan-in.

@@ -11,7 +11,7 @@ import json
 import secrets
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from durq.brokers import dependencies, limiter, mailbox
@@ -23,6 +23,7 @@ from durq.brokers.base import (
     LimitStats,
     ScheduleRecord,
     WorkerInfo,
+    check_distinct,
     fan_in_payload,
     minute_of,
     waiting_follow_up,
@@ -446,6 +447,16 @@ class Store:
                 raise DuplicateTaskError(
                     f"an identical task {holder.id!r} is already queued", existing_id=holder.id
                 )
+
+    def insert_graph(self, items: Sequence[EnqueueParams], now: float) -> list[Row]:
+        """Create every task of a graph (``after`` naming earlier items), or raise the first
+        refusal writing nothing."""
+        dependencies.graph_edges(items)
+        check_distinct(items, now)
+        for p in items:
+            self.check_insert(p, now)
+        # Each dependency is an earlier item, created unfinished: insert makes it hold.
+        return [self.insert(p, now) for p in items]
 
     def insert_group(self, p: GroupParams, now: float) -> list[Row]:
         """Create a group, its members and its follow-up (waiting for the group), or raise
