@@ -114,15 +114,17 @@ async def test_one_refused_task_creates_nothing(
     await finish(broker, ["c2"])
 
 
-@pytest.mark.parametrize("twice", ["id", "unique"])
+@pytest.mark.parametrize("twice", ["id", "unique", "id of a unique task"])
 async def test_two_tasks_of_one_graph_that_collide_create_nothing(
     broker: FullBroker, clock: FakeClock, twice: str
 ) -> None:
     await put(broker, clock, {"other": TaskState.SCHEDULED})
+    u = {"unique_key": "k", "unique_ttl": 600.0}
     if twice == "id":
         items, error = [node("a"), node("b", "a"), node("b")], TaskIDConflictError
+    elif twice == "id of a unique task":
+        items, error = [node("a", **u), node("a")], TaskIDConflictError
     else:
-        u = {"unique_key": "k", "unique_ttl": 600.0}
         items, error = [node("a", **u), node("b", "a", **u)], DuplicateTaskError
     with pytest.raises(error):
         await broker.enqueue_graph(items)

@@ -201,8 +201,9 @@ class Broker(Protocol):
 
     async def enqueue_graph(self, items: Sequence[EnqueueParams]) -> list[TaskInfo]:
         """Create every task of ``items`` atomically, or nothing (a workflow): the first
-        refused item raises its TaskIDConflictError/DuplicateTaskError, also when an
-        earlier item of the call takes its id or unique key. An item's ``after`` names
+        refused item raises its TaskIDConflictError/DuplicateTaskError; a call that names
+        one id or unique key twice is refused before the storage is asked
+        (:func:`~durq.brokers.params.check_distinct`). An item's ``after`` names
         earlier items of the call only (:func:`~durq.brokers.dependencies.graph_edges`):
         it is stored ``waiting`` for as many and each of them lists it as a dependent, so
         the countdown of :mod:`~durq.brokers.dependencies` releases it. Returns the

@@ -28,6 +28,7 @@ from durq.brokers.base import (
     EnqueueParams,
     GroupParams,
     MemberOutcome,
+    check_distinct,
     fan_in_payload,
     follow_up_from,
     waiting_follow_up,
@@ -553,6 +554,7 @@ class PostgresStorage:
         earlier items (one multi-row insert, then one update of the edges); the first
         refused task raises (the transaction rolls everything back)."""
         edges = dependencies.graph_edges(items)
+        check_distinct(items, self.now())
         plain = [replace(p, after=()) for p in items]
         outcomes: list[EnqueueOutcome] = await self.drive(conn, self.plan(plain, None))
         for outcome in outcomes:

@@ -30,6 +30,7 @@ from durq.brokers.base import (
     EnqueueParams,
     GroupParams,
     MemberOutcome,
+    check_distinct,
     fan_in_payload,
     follow_up_from,
     minute_of,
@@ -630,6 +631,7 @@ class SQLiteStorage:
         refusal raises (the caller's transaction rolls everything back). Each dependency's
         list of dependents is written once, not appended to once per dependent."""
         edges = dependencies.graph_edges(items)
+        check_distinct(items, now)
         infos = [
             self.insert(conn, replace(p, after=()), now, record_queue=False, waits_for=len(e))
             for p, e in zip(items, edges, strict=True)

@@ -7,7 +7,6 @@
 -- ARGV[1] now ("" = TIME)  ARGV[2] number of tasks
 -- Per task i: ARGV[3+18i .. 19+18i] as ARGV of enqueue.lua, ARGV[20+18i] the 0-based
 -- indexes of the earlier tasks it waits for, comma-separated ("" = none).
--- The client refuses two tasks of one call with one id or unique key before the call.
 -- Returns {"ok", <the clock it read>} | {"conflict", <task index>, <HGETALL of the existing
 -- task>} | {"duplicate", <task index>, <task id>}.
 -- Complexity: O(n log m + e) for n tasks and e dependencies.
@@ -15,7 +14,8 @@ local n = tonumber(ARGV[2])
 local now_s = clock(ARGV[1])
 local now = tonumber(now_s)
 
--- First every check, then every write: a refusal leaves nothing behind.
+-- First every check, then every write: a refusal leaves nothing behind. (The client
+-- refused a call naming one id or unique key twice before sending it.)
 for i = 0, n - 1 do
   local ko, ao = 7 * i, 2 + 18 * i
   local refused = refusal(i, KEYS[ko + 1], KEYS[ko + 5], ARGV[ao + 12], now)
