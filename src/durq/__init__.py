@@ -40,6 +40,15 @@ from durq.task import TaskContext, TaskInfo
 from durq.taskdef import TaskDef
 from durq.worker import Worker
 from durq.worker.hooks import WorkerHooks
+from durq.workflows import (
+    Node,
+    NodeFailed,
+    Workflow,
+    WorkflowCycleError,
+    WorkflowError,
+    WorkflowFailedError,
+    WorkflowInfo,
+)
 
 __version__ = "0.1.0"
 
@@ -69,6 +78,8 @@ __all__ = [
     "InvalidPriorityError",
     "InvalidStateError",
     "Limit",
+    "Node",
+    "NodeFailed",
     "NotReady",
     "PayloadError",
     "QueueNotFoundError",
@@ -94,6 +105,11 @@ __all__ = [
     "Worker",
     "WorkerHooks",
     "WorkerInfo",
+    "Workflow",
+    "WorkflowCycleError",
+    "WorkflowError",
+    "WorkflowFailedError",
+    "WorkflowInfo",
     "capped_power_of_two",
     "exponential",
     "fixed",
