@@ -12,7 +12,7 @@ import secrets
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from durq.brokers import dependencies, limiter, mailbox
 from durq.brokers.base import (
@@ -451,12 +451,23 @@ class Store:
     def insert_graph(self, items: Sequence[EnqueueParams], now: float) -> list[Row]:
         """Create every task of a graph (``after`` naming earlier items), or raise the first
         refusal writing nothing."""
-        dependencies.graph_edges(items)
+        edges = dependencies.graph_edges(items)
         check_distinct(items, now)
         for p in items:
             self.check_insert(p, now)
-        # Each dependency is an earlier item, created unfinished: insert makes it hold.
-        return [self.insert(p, now) for p in items]
+        rows = [self.insert(replace(p, after=()), now) for p in items]
+        # Each dependency is an earlier item, created unfinished: every edge holds. Each
+        # list of dependents is written once (appending one by one re-encodes it each time).
+        listed: dict[int, list[tuple[str, str]]] = {}
+        for row, e in zip(rows, edges, strict=True):
+            if e:
+                self.move(row, WAITING)
+                row.waiting_for = len(e)
+                for j in e:
+                    listed.setdefault(j, []).append((row.queue, row.id))
+        for j, dependents in listed.items():
+            rows[j].dependents = json.dumps(dependents)
+        return rows
 
     def insert_group(self, p: GroupParams, now: float) -> list[Row]:
         """Create a group, its members and its follow-up (waiting for the group), or raise
