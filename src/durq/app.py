@@ -626,12 +626,14 @@ class App:
         with self._sending(list(created.values())) as sent:
             infos = await broker.enqueue_graph(sent)
         nodes = {name: self._created(info) for name, info in zip(order, infos, strict=True)}
-        return WorkflowInfo(
-            workflow.id,
-            workflow.name,
-            {n.name: nodes[n.name] for n in workflow.nodes},
-            workflow.finals(),
-        )
+        return WorkflowInfo(workflow.id, workflow.name, nodes, workflow.finals())
+
+    async def cancel_workflow(self, info: WorkflowInfo) -> int:
+        """Cancel every node of the workflow that has not finished: waiting, pending,
+        scheduled and retry nodes are archived "cancelled" at once, running ones are
+        cancelled by their workers. Returns how many nodes were cancelled; ``app.wait`` on
+        the workflow then raises WorkflowFailedError."""
+        return await workflows.cancel((await self.broker()).admin, info)
 
     # -- the sync face ------------------------------------------------------------------------
 
@@ -694,6 +696,10 @@ class App:
     def enqueue_workflow_sync(self, workflow: Workflow) -> WorkflowInfo:
         """Blocking :meth:`enqueue_workflow`."""
         return self._runner().run(lambda: self.enqueue_workflow(workflow))
+
+    def cancel_workflow_sync(self, info: WorkflowInfo) -> int:
+        """Blocking :meth:`cancel_workflow`."""
+        return self._runner().run(lambda: self.cancel_workflow(info))
 
     def run_sync(self, make: Callable[[], Awaitable[R]]) -> R:
         """Run ``make()`` (a coroutine using this app) on the sync face's loop."""

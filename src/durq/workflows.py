@@ -33,8 +33,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from durq import encryption as crypt
+from durq import lifecycle
 from durq.brokers.dependencies import MAX_AFTER
-from durq.errors import DurqError, TaskArchivedError, TaskNotFoundError, ValidationError
+from durq.errors import (
+    DurqError,
+    InvalidStateError,
+    TaskArchivedError,
+    TaskNotFoundError,
+    ValidationError,
+)
 from durq.names import check_node_name, check_queue
 from durq.options import new_task_id
 from durq.results import wait_for_end
@@ -280,7 +287,8 @@ class WorkflowInfo:
 
     id: str
     name: str
-    #: Each node's task, by node name, in the order the nodes were added.
+    #: Each node's task, by node name, in the order they were created: each after the nodes
+    #: it runs after.
     nodes: Mapping[str, TaskInfo]
     #: The nodes no other node runs after: ``app.wait`` returns their results.
     finals: tuple[str, ...]
@@ -429,10 +437,30 @@ async def _failure(
         name = root
     elif task is not None and (header_of(task.headers) or {}).get("on_failure") != "cancel":
         return None
-    what = "is gone" if task is None else f"failed: {task.last_error or 'no error recorded'}"
+    if task is None:
+        what = "is gone"
+    elif task.last_error == lifecycle.CANCELLED:
+        what = "was cancelled"
+    else:
+        what = f"failed: {task.last_error or 'no error recorded'}"
     return WorkflowFailedError(
         f"workflow {info.name!r} ({info.id}): node {name!r} {what}", node=name, info=task
     )
+
+
+async def cancel(admin: Admin, info: WorkflowInfo) -> int:
+    """Cancel every node of ``info`` that has not finished, the last created first (so a
+    waiting node is cancelled before the nodes it waits for could release it): a pending,
+    scheduled, retry or waiting one is archived "cancelled" at once, a running one is
+    flagged and its worker cancels its handler. Returns how many were cancelled."""
+    done = 0
+    for task in reversed(list(info.nodes.values())):
+        try:
+            await lifecycle.cancel_task(admin, task.queue, task.id)
+        except (TaskNotFoundError, InvalidStateError):
+            continue  # finished, or gone: nothing to cancel
+        done += 1
+    return done
 
 
 def _name_of(node: Node | str) -> str:

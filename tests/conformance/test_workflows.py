@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import durq
-from conformance.apps import FAST
+from conformance.apps import FAST, wait_for_state
 from conformance.conftest import requires
 from durq.brokers.base import CAP_CROSS_QUEUE_GROUPS, CAP_DEPENDENCIES, CAP_MULTI_PROCESS
 from durq.errors import ValidationError
@@ -250,3 +250,33 @@ async def test_the_sync_face_creates_and_waits(app: durq.App) -> None:
     info = await asyncio.to_thread(app.enqueue_workflow_sync, wf)
     async with app.worker(concurrency=1, **FAST):
         assert await asyncio.to_thread(app.wait_sync, info, timeout=LIMIT) == {"a": 4}
+
+
+async def test_cancelling_a_workflow_reaches_running_waiting_and_pending_nodes(
+    app: durq.App,
+) -> None:
+    started = asyncio.Event()
+    ran: list[str] = []
+
+    @app.task("wf:hang")
+    async def hang(payload: dict[str, Any]) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    _recorder(app, ran)
+    wf = durq.Workflow("cancelled")
+    running = wf.add("wf:hang", {}, name="running")
+    wf.add("wf:step", {"name": "waiting"}, name="waiting", after=[running])
+    wf.add("wf:step", {"name": "later"}, name="later", process_in=3600)
+    info = await app.enqueue_workflow(wf)
+    async with app.worker(concurrency=2, **FAST):
+        await asyncio.wait_for(started.wait(), LIMIT)
+        assert await app.cancel_workflow(info) == 3
+        with pytest.raises(durq.WorkflowFailedError, match="was cancelled"):
+            await app.wait(info, timeout=LIMIT)
+        await wait_for_state(app, "default", info.nodes["running"].id, TaskState.ARCHIVED)
+    assert ran == []
+    for task in info.nodes.values():
+        got = await app.inspector.get_task_info(task.queue, task.id)
+        assert (got.state, got.last_error) == (TaskState.ARCHIVED, "cancelled")
+    assert await app.cancel_workflow(info) == 0
