@@ -5,12 +5,15 @@ failed node means for the rest (``on_failure``)."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import durq
-from conformance.apps import FAST, wait_for_state
+from conformance.apps import FAST, marker_lines, wait_for_state, worker_process
 from conformance.conftest import requires
 from durq.brokers.base import CAP_CROSS_QUEUE_GROUPS, CAP_DEPENDENCIES, CAP_MULTI_PROCESS
 from durq.errors import ValidationError
@@ -280,3 +283,36 @@ async def test_cancelling_a_workflow_reaches_running_waiting_and_pending_nodes(
         got = await app.inspector.get_task_info(task.queue, task.id)
         assert (got.state, got.last_error) == (TaskState.ARCHIVED, "cancelled")
     assert await app.cancel_workflow(info) == 0
+
+
+async def test_a_kill_during_the_last_completion_releases_the_merge_once(
+    app: durq.App, broker_url: str, tmp_path: Path
+) -> None:
+    """SIGKILL the worker process the moment both branches' handlers returned: whatever
+    instant the kill lands in, after recovery the merge runs once, with both results."""
+    marker = tmp_path / "marker.txt"
+    wf = durq.Workflow("killed", queue="kill")
+    a = wf.add("test:returns", {"n": 1}, name="a")
+    b = wf.add("test:returns", {"n": 2}, name="b")
+    # Due a moment later: the killed process never runs it, the worker below does.
+    wf.add("test:returns", {"n": 3}, name="merge", after=[a, b], process_in=3)
+    with worker_process(broker_url, marker, lease=1.5) as proc:
+        info = await app.enqueue_workflow(wf)
+        deadline = time.monotonic() + 20
+        while sum(line[0] == "return" for line in marker_lines(marker)) < 2:
+            assert time.monotonic() < deadline, "the worker never ran both branches"
+            await asyncio.sleep(0.002)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(20)
+
+    runs: list[dict[str, Any]] = []
+
+    @app.task("test:returns", queue="kill")
+    def returns(payload: dict[str, Any], ctx: durq.TaskContext) -> dict[str, Any]:
+        if payload["n"] == 3:
+            runs.append(dict(ctx.dependencies))
+        return {"n": payload["n"]}
+
+    async with app.worker(queues=["kill"], lease_seconds=2, **FAST):
+        assert await app.wait(info, timeout=LIMIT) == {"merge": {"n": 3}}
+    assert runs == [{"a": {"n": 1}, "b": {"n": 2}}]
