@@ -316,3 +316,36 @@ async def test_a_kill_during_the_last_completion_releases_the_merge_once(
     async with app.worker(queues=["kill"], lease_seconds=2, **FAST):
         assert await app.wait(info, timeout=LIMIT) == {"merge": {"n": 3}}
     assert runs == [{"a": {"n": 1}, "b": {"n": 2}}]
+
+
+async def test_a_node_may_be_a_durable_task(app: durq.App) -> None:
+    """A node that records a step and sleeps durably: its dependents wait for its end, not
+    for its first attempt, and it reads its dependencies again when it resumes."""
+    calls: list[str] = []
+
+    @app.task("wf:first")
+    async def first(payload: dict[str, Any]) -> int:
+        return 20
+
+    @app.task("wf:durable")
+    async def durable(payload: dict[str, Any], ctx: durq.TaskContext) -> int:
+        def charge() -> int:
+            calls.append("charge")
+            return 1
+
+        charged = await ctx.step("charge", charge)
+        await ctx.sleep("cool-off", 0.3)
+        return int(ctx.dependencies["first"]) + charged
+
+    @app.task("wf:last")
+    async def last(payload: dict[str, Any], ctx: durq.TaskContext) -> int:
+        return int(ctx.dependencies["durable"]) * 2
+
+    wf = durq.Workflow("durable")
+    a = wf.add("wf:first", {}, name="first")
+    b = wf.add("wf:durable", {}, name="durable", after=[a])
+    wf.add("wf:last", {}, name="last", after=[b])
+    info = await app.enqueue_workflow(wf)
+    async with app.worker(concurrency=2, **FAST):
+        assert await app.wait(info, timeout=LIMIT) == {"last": 42}
+    assert calls == ["charge"]
