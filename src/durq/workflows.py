@@ -419,6 +419,8 @@ async def wait_for(
     finally:
         for w in waits:
             w.cancel()
+        # Collected, so that a second failure at the same moment is not logged as unread.
+        await asyncio.gather(*waits, return_exceptions=True)
     return {name: results[name] for name in info.finals if name in results}
 
 
