@@ -378,9 +378,12 @@ class Model:
 
     def promote(self) -> None:
         """E2: due scheduled and retry tasks become pending (a claim forwards them first;
-        before that the inspector still sees, and may run, a due scheduled task)."""
+        before that the inspector still sees, and may run, a due scheduled task); so do
+        waits for a signal whose time ran out (W19: only the promoter ends those)."""
         for task in self.tasks.values():
             if task.state in (SCHEDULED, RETRY) and task.due <= self.now:
+                task.state = PENDING
+            elif task.state == WAITING and task.awaits is not None and task.due <= self.now:
                 task.state = PENDING
 
     def claim_order(self, queue: str) -> list[Task]:
@@ -539,20 +542,21 @@ class Model:
         return True
 
     def wait(self, key: tuple[str, str], token: str, delay: float, name: str) -> bool:
-        """A wait for the signal ``name`` (W19, a snooze a signal ends early): scheduled for
-        ``delay``, or pending now when that signal was delivered already."""
+        """A wait for the signal ``name`` (W19, a snooze a signal ends early): waiting until
+        the signal comes or ``delay`` passes, or pending now when that signal was delivered
+        already."""
         task = self._held(key, token)
         if task is None:
             return False
         self._release(task)
         came = name in task.signals
-        self._end(task, PENDING if came else SCHEDULED)
+        self._end(task, PENDING if came else WAITING)
         task.due = self.now if came else self.now + delay
         task.awaits = name
         return True
 
     def signal(self, key: tuple[str, str], name: str) -> str:
-        """W19: stored once; a task scheduled while it waits for this name is due now."""
+        """W19: stored once; a task waiting for this name is due now."""
         task = self.live(key)
         if task is None:
             raise Refused("not found")
@@ -561,7 +565,7 @@ class Model:
         if task.state in (COMPLETED, ARCHIVED):
             return "finished"
         task.signals.add(name)
-        if task.state == SCHEDULED and task.awaits == name:
+        if task.state == WAITING and task.awaits == name:
             task.state, task.due = PENDING, self.now
             return "woken"
         return "kept"

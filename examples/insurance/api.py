@@ -1,5 +1,6 @@
-"""The HTTP API: ``POST /orders``, ``GET /orders/{id}``, ``GET /health`` (and ``GET /``, a
-pointer to these and to the docs).
+"""The HTTP API: ``POST /orders``, ``GET /orders/{id}``, ``GET /health``, the insurance
+partner's callback ``POST /partner/callbacks/coverage`` (and ``GET /``, a pointer to these and
+to the docs).
 
 Run as a monolith (the worker inside this process, ``INSURANCE_MONOLITH=1``, the default)::
 
@@ -35,14 +36,23 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import durq
-from durq.web import already_accepted, unavailable
+from durq.web import already_accepted, signal_answer, unavailable
 from durq.web.asgi import durq_lifespan, get_durq, to_response
 
 from .config import Settings
 from .health import HealthProbe
 from .logs import setup_logging
+from .partners import SIGNATURE_HEADER, CoverageCallback, PartnerProtocolError, signed_by_partner
 from .store import NewOrder, Order
-from .tasks import COVERAGE_QUEUE, Runtime, build, enqueue_coverage
+from .tasks import (
+    COVERAGE_QUEUE,
+    PARTNER_ANSWER,
+    Runtime,
+    build,
+    coverage_task_id,
+    enqueue_coverage,
+    partner_answer,
+)
 
 log = logging.getLogger("insurance.api")
 
@@ -174,7 +184,7 @@ def order_ids(customer: str, key: str | None) -> tuple[str, str]:
     else:
         digest = hashlib.sha256(f"{customer}\0{key}".encode()).hexdigest()[:24]
     order_id = f"ord_{digest}"
-    return order_id, f"coverage:{order_id}"
+    return order_id, coverage_task_id(order_id)
 
 
 def request_hash(order: OrderIn) -> str:
@@ -209,6 +219,8 @@ def service_index() -> dict[str, Any]:
             "202 queued with Location, 200 already accepted, 503 broker down",
             "GET /orders/{order_id}": "the order's status, for its owner",
             "GET /health": "the broker probe and the partners' circuit breakers",
+            "POST /partner/callbacks/coverage": "the insurance partner's decision, signed "
+            "with the shared secret (X-Partner-Signature)",
             "GET /openapi.json": "the OpenAPI schema of this API",
         },
         "docs": {
@@ -379,8 +391,8 @@ def create_app(settings: Settings | None = None, *, configure_logging: bool = Tr
     api.state.probe = probe
     api.state.tokens = tokens
 
-    async def read_order(request: Request) -> OrderIn:
-        """The body, bounded in size, parsed and validated; 4xx before anything is saved."""
+    async def read_body(request: Request) -> bytes:
+        """The raw body, 413 past ``max_body`` (read no further)."""
         length = request.headers.get("content-length")
         if length is not None and (
             not (length.isascii() and length.isdigit()) or int(length) > settings.max_body
@@ -392,7 +404,11 @@ def create_app(settings: Settings | None = None, *, configure_logging: bool = Tr
             if size > settings.max_body:
                 raise ApiError(413, "body_too_large", f"the body exceeds {settings.max_body} bytes")
             chunks.append(chunk)
-        raw = b"".join(chunks)
+        return b"".join(chunks)
+
+    async def read_order(request: Request) -> OrderIn:
+        """The body, bounded in size, parsed and validated; 4xx before anything is saved."""
+        raw = await read_body(request)
         try:
             # pydantic-core's parser refuses nesting past a fixed depth (200); the standard
             # library's stops at the interpreter's recursion limit, which other code in the
@@ -494,6 +510,50 @@ def create_app(settings: Settings | None = None, *, configure_logging: bool = Tr
             info = await durq_app.inspector.get_task_info(COVERAGE_QUEUE, order.task_id)
             task_state = info.state.value
         return order_out(order, task_state)
+
+    @api.post(
+        "/partner/callbacks/coverage",
+        responses={
+            200: {"description": "taken (delivered, or already delivered: sent twice)"},
+            403: _error("no or a wrong signature, or callbacks not configured; nothing taken"),
+            404: _error("no such order"),
+            409: _error("the order's coverage task has ended: the callback changes nothing"),
+            413: _error("the body is larger than the limit"),
+            422: _error("not a decision the partner's contract allows"),
+            503: _error("the task broker is unavailable; nothing taken, send again"),
+        },
+    )
+    async def partner_callback(request: Request, durq_app: Client) -> Any:
+        """The insurance partner's decision on an order, POSTed to the ``callback_url`` its
+        coverage request carried: with a valid signature it becomes the signal the order's
+        coverage task waits for (``durq.web.signal_answer``), so the order ends without
+        waiting for the next poll. The partner may send it twice (one outcome) or never
+        (the task polls); a callback after the task ended is answered 409."""
+        raw = await read_body(request)
+        # The signature first: nothing of an unauthenticated body is read or acted on.
+        if not signed_by_partner(
+            settings.partner_secret, raw, request.headers.get(SIGNATURE_HEADER)
+        ):
+            raise ApiError(403, "invalid_signature", f"{SIGNATURE_HEADER} is missing or wrong")
+        try:
+            callback = CoverageCallback.model_validate_json(raw)
+            answer = partner_answer(callback)
+        except (ValidationError, PartnerProtocolError) as exc:
+            raise ApiError(422, "invalid_callback", f"not a coverage decision: {exc}") from None
+        if not _ORDER_ID.fullmatch(callback.order_id):
+            raise ApiError(404, "not_found", "no such order")
+        task_id = coverage_task_id(callback.order_id)
+        signalled = await signal_answer(
+            durq_app, task_id, PARTNER_ANSWER, answer, queue=COVERAGE_QUEUE
+        )
+        outcome = signalled.body.get("status") or signalled.body["error"]["code"]
+        fields = {
+            "order_id": callback.order_id,
+            "task_id": task_id,
+            "status": signalled.status_code,
+        }
+        log.info("partner callback %s", outcome, extra=fields)
+        return to_response(signalled)
 
     @api.get("/", include_in_schema=False)
     async def index(request: Request) -> Any:

@@ -60,6 +60,11 @@ class Settings:
     tokens: Mapping[str, str] = field(default_factory=dict)
     #: The insurance partner's base URL.
     partner_url: str = "http://127.0.0.1:8100"
+    #: Where the partner POSTs its decision: this service's ``/partner/callbacks/coverage``
+    #: as the partner reaches it. Empty: no callback is asked for, polling alone.
+    callback_url: str = ""
+    #: The secret shared with the partner: a callback is taken only with its signature.
+    partner_secret: str = field(default="", repr=False)
     #: Warehouse systems for the availability fan-out: name -> base URL.
     warehouses: Mapping[str, str] = field(default_factory=dict)
     #: Seed: "after 20 attempts the task is FAILED".
@@ -116,6 +121,11 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")
+        if self.callback_url and not self.partner_secret:
+            raise ConfigError(
+                "INSURANCE_CALLBACK_URL needs INSURANCE_PARTNER_SECRET: unsigned callbacks "
+                "are refused"
+            )
         if self.log_format not in ("text", "json"):
             raise ConfigError("INSURANCE_LOG_FORMAT is text or json")
         try:
@@ -136,6 +146,8 @@ class Settings:
             "INSURANCE_DATABASE_SCHEMA": self.database_schema,
             "INSURANCE_TOKENS": _pairs(self.tokens),
             "INSURANCE_PARTNER_URL": self.partner_url,
+            "INSURANCE_CALLBACK_URL": self.callback_url,
+            "INSURANCE_PARTNER_SECRET": self.partner_secret,
             "INSURANCE_PARTNER_RATE": self.partner_rate,
             "INSURANCE_WAREHOUSES": _pairs(self.warehouses),
             "INSURANCE_MONOLITH": "1" if self.monolith else "0",
@@ -178,6 +190,8 @@ class Settings:
             database_schema=env.get("INSURANCE_DATABASE_SCHEMA", "insurance"),
             tokens=parse_pairs(env.get("INSURANCE_TOKENS", ""), "INSURANCE_TOKENS"),
             partner_url=env.get("INSURANCE_PARTNER_URL", cls.partner_url).rstrip("/"),
+            callback_url=env.get("INSURANCE_CALLBACK_URL", ""),
+            partner_secret=env.get("INSURANCE_PARTNER_SECRET", ""),
             partner_rate=env.get("INSURANCE_PARTNER_RATE") or cls.partner_rate,
             warehouses=parse_pairs(env.get("INSURANCE_WAREHOUSES", ""), "INSURANCE_WAREHOUSES"),
             monolith=flag("MONOLITH", True),

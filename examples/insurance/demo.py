@@ -27,8 +27,9 @@ from .serve import QuietServer, bind, make_server
 
 log = logging.getLogger("insurance.demo")
 
-#: The demo partner: a little slow, "pending" three times before it confirms.
-DEMO_PARTNER = partner_sim.SimConfig(latency=0.2, pending_polls=3)
+#: The demo partner: a little slow, "pending" three times before it confirms, and its
+#: callback 3 s after the request: the order shows a poll or two, then ends at the callback.
+DEMO_PARTNER = partner_sim.SimConfig(latency=0.2, pending_polls=3, callback_delay=3.0)
 
 
 def banner(api_url: str, sim_url: str, broker_url: str, token: str, key: str) -> str:
@@ -55,7 +56,8 @@ def banner(api_url: str, sim_url: str, broker_url: str, token: str, key: str) ->
             f"  {create}",
             "Repeat it with the same Idempotency-Key (200 already_accepted, nothing new):",
             f"  {create}",
-            "Read its status (PENDING while the partner checks, then COVERED with a policy):",
+            "Read its status (PENDING while the partner checks, then COVERED with a policy,"
+            " by the partner's callback):",
             f"  {status}",
             f"Health: curl -s {api_url}/health",
             f"Dashboard (another terminal): {dash}",
@@ -76,6 +78,7 @@ async def serve(
     base = settings or Settings.from_env()
     setup_logging(base.log_format, base.log_level)
     token = secrets.token_urlsafe(12)
+    partner_secret = secrets.token_urlsafe(16)  # shared by the simulator and the service
     sim_sock = bind(host, 0)
     api_sock = bind(host, port)
     sim_url = f"http://{host}:{sim_sock.getsockname()[1]}"
@@ -84,9 +87,12 @@ async def serve(
         tokens={token: "demo"},
         partner_url=sim_url,
         warehouses={name: sim_url for name in partner_sim.WAREHOUSES},
+        callback_url=f"{api_url}/partner/callbacks/coverage",
+        partner_secret=partner_secret,
         monolith=True,
     )
-    sim: QuietServer = make_server(partner_sim.create_app(DEMO_PARTNER))
+    partner = DEMO_PARTNER.model_copy(update={"callback_secret": partner_secret})
+    sim: QuietServer = make_server(partner_sim.create_app(partner))
     api: QuietServer = make_server(create_app(settings, configure_logging=False))
 
     loop = asyncio.get_running_loop()

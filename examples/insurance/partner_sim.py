@@ -2,11 +2,15 @@
 
 The insurance partner works like a real one that answers later: it *accepts* a coverage request ("we are
 checking, ask again later"), answers ``pending`` to the next ``pending_polls`` status calls,
-then ``confirmed`` with a policy number. Knobs (``PUT /_sim/config``): latency, pending
-answers before success, error rate, an outage switch, warehouses that are down, SKUs that are
-rejected. It publishes its OpenAPI document at ``/openapi.json``; the service's client
-(``partners.py``) is typed against it, and ``tests/insurance/test_partner_contract.py`` keeps
-the two in step.
+then ``confirmed`` with a policy number. A request that carries a ``callback_url`` also gets
+the decision POSTed there ``callback_delay`` seconds later, signed with the shared secret, as
+insurers with callbacks do, including their faults: a callback may never come
+(``callback_copies=0``) or come twice (``2``); one the service does not take (no answer, a
+5xx) is sent again twice. Polling keeps working either way. Knobs (``PUT /_sim/config``):
+latency, pending answers before success, error rate, an outage switch, warehouses that are
+down, SKUs that are rejected, the callbacks'. It publishes its OpenAPI document at
+``/openapi.json``, the callback included; the service's client (``partners.py``) is typed
+against it, and ``tests/insurance/test_partner_contract.py`` keeps the two in step.
 
 Run alone: ``uvicorn examples.insurance.partner_sim:create_app --factory --port 8100``.
 """
@@ -15,11 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
+import json
 import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fastapi import FastAPI, HTTPException, Query, Request
+import httpx
+from fastapi import APIRouter, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,10 +41,12 @@ class CoverageItem(BaseModel):
 
 
 class CoverageRequest(BaseModel):
-    """Ask the partner to cover an order; idempotent by ``order_id``."""
+    """Ask the partner to cover an order; idempotent by ``order_id``. With a
+    ``callback_url``, the decision is also POSTed there (:class:`CoverageCallback`)."""
 
     order_id: str
     items: list[CoverageItem]
+    callback_url: str | None = None
 
 
 class CoverageTicket(BaseModel):
@@ -54,6 +63,27 @@ class CoverageStatus(BaseModel):
     status: Literal["pending", "confirmed", "rejected"]
     policy_number: str | None = None
     reason: str | None = None
+
+
+class CoverageCallback(BaseModel):
+    """The decision on a request that carried a ``callback_url``, POSTed there with the
+    header ``X-Partner-Signature: sha256=<hex HMAC-SHA256 of the body under the shared
+    secret>``. It may come twice, or not at all: the status call stays the reference."""
+
+    order_id: str
+    request_id: str
+    status: Literal["confirmed", "rejected"]
+    policy_number: str | None = None
+    reason: str | None = None
+
+
+#: The callback's signature header.
+SIGNATURE_HEADER = "X-Partner-Signature"
+
+
+def sign(secret: str, body: bytes) -> str:
+    """The signature header's value for ``body``."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
 class StockLevel(BaseModel):
@@ -88,6 +118,17 @@ class SimConfig(BaseModel):
     warehouse_latency: float = Field(default=0.0, ge=0, le=30)
     stock: int = Field(default=100, ge=0, description="units of every SKU in every warehouse")
     reject_skus: list[str] = Field(default_factory=list)
+    callback_delay: float = Field(
+        default=0.5,
+        ge=0,
+        le=60,
+        description="seconds from accepting a request with a callback_url to POSTing the "
+        "decision there; 0: before answering the request",
+    )
+    callback_copies: int = Field(
+        default=1, ge=0, le=5, description="how often the decision is POSTed: 0 never, 2 twice"
+    )
+    callback_secret: str = Field(default="", description="the secret callbacks are signed with")
     seed: int | None = None
 
 
@@ -99,13 +140,18 @@ class SimStats(BaseModel):
     in_flight: int
     max_in_flight: int
     requests: int
+    #: The status code of every callback POST, in order (0: no answer).
+    callbacks: list[int]
 
 
 @dataclass
 class _Request:
     id: str
+    order_id: str
     items: list[CoverageItem]
     polls: int = 0
+    #: The decision was called back: the status call gives it too, however few the polls.
+    decided: bool = False
 
 
 @dataclass
@@ -117,7 +163,10 @@ class _State:
     failed: int = 0
     in_flight: int = 0
     max_in_flight: int = 0
+    callbacks: list[int] = field(default_factory=list)
     rng: random.Random = field(default_factory=random.Random)
+    #: Callbacks on their way (a reference each, so none is collected mid-flight).
+    sending: set[asyncio.Task[None]] = field(default_factory=set)
 
 
 WAREHOUSES = ("north", "south", "east")
@@ -163,21 +212,81 @@ def create_app(config: SimConfig | None = None) -> FastAPI:
         503: {"model": PartnerError},
     }
 
+    def decision(req: _Request) -> CoverageStatus:
+        """Rejected if an item's SKU is in ``reject_skus``, else confirmed."""
+        rejected = [i.sku for i in req.items if i.sku in state.config.reject_skus]
+        if rejected:
+            return CoverageStatus(
+                request_id=req.id,
+                status="rejected",
+                reason=f"not insurable: {', '.join(rejected)}",
+            )
+        policy = "POL-" + hashlib.sha256(req.id.encode()).hexdigest()[:10].upper()
+        return CoverageStatus(request_id=req.id, status="confirmed", policy_number=policy)
+
+    async def call_back(req: _Request, url: str) -> None:
+        """POST the decision to ``url`` ``callback_copies`` times; a copy the service does not
+        take (no answer, 5xx) is tried twice more. The decision is made now, for good."""
+        cfg = state.config
+        req.decided = True
+        made = decision(req)
+        body = json.dumps(
+            CoverageCallback(order_id=req.order_id, **made.model_dump()).model_dump()
+        ).encode()
+        headers = {"Content-Type": "application/json"}
+        if cfg.callback_secret:
+            headers[SIGNATURE_HEADER] = sign(cfg.callback_secret, body)
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            for _ in range(cfg.callback_copies):
+                for retry in range(3):
+                    try:
+                        status = (await client.post(url, content=body, headers=headers)).status_code
+                    except httpx.HTTPError:
+                        status = 0
+                    state.callbacks.append(status)
+                    if 0 < status < 500:
+                        break
+                    await asyncio.sleep(0.1 * 2**retry)
+
+    async def call_back_later(req: _Request, url: str) -> None:
+        await asyncio.sleep(state.config.callback_delay)
+        await call_back(req, url)
+
+    #: What the partner POSTs to a request's ``callback_url`` (published in the OpenAPI
+    #: document with the request operation).
+    callback = APIRouter()
+
+    @callback.post("{$request.body#/callback_url}", status_code=200)
+    def coverage_decided(
+        body: CoverageCallback,
+        x_partner_signature: str = Header(description="sha256=<hex HMAC-SHA256 of the body>"),
+    ) -> None:
+        """The decision on the request. Answer 2xx to take it; no answer or a 5xx is sent
+        again; any other answer is final."""
+
     @api.post(
         "/v1/coverage",
         status_code=202,
         response_model=CoverageTicket,
         responses={**errors, 422: {"model": PartnerError}},
+        callbacks=callback.routes,
         tags=["insurance"],
     )
     async def request_coverage(body: CoverageRequest, request: Request) -> CoverageTicket:
-        """Accept a coverage request; the same ``order_id`` gives the same ticket."""
+        """Accept a coverage request; the same ``order_id`` gives the same ticket. With a
+        ``callback_url``, the decision is POSTed there too, once decided."""
         await partner_call(request)
         request_id = state.by_order.get(body.order_id)
         if request_id is None:
             request_id = "cov_" + hashlib.sha256(body.order_id.encode()).hexdigest()[:16]
             state.by_order[body.order_id] = request_id
-            state.requests[request_id] = _Request(request_id, body.items)
+            req = state.requests[request_id] = _Request(request_id, body.order_id, body.items)
+            if body.callback_url and state.config.callback_delay == 0:
+                await call_back(req, body.callback_url)  # decided at once, before the ticket
+            elif body.callback_url:
+                sending = asyncio.create_task(call_back_later(req, body.callback_url))
+                state.sending.add(sending)
+                sending.add_done_callback(state.sending.discard)
         return CoverageTicket(request_id=request_id, status="pending")
 
     @api.get(
@@ -193,17 +302,9 @@ def create_app(config: SimConfig | None = None) -> FastAPI:
         if req is None:
             raise HTTPException(404, "unknown coverage request")
         req.polls += 1
-        if req.polls <= state.config.pending_polls:
+        if req.polls <= state.config.pending_polls and not req.decided:
             return CoverageStatus(request_id=request_id, status="pending")
-        rejected = [i.sku for i in req.items if i.sku in state.config.reject_skus]
-        if rejected:
-            return CoverageStatus(
-                request_id=request_id,
-                status="rejected",
-                reason=f"not insurable: {', '.join(rejected)}",
-            )
-        policy = "POL-" + hashlib.sha256(request_id.encode()).hexdigest()[:10].upper()
-        return CoverageStatus(request_id=request_id, status="confirmed", policy_number=policy)
+        return decision(req)
 
     @api.get(
         "/v1/warehouses/{warehouse}/stock",
@@ -242,6 +343,7 @@ def create_app(config: SimConfig | None = None) -> FastAPI:
             in_flight=state.in_flight,
             max_in_flight=state.max_in_flight,
             requests=len(state.requests),
+            callbacks=list(state.callbacks),
         )
 
     @api.post("/_sim/reset", response_model=SimStats, tags=["simulator"])
@@ -249,7 +351,10 @@ def create_app(config: SimConfig | None = None) -> FastAPI:
         """Zero the counters; with ``forget=true`` also restore the start-up knobs and drop
         every coverage request."""
         state.calls = state.failed = state.max_in_flight = 0
+        state.callbacks.clear()
         if forget:
+            for sending in list(state.sending):  # an earlier test's callbacks stay untold
+                sending.cancel()
             state.config = initial
             state.requests.clear()
             state.by_order.clear()

@@ -7,11 +7,15 @@
   circuit breaker and bulkhead; every call has its own deadline.
 * The warehouse fan-out runs under one overall deadline and its error names the systems that
   did not answer.
+* The partner's callback (its decision, POSTed to the URL a coverage request carried) is
+  bound here too, with the check of its signature.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -38,6 +42,7 @@ class CoverageItem(BaseModel):
 class CoverageRequest(BaseModel):
     order_id: str
     items: list[CoverageItem]
+    callback_url: str | None = None
 
 
 class CoverageTicket(BaseModel):
@@ -48,6 +53,14 @@ class CoverageTicket(BaseModel):
 class CoverageStatus(BaseModel):
     request_id: str
     status: Literal["pending", "confirmed", "rejected"]
+    policy_number: str | None = None
+    reason: str | None = None
+
+
+class CoverageCallback(BaseModel):
+    order_id: str
+    request_id: str
+    status: Literal["confirmed", "rejected"]
     policy_number: str | None = None
     reason: str | None = None
 
@@ -64,6 +77,7 @@ CONTRACT: dict[str, type[BaseModel]] = {
     "CoverageRequest": CoverageRequest,
     "CoverageTicket": CoverageTicket,
     "CoverageStatus": CoverageStatus,
+    "CoverageCallback": CoverageCallback,
     "StockLevel": StockLevel,
 }
 #: Operations the client calls: (method, path) -> (request model, response model, status).
@@ -72,6 +86,19 @@ OPERATIONS: dict[tuple[str, str], tuple[str | None, str, int]] = {
     ("get", "/v1/coverage/{request_id}"): (None, "CoverageStatus", 200),
     ("get", "/v1/warehouses/{warehouse}/stock"): (None, "StockLevel", 200),
 }
+
+
+#: The header that carries the callback's signature.
+SIGNATURE_HEADER = "X-Partner-Signature"
+
+
+def signed_by_partner(secret: str, body: bytes, signature: str | None) -> bool:
+    """Whether ``signature`` is ``sha256=`` and the hex HMAC-SHA256 of ``body`` under the
+    secret shared with the partner (compared in constant time). No secret: nothing is."""
+    if not secret or not signature:
+        return False
+    expected = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected.encode(), signature.strip().encode())
 
 
 class PartnerProtocolError(Exception):
@@ -159,10 +186,14 @@ class InsurancePartner:
     def __init__(self, system: PartnerSystem) -> None:
         self.system = system
 
-    async def request_coverage(self, order_id: str, items: Sequence[CoverageItem]) -> str:
-        """Submit (idempotent by ``order_id`` at the partner); returns the request id."""
-        body = CoverageRequest(order_id=order_id, items=list(items))
-        response = await self.system.call("POST", "/v1/coverage", json=body.model_dump())
+    async def request_coverage(
+        self, order_id: str, items: Sequence[CoverageItem], callback_url: str | None = None
+    ) -> str:
+        """Submit (idempotent by ``order_id`` at the partner); returns the request id. With a
+        ``callback_url`` the partner also POSTs its decision there."""
+        body = CoverageRequest(order_id=order_id, items=list(items), callback_url=callback_url)
+        payload = body.model_dump(exclude_none=True)
+        response = await self.system.call("POST", "/v1/coverage", json=payload)
         ticket: CoverageTicket = parse(CoverageTicket, response, self.system.name)
         return ticket.request_id
 

@@ -42,8 +42,16 @@ def make_server(app: Any, *, log_level: str = "warning") -> QuietServer:
 class BackgroundServer:
     """An ASGI app served by uvicorn on a free loopback port, in its own thread and loop."""
 
-    def __init__(self, app: Any, *, port: int = 0, log_level: str = "warning") -> None:
-        self.sock = bind(port=port)
+    def __init__(
+        self,
+        app: Any,
+        *,
+        port: int = 0,
+        sock: socket.socket | None = None,
+        log_level: str = "warning",
+    ) -> None:
+        # A socket bound beforehand gives the URL before the app exists (its callback URL).
+        self.sock = sock or bind(port=port)
         self.port: int = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = make_server(app, log_level=log_level)

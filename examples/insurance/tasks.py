@@ -1,12 +1,16 @@
-"""The coverage task: polling the insurance partner, as one durable durq task.
+"""The coverage task: the insurance partner's answer, by its callback or by polling, as one
+durable durq task.
 
 The polling loop step by step, and who does it:
 
 * "find due tasks with FOR UPDATE SKIP LOCKED LIMIT 50": the durq worker's claim;
 * "call the partner with a per-call deadline": :func:`request_coverage` and
   :func:`coverage_status` via ``partners.py``, each recorded as a step of the task;
-* "still pending: reschedule with min(2^n, 300) s": ``ctx.sleep`` for :func:`poll_delay`
-  (the broker keeps the time, not this process; the task holds no worker while it waits);
+* "still pending: reschedule with min(2^n, 300) s": ``ctx.wait_for`` the partner's answer
+  for :func:`poll_delay` (the broker keeps the time, not this process; the task holds no
+  worker while it waits). The partner's callback, which the API's webhook turns into the
+  signal :data:`PARTNER_ANSWER`, ends the wait at once; without it the wait times out and
+  the task polls once;
 * "after 20 attempts: FAILED + ERROR log": after the 20th "pending" the handler marks the
   order FAILED and durq archives the task with its ERROR alert line;
 * "success: COMPLETED and the business flow continues": the order becomes COVERED with
@@ -39,7 +43,9 @@ from durq.web import Answer, answer_for_error, queued, unavailable
 
 from .config import Settings
 from .partners import (
+    CoverageCallback,
     CoverageItem,
+    CoverageStatus,
     InsurancePartner,
     PartnerProtocolError,
     PartnerSystem,
@@ -58,8 +64,16 @@ log = logging.getLogger("insurance.coverage")
 COVERAGE_TASK = "insurance:check_coverage"
 COVERAGE_QUEUE = "insurance"
 FINALIZE_TASK = "insurance:finalize"
+#: The signal that carries the partner's decision from its callback to the waiting task.
+PARTNER_ANSWER = "partner-answer"
 #: The coverage task's continuation: only when it is archived (a failure handler).
 FINALIZE = durq.Then(FINALIZE_TASK, queue=COVERAGE_QUEUE, on_archived=True, on_completed=False)
+
+
+def coverage_task_id(order_id: str) -> str:
+    """The id of an order's coverage task: one task per order, found again by the order id
+    (a retried request, the partner's callback)."""
+    return f"coverage:{order_id}"
 
 
 class CoveragePayload(BaseModel):
@@ -220,8 +234,9 @@ async def request_coverage(runtime: Runtime, order: Order) -> str:
         if short:
             raise PermanentFailure(f"out of stock: {', '.join(sorted(short))}")
     items = [CoverageItem(sku=i["sku"], qty=int(i["qty"])) for i in order.items]
+    callback_url = runtime.settings.callback_url or None  # none configured: polling alone
     ref = await retry_briefly(
-        lambda: runtime.insurance.request_coverage(order.id, items), budget=budget
+        lambda: runtime.insurance.request_coverage(order.id, items, callback_url), budget=budget
     )
     await runtime.store.set_external_ref(order.id, ref)
     return ref
@@ -233,14 +248,36 @@ async def coverage_status(runtime: Runtime, ref: str) -> dict[str, Any]:
     answer (the attempt fails and durq retries it with the backoff)."""
     budget = runtime.settings.in_memory_wait
     status = await retry_briefly(lambda: runtime.insurance.coverage_status(ref), budget=budget)
-    if status.status == "confirmed" and not status.policy_number:
+    return partner_answer(status)
+
+
+def partner_answer(said: CoverageStatus | CoverageCallback) -> dict[str, Any]:
+    """What the task records of the partner's answer, polled or called back: ``{"status",
+    "policy", "reason"}``; :class:`PartnerProtocolError` for a confirmation without a policy
+    number."""
+    if said.status == "confirmed" and not said.policy_number:
         raise PartnerProtocolError("insurance: confirmed without a policy number")
-    return {"status": status.status, "policy": status.policy_number, "reason": status.reason}
+    return {"status": said.status, "policy": said.policy_number, "reason": said.reason}
+
+
+async def called_back(ctx: durq.TaskContext, n: int, delay: float) -> dict[str, Any] | None:
+    """Wait up to ``delay`` s, holding no worker, for the partner's answer by callback
+    (:data:`PARTNER_ANSWER`): the answer, or ``None`` once the wait is over without it (time
+    for poll ``n``). Each wait is its own step, ``answer-n``; the signal comes once, to the
+    wait under way or, if it comes while the task runs, to the next one at once."""
+    try:
+        answer: dict[str, Any] = await ctx.wait_for(
+            PARTNER_ANSWER, timeout=delay, step=f"answer-{n}"
+        )
+    except durq.SignalTimeoutError:
+        return None
+    return answer
 
 
 def poll_delay(settings: Settings, polls: int) -> float:
-    """How long to wait after the ``polls``-th "pending": ``min(base * 2**(polls - 1), cap)``
-    seconds (by default ``min(2**n, 300)``, n counted from 0)."""
+    """How long to wait for the callback before poll ``polls`` (after the request, or the
+    ``polls - 1``-th "pending"): ``min(base * 2**(polls - 1), cap)`` seconds (by default
+    ``min(2**n, 300)``, n counted from 0)."""
     return float(min(settings.backoff_base * 2 ** min(polls - 1, 62), settings.backoff_cap))
 
 
@@ -263,17 +300,18 @@ def register(app: durq.App, runtimes: Runtimes, settings: Settings) -> durq.Task
         retry_delay=retry_policy(settings),
         timeout=timeout,
         retention=7 * 24 * 3600,
-        # One attempt makes one call to the insurance partner: its bulkhead and its rate
+        # One attempt makes one call at most to the insurance partner: its bulkhead and rate
         # hold across every worker process and pod, counted by the broker.
         limit=partner_limit(settings),
     )
     async def check_coverage(payload: CoveragePayload, ctx: durq.TaskContext) -> dict[str, Any]:
-        """One order, as one durable task: request coverage, then poll the partner, sleeping
-        with the capped backoff between "pending" answers, until it is covered or given up.
+        """One order, as one durable task: request coverage, then wait for the partner's
+        callback with the capped backoff as the timeout, polling once after each wait that
+        ends without it, until the order is covered or given up.
 
-        Each poll's answer is recorded as a step and each wait is a durable sleep, so a run
-        after a sleep (or after a crash or a deploy) replays what is recorded and makes only
-        the next call. Sleeps hold no worker slot and no partner token."""
+        Each wait and each poll's answer is recorded as a step, so a run after a wait (or
+        after a crash or a deploy) replays what is recorded and makes only the next call.
+        Waits hold no worker slot and no partner token."""
         runtime = await runtimes.get()
         store = runtime.store
         fields = {"order_id": payload.order_id, "task_id": ctx.id, "attempt": ctx.attempt}
@@ -286,8 +324,10 @@ def register(app: durq.App, runtimes: Runtimes, settings: Settings) -> durq.Task
         try:
             ref = await ctx.step("request", request_coverage, runtime, order)
             while True:
-                polls += 1
-                answer = await ctx.step(f"status-{polls}", coverage_status, runtime, ref)
+                answer = await called_back(ctx, polls + 1, poll_delay(settings, polls + 1))
+                if answer is None:  # no callback in time: poll
+                    polls += 1
+                    answer = await ctx.step(f"status-{polls}", coverage_status, runtime, ref)
                 if answer["status"] != "pending":
                     break
                 reason = "coverage pending at the insurance partner"
@@ -299,7 +339,6 @@ def register(app: durq.App, runtimes: Runtimes, settings: Settings) -> durq.Task
                     log.warning("order FAILED after %d attempts: %s", polls, reason, extra=fields)
                     raise durq.SkipRetry(f"gave up after {polls} polls: {reason}", alert=True)
                 await store.record_attempt(order.id, polls, reason)
-                await ctx.sleep(f"wait-{polls}", poll_delay(settings, polls))
         except PermanentFailure as exc:
             await store.mark_failed(order.id, str(exc), max(polls, 1))
             log.warning("order FAILED: %s", exc, extra=fields)

@@ -38,6 +38,7 @@ from durq.states import TaskState
 from durq.steps import TaskStep
 from durq.task import TaskContext, TaskInfo
 from durq.taskdef import TaskDef
+from durq.uniqueness import Unique
 from durq.worker import Worker
 from durq.worker.hooks import WorkerHooks
 from durq.workflows import (
@@ -101,6 +102,7 @@ __all__ = [
     "TaskState",
     "TaskStep",
     "Then",
+    "Unique",
     "WaitTimeoutError",
     "Worker",
     "WorkerHooks",

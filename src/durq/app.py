@@ -27,7 +27,14 @@ from durq.brokers.params import EnqueueOutcome, EnqueueParams, SignalParams
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.codec import DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_RESULT
 from durq.encryption import Encryption
-from durq.errors import ConfigurationError, InvalidStateError, PayloadError, ValidationError
+from durq.errors import (
+    ConfigurationError,
+    DuplicateTaskError,
+    InvalidStateError,
+    PayloadError,
+    TaskNotFoundError,
+    ValidationError,
+)
 from durq.groups import Group
 from durq.limits import LimitOption, as_limits
 from durq.names import check_queue, check_type
@@ -56,6 +63,7 @@ from durq.sync import SyncRunner
 from durq.task import TaskInfo
 from durq.taskdef import TaskDecorator as TaskDecorator
 from durq.taskdef import TaskDef as TaskDef
+from durq.uniqueness import OnConflict, Unique, as_unique
 from durq.workflows import Workflow, WorkflowInfo
 
 if TYPE_CHECKING:
@@ -173,7 +181,7 @@ class App:
         max_retry: int = 25,
         timeout: Duration | None = None,
         retention: Duration | None = None,
-        unique: Duration | None = None,
+        unique: Duration | Unique | None = None,
         retry_delay: str | backoff.RetryDelay | None = None,
         priority: int = 0,
         limit: LimitOption = None,
@@ -199,7 +207,7 @@ class App:
             max_retry=max_retry,
             timeout=durations.seconds(timeout),
             retention=DEFAULT_RETENTION if keep is None else keep,
-            unique=durations.seconds(unique),
+            unique=as_unique(unique),
             priority=check_priority(priority),
             limits=as_limits(limit),
         )
@@ -419,7 +427,7 @@ class App:
         timeout: Duration | None = None,
         deadline: Moment | None = None,
         retention: Duration | None = None,
-        unique: Duration | None = None,
+        unique: Duration | Unique | None = None,
         priority: int | None = None,
         headers: Mapping[str, str] | None = None,
         connection: Any = None,
@@ -427,11 +435,15 @@ class App:
         then: continuations.Then | str | None = None,
         limit: LimitOption = None,
         after: Sequence[TaskInfo | str] = (),
+        on_conflict: OnConflict | None = None,
     ) -> TaskInfo:
         """Enqueue one task and return its :class:`TaskInfo`.
 
         Raises :class:`~durq.TaskIDConflictError` when ``task_id`` exists,
-        :class:`~durq.DuplicateTaskError` within a ``unique`` ttl,
+        :class:`~durq.DuplicateTaskError` while a twin holds its ``unique`` key (``unique=``:
+        a ttl, or :class:`durq.Unique` for chosen payload fields, a period and
+        ``on_conflict="return"``, which returns the twin instead; see
+        ``docs/uniqueness.md``; ``on_conflict`` overrides the ``Unique``'s for this call),
         :class:`~durq.PayloadError` for a bad payload,
         :class:`~durq.InvalidNameError` for an invalid name or id (a ``task_id`` is letters,
         digits and ``_ . : - @ + = /``, up to 200 characters, not ``.`` or ``..``) or a
@@ -467,6 +479,7 @@ class App:
             then=then,
             limit=limit,
             after=after,
+            on_conflict=on_conflict,
         )
         return await self.enqueue_request(request, connection=connection)
 
@@ -477,11 +490,32 @@ class App:
         # The loop's broker without awaiting broker() (a coroutine per call) once it exists.
         broker = self._brokers.get(asyncio.get_running_loop()) or await self.broker()
         self._check_follow_up_queue(broker, params)
-        if not self.send_hooks:  # the common case: no ExitStack per call
-            return self._created(await broker.enqueue(params, connection=connection))
-        with self._sending([params]) as (sent,):
-            info = await broker.enqueue(sent, connection=connection)
-        return self._created(info)
+        try:
+            if not self.send_hooks:  # the common case: no ExitStack per call
+                return self._created(await broker.enqueue(params, connection=connection))
+            with self._sending([params]) as (sent,):
+                info = await broker.enqueue(sent, connection=connection)
+            return self._created(info)
+        except DuplicateTaskError as exc:
+            if exc.existing_id is None or not self._returns_twin(request) or connection:
+                raise
+            twin = exc.existing_id
+        try:
+            return await broker.admin.get_task(params.queue, twin)
+        except TaskNotFoundError:
+            # The twin finished and was deleted since: its key is free, so enqueue again.
+            return await self.enqueue_request(request)
+
+    def _returns_twin(self, request: EnqueueRequest) -> bool:
+        """Whether an enqueue of a twin returns it (``Unique(on_conflict="return")``)."""
+        if request.on_conflict is not None:
+            return request.on_conflict == "return"
+        if request.unique is not None:
+            unique = as_unique(request.unique)
+        else:
+            task_def = self.tasks.get(request.type)
+            unique = task_def.defaults.unique if task_def is not None else None
+        return unique is not None and unique.on_conflict == "return"
 
     @contextlib.contextmanager
     def _sending(self, params: list[EnqueueParams]) -> Iterator[list[EnqueueParams]]:

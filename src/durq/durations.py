@@ -13,6 +13,9 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 #: what every broker and ``datetime`` can hold.
 MAX_DURATION = 100 * 365.25 * 86400
 
+#: A duration as durq's options take it: seconds, a ``timedelta`` or a string.
+Duration = float | int | timedelta | str
+
 _UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 

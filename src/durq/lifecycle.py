@@ -148,11 +148,12 @@ def snoozed(
 
 
 def slept(lease: Lease, delay: float, *, awaits: str | None = None) -> RetryParams:
-    """The handler fell asleep (``ctx.sleep``), or waits for the signal ``awaits``
-    (``ctx.wait_for``; its delivery ends the wait early): back to scheduled in ``delay``
-    seconds without counting an attempt (the snooze move; the snoozes counter counts it and
-    :func:`durq.steps.sleeps_in` tells these apart, so ``max_snoozes`` does not bound them)."""
-    move(lease.task.state, "snooze", task_id=lease.task.id)
+    """The handler fell asleep (``ctx.sleep``): back to scheduled in ``delay`` seconds; or
+    it waits for the signal ``awaits`` (``ctx.wait_for``): waiting until the signal comes
+    or ``delay`` seconds pass (pending at once if the signal is stored already). No attempt
+    is counted (the snoozes counter counts these and :func:`durq.steps.sleeps_in` tells them
+    apart, so ``max_snoozes`` does not bound them)."""
+    move(lease.task.state, "snooze" if awaits is None else "await_signal", task_id=lease.task.id)
     return RetryParams(lease.ref, "", max(0.0, delay), snooze=True, awaits=awaits)
 
 

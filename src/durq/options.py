@@ -6,15 +6,16 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from durq import codec, durations, names
 from durq.brokers.dependencies import MAX_AFTER
 from durq.brokers.params import ArchivedRetention, EnqueueParams
-from durq.durations import MAX_DURATION
+from durq.durations import MAX_DURATION, Duration
 from durq.errors import ConfigurationError, InvalidPriorityError, ValidationError
 from durq.limits import Limit, LimitOption, as_limits, resolve_all
+from durq.uniqueness import OnConflict, Unique, as_unique
 
 #: The latest moment durq accepts (9999-01-01 UTC): every broker and ``datetime`` hold it.
 MAX_EPOCH = 253_370_764_800.0
@@ -29,9 +30,16 @@ MAX_HEADER_KEY = 200
 MIN_PRIORITY = -100
 MAX_PRIORITY = 100
 
-__all__ = ["MAX_DURATION", "MAX_EPOCH", "MAX_HEADERS", "MAX_PRIORITY", "MAX_RETRY", "MIN_PRIORITY"]
+__all__ = [
+    "MAX_DURATION",
+    "MAX_EPOCH",
+    "MAX_HEADERS",
+    "MAX_PRIORITY",
+    "MAX_RETRY",
+    "MIN_PRIORITY",
+    "Duration",
+]
 
-Duration = float | int | timedelta | str
 Moment = datetime | float | int
 
 
@@ -51,7 +59,8 @@ class EnqueueRequest:
     timeout: Duration | None = None
     deadline: Moment | None = None
     retention: Duration | None = None
-    unique: Duration | None = None
+    #: ``unique=ttl`` or :class:`durq.Unique` (see :mod:`durq.uniqueness`).
+    unique: Duration | Unique | None = None
     #: From :data:`MIN_PRIORITY` to :data:`MAX_PRIORITY`; higher is claimed first in its queue.
     priority: int | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -64,6 +73,9 @@ class EnqueueRequest:
     #: (completed, archived, cancelled or deleted); one that has finished or is gone already
     #: counts as done.
     after: Sequence[Any] = ()
+    #: What an enqueue of a twin does, overriding the :class:`durq.Unique`'s:
+    #: ``"raise"`` (:class:`~durq.DuplicateTaskError`) or ``"return"`` (the twin).
+    on_conflict: OnConflict | None = None
 
 
 _REQUEST_DEFAULTS = {f.name: f.default for f in fields(EnqueueRequest) if f.default is not MISSING}
@@ -124,7 +136,7 @@ class TaskDefaults:
     max_retry: int = 25
     timeout: float | None = None
     retention: float = DEFAULT_RETENTION
-    unique: float | None = None
+    unique: Unique | None = None
     priority: int = 0
     limits: tuple[Limit, ...] = ()
 
@@ -242,11 +254,16 @@ def build_params(
     if timeout is not None and timeout <= 0:
         raise ValidationError("timeout must be > 0")
     retention = durations.seconds(request.retention)
-    unique = durations.seconds(request.unique)
-    if unique is None:
+    if request.on_conflict not in (None, "raise", "return"):
+        raise ValidationError(f"on_conflict is 'raise' or 'return', not {request.on_conflict!r}")
+    unique = as_unique(request.unique)
+    if unique is None and request.unique is None:
         unique = defaults.unique
     priority = check_priority(defaults.priority if request.priority is None else request.priority)
     payload = codec.encode_payload(payload_json, max_bytes=max_payload)
+    unique_key, unique_ttl = (
+        (None, None) if unique is None else unique.key(queue, task_type, payload, now)
+    )
     headers = check_headers(request.headers, max_header_bytes)
     limits = defaults.limits if request.limit is None else as_limits(request.limit)
     after = check_after(request.after, queue)
@@ -261,8 +278,8 @@ def build_params(
         process_at=process_at,
         process_in=process_in,
         retention=defaults.retention if retention is None else retention,
-        unique_key=codec.unique_key(queue, task_type, payload) if unique else None,
-        unique_ttl=unique or None,
+        unique_key=unique_key,
+        unique_ttl=unique_ttl,
         headers=headers,
         priority=priority,
         limits=resolve_all(limits, payload_json),

@@ -36,11 +36,13 @@ class TaskState(StrEnum):
     """Succeeded; kept with its result until its retention passes, then deleted by the janitor."""
 
     WAITING = "waiting"
-    """Waits for other tasks to finish (``enqueue(..., after=[...])``); not claimable. In:
-    enqueue with a dependency that has not finished. Out: the last dependency finishes
+    """Waits for other tasks to finish (``enqueue(..., after=[...])``) or for a signal
+    (``ctx.wait_for``); not claimable. In: enqueue with a dependency that has not finished;
+    a handler that waits for a signal not delivered yet. Out: the last dependency finishes
     (completed, archived, deleted or cancelled) in the same atomic step as that outcome
-    (-> pending, or scheduled while its own due time is ahead); the inspector archives,
-    cancels or deletes it."""
+    (-> pending, or scheduled while its own due time is ahead); the awaited signal is stored
+    (-> pending, in the same atomic step) or the wait's time runs out (-> pending, forwarded
+    with due tasks); the inspector archives, cancels or deletes it."""
 
     def __str__(self) -> str:
         return self.value
@@ -51,10 +53,11 @@ class TaskState(StrEnum):
 #: every state change it decides (worker outcomes, shutdown, rescuer, inspector), and brokers
 #: store the result; every row is asked (tests/unit/test_lifecycle.py checks it).
 #:
-#: Three moves are no rows, because nothing above the seam decides them: a claim (a
+#: Four moves are no rows, because nothing above the seam decides them: a claim (a
 #: :data:`CLAIMABLE` task whose time has come -> active), the promotion of due scheduled and
-#: retry tasks (-> pending) and the janitor's deletion of completed tasks past their
-#: retention. Each broker makes them on its own, in the statement or script that finds the
+#: retry tasks and of waits for a signal whose time ran out (-> pending), the wake-up of a
+#: task waiting for the signal just stored (-> pending) and the janitor's deletion of
+#: completed tasks past their retention. Each broker makes them on its own, in the statement or script that finds the
 #: tasks, so a row for them would be read by nothing; :class:`TaskState` documents them.
 TRANSITIONS: dict[tuple[TaskState, str], TaskState | None] = {
     # the worker's outcome of an attempt (retention 0: completed and deleted at once)
@@ -62,8 +65,10 @@ TRANSITIONS: dict[tuple[TaskState, str], TaskState | None] = {
     (TaskState.ACTIVE, "fail"): TaskState.RETRY,
     (TaskState.ACTIVE, "give_up"): TaskState.ARCHIVED,
     (TaskState.ACTIVE, "requeue"): TaskState.PENDING,
-    # the handler snoozed it (durq.Snooze): no attempt counted
+    # the handler snoozed it (durq.Snooze) or slept (ctx.sleep): no attempt counted
     (TaskState.ACTIVE, "snooze"): TaskState.SCHEDULED,
+    # the handler waits for a signal (ctx.wait_for): no attempt counted, no slot held
+    (TaskState.ACTIVE, "await_signal"): TaskState.WAITING,
     # the rescuer: an expired lease, or a worker lost too often (poison pill)
     (TaskState.ACTIVE, "lease_expired"): TaskState.RETRY,
     (TaskState.ACTIVE, "worker_lost"): TaskState.ARCHIVED,

@@ -424,49 +424,62 @@ class TaskContext:
             sink.call(sink.record(name, text, now))
             _fall_asleep(name, text)
 
-    async def wait_for(self, name: str, *, timeout: float | str | timedelta) -> Any:
+    async def wait_for(
+        self, name: str, *, timeout: float | str | timedelta, step: str | None = None
+    ) -> Any:
         """Wait for the signal ``name`` (sent with :meth:`durq.App.signal`) and return its
         payload. A signal delivered before the task waits is kept for it, and returned at
         once. Otherwise the attempt ends here, as in :meth:`sleep`: the task waits
         ``scheduled``, holding nothing, until the signal makes it pending (in the same
         atomic step that stores the signal) or ``timeout`` passes; it then runs again and
         this call returns the payload, or raises :class:`durq.SignalTimeoutError`. The
-        outcome is recorded like a step, so later runs get the same answer. Signal names:
-        1-100 letters, digits, ``_ . : -``. A context built outside a worker raises
+        outcome is recorded like a step, under ``step`` (default: ``name``), so later runs
+        get the same answer; a handler that waits for one signal more than once (a timeout,
+        a poll, then a wait again) gives each wait its own ``step``. Signal names: 1-100
+        letters, digits, ``_ . : -``. A context built outside a worker raises
         SignalTimeoutError at once."""
         seconds = _seconds(timeout)
-        check_signal_name(name)
+        record = _wait_step(name, step)
         sink = self.steps
         if sink is None:
             raise SignalTimeoutError(f"no signal {name!r}: not running in a worker")
-        found, stored = await sink.lookup(name)
-        ended = _wait_ended(name, found, stored)
+        found, stored = await sink.lookup(record)
+        ended = _wait_ended(record, found, stored)
         if ended is not None:
-            return _wait_outcome(name, ended)
+            return _wait_outcome(name, record, ended)
         now = sink.now()
         until, count = _wait_state(stored, now + seconds)
         text = _wait_or_wake(name, await sink.signals(), until, count, now)
-        await sink.record(name, text, now)
-        return _wait_outcome(name, wait_record(json_value(text)))
+        await sink.record(record, text, now)
+        return _wait_outcome(name, record, wait_record(json_value(text)))
 
-    def wait_for_sync(self, name: str, *, timeout: float | str | timedelta) -> Any:
+    def wait_for_sync(
+        self, name: str, *, timeout: float | str | timedelta, step: str | None = None
+    ) -> Any:
         """:meth:`wait_for` for sync handlers."""
         seconds = _seconds(timeout)
-        check_signal_name(name)
+        record = _wait_step(name, step)
         sink = self.steps
         if sink is None:
             raise SignalTimeoutError(f"no signal {name!r}: not running in a worker")
         if _on_loop():
             raise StepError("wait_for_sync is for sync handlers: use await ctx.wait_for(...)")
-        found, stored = sink.call(sink.lookup(name))
-        ended = _wait_ended(name, found, stored)
+        found, stored = sink.call(sink.lookup(record))
+        ended = _wait_ended(record, found, stored)
         if ended is not None:
-            return _wait_outcome(name, ended)
+            return _wait_outcome(name, record, ended)
         now = sink.now()
         until, count = _wait_state(stored, now + seconds)
         text = _wait_or_wake(name, sink.call(sink.signals()), until, count, now)
-        sink.call(sink.record(name, text, now))
-        return _wait_outcome(name, wait_record(json_value(text)))
+        sink.call(sink.record(record, text, now))
+        return _wait_outcome(name, record, wait_record(json_value(text)))
+
+
+def _wait_step(name: str, step: str | None) -> str:
+    """The step a wait for the signal ``name`` is recorded as: ``step``, or the signal's
+    name; StepError for a bad name of either."""
+    check_signal_name(name)
+    return name if step is None else check_name(step)
 
 
 def _wait_ended(name: str, found: bool, stored: Any) -> dict[str, Any] | None:
@@ -497,14 +510,15 @@ def _wait_or_wake(name: str, signals: dict[str, Any], until: float, count: int, 
     return wait_text(until, count + 1)
 
 
-def _wait_outcome(name: str, record: dict[str, Any] | None) -> Any:
-    """The payload of a received wait; SignalTimeoutError; or leave the worker."""
+def _wait_outcome(name: str, step: str, record: dict[str, Any] | None) -> Any:
+    """The payload of a received wait; SignalTimeoutError; or leave the worker (the wait
+    recorded as ``step``, woken by the signal ``name``)."""
     assert record is not None
     if "received" in record:
         return record["received"]
     if record.get("timed_out"):
         raise SignalTimeoutError(f"no signal {name!r} within the wait")
-    raise Sleeping(name, float(record["until"]), awaits=name)
+    raise Sleeping(step, float(record["until"]), awaits=name)
 
 
 def _step_result(name: str, stored: Any) -> Any:

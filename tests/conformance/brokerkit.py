@@ -30,6 +30,7 @@ A = TaskState.ACTIVE
 R = TaskState.RETRY
 X = TaskState.ARCHIVED
 C = TaskState.COMPLETED
+W = TaskState.WAITING
 
 
 def params(task_id: str, queue: str = Q, *, payload: Any = None, **options: Any) -> EnqueueParams:

@@ -9,13 +9,13 @@ import time
 from typing import Any
 
 import pytest
-from brokerkit import LEASE, A, C, P, S, claim, claim_ids, params
+from brokerkit import LEASE, A, C, P, S, W, X, claim, claim_ids, params
 
 import durq
 from conformance.apps import FAST, wait_for_state
 from durq import lifecycle
 from durq.brokers import FullBroker
-from durq.brokers.base import CompleteParams, RetryParams, SignalParams
+from durq.brokers.base import ClaimParams, CompleteParams, RetryParams, SignalParams, TaskMove
 from durq.clock import FakeClock
 from durq.errors import TaskNotFoundError
 from durq.states import TaskState
@@ -61,10 +61,10 @@ async def test_W19_a_signal_wakes_the_task_waiting_for_it(
     (lease,) = await claim(broker)
     wait = RetryParams(lease.ref, "", 3600.0, snooze=True, awaits="partner-callback")
     assert await broker.retry(wait)
-    assert await state_of(broker) is S
-    # Another name is kept; the task sleeps on.
+    assert await state_of(broker) is W
+    # Another name is kept; the task waits on.
     assert await broker.signal(sig("unrelated", 1)) == "kept"
-    assert await state_of(broker) is S
+    assert await state_of(broker) is W
     assert await claim_ids(broker) == []
     assert await broker.signal(sig("partner-callback", {"ok": True})) == "woken"
     info = await broker.admin.get_task("default", "t")
@@ -79,13 +79,46 @@ async def test_W19_a_signal_wakes_the_task_waiting_for_it(
     assert (await broker.admin.get_task("default", "t")).retried == 0
 
 
+async def test_W19_a_wait_whose_time_ran_out_is_pending_after_the_promoter(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    await broker.enqueue(params("t", max_retry=0))
+    (lease,) = await claim(broker)
+    assert await broker.retry(RetryParams(lease.ref, "", 60.0, snooze=True, awaits="cb"))
+    await broker.promote_due()
+    assert await state_of(broker) is W
+    clock.advance(61)
+    # Not claimable by its time alone: the promoter ends the wait (the handler then raises
+    # its timeout), so a claim never mistakes a waiting task for a due one.
+    assert await broker.claim(ClaimParams(["default"], 10, "w1", LEASE)) == []
+    assert await state_of(broker) is W
+    assert await broker.promote_due() == 1
+    assert await state_of(broker) is P
+    assert await claim_ids(broker) == ["t"]
+
+
+async def test_W19_an_inspector_move_ends_a_wait_for_good(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    for task_id in ("a", "b"):
+        await broker.enqueue(params(task_id, max_retry=0))
+    for lease in await claim(broker, limit=2):
+        assert await broker.retry(RetryParams(lease.ref, "", 60.0, snooze=True, awaits="cb"))
+    assert await broker.admin.move_task(TaskMove("default", "a", expect=W, to=X)) is not None
+    assert await broker.admin.move_task(TaskMove("default", "b", expect=W, to=None)) is not None
+    clock.advance(61)
+    assert await broker.promote_due() == 0
+    assert await state_of(broker, "a") is X
+    assert await broker.signal(sig("cb", task_id="a")) == "finished"
+
+
 async def test_W19_a_wait_for_a_signal_already_kept_does_not_wait(broker: FullBroker) -> None:
     await broker.enqueue(params("t"))
     (lease,) = await claim(broker)
     # Delivered while the attempt runs: kept (the task is not waiting yet)...
     assert await broker.signal(sig("cb", "early")) == "kept"
     assert await state_of(broker) is A
-    # ... so the wait the attempt then asks for ends at once: pending, not scheduled.
+    # ... so the wait the attempt then asks for ends at once: pending, not waiting.
     assert await broker.retry(RetryParams(lease.ref, "", 3600.0, snooze=True, awaits="cb"))
     assert await state_of(broker) is P
     assert await claim_ids(broker) == ["t"]
@@ -143,7 +176,7 @@ async def test_W19_a_waiting_task_resumes_with_the_signal(app: durq.App) -> None
 
     info = await app.enqueue("signals:order", {})
     async with app.worker(**FAST):
-        waiting = await wait_for_state(app, "default", info.id, TaskState.SCHEDULED)
+        waiting = await wait_for_state(app, "default", info.id, TaskState.WAITING)
         assert waiting.next_process_at is not None
         assert waiting.next_process_at.timestamp() > time.time() + 3000
         assert await app.signal(info, "partner-callback", {"policy": "POL-7"}) is True

@@ -15,9 +15,9 @@ import pytest
 from examples.insurance import partner_sim
 from examples.insurance.api import create_app
 from examples.insurance.config import Settings
-from examples.insurance.serve import BackgroundServer
+from examples.insurance.serve import BackgroundServer, bind
 
-from insurance.kit import ALICE, BOB, ROOT, Service, Sim, worker_env
+from insurance.kit import ALICE, BOB, PARTNER_SECRET, ROOT, Service, Sim, worker_env
 
 
 @pytest.fixture(scope="session")
@@ -61,12 +61,19 @@ def settings(tmp_path: Path, sim: Sim) -> Settings:
 
 
 @pytest.fixture
-def start_service() -> Iterator[Callable[[Settings], Service]]:
+def start_service() -> Iterator[Callable[..., Service]]:
     started: list[Service] = []
 
-    def start(settings: Settings) -> Service:
+    def start(settings: Settings, *, callbacks: bool = False) -> Service:
+        """The API with ``settings``; with ``callbacks``, it asks the partner to call back
+        (at its own URL, known before it starts) and takes callbacks signed with
+        :data:`PARTNER_SECRET`."""
+        sock = bind()
+        if callbacks:
+            url = f"http://127.0.0.1:{sock.getsockname()[1]}/partner/callbacks/coverage"
+            settings = settings.with_(callback_url=url, partner_secret=PARTNER_SECRET)
         app = create_app(settings, configure_logging=False)
-        service = Service(BackgroundServer(app).start(), app, settings)
+        service = Service(BackgroundServer(app, sock=sock).start(), app, settings)
         started.append(service)
         return service
 

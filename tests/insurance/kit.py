@@ -22,6 +22,8 @@ from examples.insurance.store import NewOrder  # noqa: E402
 from examples.insurance.tasks import COVERAGE_QUEUE  # noqa: E402
 
 ALICE, BOB = "tok-alice", "tok-bob"
+#: The secret the simulated partner and the service share for callbacks.
+PARTNER_SECRET = "partner-secret-for-tests"
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
@@ -42,7 +44,9 @@ def worker_env(settings: Settings) -> dict[str, str]:
         **os.environ,
         **settings.to_env(),
         "INSURANCE_SHUTDOWN_TIMEOUT": "2",
-        "PYTHONPATH": str(ROOT),
+        # The tree under test first, then what the tests run with (a checkout sharing
+        # another one's virtual environment puts its own src/ there).
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
 
 
@@ -121,6 +125,22 @@ def inspector_call(settings: Settings, call: Callable[[Any], Any]) -> Any:
         return app.run_sync(lambda: call(app.inspector))
     finally:
         app.close_sync()
+
+
+def migrate(url: str) -> None:
+    """Create or update the broker's schema at ``url``, as ``durq migrate`` does."""
+    import asyncio
+
+    from durq.brokers import open_broker
+
+    async def run() -> None:
+        broker = open_broker(url)
+        try:
+            await broker.migrate()
+        finally:
+            await broker.close()
+
+    asyncio.run(run())
 
 
 def coverage_tasks(settings: Settings) -> int:

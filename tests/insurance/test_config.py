@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from examples.insurance.config import Settings, default_database_url
+import pytest
+from examples.insurance.config import ConfigError, Settings, default_database_url
 from examples.insurance.store import sqlite_path
 
 
@@ -11,6 +12,8 @@ def test_settings_survive_the_environment_round_trip() -> None:
         broker_url="redis://127.0.0.1:6379/0?prefix=x",
         tokens={"tok": "alice"},
         warehouses={"north": "http://127.0.0.1:1"},
+        callback_url="https://shop.example/partner/callbacks/coverage",
+        partner_secret="s3cret",
         concurrency=3,
         lock_budget=0.5,
         monolith=False,
@@ -22,3 +25,8 @@ def test_orders_default_to_the_sqlite_brokers_own_file_for_absolute_paths() -> N
     url = default_database_url("sqlite:////var/lib/app/durq.sqlite3?busy_timeout=10")
     assert sqlite_path(url) == "/var/lib/app/durq.sqlite3"
     assert sqlite_path(default_database_url("sqlite:///durq.sqlite3")) == "durq.sqlite3"
+
+
+def test_a_callback_url_needs_the_partner_secret() -> None:
+    with pytest.raises(ConfigError, match="INSURANCE_PARTNER_SECRET"):
+        Settings(callback_url="https://shop.example/partner/callbacks/coverage")

@@ -58,13 +58,14 @@ def test_orders_in_another_file_save_then_enqueue(
 def order_sleeping_between_polls(
     start_service: Any, settings: Settings, sim: Sim
 ) -> tuple[Service, str, str]:
-    """An order whose coverage task sleeps (scheduled): the partner keeps answering "pending"
-    and the next poll is far away. Returns the service, the order's location and the task id."""
+    """An order whose coverage task waits (for the partner's callback, or its next poll far
+    away): the partner keeps answering "pending". Returns the service, the order's location
+    and the task id."""
     sim.configure(pending_polls=1000)
     service: Service = start_service(settings.with_(backoff_base=60.0, backoff_cap=60.0))
     answer = service.alice.post("/orders", json=ITEMS)
     location, task_id = answer.headers["Location"], answer.json()["task_id"]
-    wait_for(lambda: service.order(location)["task_state"] == "scheduled")
+    wait_for(lambda: service.order(location)["task_state"] == "waiting")
     return service, location, task_id
 
 

@@ -42,9 +42,10 @@ def test_failed_after_max_attempts_with_the_error_alert(
     ]
     assert len(alerts) == 1  # one ERROR line: the alert
     assert order["task_id"] in alerts[0].getMessage()
-    # "still pending" is not an error: the task sleeps between polls, logged at INFO.
-    pending = [r for r in caplog.records if "sleeps (wait-" in r.getMessage()]
-    assert len(pending) == 3 and all(r.levelno == logging.INFO for r in pending)
+    # "still pending" is not an error: the task waits for the partner's answer before each
+    # poll (no callback offered here: each wait times out), logged at INFO.
+    pending = [r for r in caplog.records if "waits for signal partner-answer" in r.getMessage()]
+    assert len(pending) == 4 and all(r.levelno == logging.INFO for r in pending)
 
 
 def test_rejected_by_partner_fails_without_retries(service: Service, sim: Sim) -> None:

@@ -62,3 +62,13 @@ def test_a_drift_is_caught(published: dict[str, Any]) -> None:
     assert normal(ours["properties"]) != normal(
         published["components"]["schemas"]["StockLevel"]["properties"]
     )
+
+
+def test_the_callback_is_published_with_its_body_and_signature(published: dict[str, Any]) -> None:
+    # The decision the service's webhook takes is the one the partner documents it sends.
+    (callback,) = published["paths"]["/v1/coverage"]["post"]["callbacks"].values()
+    (operation,) = (path["post"] for path in callback.values())
+    body = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert body["$ref"].rsplit("/", 1)[1] == "CoverageCallback"
+    headers = {p["name"].lower() for p in operation["parameters"] if p["in"] == "header"}
+    assert headers == {partners.SIGNATURE_HEADER.lower()}

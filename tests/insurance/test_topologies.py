@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import sys
 from collections.abc import Iterator
@@ -14,7 +13,6 @@ from examples.insurance.config import Settings
 from examples.insurance.store import PostgresOrderStore
 
 import durq
-from durq.brokers import open_broker
 from insurance.kit import (
     ITEMS,
     Service,
@@ -22,6 +20,7 @@ from insurance.kit import (
     check_rollback_leaves_neither,
     counts,
     coverage_tasks,
+    migrate,
     post_twice_with_one_key,
 )
 from servers import PG_DSN, broker_url_for, drop_isolated, require_server, unique_name
@@ -83,17 +82,6 @@ def pg_settings(settings: Settings, tmp_path: Path) -> Iterator[Settings]:
     yield settings.with_(broker_url=broker_url, database_url=PG_DSN, database_schema=schema)
     drop_isolated("postgres", broker_url)
     drop_isolated("postgres", f"{PG_DSN}?schema={schema}")
-
-
-def migrate(url: str) -> None:
-    async def run() -> None:
-        broker = open_broker(url)
-        try:
-            await broker.migrate()
-        finally:
-            await broker.close()
-
-    asyncio.run(run())
 
 
 def pg_counts(settings: Settings) -> tuple[int, int]:

@@ -376,3 +376,56 @@ async def test_signals_are_delivered_under_drain(app: durq.App) -> None:
         w.clock.advance("1d")
         drained = await w.drain()
         assert [(a.id, a.result) for a in drained] == [(second.id, "expired")]
+
+
+async def test_one_signal_awaited_by_several_waits_each_its_own_step(app: durq.App) -> None:
+    polls: list[str] = []
+
+    async def poll(ctx: durq.TaskContext, n: int, answer_meanwhile: bool) -> None:
+        polls.append(f"{ctx.id}:{n}")
+        if answer_meanwhile:  # the signal comes while the task runs: kept for the next wait
+            assert await app.signal(ctx.id, "answer", "kept") is True
+
+    @app.task("t:callback_or_poll")
+    async def callback_or_poll(payload: dict[str, Any], ctx: durq.TaskContext) -> str:
+        for n in range(1, 4):
+            try:
+                answer = await ctx.wait_for("answer", timeout="1h", step=f"wait-{n}")
+            except durq.SignalTimeoutError:
+                await ctx.step(f"poll-{n}", poll, ctx, n, payload["meanwhile"])
+                continue
+            return f"{answer} after {n - 1} polls"
+        return "no answer"
+
+    async with durq.testing.worker(app) as w:
+        woken = await app.enqueue("t:callback_or_poll", {"meanwhile": False}, task_id="woken")
+        assert (await w.drain()).outcomes == [("t:callback_or_poll", "slept")]
+        w.clock.advance("1h")  # the first wait times out: a poll, then the next wait
+        assert (await w.drain()).outcomes == [("t:callback_or_poll", "slept")]
+        assert await app.signal(woken, "answer", "woken") is True  # ends the second wait
+        drained = await w.drain()
+        assert drained.outcomes == [("t:callback_or_poll", "completed")]
+        assert drained[0].result == "woken after 1 polls"
+        task = await w.get(woken)
+        assert [(s.name, s.kind, s.detail) for s in task.steps] == [
+            ("wait-1", "wait", "timed out"),
+            ("poll-1", "step", ""),
+            ("wait-2", "wait", "received"),
+        ]
+        await app.enqueue("t:callback_or_poll", {"meanwhile": True}, task_id="kept")
+        assert (await w.drain()).outcomes == [("t:callback_or_poll", "slept")]
+        w.clock.advance("1h")
+        assert (await w.drain()).outcomes == [("t:callback_or_poll", "completed")]
+        assert (await w.get("kept")).result == "kept after 1 polls"
+    assert polls == ["woken:1", "kept:1"]
+
+
+async def test_a_wait_step_name_is_a_step_name(app: durq.App) -> None:
+    @app.task("t:bad_wait")
+    async def bad_wait(payload: dict[str, Any], ctx: durq.TaskContext) -> None:
+        await ctx.wait_for("answer", timeout=1, step="")
+
+    async with durq.testing.worker(app) as w:
+        await app.enqueue("t:bad_wait", {}, max_retry=0)
+        drained = await w.drain(raise_errors=False)
+        assert isinstance(drained[0].error, durq.StepError)

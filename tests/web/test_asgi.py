@@ -98,6 +98,18 @@ def test_duplicate_by_content_is_already_accepted() -> None:
     assert answer_for_error(ValueError("other")) is None
 
 
+async def test_E4_a_twin_by_chosen_fields_is_already_accepted(tmp_path: Path) -> None:
+    """H2: a twin of a durq.Unique is answered 200 already_accepted with the twin's id, also
+    when the Unique returns twins to plain enqueue calls."""
+    app, _ = make_app(f"sqlite:///{tmp_path / 'q.sqlite3'}")
+    once = durq.Unique(keys=["name"], on_conflict="return")
+    async with app:
+        first = await enqueue_answer(app, "report:build", {"name": "sales", "n": 1}, unique=once)
+        twin = await enqueue_answer(app, "report:build", {"name": "sales", "n": 2}, unique=once)
+    assert first.status_code == 202
+    assert twin == Answer(200, {"status": "already_accepted", "task_id": first.body["task_id"]}, {})
+
+
 def test_payload_errors_are_raised_by_the_answer_and_a_422_response(tmp_path: Path) -> None:
     """enqueue_answer leaves bad input to the caller; the ASGI response answers it as
     FastAPI does: 422 with {"detail": [...]}."""

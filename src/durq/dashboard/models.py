@@ -48,7 +48,9 @@ class QueueSizes(_Model):
     retry: int
     archived: int
     completed: int
-    waiting: int = Field(0, description="waiting for other tasks to finish (after=)")
+    waiting: int = Field(
+        0, description="waiting for other tasks to finish (after=) or for a signal"
+    )
 
 
 class Queue(_Model):

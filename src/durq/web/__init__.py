@@ -193,7 +193,8 @@ async def enqueue_answer(
     Validation errors (:class:`~durq.PayloadError`, invalid names) are raised, not answered:
     they are the caller's bug or the client's bad input, which the handler maps to 4xx."""
     try:
-        info = await app.enqueue(type, payload, **options)
+        # A twin is answered 200 already_accepted, whatever the Unique says it returns.
+        info = await app.enqueue(type, payload, **{**options, "on_conflict": "raise"})
     except CONTRACT_ERRORS as exc:
         answer = answer_for_error(exc, location=location, retry_after=retry_after, extra=extra)
         if answer is None:
@@ -214,7 +215,7 @@ def enqueue_answer_sync(
 ) -> Answer:
     """Blocking :func:`enqueue_answer` for WSGI code (uses :meth:`durq.App.enqueue_sync`)."""
     try:
-        info = app.enqueue_sync(type, payload, **options)
+        info = app.enqueue_sync(type, payload, **{**options, "on_conflict": "raise"})
     except CONTRACT_ERRORS as exc:
         answer = answer_for_error(exc, location=location, retry_after=retry_after, extra=extra)
         if answer is None:

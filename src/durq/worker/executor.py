@@ -544,7 +544,7 @@ class Executor:
         params = lifecycle.slept(lease, delay, awaits=exc.awaits)
         if not await self._report(self.broker.retry, params, task):
             return "lost"
-        what = "waits for signal" if exc.awaits is not None else "sleeps"
+        what = "sleeps" if exc.awaits is None else f"waits for signal {exc.awaits}"
         log.info("task %s %s (%s) for %.1fs", task.id, what, exc.name, delay, extra=_extra(task))
         return "slept"
 

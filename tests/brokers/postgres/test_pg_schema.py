@@ -345,10 +345,11 @@ async def test_the_claims_check_for_due_rows_reads_due_rows_only(pg_url: str, sc
 
 async def test_the_promoter_reads_due_rows_only(pg_url: str, schema: str) -> None:
     """The promoter's pass over every queue reads due scheduled and retry rows through
-    tasks_due, earliest first and locked straight off it: never the rest of the table, which
-    holds the queues' history."""
+    tasks_due and waits for a signal through tasks_awaits, earliest first and locked straight
+    off each: never the rest of the table, which holds the queues' history."""
     await migrated(pg_url)
     lines = claim_plan(schema, "promote_due", limit=100, channel="durq")
     plan = "\n".join(lines)
     assert locked_off(lines, "tasks_due"), plan
+    assert locked_off(lines, "tasks_awaits"), plan
     assert "Seq Scan" not in plan, plan

@@ -29,6 +29,7 @@ from durq.brokers.memory.storage import (
     PENDING,
     RETRY,
     SCHEDULED,
+    WAITING,
     Row,
     Store,
     store_for,
@@ -297,9 +298,10 @@ class MemoryBroker:
                 row.next_process_at = now
                 woken.add(row.queue)
             else:
-                store.move(row, SCHEDULED if snooze else RETRY)
+                awaits = p.awaits is not None
+                store.move(row, WAITING if awaits else SCHEDULED if snooze else RETRY)
                 row.next_process_at = now + max(0.0, p.delay)
-                if p.delay <= 0:
+                if p.delay <= 0 and not awaits:
                     woken.add(row.queue)
         else:
             store.move(row, ARCHIVED)
@@ -369,7 +371,7 @@ class MemoryBroker:
             if row.state in (COMPLETED, ARCHIVED):
                 return "finished"
             row.signals[params.name] = params.payload
-            if row.state is not SCHEDULED or row.awaits != params.name:
+            if row.state is not WAITING or row.awaits != params.name:
                 return "kept"
             self._store.move(row, PENDING)
             row.next_process_at = now
@@ -409,14 +411,16 @@ class MemoryBroker:
     # -- maintenance -----------------------------------------------------------------------------
 
     async def promote_due(self) -> int:
-        """Move due scheduled/retry tasks to pending (claim also takes them directly)."""
+        """Move due scheduled/retry tasks (claim also takes them directly) and waits for a
+        signal whose time ran out to pending."""
         store = self._store
         woken: set[str] = set()
         count = 0
         with store.lock:
             now = self._clock.now()
             for queue in store.queues.values():
-                for row in list(queue.waiting.values()):
+                due = [*queue.waiting.values(), *queue.awaiting.values()]
+                for row in due:
                     if row.state is not PENDING and row.next_process_at <= now:
                         store.move(row, PENDING)
                         woken.add(row.queue)

@@ -199,6 +199,9 @@ class Queue:
     paused: bool = False
     #: Tasks of the queue that a claim may take once due (pending, scheduled, retry).
     waiting: dict[str, Row] = field(default_factory=dict)
+    #: Tasks of the queue waiting for a signal (state waiting, ``awaits`` set): the promoter
+    #: makes those whose wait ran out pending.
+    awaiting: dict[str, Row] = field(default_factory=dict)
     #: Flow-control keys of the queue, and the waiting tasks held on each.
     counters: dict[str, limiter.Counter] = field(default_factory=dict)
     held: dict[str, dict[str, Row]] = field(default_factory=dict)
@@ -319,6 +322,10 @@ class Store:
             waiting[row.id] = row
         else:
             waiting.pop(row.id, None)
+        if state is WAITING and row.awaits is not None:
+            queue.awaiting[row.id] = row
+        else:
+            queue.awaiting.pop(row.id, None)
         row.state = state
         if state in (COMPLETED, ARCHIVED):
             self.release_unique(row)
@@ -333,6 +340,7 @@ class Store:
         queue = self.queues[row.queue]
         queue.unhold(row)
         queue.waiting.pop(row.id, None)
+        queue.awaiting.pop(row.id, None)
         del self.tasks[(row.queue, row.id)]
 
     def insert(self, p: EnqueueParams, now: float) -> Row:

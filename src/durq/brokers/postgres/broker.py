@@ -952,7 +952,8 @@ class PostgresBroker:
 
     async def promote_due(self) -> int:
         """Flip due scheduled/retry tasks to pending (claim takes them anyway; this keeps the
-        inspector's view current and wakes listeners); returns how many."""
+        inspector's view current and wakes listeners) and waits for a signal whose time ran
+        out (nothing else wakes those); returns how many."""
         total = 0
         while True:
             row = await self._storage.fetch_one(
@@ -962,7 +963,7 @@ class PostgresBroker:
             )
             moved = int(row["n"]) if row else 0
             total += moved
-            if moved < _BATCH:
+            if moved < _BATCH:  # each of the two scans found fewer than a batch
                 return total
 
     async def expired_leases(self, limit: int) -> list[Lease]:

@@ -632,7 +632,8 @@ FROM more LEFT JOIN leased ON true;
 -- name: retry
 -- %(snooze)s (durq.Snooze): scheduled instead, no attempt counted, the error kept, not
 -- counted as failed in the stats. %(awaits)s (a snooze that waits for that signal) is stored
--- (NULL: waits for none); when that signal is stored already the wait is over: pending now.
+-- (NULL: waits for none) and the task is waiting; when that signal is stored already the
+-- wait is over: pending now.
 -- A signal delivered meanwhile locks the row first, and this update then reads the row as
 -- that signal left it (or the signal finds the task waiting): no wake-up is lost. "wake":
 -- the queue's workers should claim (a freed key with held tasks, or the task pending now).
@@ -640,6 +641,7 @@ WITH ended AS (
     UPDATE {schema}.tasks AS t
     SET state = CASE WHEN %(snooze)s AND coalesce(t.signals ? %(awaits)s::text, false)
                      THEN 'pending'
+                     WHEN %(awaits)s::text IS NOT NULL THEN 'waiting'
                      WHEN %(snooze)s THEN 'scheduled' ELSE 'retry' END,
         retried = t.retried + CASE WHEN %(snooze)s THEN 0 ELSE 1 END,
         snoozes = t.snoozes + CASE WHEN %(snooze)s THEN 1 ELSE 0 END,
@@ -739,14 +741,14 @@ WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active' AND t.lease_t
 -- Deliver one signal (app.signal), once, in one statement. "task" locks the row and reads it
 -- as the last writer left it (a concurrent signal or move is waited for), so two signals to
 -- one task both land and a name is stored only once; the update then adds the name to that
--- version (|| keeps the others). A task scheduled while it waits for this very name (awaits,
--- set by its last retry) is due now. No row: no such task (a completed one past its
+-- version (|| keeps the others). A task waiting for this very name (awaits, set by its last
+-- retry) is due now. No row: no such task (a completed one past its
 -- retention counts as gone, as in get_task). The answer: the state and whether the name was
 -- stored before the write, and whether this write woke the task.
 WITH task AS (
     SELECT t.queue, t.id, t.state, t.expires_at,
            coalesce(t.signals ? %(name)s::text, false) AS known,
-           t.state = 'scheduled' AND t.awaits IS NOT DISTINCT FROM %(name)s::text AS waits
+           t.state = 'waiting' AND t.awaits IS NOT DISTINCT FROM %(name)s::text AS waits
     FROM {schema}.tasks AS t
     WHERE t.queue = %(queue)s AND t.id = %(id)s
     FOR UPDATE
@@ -804,15 +806,28 @@ WITH ended AS (
 SELECT count(pg_notify(%(channel)s, queue)) AS n FROM ended;
 
 -- name: promote_due
--- For the inspector's view only (claim takes due rows itself): flip due scheduled/retry rows
--- to pending, in bounded batches, skipping rows a claim holds right now.
-WITH due AS (
+-- Flip due scheduled/retry rows to pending (for the inspector's view: claim takes those
+-- itself) and waits for a signal whose time ran out (only this ends those: the handler then
+-- raises the timeout; tasks waiting for other tasks have no awaits), in bounded batches,
+-- skipping rows a claim holds right now.
+WITH due_times AS (
     SELECT ctid
     FROM {schema}.tasks
     WHERE state IN ('scheduled', 'retry') AND next_process_at <= {now}
     ORDER BY next_process_at  -- through tasks_due
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+),
+due_waits AS (
+    SELECT ctid
+    FROM {schema}.tasks
+    WHERE state = 'waiting' AND awaits IS NOT NULL AND next_process_at <= {now}
+    ORDER BY next_process_at  -- through tasks_awaits
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+due AS (
+    SELECT ctid FROM due_times UNION ALL SELECT ctid FROM due_waits
 ),
 moved AS (
     -- Through the locked rows' ctid, as claim_work does.

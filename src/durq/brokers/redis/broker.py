@@ -720,6 +720,8 @@ class RedisBroker:
                     k.limits,
                     k.limit_waiting,
                     k.pending,
+                    k.waiting,
+                    k.awaiting,
                 ],
                 [
                     p.lease.token,
@@ -858,7 +860,7 @@ class RedisBroker:
             await self._storage.ensure()
             reply = await self._storage.eval(
                 "signal",
-                [k.task(params.id), k.scheduled, k.pending],
+                [k.task(params.id), k.waiting, k.pending, k.awaiting],
                 [params.name, params.payload, self._storage.now_arg(), k.notify],
             )
         outcome = bytes(reply).decode()
@@ -902,7 +904,8 @@ class RedisBroker:
     # -- maintenance ----------------------------------------------------------------------
 
     async def promote_due(self) -> int:
-        """Forward due scheduled/retry tasks of every known queue (one pipeline)."""
+        """Forward due scheduled/retry tasks and waits for a signal whose time ran out, of
+        every known queue (one pipeline)."""
         async with self._storage.op("promote_due"):
             await self._storage.ensure()
             queues = await self._storage.all_queues()
@@ -915,7 +918,7 @@ class RedisBroker:
                 calls.append(
                     (
                         "promote",
-                        [k.pending, k.scheduled, k.retry],
+                        [k.pending, k.scheduled, k.retry, k.waiting, k.awaiting],
                         [now, k.task_prefix, PROMOTE_BOUND, k.notify],
                     )
                 )

@@ -15,8 +15,10 @@ Layout (``P`` is the prefix, default ``durq``; ``Q`` a queue name)::
     P:{Q}:active                zset     by lease expiry
     P:{Q}:completed             zset     by end of retention
     P:{Q}:archived              zset     by time archived
-    P:{Q}:waiting               zset     tasks waiting for others (after=), by enqueue time;
+    P:{Q}:waiting               zset     tasks waiting for others (after=), by enqueue time,
+                                         and for a signal, by the time they began waiting;
                                          scripts name it after a task hash (up to "}")
+    P:{Q}:awaiting              zset     tasks waiting for a signal, by the end of their wait
     P:{Q}:paused                string   present while the queue is paused
     P:{Q}:seq                   string   enqueue counter (tie-break of the zsets)
     P:{Q}:unique                hash     unique key -> "<task id>|<expires at>"
@@ -86,6 +88,7 @@ class QueueKeys:
     __slots__ = (
         "active",
         "archived",
+        "awaiting",
         "base",
         "completed",
         "held",
@@ -115,6 +118,7 @@ class QueueKeys:
         self.completed = f"{self.base}:completed"
         self.archived = f"{self.base}:archived"
         self.waiting = f"{self.base}:waiting"
+        self.awaiting = f"{self.base}:awaiting"
         self.paused = f"{self.base}:paused"
         self.seq = f"{self.base}:seq"
         self.unique = f"{self.base}:unique"

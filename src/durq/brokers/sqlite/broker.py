@@ -662,7 +662,7 @@ class SQLiteBroker:
                 return "duplicate"
             if row["state"] in ("completed", "archived"):
                 return "finished"
-            wake = row["state"] == "scheduled" and row["awaits"] == params.name
+            wake = row["state"] == "waiting" and row["awaits"] == params.name
             values = {**key, "payload": params.payload, "wake": int(wake), "now": now}
             c.execute(STATEMENTS["store_signal"], values)
             if wake:
@@ -728,7 +728,8 @@ class SQLiteBroker:
     # ------------------------------------------------------------------ maintenance
 
     async def promote_due(self) -> int:
-        """Move due scheduled/retry tasks to pending (claim also takes them directly)."""
+        """Move due scheduled/retry tasks (claim also takes them directly) and waits for a
+        signal whose time ran out to pending."""
         queues = await self._storage.write(
             "sqlite.promote_due",
             lambda c, now: [row[0] for row in c.execute(STATEMENTS["promote_due"], {"now": now})],

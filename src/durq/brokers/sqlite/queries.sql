@@ -199,10 +199,12 @@ RETURNING limits, dependents;
 -- Fenced by the token; with :expired_by (the rescuer) also by the lease having expired (as
 -- in expired_leases). The delay counts on this machine: relative_due.
 -- :snooze 1 (durq.Snooze): scheduled instead, no attempt counted, the error kept.
--- :awaits (a snooze that waits for that signal): pending now if the signal is stored already.
+-- :awaits (a snooze that waits for that signal): waiting, or pending now if the signal is
+-- stored already.
 UPDATE durq_tasks
 SET state = CASE WHEN :awaits IS NOT NULL AND json_type(signals, '$."' || :awaits || '"')
                       IS NOT NULL THEN 'pending'
+                 WHEN :awaits IS NOT NULL THEN 'waiting'
                  WHEN :snooze THEN 'scheduled' ELSE 'retry' END,
     retried = retried + 1 - :snooze, snoozes = snoozes + :snooze, lost = lost + :lost,
     last_error = CASE WHEN :snooze THEN last_error ELSE :error END,
@@ -253,7 +255,7 @@ WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
 
 -- name: signal_task
 -- One signal, once (app.signal): stored unless the task finished or has one of that name; a
--- task scheduled while it waits for this very signal is due now. The row before the write
+-- task waiting for this very signal is due now. The row before the write
 -- (state, whether the name was there) tells the caller what happened.
 SELECT state, awaits, json_type(signals, '$."' || :name || '"') IS NOT NULL AS known
 FROM durq_tasks
@@ -308,8 +310,12 @@ GROUP BY minute
 ORDER BY minute;
 
 -- name: promote_due
+-- Due scheduled/retry rows (claim takes those itself) and waits for a signal whose time ran
+-- out (only this ends those: the handler then raises the timeout; tasks waiting for other
+-- tasks have no awaits) become pending.
 UPDATE durq_tasks SET state = 'pending'
 WHERE state IN ('scheduled', 'retry') AND next_process_at <= :now
+   OR state = 'waiting' AND awaits IS NOT NULL AND next_process_at <= :now
 RETURNING queue;
 
 -- name: expired_leases
@@ -485,11 +491,14 @@ ON CONFLICT (id) DO UPDATE SET boot = excluded.boot, wall_offset = excluded.wall
 -- expiries), so they still come that long after they were set. A caller's process_at stays.
 UPDATE durq_tasks
 SET next_process_at = next_process_at
-        + CASE WHEN relative_due = 1 AND state IN ('scheduled', 'retry') THEN :by ELSE 0 END,
+        + CASE WHEN relative_due = 1 AND (state IN ('scheduled', 'retry')
+                                          OR state = 'waiting' AND awaits IS NOT NULL)
+               THEN :by ELSE 0 END,
     unique_until = unique_until + :by,
     expires_at = expires_at + :by,
     lease_expires_at = lease_expires_at + :by
-WHERE (relative_due = 1 AND state IN ('scheduled', 'retry'))
+WHERE (relative_due = 1 AND (state IN ('scheduled', 'retry')
+                             OR state = 'waiting' AND awaits IS NOT NULL))
    OR unique_until IS NOT NULL OR expires_at IS NOT NULL OR lease_expires_at IS NOT NULL;
 
 -- name: insert_group

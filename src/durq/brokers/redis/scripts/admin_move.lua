@@ -23,6 +23,9 @@ if cur[1] ~= ARGV[2] or cur[1] == 'active'
   return {'fenced'}
 end
 redis.call('ZREM', zsets[cur[1]], cur[2])
+if cur[1] == 'waiting' then  -- a wait for a signal is also indexed by its end
+  redis.call('ZREM', queue_base(KEYS[1]) .. ':awaiting', cur[2])
+end
 unhold(KEYS[1], KEYS[9], cur[2])
 local to = ARGV[3]
 if to == 'deleted' then

@@ -1,7 +1,8 @@
 -- retry: the attempt failed (or its lease expired); wait in retry for the delay (from the
 -- broker's clock), retried + 1. A snooze (ARGV[12]) waits in scheduled instead, snoozes + 1,
 -- retried, last_error, traceback and the failure counters left alone; a snooze that waits for
--- a signal already delivered is pending at once.
+-- a signal (ARGV[13]) is waiting (KEYS[10], and KEYS[11] by the end of its wait), or pending
+-- at once when that signal was delivered already.
 --
 -- KEYS[1] task hash      KEYS[2] active zset      KEYS[3] retry zset (scheduled: a snooze)
 -- KEYS[4] stats hash     KEYS[5] stats hash of the day
@@ -20,6 +21,7 @@
 -- ARGV[13] the signal the task waits for (field "aw"; "" clears it: names are never empty)
 -- KEYS[9] pending zset: a snooze waiting for a signal the task holds already (field
 --         "sg:<name>", see signal.lua) is pending now instead, its workers woken (ARGV[11])
+-- KEYS[10] waiting zset  KEYS[11] awaiting zset (waits for a signal, by their end)
 -- Returns 1, or 0 (nothing changed) when the fence fails.
 -- Complexity: O(log n).
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'lease_expires_at', 'prio')
@@ -47,7 +49,8 @@ if ARGV[5] == '1' then
 end
 if ARGV[12] == '1' then
   redis.call('HINCRBY', KEYS[1], 'snoozes', 1)
-  redis.call('HSET', KEYS[1], 'state', ready and 'pending' or 'scheduled', 'npa', npa)
+  local state = ready and 'pending' or awaits ~= '' and 'waiting' or 'scheduled'
+  redis.call('HSET', KEYS[1], 'state', state, 'npa', npa)
 else
   redis.call('HINCRBY', KEYS[1], 'retried', 1)
   redis.call('HSET', KEYS[1], 'state', 'retry', 'last_error', ARGV[2], 'npa', npa)
@@ -70,6 +73,12 @@ end
 if ready then
   redis.call('ZADD', KEYS[9], ready_score(npa, cur[5]), cur[3])
   wake_workers(ARGV[11])
+  return 1
+end
+if ARGV[12] == '1' and awaits ~= '' then
+  -- Not claimable: the signal (signal.lua) or the end of the wait (promote.lua) wakes it.
+  redis.call('ZADD', KEYS[10], now, cur[3])
+  redis.call('ZADD', KEYS[11], npa, cur[3])
   return 1
 end
 redis.call('ZADD', KEYS[3], npa, cur[3])

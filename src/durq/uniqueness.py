@@ -1,0 +1,112 @@
+"""Deduplication users shape: :class:`Unique` picks which payload fields make two tasks
+twins, buckets them by time, and says what an enqueue of a twin does.
+
+It is decided here, at enqueue, as a key and a time the key holds; the broker stores both
+with the task and refuses a twin atomically with the insert, as it does for ``unique=ttl``
+(contract rule E4): the key holds until the task finishes (completed or archived) or its
+time passes, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+from durq import codec, durations
+from durq.durations import Duration
+from durq.errors import PayloadError, ValidationError
+
+#: What an enqueue of a twin does: raise :class:`~durq.DuplicateTaskError`, or return the
+#: twin that holds the key (the web helpers answer ``200 already_accepted`` either way).
+OnConflict = Literal["raise", "return"]
+
+#: How long a key without ``ttl`` or ``period`` holds at most: until its task finishes, in
+#: practice (a stored moment must be finite).
+UNTIL_FINISHED = 100 * 365 * 86400.0  # within durations.MAX_DURATION
+
+_MAX_PATH = 200
+
+
+@dataclass(frozen=True)
+class Unique:
+    """Two tasks are twins when they have the same queue, type and the same values at
+    ``keys`` (dotted payload paths, ``"account.id"``; a missing field counts as ``null``;
+    no keys: the whole payload). While one twin has not finished, another is refused.
+
+    ``period`` (``"1h"``, seconds) buckets enqueues by time, aligned to the epoch: twins
+    in different buckets do not meet, and a key holds at most to its bucket's end. ``ttl``
+    bounds how long a key holds (``unique=ttl`` is the short form of ``Unique(ttl=ttl)``
+    over the whole payload). ``on_conflict="return"`` makes ``app.enqueue`` return the
+    twin that holds the key instead of raising :class:`~durq.DuplicateTaskError`."""
+
+    keys: Sequence[str] | None = None
+    period: Duration | None = None
+    ttl: Duration | None = None
+    on_conflict: OnConflict = "raise"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.keys, str):
+            raise ValidationError("Unique(keys=...) takes a list of field paths, not one string")
+        if self.keys is not None:
+            keys = tuple(self.keys)
+            for path in keys:
+                if not isinstance(path, str) or not path or len(path) > _MAX_PATH:
+                    raise ValidationError(f"invalid unique key path {path!r}")
+                if any(not part for part in path.split(".")):
+                    raise ValidationError(f"invalid unique key path {path!r} (empty part)")
+            if len(set(keys)) != len(keys):
+                raise ValidationError(f"unique key paths repeat: {list(keys)!r}")
+            object.__setattr__(self, "keys", keys)
+        for name in ("period", "ttl"):
+            value = durations.seconds(getattr(self, name))
+            if value is not None and not 0 < value <= UNTIL_FINISHED:
+                raise ValidationError(f"Unique({name}=...) must be > 0, got {value!r}")
+            object.__setattr__(self, name, value)
+        if self.on_conflict not in ("raise", "return"):
+            raise ValidationError(
+                f"Unique(on_conflict=...) is 'raise' or 'return', not {self.on_conflict!r}"
+            )
+
+    def key(self, queue: str, task_type: str, payload: bytes, now: float) -> tuple[str, float]:
+        """``(key, seconds it holds)`` for a task enqueued at ``now``."""
+        ttl, period = durations.seconds(self.ttl), durations.seconds(self.period)
+        holds = UNTIL_FINISHED if ttl is None else ttl
+        if self.keys is None and period is None:
+            return codec.unique_key(queue, task_type, payload), holds
+        try:
+            data = codec.decode(payload)
+        except (ValueError, RecursionError):
+            raise PayloadError("payload is nested too deeply to compare for uniqueness") from None
+        picked: Any = data if self.keys is None else [_at(data, path) for path in self.keys]
+        parts = [b"scoped", queue.encode(), task_type.encode(), codec.canonical(picked)]
+        if period is not None:
+            bucket = math.floor(now / period)
+            parts.append(repr(bucket).encode())
+            holds = min(holds, (bucket + 1) * period - now)
+        return hashlib.sha256(b"\x00".join(parts)).hexdigest(), max(holds, 1e-3)
+
+
+def _at(data: Any, path: str) -> Any:
+    """The value at a dotted path of the payload, ``None`` where it is missing."""
+    for part in path.split("."):
+        if isinstance(data, dict):
+            data = data.get(part)
+        elif isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]
+        else:
+            return None
+    return data
+
+
+def as_unique(value: Duration | Unique | None, what: str = "unique") -> Unique | None:
+    """``unique=`` as given: a ttl (the short form) or a :class:`Unique`; ``None``: none."""
+    if value is None or isinstance(value, Unique):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float | str | timedelta):
+        raise ValidationError(f"{what}: a ttl or durq.Unique(...), not {value!r}")
+    ttl = durations.seconds(value)
+    return None if not ttl else Unique(ttl=ttl)
