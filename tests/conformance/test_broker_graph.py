@@ -1,4 +1,4 @@
-"""``enqueue_graph`` on every broker: a workflow's tasks are created all or none, each waiting
+"""``enqueue_graph`` on every broker (W20): a workflow's tasks are created all or none, each waiting
 for the earlier tasks it names, and released by the same countdown as ``after=`` (the last
 dependency's outcome makes it claimable in that same atomic step)."""
 

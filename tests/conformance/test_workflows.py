@@ -1,4 +1,4 @@
-"""Workflows on every broker: a graph created all or none, each node run once after the nodes
+"""Workflows on every broker (W20): a graph created all or none, each node run once after the nodes
 it names with their results in ``ctx.dependencies``, ``app.wait`` on the whole, and what a
 failed node means for the rest (``on_failure``)."""
 
