@@ -316,7 +316,10 @@ def header_of(headers: Mapping[str, str]) -> dict[str, Any] | None:
     raw = headers.get(HEADER)
     if raw is None:
         return None
-    value = json.loads(raw)
+    try:
+        value = json.loads(raw)
+    except ValueError:  # not written by enqueue_workflow: the task is no node
+        return None
     return value if isinstance(value, dict) else None
 
 
