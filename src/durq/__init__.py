@@ -38,7 +38,7 @@ from durq.states import TaskState
 from durq.steps import TaskStep
 from durq.task import TaskContext, TaskInfo
 from durq.taskdef import TaskDef
-from durq.uniqueness import Unique
+from durq.uniqueness import Debounce, Unique
 from durq.worker import Worker
 from durq.worker.hooks import WorkerHooks
 from durq.workflows import (
@@ -67,6 +67,7 @@ __all__ = [
     "App",
     "BrokerUnavailableError",
     "Coalescer",
+    "Debounce",
     "DuplicateTaskError",
     "DurqError",
     "Encryption",

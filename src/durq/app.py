@@ -23,7 +23,13 @@ from durq.brokers.contract import (
     CAP_SYNC_CONNECTION_ENQUEUE,
     SyncConnectionEnqueue,
 )
-from durq.brokers.params import EnqueueOutcome, EnqueueParams, SignalParams
+from durq.brokers.params import (
+    EnqueueOutcome,
+    EnqueueParams,
+    SignalParams,
+    TwinReplace,
+    UniqueRelease,
+)
 from durq.clock import SYSTEM_CLOCK, Clock
 from durq.codec import DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_RESULT
 from durq.encryption import Encryption
@@ -58,6 +64,7 @@ from durq.payloads import validate
 from durq.periodic import PeriodicEntry, PeriodicRegistry
 from durq.results import wait_for_end
 from durq.schedules import StoredSchedules
+from durq.states import TaskState
 from durq.steps import check_signal_name
 from durq.sync import SyncRunner
 from durq.task import TaskInfo
@@ -86,6 +93,11 @@ _THEN_FIELDS = (
     "retention",
     "priority",
 )
+
+
+#: How often one enqueue meets a twin that moves on (starts, finishes, lets its key go)
+#: before it gives up: each round is a fenced step, so only a storm of twins ends here.
+_TWIN_ROUNDS = 8
 
 
 class App:
@@ -490,32 +502,94 @@ class App:
         # The loop's broker without awaiting broker() (a coroutine per call) once it exists.
         broker = self._brokers.get(asyncio.get_running_loop()) or await self.broker()
         self._check_follow_up_queue(broker, params)
-        try:
-            if not self.send_hooks:  # the common case: no ExitStack per call
-                return self._created(await broker.enqueue(params, connection=connection))
-            with self._sending([params]) as (sent,):
-                info = await broker.enqueue(sent, connection=connection)
-            return self._created(info)
-        except DuplicateTaskError as exc:
-            if exc.existing_id is None or not self._returns_twin(request) or connection:
-                raise
-            twin = exc.existing_id
-        try:
-            return await broker.admin.get_task(params.queue, twin)
-        except TaskNotFoundError:
-            # The twin finished and was deleted since: its key is free, so enqueue again.
-            return await self.enqueue_request(request)
+        unique = self._unique_of(request)
+        if unique is not None and unique.debounce is not None and params.unique_key:
+            # Debounced: the first of a burst runs ``wait`` after it (later ones move it).
+            params = replace(params, process_in=unique.debounce[0], process_at=None)
+        if unique is None or params.unique_key is None or connection is not None:
+            return await self._insert(broker, params, connection)
+        for _ in range(_TWIN_ROUNDS):
+            try:
+                return await self._insert(broker, params, None)
+            except DuplicateTaskError as exc:
+                twin = await self._twin(broker, request, params, unique, exc)
+                if twin is not None:
+                    return twin
+        raise DuplicateTaskError(
+            f"the twin of this {params.type!r} task in {params.queue!r} kept changing"
+        )
 
-    def _returns_twin(self, request: EnqueueRequest) -> bool:
-        """Whether an enqueue of a twin returns it (``Unique(on_conflict="return")``)."""
-        if request.on_conflict is not None:
-            return request.on_conflict == "return"
+    async def _insert(self, broker: FullBroker, params: EnqueueParams, connection: Any) -> TaskInfo:
+        if not self.send_hooks:  # the common case: no ExitStack per call
+            return self._created(await broker.enqueue(params, connection=connection))
+        with self._sending([params]) as (sent,):
+            info = await broker.enqueue(sent, connection=connection)
+        return self._created(info)
+
+    async def _twin(
+        self,
+        broker: FullBroker,
+        request: EnqueueRequest,
+        params: EnqueueParams,
+        unique: Unique,
+        refused: DuplicateTaskError,
+    ) -> TaskInfo | None:
+        """What an enqueue refused for its twin ``refused.existing_id`` gives: the twin, or
+        ``None`` to insert again (the twin let its key go, or is gone); raises ``refused``
+        when the enqueue should. Each step is fenced in the broker, so racing enqueues of
+        twins still create one task."""
+        twin_id, key = refused.existing_id, params.unique_key
+        if twin_id is None or key is None:
+            raise refused
+        released = unique.released_in
+        if released and await broker.free_unique(
+            UniqueRelease(params.queue, twin_id, key, released)
+        ):
+            return None  # it has started (or moved on): its key is free for this task
+        mode = request.on_conflict or unique.on_conflict
+        if mode == "raise":
+            raise refused
+        if mode == "replace":
+            changed = await broker.replace_twin(self._replacement(request, params, unique, twin_id))
+            if changed is not None:
+                return changed
+        try:
+            twin = await broker.admin.get_task(params.queue, twin_id)
+        except TaskNotFoundError:
+            return None  # finished and deleted since: its key is free
+        if twin.state in (TaskState.COMPLETED, TaskState.ARCHIVED):
+            return None  # finished since: its key is free
+        if mode == "replace" and twin.state not in unique.released_in:
+            raise refused  # it runs, or waits for other tasks: never changed
+        return twin if mode == "return" else None
+
+    def _replacement(
+        self, request: EnqueueRequest, params: EnqueueParams, unique: Unique, twin_id: str
+    ) -> TwinReplace:
+        """The change an enqueue asks of its waiting twin (``on_conflict="replace"``)."""
+        assert params.unique_key is not None
+        delay = params.process_in
+        if params.process_at is not None:
+            delay = max(0.0, params.process_at - self.clock.now())
+        within = None
+        if unique.debounce is not None:
+            delay, within = unique.debounce
+        return TwinReplace(
+            params.queue,
+            twin_id,
+            params.unique_key,
+            params.payload,
+            delay=delay,
+            within=within,
+            priority=None if request.priority is None else params.priority,
+        )
+
+    def _unique_of(self, request: EnqueueRequest) -> Unique | None:
+        """The :class:`Unique` of an enqueue: its own ``unique=``, else its type's."""
         if request.unique is not None:
-            unique = as_unique(request.unique)
-        else:
-            task_def = self.tasks.get(request.type)
-            unique = task_def.defaults.unique if task_def is not None else None
-        return unique is not None and unique.on_conflict == "return"
+            return as_unique(request.unique)
+        task_def = self.tasks.get(request.type)
+        return task_def.defaults.unique if task_def is not None else None
 
     @contextlib.contextmanager
     def _sending(self, params: list[EnqueueParams]) -> Iterator[list[EnqueueParams]]:

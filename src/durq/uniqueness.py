@@ -12,17 +12,28 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
 from durq import codec, durations
 from durq.durations import Duration
 from durq.errors import PayloadError, ValidationError
+from durq.states import TaskState
 
-#: What an enqueue of a twin does: raise :class:`~durq.DuplicateTaskError`, or return the
-#: twin that holds the key (the web helpers answer ``200 already_accepted`` either way).
-OnConflict = Literal["raise", "return"]
+#: What an enqueue of a twin does: raise :class:`~durq.DuplicateTaskError`, return the twin
+#: that holds the key, or replace a waiting twin's payload (and a scheduled one's delay and
+#: priority) in place; the web helpers answer ``200 already_accepted`` whatever it is.
+OnConflict = Literal["raise", "return", "replace"]
+
+#: The states a twin may block in: every state of a task that has not finished.
+UNFINISHED: tuple[TaskState, ...] = (
+    TaskState.PENDING,
+    TaskState.SCHEDULED,
+    TaskState.ACTIVE,
+    TaskState.RETRY,
+    TaskState.WAITING,
+)
 
 #: How long a key without ``ttl`` or ``period`` holds at most: until its task finishes, in
 #: practice (a stored moment must be finite).
@@ -41,12 +52,22 @@ class Unique:
     in different buckets do not meet, and a key holds at most to its bucket's end. ``ttl``
     bounds how long a key holds (``unique=ttl`` is the short form of ``Unique(ttl=ttl)``
     over the whole payload). ``on_conflict="return"`` makes ``app.enqueue`` return the
-    twin that holds the key instead of raising :class:`~durq.DuplicateTaskError`."""
+    twin that holds the key instead of raising :class:`~durq.DuplicateTaskError`;
+    ``"replace"`` gives a twin that has not started the new payload (and, when it is
+    scheduled, this enqueue's delay and priority) and returns it; a running twin is never
+    changed, and the enqueue then raises.
+
+    ``states``: while in which states a twin blocks (default: every state before it
+    finishes). ``("pending", "scheduled", "retry")`` lets a new twin in once the first has
+    started: "one sync queued per account, while another may run"."""
 
     keys: Sequence[str] | None = None
     period: Duration | None = None
     ttl: Duration | None = None
     on_conflict: OnConflict = "raise"
+    states: Sequence[TaskState | str] = UNFINISHED
+    #: Set by :class:`Debounce`: ``(wait, max_wait)`` seconds.
+    debounce: tuple[float, float | None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.keys, str):
@@ -66,10 +87,28 @@ class Unique:
             if value is not None and not 0 < value <= UNTIL_FINISHED:
                 raise ValidationError(f"Unique({name}=...) must be > 0, got {value!r}")
             object.__setattr__(self, name, value)
-        if self.on_conflict not in ("raise", "return"):
+        if self.on_conflict not in ("raise", "return", "replace"):
             raise ValidationError(
-                f"Unique(on_conflict=...) is 'raise' or 'return', not {self.on_conflict!r}"
+                "Unique(on_conflict=...) is 'raise', 'return' or 'replace', "
+                f"not {self.on_conflict!r}"
             )
+        if isinstance(self.states, str):
+            raise ValidationError("Unique(states=...) takes a list of states, not one string")
+        try:
+            states = tuple(dict.fromkeys(TaskState(s) for s in self.states))
+        except (TypeError, ValueError):
+            raise ValidationError(f"invalid Unique(states={self.states!r})") from None
+        if not states or any(s not in UNFINISHED for s in states):
+            raise ValidationError(
+                "Unique(states=...) lists some of pending, scheduled, active, retry and "
+                f"waiting (a finished task never blocks its twin), not {self.states!r}"
+            )
+        object.__setattr__(self, "states", tuple(s for s in UNFINISHED if s in states))
+
+    @property
+    def released_in(self) -> tuple[TaskState, ...]:
+        """The unfinished states in which a twin no longer blocks (its key may go)."""
+        return tuple(s for s in UNFINISHED if s not in self.states)
 
     def key(self, queue: str, task_type: str, payload: bytes, now: float) -> tuple[str, float]:
         """``(key, seconds it holds)`` for a task enqueued at ``now``."""
@@ -88,6 +127,33 @@ class Unique:
             parts.append(repr(bucket).encode())
             holds = min(holds, (bucket + 1) * period - now)
         return hashlib.sha256(b"\x00".join(parts)).hexdigest(), max(holds, 1e-3)
+
+
+def Debounce(  # named like the option it makes, as durq.Unique
+    key: str | Sequence[str],
+    *,
+    wait: Duration,
+    max_wait: Duration | None = None,
+) -> Unique:
+    """Collapse enqueues of twins (same queue, type and ``key``, one or several dotted
+    payload paths) into one task that runs ``wait`` after the last of them, with the latest
+    payload, and no later than ``max_wait`` after the first. Give it as ``unique=``.
+
+    A twin that has started no longer collects: the next enqueue makes a new task, so an
+    edit that comes while the task runs is not lost."""
+    keys = [key] if isinstance(key, str) else list(key)
+    pause = durations.seconds(wait)
+    if pause is None or pause <= 0:
+        raise ValidationError(f"Debounce(wait=...) must be > 0, got {wait!r}")
+    cap = durations.seconds(max_wait)
+    if cap is not None and cap < pause:
+        raise ValidationError(f"Debounce(max_wait=...) must be at least wait ({pause} s)")
+    return Unique(
+        keys=keys,
+        on_conflict="replace",
+        states=(TaskState.PENDING, TaskState.SCHEDULED, TaskState.RETRY),
+        debounce=(pause, cap),
+    )
 
 
 def _at(data: Any, path: str) -> Any:

@@ -6,12 +6,16 @@ twins create one task."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from brokerkit import LATER, Q, claim, params
 
 import durq
+from durq.brokers import FullBroker
+from durq.brokers.base import CompleteParams, EnqueueParams, TwinReplace, UniqueRelease
 from durq.clock import FakeClock
 from durq.errors import ValidationError
 from durq.states import TaskState
@@ -131,3 +135,162 @@ async def test_E4_bad_unique_options_are_refused(broker_kind: str) -> None:
     with pytest.raises(ValidationError):
         await app.enqueue("x:y", {}, unique=object())  # type: ignore[arg-type]
     await app.close()
+
+
+# -- the storage steps: free a twin's key, replace a waiting twin -------------------------
+
+
+def keyed(task_id: str, key: str, payload: dict[str, Any], **options: Any) -> EnqueueParams:
+    return params(task_id, payload=payload, unique_key=key, unique_ttl=LATER, **options)
+
+
+async def test_E4_free_unique_is_fenced_by_key_and_state(broker: FullBroker) -> None:
+    await broker.enqueue(keyed("a", "k1", {"n": 1}))
+    scheduled = (TaskState.SCHEDULED,)
+    started = (TaskState.ACTIVE,)
+    # Pending: not a state that lets the key go; a wrong key frees nothing either.
+    assert not await broker.free_unique(UniqueRelease(Q, "a", "k1", started))
+    assert not await broker.free_unique(UniqueRelease(Q, "a", "other", (TaskState.PENDING,)))
+    with pytest.raises(durq.DuplicateTaskError):
+        await broker.enqueue(keyed("b", "k1", {"n": 2}))
+    (lease,) = await claim(broker)
+    assert not await broker.free_unique(UniqueRelease(Q, "a", "k1", scheduled))
+    assert await broker.free_unique(UniqueRelease(Q, "a", "k1", started))
+    # Freed once: the running task keeps running; a twin may be enqueued.
+    assert not await broker.free_unique(UniqueRelease(Q, "a", "k1", started))
+    await broker.enqueue(keyed("b", "k1", {"n": 2}))
+    # The first task's end does not free the key the second one holds now.
+    assert await broker.complete(CompleteParams(lease.ref, retention=60))
+    with pytest.raises(durq.DuplicateTaskError) as refused:
+        await broker.enqueue(keyed("c", "k1", {"n": 3}))
+    assert refused.value.existing_id == "b"
+
+
+async def test_E4_replace_twin_changes_a_waiting_twin_only(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    await broker.enqueue(keyed("s", "ks", {"v": 1}, process_in=100, priority=1))
+    await broker.enqueue(keyed("p", "kp", {"v": 1}))
+    start = clock.now()
+    clock.advance(10)
+    done = await broker.replace_twin(
+        TwinReplace(Q, "s", "ks", b'{"v":2}', delay=30, within=35, priority=5)
+    )
+    assert done is not None and done.payload == {"v": 2} and done.priority == 5
+    assert done.next_process_at is not None
+    # 30 s from now would be 40 s after its enqueue: held to 35.
+    assert abs(done.next_process_at.timestamp() - (start + 35)) < 0.01
+    # A pending twin takes the payload; its due time and priority stay.
+    kept = await broker.replace_twin(TwinReplace(Q, "p", "kp", b'{"v":3}', delay=60, priority=9))
+    assert kept is not None and kept.payload == {"v": 3} and kept.priority == 0
+    assert kept.state is TaskState.PENDING
+    # A wrong key, or a twin that runs, is left as it is.
+    assert await broker.replace_twin(TwinReplace(Q, "p", "nope", b"{}")) is None
+    (lease,) = await claim(broker)
+    assert lease.task.id == "p" and lease.task.payload == {"v": 3}
+    assert await broker.replace_twin(TwinReplace(Q, "p", "kp", b'{"v":4}')) is None
+    got = await broker.admin.get_task(Q, "p")
+    assert got.payload == {"v": 3} and got.state is TaskState.ACTIVE
+    # The moved due time is the one a claim honours.
+    clock.advance(24)
+    assert await claim(broker) == []
+    clock.advance(2)
+    (later,) = await claim(broker)
+    assert later.task.id == "s" and later.task.payload == {"v": 2}
+
+
+# -- Unique(states=..., on_conflict="replace") and durq.Debounce through the app ----------
+
+
+async def test_E4_states_let_a_twin_in_once_the_first_started(app: durq.App) -> None:
+    queued = durq.Unique(keys=["account_id"], states=("pending", "scheduled", "retry"))
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    @app.task("crm:sync", unique=queued, retention=60)
+    async def sync(payload: dict[str, Any]) -> int:
+        started.set()
+        await release.wait()
+        return int(payload["n"])
+
+    first = await sync.enqueue({"account_id": 1, "n": 1})
+    with pytest.raises(durq.DuplicateTaskError):
+        await sync.enqueue({"account_id": 1, "n": 2})
+    async with app.worker(concurrency=1, poll_interval=0.05):
+        await asyncio.wait_for(started.wait(), 20)
+        # The first runs: one more may queue behind it, and only one.
+        second = await sync.enqueue({"account_id": 1, "n": 3})
+        assert second.id != first.id
+        with pytest.raises(durq.DuplicateTaskError) as refused:
+            await sync.enqueue({"account_id": 1, "n": 4})
+        assert refused.value.existing_id == second.id
+        release.set()
+        assert await app.wait(second, timeout=20) == 3
+    assert await app.wait(first, timeout=20) == 1
+
+
+async def test_E4_replace_updates_the_waiting_twin(app: durq.App) -> None:
+    latest = durq.Unique(keys=["account_id"], on_conflict="replace")
+    first = await app.enqueue("crm:sync", {"account_id": 1, "v": 1}, unique=latest, process_in=60)
+    again = await app.enqueue(
+        "crm:sync", {"account_id": 1, "v": 2}, unique=latest, process_in=600, priority=7
+    )
+    assert again.id == first.id and again.payload == {"account_id": 1, "v": 2}
+    assert again.priority == 7 and again.next_process_at is not None
+    assert again.next_process_at.timestamp() > time.time() + 500
+    stored = await app.inspector.get_task_info("default", first.id)
+    assert stored.payload == {"account_id": 1, "v": 2}
+
+
+async def test_E4_replace_never_changes_a_running_twin(app: durq.App) -> None:
+    latest = durq.Unique(keys=["account_id"], on_conflict="replace")
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @app.task("crm:sync", unique=latest, retention=60)
+    async def sync(payload: dict[str, Any]) -> Any:
+        started.set()
+        await release.wait()
+        return payload["v"]
+
+    first = await sync.enqueue({"account_id": 1, "v": 1})
+    async with app.worker(concurrency=1, poll_interval=0.05):
+        await asyncio.wait_for(started.wait(), 20)
+        with pytest.raises(durq.DuplicateTaskError):
+            await sync.enqueue({"account_id": 1, "v": 2})
+        release.set()
+        assert await app.wait(first, timeout=20) == 1
+
+
+async def test_E4_debounce_collapses_a_burst_into_one_late_task(
+    clocked: durq.App, clock: FakeClock
+) -> None:
+    burst = durq.Debounce("doc_id", wait="5s", max_wait="12s")
+    first = await clocked.enqueue("doc:index", {"doc_id": 9, "rev": 0}, unique=burst)
+    start = clock.now()
+    assert first.state is TaskState.SCHEDULED
+    for rev in range(1, 6):  # every 2 s: each pushes the run to 5 s after it, up to 12 s
+        clock.advance(2)
+        info = await clocked.enqueue("doc:index", {"doc_id": 9, "rev": rev}, unique=burst)
+        assert info.id == first.id and info.payload == {"doc_id": 9, "rev": rev}
+        assert info.next_process_at is not None
+        expected = min(clock.now() + 5, start + 12)
+        assert abs(info.next_process_at.timestamp() - expected) < 0.01
+    # Another document is debounced apart.
+    other = await clocked.enqueue("doc:index", {"doc_id": 10, "rev": 0}, unique=burst)
+    assert other.id != first.id
+    stored = await clocked.inspector.list_tasks("default", TaskState.SCHEDULED, limit=10)
+    assert sorted(t.id for t in stored) == sorted([first.id, other.id])
+
+
+@pytest.mark.parametrize("broker_kind", ["memory"], indirect=True)
+async def test_E4_bad_debounce_and_states_are_refused(broker_kind: str) -> None:
+    for bad in (
+        lambda: durq.Debounce("doc_id", wait=0),
+        lambda: durq.Debounce("doc_id", wait="10s", max_wait="5s"),
+        lambda: durq.Unique(states=("completed",)),
+        lambda: durq.Unique(states=()),
+        lambda: durq.Unique(states="pending"),  # type: ignore[arg-type]
+        lambda: durq.Unique(states=("nope",)),
+    ):
+        with pytest.raises(ValidationError):
+            bad()

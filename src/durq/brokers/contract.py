@@ -68,6 +68,8 @@ from durq.brokers.params import (
     StepsParams,
     TaskMove,
     TaskRewrite,
+    TwinReplace,
+    UniqueRelease,
 )
 from durq.brokers.views import (
     GroupInfo,
@@ -252,12 +254,22 @@ class Broker(Protocol):
         exist; "duplicate" (nothing changed) when a signal of that name is stored already,
         whatever the task's state; "finished" (nothing stored) when it is completed or
         archived; otherwise the
-        signal is stored, and a task waiting ``scheduled`` for that name (its last move's
+        signal is stored, and a task ``waiting`` for that name (its last move's
         ``RetryParams.awaits``) becomes pending now, its workers woken: "woken"; else
         "kept" (the task reads it when it waits)."""
 
     async def read_snoozes(self, lease: LeaseRef) -> int | None:
         """How often a leased task was snoozed; ``None`` if the lease is no longer held."""
+
+    async def free_unique(self, params: UniqueRelease) -> bool:
+        """Free the unique key a task holds, in one atomic step, only while the task still
+        holds ``params.key`` and is in one of ``params.states`` (a twin in a state its
+        :class:`durq.Unique` does not block in): ``True`` when freed."""
+
+    async def replace_twin(self, params: TwinReplace) -> TaskInfo | None:
+        """Change a waiting twin in place, in one atomic step (see :class:`TwinReplace`):
+        the task as changed, or ``None`` when it no longer holds ``params.key`` or is not
+        pending, scheduled or retry (a running task is never changed)."""
 
     async def retry(self, params: RetryParams) -> bool:
         """Schedule the next attempt; ``False`` if the lease is no longer held."""

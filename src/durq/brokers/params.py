@@ -414,6 +414,36 @@ class TaskRewrite:
 
 
 @dataclass(frozen=True, slots=True)
+class UniqueRelease:
+    """Free the unique key ``key`` that task ``id`` holds, only while it is in one of
+    ``states`` (:meth:`Broker.free_unique`)."""
+
+    queue: str
+    id: str
+    key: str
+    states: tuple[TaskState, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TwinReplace:
+    """Replace a waiting twin in place (``Unique(on_conflict="replace")``, ``durq.Debounce``),
+    fenced by the task holding ``key`` and being pending, scheduled or retry (never active):
+    its payload becomes ``payload``; a scheduled one's due time becomes ``delay`` seconds
+    from the broker's now (``None``: unchanged), no later than ``within`` seconds after the
+    twin was enqueued (``durq.Debounce``'s ``max_wait``), and its priority ``priority``
+    (``None``: unchanged). A pending or retry twin keeps its due
+    time and priority: it is about to run, or waits on its backoff."""
+
+    queue: str
+    id: str
+    key: str
+    payload: bytes
+    delay: float | None = None
+    within: float | None = None
+    priority: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TaskMove:
     """The inspector's move of one task that is not active, fenced by the state it was in
     when the move was decided (:mod:`durq.lifecycle` reads it, then asks for this)."""

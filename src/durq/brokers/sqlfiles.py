@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from durq.brokers.params import GroupParams, TaskRewrite, follow_up_from, follow_up_options
+from durq.brokers.params import (
+    GroupParams,
+    TaskRewrite,
+    TwinReplace,
+    follow_up_from,
+    follow_up_options,
+)
 from durq.brokers.views import GroupInfo, GroupMemberInfo, ScheduleRecord
 from durq.states import TaskState
 
@@ -121,6 +127,19 @@ def rewrite_params(rewrite: TaskRewrite) -> dict[str, Any]:
         "result": rewrite.result,
         "new_payload": rewrite.new_payload,
         "new_result": rewrite.new_result,
+    }
+
+
+def twin_params(p: TwinReplace) -> dict[str, Any]:
+    """The named parameters of ``replace_twin`` (both dialects; ``now`` added by each)."""
+    return {
+        "queue": p.queue,
+        "id": p.id,
+        "key": p.key,
+        "payload": p.payload,
+        "delay": p.delay,
+        "within": p.within,
+        "priority": p.priority,
     }
 
 

@@ -51,6 +51,8 @@ from durq.brokers.params import (
     RetryParams,
     SignalParams,
     StepsParams,
+    TwinReplace,
+    UniqueRelease,
     ended_by,
 )
 from durq.brokers.views import FORGET_WORKERS_AFTER, MINUTE_COUNTS_KEEP, WorkerInfo
@@ -377,6 +379,35 @@ class MemoryBroker:
             row.next_process_at = now
         self._store.notify({params.queue})
         return "woken"
+
+    async def free_unique(self, params: UniqueRelease) -> bool:
+        """Free a twin's unique key while it is in one of ``params.states``."""
+        with self._store.lock:
+            row = self._store.get(params.queue, params.id, self._clock.now())
+            if row is None or row.unique_key != params.key or row.state not in params.states:
+                return False
+            self._store.release_unique(row)
+            return True
+
+    async def replace_twin(self, params: TwinReplace) -> TaskInfo | None:
+        """Change a waiting twin in place (see :class:`TwinReplace`)."""
+        with self._store.lock:
+            now = self._clock.now()
+            row = self._store.get(params.queue, params.id, now)
+            if row is None or row.unique_key != params.key:
+                return None
+            if row.state not in (PENDING, SCHEDULED, RETRY):
+                return None
+            row.payload = params.payload
+            if row.state is SCHEDULED:
+                if params.delay is not None:
+                    due = now + params.delay
+                    if params.within is not None:
+                        due = min(due, row.enqueued_at + params.within)
+                    row.next_process_at = due
+                if params.priority is not None:
+                    row.priority = params.priority
+            return row.info()
 
     async def read_snoozes(self, lease: LeaseRef) -> int | None:
         """How often a leased task was snoozed."""

@@ -50,6 +50,8 @@ from durq.brokers.params import (
     RetryParams,
     SignalParams,
     StepsParams,
+    TwinReplace,
+    UniqueRelease,
     ended_by,
 )
 from durq.brokers.postgres.admin import PostgresAdmin
@@ -81,11 +83,13 @@ from durq.brokers.postgres.storage import (
     PostgresStorage,
 )
 from durq.brokers.postgres.wakeup import EndListener, Listener
+from durq.brokers.sqlfiles import twin_params
 from durq.brokers.sqlrows import limits_of, row_to_info
 from durq.brokers.views import FORGET_WORKERS_AFTER, MINUTE_COUNTS_KEEP, WorkerInfo
 from durq.clock import SYSTEM_CLOCK, Clock, to_datetime, utc_day
 from durq.errors import ConfigurationError, TaskNotFoundError
 from durq.progress import MAX_LOG_LINES
+from durq.states import TaskState
 from durq.task import LimitSpec, TaskInfo
 
 _T = TypeVar("_T")
@@ -917,6 +921,22 @@ class PostgresBroker:
             self._wake([params.queue])
             return "woken"
         return "kept"
+
+    async def free_unique(self, params: UniqueRelease) -> bool:
+        """Free a twin's unique key while it is in one of ``params.states``."""
+        values = {
+            "queue": params.queue,
+            "id": params.id,
+            "key": params.key,
+            "states": [TaskState(s).value for s in params.states],
+        }
+        return await self._storage.rowcount("free_unique", "free_unique", values) == 1
+
+    async def replace_twin(self, params: TwinReplace) -> TaskInfo | None:
+        """Change a waiting twin in place (see :class:`TwinReplace`)."""
+        values = {**twin_params(params), "now": self._storage.sql_now()}
+        row = await self._storage.fetch_one("replace_twin", "replace_twin", values)
+        return None if row is None else row_to_info(row)
 
     async def read_snoozes(self, lease: LeaseRef) -> int | None:
         """How often a leased task was snoozed (``None``: the lease is gone)."""

@@ -768,6 +768,29 @@ SELECT task.state, task.known, coalesce(stored.woken, false) AS woken
 FROM task LEFT JOIN stored ON true
 WHERE NOT (task.state = 'completed' AND task.expires_at <= {now});
 
+-- name: free_unique
+-- A twin in a state its durq.Unique does not block in lets its key go.
+UPDATE {schema}.tasks SET unique_key = NULL, unique_until = NULL
+WHERE queue = %(queue)s AND id = %(id)s AND unique_key = %(key)s
+  AND state = ANY(%(states)s::text[]);
+
+-- name: replace_twin
+-- Unique(on_conflict="replace") and durq.Debounce: a waiting twin takes the new payload; a
+-- scheduled one also a new due time (%(delay)s from now, no later than %(within)s after
+-- its enqueue) and priority.
+UPDATE {schema}.tasks
+SET payload = %(payload)s,
+    next_process_at = CASE WHEN state = 'scheduled' AND %(delay)s::float8 IS NOT NULL
+                           THEN least({now} + %(delay)s::float8,
+                                      coalesce(enqueued_at + %(within)s::float8,
+                                               {now} + %(delay)s::float8))
+                           ELSE next_process_at END,
+    priority = CASE WHEN state = 'scheduled' THEN coalesce(%(priority)s::int, priority)
+                    ELSE priority END
+WHERE queue = %(queue)s AND id = %(id)s AND unique_key = %(key)s
+  AND state IN ('pending', 'scheduled', 'retry')
+RETURNING *;
+
 -- name: read_snoozes
 SELECT t.snoozes FROM {schema}.tasks AS t
 WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active' AND t.lease_token = %(token)s;

@@ -49,6 +49,8 @@ from durq.brokers.params import (
     RetryParams,
     SignalParams,
     StepsParams,
+    TwinReplace,
+    UniqueRelease,
     check_distinct,
     waiting_follow_up,
 )
@@ -867,6 +869,35 @@ class RedisBroker:
         if outcome == "missing":
             raise TaskNotFoundError(f"no task {params.id!r} in queue {params.queue!r}")
         return outcome
+
+    async def free_unique(self, params: UniqueRelease) -> bool:
+        """Free a twin's unique key while it is in one of ``params.states``: one script on
+        the queue's slot (scripts/free_unique.lua)."""
+        k = self._storage.keys.queue(params.queue)
+        states = [TaskState(s).value for s in params.states]
+        async with self._storage.op("free_unique"):
+            await self._storage.ensure()
+            reply = await self._storage.eval(
+                "free_unique", [k.task(params.id), k.unique], [params.key, *states]
+            )
+        return bool(reply == 1)
+
+    async def replace_twin(self, params: TwinReplace) -> TaskInfo | None:
+        """Change a waiting twin in place (see :class:`TwinReplace`): one script on the
+        queue's slot (scripts/replace_twin.lua)."""
+        k = self._storage.keys.queue(params.queue)
+        args: list[Scalar] = [
+            self._storage.now_arg(),
+            params.key,
+            params.payload,
+            "" if params.delay is None else max(0.0, float(params.delay)),
+            "" if params.within is None else float(params.within),
+            "" if params.priority is None else int(params.priority),
+        ]
+        async with self._storage.op("replace_twin"):
+            await self._storage.ensure()
+            row = await self._storage.eval("replace_twin", [k.task(params.id), k.scheduled], args)
+        return task_info(params.queue, row) if row else None
 
     async def read_snoozes(self, lease: LeaseRef) -> int | None:
         """How often a leased task was snoozed (``None``: the lease is gone)."""

@@ -33,6 +33,8 @@ SCRIPT_NAMES = (
     "steps_record",
     "signal",
     "signals_read",
+    "free_unique",
+    "replace_twin",
     "promote",
     "expired",
     "janitor",

@@ -51,8 +51,11 @@ from durq.brokers.params import (
     RetryParams,
     SignalParams,
     StepsParams,
+    TwinReplace,
+    UniqueRelease,
     ended_by,
 )
+from durq.brokers.sqlfiles import twin_params
 from durq.brokers.sqlite import files
 from durq.brokers.sqlite.admin import SQLiteAdmin
 from durq.brokers.sqlite.storage import (
@@ -670,6 +673,29 @@ class SQLiteBroker:
             return "woken" if wake else "kept"
 
         return await self._storage.write_waking("sqlite.signal", run)
+
+    async def free_unique(self, params: UniqueRelease) -> bool:
+        """Free a twin's unique key while it is in one of ``params.states``."""
+        values = {
+            "queue": params.queue,
+            "id": params.id,
+            "key": params.key,
+            "states": json.dumps([TaskState(s).value for s in params.states]),
+        }
+        return await self._storage.write(
+            "sqlite.free_unique",
+            lambda c, now: c.execute(STATEMENTS["free_unique"], values).rowcount == 1,
+        )
+
+    async def replace_twin(self, params: TwinReplace) -> TaskInfo | None:
+        """Change a waiting twin in place (see :class:`TwinReplace`)."""
+        values = twin_params(params)
+
+        def run(c: Conn, now: float) -> TaskInfo | None:
+            row = c.execute(STATEMENTS["replace_twin"], {**values, "now": now}).fetchone()
+            return None if row is None else row_to_info(row)
+
+        return await self._storage.write("sqlite.replace_twin", run)
 
     async def read_snoozes(self, lease: LeaseRef) -> int | None:
         """How often a leased task was snoozed (``None``: the lease is gone)."""

@@ -269,6 +269,28 @@ SET signals = json_set(coalesce(signals, '{}'), '$."' || :name || '"', json(:pay
     relative_due = CASE WHEN :wake THEN 1 ELSE relative_due END
 WHERE queue = :queue AND id = :id;
 
+-- name: free_unique
+-- A twin in a state its durq.Unique does not block in lets its key go (:states, a JSON array).
+UPDATE durq_tasks SET unique_key = NULL, unique_until = NULL
+WHERE queue = :queue AND id = :id AND unique_key = :key
+  AND state IN (SELECT value FROM json_each(:states));
+
+-- name: replace_twin
+-- Unique(on_conflict="replace") and durq.Debounce: a waiting twin takes the new payload; a
+-- scheduled one also a new due time (:delay from now, no later than :within after its
+-- enqueue) and priority.
+UPDATE durq_tasks
+SET payload = :payload,
+    next_process_at = CASE WHEN state = 'scheduled' AND :delay IS NOT NULL
+                           THEN min(:now + :delay, coalesce(enqueued_at + :within, :now + :delay))
+                           ELSE next_process_at END,
+    relative_due = CASE WHEN state = 'scheduled' AND :delay IS NOT NULL THEN 1
+                        ELSE relative_due END,
+    priority = CASE WHEN state = 'scheduled' THEN coalesce(:priority, priority) ELSE priority END
+WHERE queue = :queue AND id = :id AND unique_key = :key
+  AND state IN ('pending', 'scheduled', 'retry')
+RETURNING *;
+
 -- name: read_snoozes
 SELECT snoozes FROM durq_tasks
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;

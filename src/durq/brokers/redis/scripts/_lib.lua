@@ -172,6 +172,29 @@ local function set_chunked(key, tag, value)
   end
 end
 
+-- A value set_chunked stored, and how many chunks it took (nil, 0: none).
+local function read_chunked(key, tag)
+  local parts = {}
+  while true do
+    local part = redis.call('HGET', key, tag .. ':' .. #parts)
+    if not part then
+      break
+    end
+    parts[#parts + 1] = part
+  end
+  if #parts == 0 then
+    return nil, 0
+  end
+  return table.concat(parts), #parts
+end
+
+-- Drop the n chunks of a value set_chunked stored.
+local function drop_chunked(key, tag, n)
+  for i = 0, n - 1 do
+    redis.call('HDEL', key, tag .. ':' .. i)
+  end
+end
+
 -- Append `value` to the HSET field list `f` (n entries so far) as "<tag>:0", "<tag>:1", ...
 -- chunks, like set_chunked, so a task is written with one HSET. Returns the new length.
 local function add_chunked(f, n, tag, value)

@@ -8,27 +8,6 @@
 -- ARGV[6] the new payload    ARGV[7] "1" to store a result                 ARGV[8] that result
 -- Returns 1, or 0 (nothing changed) when a fence fails.
 -- Complexity: O(n) in the payload's and result's chunks.
-local function read_chunked(key, tag)
-  local parts = {}
-  while true do
-    local part = redis.call('HGET', key, tag .. ':' .. #parts)
-    if not part then
-      break
-    end
-    parts[#parts + 1] = part
-  end
-  if #parts == 0 then
-    return nil, 0
-  end
-  return table.concat(parts), #parts
-end
-
-local function drop_chunked(key, tag, n)
-  for i = 0, n - 1 do
-    redis.call('HDEL', key, tag .. ':' .. i)
-  end
-end
-
 local cur = redis.call('HMGET', KEYS[1], 'state', 'expires_at')
 if not cur[1] or cur[1] ~= ARGV[2] or cur[1] == 'active' then
   return 0
