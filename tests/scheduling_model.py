@@ -331,6 +331,32 @@ class Model:
             return task
         return None
 
+    def enqueue_graph(self, nodes: list[tuple[Task, tuple[int, ...]]]) -> list[Task]:
+        """A workflow: every task or none. One that names an id or a unique key twice is
+        refused first (the first such task in order, id before key); then the first task
+        whose id is taken or unique key held. A task waits for the earlier tasks it names
+        by index: they were just created, so none has finished. ``nodes`` are built like
+        :meth:`enqueue`'s tasks, due times relative to now."""
+        tasks = [t for t, _ in nodes]
+        self.named.update(t.queue for t in tasks)
+        for i, t in enumerate(tasks):
+            if any(e.key == t.key for e in tasks[:i]):
+                raise Refused("conflict")
+            if t.unique is not None and any(e.unique == t.unique for e in tasks[:i]):
+                raise Refused("duplicate")
+        for t in tasks:
+            self._check(t.queue, t.id, t.unique, [])
+        for t, edges in nodes:
+            t.due += self.now
+            if t.unique is not None and t.unique_until is not None:
+                t.unique_until += self.now
+            self._insert(t)
+            if edges:
+                t.state, t.waiting_for = WAITING, len(edges)
+                for j in edges:
+                    tasks[j].dependents.append(t.key)
+        return tasks
+
     def enqueue_group(self, group_id: str, members: list[Task], then: str | None) -> Group:
         """All members or none: the first refused member (in order) refuses the group.
         ``members`` are built like :meth:`enqueue`'s tasks, due times relative to now."""

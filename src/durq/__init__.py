@@ -41,6 +41,15 @@ from durq.taskdef import TaskDef
 from durq.uniqueness import Debounce, Unique
 from durq.worker import Worker
 from durq.worker.hooks import WorkerHooks
+from durq.workflows import (
+    Node,
+    NodeFailed,
+    Workflow,
+    WorkflowCycleError,
+    WorkflowError,
+    WorkflowFailedError,
+    WorkflowInfo,
+)
 
 __version__ = "0.1.0"
 
@@ -71,6 +80,8 @@ __all__ = [
     "InvalidPriorityError",
     "InvalidStateError",
     "Limit",
+    "Node",
+    "NodeFailed",
     "NotReady",
     "PayloadError",
     "QueueNotFoundError",
@@ -97,6 +108,11 @@ __all__ = [
     "Worker",
     "WorkerHooks",
     "WorkerInfo",
+    "Workflow",
+    "WorkflowCycleError",
+    "WorkflowError",
+    "WorkflowFailedError",
+    "WorkflowInfo",
     "capped_power_of_two",
     "exponential",
     "fixed",

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Se
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from durq import backoff, codec, continuations, durations, groups, webhooks
+from durq import backoff, codec, continuations, durations, groups, webhooks, workflows
 from durq import encryption as crypt
 from durq.appview import HeaderHook, SendHook
 from durq.brokers import FullBroker, open_broker, resolve_url
@@ -71,6 +71,7 @@ from durq.task import TaskInfo
 from durq.taskdef import TaskDecorator as TaskDecorator
 from durq.taskdef import TaskDef as TaskDef
 from durq.uniqueness import OnConflict, Unique, as_unique
+from durq.workflows import Workflow, WorkflowInfo
 
 if TYPE_CHECKING:
     from durq.inspector import Inspector
@@ -693,6 +694,55 @@ class App:
             self._created(info)
         return Group(group.id, group.queue, tuple(infos), group.then.id if group.then else None)
 
+    async def enqueue_workflow(self, workflow: Workflow) -> WorkflowInfo:
+        """Create every node of ``workflow`` as a task, all or none, in one atomic broker
+        step: nodes that wait for none are pending (or scheduled) at once, the others
+        ``waiting`` until the last node they wait for has finished. Raises WorkflowError
+        (an ``after=`` name that is no node), WorkflowCycleError (naming the cycle), the
+        first refused node's TaskIDConflictError / DuplicateTaskError (nothing created),
+        ValidationError on a broker that keeps one atomic step in one queue (a Redis
+        Cluster) for nodes in several queues. Wait for it with ``app.wait(info)``; see
+        :mod:`durq.workflows`."""
+        order = workflow.order()
+        broker = await self.broker()
+        if CAP_DEPENDENCIES not in broker.capabilities:
+            raise ConfigurationError(f"the {broker.name} broker does not support workflows")
+        created: dict[str, EnqueueParams] = {}
+        for name in order:
+            node, payload, policy, options = workflow.spec(name)
+            options.setdefault("task_id", workflow.node_id(name))
+            if workflow.queue is not None:
+                options.setdefault("queue", workflow.queue)
+            params = self.params(self._request(node.type, payload, **options))
+            after = {dep: created[dep] for dep in workflow.after(name)}
+            header = workflows.node_header(
+                workflow, name, policy, {d: (p.queue, p.id) for d, p in after.items()}
+            )
+            created[name] = replace(
+                params,
+                retention=max(params.retention, workflow.retention),
+                after=tuple((p.queue, p.id) for p in after.values()),
+                headers={**params.headers, workflows.HEADER: header},
+            )
+            self._check_follow_up_queue(broker, replace(created[name], after=()))
+        queues = {p.queue for p in created.values()}
+        if CAP_CROSS_QUEUE_GROUPS not in broker.capabilities and len(queues) > 1:
+            raise ValidationError(
+                f"this {broker.name} broker creates a workflow in one atomic step within one "
+                f"queue: its nodes must all be in one queue, not {sorted(queues)}"
+            )
+        with self._sending(list(created.values())) as sent:
+            infos = await broker.enqueue_graph(sent)
+        nodes = {name: self._created(info) for name, info in zip(order, infos, strict=True)}
+        return WorkflowInfo(workflow.id, workflow.name, nodes, workflow.finals())
+
+    async def cancel_workflow(self, info: WorkflowInfo) -> int:
+        """Cancel every node of the workflow that has not finished: waiting, pending,
+        scheduled and retry nodes are archived "cancelled" at once, running ones are
+        cancelled by their workers. Returns how many nodes were cancelled; ``app.wait`` on
+        the workflow then raises WorkflowFailedError."""
+        return await workflows.cancel((await self.broker()).admin, info)
+
     # -- the sync face ------------------------------------------------------------------------
 
     def _runner(self) -> SyncRunner:
@@ -751,6 +801,14 @@ class App:
         items = list(requests)
         return self._runner().run(lambda: self.enqueue_group(items, then=then, retention=retention))
 
+    def enqueue_workflow_sync(self, workflow: Workflow) -> WorkflowInfo:
+        """Blocking :meth:`enqueue_workflow`."""
+        return self._runner().run(lambda: self.enqueue_workflow(workflow))
+
+    def cancel_workflow_sync(self, info: WorkflowInfo) -> int:
+        """Blocking :meth:`cancel_workflow`."""
+        return self._runner().run(lambda: self.cancel_workflow(info))
+
     def run_sync(self, make: Callable[[], Awaitable[R]]) -> R:
         """Run ``make()`` (a coroutine using this app) on the sync face's loop."""
         return self._runner().run(make)
@@ -759,37 +817,47 @@ class App:
 
     async def wait(
         self,
-        task: TaskInfo | str,
+        task: TaskInfo | WorkflowInfo | str,
         *,
         queue: str | None = None,
         timeout: Duration | None = None,
     ) -> Any:
         """Wait until the task ends and return its result (decoded JSON).
 
+        Given a :class:`~durq.WorkflowInfo`, wait for its final nodes (those no node runs
+        after) and return their results by node name, or raise
+        :class:`~durq.WorkflowFailedError` with the failed node's error and traceback (see
+        :mod:`durq.workflows`).
+
         ``task`` is the :class:`TaskInfo` enqueue returned, or a task id in ``queue``
         (default: the app's default queue). ``timeout`` bounds the wait (``None``: none).
         Raises :class:`~durq.TaskArchivedError` (with ``last_error`` and ``traceback``) when
         the task failed for good, :class:`~durq.TaskCancelledError` when it was cancelled,
         :class:`~durq.WaitTimeoutError` when ``timeout`` passed first (the task goes on),
-        :class:`~durq.TaskNotFoundError` when there is no such task, or it was deleted
-        before its end was read (``retention=0`` keeps no result).
+        :class:`~durq.TaskNotFoundError` when the task was deleted before its end was read
+        (``retention=0`` keeps no result). A task that does not exist yet (a group's
+        follow-up, a continuation ``then:<id>``, a task enqueued later) is waited for until
+        it exists and ends, within ``timeout``; :class:`~durq.InvalidNameError` for an id
+        no task can have.
 
         The wait is woken by the broker's notification of the task's end, not by polling;
         it also reads the task again every few seconds in case a notification was lost
         (see :mod:`durq.results`)."""
+        limit = durations.seconds(timeout)
+        if isinstance(task, WorkflowInfo):
+            return await workflows.wait_for(await self.broker(), task, limit, self.encryption)
         if isinstance(task, TaskInfo):
             task_id, queue = task.id, queue or task.queue
         else:
             task_id, queue = task, queue or self.default_queue
         check_queue(queue)
-        limit = durations.seconds(timeout)
         broker = await self.broker()
         info = await wait_for_end(broker, queue, task_id, limit)
         return crypt.decode(info.raw_result, self.encryption)
 
     def wait_sync(
         self,
-        task: TaskInfo | str,
+        task: TaskInfo | WorkflowInfo | str,
         *,
         queue: str | None = None,
         timeout: Duration | None = None,

@@ -48,6 +48,12 @@ def check_enqueued_type(name: str) -> str:
     return name
 
 
+def check_node_name(name: str, what: str = "node name") -> str:
+    """Return a valid workflow or node name (as a task type: letters, digits, ``_ . : -``)
+    or raise :class:`InvalidNameError`."""
+    return _check(name, what, _NAME, NAME_MAX)
+
+
 def check_task_id(task_id: str) -> str:
     """Return a valid task id or raise :class:`InvalidNameError`."""
     return _check(task_id, "task id", _TASK_ID, TASK_ID_MAX)

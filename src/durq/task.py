@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -301,6 +301,9 @@ class TaskContext:
     #: Where durable steps are recorded; ``None`` (a context built outside a worker): each
     #: step runs every time.
     steps: StepSink | None = field(default=None, repr=False, compare=False)
+    #: A workflow node's dependencies: node name -> result (a :class:`durq.NodeFailed` for
+    #: one that failed with ``on_failure="continue"``); empty for other tasks.
+    dependencies: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def attempt(self) -> int:

@@ -1,7 +1,7 @@
 """Every broker against the scheduling model (``tests/scheduling_model.py``), step by step.
 
 Hypothesis draws random sequences of enqueues (single tasks with limits, uniqueness and
-continuations, and groups with a fan-in follow-up), claims (queues in strict or weighted
+continuations, groups with a fan-in follow-up, and workflows created all or none), claims (queues in strict or weighted
 order), completions, failures, hand-backs, heartbeats, clock moves, rescues, inspector moves,
 pauses and janitor runs; each step runs on the broker (through the same ``durq.lifecycle``
 decisions a worker, rescuer and inspector make) and on the model, and their answers must
@@ -97,6 +97,10 @@ task_options = st.fixed_dictionaries(
         "unique": st.sampled_from([False, False, False, True]),
     }
 )
+
+
+#: The tasks a workflow's task waits for, by index (only earlier ones count).
+_AFTER = st.lists(st.integers(0, 2), max_size=2, unique=True)
 
 
 class BrokerAgainstModel(RuleBasedStateMachine):
@@ -292,6 +296,34 @@ class BrokerAgainstModel(RuleBasedStateMachine):
         self.seen.update(t.key for _, t in built)
         if then and want == "created":
             self.seen.add((self.queues[then_q], f"group:{group_id}"))  # waiting from now
+        assert got == want
+
+    @rule(
+        nodes=st.lists(
+            st.tuples(st.integers(0, 1), st.sampled_from(IDS), task_options, _AFTER),
+            min_size=1,
+            max_size=4,
+        )
+    )
+    def enqueue_graph(self, nodes: list[tuple[int, str, dict[str, Any], list[int]]]) -> None:
+        """A workflow: its tasks all or none, each waiting for earlier ones it names."""
+        if CAP_CROSS_QUEUE_GROUPS not in self.broker.capabilities:
+            nodes = [(nodes[0][0], task_id, o, e) for _, task_id, o, e in nodes]
+        built = [self._params(self.queues[q], task_id, o, None, 0) for q, task_id, o, _ in nodes]
+        edges = [tuple(j for j in e if j < i) for i, (*_, e) in enumerate(nodes)]
+        items = [
+            dataclasses.replace(p, after=tuple((built[j][0].queue, built[j][0].id) for j in e))
+            for (p, _), e in zip(built, edges, strict=True)
+        ]
+        got = self._refusal(self.broker.enqueue_graph(items))
+        try:
+            self.model.enqueue_graph(
+                [(t, tuple(dict.fromkeys(e))) for (_, t), e in zip(built, edges, strict=True)]
+            )
+            want = "created"
+        except m.Refused as exc:
+            want = exc.reason
+        self.seen.update(t.key for _, t in built)
         assert got == want
 
     # -- claim and the end of an attempt -------------------------------------------------------

@@ -127,9 +127,51 @@ async def test_wait_times_out_and_the_task_goes_on(app: durq.App) -> None:
     assert still.state is TaskState.PENDING
 
 
-async def test_wait_for_an_unknown_task_raises_not_found(app: durq.App) -> None:
-    with pytest.raises(durq.TaskNotFoundError):
-        await app.wait("no-such-task", timeout=1)
+async def test_wait_for_a_task_that_does_not_exist_yet_times_out(app: durq.App) -> None:
+    with pytest.raises(durq.WaitTimeoutError, match="does not exist yet") as caught:
+        await app.wait("no-such-task", timeout=0.3)
+    assert caught.value.info is None
+
+
+async def test_wait_for_an_impossible_id_raises_at_once(app: durq.App) -> None:
+    with pytest.raises(durq.InvalidNameError):
+        await app.wait("no such task", timeout=LIMIT)
+
+
+async def test_wait_for_a_task_enqueued_later_returns_its_result(app: durq.App) -> None:
+    skip_unless_notified(await app.broker())
+
+    @app.task("wait:later", retention=600)
+    async def later(payload: dict[str, int]) -> int:
+        return payload["n"] + 1
+
+    async with app.worker(**FAST):
+        waiting = asyncio.create_task(app.wait("made-later", timeout=LIMIT))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        await later.enqueue({"n": 1}, task_id="made-later")
+        assert await waiting == 2
+
+
+async def test_wait_for_a_continuation_before_its_task_ended(app: durq.App) -> None:
+    skip_unless_notified(await app.broker())
+    release = asyncio.Event()
+
+    @app.task("wait:first", retention=600)
+    async def first(payload: dict[str, Any]) -> int:
+        await release.wait()
+        return 1
+
+    @app.task("wait:then", retention=600)
+    async def then(payload: dict[str, Any]) -> str:
+        return "then ran"
+
+    async with app.worker(**FAST):
+        info = await first.enqueue({}, then="wait:then")
+        waiting = asyncio.create_task(app.wait(f"then:{info.id}", timeout=LIMIT))
+        await asyncio.sleep(0.3)
+        release.set()
+        assert await waiting == "then ran"
 
 
 async def test_wait_on_a_deleted_task_raises_not_found(app: durq.App) -> None:

@@ -29,6 +29,7 @@ RUNNABLE = [
     "docs/results.md",
     "docs/dependencies.md",
     "docs/durable.md",
+    "docs/workflows.md",
 ]
 BLOCK = re.compile(r"^```python\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 SCRIPT_NAME = re.compile(r"^# ([\w/.-]+\.py)$")

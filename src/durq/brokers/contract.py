@@ -201,6 +201,16 @@ class Broker(Protocol):
         first refused task raises its TaskIDConflictError/DuplicateTaskError. Returns the
         members' infos."""
 
+    async def enqueue_graph(self, items: Sequence[EnqueueParams]) -> list[TaskInfo]:
+        """Create every task of ``items`` atomically, or nothing (a workflow): the first
+        refused item raises its TaskIDConflictError/DuplicateTaskError; a call that names
+        one id or unique key twice is refused before the storage is asked
+        (:func:`~durq.brokers.params.check_distinct`). An item's ``after`` names
+        earlier items of the call only (:func:`~durq.brokers.dependencies.graph_edges`):
+        it is stored ``waiting`` for as many and each of them lists it as a dependent, so
+        the countdown of :mod:`~durq.brokers.dependencies` releases it. Returns the
+        infos in order."""
+
     async def claim(self, params: ClaimParams) -> list[Lease]:
         """Lease up to ``params.limit`` claimable tasks (state active, new fencing token,
         ``lease_expires_at = now + lease_seconds``). Never hands one task to two callers.

@@ -102,6 +102,28 @@ class EnqueueOutcome:
         return self.info is not None
 
 
+def check_distinct(items: Sequence[EnqueueParams], now: float) -> None:
+    """Refuse a graph (``enqueue_graph``) that names one id (in one queue) or one unique key
+    twice, before the storage is asked: the later task's TaskIDConflictError (its id) or
+    DuplicateTaskError (its unique key), the first such task in order, id before key."""
+    ids: dict[tuple[str, str], EnqueueParams] = {}
+    keys: dict[str, str] = {}
+    for p in items:
+        earlier = ids.setdefault((p.queue, p.id), p)
+        if earlier is not p:
+            raise TaskIDConflictError(
+                f"task {p.id!r} is twice in the graph (queue {p.queue!r})",
+                existing=earlier.created(TaskState.PENDING, now),
+            )
+        if p.unique_key is not None:
+            if p.unique_key in keys:
+                raise DuplicateTaskError(
+                    f"task {p.id!r} has the unique key of {keys[p.unique_key]!r} in the graph",
+                    existing_id=keys[p.unique_key],
+                )
+            keys[p.unique_key] = p.id
+
+
 @dataclass(frozen=True, slots=True)
 class GroupParams:
     """A group to create: its members, all or none, and the follow-up of its fan-in.

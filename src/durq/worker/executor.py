@@ -16,13 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from durq import codec, durations, groups, lifecycle
+from durq import codec, durations, groups, lifecycle, workflows
 from durq import encryption as crypt
 from durq.backoff import exponential
 from durq.brokers.base import (
     ArchiveParams,
-    Broker,
     CompleteParams,
+    FullBroker,
     Lease,
     LeaseRef,
 )
@@ -110,7 +110,7 @@ class Executor:
     def __init__(
         self,
         app: WorkerView,
-        broker: Broker,
+        broker: FullBroker,
         *,
         concurrency: int,
         worker_id: str,
@@ -252,8 +252,16 @@ class Executor:
             if task_def is None:
                 self._mark_settling(lease)
                 raise _NoHandler(f'no handler for type "{task.type}"')
+            dependencies: dict[str, Any] = {}
+            if workflows.HEADER in task.headers:
+                # A workflow node: its dependencies' results, or not run (on_failure).
+                gate = await workflows.gate(self.broker.admin, task, self.app.encryption)
+                if gate.stop is not None:
+                    self._mark_settling(lease)
+                    return await self._archive(lease, gate.stop, alert=False)
+                dependencies = gate.dependencies
             try:
-                result = await self._call(task_def, task, lease.ref)
+                result = await self._call(task_def, task, lease.ref, dependencies)
             finally:
                 self._mark_settling(lease)
                 if self._reports:  # only attempts whose handler takes a context
@@ -329,7 +337,13 @@ class Executor:
             self._settling += 1
             self._busy_changed()
 
-    async def _call(self, task_def: TaskDef[Any, Any], task: TaskInfo, ref: LeaseRef) -> Any:
+    async def _call(
+        self,
+        task_def: TaskDef[Any, Any],
+        task: TaskInfo,
+        ref: LeaseRef,
+        dependencies: dict[str, Any],
+    ) -> Any:
         size = len(task.raw_payload)
         # A group's follow-up and a sealed payload may be larger than max_payload, never
         # smaller: their own limit is worked out only for a payload over it.
@@ -356,7 +370,7 @@ class Executor:
             else:
                 args.append(data)
         if shape.wants_context:
-            args.append(self._context(task, ref))
+            args.append(self._context(task, ref, dependencies))
         if not self._wrapping:
             if task_def.is_async and not task.timeout and task.deadline is None:
                 return await task_def.fn(*args)  # most tasks: no hook, no budget, no thread
@@ -398,7 +412,7 @@ class Executor:
         call: Callable[[], Any] = functools.partial(ctx.run, task_def.fn, *args)
         return await asyncio.get_running_loop().run_in_executor(self._threads, call)
 
-    def _context(self, task: TaskInfo, ref: LeaseRef) -> TaskContext:
+    def _context(self, task: TaskInfo, ref: LeaseRef, dependencies: dict[str, Any]) -> TaskContext:
         loop = asyncio.get_running_loop()
         attempt = task.retried + 1
         # Built on the first report only: most handlers that take a context never report.
@@ -426,6 +440,7 @@ class Executor:
             worker_id=self.worker_id,
             reports=reports,
             steps=steps,
+            dependencies=dependencies,
         )
 
     async def _end_reports(self, ref: LeaseRef) -> None:

@@ -156,6 +156,14 @@ class MemoryBroker:
         store.notify({i.queue for i in infos if i.state is PENDING})
         return infos
 
+    async def enqueue_graph(self, items: Sequence[EnqueueParams]) -> list[TaskInfo]:
+        """Every task of a graph in one step, or nothing."""
+        store = self._store
+        with store.lock:
+            infos = [row.info() for row in store.insert_graph(items, self._clock.now())]
+        store.notify({i.queue for i in infos if i.state is PENDING})
+        return infos
+
     def _no_connection(self, connection: Any) -> None:
         if connection is not None:
             raise ConfigurationError(

@@ -11,8 +11,8 @@ import json
 import secrets
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 
 from durq.brokers import dependencies, limiter, mailbox
 from durq.brokers.base import (
@@ -23,6 +23,7 @@ from durq.brokers.base import (
     LimitStats,
     ScheduleRecord,
     WorkerInfo,
+    check_distinct,
     fan_in_payload,
     minute_of,
     waiting_follow_up,
@@ -454,6 +455,27 @@ class Store:
                 raise DuplicateTaskError(
                     f"an identical task {holder.id!r} is already queued", existing_id=holder.id
                 )
+
+    def insert_graph(self, items: Sequence[EnqueueParams], now: float) -> list[Row]:
+        """Create every task of a graph (``after`` naming earlier items), or raise the first
+        refusal writing nothing."""
+        edges = dependencies.graph_edges(items)
+        check_distinct(items, now)
+        for p in items:
+            self.check_insert(p, now)
+        rows = [self.insert(replace(p, after=()), now) for p in items]
+        # Each dependency is an earlier item, created unfinished: every edge holds. Each
+        # list of dependents is written once (appending one by one re-encodes it each time).
+        listed: dict[int, list[tuple[str, str]]] = {}
+        for row, e in zip(rows, edges, strict=True):
+            if e:
+                self.move(row, WAITING)
+                row.waiting_for = len(e)
+                for j in e:
+                    listed.setdefault(j, []).append((row.queue, row.id))
+        for j, dependents in listed.items():
+            rows[j].dependents = json.dumps(dependents)
+        return rows
 
     def insert_group(self, p: GroupParams, now: float) -> list[Row]:
         """Create a group, its members and its follow-up (waiting for the group), or raise

@@ -258,6 +258,16 @@ class PostgresBroker:
         )
         return infos
 
+    async def enqueue_graph(self, items: Sequence[EnqueueParams]) -> list[TaskInfo]:
+        """Every task of a graph, waiting for its earlier items, in one transaction, or
+        nothing."""
+        async with self._storage.connection("enqueue_graph") as conn, conn.transaction():
+            infos = await self._storage.insert_graph(conn, items)
+        self._storage.notify_created(
+            [EnqueueOutcome(p, info=i) for p, i in zip(items, infos, strict=True)]
+        )
+        return infos
+
     async def enqueue_many(
         self, items: Sequence[EnqueueParams], *, connection: Any = None
     ) -> list[EnqueueOutcome]:

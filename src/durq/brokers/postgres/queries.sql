@@ -1290,6 +1290,18 @@ FROM d
 WHERE t.queue = d.queue AND t.id = d.id AND t.state NOT IN ('completed', 'archived')
 RETURNING t.queue, t.id;
 
+-- name: set_graph
+-- enqueue_graph: tasks inserted in the same transaction, each at most once: a dependent
+-- waits for n (> 0) of them, a dependency lists its dependents (jsonb [[queue, id], ...],
+-- NULL: none), in one statement rather than one per edge.
+UPDATE {schema}.tasks AS t
+SET state = CASE WHEN x.n > 0 THEN 'waiting' ELSE t.state END,
+    waiting_for = CASE WHEN x.n > 0 THEN x.n ELSE t.waiting_for END,
+    dependents = coalesce(x.dependents::jsonb, t.dependents)
+FROM unnest(%(queues)s::text[], %(ids)s::text[], %(ns)s::int[], %(lists)s::text[])
+    AS x(queue, id, n, dependents)
+WHERE t.queue = x.queue AND t.id = x.id;
+
 -- name: set_waiting
 -- The task just inserted in the same transaction waits for n dependencies.
 UPDATE {schema}.tasks SET state = 'waiting', waiting_for = %(n)s

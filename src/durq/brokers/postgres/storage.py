@@ -10,7 +10,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -22,12 +22,13 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from durq import ranges
-from durq.brokers import sqlfiles
+from durq.brokers import dependencies, sqlfiles
 from durq.brokers.base import (
     EnqueueOutcome,
     EnqueueParams,
     GroupParams,
     MemberOutcome,
+    check_distinct,
     fan_in_payload,
     follow_up_from,
     waiting_follow_up,
@@ -547,6 +548,40 @@ class PostgresStorage:
         return {r["queue"] for r in await cur.fetchall()}
 
     # ------------------------------------------------------------------ groups
+
+    async def insert_graph(self, conn: AsyncConn, items: Sequence[EnqueueParams]) -> list[TaskInfo]:
+        """Create every task of a graph in the caller's transaction, each waiting for its
+        earlier items (one multi-row insert, then one update of the edges); the first
+        refused task raises (the transaction rolls everything back)."""
+        edges = dependencies.graph_edges(items)
+        check_distinct(items, self.now())
+        plain = [replace(p, after=()) for p in items]
+        outcomes: list[EnqueueOutcome] = await self.drive(conn, self.plan(plain, None))
+        for outcome in outcomes:
+            if outcome.error is not None:
+                raise outcome.error
+        dependents: dict[int, list[list[str]]] = {}
+        for i, e in enumerate(edges):
+            for j in e:
+                dependents.setdefault(j, []).append([items[i].queue, items[i].id])
+        touched = [i for i, e in enumerate(edges) if e or i in dependents]
+        if touched:
+            await conn.execute(
+                self.statements["set_graph"],
+                {
+                    "queues": [items[i].queue for i in touched],
+                    "ids": [items[i].id for i in touched],
+                    "ns": [len(edges[i]) for i in touched],
+                    "lists": [
+                        json.dumps(dependents[i]) if i in dependents else None for i in touched
+                    ],
+                },
+            )
+        infos = [o.info for o in outcomes if o.info is not None]
+        return [
+            info.replace(state=TaskState.WAITING) if e else info
+            for info, e in zip(infos, edges, strict=True)
+        ]
 
     async def insert_group(self, conn: AsyncConn, p: GroupParams) -> list[TaskInfo]:
         """Create a group's record, its members and its follow-up (waiting for the group) in

@@ -11,12 +11,13 @@ import secrets
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import date
 from typing import Any, Self
 
 from redis import exceptions as rex
 
+from durq.brokers import dependencies
 from durq.brokers.batcher import enqueue_coalescer
 from durq.brokers.contract import (
     CAP_COMPLETE_AND_CLAIM,
@@ -50,6 +51,7 @@ from durq.brokers.params import (
     StepsParams,
     TwinReplace,
     UniqueRelease,
+    check_distinct,
     waiting_follow_up,
 )
 from durq.brokers.redis.admin import WORKER_TTL, RedisAdmin
@@ -301,6 +303,40 @@ class RedisBroker:
             self._storage.created(p, s, reply[1])
             for p, s in zip(params.members, states, strict=True)
         ]
+
+    async def enqueue_graph(self, items: Sequence[EnqueueParams]) -> list[TaskInfo]:
+        """Every task of a graph, waiting for its earlier items, in one script, or nothing.
+        On a Redis Cluster all of them must be in queues of one hash slot."""
+        if not items:
+            return []
+        edges = dependencies.graph_edges(items)
+        now = self._storage.clock.now()
+        check_distinct(items, now)
+        if self._storage.cluster:
+            slots = {key_slot(self._storage.keys.queue(p.queue).base) for p in items}
+            if len(slots) > 1:
+                raise ValidationError(
+                    "on a Redis Cluster a workflow's tasks must be in queues of one hash slot "
+                    f"(one queue): {sorted({p.queue for p in items})}"
+                )
+        keys: list[str] = []
+        args: list[Scalar] = [self._storage.now_arg(), len(items)]
+        states: list[TaskState] = []
+        for p, e in zip(items, edges, strict=True):
+            (_, more_keys, more_args), state = self._storage.enqueue_call(replace(p, after=()), now)
+            keys += [*more_keys, self._storage.keys.queue(p.queue).waiting]
+            args += [*more_args, ",".join(map(str, e))]
+            states.append(TaskState.WAITING if e else state)
+        async with self._storage.op("enqueue_graph"):
+            await self._storage.ensure()
+            await self._storage.remember_queues(list(dict.fromkeys(p.queue for p in items)))
+            reply = await self._storage.eval("enqueue_graph", keys, args)
+        if reply[0] != b"ok":
+            i = int(reply[1])
+            error = self._enqueue_outcome(items[i], states[i], [reply[0], reply[2]]).error
+            assert error is not None
+            raise error
+        return [self._storage.created(p, s, reply[1]) for p, s in zip(items, states, strict=True)]
 
     def _one_slot(self, params: GroupParams) -> None:
         """On a Redis Cluster one script must stay in one hash slot: the group's queue."""

@@ -20,6 +20,7 @@ SCRIPT_NAMES = (
     "enqueue_many",
     "enqueue_group",
     "enqueue_after",
+    "enqueue_graph",
     "claim",
     "extend",
     "complete",

@@ -11,7 +11,7 @@ import json
 import os
 import sqlite3
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -242,15 +242,30 @@ class SQLiteBroker:
     async def enqueue_group(self, params: GroupParams) -> list[TaskInfo]:
         """The group's record, every member and the waiting follow-up in one transaction,
         or nothing."""
+        return await self._create_all(
+            "sqlite.enqueue_group", lambda c, now: self._storage.insert_group(c, params, now)
+        )
+
+    async def enqueue_graph(self, items: Sequence[EnqueueParams]) -> list[TaskInfo]:
+        """Every task of a graph, waiting for its earlier items, in one transaction, or
+        nothing."""
+        return await self._create_all(
+            "sqlite.enqueue_graph", lambda c, now: self._storage.insert_graph(c, items, now)
+        )
+
+    async def _create_all(
+        self, operation: str, write: Callable[[Conn, float], list[TaskInfo]]
+    ) -> list[TaskInfo]:
+        """``write`` in one transaction (a refusal it raises rolls everything back), then
+        wake the queues that got pending tasks."""
 
         def run(conn: Conn) -> list[TaskInfo]:
-            infos = self._storage.transaction(
-                conn, lambda c, now: self._storage.insert_group(c, params, now)
-            )
+            infos = self._storage.transaction(conn, write)
             self._storage.notify({i.queue for i in infos if i.state is TaskState.PENDING})
             return infos
 
-        return await self._storage.call("sqlite.enqueue_group", run)
+        infos: list[TaskInfo] = await self._storage.call(operation, run)
+        return infos
 
     def _insert_many(
         self, conn: Exec, items: Sequence[EnqueueParams], now: float

@@ -650,6 +650,12 @@ UPDATE durq_tasks
 SET dependents = json_insert(coalesce(dependents, '[]'), '$[#]', json_array(:w_queue, :w_id))
 WHERE queue = :queue AND id = :id;
 
+-- name: set_dependents
+-- enqueue_graph: a task created in this transaction lists its dependents (JSON [[queue, id],
+-- ...]) written all at once, rather than appended to one by one.
+UPDATE durq_tasks SET dependents = :dependents
+WHERE queue = :queue AND id = :id;
+
 -- name: dependency_states
 -- The state of each dependency named (JSON [[queue, id], ...]) that exists.
 SELECT t.queue, t.id, t.state

@@ -21,6 +21,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TypeVar
 
 from durq import ranges
@@ -29,6 +30,7 @@ from durq.brokers.base import (
     EnqueueParams,
     GroupParams,
     MemberOutcome,
+    check_distinct,
     fan_in_payload,
     follow_up_from,
     minute_of,
@@ -499,14 +501,16 @@ class SQLiteStorage:
         *,
         record_queue: bool = True,
         for_group: bool = False,
+        waits_for: int = 0,
     ) -> TaskInfo:
         """Create one task or raise its conflict; a refusal writes nothing of its own.
         ``record_queue=False``: the caller records the queue (once per batch).
         ``for_group``: a group's follow-up, waiting for its group (one more thing to wait
-        for, which the group's own count releases)."""
+        for, which the group's own count releases). ``waits_for``: dependencies the caller
+        lists it with itself (a graph's earlier tasks)."""
         until = p.scheduled_until(now)
         holding = self._unfinished(conn, p.after) if p.after else []
-        waits = len(holding) + for_group
+        waits = len(holding) + for_group + waits_for
         values = {
             "id": p.id,
             "queue": p.queue,
@@ -619,6 +623,32 @@ class SQLiteStorage:
         return queues
 
     # ------------------------------------------------------------------ groups
+
+    def insert_graph(
+        self, conn: Exec, items: Sequence[EnqueueParams], now: float
+    ) -> list[TaskInfo]:
+        """Create every task of a graph, each waiting for its earlier items; the first
+        refusal raises (the caller's transaction rolls everything back). Each dependency's
+        list of dependents is written once, not appended to once per dependent."""
+        edges = dependencies.graph_edges(items)
+        check_distinct(items, now)
+        infos = [
+            self.insert(conn, replace(p, after=()), now, record_queue=False, waits_for=len(e))
+            for p, e in zip(items, edges, strict=True)
+        ]
+        dependents: dict[int, list[list[str]]] = {}
+        for i, e in enumerate(edges):
+            for j in e:
+                dependents.setdefault(j, []).append([items[i].queue, items[i].id])
+        conn.executemany(
+            STATEMENTS["set_dependents"],
+            [
+                {"queue": items[j].queue, "id": items[j].id, "dependents": json.dumps(listed)}
+                for j, listed in dependents.items()
+            ],
+        )
+        self.record_queues(conn, {p.queue for p in items}, now)
+        return infos
 
     def insert_group(self, conn: Exec, p: GroupParams, now: float) -> list[TaskInfo]:
         """Create a group's record, its members and its follow-up (waiting for the group);

@@ -213,6 +213,41 @@ local function add_chunked(f, n, tag, value)
   return n
 end
 
+-- Whether a task hash holds a live task (a completed one past its retention is gone).
+local function taken_by(task_key, now)
+  if redis.call('EXISTS', task_key) == 0 then
+    return false
+  end
+  local cur = redis.call('HMGET', task_key, 'state', 'expires_at')
+  return not (cur[1] == 'completed' and cur[2] and tonumber(cur[2]) <= now)
+end
+
+-- The id of the task whose lock on unique key `unique` (in unique hash `unique_hash`)
+-- still holds at `now`; false when none does.
+local function unique_holder(unique_hash, unique, now)
+  local owner = redis.call('HGET', unique_hash, unique)
+  if owner then
+    local sep = string.find(owner, '|', 1, true)
+    if sep and tonumber(string.sub(owner, sep + 1)) > now then
+      return string.sub(owner, 1, sep - 1)
+    end
+  end
+  return false
+end
+
+-- The refusal of task `i` of a batch whose id or unique lock a live task holds:
+-- {"conflict", i, <HGETALL of that task>} | {"duplicate", i, <its id>}; nil when free.
+local function refusal(i, task_key, unique_hash, unique, now)
+  if taken_by(task_key, now) then
+    return {'conflict', i, redis.call('HGETALL', task_key)}
+  end
+  local holder = unique ~= '' and unique_holder(unique_hash, unique, now)
+  if holder then
+    return {'duplicate', i, holder}
+  end
+  return nil
+end
+
 -- Create one task: the body of enqueue.lua and enqueue_many.lua, shared with the
 -- follow-ups of complete.lua, archive.lua and admin_move.lua. `qk` is the queue's keys at qk[qo+1..qo+5]:
 -- pending, scheduled, completed, unique hash, sequence counter. The task's 12 fields are
@@ -243,12 +278,9 @@ local function enqueue_task(task_key, qk, qo, now_s, a, ao)
 
   local unique = a[ao + 10]
   if unique ~= '' then
-    local owner = redis.call('HGET', qk[qo + 4], unique)
-    if owner then
-      local sep = string.find(owner, '|', 1, true)
-      if sep and tonumber(string.sub(owner, sep + 1)) > now then
-        return {'duplicate', string.sub(owner, 1, sep - 1)}, false
-      end
+    local holder = unique_holder(qk[qo + 4], unique, now)
+    if holder then
+      return {'duplicate', holder}, false
     end
     redis.call('HSET', qk[qo + 4], unique, id .. '|' .. later(now_s, a[ao + 11]))
   end

@@ -16,40 +16,26 @@ local n = tonumber(ARGV[2])
 local now_s = clock(ARGV[1])
 local now = tonumber(now_s)
 
--- A task hash that holds a live task (a completed one past its retention is gone).
-local function taken_by(task_key)
-  if redis.call('EXISTS', task_key) == 0 then
-    return false
-  end
-  local cur = redis.call('HMGET', task_key, 'state', 'expires_at')
-  return not (cur[1] == 'completed' and cur[2] and tonumber(cur[2]) <= now)
-end
-
 -- First every check, then every write: a refusal leaves nothing behind.
-if ARGV[4] ~= '' and taken_by(ARGV[4]) then
+if ARGV[4] ~= '' and taken_by(ARGV[4], now) then
   return {'conflict', n, redis.call('HGETALL', ARGV[4])}
 end
 local taken = {}
 for i = 0, n - 1 do
   local ko, ao = 2 + 6 * i, 28 + 18 * i
   local task_key = KEYS[ko + 1]
-  if taken_by(task_key) then
-    return {'conflict', i, redis.call('HGETALL', task_key)}
-  end
   local unique = ARGV[ao + 12]
+  local slot = KEYS[ko + 5] .. '|' .. unique
+  -- An id taken first, then a unique key an earlier member takes, then a stored lock.
+  if unique ~= '' and taken[slot] and not taken_by(task_key, now) then
+    return {'duplicate', i, taken[slot]}
+  end
+  local refused = refusal(i, task_key, KEYS[ko + 5], unique, now)
+  if refused then
+    return refused
+  end
   if unique ~= '' then
-    local slot = KEYS[ko + 5] .. '|' .. unique
-    if taken[slot] then
-      return {'duplicate', i, taken[slot]}
-    end
     taken[slot] = ARGV[ao + 3]
-    local owner = redis.call('HGET', KEYS[ko + 5], unique)
-    if owner then
-      local sep = string.find(owner, '|', 1, true)
-      if sep and tonumber(string.sub(owner, sep + 1)) > now then
-        return {'duplicate', i, string.sub(owner, 1, sep - 1)}
-      end
-    end
   end
 end
 
