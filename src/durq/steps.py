@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +153,20 @@ def decode_steps(raw: str | bytes | None) -> tuple[TaskStep, ...]:
         )
         for name, e in decode(raw).items()
     )
+
+
+def entries(steps: Sequence[TaskStep]) -> dict[str, dict[str, Any]]:
+    """``{name: entry}`` of decoded steps, as :func:`decode` gives them from the stored
+    form (a claim returns a task's steps decoded)."""
+    return {
+        step.name: {
+            "result": step.result,
+            "started": step.started,
+            "ended": step.ended,
+            "attempt": step.attempt,
+        }
+        for step in steps
+    }
 
 
 def json_value(text: str) -> Any:

@@ -8,7 +8,7 @@ import asyncio
 import threading
 import time
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from brokerkit import LEASE, A, R, S, claim, claim_ids, params
@@ -17,10 +17,18 @@ import durq
 from conformance.apps import FAST, wait_for_state, wait_until
 from durq import lifecycle
 from durq.brokers import FullBroker
-from durq.brokers.base import CompleteParams, RetryParams, StepsParams
+from durq.brokers.base import (
+    CAP_COMPLETE_AND_CLAIM,
+    ClaimParams,
+    CompleteAndClaim,
+    CompleteParams,
+    RetryParams,
+    StepsParams,
+)
 from durq.clock import FakeClock
 from durq.states import TaskState
-from durq.steps import encode
+from durq.steps import decode, encode, entries
+from durq.task import LimitSpec
 from durq.worker.steps import AttemptSteps
 
 
@@ -71,6 +79,36 @@ async def test_W16_a_stale_lease_cannot_record_a_step(broker: FullBroker, clock:
     assert await broker.record_steps(StepsParams(second.ref, stored(a=1, b=2)))
     assert await broker.complete(CompleteParams(second.ref, retention=60))
     assert [s.name for s in (await broker.admin.get_task("default", "t")).steps] == ["a", "b"]
+
+
+async def test_W16_a_claim_returns_the_recorded_steps(broker: FullBroker) -> None:
+    """An attempt starts from the steps its claim returned, without reading them: every way
+    of claiming returns them (a plain claim, a task with limits, a claim with completions)."""
+    await broker.enqueue(params("t", max_retry=5))
+    await broker.enqueue(params("lim", max_retry=5, limits=(LimitSpec("k", concurrency=5),)))
+    leases = await claim(broker)
+    assert sorted(lease.task.id for lease in leases) == ["lim", "t"]
+    assert all(lease.task.steps == () for lease in leases)
+    for lease in leases:
+        assert await broker.record_steps(StepsParams(lease.ref, stored(a={"x": [1]}, b=None)))
+        assert await broker.retry(RetryParams(lease.ref, "boom", 0.0))
+    again = await claim(broker)
+    assert sorted(lease.task.id for lease in again) == ["lim", "t"]
+    for lease in again:
+        assert entries(lease.task.steps) == decode(await broker.read_steps(lease.ref))
+        assert entries(lease.task.steps) == decode(stored(a={"x": [1]}, b=None))
+    if CAP_COMPLETE_AND_CLAIM not in broker.capabilities:
+        return
+    (plain,) = [lease for lease in again if lease.task.id == "t"]
+    assert await broker.retry(RetryParams(plain.ref, "boom", 0.0))
+    await broker.promote_due()
+    (limited,) = [lease for lease in again if lease.task.id == "lim"]
+    held, (third,) = await cast(CompleteAndClaim, broker).complete_and_claim(
+        [CompleteParams(limited.ref)], ClaimParams(["default"], 10, "w1", LEASE)
+    )
+    assert held == [True]
+    assert third.task.id == "t"
+    assert entries(third.task.steps) == decode(stored(a={"x": [1]}, b=None))
 
 
 async def test_W16_a_recorded_step_does_not_run_again_on_retry(app: durq.App) -> None:

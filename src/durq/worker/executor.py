@@ -414,6 +414,7 @@ class Executor:
             loop,
             self.app.max_result,
             self.app.encryption,
+            recorded=task.steps,  # the claim's: no read at the first step
         )
         return TaskContext(
             id=task.id,

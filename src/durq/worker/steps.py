@@ -1,12 +1,13 @@
-"""One attempt's durable steps (``ctx.step``): the task's recorded steps, read once at the
-attempt's first step, and each new step written under the attempt's lease before the handler
-goes on. A write the fence refuses (the lease was lost) fails the step: the handler must not
-go on as if it were recorded."""
+"""One attempt's durable steps (``ctx.step``): the task's recorded steps, as the claim that
+leased the attempt returned them, and each new step written under the attempt's lease before
+the handler goes on. A write the fence refuses (the lease was lost) fails the step: the
+handler must not go on as if it were recorded."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 from durq import encryption as crypt
@@ -18,7 +19,11 @@ from durq.errors import StepError
 
 class AttemptSteps:
     """The :class:`~durq.task.StepSink` of one attempt. Its coroutines run on the worker's
-    loop; a sync handler's thread reaches them through :meth:`call`."""
+    loop; a sync handler's thread reaches them through :meth:`call`.
+
+    ``recorded``: the task's steps as its claim returned them (``lease.task.steps``). No
+    one else writes them while the lease holds (every write is fenced by its token), so
+    they are what a read at the first step would find; ``None`` reads them then."""
 
     def __init__(
         self,
@@ -29,6 +34,8 @@ class AttemptSteps:
         loop: asyncio.AbstractEventLoop,
         max_bytes: int,
         encryption: crypt.Encryption | None = None,
+        *,
+        recorded: Sequence[s.TaskStep] | None = None,
     ) -> None:
         self._broker = broker
         self._lease = lease
@@ -37,7 +44,7 @@ class AttemptSteps:
         self._loop = loop
         self._max_bytes = max_bytes
         self._encryption = encryption
-        self._entries: dict[str, dict[str, Any]] | None = None
+        self._entries = None if recorded is None else s.entries(recorded)
         #: Names this attempt has used: each at most once.
         self._used: set[str] = set()
         self._lock = asyncio.Lock()

@@ -254,10 +254,11 @@ SET state = 'active',
 
 -- name: claimed_columns
 -- A fragment (claim, lease_rows): the columns of a claimed row, in the order
--- rows.CLAIM_COLUMNS names them.
+-- rows.CLAIM_COLUMNS names them. The steps (NULL for most tasks) spare a running attempt
+-- the read at its first step (durq.worker.steps).
 t.id, t.queue, t.type, t.payload, t.max_retry, t.retried, t.last_error, t.timeout,
 t.deadline, t.next_process_at, t.enqueued_at, t.retention, t.lost, t.headers::text,
-t.lease_token, t.seq, t.started_at, t.lease_expires_at, t.priority, t.limits::text;
+t.lease_token, t.seq, t.started_at, t.lease_expires_at, t.priority, t.limits::text, t.steps;
 
 -- name: claimable_due
 -- A fragment, not run alone: spliced into claim and limited_due in place of
