@@ -22,6 +22,7 @@ from durq.brokers.base import (
     ClaimParams,
     CompleteAndClaim,
     CompleteParams,
+    Lease,
     RetryParams,
     StepsParams,
 )
@@ -29,7 +30,7 @@ from durq.clock import FakeClock
 from durq.states import TaskState
 from durq.steps import decode, encode, entries
 from durq.task import LimitSpec
-from durq.worker.steps import AttemptSteps
+from durq.worker.steps import AttemptSteps, step_writer
 
 
 def stored(**results: Any) -> str:
@@ -79,6 +80,34 @@ async def test_W16_a_stale_lease_cannot_record_a_step(broker: FullBroker, clock:
     assert await broker.record_steps(StepsParams(second.ref, stored(a=1, b=2)))
     assert await broker.complete(CompleteParams(second.ref, retention=60))
     assert [s.name for s in (await broker.admin.get_task("default", "t")).steps] == ["a", "b"]
+
+
+async def test_W16_steps_of_several_attempts_in_one_call_are_each_fenced(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    """record_steps_many: one answer per item, in order, each fenced by its own lease."""
+    assert await broker.record_steps_many([]) == []
+    for task_id in ("a", "b", "stale"):
+        await broker.enqueue(params(task_id, max_retry=5))
+    leases = {lease.task.id: lease for lease in await claim(broker)}
+    # "stale" loses its lease: rescued, then claimed again under a new token.
+    assert await broker.retry(RetryParams(leases["stale"].ref, "boom", 0.0))
+    (again,) = await claim(broker)
+    a, b, stale = leases["a"].ref, leases["b"].ref, leases["stale"].ref
+    answers = await broker.record_steps_many(
+        [
+            StepsParams(a, stored(x=1)),
+            StepsParams(stale, stored(zombie=1)),
+            StepsParams(b, stored(y=2)),
+            StepsParams(a, stored(x=1, z=3)),  # the same lease again: written after the first
+        ]
+    )
+    assert answers == [True, False, True, True]
+    assert await broker.read_steps(a) == stored(x=1, z=3)
+    assert await broker.read_steps(b) == stored(y=2)
+    assert await broker.read_steps(again.ref) is None
+    assert await broker.record_steps_many([StepsParams(again.ref, stored(w=4))]) == [True]
+    assert await broker.read_steps(again.ref) == stored(w=4)
 
 
 async def test_W16_a_claim_returns_the_recorded_steps(broker: FullBroker) -> None:
@@ -263,6 +292,44 @@ async def test_W16_a_step_of_a_lost_lease_fails_instead_of_going_on(
         await ctx.step("b", lambda: 2)
     with pytest.raises(durq.StepError, match="called twice"):
         await ctx.step("a", lambda: 1)
+
+
+async def test_W16_steps_written_together_each_answer_their_own_attempt(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    """A worker's attempts share step writes (step_writer): recorded at the same time they go
+    as one record_steps_many, and a step whose lease is lost still fails alone."""
+    for task_id in ("a", "b", "c"):
+        await broker.enqueue(params(task_id, max_retry=5))
+    leases = {lease.task.id: lease for lease in await claim(broker)}
+    assert await broker.retry(RetryParams(leases["b"].ref, "lost", 0.0))
+    sent: list[int] = []
+    many = broker.record_steps_many
+
+    async def counted(items: Any) -> list[bool]:
+        sent.append(len(items))
+        return await many(items)
+
+    broker.record_steps_many = counted  # type: ignore[method-assign]
+    writer = step_writer(broker)
+    loop = asyncio.get_running_loop()
+
+    def context(task_id: str, lease: Lease) -> durq.TaskContext:
+        sink = AttemptSteps(broker, lease.ref, 1, clock, loop, 1 << 20, write=writer.send)
+        return durq.TaskContext(task_id, "default", "x", 0, 5, None, {}, "w", steps=sink)
+
+    contexts = {task_id: context(task_id, lease) for task_id, lease in leases.items()}
+    results = await asyncio.gather(
+        *(ctx.step("s", lambda t=task_id: t) for task_id, ctx in contexts.items()),
+        return_exceptions=True,
+    )
+    assert results[0] == "a" and results[2] == "c"
+    assert isinstance(results[1], durq.StepError) and "lost its lease" in str(results[1])
+    assert sent == [2]  # "a" alone at once, the two recorded while it was in flight together
+    assert await broker.read_steps(leases["a"].ref) is not None
+    assert await broker.read_steps(leases["c"].ref) is not None
+    info = await broker.admin.get_task("default", "b")
+    assert info.steps == ()
 
 
 # -- durable sleep --------------------------------------------------------------------------

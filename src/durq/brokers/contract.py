@@ -232,6 +232,12 @@ class Broker(Protocol):
         """Store a running attempt's durable steps, fenced like every other write of an
         active task: ``False`` (and no change) if the lease is no longer held."""
 
+    async def record_steps_many(self, items: Sequence[StepsParams]) -> list[bool]:
+        """``record_steps`` for several attempts in one round trip (one statement on
+        PostgreSQL, one write transaction on SQLite, one pipeline on Redis): one answer per
+        item, in order, each fenced on its own. Items of one lease are written in order (the
+        last one's steps stay)."""
+
     async def read_signals(self, lease: LeaseRef) -> str | None:
         """The signals stored on a leased task, as the text of one JSON object (name ->
         payload, each payload exactly as it was sent); ``None`` for none, or when the lease

@@ -777,6 +777,15 @@ UPDATE {schema}.tasks AS t SET steps = %(steps)s
 WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active' AND t.lease_token = %(token)s
 RETURNING 1 AS held;
 
+-- name: record_steps_many
+-- Concurrent attempts recorded steps (record_steps for each lease of task_queues, ids,
+-- tokens): one statement, each row fenced by its own token; the leases that held come back.
+UPDATE {schema}.tasks AS t SET steps = x.steps
+FROM unnest(%(task_queues)b::text[], %(ids)b::text[], %(tokens)b::text[], %(steps)b::text[])
+     AS x(queue, id, token, steps)
+WHERE t.queue = x.queue AND t.id = x.id AND t.state = 'active' AND t.lease_token = x.token
+RETURNING t.queue, t.id, x.token;
+
 -- name: report_progress
 -- A running attempt's report (durq.progress), fenced by its token. :progress NULL keeps the
 -- progress, '' clears it; :lines (stored lines joined by a newline, NULL for none) are
