@@ -139,6 +139,17 @@ def encode(entries: dict[str, dict[str, Any]]) -> str:
     return json.dumps(entries, separators=(",", ":"))
 
 
+def append(stored: str, name: str, text: str, started: float, ended: float, attempt: int) -> str:
+    """``stored`` (the stored form, ``"{}"`` for none) with one more step, whose result is the
+    JSON ``text``, after the others: what :func:`encode` writes for them all, built without
+    encoding the others again or decoding ``text``. ``name`` must not be in ``stored``."""
+    entry = (
+        f'{json.dumps(name)}:{{"result":{text},"started":{json.dumps(started)},'
+        f'"ended":{json.dumps(ended)},"attempt":{int(attempt)}}}}}'
+    )
+    return f"{stored[:-1]},{entry}" if len(stored) > 2 else f"{{{entry}"
+
+
 def decode_steps(raw: str | bytes | None) -> tuple[TaskStep, ...]:
     """The stored steps, in the order they were first recorded."""
     if not raw:  # most tasks: every enqueue, claim and read builds this

@@ -315,7 +315,10 @@ async def test_W16_steps_written_together_each_answer_their_own_attempt(
     loop = asyncio.get_running_loop()
 
     def context(task_id: str, lease: Lease) -> durq.TaskContext:
-        sink = AttemptSteps(broker, lease.ref, 1, clock, loop, 1 << 20, write=writer.send)
+        # recorded=(): the three steps reach the writer in one pass, none reads first.
+        sink = AttemptSteps(
+            broker, lease.ref, 1, clock, loop, 1 << 20, recorded=(), write=writer.send
+        )
         return durq.TaskContext(task_id, "default", "x", 0, 5, None, {}, "w", steps=sink)
 
     contexts = {task_id: context(task_id, lease) for task_id, lease in leases.items()}

@@ -71,7 +71,10 @@ class AttemptSteps:
         self._loop = loop
         self._max_bytes = max_bytes
         self._encryption = encryption
+        #: The steps recorded before this attempt (what a step looks up).
         self._entries = None if recorded is None else s.entries(recorded)
+        #: The stored form, from this attempt's first record on (each record appends).
+        self._stored: str | None = None
         #: Names this attempt has used: each at most once.
         self._used: set[str] = set()
         self._lock = asyncio.Lock()
@@ -98,14 +101,24 @@ class AttemptSteps:
     async def record(self, name: str, text: str, started: float) -> None:
         """Store the step's result (JSON ``text``) on the task, fenced by the lease."""
         async with self._lock:
-            entries = dict(self._entries or {})
-            entries[name] = {
-                "result": s.json_value(text),
-                "started": started,
-                "ended": self._clock.now(),
-                "attempt": self._attempt,
-            }
-            stored = s.encode(entries)
+            before = self._stored
+            if before is None:
+                before = s.encode(self._entries or {})
+            ended = self._clock.now()
+            if self._entries and name in self._entries:
+                # A sleep or a wait recorded by an earlier attempt, updated in its place.
+                entries = s.decode(before)
+                entries[name] = {
+                    "result": s.json_value(text),
+                    "started": started,
+                    "ended": ended,
+                    "attempt": self._attempt,
+                }
+                stored = s.encode(entries)
+            else:
+                # A name new to the task (one use per attempt): appended, the others left as
+                # they are stored (encoding them all again was a fifth of a no-op step's CPU).
+                stored = s.append(before, name, text, started, ended, self._attempt)
             if len(stored.encode("utf-8")) > self._max_bytes:
                 raise StepError(
                     f"step {name!r}: the task's steps would take {len(stored)} bytes, over the "
@@ -113,7 +126,7 @@ class AttemptSteps:
                 )
             if not await self._write(StepsParams(self._lease, stored)):
                 raise StepError(f"step {name!r} not recorded: the attempt lost its lease")
-            self._entries = entries
+            self._stored = stored
 
     async def signals(self) -> dict[str, Any]:
         """The signals delivered to the task so far (name -> payload)."""
