@@ -14,7 +14,8 @@ after a sleep returns from it at once, and one woken early sleeps the rest.
 
 Stored form (the same on every broker): one JSON object, ``{name: {"result": …, "started":
 …, "ended": …, "attempt": …}}`` in the order the steps were first recorded. The worker
-writes the whole object back on each new step; a broker stores it as opaque text."""
+appends each new step to the text (:func:`append`) and writes the whole text back; a broker
+stores it as opaque text."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _quoted
 from typing import Any
 
 from durq.clock import to_datetime
@@ -143,9 +145,11 @@ def append(stored: str, name: str, text: str, started: float, ended: float, atte
     """``stored`` (the stored form, ``"{}"`` for none) with one more step, whose result is the
     JSON ``text``, after the others: what :func:`encode` writes for them all, built without
     encoding the others again or decoding ``text``. ``name`` must not be in ``stored``."""
+    # json.dumps' own pieces (a call of json.dumps each cost as much as the whole encode).
+    number = float.__repr__
     entry = (
-        f'{json.dumps(name)}:{{"result":{text},"started":{json.dumps(started)},'
-        f'"ended":{json.dumps(ended)},"attempt":{int(attempt)}}}}}'
+        f'{_quoted(name)}:{{"result":{text},"started":{number(float(started))},'
+        f'"ended":{number(float(ended))},"attempt":{int(attempt)}}}}}'
     )
     return f"{stored[:-1]},{entry}" if len(stored) > 2 else f"{{{entry}"
 
