@@ -26,18 +26,20 @@ WriteSteps = Callable[[StepsParams], Awaitable[bool]]
 
 
 def step_writer(broker: Broker) -> Coalescer[StepsParams, bool]:
-    """A worker's step writes, coalesced: the first of an idle moment goes alone, those
-    recorded while it is in flight go together as one ``record_steps_many``."""
-
-    async def one(params: StepsParams) -> bool:
-        # SQLite writes inline, without suspending: nothing could join a write in flight.
-        # One pass of the loop lets the handlers ready in it queue theirs for the next
-        # batch (docs/benchmarks.md, durable steps: N commits per 10 steps instead of 10).
-        await asyncio.sleep(0)
-        return await broker.record_steps(params)
-
-    # A lease's writes never share a batch (one attempt writes one step at a time anyway).
-    return Coalescer(one, broker.record_steps_many, apart=lambda params: params.lease)
+    """A worker's step writes, coalesced: those recorded in one pass of the event loop go
+    together as one ``record_steps_many``, and those recorded while it is in flight go
+    together next."""
+    # gather: a worker's handlers wake together (a claim, a batch's answers) and record
+    # together; the first one sent alone held the others back one round trip, and SQLite,
+    # which writes inline without suspending, then wrote each step in a transaction of its
+    # own (docs/benchmarks.md, durable steps). A lease's writes never share a batch (one
+    # attempt writes one step at a time anyway).
+    return Coalescer(
+        broker.record_steps,
+        broker.record_steps_many,
+        apart=lambda params: params.lease,
+        gather=True,
+    )
 
 
 class AttemptSteps:
