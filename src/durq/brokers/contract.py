@@ -202,6 +202,8 @@ class Broker(Protocol):
     async def claim(self, params: ClaimParams) -> list[Lease]:
         """Lease up to ``params.limit`` claimable tasks (state active, new fencing token,
         ``lease_expires_at = now + lease_seconds``). Never hands one task to two callers.
+        Each lease's task carries its recorded durable steps (``TaskInfo.steps``, as stored
+        when the lease was taken): its attempt starts from them without ``read_steps``.
 
         Flow control, atomically with the lease: a task is taken only if each of its
         ``limits`` has room (running < concurrency, a token in the bucket), and counts one
@@ -226,7 +228,7 @@ class Broker(Protocol):
 
     async def read_steps(self, lease: LeaseRef) -> str | None:
         """The stored durable steps of a leased task (:mod:`durq.steps`), ``None`` for none;
-        read once per attempt, at its first step."""
+        read when a snooze is counted (an attempt starts from the steps its claim returned)."""
 
     async def record_steps(self, params: StepsParams) -> bool:
         """Store a running attempt's durable steps, fenced like every other write of an

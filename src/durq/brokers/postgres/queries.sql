@@ -727,7 +727,7 @@ SELECT count(*) AS n, EXISTS (SELECT 1 FROM released WHERE waiting) AS wake,
 FROM ended;
 
 -- name: read_steps
--- A running attempt's first step (durq.steps): the task's recorded steps.
+-- A running task's recorded steps (durq.steps), when a snooze is counted.
 SELECT t.steps FROM {schema}.tasks AS t
 WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active' AND t.lease_token = %(token)s;
 
