@@ -34,9 +34,11 @@ def step_writer(broker: Broker) -> Coalescer[StepsParams, bool]:
     # which writes inline without suspending, then wrote each step in a transaction of its
     # own (docs/benchmarks.md, durable steps). A lease's writes never share a batch (one
     # attempt writes one step at a time anyway).
+    # The broker's methods are looked up at the first write, not when the worker starts: a
+    # worker of tasks that never step asks nothing of them (a test's stub broker has none).
     return Coalescer(
-        broker.record_steps,
-        broker.record_steps_many,
+        lambda params: broker.record_steps(params),
+        lambda items: broker.record_steps_many(items),
         apart=lambda params: params.lease,
         gather=True,
     )
