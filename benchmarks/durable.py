@@ -30,6 +30,7 @@ next round, so the machine's other load falls on both alike; medians are reporte
     python3 -m venv /tmp/dbosenv && /tmp/dbosenv/bin/pip install dbos
     .venv/bin/python benchmarks/durable.py [--tasks 1000] [--rounds 3] [--json]
         [--brokers sqlite,postgresql,redis] [--dbos-python /tmp/dbosenv/bin/python]
+        [--no-dbos]   # durq alone (also when the DBOS python is missing)
 """
 
 from __future__ import annotations
@@ -227,7 +228,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     for r in range(args.rounds):
         for broker in brokers:
             order = [(s, k) for s in ("durq", "dbos") for k in KINDS]
-            if broker == "redis":  # DBOS has no Redis store
+            if broker == "redis" or not args.dbos:  # DBOS has no Redis store
                 order = [(s, k) for s, k in order if s == "durq"]
             if r % 2:
                 order.reverse()  # the other system first, so load falls on both alike
@@ -270,7 +271,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "tasks": args.tasks,
         "rounds": args.rounds,
         "durq_worker": f"durq worker durable:app --concurrency {args.concurrency}",
-        "dbos": f"dbos {version}, one process, DBOS.register_queue defaults"
+        "dbos": "not run"
+        if not args.dbos
+        else f"dbos {version}, one process, DBOS.register_queue defaults"
         + (" (no concurrency limit)" if limit is None else f", worker_concurrency={limit}"),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "rows": rows,
@@ -320,8 +323,15 @@ def main() -> None:
         "--dbos-worker-concurrency", type=int, default=None,
         help="DBOS queue worker_concurrency (default: DBOS's, no limit)",
     )  # fmt: skip
+    parser.add_argument(
+        "--no-dbos", dest="dbos", action="store_false",
+        help="durq alone (also when --dbos-python does not exist)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.dbos and not os.path.exists(args.dbos_python):
+        print(f"{args.dbos_python} not found: durq alone", file=sys.stderr)
+        args.dbos = False
     result = asyncio.run(run(args))
     print(json.dumps(result) if args.json else table(result))
 

@@ -72,6 +72,11 @@ class Coalescer(Generic[T, R]):
 
     At most ``max_batch`` items go in one ``many``; more wait for the next round trip.
 
+    ``gather``: the first call of an idle moment waits one pass of the event loop (no timer)
+    before it is sent, with the calls made in that same pass. It suits callers that wake
+    together, as the handlers of one worker do after a claim: sent alone, the first one's
+    round trip would hold the others back for one round trip each time.
+
     ``in_flight`` round trips may be under way at once (1 by default). More than one suits a
     backend that runs what it is sent in the order sent, on one connection (a pipelined
     Redis connection): it works on one batch while this process answers the callers of
@@ -90,6 +95,7 @@ class Coalescer(Generic[T, R]):
         apart: Callable[[T], Hashable] | None = None,
         fail_together: tuple[type[BaseException], ...] = (BrokerUnavailableError,),
         in_flight: int = 1,
+        gather: bool = False,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
@@ -105,6 +111,7 @@ class Coalescer(Generic[T, R]):
         self._apart = apart
         self._together = fail_together
         self._depth = in_flight
+        self._gather = gather
         self._lanes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Lane[T, R]] = (
             weakref.WeakKeyDictionary()
         )
@@ -115,7 +122,7 @@ class Coalescer(Generic[T, R]):
         lane = self._lanes.get(loop)
         if lane is None:
             lane = self._lanes[loop] = _Lane()
-        if lane.idle:
+        if lane.idle and not self._gather:
             lane.flying = lane.carried = 1
             try:
                 return await self._one(item)

@@ -14,13 +14,16 @@ after a sleep returns from it at once, and one woken early sleeps the rest.
 
 Stored form (the same on every broker): one JSON object, ``{name: {"result": …, "started":
 …, "ended": …, "attempt": …}}`` in the order the steps were first recorded. The worker
-writes the whole object back on each new step; a broker stores it as opaque text."""
+appends each new step to the text (:func:`append`) and writes the whole text back; a broker
+stores it as opaque text."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _quoted
 from typing import Any
 
 from durq.clock import to_datetime
@@ -138,6 +141,19 @@ def encode(entries: dict[str, dict[str, Any]]) -> str:
     return json.dumps(entries, separators=(",", ":"))
 
 
+def append(stored: str, name: str, text: str, started: float, ended: float, attempt: int) -> str:
+    """``stored`` (the stored form, ``"{}"`` for none) with one more step, whose result is the
+    JSON ``text``, after the others: what :func:`encode` writes for them all, built without
+    encoding the others again or decoding ``text``. ``name`` must not be in ``stored``."""
+    # json.dumps' own pieces (a call of json.dumps each cost as much as the whole encode).
+    number = float.__repr__
+    entry = (
+        f'{_quoted(name)}:{{"result":{text},"started":{number(float(started))},'
+        f'"ended":{number(float(ended))},"attempt":{int(attempt)}}}}}'
+    )
+    return f"{stored[:-1]},{entry}" if len(stored) > 2 else f"{{{entry}"
+
+
 def decode_steps(raw: str | bytes | None) -> tuple[TaskStep, ...]:
     """The stored steps, in the order they were first recorded."""
     if not raw:  # most tasks: every enqueue, claim and read builds this
@@ -152,6 +168,20 @@ def decode_steps(raw: str | bytes | None) -> tuple[TaskStep, ...]:
         )
         for name, e in decode(raw).items()
     )
+
+
+def entries(steps: Sequence[TaskStep]) -> dict[str, dict[str, Any]]:
+    """``{name: entry}`` of decoded steps, as :func:`decode` gives them from the stored
+    form (a claim returns a task's steps decoded)."""
+    return {
+        step.name: {
+            "result": step.result,
+            "started": step.started,
+            "ended": step.ended,
+            "attempt": step.attempt,
+        }
+        for step in steps
+    }
 
 
 def json_value(text: str) -> Any:

@@ -8,7 +8,7 @@ import asyncio
 import threading
 import time
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from brokerkit import LEASE, A, R, S, claim, claim_ids, params
@@ -17,11 +17,20 @@ import durq
 from conformance.apps import FAST, wait_for_state, wait_until
 from durq import lifecycle
 from durq.brokers import FullBroker
-from durq.brokers.base import CompleteParams, RetryParams, StepsParams
+from durq.brokers.base import (
+    CAP_COMPLETE_AND_CLAIM,
+    ClaimParams,
+    CompleteAndClaim,
+    CompleteParams,
+    Lease,
+    RetryParams,
+    StepsParams,
+)
 from durq.clock import FakeClock
 from durq.states import TaskState
-from durq.steps import encode
-from durq.worker.steps import AttemptSteps
+from durq.steps import decode, encode, entries
+from durq.task import LimitSpec
+from durq.worker.steps import AttemptSteps, step_writer
 
 
 def stored(**results: Any) -> str:
@@ -71,6 +80,64 @@ async def test_W16_a_stale_lease_cannot_record_a_step(broker: FullBroker, clock:
     assert await broker.record_steps(StepsParams(second.ref, stored(a=1, b=2)))
     assert await broker.complete(CompleteParams(second.ref, retention=60))
     assert [s.name for s in (await broker.admin.get_task("default", "t")).steps] == ["a", "b"]
+
+
+async def test_W16_steps_of_several_attempts_in_one_call_are_each_fenced(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    """record_steps_many: one answer per item, in order, each fenced by its own lease."""
+    assert await broker.record_steps_many([]) == []
+    for task_id in ("a", "b", "stale"):
+        await broker.enqueue(params(task_id, max_retry=5))
+    leases = {lease.task.id: lease for lease in await claim(broker)}
+    # "stale" loses its lease: rescued, then claimed again under a new token.
+    assert await broker.retry(RetryParams(leases["stale"].ref, "boom", 0.0))
+    (again,) = await claim(broker)
+    a, b, stale = leases["a"].ref, leases["b"].ref, leases["stale"].ref
+    answers = await broker.record_steps_many(
+        [
+            StepsParams(a, stored(x=1)),
+            StepsParams(stale, stored(zombie=1)),
+            StepsParams(b, stored(y=2)),
+            StepsParams(a, stored(x=1, z=3)),  # the same lease again: written after the first
+        ]
+    )
+    assert answers == [True, False, True, True]
+    assert await broker.read_steps(a) == stored(x=1, z=3)
+    assert await broker.read_steps(b) == stored(y=2)
+    assert await broker.read_steps(again.ref) is None
+    assert await broker.record_steps_many([StepsParams(again.ref, stored(w=4))]) == [True]
+    assert await broker.read_steps(again.ref) == stored(w=4)
+
+
+async def test_W16_a_claim_returns_the_recorded_steps(broker: FullBroker) -> None:
+    """An attempt starts from the steps its claim returned, without reading them: every way
+    of claiming returns them (a plain claim, a task with limits, a claim with completions)."""
+    await broker.enqueue(params("t", max_retry=5))
+    await broker.enqueue(params("lim", max_retry=5, limits=(LimitSpec("k", concurrency=5),)))
+    leases = await claim(broker)
+    assert sorted(lease.task.id for lease in leases) == ["lim", "t"]
+    assert all(lease.task.steps == () for lease in leases)
+    for lease in leases:
+        assert await broker.record_steps(StepsParams(lease.ref, stored(a={"x": [1]}, b=None)))
+        assert await broker.retry(RetryParams(lease.ref, "boom", 0.0))
+    again = await claim(broker)
+    assert sorted(lease.task.id for lease in again) == ["lim", "t"]
+    for lease in again:
+        assert entries(lease.task.steps) == decode(await broker.read_steps(lease.ref))
+        assert entries(lease.task.steps) == decode(stored(a={"x": [1]}, b=None))
+    if CAP_COMPLETE_AND_CLAIM not in broker.capabilities:
+        return
+    (plain,) = [lease for lease in again if lease.task.id == "t"]
+    assert await broker.retry(RetryParams(plain.ref, "boom", 0.0))
+    await broker.promote_due()
+    (limited,) = [lease for lease in again if lease.task.id == "lim"]
+    held, (third,) = await cast(CompleteAndClaim, broker).complete_and_claim(
+        [CompleteParams(limited.ref)], ClaimParams(["default"], 10, "w1", LEASE)
+    )
+    assert held == [True]
+    assert third.task.id == "t"
+    assert entries(third.task.steps) == decode(stored(a={"x": [1]}, b=None))
 
 
 async def test_W16_a_recorded_step_does_not_run_again_on_retry(app: durq.App) -> None:
@@ -225,6 +292,47 @@ async def test_W16_a_step_of_a_lost_lease_fails_instead_of_going_on(
         await ctx.step("b", lambda: 2)
     with pytest.raises(durq.StepError, match="called twice"):
         await ctx.step("a", lambda: 1)
+
+
+async def test_W16_steps_written_together_each_answer_their_own_attempt(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    """A worker's attempts share step writes (step_writer): recorded at the same time they go
+    as one record_steps_many, and a step whose lease is lost still fails alone."""
+    for task_id in ("a", "b", "c"):
+        await broker.enqueue(params(task_id, max_retry=5))
+    leases = {lease.task.id: lease for lease in await claim(broker)}
+    assert await broker.retry(RetryParams(leases["b"].ref, "lost", 0.0))
+    sent: list[int] = []
+    many = broker.record_steps_many
+
+    async def counted(items: Any) -> list[bool]:
+        sent.append(len(items))
+        return await many(items)
+
+    broker.record_steps_many = counted  # type: ignore[method-assign]
+    writer = step_writer(broker)
+    loop = asyncio.get_running_loop()
+
+    def context(task_id: str, lease: Lease) -> durq.TaskContext:
+        # recorded=(): the three steps reach the writer in one pass, none reads first.
+        sink = AttemptSteps(
+            broker, lease.ref, 1, clock, loop, 1 << 20, recorded=(), write=writer.send
+        )
+        return durq.TaskContext(task_id, "default", "x", 0, 5, None, {}, "w", steps=sink)
+
+    contexts = {task_id: context(task_id, lease) for task_id, lease in leases.items()}
+    results = await asyncio.gather(
+        *(ctx.step("s", lambda t=task_id: t) for task_id, ctx in contexts.items()),
+        return_exceptions=True,
+    )
+    assert results[0] == "a" and results[2] == "c"
+    assert isinstance(results[1], durq.StepError) and "lost its lease" in str(results[1])
+    assert sent == [3]  # recorded in one pass of the loop: one round trip
+    assert await broker.read_steps(leases["a"].ref) is not None
+    assert await broker.read_steps(leases["c"].ref) is not None
+    info = await broker.admin.get_task("default", "b")
+    assert info.steps == ()
 
 
 # -- durable sleep --------------------------------------------------------------------------

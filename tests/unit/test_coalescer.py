@@ -299,3 +299,19 @@ def test_in_flight_is_checked() -> None:
         coalescer(store, in_flight=0)
     with pytest.raises(ValueError, match="apart"):
         coalescer(store, in_flight=2, apart=lambda item: item)
+
+
+async def test_gather_sends_the_first_call_with_those_of_the_same_pass() -> None:
+    store = Store()
+    c = coalescer(store, gather=True)
+    # A lone caller: one pass of the loop later, still alone.
+    assert await c.send("lone") == "LONE"
+
+    async def caller(n: int) -> list[str]:
+        return [await c.send(f"c{n}-{i}") for i in range(3)]
+
+    answers = await asyncio.gather(*(caller(n) for n in range(20)))
+    assert answers == [[f"C{n}-{i}" for i in range(3)] for n in range(20)]
+    # Callers that call in one pass go in one round trip, the first one included.
+    assert [len(t) for t in store.trips] == [1, 20, 20, 20]
+    assert store.trips[1] == [f"c{n}-0" for n in range(20)]

@@ -214,6 +214,8 @@ class Broker(Protocol):
     async def claim(self, params: ClaimParams) -> list[Lease]:
         """Lease up to ``params.limit`` claimable tasks (state active, new fencing token,
         ``lease_expires_at = now + lease_seconds``). Never hands one task to two callers.
+        Each lease's task carries its recorded durable steps (``TaskInfo.steps``, as stored
+        when the lease was taken): its attempt starts from them without ``read_steps``.
 
         Flow control, atomically with the lease: a task is taken only if each of its
         ``limits`` has room (running < concurrency, a token in the bucket), and counts one
@@ -238,11 +240,17 @@ class Broker(Protocol):
 
     async def read_steps(self, lease: LeaseRef) -> str | None:
         """The stored durable steps of a leased task (:mod:`durq.steps`), ``None`` for none;
-        read once per attempt, at its first step."""
+        read when a snooze is counted (an attempt starts from the steps its claim returned)."""
 
     async def record_steps(self, params: StepsParams) -> bool:
         """Store a running attempt's durable steps, fenced like every other write of an
         active task: ``False`` (and no change) if the lease is no longer held."""
+
+    async def record_steps_many(self, items: Sequence[StepsParams]) -> list[bool]:
+        """``record_steps`` for several attempts in one round trip (one statement on
+        PostgreSQL, one write transaction on SQLite, one pipeline on Redis): one answer per
+        item, in order, each fenced on its own. Items of one lease are written in order (the
+        last one's steps stay)."""
 
     async def read_signals(self, lease: LeaseRef) -> str | None:
         """The signals stored on a leased task, as the text of one JSON object (name ->

@@ -43,7 +43,7 @@ from durq.worker import frames
 from durq.worker.acker import Acker
 from durq.worker.hooks import WorkerHooks
 from durq.worker.reports import AttemptReports, LazyReports
-from durq.worker.steps import AttemptSteps
+from durq.worker.steps import AttemptSteps, step_writer
 
 if TYPE_CHECKING:
     from durq.appview import WorkerView
@@ -138,6 +138,8 @@ class Executor:
         self.acker = Acker(broker, on_waiting=self.slot_freed.set, on_stored=self._completed)
         #: The progress reports of attempts whose handler takes a TaskContext.
         self._reports: dict[LeaseRef, LazyReports] = {}
+        #: The durable steps that running attempts record, written together.
+        self._steps = step_writer(broker)
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="durq-task")
 
     @property
@@ -428,6 +430,8 @@ class Executor:
             loop,
             self.app.max_result,
             self.app.encryption,
+            recorded=task.steps,  # the claim's: no read at the first step
+            write=self._steps.send,
         )
         return TaskContext(
             id=task.id,

@@ -424,6 +424,10 @@ class MemoryBroker:
             row.steps = params.steps
         return True
 
+    async def record_steps_many(self, items: Sequence[StepsParams]) -> list[bool]:
+        """Several attempts' durable steps, in order, each fenced by its token."""
+        return [await self.record_steps(p) for p in items]
+
     async def requeue(self, lease: LeaseRef) -> bool:
         """Back to pending, due now, without counting an attempt (W7)."""
         store = self._store

@@ -953,6 +953,26 @@ class PostgresBroker:
         )
         return row is not None
 
+    async def record_steps_many(self, items: Sequence[StepsParams]) -> list[bool]:
+        """Several attempts' durable steps in one statement, each fenced by its token. A
+        lease named twice sends its last steps once (an UPDATE writes a row once), and
+        every item of that lease gets their answer."""
+        if not items:
+            return []
+        last = {(p.lease.queue, p.lease.id, p.lease.token): p.steps for p in items}
+        rows = await self._storage.fetch(
+            "record_steps_many",
+            "record_steps_many",
+            {
+                "task_queues": [queue for queue, _, _ in last],
+                "ids": [task_id for _, task_id, _ in last],
+                "tokens": [token for _, _, token in last],
+                "steps": list(last.values()),
+            },
+        )
+        held = {(r["queue"], r["id"], r["token"]) for r in rows}
+        return [(p.lease.queue, p.lease.id, p.lease.token) in held for p in items]
+
     async def requeue(self, lease: LeaseRef) -> bool:
         """Hand an active task back as pending without counting an attempt (W7)."""
         row = await self._storage.fetch_one(

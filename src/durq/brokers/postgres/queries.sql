@@ -254,10 +254,11 @@ SET state = 'active',
 
 -- name: claimed_columns
 -- A fragment (claim, lease_rows): the columns of a claimed row, in the order
--- rows.CLAIM_COLUMNS names them.
+-- rows.CLAIM_COLUMNS names them. The steps (NULL for most tasks) spare a running attempt
+-- the read at its first step (durq.worker.steps).
 t.id, t.queue, t.type, t.payload, t.max_retry, t.retried, t.last_error, t.timeout,
 t.deadline, t.next_process_at, t.enqueued_at, t.retention, t.lost, t.headers::text,
-t.lease_token, t.seq, t.started_at, t.lease_expires_at, t.priority, t.limits::text;
+t.lease_token, t.seq, t.started_at, t.lease_expires_at, t.priority, t.limits::text, t.steps;
 
 -- name: claimable_due
 -- A fragment, not run alone: spliced into claim and limited_due in place of
@@ -728,7 +729,7 @@ SELECT count(*) AS n, EXISTS (SELECT 1 FROM released WHERE waiting) AS wake,
 FROM ended;
 
 -- name: read_steps
--- A running attempt's first step (durq.steps): the task's recorded steps.
+-- A running task's recorded steps (durq.steps), when a snooze is counted.
 SELECT t.steps FROM {schema}.tasks AS t
 WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active' AND t.lease_token = %(token)s;
 
@@ -800,6 +801,15 @@ WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active' AND t.lease_t
 UPDATE {schema}.tasks AS t SET steps = %(steps)s
 WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = 'active' AND t.lease_token = %(token)s
 RETURNING 1 AS held;
+
+-- name: record_steps_many
+-- Concurrent attempts recorded steps (record_steps for each lease of task_queues, ids,
+-- tokens): one statement, each row fenced by its own token; the leases that held come back.
+UPDATE {schema}.tasks AS t SET steps = x.steps
+FROM unnest(%(task_queues)b::text[], %(ids)b::text[], %(tokens)b::text[], %(steps)b::text[])
+     AS x(queue, id, token, steps)
+WHERE t.queue = x.queue AND t.id = x.id AND t.state = 'active' AND t.lease_token = x.token
+RETURNING t.queue, t.id, x.token;
 
 -- name: report_progress
 -- A running attempt's report (durq.progress), fenced by its token. :progress NULL keeps the

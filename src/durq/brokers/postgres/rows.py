@@ -16,6 +16,7 @@ from durq.brokers.sqlrows import headers_of, limits_of, row_to_info
 from durq.clock import to_datetime
 from durq.errors import DuplicateTaskError, TaskIDConflictError
 from durq.states import TaskState
+from durq.steps import decode_steps
 from durq.task import TaskInfo, limits_to_json, make_info
 
 Row = dict[str, Any]
@@ -34,7 +35,7 @@ _MAX_ROUNDS = 4
 CLAIM_COLUMNS = (
     "id", "queue", "type", "payload", "max_retry", "retried", "last_error", "timeout",
     "deadline", "next_process_at", "enqueued_at", "retention", "lost", "headers",
-    "lease_token", "seq", "started_at", "lease_expires_at", "priority", "limits",
+    "lease_token", "seq", "started_at", "lease_expires_at", "priority", "limits", "steps",
 )  # fmt: skip
 _CLAIM_INDEXED = ("queue", "next_process_at", "lease_token", "seq", "started_at",
                   "lease_expires_at", "priority")  # fmt: skip
@@ -42,6 +43,7 @@ CLAIM_QUEUE, CLAIM_NEXT_AT, CLAIM_TOKEN, CLAIM_SEQ, CLAIM_STARTED, CLAIM_UNTIL, 
     CLAIM_COLUMNS.index(c) for c in _CLAIM_INDEXED
 )
 CLAIM_LIMITS, CLAIM_ID = CLAIM_COLUMNS.index("limits"), CLAIM_COLUMNS.index("id")
+CLAIM_STEPS = CLAIM_COLUMNS.index("steps")
 #: ``claim`` and ``complete_claim`` add two columns (W13): whether due tasks carry limits (the
 #: broker then claims them in Python), and the counters of keys with held tasks and no
 #: running attempt in the way (JSON: ``[now, running, concurrency, rate, per, tokens,
@@ -90,6 +92,7 @@ def claimed_info(
         cancel_requested=False,
         priority=priority,
         limits=limits_of(row[CLAIM_LIMITS]),
+        steps=decode_steps(row[CLAIM_STEPS]),
     )
 
 

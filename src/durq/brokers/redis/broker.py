@@ -909,14 +909,25 @@ class RedisBroker:
 
     async def record_steps(self, params: StepsParams) -> bool:
         """Store an attempt's durable steps, fenced by its token (one script on the hash)."""
-        lease = params.lease
-        k = self._storage.keys.queue(lease.queue)
         async with self._storage.op("record_steps"):
             await self._storage.ensure()
-            held = await self._storage.eval(
-                "steps_record", [k.task(lease.id)], [lease.token, params.steps]
-            )
+            held = await self._storage.eval(*self._steps_call(params))
         return bool(held)
+
+    async def record_steps_many(self, items: Sequence[StepsParams]) -> list[bool]:
+        """Several steps_record scripts in one pipeline (in order; each fenced on its own)."""
+        if not items:
+            return []
+        async with self._storage.op("record_steps_many"):
+            await self._storage.ensure()
+            replies = await self._storage.eval_many([self._steps_call(p) for p in items])
+        return [bool(r) for r in replies]
+
+    def _steps_call(self, params: StepsParams) -> ScriptCall:
+        """The steps_record.lua call of one attempt's steps."""
+        lease = params.lease
+        task = self._storage.keys.queue(lease.queue).task(lease.id)
+        return ("steps_record", [task], [lease.token, params.steps])
 
     async def requeue(self, lease: LeaseRef) -> bool:
         """Hand an active task back as pending without counting an attempt (W7)."""

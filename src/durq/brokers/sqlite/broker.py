@@ -717,6 +717,21 @@ class SQLiteBroker:
 
         return await self._storage.write("sqlite.record_steps", run, inline=True)
 
+    async def record_steps_many(self, items: Sequence[StepsParams]) -> list[bool]:
+        """Several attempts' durable steps in one write transaction, each fenced by its
+        token (one commit for the steps that concurrent handlers recorded together)."""
+        rows = [
+            {"queue": p.lease.queue, "id": p.lease.id, "token": p.lease.token, "steps": p.steps}
+            for p in items
+        ]
+
+        def run(c: Conn, now: float) -> list[bool]:
+            return [c.execute(STATEMENTS["record_steps"], row).rowcount == 1 for row in rows]
+
+        if not rows:
+            return []
+        return await self._storage.write("sqlite.record_steps_many", run, inline=True)
+
     async def requeue(self, lease: LeaseRef) -> bool:
         """Back to pending without counting an attempt (graceful shutdown, W7)."""
         ref = {"queue": lease.queue, "id": lease.id, "token": lease.token}

@@ -245,7 +245,7 @@ SET progress = CASE WHEN :progress IS NULL THEN progress ELSE nullif(:progress, 
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
 
 -- name: read_steps
--- A running attempt's first step (durq.steps): the task's recorded steps.
+-- A running task's recorded steps (durq.steps), when a snooze is counted.
 SELECT steps FROM durq_tasks
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
 

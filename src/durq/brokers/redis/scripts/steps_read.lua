@@ -1,4 +1,4 @@
--- steps_read: a running attempt's first step (durq.steps): the task's recorded steps.
+-- steps_read: a running task's recorded steps (durq.steps), when a snooze is counted.
 --
 -- KEYS[1] task hash
 -- ARGV[1] fencing token
