@@ -37,7 +37,7 @@ UNFINISHED: tuple[TaskState, ...] = (
 
 #: How long a key without ``ttl`` or ``period`` holds at most: until its task finishes, in
 #: practice (a stored moment must be finite).
-UNTIL_FINISHED = 100 * 365 * 86400.0  # within durations.MAX_DURATION
+UNTIL_FINISHED = durations.MAX_DURATION
 
 _MAX_PATH = 200
 
@@ -84,7 +84,7 @@ class Unique:
             object.__setattr__(self, "keys", keys)
         for name in ("period", "ttl"):
             value = durations.seconds(getattr(self, name))
-            if value is not None and not 0 < value <= UNTIL_FINISHED:
+            if value is not None and value <= 0:
                 raise ValidationError(f"Unique({name}=...) must be > 0, got {value!r}")
             object.__setattr__(self, name, value)
         if self.on_conflict not in ("raise", "return", "replace"):
