@@ -129,3 +129,38 @@ async def test_task_page_and_api_show_the_recorded_steps(
     (step,) = r.json()["steps"]
     assert (step["name"], step["result"], step["duration"]) == ("<charge>", {"id": "<ch_1>"}, 0.25)
     assert r.json()["snoozes"] == 0
+
+
+async def test_task_page_shows_the_timeline_of_steps_sleeps_and_signals(
+    app: durq.App, api: httpx.AsyncClient
+) -> None:
+    """A durable task's page lists its step, its sleep and its wait for a signal in order,
+    each with its kind, and the waiting task shows as waiting while it waits."""
+    import asyncio
+
+    from durq.states import TaskState
+
+    @app.task("order:approve", retention=60)
+    async def approve(payload: dict[str, object], ctx: durq.TaskContext) -> str:
+        await ctx.step("quote", lambda: 42)
+        await ctx.sleep("cool-off", 0.05)
+        answer = await ctx.wait_for("approval", timeout="1h")
+        return str(answer)
+
+    info = await app.enqueue("order:approve", {}, task_id="timeline-1")
+    async with app.worker(concurrency=2, poll_interval=0.05, promote_interval=0.05):
+        for _ in range(400):
+            if (await app.inspector.get_task_info("default", info.id)).state is TaskState.WAITING:
+                break
+            await asyncio.sleep(0.05)
+        r = await api.get("/queues/default/tasks/timeline-1")
+        assert r.status_code == 200 and "waiting" in r.text
+        assert await app.signal(info, "approval", "yes") is True
+        assert await app.wait(info, timeout=20) == "yes"
+    page = (await api.get("/queues/default/tasks/timeline-1")).text
+    rows = [
+        page.index(f'<td class="mono">{name}</td>') for name in ("quote", "cool-off", "approval")
+    ]
+    assert rows == sorted(rows)
+    for kind in ("step-step", "step-sleep", "step-wait"):
+        assert f'class="{kind}"' in page, kind
