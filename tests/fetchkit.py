@@ -104,9 +104,10 @@ async def enqueue_counted(
 
 
 async def assert_acks_hand_a_limited_slot_on(url: str) -> None:
-    """Five tasks on a key of concurrency 1, a worker of four slots with a long poll: each of
-    the first four acks rides in the claim that takes the next task (none goes alone), so
-    only the ack itself can start the held tasks in time."""
+    """Five tasks on a key of concurrency 1, a worker of four slots with a long poll: the
+    acks ride in the claims that take the next tasks, so the acks themselves start the held
+    tasks long before the poll would. On a loaded machine the first task may end while the
+    worker's second claim is still on the wire; its ack then goes alone, once."""
     app = durq.App(url)
     ran, done = await enqueue_counted(
         app, 5, limit=durq.Limit("partner", concurrency=1), seconds=0.01
@@ -114,8 +115,8 @@ async def assert_acks_hand_a_limited_slot_on(url: str) -> None:
     broker = CountingBroker(app.new_broker())
     executor = await run_fetcher(app, broker, done, poll_interval=30)
     assert ran == list(range(5))
-    assert "complete_many" not in broker.calls[:-1], broker.calls
-    assert broker.calls.count("complete_and_claim") >= 4, broker.calls
+    assert broker.calls[:-1].count("complete_many") <= 1, broker.calls
+    assert broker.calls.count("complete_and_claim") >= 3, broker.calls
     await executor.close()
     await broker.close()
     await app.close()

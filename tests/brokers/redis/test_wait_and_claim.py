@@ -162,8 +162,7 @@ async def test_a_worker_waiting_on_pub_sub_still_carries_its_acks_in_its_claims(
 ) -> None:
     """Where the server refuses the blocking wait, the worker waits on pub/sub as on the
     other brokers, and an attempt that ends meanwhile has its ack ride in the claim that
-    fills its slot: none goes alone (a key at its concurrency limit hands its slot on in
-    one round trip)."""
+    fills its slot (a key at its concurrency limit hands its slot on in one round trip)."""
     server = private_redis(
         "--user", "default", "off", "--user", "app", "on", ">s3cret", "~*", "&*", "+@all", "-client"
     )
