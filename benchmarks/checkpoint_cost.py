@@ -15,26 +15,22 @@ own work is in the wall time, not in the CPU.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import tempfile
 import time
+
+from _stores import base_url, each_broker
 
 import durq
 from durq.bench.isolation import Isolated
 from durq.brokers.base import ClaimParams, StepsParams
 from durq.options import EnqueueRequest
 
-URLS = {
-    "postgresql": "postgresql://postgres@127.0.0.1:5432/postgres",
-    "redis": "redis://127.0.0.1:6379/0",
-}
 #: One recorded no-op step, as the worker stores it.
 STORED = '{"s0":{"result":null,"started":1765000000.1,"ended":1765000000.2,"attempt":1}}'
 
 
-async def measure(broker_name: str, n: int, tmpdir: str) -> None:
-    base = URLS.get(broker_name) or f"sqlite:///{tmpdir}/checkpoint.sqlite3"
-    isolated = Isolated.create(base)
+async def measure(broker_name: str, args: argparse.Namespace, tmpdir: str) -> None:
+    n = args.n
+    isolated = Isolated.create(base_url(broker_name, tmpdir))
     await isolated.prepare()
     app = durq.App(isolated.url)
     try:
@@ -68,12 +64,8 @@ async def measure(broker_name: str, n: int, tmpdir: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--brokers", default="sqlite,postgresql,redis")
     parser.add_argument("-n", type=int, default=3000, help="records per way of sending")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="durq-checkpoint-") as tmpdir:
-        for name in args.brokers.split(","):
-            asyncio.run(measure(name, args.n, tmpdir))
+    each_broker(parser, measure)
 
 
 if __name__ == "__main__":

@@ -21,27 +21,23 @@ figures in one process: they say what the option adds to the call, not a worker'
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
+
+from _stores import base_url, each_broker
 
 import durq
 from durq.bench.isolation import Isolated
 
-URLS = {
-    "postgresql": "postgresql://postgres@127.0.0.1:5432/postgres",
-    "redis": "redis://127.0.0.1:6379/0",
-}
 BY_ACCOUNT = durq.Unique(keys=["account_id"])
 RETURN = durq.Unique(keys=["account_id"], on_conflict="return")
 BURST = durq.Debounce("doc_id", wait="1h")
 
 
-async def measure(broker_name: str, n: int, rounds: int, tmpdir: str) -> None:
-    base = URLS.get(broker_name) or f"sqlite:///{tmpdir}/unique.sqlite3"
-    isolated = Isolated.create(base)
+async def measure(broker_name: str, args: argparse.Namespace, tmpdir: str) -> None:
+    n, rounds = args.n, args.rounds
+    isolated = Isolated.create(base_url(broker_name, tmpdir))
     await isolated.prepare()
     app = durq.App(isolated.url)
     counter = iter(range(10**9))
@@ -91,13 +87,9 @@ async def measure(broker_name: str, n: int, rounds: int, tmpdir: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--brokers", default="sqlite,postgresql,redis")
     parser.add_argument("-n", type=int, default=1000, help="enqueues per way per round")
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="durq-unique-") as tmpdir:
-        for name in args.brokers.split(","):
-            asyncio.run(measure(name, args.n, args.rounds, tmpdir))
+    each_broker(parser, measure)
 
 
 if __name__ == "__main__":
