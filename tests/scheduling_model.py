@@ -316,6 +316,11 @@ class Model:
             raise Refused("duplicate")
 
     def _insert(self, task: Task) -> Task:
+        if task.unique is not None:
+            # E4: a task whose ttl passed loses its key to the new one (no longer its twin).
+            for other in self.tasks.values():
+                if other.queue == task.queue and other.unique == task.unique:
+                    other.unique = other.unique_until = None
         task.seq = next(self._seq)
         self.tasks[task.key] = task
         self.queues.add(task.queue)

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import inspect
 import json
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
 from datetime import datetime, timedelta
@@ -32,6 +33,11 @@ from durq.steps import (
 PREVIEW_CHARS = 200
 #: What displays (CLI, dashboard, admin API) show for an encrypted payload or result.
 ENCRYPTED = "encrypted"
+
+
+#: A unique key held longer than this is one held until its task finishes
+#: (:data:`durq.uniqueness.UNTIL_FINISHED`, a century).
+_HELD_TO_THE_END = 50 * 365 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +137,22 @@ class TaskInfo:
     steps: tuple[TaskStep, ...] = ()
     #: How often its handler snoozed it (:class:`durq.Snooze`): not counted as attempts.
     snoozes: int = 0
+    #: Until when it holds its unique key (``unique=``, :class:`durq.Unique`): twins are
+    #: refused until then, or until it finishes; ``None``: it holds none. A key held until
+    #: the task finishes shows as a moment about a century ahead.
+    unique_until: datetime | None = None
+
+    def describe_unique(self, now: float | None = None) -> str | None:
+        """What its unique key holds, in words (``None``: it holds none now)."""
+        if self.unique_until is None or self.state in (TaskState.COMPLETED, TaskState.ARCHIVED):
+            return None
+        left = self.unique_until.timestamp() - (time.time() if now is None else now)
+        if left <= 0:
+            return None
+        if left > _HELD_TO_THE_END:
+            return "held until it finishes (twins are refused)"
+        when = self.unique_until.isoformat(timespec="seconds")
+        return f"held until {when} or until it finishes (twins are refused)"
 
     @property
     def max_attempts(self) -> int:
@@ -242,6 +264,7 @@ class TaskInfo:
             "held_by": self.held_by,
             "progress": None if self.progress is None else self.progress.to_dict(),
             "snoozes": self.snoozes,
+            "unique_until": iso(self.unique_until),
         }
 
 

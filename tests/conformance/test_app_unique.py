@@ -11,11 +11,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from brokerkit import LATER, Q, claim, params
+from brokerkit import LATER, LEASE, Q, claim, params
 
 import durq
 from durq.brokers import FullBroker
-from durq.brokers.base import CompleteParams, EnqueueParams, TwinReplace, UniqueRelease
+from durq.brokers.base import (
+    ClaimParams,
+    CompleteParams,
+    EnqueueParams,
+    TwinReplace,
+    UniqueRelease,
+)
 from durq.clock import FakeClock
 from durq.errors import ValidationError
 from durq.states import TaskState
@@ -294,3 +300,46 @@ async def test_E4_bad_debounce_and_states_are_refused(broker_kind: str) -> None:
     ):
         with pytest.raises(ValidationError):
             bad()
+
+
+async def test_E4_a_task_shows_the_unique_key_it_holds(app: durq.App) -> None:
+    """The inspector shows until when a task holds its key: a ttl, or until it finishes;
+    a task without one, or one that let it go, shows none."""
+    timed = await app.enqueue("x:y", {"a": 1}, unique=600)
+    forever = await app.enqueue("x:y", {"a": 2}, unique=durq.Unique(keys=["a"]))
+    plain = await app.enqueue("x:y", {"a": 3})
+    got = {
+        i.id: await app.inspector.get_task_info("default", i.id) for i in (timed, forever, plain)
+    }
+    until = got[timed.id].unique_until
+    assert until is not None and 590 < until.timestamp() - time.time() <= 601
+    assert got[timed.id].to_dict()["unique_until"] is not None
+    assert (got[timed.id].describe_unique() or "").startswith("held until 20")
+    assert got[forever.id].describe_unique() == "held until it finishes (twins are refused)"
+    assert got[plain.id].unique_until is None and got[plain.id].describe_unique() is None
+    # A twin that started lets its key go (states without active): it shows none then.
+    queued = durq.Unique(keys=["b"], states=("pending",))
+    first = await app.enqueue("x:z", {"b": 1}, unique=queued)
+    broker = await app.broker()
+    await broker.claim(ClaimParams(["default"], 10, "w1", LEASE))
+    second = await app.enqueue("x:z", {"b": 1}, unique=queued)
+    assert second.id != first.id
+    released = await app.inspector.get_task_info("default", first.id)
+    assert released.unique_until is None and released.describe_unique() is None
+
+
+async def test_E4_a_key_taken_by_a_later_twin_is_no_longer_the_first_ones(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    """Past its ttl a key goes to the next twin: the first task can neither let it go nor
+    be replaced through it any more."""
+    await broker.enqueue(params("a", payload={"n": 1}, unique_key="k", unique_ttl=10))
+    clock.advance(11)
+    await broker.enqueue(params("b", payload={"n": 2}, unique_key="k", unique_ttl=10))
+    everywhere = (TaskState.PENDING, TaskState.SCHEDULED)
+    assert await broker.replace_twin(TwinReplace(Q, "a", "k", b'{"n":3}')) is None
+    assert not await broker.free_unique(UniqueRelease(Q, "a", "k", everywhere))
+    assert (await broker.admin.get_task(Q, "a")).payload == {"n": 1}
+    changed = await broker.replace_twin(TwinReplace(Q, "b", "k", b'{"n":4}'))
+    assert changed is not None and changed.payload == {"n": 4}
+    assert await broker.free_unique(UniqueRelease(Q, "b", "k", everywhere))

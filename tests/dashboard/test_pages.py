@@ -164,3 +164,17 @@ async def test_task_page_shows_the_timeline_of_steps_sleeps_and_signals(
     assert rows == sorted(rows)
     for kind in ("step-step", "step-sleep", "step-wait"):
         assert f'class="{kind}"' in page, kind
+
+
+async def test_task_page_shows_the_unique_key_a_task_holds(
+    app: durq.App, api: httpx.AsyncClient
+) -> None:
+    await app.enqueue(
+        "crm:sync", {"account": 7}, task_id="uk-1", unique=durq.Unique(keys=["account"])
+    )
+    await app.enqueue("crm:sync", {"account": 8}, task_id="uk-2")
+    page = (await api.get("/queues/default/tasks/uk-1")).text
+    assert "<dt>Unique key</dt>" in page and "held until it finishes" in page
+    assert "<dt>Unique key</dt>" not in (await api.get("/queues/default/tasks/uk-2")).text
+    body = (await api.get("/api/queues/default/tasks/uk-1")).json()
+    assert body["unique_until"] is not None

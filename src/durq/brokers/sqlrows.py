@@ -67,6 +67,7 @@ def row_to_info(row: TaskRow) -> TaskInfo:
         logs=decode_logs(row["logs"]) if "logs" in keys else (),
         steps=decode_steps(row["steps"]) if "steps" in keys else (),
         snoozes=row["snoozes"] if "snoozes" in keys else 0,
+        unique_until=to_datetime(row["unique_until"]) if "unique_until" in keys else None,
     )
 
 

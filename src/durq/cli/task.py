@@ -108,7 +108,7 @@ def print_task(info: TaskInfo, *, title: str | None = None) -> None:
     table.add_column("value", overflow="fold")
     for key in (
         "id", "queue", "type", "state", "priority", "attempts", "last_error", "payload",
-        "result", "timeout", "deadline", "next_process_at", "enqueued_at", "started_at",
+        "result", "timeout", "deadline", "next_process_at", "enqueued_at", "unique", "started_at",
         "completed_at", "retention", "worker_id", "snoozes", "progress", "logs", "steps",
         "traceback",
     ):  # fmt: skip
@@ -119,6 +119,8 @@ def print_task(info: TaskInfo, *, title: str | None = None) -> None:
             value = "\n".join(line.describe() for line in info.logs) or None
         elif key == "steps":
             value = "\n".join(step.describe() for step in info.steps) or None
+        elif key == "unique":
+            value = info.describe_unique()
         elif key == "snoozes" and not info.snoozes:
             value = None
         if value is None or (value == {} and key != "payload"):

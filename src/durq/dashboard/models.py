@@ -166,6 +166,12 @@ class _TaskFields(_Model):
         "yet shows none",
     )
     snoozes: int = Field(default=0, description="How often its handler snoozed it")
+    unique_until: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="Until when it holds its unique key (twins refused), or until it "
+        "finishes; a key held until it finishes shows about a century ahead",
+    )
 
 
 class GroupRef(_Model):

@@ -133,6 +133,7 @@ class Row:
             logs=decode_logs(self.logs),
             steps=decode_steps(self.steps),
             snoozes=self.snoozes,
+            unique_until=to_datetime(self.unique_until),
         )
 
     def gone(self, now: float) -> bool:

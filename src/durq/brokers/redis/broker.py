@@ -896,7 +896,9 @@ class RedisBroker:
         ]
         async with self._storage.op("replace_twin"):
             await self._storage.ensure()
-            row = await self._storage.eval("replace_twin", [k.task(params.id), k.scheduled], args)
+            row = await self._storage.eval(
+                "replace_twin", [k.task(params.id), k.scheduled, k.unique], args
+            )
         return task_info(params.queue, row) if row else None
 
     async def read_snoozes(self, lease: LeaseRef) -> int | None:

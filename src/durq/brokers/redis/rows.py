@@ -9,7 +9,7 @@ from typing import Any
 from durq.brokers.limiter import Counter
 from durq.clock import to_datetime
 from durq.progress import decode_logs, progress_of
-from durq.states import TaskState
+from durq.states import FINISHED, TaskState
 from durq.steps import decode_steps
 from durq.task import TaskInfo, limits_from_json, make_info
 
@@ -83,6 +83,8 @@ def task_info(queue: str, flat: Sequence[Any] | dict[Any, Any]) -> TaskInfo:
         logs=decode_logs(h.get("logs")),
         steps=decode_steps(h.get("steps")),
         snoozes=int(h.get("snoozes", 0)),
+        # Kept in the hash after the key is let go at the end: shown while unfinished.
+        unique_until=None if state in FINISHED else to_datetime(_opt_float(h, "uu")),
     )
 
 

@@ -100,6 +100,13 @@ local function ready_time(score)
   return s - math.floor(s / BAND) * BAND
 end
 
+-- Whether task `id` owns the lock on unique key `key` (a later task may have taken it once
+-- its ttl passed; the task's own hash still names the key).
+local function holds(unique_hash, key, id)
+  local owner = redis.call('HGET', unique_hash, key)
+  return owner ~= false and id ~= false and string.sub(owner, 1, #id + 1) == id .. '|'
+end
+
 -- Drop the task's uniqueness lock (E4) if the task still owns it.
 local function free_unique(unique_hash, task_key)
   local uk = redis.call('HGET', task_key, 'unique_key')
@@ -304,7 +311,10 @@ local function enqueue_task(task_key, qk, qo, now_s, a, ao)
   end
   if a[ao + 5] ~= '' then f[n + 1] = 'timeout'; f[n + 2] = a[ao + 5]; n = n + 2 end
   if a[ao + 6] ~= '' then f[n + 1] = 'deadline'; f[n + 2] = a[ao + 6]; n = n + 2 end
-  if unique ~= '' then f[n + 1] = 'unique_key'; f[n + 2] = unique; n = n + 2 end
+  if unique ~= '' then  -- "uu": until when it holds the key, for the inspector
+    f[n + 1] = 'unique_key'; f[n + 2] = unique
+    f[n + 3] = 'uu'; f[n + 4] = later(now_s, a[ao + 11]); n = n + 4
+  end
   local prio = a[ao + 14]
   if prio ~= '0' then f[n + 1] = 'prio'; f[n + 2] = prio; n = n + 2 end
   n = add_chunked(f, n, 'p', a[ao + 3])

@@ -3,15 +3,16 @@
 -- ARGV[5] seconds after its enqueue) and priority (ARGV[6]). Fenced by the task holding the unique key ARGV[2] and
 -- being pending, scheduled or retry: a running task is never changed.
 --
--- KEYS[1] task hash      KEYS[2] scheduled zset
+-- KEYS[1] task hash      KEYS[2] scheduled zset      KEYS[3] unique hash
 -- ARGV[1] now ("" = TIME)    ARGV[2] unique key    ARGV[3] the new payload
 -- ARGV[4] delay ("" keeps the due time)    ARGV[5] latest, after the enqueue ("" for none)
 -- ARGV[6] priority ("" keeps it)
 -- Returns the task hash after the change (HGETALL), or an empty reply when fenced.
 -- Complexity: O(log n) plus the payload's chunks.
-local cur = redis.call('HMGET', KEYS[1], 'state', 'unique_key', 'm', 'enqueued_at')
+local cur = redis.call('HMGET', KEYS[1], 'state', 'unique_key', 'm', 'enqueued_at', 'id')
 local state = cur[1]
-if cur[2] ~= ARGV[2] or not (state == 'pending' or state == 'scheduled' or state == 'retry') then
+if cur[2] ~= ARGV[2] or not (state == 'pending' or state == 'scheduled' or state == 'retry')
+    or not holds(KEYS[3], ARGV[2], cur[5]) then
   return {}
 end
 local _, chunks = read_chunked(KEYS[1], 'p')
