@@ -86,6 +86,11 @@ class EnqueueParams:
             headers=dict(self.headers),
             priority=self.priority,
             limits=self.limits,
+            unique_until=(
+                None
+                if self.unique_key is None or self.unique_ttl is None
+                else to_datetime(now + self.unique_ttl)
+            ),
         )
 
 
