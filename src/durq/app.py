@@ -64,7 +64,7 @@ from durq.payloads import validate
 from durq.periodic import PeriodicEntry, PeriodicRegistry
 from durq.results import wait_for_end
 from durq.schedules import StoredSchedules
-from durq.states import TaskState
+from durq.states import FINISHED
 from durq.steps import check_signal_name
 from durq.sync import SyncRunner
 from durq.task import TaskInfo
@@ -502,11 +502,12 @@ class App:
         # The loop's broker without awaiting broker() (a coroutine per call) once it exists.
         broker = self._brokers.get(asyncio.get_running_loop()) or await self.broker()
         self._check_follow_up_queue(broker, params)
-        unique = self._unique_of(request)
-        if unique is not None and unique.debounce is not None and params.unique_key:
+        # The common case (no unique key, or inside the caller's transaction) asks nothing more.
+        unique = None if params.unique_key is None else self._unique_of(request)
+        if unique is not None and unique.debounce is not None:
             # Debounced: the first of a burst runs ``wait`` after it (later ones move it).
             params = replace(params, process_in=unique.debounce[0], process_at=None)
-        if unique is None or params.unique_key is None or connection is not None:
+        if unique is None or connection is not None:
             return await self._insert(broker, params, connection)
         for _ in range(_TWIN_ROUNDS):
             try:
@@ -557,7 +558,7 @@ class App:
             twin = await broker.admin.get_task(params.queue, twin_id)
         except TaskNotFoundError:
             return None  # finished and deleted since: its key is free
-        if twin.state in (TaskState.COMPLETED, TaskState.ARCHIVED):
+        if twin.state in FINISHED:
             return None  # finished since: its key is free
         if mode == "replace" and twin.state not in unique.released_in:
             raise refused  # it runs, or waits for other tasks: never changed

@@ -16,7 +16,7 @@ from typing import Any, NoReturn, Protocol
 from durq import codec, durations
 from durq.errors import SignalTimeoutError, Sleeping, Snooze, StepError
 from durq.progress import TaskLogLine, TaskProgress, check_fraction, check_level, clip
-from durq.states import TaskState
+from durq.states import FINISHED, TaskState
 from durq.steps import (
     TaskStep,
     check_name,
@@ -144,7 +144,7 @@ class TaskInfo:
 
     def describe_unique(self, now: float | None = None) -> str | None:
         """What its unique key holds, in words (``None``: it holds none now)."""
-        if self.unique_until is None or self.state in (TaskState.COMPLETED, TaskState.ARCHIVED):
+        if self.unique_until is None or self.state in FINISHED:
             return None
         left = self.unique_until.timestamp() - (time.time() if now is None else now)
         if left <= 0:
