@@ -735,7 +735,9 @@ class App:
         with self._sending(list(created.values())) as sent:
             infos = await broker.enqueue_graph(sent)
         nodes = {name: self._created(info) for name, info in zip(order, infos, strict=True)}
-        return WorkflowInfo(workflow.id, workflow.name, nodes, workflow.finals())
+        return WorkflowInfo(
+            workflow.id, workflow.name, nodes, workflow.finals(), workflow.final_groups()
+        )
 
     async def cancel_workflow(self, info: WorkflowInfo) -> int:
         """Cancel every node of the workflow that has not finished: waiting, pending,

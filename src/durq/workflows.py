@@ -29,7 +29,7 @@ import asyncio
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from durq import encryption as crypt
@@ -135,6 +135,17 @@ class _Spec:
     after: tuple[str, ...]
     on_failure: str | None
     options: dict[str, Any]
+    #: A sub-workflow node: the workflow whose nodes it stands for.
+    sub: Workflow | None = None
+    #: Of the nodes it runs after, the sub-workflows: how their results group (see
+    #: :func:`regroup`).
+    groups: dict[str, Any] = field(default_factory=dict)
+
+
+#: The type a sub-workflow's node shows (its :class:`Node` handle's ``type``).
+SUB_WORKFLOW = "workflow"
+#: Between a sub-workflow node's name and the names of the sub-workflow's nodes.
+SUB_SEPARATOR = "."
 
 
 class Workflow:
@@ -165,6 +176,7 @@ class Workflow:
         self.retention = float(retention)
         self.queue = None if queue is None else check_queue(queue)
         self._specs: dict[str, _Spec] = {}
+        self._as_created: dict[str, _Spec] | None = None
 
     def add(
         self,
@@ -202,33 +214,141 @@ class Workflow:
         node = Node(node_name, type_name)
         policy = None if on_failure is None else _check_policy(on_failure)
         self._specs[node_name] = _Spec(node, payload, names, policy, dict(options))
+        self._as_created = None
+        return node
+
+    def add_workflow(
+        self,
+        workflow: Workflow,
+        *,
+        name: str | None = None,
+        after: Iterable[Node | str] = (),
+        on_failure: OnFailure | None = None,
+    ) -> Node:
+        """Add ``workflow`` as one node (a sub-workflow): its nodes join this workflow as
+        ``<name>.<node>`` (created with it, all or none), those that wait for none run after
+        ``after=``, and the nodes that run after this one wait for all of its final nodes.
+        Their ``ctx.dependencies[name]`` (and ``app.wait``'s result, when it is final) is
+        the sub-workflow's result: its final nodes' results by their names in it.
+        ``name`` defaults to the sub-workflow's name; ``on_failure``, when given, replaces
+        the sub-workflow's default for its nodes that set none. The sub-workflow's own
+        ``id`` and ``retention`` are not used: its nodes are this workflow's. Adding it
+        copies nothing: nodes added to it later are part of it when this one is created."""
+        if not isinstance(workflow, Workflow):
+            raise WorkflowError(f"add_workflow takes a Workflow, not {workflow!r}")
+        node_name = check_node_name(workflow.name if name is None else name, "node name")
+        if node_name in self._specs:
+            raise WorkflowError(
+                f"workflow {self.name!r} has a node named {node_name!r} already: give this "
+                "sub-workflow another name= (it defaults to the sub-workflow's name)"
+            )
+        names = tuple(dict.fromkeys(_name_of(a) for a in after))
+        if len(names) > MAX_AFTER:
+            raise WorkflowError(f"node {node_name!r} waits for more than {MAX_AFTER} nodes")
+        node = Node(node_name, SUB_WORKFLOW)
+        policy = None if on_failure is None else _check_policy(on_failure)
+        self._specs[node_name] = _Spec(node, None, names, policy, {}, sub=workflow)
+        self._as_created = None
         return node
 
     @property
     def nodes(self) -> list[Node]:
-        """The nodes, in the order they were added."""
+        """The nodes, in the order they were added (a sub-workflow as one node)."""
         return [s.node for s in self._specs.values()]
 
+    def _flat(self, outer: tuple[Workflow, ...] = ()) -> dict[str, _Spec]:
+        """The nodes as they are created: each sub-workflow's nodes in its place, named
+        ``<sub>.<node>``, its first nodes after the sub-workflow node's ``after``, and a
+        node after a sub-workflow after the sub-workflow's final nodes."""
+        if self in outer:
+            raise WorkflowError(f"workflow {self.name!r} contains itself")
+        inner = {
+            name: spec.sub._flat((*outer, self))
+            for name, spec in self._specs.items()
+            if spec.sub is not None
+        }
+        for name, nodes in inner.items():
+            if not nodes:
+                raise WorkflowError(f"sub-workflow {name!r} of {self.name!r} has no nodes")
+        finals = {
+            name: tuple(f"{name}{SUB_SEPARATOR}{f}" for f in _finals_of(flat))
+            for name, flat in inner.items()
+        }
+        flat: dict[str, _Spec] = {}
+        for name, spec in self._specs.items():
+            # An unknown name is kept: order() says which node names it.
+            after = tuple(dict.fromkeys(f for d in spec.after for f in finals.get(d, (d,))))
+            groups = {d: self._tree(d) for d in spec.after if d in inner}
+            sub = spec.sub
+            if sub is None:
+                flat[name] = replace(spec, after=after, groups=groups)
+                continue
+            prefix = name + SUB_SEPARATOR
+            for inner_name, s in inner[name].items():
+                options = dict(s.options)
+                if sub.queue is not None:
+                    options.setdefault("queue", sub.queue)
+                flat[check_node_name(prefix + inner_name, "node name")] = replace(
+                    s,
+                    after=tuple(prefix + d for d in s.after) if s.after else after,
+                    groups=_prefixed(s.groups, prefix) if s.after else groups,
+                    on_failure=s.on_failure or spec.on_failure or sub.on_failure,
+                    options=options,
+                )
+        if len(flat) > MAX_NODES:
+            raise WorkflowError(f"a workflow has at most {MAX_NODES} nodes")
+        return flat
+
+    def _tree(self, name: str) -> dict[str, Any]:
+        """How the results of sub-workflow node ``name``'s final nodes group: ``finals``
+        (their names in it -> their names here) and ``groups`` (the same for its own
+        sub-workflows among them)."""
+        sub = self._specs[name].sub
+        assert sub is not None
+        return {
+            "finals": {f: f"{name}{SUB_SEPARATOR}{f}" for f in sub.finals()},
+            "groups": sub.final_groups(),
+        }
+
+    def final_groups(self) -> dict[str, Any]:
+        """For the sub-workflows among the final nodes, how their results group."""
+        waited = {dep for spec in self._specs.values() for dep in spec.after}
+        return {
+            name: self._tree(name)
+            for name, spec in self._specs.items()
+            if spec.sub is not None and name not in waited
+        }
+
+    def _created(self) -> dict[str, _Spec]:
+        """The nodes as created (from :meth:`order`'s last run while nothing was added)."""
+        if self._as_created is None:
+            if all(spec.sub is None for spec in self._specs.values()):
+                return self._specs
+            self._as_created = self._flat()
+        return self._as_created
+
     def after(self, name: str) -> tuple[str, ...]:
-        """The names of the nodes ``name`` runs after."""
-        return self._specs[name].after
+        """The names of the nodes ``name`` runs after (as created: see :meth:`order`)."""
+        return self._created()[name].after
 
     def order(self) -> list[str]:
         """The node names in an order where each comes after those it waits for (among
         ready nodes, the order they were added). WorkflowError for an empty workflow or a
         name in ``after=`` that is no node; WorkflowCycleError naming one cycle."""
-        if not self._specs:
+        self._as_created = None
+        specs = self._created()
+        if not specs:
             raise WorkflowError(f"workflow {self.name!r} has no nodes")
-        for spec in self._specs.values():
+        for spec in specs.values():
             for dep in spec.after:
-                if dep not in self._specs:
+                if dep not in specs:
                     raise WorkflowError(
                         f"node {spec.node.name!r} runs after {dep!r}, which is no node of "
                         f"workflow {self.name!r}"
                     )
-        left = {name: len(spec.after) for name, spec in self._specs.items()}
-        dependents: dict[str, list[str]] = {name: [] for name in self._specs}
-        for name, spec in self._specs.items():
+        left = {name: len(spec.after) for name, spec in specs.items()}
+        dependents: dict[str, list[str]] = {name: [] for name in specs}
+        for name, spec in specs.items():
             for dep in spec.after:
                 dependents[dep].append(name)
         ready = [name for name, n in left.items() if n == 0]
@@ -240,32 +360,17 @@ class Workflow:
                 left[d] -= 1
                 if left[d] == 0:
                     ready.append(d)
-        if len(order) < len(self._specs):
-            cycle = self._cycle({name for name, n in left.items() if n > 0})
+        if len(order) < len(specs):
+            cycle = _cycle(specs, {name for name, n in left.items() if n > 0})
             raise WorkflowCycleError(
                 f"workflow {self.name!r} has a cycle: {' -> '.join(cycle)}", cycle=cycle
             )
         return order
 
-    def _cycle(self, stuck: set[str]) -> list[str]:
-        """One cycle among ``stuck`` (nodes left waiting): each waits for one of them."""
-        path: list[str] = []
-        seen: dict[str, int] = {}
-        name = min(stuck, key=list(self._specs).index)
-        while name not in seen:
-            seen[name] = len(path)
-            path.append(name)
-            name = next(d for d in self._specs[name].after if d in stuck)
-        # ``path`` walks from each node to one it waits for; a cycle reads in run order,
-        # from the node added first.
-        cycle = path[seen[name] :][::-1]
-        first = min(range(len(cycle)), key=lambda i: list(self._specs).index(cycle[i]))
-        cycle = cycle[first:] + cycle[:first]
-        return [*cycle, cycle[0]]
-
     def spec(self, name: str) -> tuple[Node, Any, str, dict[str, Any]]:
-        """A node's handle, payload, on_failure (resolved) and enqueue options."""
-        s = self._specs[name]
+        """A node's handle, payload, on_failure (resolved) and enqueue options (``name`` as
+        created: see :meth:`order`)."""
+        s = self._created()[name]
         return s.node, s.payload, s.on_failure or self.on_failure, dict(s.options)
 
     def node_id(self, name: str) -> str:
@@ -273,12 +378,58 @@ class Workflow:
         return f"wf:{self.id}:{name}"
 
     def finals(self) -> tuple[str, ...]:
-        """The names of the nodes no other node runs after, in the order they were added."""
-        waited = {dep for spec in self._specs.values() for dep in spec.after}
-        return tuple(name for name in self._specs if name not in waited)
+        """The names of the nodes no other node runs after, in the order they were added
+        (as created: a sub-workflow's final nodes in its place)."""
+        return _finals_of(self._created())
 
     def __repr__(self) -> str:
         return f"Workflow({self.name!r}, id={self.id!r}, nodes={len(self._specs)})"
+
+
+def _finals_of(specs: Mapping[str, _Spec]) -> tuple[str, ...]:
+    """The names among ``specs`` no other one runs after, in order."""
+    waited = {dep for spec in specs.values() for dep in spec.after}
+    return tuple(name for name in specs if name not in waited)
+
+
+def _prefixed(groups: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """``groups`` of a sub-workflow's node, with its final nodes' names as created here."""
+    return {
+        name: {
+            "finals": {k: prefix + v for k, v in tree["finals"].items()},
+            "groups": tree["groups"],
+        }
+        for name, tree in groups.items()
+    }
+
+
+def regroup(results: Mapping[str, Any], groups: Mapping[str, Any]) -> dict[str, Any]:
+    """``results`` by node name as created, with each sub-workflow's final nodes gathered
+    under the sub-workflow node's name (by their names in it), as ``groups`` says."""
+    out = dict(results)
+    for name, tree in groups.items():
+        inner = {k: out.pop(v) for k, v in tree["finals"].items() if v in out}
+        if inner:  # else every final node of it was skipped: left out, as such a node is
+            out[name] = regroup(inner, tree["groups"])
+    return out
+
+
+def _cycle(specs: Mapping[str, _Spec], stuck: set[str]) -> list[str]:
+    """One cycle among ``stuck`` (nodes left waiting): each waits for one of them."""
+    names = list(specs)
+    path: list[str] = []
+    seen: dict[str, int] = {}
+    name = min(stuck, key=names.index)
+    while name not in seen:
+        seen[name] = len(path)
+        path.append(name)
+        name = next(d for d in specs[name].after if d in stuck)
+    # ``path`` walks from each node to one it waits for; a cycle reads in run order, from
+    # the node added first.
+    cycle = path[seen[name] :][::-1]
+    first = min(range(len(cycle)), key=lambda i: names.index(cycle[i]))
+    cycle = cycle[first:] + cycle[:first]
+    return [*cycle, cycle[0]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,23 +443,27 @@ class WorkflowInfo:
     nodes: Mapping[str, TaskInfo]
     #: The nodes no other node runs after: ``app.wait`` returns their results.
     finals: tuple[str, ...]
+    #: How the results of sub-workflows among the finals group (see :func:`regroup`).
+    groups: Mapping[str, Any] = field(default_factory=dict)
 
 
 def node_header(
     wf: Workflow, name: str, on_failure: str, after: Mapping[str, tuple[str, str]]
 ) -> str:
     """The :data:`HEADER` of node ``name``: ``{"id", "name", "node", "on_failure",
-    "after": {name: [queue, id]}}``, ``after`` its dependencies' (queue, id)."""
-    return json.dumps(
-        {
-            "id": wf.id,
-            "name": wf.name,
-            "node": name,
-            "on_failure": on_failure,
-            "after": {dep: list(key) for dep, key in after.items()},
-        },
-        separators=(",", ":"),
-    )
+    "after": {name: [queue, id]}}``, ``after`` its dependencies' (queue, id), and
+    ``"groups"`` when some of them are a sub-workflow's final nodes (see :func:`regroup`)."""
+    header: dict[str, Any] = {
+        "id": wf.id,
+        "name": wf.name,
+        "node": name,
+        "on_failure": on_failure,
+        "after": {dep: list(key) for dep, key in after.items()},
+    }
+    groups = wf._created()[name].groups
+    if groups:
+        header["groups"] = groups
+    return json.dumps(header, separators=(",", ":"))
 
 
 def header_of(headers: Mapping[str, str]) -> dict[str, Any] | None:
@@ -362,7 +517,7 @@ async def gate(admin: Admin, task: TaskInfo, encryption: Encryption | None) -> G
             worst = (severity, stop[1])
     if worst is not None:
         return Gate({}, worst[1])
-    return Gate(results)
+    return Gate(regroup(results, header.get("groups") or {}))
 
 
 def _stop_for(name: str, info: TaskInfo | None) -> tuple[str, str] | None:
@@ -424,7 +579,8 @@ async def wait_for(
             w.cancel()
         # Collected, so that a second failure at the same moment is not logged as unread.
         await asyncio.gather(*waits, return_exceptions=True)
-    return {name: results[name] for name in info.finals if name in results}
+    ordered = {name: results[name] for name in info.finals if name in results}
+    return regroup(ordered, info.groups)
 
 
 async def _failure(
