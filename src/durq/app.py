@@ -12,7 +12,16 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Se
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from durq import backoff, codec, continuations, durations, groups, webhooks, workflows
+from durq import (
+    backoff,
+    child_workflows,
+    codec,
+    continuations,
+    durations,
+    groups,
+    webhooks,
+    workflows,
+)
 from durq import encryption as crypt
 from durq.appview import HeaderHook, SendHook
 from durq.brokers import FullBroker, open_broker, resolve_url
@@ -98,6 +107,8 @@ _THEN_FIELDS = (
 #: How often one enqueue meets a twin that moves on (starts, finishes, lets its key go)
 #: before it gives up: each round is a fenced step, so only a storm of twins ends here.
 _TWIN_ROUNDS = 8
+#: The type durq's own workflow nodes are validated under before they take their own.
+_OWN = "durq-own-node"
 
 
 class App:
@@ -182,6 +193,9 @@ class App:
         #: Options of the webhook deliveries this app's tasks ask for (set by install).
         self.webhook_options = webhooks.DEFAULT_OPTIONS
         webhooks.install(self, webhook_secret)  # only with a secret (or DURQ_WEBHOOK_SECRET)
+        child_workflows.install(self)  # the node that ends ctx.run_workflow's wait
+        #: Creates the workflows tasks start with ``ctx.run_workflow``.
+        self.child_workflows = child_workflows.ChildWorkflows(self)
 
     # -- registry ---------------------------------------------------------------------------
 
@@ -714,7 +728,11 @@ class App:
             options.setdefault("task_id", workflow.node_id(name))
             if workflow.queue is not None:
                 options.setdefault("queue", workflow.queue)
-            params = self.params(self._request(node.type, payload, **options))
+            own = name in workflow._own_nodes
+            # durq's own node takes a type callers may not enqueue: built under another.
+            params = self.params(self._request(_OWN if own else node.type, payload, **options))
+            if own:
+                params = replace(params, type=node.type)
             after = {dep: created[dep] for dep in workflow.after(name)}
             header = workflows.node_header(
                 workflow, name, policy, {d: (p.queue, p.id) for d, p in after.items()}

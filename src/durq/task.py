@@ -306,6 +306,13 @@ class StepSink(Protocol):
     def call(self, coro: Any) -> Any: ...
 
 
+class WorkflowRunner(Protocol):
+    """Creates the workflows a task starts with :meth:`TaskContext.run_workflow` (the worker
+    gives one to each context); returns the signal that ends the task's wait for one."""
+
+    async def create(self, workflow: Any, queue: str, task_id: str, step: str) -> str: ...
+
+
 @dataclass(frozen=True)
 class TaskContext:
     """What a handler may know about the attempt it runs (pass it by annotating a parameter),
@@ -327,6 +334,8 @@ class TaskContext:
     #: A workflow node's dependencies: node name -> result (a :class:`durq.NodeFailed` for
     #: one that failed with ``on_failure="continue"``); empty for other tasks.
     dependencies: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: Where :meth:`run_workflow` creates workflows; ``None`` outside a worker.
+    workflows: WorkflowRunner | None = field(default=None, repr=False, compare=False)
 
     @property
     def attempt(self) -> int:
@@ -475,6 +484,47 @@ class TaskContext:
         text = _wait_or_wake(name, await sink.signals(), until, count, now)
         await sink.record(record, text, now)
         return _wait_outcome(name, record, wait_record(json_value(text)))
+
+    async def run_workflow(
+        self, workflow: Any, *, timeout: float | str | timedelta, step: str | None = None
+    ) -> dict[str, Any]:
+        """Start ``workflow`` (a :class:`durq.Workflow` built now, e.g. one node per row this
+        task found) and wait for it; return its final nodes' results by name, as
+        ``app.wait`` on a workflow does, or raise :class:`durq.WorkflowFailedError` naming
+        the node whose failure stopped it. A durable step, recorded under ``step``
+        (default ``workflow:<its name>``): the workflow is created once, whatever runs of
+        this task come; while it runs, this task's attempt ends as in :meth:`wait_for` and
+        holds no worker slot; it runs again when the workflow has ended, replaying its
+        steps, and this call returns at once. The nodes after this task (when it is a
+        workflow node) wait for it, so for the child workflow too. Raises
+        :class:`durq.SignalTimeoutError` when ``timeout`` passes first (the child workflow
+        goes on). See :mod:`durq.child_workflows`."""
+        from durq.workflows import WorkflowFailedError
+
+        name = getattr(workflow, "name", None)
+        record = check_name(step if step is not None else f"workflow:{name}")
+        sink, runner = self.steps, self.workflows
+        if sink is None or runner is None:
+            raise StepError("run_workflow runs in a worker: it waits without holding one")
+        found, stored = await sink.lookup(record)
+        if found:
+            if not isinstance(stored, dict) or not isinstance(stored.get("signal"), str):
+                raise StepError(f"step {record!r} was recorded as something else: names changed")
+            signal = stored["signal"]
+        else:
+            started = sink.now()
+            signal = await runner.create(workflow, self.queue, self.id, record)
+            text = encode_result(record, {"signal": signal})
+            await sink.record(record, text, started)
+        told = await self.wait_for(signal, timeout=timeout, step=f"{record}.end")
+        failed = told.get("failed") if isinstance(told, dict) else None
+        if failed is not None:
+            raise WorkflowFailedError(
+                f"workflow {name!r} started by task {self.id!r}: node {failed['node']!r} "
+                f"{failed['error']}",
+                node=str(failed["node"]),
+            )
+        return dict(told["results"])
 
     def wait_for_sync(
         self, name: str, *, timeout: float | str | timedelta, step: str | None = None

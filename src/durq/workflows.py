@@ -126,6 +126,8 @@ class NodeFailed:
     name: str
     state: TaskState | None
     error: str | None
+    #: What the failed node's failure means for the nodes after it (its ``on_failure``).
+    on_failure: str = field(default="cancel", compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +142,8 @@ class _Spec:
     #: Of the nodes it runs after, the sub-workflows: how their results group (see
     #: :func:`regroup`).
     groups: dict[str, Any] = field(default_factory=dict)
+    #: Runs once the nodes it waits for have ended, whatever their outcome.
+    always: bool = False
 
 
 #: The type a sub-workflow's node shows (its :class:`Node` handle's ``type``).
@@ -177,6 +181,9 @@ class Workflow:
         self.queue = None if queue is None else check_queue(queue)
         self._specs: dict[str, _Spec] = {}
         self._as_created: dict[str, _Spec] | None = None
+        #: Nodes of durq's own (a child workflow's done node): their ``durq:`` type is
+        #: enqueued as it is.
+        self._own_nodes: set[str] = set()
 
     def add(
         self,
@@ -186,6 +193,7 @@ class Workflow:
         name: str | None = None,
         after: Iterable[Node | str] = (),
         on_failure: OnFailure | None = None,
+        always: bool = False,
         **options: Any,
     ) -> Node:
         """Add a node: a task of ``type`` (a type name or a registered task) with
@@ -194,7 +202,10 @@ class Workflow:
         ``name``: the node's name (default: the task type), unique in the workflow
         (WorkflowError otherwise). ``after``: the nodes it runs after, as handles or names;
         a name may be added later. ``on_failure``: what this node's failure means for the
-        nodes after it (default: the workflow's). Returns the node's handle."""
+        nodes after it (default: the workflow's). ``always=True``: the node runs once the
+        nodes it waits for have ended, whatever their outcome (a clean-up, a report): the
+        ones that did not complete are :class:`NodeFailed` in its ``ctx.dependencies``.
+        Returns the node's handle."""
         type_name = type if isinstance(type, str) else getattr(type, "type", None)
         if not isinstance(type_name, str):
             raise WorkflowError(f"a node's type is a task type or a task, not {type!r}")
@@ -213,7 +224,9 @@ class Workflow:
             raise WorkflowError(f"a workflow has at most {MAX_NODES} nodes")
         node = Node(node_name, type_name)
         policy = None if on_failure is None else _check_policy(on_failure)
-        self._specs[node_name] = _Spec(node, payload, names, policy, dict(options))
+        self._specs[node_name] = _Spec(
+            node, payload, names, policy, dict(options), always=bool(always)
+        )
         self._as_created = None
         return node
 
@@ -460,9 +473,11 @@ def node_header(
         "on_failure": on_failure,
         "after": {dep: list(key) for dep, key in after.items()},
     }
-    groups = wf._created()[name].groups
-    if groups:
-        header["groups"] = groups
+    spec = wf._created()[name]
+    if spec.groups:
+        header["groups"] = spec.groups
+    if spec.always:
+        header["always"] = True
     return json.dumps(header, separators=(",", ":"))
 
 
@@ -499,6 +514,7 @@ async def gate(admin: Admin, task: TaskInfo, encryption: Encryption | None) -> G
     over skip); with continue it is a :class:`NodeFailed` in the dependencies."""
     header = header_of(task.headers) or {}
     after: dict[str, list[str]] = header.get("after") or {}
+    always = header.get("always") is True
     names = list(after)
     infos = await asyncio.gather(*(_read(admin, q, i) for q, i in after.values()))
     results: dict[str, Any] = {}
@@ -508,9 +524,8 @@ async def gate(admin: Admin, task: TaskInfo, encryption: Encryption | None) -> G
             results[name] = crypt.decode(info.raw_result, encryption)
             continue
         stop = _stop_for(name, info)
-        if stop is None:
-            assert info is not None
-            results[name] = NodeFailed(name, info.state, info.last_error)
+        if stop is None or always:
+            results[name] = _node_failed(name, info, stop)
             continue
         severity = _SEVERITY[stop[0]]
         if worst is None or severity > worst[0]:
@@ -518,6 +533,14 @@ async def gate(admin: Admin, task: TaskInfo, encryption: Encryption | None) -> G
     if worst is not None:
         return Gate({}, worst[1])
     return Gate(regroup(results, header.get("groups") or {}))
+
+
+def _node_failed(name: str, info: TaskInfo | None, stop: tuple[str, str] | None) -> NodeFailed:
+    """A dependency that did not complete, as ``ctx.dependencies`` shows it."""
+    if info is None:
+        return NodeFailed(name, None, stop[1] if stop else None)
+    policy = (header_of(info.headers) or {}).get("on_failure", "cancel")
+    return NodeFailed(name, info.state, info.last_error, on_failure=str(policy))
 
 
 def _stop_for(name: str, info: TaskInfo | None) -> tuple[str, str] | None:
@@ -565,6 +588,15 @@ async def wait_for(
             if failure is not None:
                 raise failure from None
             return name, None, False
+        header = header_of(task.headers) or {}
+        if header.get("always"):
+            # It ran whatever the nodes before it did: one of them may have failed the rest.
+            for dep, (queue, task_id) in (header.get("after") or {}).items():
+                before = await _read(broker.admin, queue, task_id)
+                if before is None or before.state is not TaskState.COMPLETED:
+                    failure = await _failure(broker.admin, info, dep, before)
+                    if failure is not None:
+                        raise failure
         return name, crypt.decode(done.raw_result, encryption), True
 
     waits = [asyncio.create_task(one(name)) for name in info.finals]

@@ -140,6 +140,7 @@ class Executor:
         self._reports: dict[LeaseRef, LazyReports] = {}
         #: The durable steps that running attempts record, written together.
         self._steps = step_writer(broker)
+        self._child_workflows = app.child_workflows
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="durq-task")
 
     @property
@@ -445,6 +446,7 @@ class Executor:
             reports=reports,
             steps=steps,
             dependencies=dependencies,
+            workflows=self._child_workflows,
         )
 
     async def _end_reports(self, ref: LeaseRef) -> None:
