@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from durq.errors import ValidationError
-from durq.task import LimitSpec
+from durq.task import MAX_RATE_PER, LimitSpec
 
 #: The most limits one task may carry, and the longest resolved key.
 MAX_LIMITS = 8
@@ -38,7 +38,7 @@ def parse_rate(rate: str | tuple[int, float]) -> tuple[int, float]:
         per = float(match.group(2) or 1) * _PERIOD[match.group(3) or "s"]
     if not isinstance(count, int) or isinstance(count, bool) or count < 1 or count > 10**9:
         raise ValidationError(f"a rate allows 1 to 10^9 starts per period, got {rate!r}")
-    if not isinstance(per, int | float) or not 0.001 <= float(per) <= 86400 * 366:
+    if not isinstance(per, int | float) or not 0.001 <= float(per) <= MAX_RATE_PER:
         raise ValidationError(f"a rate's period is 1 ms to a year, got {rate!r}")
     return count, float(per)
 

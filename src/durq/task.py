@@ -40,6 +40,10 @@ ENCRYPTED = "encrypted"
 _HELD_TO_THE_END = 50 * 365 * 86400.0
 
 
+#: The longest period a limit's rate may have: a year (seconds).
+MAX_RATE_PER = 86400 * 366
+
+
 @dataclass(frozen=True, slots=True)
 class LimitSpec:
     """One flow-control limit as stored with a task: its resolved key (counted per queue),

@@ -80,6 +80,8 @@ LIMITS: dict[str | None, tuple[LimitSpec, ...]] = {
     "r1": (LimitSpec("r", rate=1, per=10.0),),
     "r2": (LimitSpec("r", rate=2, per=10.0),),
     "k1r1": (LimitSpec("k", concurrency=1), LimitSpec("r", rate=1, per=10.0)),
+    # The rate first: a claim looks at "r" before "k" holds the task back.
+    "r1k1": (LimitSpec("r", rate=1, per=10.0), LimitSpec("k", concurrency=1)),
 }
 #: A continuation: none, on completion only, or on completion and archiving.
 THEN = [None, None, "completed", "finished"]
@@ -93,7 +95,7 @@ task_options = st.fixed_dictionaries(
         "delay": st.sampled_from([0, 0, 5, 30]),
         "max_retry": st.integers(0, 2),
         "retention": st.sampled_from([0, 60]),
-        "limit": st.sampled_from([None, None, "k1", "k2", "r1", "r2", "k1r1"]),
+        "limit": st.sampled_from([None, None, "k1", "k2", "r1", "r2", "k1r1", "r1k1"]),
         "unique": st.sampled_from([False, False, False, True]),
     }
 )
@@ -1063,4 +1065,29 @@ def test_held_tasks_are_let_back_as_far_as_their_key_has_room(
     )
     state.give_up(cancelled=True, index=2, stale=True)
     state.claim(limit=3, seed=54, strict=True, weights=(1, 3))
+    state.teardown()
+
+
+def test_a_new_key_s_bucket_is_full_at_the_rate_of_the_task_that_takes_first(
+    machine: type[BrokerAgainstModel],
+) -> None:
+    """PostgreSQL made a key's first counter with the rate of the first task its statement
+    read (t5's, 1 per 10 s), not of the first task in claim order (t2's, 2 per 10 s): t2 took
+    the only token and t5, which the model starts, was held."""
+    state = machine()
+    state.enqueue_graph(nodes=[(1, "t2", _options("r2", delay=30), [])])
+    state.enqueue_group(
+        members=[
+            (0, "t3", _options("r2")),
+            (1, "t5", {**_options("k1r1", delay=5), "unique": True}),
+            (0, "t4", {**_options("k1"), "priority": 1}),
+        ],
+        then=True,
+        then_q=0,
+    )
+    state.advance(seconds=5)
+    state.claim(limit=2, seed=609, strict=True, weights=(3, 3))
+    state.inspect(action="run", q=1, which=2)
+    state.claim(limit=3, seed=23573, strict=False, weights=(3, 3))
+    _checked(state)
     state.teardown()

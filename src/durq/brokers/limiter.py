@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from durq.brokers.views import LimitStats
-from durq.task import LimitSpec
+from durq.task import MAX_RATE_PER, LimitSpec
 
 
 @dataclass(slots=True)
@@ -92,13 +92,16 @@ def stored(row: Any) -> Counter:
 
 
 def fresh(spec: LimitSpec, now: float) -> Counter:
-    """The counter of a key no claim has seen: nothing running, a full bucket."""
+    """The counter of a key no claim has started a task of: nothing running, and a bucket
+    that filled long ago, so that it is full at the rate of whichever task takes from it
+    first, not of the first task a claim looked at (which another key may hold back, and
+    PostgreSQL creates the counters of a claim's keys before the limiter decides)."""
     return Counter(
         concurrency=spec.concurrency,
         rate=spec.rate,
         per=spec.per,
-        tokens=float(spec.rate or 0),
-        refilled_at=now,
+        tokens=0.0,
+        refilled_at=now - 2 * MAX_RATE_PER,
     )
 
 
