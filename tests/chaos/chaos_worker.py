@@ -117,6 +117,38 @@ async def durable(payload: dict[str, Any], ctx: durq.TaskContext) -> dict[str, A
     return {"steps": 5}
 
 
+#: How many rows a ``chaos:fanout`` task finds (one child node each).
+FAN_OUT_ROWS = 10
+
+
+@app.task("chaos:fanout", queue=QUEUE, max_retry=25)
+async def fanout(payload: dict[str, Any], ctx: durq.TaskContext) -> dict[str, Any]:
+    """Fan-out decided at run time: a child workflow of one node per row and their sum."""
+    step_line("do", ctx.id, 0)  # every run of the handler, before and after its wait
+    wf = durq.Workflow("rows", queue=QUEUE)
+    rows = [
+        wf.add("chaos:row", {"ms": payload.get("ms", 5), "n": n}, name=f"r{n}")
+        for n in range(FAN_OUT_ROWS)
+    ]
+    wf.add("chaos:rowsum", {}, name="sum", after=rows)
+    got = await ctx.run_workflow(wf, timeout=900)
+    step_line("fin", ctx.id, 0)
+    return {"sum": got["sum"]}
+
+
+@app.task("chaos:row", queue=QUEUE, max_retry=25)
+async def row(payload: dict[str, Any], ctx: durq.TaskContext) -> int:
+    await _run(ctx, float(payload["ms"]) / 1000)
+    return int(payload["n"])
+
+
+@app.task("chaos:rowsum", queue=QUEUE, max_retry=25)
+async def rowsum(payload: dict[str, Any], ctx: durq.TaskContext) -> int:
+    ledger("start", ctx)
+    ledger("end", ctx)
+    return sum(int(v) for v in ctx.dependencies.values())
+
+
 @app.task("chaos:poison", queue=QUEUE, max_retry=25)
 async def poison(payload: dict[str, Any], ctx: durq.TaskContext) -> None:
     ledger("start", ctx)
