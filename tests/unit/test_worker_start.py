@@ -82,3 +82,15 @@ async def test_sigterm_while_starting_stops_the_worker_once_started(tmp_path: Pa
         "no worker service may outlive run()"
     )
     await app.close()
+
+
+def test_a_worker_listens_to_its_tasks_queues_not_to_durq_s_own(tmp_path: Path) -> None:
+    """Every app registers the node that ends a ``ctx.run_workflow`` wait (in the waiting
+    task's queue): a worker without ``queues=`` still listens to its own tasks' queues only."""
+    app = durq.App(f"sqlite:///{tmp_path / 'durq.sqlite3'}")
+
+    @app.task("mail:send", queue="emails")
+    async def send(payload: dict[str, int]) -> None: ...
+
+    assert list(app.worker().queues) == ["emails"]
+    assert list(durq.App(f"sqlite:///{tmp_path / 'b.sqlite3'}").worker().queues) == ["default"]

@@ -12,6 +12,7 @@ import typer
 
 from durq import ranges
 from durq.app import App
+from durq.child_workflows import DONE_TYPE
 from durq.cli.common import BrokerOpt, UsageFailure, fail
 from durq.cli.common import load_app as load_app  # re-exported: other commands import it here
 from durq.errors import ConfigurationError
@@ -231,9 +232,10 @@ def worker_command(
         burst=burst,
     )
     bind_worker_id(worker.id)
-    if not application.tasks:
+    registered = sorted(t for t in application.tasks if t != DONE_TYPE)  # the user's own
+    if not registered:
         log.warning("%s registers no tasks: every task will wait for a handler", app_path)
-    log.info("tasks: %s", ", ".join(sorted(application.tasks)) or "(none)")
+    log.info("tasks: %s", ", ".join(registered) or "(none)")
     asyncio.run(_run(application, worker, patience))
     exit_past_stuck_threads()
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from durq import names, ranges
 from durq.brokers.views import WorkerInfo
+from durq.child_workflows import DONE_TYPE
 from durq.errors import BrokerUnavailableError, ConfigurationError
 from durq.observability.logging import TaskSummary
 from durq.worker.courtesy import LoopCourtesy
@@ -126,7 +127,9 @@ class Worker:
         ):
             ranges.seconds(name, interval, positive=True)
         if queues is None:
-            queues = sorted({t.defaults.queue for t in app.tasks.values()} or {app.default_queue})
+            # Not the queue of durq's own workflow node: it goes to its waiting task's queue.
+            theirs = {t.defaults.queue for t in app.tasks.values() if t.type != DONE_TYPE}
+            queues = sorted(theirs or {app.default_queue})
         self.app = app
         self.queues = parse_queues(queues)
         self.concurrency = concurrency
