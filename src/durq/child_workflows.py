@@ -135,9 +135,11 @@ class ChildWorkflows:
     def __init__(self, app: ChildHost) -> None:
         self._app = app
 
-    async def create(self, workflow: Workflow, queue: str, task_id: str, step: str) -> str:
+    async def create(
+        self, workflow: Workflow, queue: str, task_id: str, step: str
+    ) -> tuple[str, str]:
         """Create ``workflow`` as the child of the task at ``step`` (once: a run that comes
-        again finds the first one). Returns the signal its done node sends."""
+        again finds the first one). Returns its id and the signal its done node sends."""
         child = as_child(workflow, queue, task_id, step)
         try:
             await self._app.enqueue_workflow(child)
@@ -151,9 +153,9 @@ class ChildWorkflows:
             except TaskNotFoundError:
                 pass
             else:
-                return signal_name(child.id)
+                return child.id, signal_name(child.id)
             raise
-        return signal_name(child.id)
+        return child.id, signal_name(child.id)
 
 
 def install(app: ChildHost) -> None:

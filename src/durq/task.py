@@ -312,9 +312,12 @@ class StepSink(Protocol):
 
 class WorkflowRunner(Protocol):
     """Creates the workflows a task starts with :meth:`TaskContext.run_workflow` (the worker
-    gives one to each context); returns the signal that ends the task's wait for one."""
+    gives one to each context); returns the workflow's id and the signal that ends the task's
+    wait for it."""
 
-    async def create(self, workflow: Any, queue: str, task_id: str, step: str) -> str: ...
+    async def create(
+        self, workflow: Any, queue: str, task_id: str, step: str
+    ) -> tuple[str, str]: ...
 
 
 @dataclass(frozen=True)
@@ -517,8 +520,8 @@ class TaskContext:
             signal = stored["signal"]
         else:
             started = sink.now()
-            signal = await runner.create(workflow, self.queue, self.id, record)
-            text = encode_result(record, {"signal": signal})
+            child, signal = await runner.create(workflow, self.queue, self.id, record)
+            text = encode_result(record, {"workflow": child, "signal": signal})
             await sink.record(record, text, started)
         told = await self.wait_for(signal, timeout=timeout, step=f"{record}.end")
         failed = told.get("failed") if isinstance(told, dict) else None

@@ -103,6 +103,7 @@ async def test_a_run_that_comes_again_finds_the_workflow_it_created(app: durq.Ap
     again = await app.child_workflows.create(wf, queue, "parent-1", "fan")
     assert first == again
     wid = child_id(queue, "parent-1", "fan")
+    assert first[0] == wid
     done = await app.inspector.get_task_info(queue, f"wf:{wid}:durq-done")
     assert done.type == DONE_TYPE and done.state is TaskState.WAITING
     # Another task, or another step of the same task, gets a workflow of its own.
