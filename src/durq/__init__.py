@@ -29,6 +29,7 @@ from durq.errors import (
     TaskIDConflictError,
     TaskNotFoundError,
     WaitTimeoutError,
+    WorkflowNotFoundError,
 )
 from durq.groups import Group
 from durq.limits import Limit
@@ -113,6 +114,7 @@ __all__ = [
     "WorkflowError",
     "WorkflowFailedError",
     "WorkflowInfo",
+    "WorkflowNotFoundError",
     "capped_power_of_two",
     "exponential",
     "fixed",

@@ -732,8 +732,9 @@ class App:
                 f"this {broker.name} broker creates a workflow in one atomic step within one "
                 f"queue: its nodes must all be in one queue, not {sorted(queues)}"
             )
+        record = workflows.record_of(workflow, order, created)
         with self._sending(list(created.values())) as sent:
-            infos = await broker.enqueue_graph(sent)
+            infos = await broker.enqueue_graph(sent, record)
         nodes = {name: self._created(info) for name, info in zip(order, infos, strict=True)}
         return WorkflowInfo(workflow.id, workflow.name, nodes, workflow.finals())
 

@@ -35,14 +35,16 @@ from typing import TYPE_CHECKING, Any, Literal
 from durq import encryption as crypt
 from durq import lifecycle
 from durq.brokers.dependencies import MAX_AFTER
+from durq.brokers.params import WorkflowNodeParams, WorkflowParams
 from durq.errors import (
     DurqError,
+    InvalidNameError,
     InvalidStateError,
     TaskArchivedError,
     TaskNotFoundError,
     ValidationError,
 )
-from durq.names import check_node_name, check_queue
+from durq.names import WORKFLOW_ID_MAX, check_node_name, check_queue, check_workflow_id
 from durq.options import new_task_id
 from durq.results import wait_for_end
 from durq.states import TaskState
@@ -50,6 +52,7 @@ from durq.task import TaskInfo
 
 if TYPE_CHECKING:
     from durq.brokers.contract import Admin, FullBroker
+    from durq.brokers.params import EnqueueParams
     from durq.encryption import Encryption
 
 #: The header of a workflow node's task (JSON, see :func:`node_header`).
@@ -62,8 +65,7 @@ DEFAULT_RETENTION = 86400.0
 #: At most this many nodes in one workflow (one atomic broker step creates them all).
 MAX_NODES = 10_000
 #: A workflow id's length limit, so that ``wf:<id>:<node>`` fits a task id.
-ID_MAX = 90
-_ID = re.compile(r"^[A-Za-z0-9_.\-@+=]+$")
+ID_MAX = WORKFLOW_ID_MAX
 #: The error of a node that did not run because a dependency failed (policy, root node).
 _NOT_RUN = re.compile(r"^(not run|skipped): node '([^']+)' ")
 
@@ -294,6 +296,18 @@ class WorkflowInfo:
     finals: tuple[str, ...]
 
 
+def record_of(
+    wf: Workflow, order: Sequence[str], created: Mapping[str, EnqueueParams]
+) -> WorkflowParams:
+    """The stored record of ``wf`` whose nodes, in ``order``, became the tasks ``created``."""
+    nodes = []
+    for name in order:
+        p = created[name]
+        _, _, policy, _ = wf.spec(name)
+        nodes.append(WorkflowNodeParams(name, p.queue, p.id, p.type, policy, wf.after(name)))
+    return WorkflowParams(wf.id, wf.name, wf.retention, tuple(nodes))
+
+
 def node_header(
     wf: Workflow, name: str, on_failure: str, after: Mapping[str, tuple[str, str]]
 ) -> str:
@@ -483,8 +497,9 @@ def _check_policy(value: str) -> str:
 
 
 def _check_id(value: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > ID_MAX or not _ID.match(value):
+    try:
+        return check_workflow_id(value)
+    except InvalidNameError:
         raise WorkflowError(
             f"invalid workflow id {value!r}: 1-{ID_MAX} letters, digits and _ . - @ + ="
-        )
-    return value
+        ) from None
