@@ -42,6 +42,7 @@ from durq.taskdef import TaskDef
 from durq.uniqueness import Debounce, Unique
 from durq.worker import Worker
 from durq.worker.hooks import WorkerHooks
+from durq.workflow_progress import WorkflowProgress
 from durq.workflows import (
     Node,
     NodeFailed,
@@ -115,6 +116,7 @@ __all__ = [
     "WorkflowFailedError",
     "WorkflowInfo",
     "WorkflowNotFoundError",
+    "WorkflowProgress",
     "capped_power_of_two",
     "exponential",
     "fixed",

@@ -43,7 +43,7 @@ from durq.errors import (
 )
 from durq.groups import Group
 from durq.limits import LimitOption, as_limits
-from durq.names import check_queue, check_type
+from durq.names import check_queue, check_type, check_workflow_id
 from durq.options import (
     DEFAULT_ARCHIVED_RETENTION,
     DEFAULT_MAX_HEADER_BYTES,
@@ -738,12 +738,19 @@ class App:
         nodes = {name: self._created(info) for name, info in zip(order, infos, strict=True)}
         return WorkflowInfo(workflow.id, workflow.name, nodes, workflow.finals())
 
-    async def cancel_workflow(self, info: WorkflowInfo) -> int:
-        """Cancel every node of the workflow that has not finished: waiting, pending,
-        scheduled and retry nodes are archived "cancelled" at once, running ones are
-        cancelled by their workers. Returns how many nodes were cancelled; ``app.wait`` on
-        the workflow then raises WorkflowFailedError."""
-        return await workflows.cancel((await self.broker()).admin, info)
+    async def cancel_workflow(self, workflow: WorkflowInfo | str) -> int:
+        """Cancel every node of the workflow (as created, or by its id: its stored record
+        names its nodes; WorkflowNotFoundError if there is none) that has not finished:
+        waiting, pending, scheduled and retry nodes are archived "cancelled" at once,
+        running ones are cancelled by their workers. Returns how many nodes were
+        cancelled; ``app.wait`` on the workflow then raises WorkflowFailedError."""
+        admin = (await self.broker()).admin
+        if isinstance(workflow, str):
+            record = await admin.get_workflow(check_workflow_id(workflow))
+            nodes = [(n.queue, n.task_id) for n in record.nodes]
+        else:
+            nodes = [(t.queue, t.id) for t in workflow.nodes.values()]
+        return await workflows.cancel(admin, nodes)
 
     # -- the sync face ------------------------------------------------------------------------
 
@@ -807,9 +814,9 @@ class App:
         """Blocking :meth:`enqueue_workflow`."""
         return self._runner().run(lambda: self.enqueue_workflow(workflow))
 
-    def cancel_workflow_sync(self, info: WorkflowInfo) -> int:
+    def cancel_workflow_sync(self, workflow: WorkflowInfo | str) -> int:
         """Blocking :meth:`cancel_workflow`."""
-        return self._runner().run(lambda: self.cancel_workflow(info))
+        return self._runner().run(lambda: self.cancel_workflow(workflow))
 
     def run_sync(self, make: Callable[[], Awaitable[R]]) -> R:
         """Run ``make()`` (a coroutine using this app) on the sync face's loop."""

@@ -110,4 +110,6 @@ def _check(value: object, what: str, pattern: re.Pattern[str], limit: int) -> st
 def _allowed(pattern: re.Pattern[str]) -> str:
     if pattern is _GROUP_ID:
         return "_ -"
+    if pattern is _WORKFLOW_ID:
+        return "_ . - @ + ="
     return "_ . : -" if pattern is _NAME else "_ . : - @ + = /"

@@ -67,7 +67,7 @@ MAX_NODES = 10_000
 #: A workflow id's length limit, so that ``wf:<id>:<node>`` fits a task id.
 ID_MAX = WORKFLOW_ID_MAX
 #: The error of a node that did not run because a dependency failed (policy, root node).
-_NOT_RUN = re.compile(r"^(not run|skipped): node '([^']+)' ")
+NOT_RUN = re.compile(r"^(not run|skipped): node '([^']+)' ")
 
 __all__ = [
     "HEADER",
@@ -384,7 +384,7 @@ def _stop_for(name: str, info: TaskInfo | None) -> tuple[str, str] | None:
     ``None`` when the node runs anyway (``continue``)."""
     if info is None:
         return "cancel", f"not run: node {name!r} is gone (deleted before it completed)"
-    cascade = _NOT_RUN.match(info.last_error or "")
+    cascade = NOT_RUN.match(info.last_error or "")
     if cascade is not None:  # did not run itself: its cause reaches this node too
         policy = "cancel" if cascade.group(1) == "not run" else "skip"
         return policy, info.last_error or ""
@@ -446,7 +446,7 @@ async def _failure(
 ) -> WorkflowFailedError | None:
     """The error a final node's archiving means for the workflow (``None``: none)."""
     error = "" if task is None else task.last_error or ""
-    cascade = _NOT_RUN.match(error)
+    cascade = NOT_RUN.match(error)
     if cascade is not None:
         if cascade.group(1) == "skipped":
             return None
@@ -467,15 +467,16 @@ async def _failure(
     )
 
 
-async def cancel(admin: Admin, info: WorkflowInfo) -> int:
-    """Cancel every node of ``info`` that has not finished, the last created first (so a
-    waiting node is cancelled before the nodes it waits for could release it): a pending,
-    scheduled, retry or waiting one is archived "cancelled" at once, a running one is
-    flagged and its worker cancels its handler. Returns how many were cancelled."""
+async def cancel(admin: Admin, nodes: Iterable[tuple[str, str]]) -> int:
+    """Cancel every node that has not finished among ``nodes`` (``(queue, task id)`` in the
+    order they were created), the last created first (so a waiting node is cancelled before
+    the nodes it waits for could release it): a pending, scheduled, retry or waiting one is
+    archived "cancelled" at once, a running one is flagged and its worker cancels its
+    handler. Returns how many were cancelled."""
     done = 0
-    for task in reversed(list(info.nodes.values())):
+    for queue, task_id in reversed(list(nodes)):
         try:
-            await lifecycle.cancel_task(admin, task.queue, task.id)
+            await lifecycle.cancel_task(admin, queue, task_id)
         except (TaskNotFoundError, InvalidStateError):
             continue  # finished, or gone: nothing to cancel
         done += 1
