@@ -43,7 +43,7 @@ from durq.errors import (
 )
 from durq.groups import Group
 from durq.limits import LimitOption, as_limits
-from durq.names import check_queue, check_type, check_workflow_id
+from durq.names import check_queue, check_type
 from durq.options import (
     DEFAULT_ARCHIVED_RETENTION,
     DEFAULT_MAX_HEADER_BYTES,
@@ -744,13 +744,10 @@ class App:
         waiting, pending, scheduled and retry nodes are archived "cancelled" at once,
         running ones are cancelled by their workers. Returns how many nodes were
         cancelled; ``app.wait`` on the workflow then raises WorkflowFailedError."""
-        admin = (await self.broker()).admin
         if isinstance(workflow, str):
-            record = await admin.get_workflow(check_workflow_id(workflow))
-            nodes = [(n.queue, n.task_id) for n in record.nodes]
-        else:
-            nodes = [(t.queue, t.id) for t in workflow.nodes.values()]
-        return await workflows.cancel(admin, nodes)
+            return await self.inspector.cancel_workflow(workflow)
+        nodes = [(t.queue, t.id) for t in workflow.nodes.values()]
+        return await workflows.cancel((await self.broker()).admin, nodes)
 
     # -- the sync face ------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
-from durq import groups, lifecycle
+from durq import groups, lifecycle, workflows
 from durq.brokers.views import (
     WORKFLOW_PAGE_MAX,
     GroupInfo,
@@ -46,6 +46,14 @@ class WorkflowList:
 
     workflows: tuple[WorkflowProgress, ...]
     cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowCounts:
+    """Workflows by state among the records read; ``complete``: every record kept was read."""
+
+    by_state: dict[str, int]
+    complete: bool
 
 
 def parse_state(state: TaskState | str) -> TaskState:
@@ -166,6 +174,13 @@ class Inspector:
         admin = await self._admin()
         return progress(await admin.get_workflow(check_workflow_id(workflow_id)))
 
+    async def cancel_workflow(self, workflow_id: str) -> int:
+        """Cancel every node of a workflow that has not finished, as its stored record names
+        them (see ``App.cancel_workflow``); how many; WorkflowNotFoundError if none."""
+        admin = await self._admin()
+        record = await admin.get_workflow(check_workflow_id(workflow_id))
+        return await workflows.cancel(admin, [(n.queue, n.task_id) for n in record.nodes])
+
     async def list_workflows(
         self,
         *,
@@ -213,6 +228,23 @@ class Inspector:
             if page.cursor is None or scanned >= WORKFLOW_SCAN:
                 return WorkflowList(tuple(found), page.cursor)
             query = replace(query, cursor=page.cursor)
+
+    async def count_workflows(self, scan: int = WORKFLOW_SCAN) -> WorkflowCounts:
+        """How many workflows are in each state among the newest ``scan`` records kept
+        (each read with its nodes' tasks: pages of :data:`WORKFLOW_PAGE_MAX`)."""
+        counts: dict[str, int] = dict.fromkeys(WORKFLOW_STATES, 0)
+        query = WorkflowQuery(limit=WORKFLOW_PAGE_MAX)
+        admin = await self._admin()
+        read = 0
+        while read < scan:
+            page = await admin.list_workflows(replace(query, limit=min(query.limit, scan - read)))
+            for record in page.records:
+                counts[progress(record).state] += 1
+            read += len(page.records)
+            if page.cursor is None:
+                return WorkflowCounts(counts, complete=True)
+            query = replace(query, cursor=page.cursor)
+        return WorkflowCounts(counts, complete=False)
 
     async def run_task(self, queue: str, task_id: str) -> TaskInfo:
         """Make a scheduled, retry or archived task pending now."""
