@@ -114,6 +114,12 @@ WorkflowId = Annotated[
         description="A workflow id (durq.WorkflowInfo.id)",
     ),
 ]
+#: A listing's cursor, as :func:`durq.brokers.views.workflow_cursor` spells it.
+CURSOR_PATTERN = (
+    r"^[0-9]{13}\.[0-9]{6}:"
+    + WORKFLOW_ID_PATTERN.removeprefix("^").removesuffix("+$")
+    + f"{{1,{WORKFLOW_ID_MAX}}}$"
+)
 WorkflowStateFilter = Annotated[
     Literal["running", "succeeded", "failed", "cancelled"] | None,
     Query(description="Only workflows in this state"),
@@ -624,7 +630,14 @@ class AdminAPI:
         newer_than: Age = None,
         older_than: Age = None,
         limit: Annotated[int, Query(ge=1, le=WORKFLOW_PAGE_MAX)] = 50,
-        cursor: Annotated[str | None, Query(max_length=200)] = None,
+        cursor: Annotated[
+            str | None,
+            Query(
+                pattern=CURSOR_PATTERN,
+                description="The cursor of the previous page (the last workflow's creation "
+                "time and id)",
+            ),
+        ] = None,
     ) -> models.WorkflowList:
         page = await self.inspector.list_workflows(
             state=state, newer_than=newer_than, older_than=older_than, limit=limit, cursor=cursor
