@@ -56,6 +56,10 @@ def test_workflow_get_ls_and_cancel(cli: Cli) -> None:
         ("load", ["extract", "transform"]),
     ]
     assert data["nodes"][0]["task_id"] == "wf:done-1:extract"
+    node = cli.ok("task", "get", "wf:done-1:load").out
+    rows = ([c.strip() for c in line.strip("│ ").split("│")] for line in node.splitlines())
+    fields = {cells[0]: cells[1] for cells in rows if len(cells) == 2}
+    assert fields["workflow"] == "done-1 (nightly-etl), node load"
 
     listed = cli.ok("workflow", "ls", "--json").json()
     assert [w["id"] for w in listed["workflows"]] == ["open-1", "done-1"]
