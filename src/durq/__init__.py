@@ -29,6 +29,7 @@ from durq.errors import (
     TaskIDConflictError,
     TaskNotFoundError,
     WaitTimeoutError,
+    WorkflowNotFoundError,
 )
 from durq.groups import Group
 from durq.limits import Limit
@@ -41,6 +42,7 @@ from durq.taskdef import TaskDef
 from durq.uniqueness import Debounce, Unique
 from durq.worker import Worker
 from durq.worker.hooks import WorkerHooks
+from durq.workflow_progress import WorkflowProgress
 from durq.workflows import (
     Node,
     NodeFailed,
@@ -113,6 +115,8 @@ __all__ = [
     "WorkflowError",
     "WorkflowFailedError",
     "WorkflowInfo",
+    "WorkflowNotFoundError",
+    "WorkflowProgress",
     "capped_power_of_two",
     "exponential",
     "fixed",

@@ -750,19 +750,24 @@ class App:
                 f"this {broker.name} broker creates a workflow in one atomic step within one "
                 f"queue: its nodes must all be in one queue, not {sorted(queues)}"
             )
+        record = workflows.record_of(workflow, order, created)
         with self._sending(list(created.values())) as sent:
-            infos = await broker.enqueue_graph(sent)
+            infos = await broker.enqueue_graph(sent, record)
         nodes = {name: self._created(info) for name, info in zip(order, infos, strict=True)}
         return WorkflowInfo(
             workflow.id, workflow.name, nodes, workflow.finals(), workflow.final_groups()
         )
 
-    async def cancel_workflow(self, info: WorkflowInfo) -> int:
-        """Cancel every node of the workflow that has not finished: waiting, pending,
-        scheduled and retry nodes are archived "cancelled" at once, running ones are
-        cancelled by their workers. Returns how many nodes were cancelled; ``app.wait`` on
-        the workflow then raises WorkflowFailedError."""
-        return await workflows.cancel((await self.broker()).admin, info)
+    async def cancel_workflow(self, workflow: WorkflowInfo | str) -> int:
+        """Cancel every node of the workflow (as created, or by its id: its stored record
+        names its nodes; WorkflowNotFoundError if there is none) that has not finished:
+        waiting, pending, scheduled and retry nodes are archived "cancelled" at once,
+        running ones are cancelled by their workers. Returns how many nodes were
+        cancelled; ``app.wait`` on the workflow then raises WorkflowFailedError."""
+        if isinstance(workflow, str):
+            return await self.inspector.cancel_workflow(workflow)
+        nodes = [(t.queue, t.id) for t in workflow.nodes.values()]
+        return await workflows.cancel((await self.broker()).admin, nodes)
 
     # -- the sync face ------------------------------------------------------------------------
 
@@ -826,9 +831,9 @@ class App:
         """Blocking :meth:`enqueue_workflow`."""
         return self._runner().run(lambda: self.enqueue_workflow(workflow))
 
-    def cancel_workflow_sync(self, info: WorkflowInfo) -> int:
+    def cancel_workflow_sync(self, workflow: WorkflowInfo | str) -> int:
         """Blocking :meth:`cancel_workflow`."""
-        return self._runner().run(lambda: self.cancel_workflow(info))
+        return self._runner().run(lambda: self.cancel_workflow(workflow))
 
     def run_sync(self, make: Callable[[], Awaitable[R]]) -> R:
         """Run ``make()`` (a coroutine using this app) on the sync face's loop."""

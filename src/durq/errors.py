@@ -123,6 +123,10 @@ class GroupNotFoundError(DurqError, LookupError):
     """No group with this id in this queue."""
 
 
+class WorkflowNotFoundError(DurqError, LookupError):
+    """No workflow with this id (or its record is past its retention)."""
+
+
 class ScheduleNotFoundError(DurqError, LookupError):
     """No periodic schedule of this name (stored, or declared in code)."""
 

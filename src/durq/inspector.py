@@ -5,11 +5,14 @@ through :mod:`durq.lifecycle`, which decides them and hands the broker fenced wr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
-from durq import groups, lifecycle
+from durq import groups, lifecycle, workflows
 from durq.brokers.views import (
+    WORKFLOW_PAGE_MAX,
     GroupInfo,
     LimitStats,
     MinuteCounts,
@@ -18,15 +21,39 @@ from durq.brokers.views import (
     TaskSearch,
     TaskSearchResult,
     WorkerInfo,
+    WorkflowQuery,
+    workflow_cursor,
 )
 from durq.errors import ValidationError
-from durq.names import check_queue, check_task_id, check_type
+from durq.names import check_queue, check_task_id, check_type, check_workflow_id
 from durq.states import TaskState
 from durq.task import TaskInfo
+from durq.workflow_progress import WORKFLOW_STATES, WorkflowProgress, progress
 
 if TYPE_CHECKING:
     from durq.brokers.contract import Admin, FullBroker
     from durq.encryption import Encryption
+
+
+#: A listing of workflows by state reads at most this many records per call.
+WORKFLOW_SCAN = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowList:
+    """A page of :meth:`Inspector.list_workflows`: workflows newest first, and the cursor
+    to go on from (``None``: nothing older is left)."""
+
+    workflows: tuple[WorkflowProgress, ...]
+    cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowCounts:
+    """Workflows by state among the records read; ``complete``: every record kept was read."""
+
+    by_state: dict[str, int]
+    complete: bool
 
 
 def parse_state(state: TaskState | str) -> TaskState:
@@ -140,6 +167,84 @@ class Inspector:
         """A group's progress (total, finished, members by state) by its queue and id;
         GroupNotFoundError if absent or past its retention."""
         return await (await self._admin()).get_group(check_queue(queue), groups.check_id(group_id))
+
+    async def get_workflow(self, workflow_id: str) -> WorkflowProgress:
+        """A workflow's progress (its state, each node's state and attempts, the edges) from
+        its stored record and its nodes' tasks; WorkflowNotFoundError if there is none."""
+        admin = await self._admin()
+        return progress(await admin.get_workflow(check_workflow_id(workflow_id)))
+
+    async def cancel_workflow(self, workflow_id: str) -> int:
+        """Cancel every node of a workflow that has not finished, as its stored record names
+        them (see ``App.cancel_workflow``); how many; WorkflowNotFoundError if none."""
+        admin = await self._admin()
+        record = await admin.get_workflow(check_workflow_id(workflow_id))
+        return await workflows.cancel(admin, [(n.queue, n.task_id) for n in record.nodes])
+
+    async def list_workflows(
+        self,
+        *,
+        state: str | None = None,
+        newer_than: float | None = None,
+        older_than: float | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> WorkflowList:
+        """Workflows newest first, ``limit`` at most: in ``state`` (``running``,
+        ``succeeded``, ``failed``, ``cancelled``; ``None``: any), created at most
+        ``newer_than`` and more than ``older_than`` seconds ago. A listing by state reads
+        records until it has ``limit`` or has read :data:`WORKFLOW_SCAN` of them; its
+        ``cursor`` (also when the page is short) goes on from there."""
+        if state is not None and state not in WORKFLOW_STATES:
+            raise ValidationError(
+                f"unknown workflow state {state!r} (one of: {', '.join(WORKFLOW_STATES)})"
+            )
+        if not 1 <= limit <= WORKFLOW_PAGE_MAX:
+            raise ValidationError(f"limit must be 1..{WORKFLOW_PAGE_MAX}")
+        for age in (newer_than, older_than):
+            if age is not None and not (math.isfinite(age) and age >= 0):
+                raise ValidationError("ages are seconds >= 0")
+        broker = await self._app.broker()
+        now = broker.clock.now()
+        query = WorkflowQuery(
+            created_after=None if newer_than is None else now - newer_than,
+            created_before=None if older_than is None else now - older_than,
+            limit=limit if state is None else WORKFLOW_PAGE_MAX,
+            cursor=cursor,
+        )
+        found: list[WorkflowProgress] = []
+        scanned = 0
+        while True:
+            page = await broker.admin.list_workflows(query)
+            for record in page.records:
+                item = progress(record)
+                if state is None or item.state == state:
+                    found.append(item)
+                    if len(found) == limit:
+                        more = record is not page.records[-1] or page.cursor is not None
+                        after = workflow_cursor(record.created_at, record.id) if more else None
+                        return WorkflowList(tuple(found), after)
+            scanned += len(page.records)
+            if page.cursor is None or scanned >= WORKFLOW_SCAN:
+                return WorkflowList(tuple(found), page.cursor)
+            query = replace(query, cursor=page.cursor)
+
+    async def count_workflows(self, scan: int = WORKFLOW_SCAN) -> WorkflowCounts:
+        """How many workflows are in each state among the newest ``scan`` records kept
+        (each read with its nodes' tasks: pages of :data:`WORKFLOW_PAGE_MAX`)."""
+        counts: dict[str, int] = dict.fromkeys(WORKFLOW_STATES, 0)
+        query = WorkflowQuery(limit=WORKFLOW_PAGE_MAX)
+        admin = await self._admin()
+        read = 0
+        while read < scan:
+            page = await admin.list_workflows(replace(query, limit=min(query.limit, scan - read)))
+            for record in page.records:
+                counts[progress(record).state] += 1
+            read += len(page.records)
+            if page.cursor is None:
+                return WorkflowCounts(counts, complete=True)
+            query = replace(query, cursor=page.cursor)
+        return WorkflowCounts(counts, complete=False)
 
     async def run_task(self, queue: str, task_id: str) -> TaskInfo:
         """Make a scheduled, retry or archived task pending now."""

@@ -14,10 +14,15 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
 _TASK_ID = re.compile(r"^[A-Za-z0-9_.:\-@+=/]+$")
 # Group ids are parts of storage keys: no ":" (Redis derives a group's keys by suffix).
 _GROUP_ID = re.compile(r"^[A-Za-z0-9_\-]+$")
+# Workflow ids: a node's task id is "wf:<id>:<node>", so no ":" (nor "/").
+_WORKFLOW_ID = re.compile(r"^[A-Za-z0-9_.\-@+=]+$")
+#: A workflow id's length limit, so that ``wf:<id>:<node>`` fits a task id.
+WORKFLOW_ID_MAX = 90
 #: The patterns, for documents that describe valid names (the admin API's OpenAPI).
 NAME_PATTERN = _NAME.pattern
 TASK_ID_PATTERN = _TASK_ID.pattern
 GROUP_ID_PATTERN = _GROUP_ID.pattern
+WORKFLOW_ID_PATTERN = _WORKFLOW_ID.pattern
 
 
 def check_queue(name: str) -> str:
@@ -75,6 +80,12 @@ def check_group_id(group_id: str) -> str:
     return _check(group_id, "group id", _GROUP_ID, NAME_MAX)
 
 
+def check_workflow_id(workflow_id: str) -> str:
+    """Return a valid workflow id (letters, digits, ``_ . - @ + =``, at most
+    :data:`WORKFLOW_ID_MAX`) or raise InvalidNameError."""
+    return _check(workflow_id, "workflow id", _WORKFLOW_ID, WORKFLOW_ID_MAX)
+
+
 # Names seen valid before; queues and types repeat on every enqueue, so check each once.
 _known: set[tuple[str, str]] = set()
 _KNOWN_MAX = 10_000
@@ -99,4 +110,6 @@ def _check(value: object, what: str, pattern: re.Pattern[str], limit: int) -> st
 def _allowed(pattern: re.Pattern[str]) -> str:
     if pattern is _GROUP_ID:
         return "_ -"
+    if pattern is _WORKFLOW_ID:
+        return "_ . - @ + ="
     return "_ . : -" if pattern is _NAME else "_ . : - @ + = /"

@@ -35,14 +35,16 @@ from typing import TYPE_CHECKING, Any, Literal
 from durq import encryption as crypt
 from durq import lifecycle
 from durq.brokers.dependencies import MAX_AFTER
+from durq.brokers.params import WorkflowNodeParams, WorkflowParams
 from durq.errors import (
     DurqError,
+    InvalidNameError,
     InvalidStateError,
     TaskArchivedError,
     TaskNotFoundError,
     ValidationError,
 )
-from durq.names import check_node_name, check_queue
+from durq.names import WORKFLOW_ID_MAX, check_node_name, check_queue, check_workflow_id
 from durq.options import new_task_id
 from durq.results import wait_for_end
 from durq.states import TaskState
@@ -50,6 +52,7 @@ from durq.task import TaskInfo
 
 if TYPE_CHECKING:
     from durq.brokers.contract import Admin, FullBroker
+    from durq.brokers.params import EnqueueParams
     from durq.encryption import Encryption
 
 #: The header of a workflow node's task (JSON, see :func:`node_header`).
@@ -62,10 +65,9 @@ DEFAULT_RETENTION = 86400.0
 #: At most this many nodes in one workflow (one atomic broker step creates them all).
 MAX_NODES = 10_000
 #: A workflow id's length limit, so that ``wf:<id>:<node>`` fits a task id.
-ID_MAX = 90
-_ID = re.compile(r"^[A-Za-z0-9_.\-@+=]+$")
+ID_MAX = WORKFLOW_ID_MAX
 #: The error of a node that did not run because a dependency failed (policy, root node).
-_NOT_RUN = re.compile(r"^(not run|skipped): node '([^']+)' ")
+NOT_RUN = re.compile(r"^(not run|skipped): node '([^']+)' ")
 
 __all__ = [
     "HEADER",
@@ -460,6 +462,18 @@ class WorkflowInfo:
     groups: Mapping[str, Any] = field(default_factory=dict)
 
 
+def record_of(
+    wf: Workflow, order: Sequence[str], created: Mapping[str, EnqueueParams]
+) -> WorkflowParams:
+    """The stored record of ``wf`` whose nodes, in ``order``, became the tasks ``created``."""
+    nodes = []
+    for name in order:
+        p = created[name]
+        _, _, policy, _ = wf.spec(name)
+        nodes.append(WorkflowNodeParams(name, p.queue, p.id, p.type, policy, wf.after(name)))
+    return WorkflowParams(wf.id, wf.name, wf.retention, tuple(nodes))
+
+
 def node_header(
     wf: Workflow, name: str, on_failure: str, after: Mapping[str, tuple[str, str]]
 ) -> str:
@@ -548,7 +562,7 @@ def _stop_for(name: str, info: TaskInfo | None) -> tuple[str, str] | None:
     ``None`` when the node runs anyway (``continue``)."""
     if info is None:
         return "cancel", f"not run: node {name!r} is gone (deleted before it completed)"
-    cascade = _NOT_RUN.match(info.last_error or "")
+    cascade = NOT_RUN.match(info.last_error or "")
     if cascade is not None:  # did not run itself: its cause reaches this node too
         policy = "cancel" if cascade.group(1) == "not run" else "skip"
         return policy, info.last_error or ""
@@ -620,7 +634,7 @@ async def _failure(
 ) -> WorkflowFailedError | None:
     """The error a final node's archiving means for the workflow (``None``: none)."""
     error = "" if task is None else task.last_error or ""
-    cascade = _NOT_RUN.match(error)
+    cascade = NOT_RUN.match(error)
     if cascade is not None:
         if cascade.group(1) == "skipped":
             return None
@@ -641,15 +655,16 @@ async def _failure(
     )
 
 
-async def cancel(admin: Admin, info: WorkflowInfo) -> int:
-    """Cancel every node of ``info`` that has not finished, the last created first (so a
-    waiting node is cancelled before the nodes it waits for could release it): a pending,
-    scheduled, retry or waiting one is archived "cancelled" at once, a running one is
-    flagged and its worker cancels its handler. Returns how many were cancelled."""
+async def cancel(admin: Admin, nodes: Iterable[tuple[str, str]]) -> int:
+    """Cancel every node that has not finished among ``nodes`` (``(queue, task id)`` in the
+    order they were created), the last created first (so a waiting node is cancelled before
+    the nodes it waits for could release it): a pending, scheduled, retry or waiting one is
+    archived "cancelled" at once, a running one is flagged and its worker cancels its
+    handler. Returns how many were cancelled."""
     done = 0
-    for task in reversed(list(info.nodes.values())):
+    for queue, task_id in reversed(list(nodes)):
         try:
-            await lifecycle.cancel_task(admin, task.queue, task.id)
+            await lifecycle.cancel_task(admin, queue, task_id)
         except (TaskNotFoundError, InvalidStateError):
             continue  # finished, or gone: nothing to cancel
         done += 1
@@ -671,8 +686,9 @@ def _check_policy(value: str) -> str:
 
 
 def _check_id(value: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > ID_MAX or not _ID.match(value):
+    try:
+        return check_workflow_id(value)
+    except InvalidNameError:
         raise WorkflowError(
             f"invalid workflow id {value!r}: 1-{ID_MAX} letters, digits and _ . - @ + ="
-        )
-    return value
+        ) from None

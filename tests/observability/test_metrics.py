@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import urllib.request
 
 import httpx
@@ -259,3 +260,38 @@ async def test_snapshot_reads_once_per_ttl_and_keeps_a_failure_as_long() -> None
     now[0], fail[0] = 10.0, False
     assert await snap.get() == 10.0
     assert reads == [0.0, 5.0, 10.0]
+
+
+async def test_workflow_gauges_count_the_records_kept_by_state(app: durq.App) -> None:
+    @app.task("wf:ok")
+    async def ok(payload: dict) -> int:
+        return 1
+
+    @app.task("wf:bad", max_retry=0)
+    async def bad(payload: dict) -> None:
+        raise ValueError("no")
+
+    infos = []
+    for kind in ("wf:ok", "wf:ok", "wf:bad"):
+        wf = durq.Workflow("gauged")
+        wf.add(kind, {}, name="only")
+        infos.append(await app.enqueue_workflow(wf))
+    waiting = durq.Workflow("gauged")
+    waiting.add("wf:never", {}, name="only")
+    await app.enqueue_workflow(waiting)
+    async with app.worker(concurrency=2, poll_interval=0.05):
+        for info in infos:
+            with contextlib.suppress(durq.WorkflowFailedError):
+                await app.wait(info, timeout=60)
+    collector = metrics.QueueCollector(app, ttl=0)
+    await collector.refresh()
+    got = samples(metrics.exposition(collector.registry)[0].decode())
+    by_state = {
+        dict(labels)["state"]: value
+        for (name, labels), value in got.items()
+        if name == "durq_workflows"
+    }
+    assert by_state == {"running": 1, "succeeded": 2, "failed": 1, "cancelled": 0}
+    assert got[("durq_workflows_complete", ())] == 1
+    counts = await app.inspector.count_workflows(scan=3)
+    assert sum(counts.by_state.values()) == 3 and not counts.complete

@@ -70,6 +70,7 @@ from durq.brokers.params import (
     TaskRewrite,
     TwinReplace,
     UniqueRelease,
+    WorkflowParams,
 )
 from durq.brokers.views import (
     GroupInfo,
@@ -80,6 +81,9 @@ from durq.brokers.views import (
     TaskSearch,
     TaskSearchResult,
     WorkerInfo,
+    WorkflowPage,
+    WorkflowQuery,
+    WorkflowRecord,
 )
 from durq.clock import Clock
 from durq.states import TaskState
@@ -201,15 +205,19 @@ class Broker(Protocol):
         first refused task raises its TaskIDConflictError/DuplicateTaskError. Returns the
         members' infos."""
 
-    async def enqueue_graph(self, items: Sequence[EnqueueParams]) -> list[TaskInfo]:
+    async def enqueue_graph(
+        self, items: Sequence[EnqueueParams], workflow: WorkflowParams | None = None
+    ) -> list[TaskInfo]:
         """Create every task of ``items`` atomically, or nothing (a workflow): the first
         refused item raises its TaskIDConflictError/DuplicateTaskError; a call that names
         one id or unique key twice is refused before the storage is asked
         (:func:`~durq.brokers.params.check_distinct`). An item's ``after`` names
         earlier items of the call only (:func:`~durq.brokers.dependencies.graph_edges`):
         it is stored ``waiting`` for as many and each of them lists it as a dependent, so
-        the countdown of :mod:`~durq.brokers.dependencies` releases it. Returns the
-        infos in order."""
+        the countdown of :mod:`~durq.brokers.dependencies` releases it. ``workflow``: its
+        record, written in the same transaction or script (on Redis in the slot of its
+        first node's queue), stamped with the broker's clock to the microsecond. Returns
+        the infos in order."""
 
     async def claim(self, params: ClaimParams) -> list[Lease]:
         """Lease up to ``params.limit`` claimable tasks (state active, new fencing token,
@@ -307,7 +315,9 @@ class Broker(Protocol):
 
     async def delete_expired(self, limit: int) -> int:
         """Janitor: delete up to ``limit`` completed tasks whose retention has passed (and
-        per-minute counters older than :data:`MINUTE_COUNTS_KEEP`, not counted)."""
+        per-minute counters older than :data:`MINUTE_COUNTS_KEEP`, not counted), then up
+        to ``limit`` workflow records past their retention none of whose nodes' tasks is
+        left (not counted)."""
 
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Wait until a task may be claimable in ``queues`` or ``timeout`` passes.
@@ -427,6 +437,15 @@ class Admin(Protocol):
 
     async def get_group(self, queue: str, group_id: str) -> GroupInfo:
         """One group by its queue and id; GroupNotFoundError if absent (or expired)."""
+
+    async def get_workflow(self, workflow_id: str) -> WorkflowRecord:
+        """A workflow's record with its nodes' tasks read at the same time (each node's
+        state ``None`` when its task is gone); WorkflowNotFoundError if absent."""
+
+    async def list_workflows(self, query: WorkflowQuery) -> WorkflowPage:
+        """Workflow records newest first (creation time, then id, both descending), within
+        the query's creation bounds, after its cursor, with their nodes' tasks as
+        :meth:`get_workflow` reads them."""
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """Flag an active task so its worker cancels the handler (W12); ``None`` if the

@@ -149,6 +149,47 @@ class GroupParams:
     retention: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class WorkflowNodeParams:
+    """One node of a workflow's record: its name, its task and the nodes it runs after."""
+
+    name: str
+    queue: str
+    task_id: str
+    type: str
+    on_failure: str
+    after: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowParams:
+    """The record of a workflow, written by ``enqueue_graph`` with its nodes' tasks (in the
+    same transaction or script) and never updated: progress is read from the tasks.
+
+    A record with the id of an older one (whose tasks are all gone, or the graph would have
+    been refused) replaces it."""
+
+    id: str
+    name: str
+    #: Seconds the record is kept at least; then it goes once none of its nodes' tasks is left.
+    retention: float
+    #: In the order the tasks were created (each after the nodes it runs after).
+    nodes: tuple[WorkflowNodeParams, ...]
+
+    @property
+    def queue(self) -> str:
+        """The queue whose storage holds the record on Redis (its first node's)."""
+        return self.nodes[0].queue
+
+    def nodes_json(self) -> str:
+        """The nodes as stored on Redis: ``[[name, queue, task_id, type, on_failure,
+        [after...]], ...]``."""
+        return json.dumps(
+            [[n.name, n.queue, n.task_id, n.type, n.on_failure, list(n.after)] for n in self.nodes],
+            separators=(",", ":"),
+        )
+
+
 def fan_in_payload(head: bytes, entries: Sequence[bytes], tail: bytes) -> bytes:
     """The payload of a group's follow-up: ``head``, the entries joined by ``,``, ``tail``."""
     return b"".join((head, b",".join(entries), tail))

@@ -8,8 +8,9 @@ placeholders. Both SQLite and PostgreSQL load theirs through this module.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -18,10 +19,22 @@ from durq.brokers.params import (
     GroupParams,
     TaskRewrite,
     TwinReplace,
+    WorkflowParams,
     follow_up_from,
     follow_up_options,
 )
-from durq.brokers.views import GroupInfo, GroupMemberInfo, ScheduleRecord
+from durq.brokers.views import (
+    GroupInfo,
+    GroupMemberInfo,
+    ScheduleRecord,
+    WorkflowNodeInfo,
+    WorkflowPage,
+    WorkflowQuery,
+    WorkflowRecord,
+    next_cursor,
+    parse_cursor,
+)
+from durq.errors import WorkflowNotFoundError
 from durq.states import TaskState
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$")
@@ -199,3 +212,73 @@ def schedule_record(row: Mapping[str, Any]) -> ScheduleRecord:
         updated_at=float(row["updated_at"]),
         version=int(row["version"]),
     )
+
+
+def workflow_node_rows(p: WorkflowParams) -> list[dict[str, Any]]:
+    """The rows of ``insert_workflow_node`` (SQLite; PostgreSQL sends them as arrays)."""
+    return [
+        {
+            "workflow_id": p.id,
+            "position": i,
+            "name": n.name,
+            "queue": n.queue,
+            "task_id": n.task_id,
+            "type": n.type,
+            "on_failure": n.on_failure,
+            "after": json.dumps(list(n.after)),
+        }
+        for i, n in enumerate(p.nodes)
+    ]
+
+
+def workflow_query_params(query: WorkflowQuery) -> dict[str, Any]:
+    """The parameters of both dialects' ``list_workflows``."""
+    at, after_id = (None, None) if query.cursor is None else parse_cursor(query.cursor)
+    return {
+        "created_after": query.created_after,
+        "created_before": query.created_before,
+        "at": at,
+        "after_id": after_id,
+        "limit": query.limit,
+    }
+
+
+def workflow_records(
+    heads: Iterable[Mapping[str, Any]], nodes: Iterable[Mapping[str, Any]]
+) -> list[WorkflowRecord]:
+    """Records from rows of ``get_workflow``/``list_workflows`` and of ``workflow_nodes``
+    (ordered by workflow, then position), in the order of ``heads``."""
+    by_id: dict[str, list[WorkflowNodeInfo]] = {}
+    for n in nodes:
+        state = n["state"]
+        by_id.setdefault(n["workflow_id"], []).append(
+            WorkflowNodeInfo(
+                name=n["name"],
+                queue=n["queue"],
+                task_id=n["task_id"],
+                type=n["type"],
+                on_failure=n["on_failure"],
+                after=tuple(json.loads(n["after"])),
+                state=None if state is None else TaskState(state),
+                retried=n["retried"] or 0,
+                last_error=n["last_error"],
+            )
+        )
+    return [
+        WorkflowRecord(
+            h["id"], h["name"], h["created_at"], h["retention"], tuple(by_id.get(h["id"], ()))
+        )
+        for h in heads
+    ]
+
+
+def one_workflow(records: Sequence[WorkflowRecord], workflow_id: str) -> WorkflowRecord:
+    """The record ``get_workflow`` read; WorkflowNotFoundError when there was none."""
+    if not records:
+        raise WorkflowNotFoundError(f"no workflow {workflow_id!r}")
+    return records[0]
+
+
+def workflow_page(records: Sequence[WorkflowRecord], query: WorkflowQuery) -> WorkflowPage:
+    """The page ``list_workflows`` read, with the cursor of the next one."""
+    return WorkflowPage(tuple(records), next_cursor(records, query.limit))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +74,106 @@ class GroupInfo:
                 for m in self.members
             ],
         }
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowNodeInfo:
+    """One node of a stored workflow, with its task as read with the record: ``state``
+    ``None`` when the task is gone (deleted, or completed past its retention)."""
+
+    name: str
+    queue: str
+    task_id: str
+    type: str
+    on_failure: str
+    #: The names of the nodes it runs after.
+    after: tuple[str, ...]
+    state: TaskState | None
+    #: Failed attempts so far (the task's ``retried``).
+    retried: int = 0
+    last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowRecord:
+    """A workflow's stored record (see :class:`~durq.brokers.params.WorkflowParams`) and
+    its nodes' tasks as read at the same moment."""
+
+    id: str
+    name: str
+    created_at: float
+    retention: float
+    #: In the order they were created: each after the nodes it runs after.
+    nodes: tuple[WorkflowNodeInfo, ...]
+
+
+#: At most this many records in one page of :meth:`Admin.list_workflows`.
+WORKFLOW_PAGE_MAX = 500
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowQuery:
+    """A page of workflow records, newest first: created at or after ``created_after``
+    and before ``created_before`` (epoch seconds on the broker's clock, ``None``: no bound),
+    after ``cursor`` (a previous page's, opaque)."""
+
+    created_after: float | None = None
+    created_before: float | None = None
+    limit: int = 50
+    cursor: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.limit <= WORKFLOW_PAGE_MAX:
+            raise ValidationError(f"limit must be 1..{WORKFLOW_PAGE_MAX}")
+        if self.cursor is not None:
+            parse_cursor(self.cursor)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowPage:
+    """Workflow records, newest first, and the cursor of the next page (``None``: last)."""
+
+    records: tuple[WorkflowRecord, ...]
+    cursor: str | None
+
+
+def workflow_cursor(created_at: float, workflow_id: str) -> str:
+    """The cursor after a record: its creation time (``%020.6f``, so that cursors sort as
+    records do) and its id. A broker keeps creation times to the microsecond."""
+    return f"{created_at:020.6f}:{workflow_id}"
+
+
+def parse_cursor(cursor: str) -> tuple[float, str]:
+    """``(created_at, id)`` of a cursor; ValidationError for anything else."""
+    at, sep, workflow_id = cursor.partition(":")
+    try:
+        value = float(at)
+    except ValueError:
+        value = math.nan
+    if not sep or not workflow_id or not math.isfinite(value) or len(cursor) > 200:
+        raise ValidationError(f"invalid cursor {cursor[:80]!r}")
+    return value, workflow_id
+
+
+def in_page(created_at: float, workflow_id: str, query: WorkflowQuery) -> bool:
+    """Whether a record created at ``created_at`` belongs to ``query``'s page (bounds and
+    cursor): the rule the SQL of a listing says, for brokers that sort in Python."""
+    if query.created_after is not None and created_at < query.created_after:
+        return False
+    if query.created_before is not None and created_at >= query.created_before:
+        return False
+    if query.cursor is not None:
+        at, after_id = parse_cursor(query.cursor)
+        return (created_at, workflow_id) < (at, after_id)
+    return True
+
+
+def next_cursor(records: Sequence[WorkflowRecord], limit: int) -> str | None:
+    """The cursor after a page of ``limit`` records (``None``: it was the last)."""
+    if len(records) < limit:
+        return None
+    last = records[-1]
+    return workflow_cursor(last.created_at, last.id)
 
 
 #: Characters of one payload field name in a search (``partner``, ``customer.id``); use

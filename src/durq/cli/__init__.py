@@ -30,6 +30,7 @@ from durq.cli import (
     task,
     worker,
     workers,
+    workflow,
 )
 from durq.errors import DurqError
 
@@ -88,6 +89,7 @@ worker.register(app)
 enqueue.register(app)
 task.register(app)
 group.register(app)
+workflow.register(app)
 queue.register(app)
 workers.register(app)
 limit.register(app)

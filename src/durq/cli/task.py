@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from durq import codec, groups, ranges
+from durq import codec, groups, ranges, workflows
 from durq.app import App
 from durq.cli.common import (
     BrokerOpt,
@@ -139,6 +139,10 @@ def print_task(info: TaskInfo, *, title: str | None = None) -> None:
     member_of = groups.member_of(info)
     if member_of is not None:  # durq group get shows its progress
         table.add_row("group", escape(f"{member_of[0]} (queue {member_of[1]})"))
+    node = workflows.header_of(info.headers)
+    if node is not None:  # durq workflow get shows its progress
+        text = f"{node.get('id')} ({node.get('name')}), node {node.get('node')}"
+        table.add_row("workflow", escape(text))
     console.print(table)
 
 

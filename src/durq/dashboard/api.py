@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import Body, Path, Query
 from fastapi.openapi.utils import get_openapi
@@ -21,12 +21,28 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from durq import groups, periodic
-from durq.brokers.views import PAYLOAD_FIELD, QueueStats, TaskFilter, TaskSearchResult, WorkerInfo
+from durq.brokers.views import (
+    PAYLOAD_FIELD,
+    WORKFLOW_PAGE_MAX,
+    QueueStats,
+    TaskFilter,
+    TaskSearchResult,
+    WorkerInfo,
+)
 from durq.dashboard import models
+from durq.durations import MAX_DURATION
 from durq.errors import TaskNotFoundError, ValidationError
 from durq.inspector import SEARCH_FIELDS_MAX, SEARCH_TEXT_MAX, parse_state, task_filter
 from durq.lifecycle import SelectionOutcome
-from durq.names import GROUP_ID_PATTERN, NAME_MAX, NAME_PATTERN, TASK_ID_MAX, TASK_ID_PATTERN
+from durq.names import (
+    GROUP_ID_PATTERN,
+    NAME_MAX,
+    NAME_PATTERN,
+    TASK_ID_MAX,
+    TASK_ID_PATTERN,
+    WORKFLOW_ID_MAX,
+    WORKFLOW_ID_PATTERN,
+)
 from durq.observability.snapshot import Snapshot
 from durq.schedules import MAX_BACKFILL
 from durq.states import TaskState
@@ -88,6 +104,29 @@ GroupId = Annotated[
         max_length=NAME_MAX,
         description="A group id (durq.Group.id)",
     ),
+]
+WorkflowId = Annotated[
+    str,
+    Path(
+        pattern=WORKFLOW_ID_PATTERN,
+        min_length=1,
+        max_length=WORKFLOW_ID_MAX,
+        description="A workflow id (durq.WorkflowInfo.id)",
+    ),
+]
+#: A listing's cursor, as :func:`durq.brokers.views.workflow_cursor` spells it.
+CURSOR_PATTERN = (
+    r"^[0-9]{13}\.[0-9]{6}:"
+    + WORKFLOW_ID_PATTERN.removeprefix("^").removesuffix("+$")
+    + f"{{1,{WORKFLOW_ID_MAX}}}$"
+)
+WorkflowStateFilter = Annotated[
+    Literal["running", "succeeded", "failed", "cancelled"] | None,
+    Query(description="Only workflows in this state"),
+]
+Age = Annotated[
+    float | None,
+    Query(ge=0, le=MAX_DURATION, description="Seconds"),
 ]
 ScheduleName = Annotated[
     str,
@@ -228,6 +267,7 @@ COMMON: dict[int | str, dict[str, Any]] = {
     503: _error("The broker cannot be reached"),
 }
 NOT_FOUND = {404: _error("Unknown queue or task")}
+WORKFLOW_NOT_FOUND = {404: _error("Unknown workflow")}
 MUTATION = {**COMMON, 403: _error("Read-only mode, or CSRF check failed (cookie sessions)")}
 CONFLICT = {409: _error("The task's state does not allow this")}
 SCHEDULE_CONFLICT = {
@@ -302,6 +342,29 @@ class AdminAPI:
                 "GET",
                 "A group's progress (total, finished, members by state) and its follow-up",
                 responses={**COMMON, **NOT_FOUND},
+            ),
+            route(
+                "/api/workflows",
+                self.list_workflows,
+                "GET",
+                "Workflows newest first, by state and age, a page at a time",
+                description="A listing by state reads at most 5000 records per call; "
+                "`cursor` goes on from where it stopped (also when the page is short).",
+                responses=COMMON,
+            ),
+            route(
+                "/api/workflows/{workflow_id}",
+                self.get_workflow,
+                "GET",
+                "A workflow's progress and each node (state, attempts, dependencies)",
+                responses={**COMMON, **WORKFLOW_NOT_FOUND},
+            ),
+            route(
+                "/api/workflows/{workflow_id}/cancel",
+                self.cancel_workflow,
+                "POST",
+                "Cancel every unfinished node (running ones by their workers)",
+                responses={**MUTATION, **WORKFLOW_NOT_FOUND},
             ),
             route(
                 q + "/tasks:bulk",
@@ -560,6 +623,36 @@ class AdminAPI:
     async def get_group(self, queue: QueueName, group_id: GroupId) -> models.Group:
         info = await self.inspector.get_group(queue, group_id)
         return models.Group.model_validate(info.to_dict())
+
+    async def list_workflows(
+        self,
+        state: WorkflowStateFilter = None,
+        newer_than: Age = None,
+        older_than: Age = None,
+        limit: Annotated[int, Query(ge=1, le=WORKFLOW_PAGE_MAX)] = 50,
+        cursor: Annotated[
+            str | None,
+            Query(
+                pattern=CURSOR_PATTERN,
+                description="The cursor of the previous page (the last workflow's creation "
+                "time and id)",
+            ),
+        ] = None,
+    ) -> models.WorkflowList:
+        page = await self.inspector.list_workflows(
+            state=state, newer_than=newer_than, older_than=older_than, limit=limit, cursor=cursor
+        )
+        return models.WorkflowList.model_validate(
+            {"workflows": [w.to_dict(nodes=False) for w in page.workflows], "cursor": page.cursor}
+        )
+
+    async def get_workflow(self, workflow_id: WorkflowId) -> models.Workflow:
+        info = await self.inspector.get_workflow(workflow_id)
+        return models.Workflow.model_validate(info.to_dict())
+
+    async def cancel_workflow(self, workflow_id: WorkflowId) -> models.WorkflowCancelled:
+        cancelled = await self.inspector.cancel_workflow(workflow_id)
+        return models.WorkflowCancelled(id=workflow_id, cancelled=cancelled)
 
     async def delete_task(self, queue: QueueName, task_id: TaskId) -> Response:
         _not_an_action(task_id)

@@ -42,6 +42,7 @@ from durq.errors import (
     SchemaError,
     TaskNotFoundError,
     ValidationError,
+    WorkflowNotFoundError,
 )
 
 if TYPE_CHECKING:
@@ -109,6 +110,7 @@ ERROR_STATUS: list[tuple[type[DurqError], int, str]] = [
     (QueueNotFoundError, 404, "not_found"),
     (GroupNotFoundError, 404, "not_found"),
     (ScheduleNotFoundError, 404, "not_found"),
+    (WorkflowNotFoundError, 404, "not_found"),
     (ScheduleConflictError, 409, "conflict"),
     (InvalidStateError, 409, "invalid_state"),
     (ValidationError, 400, "bad_request"),

@@ -234,6 +234,46 @@ class Group(_Model):
     members: list[GroupMember]
 
 
+class WorkflowNode(_Model):
+    name: str
+    type: str
+    queue: str
+    task_id: str
+    on_failure: str = Field(description="cancel, skip or continue")
+    after: list[str] = Field(description="The names of the nodes it runs after")
+    state: str = Field(description="Its task's state, or gone (deleted, or past retention)")
+    attempts: int = Field(description="Finished attempts (failed ones, and a success)")
+    last_error: str | None
+
+
+class WorkflowSummary(_Model):
+    """A workflow's progress: its state and its nodes by state."""
+
+    id: str
+    name: str
+    created_at: float = Field(description="Epoch seconds")
+    state: str = Field(description="running, succeeded, failed or cancelled")
+    total: int
+    finished: int
+    by_state: dict[str, int]
+
+
+class Workflow(WorkflowSummary):
+    """A workflow's progress and each node, in the order they were created."""
+
+    nodes: list[WorkflowNode]
+
+
+class WorkflowList(_Model):
+    workflows: list[WorkflowSummary] = Field(description="Newest first")
+    cursor: str | None = Field(description="Pass as cursor= for the next page; null: last")
+
+
+class WorkflowCancelled(_Model):
+    id: str
+    cancelled: int = Field(description="Nodes cancelled (running ones by their workers)")
+
+
 class TaskSummary(_TaskFields):
     """A task in a list: previews of the payload and result, not the whole."""
 

@@ -18,7 +18,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
-from durq import groups
+from durq import groups, workflows
 from durq.brokers.views import TaskFilter
 from durq.dashboard import security
 from durq.dashboard.api import (
@@ -32,6 +32,7 @@ from durq.dashboard.api import (
     task_page,
     worker_json,
 )
+from durq.dashboard.workflow_pages import WorkflowPages
 from durq.errors import GroupNotFoundError, ScheduleConflictError, ValidationError
 from durq.inspector import parse_state
 from durq.limits import format_rate
@@ -148,6 +149,7 @@ class Views:
         self.dash = dash
         self.inspector = dash.app.inspector
         self.templates = make_templates()
+        self.workflow_pages = WorkflowPages(self)
 
     def routes(self) -> list[Route]:
         q = "/queues/{queue}"
@@ -163,6 +165,7 @@ class Views:
             Route("/periodic/{name}/edit", self.schedule_edit, methods=["POST"]),
             Route("/periodic/{name}/action/{action}", self.schedule_action, methods=["POST"]),
             Route("/limits", self.limits, methods=["GET"]),
+            *self.workflow_pages.routes(),
             Route(q, self.queue, methods=["GET"]),
             Route(q + "/search", self.search, methods=["GET"]),
             Route(q + "/pause", self.queue_action("pause"), methods=["POST"]),
@@ -308,6 +311,7 @@ class Views:
                 "task": info,
                 "data": data,
                 "actions": ACTIONS_BY_STATE.get(info.state, ()),
+                "workflow": workflows.header_of(info.headers),
                 **await self._group_of(info),
             },
         )

@@ -16,10 +16,20 @@ from durq.brokers.views import (
     TaskSearch,
     TaskSearchResult,
     WorkerInfo,
+    WorkflowPage,
+    WorkflowQuery,
+    WorkflowRecord,
     first_counted_minute,
+    in_page,
+    next_cursor,
 )
 from durq.clock import Clock, utc_day
-from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
+from durq.errors import (
+    GroupNotFoundError,
+    QueueNotFoundError,
+    TaskNotFoundError,
+    WorkflowNotFoundError,
+)
 from durq.states import TaskState
 from durq.task import TaskInfo
 
@@ -205,6 +215,30 @@ class MemoryAdmin:
             if group is None or (done is not None and done + group.params.retention <= now):
                 raise GroupNotFoundError(f"no group {group_id!r} in queue {queue!r}")
             return group.info(self._store.tasks, now)
+
+    async def get_workflow(self, workflow_id: str) -> WorkflowRecord:
+        """A workflow's record; WorkflowNotFoundError if absent."""
+        with self._store.lock:
+            record = self._store.workflow(workflow_id, self._clock.now())
+        if record is None:
+            raise WorkflowNotFoundError(f"no workflow {workflow_id!r}")
+        return record
+
+    async def list_workflows(self, query: WorkflowQuery) -> WorkflowPage:
+        """Workflow records newest first."""
+        with self._store.lock:
+            now = self._clock.now()
+            keys = sorted(
+                (
+                    (created_at, wf_id)
+                    for wf_id, (_, created_at) in self._store.workflows.items()
+                    if in_page(created_at, wf_id, query)
+                ),
+                reverse=True,
+            )[: query.limit]
+            records = [self._store.workflow(wf_id, now) for _, wf_id in keys]
+        page = tuple(r for r in records if r is not None)
+        return WorkflowPage(page, next_cursor(page, query.limit))
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """Flag an active task for its worker (W12)."""

@@ -53,6 +53,7 @@ from durq.brokers.params import (
     StepsParams,
     TwinReplace,
     UniqueRelease,
+    WorkflowParams,
     ended_by,
 )
 from durq.brokers.views import FORGET_WORKERS_AFTER, MINUTE_COUNTS_KEEP, WorkerInfo
@@ -156,11 +157,16 @@ class MemoryBroker:
         store.notify({i.queue for i in infos if i.state is PENDING})
         return infos
 
-    async def enqueue_graph(self, items: Sequence[EnqueueParams]) -> list[TaskInfo]:
-        """Every task of a graph in one step, or nothing."""
+    async def enqueue_graph(
+        self, items: Sequence[EnqueueParams], workflow: WorkflowParams | None = None
+    ) -> list[TaskInfo]:
+        """Every task of a graph and the workflow's record in one step, or nothing."""
         store = self._store
         with store.lock:
-            infos = [row.info() for row in store.insert_graph(items, self._clock.now())]
+            now = self._clock.now()
+            infos = [row.info() for row in store.insert_graph(items, now)]
+            if workflow is not None:
+                store.workflows[workflow.id] = (workflow, round(now, 6))
         store.notify({i.queue for i in infos if i.state is PENDING})
         return infos
 
@@ -498,6 +504,7 @@ class MemoryBroker:
             for row in expired:
                 store.delete(row)
             store.drop_expired_groups(now)
+            store.drop_expired_workflows(now, limit)
         return len(expired)
 
     # -- wake-up ---------------------------------------------------------------------------------

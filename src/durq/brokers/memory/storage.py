@@ -29,6 +29,8 @@ from durq.brokers.base import (
     waiting_follow_up,
 )
 from durq.brokers.mailbox import Mailbox, Watches
+from durq.brokers.params import WorkflowParams
+from durq.brokers.views import WorkflowNodeInfo, WorkflowRecord
 from durq.clock import to_datetime, utc_day
 from durq.errors import DuplicateTaskError, TaskIDConflictError
 from durq.progress import decode_logs, progress_of
@@ -280,6 +282,8 @@ class Store:
         #: ``(queue, group id) -> Group``, and each unfinished member's group and position.
         self.groups: dict[tuple[str, str], Group] = {}
         self.members: dict[tuple[str, str], tuple[Group, int]] = {}
+        #: Workflow records by id, with their creation time.
+        self.workflows: dict[str, tuple[WorkflowParams, float]] = {}
         self._seq = itertools.count(1)
         # Key in the in-process wake-up registry (never an SQLite file's absolute path).
         self._key = f"memory://{name}"
@@ -541,6 +545,42 @@ class Store:
             return set()
         woken = self.release_dependents(row, now)
         return woken | self.finish_member(row.queue, row.id, "deleted", None, now)
+
+    def workflow(self, workflow_id: str, now: float) -> WorkflowRecord | None:
+        """A workflow's record with its nodes' tasks as they are now."""
+        stored = self.workflows.get(workflow_id)
+        if stored is None:
+            return None
+        p, created_at = stored
+        nodes = []
+        for n in p.nodes:
+            row = self.get(n.queue, n.task_id, now)
+            nodes.append(
+                WorkflowNodeInfo(
+                    n.name,
+                    n.queue,
+                    n.task_id,
+                    n.type,
+                    n.on_failure,
+                    n.after,
+                    None if row is None else row.state,
+                    0 if row is None else row.retried,
+                    None if row is None else row.last_error,
+                )
+            )
+        return WorkflowRecord(p.id, p.name, created_at, p.retention, tuple(nodes))
+
+    def drop_expired_workflows(self, now: float, limit: int) -> None:
+        """Up to ``limit`` workflow records past their retention none of whose nodes'
+        tasks is left."""
+        expired = [
+            wf_id
+            for wf_id, (p, created_at) in self.workflows.items()
+            if created_at + p.retention <= now
+            and all(self.get(n.queue, n.task_id, now) is None for n in p.nodes)
+        ]
+        for wf_id in expired[:limit]:
+            del self.workflows[wf_id]
 
     def drop_expired_groups(self, now: float) -> None:
         for key, group in list(self.groups.items()):

@@ -11,7 +11,16 @@ from durq.brokers.params import EnqueueOutcome, TaskMove, TaskRewrite
 from durq.brokers.postgres.rows import Row
 from durq.brokers.postgres.storage import AsyncConn, PostgresStorage
 from durq.brokers.search import ascii_lower, sql_pair
-from durq.brokers.sqlfiles import group_info, rewrite_params, schedule_record, schedule_row
+from durq.brokers.sqlfiles import (
+    group_info,
+    one_workflow,
+    rewrite_params,
+    schedule_record,
+    schedule_row,
+    workflow_page,
+    workflow_query_params,
+    workflow_records,
+)
 from durq.brokers.sqlrows import row_to_info
 from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
@@ -23,10 +32,17 @@ from durq.brokers.views import (
     TaskSearch,
     TaskSearchResult,
     WorkerInfo,
+    WorkflowPage,
+    WorkflowQuery,
+    WorkflowRecord,
     first_counted_minute,
 )
 from durq.clock import utc_day
-from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
+from durq.errors import (
+    GroupNotFoundError,
+    QueueNotFoundError,
+    TaskNotFoundError,
+)
 from durq.states import TaskState
 from durq.task import TaskInfo
 
@@ -185,6 +201,31 @@ class PostgresAdmin:
             cur = await conn.execute(self._storage.statements["group_members"], key)
             members = await cur.fetchall()
         return group_info(g, members)
+
+    async def get_workflow(self, workflow_id: str) -> WorkflowRecord:
+        """A workflow's record and its nodes' tasks in one snapshot; WorkflowNotFoundError
+        if absent."""
+        records = await self._workflows("get_workflow", {"id": workflow_id})
+        return one_workflow(records, workflow_id)
+
+    async def list_workflows(self, query: WorkflowQuery) -> WorkflowPage:
+        """Workflow records newest first, in one snapshot."""
+        return workflow_page(
+            await self._workflows("list_workflows", workflow_query_params(query)), query
+        )
+
+    async def _workflows(self, query: str, params: dict[str, Any]) -> list[WorkflowRecord]:
+        statements = self._storage.statements
+        async with self._storage.connection(query) as conn, conn.transaction():
+            # One snapshot for the records and their nodes' tasks.
+            await conn.execute(b"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            heads = await (await conn.execute(statements[query], params)).fetchall()
+            ids = [h["id"] for h in heads]
+            cur = await conn.execute(
+                statements["workflow_nodes"], {"ids": ids, "now": self._storage.sql_now()}
+            )
+            nodes = await cur.fetchall()
+        return workflow_records(heads, nodes)
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """Flag an active task for its worker (W12)."""

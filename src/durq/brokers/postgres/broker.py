@@ -52,6 +52,7 @@ from durq.brokers.params import (
     StepsParams,
     TwinReplace,
     UniqueRelease,
+    WorkflowParams,
     ended_by,
 )
 from durq.brokers.postgres.admin import PostgresAdmin
@@ -258,11 +259,13 @@ class PostgresBroker:
         )
         return infos
 
-    async def enqueue_graph(self, items: Sequence[EnqueueParams]) -> list[TaskInfo]:
-        """Every task of a graph, waiting for its earlier items, in one transaction, or
-        nothing."""
+    async def enqueue_graph(
+        self, items: Sequence[EnqueueParams], workflow: WorkflowParams | None = None
+    ) -> list[TaskInfo]:
+        """Every task of a graph, waiting for its earlier items, and the workflow's record
+        in one transaction, or nothing."""
         async with self._storage.connection("enqueue_graph") as conn, conn.transaction():
-            infos = await self._storage.insert_graph(conn, items)
+            infos = await self._storage.insert_graph(conn, items, workflow)
         self._storage.notify_created(
             [EnqueueOutcome(p, info=i) for p, i in zip(items, infos, strict=True)]
         )
@@ -1037,7 +1040,10 @@ class PostgresBroker:
         params = {"now": now, "limit": limit}
         # Finished groups past their retention go in the same bounded way.
         await self._storage.rowcount("delete_expired", "delete_expired_groups", params)
-        return await self._storage.rowcount("delete_expired", "delete_expired", params)
+        deleted = await self._storage.rowcount("delete_expired", "delete_expired", params)
+        # Then workflow records none of whose nodes' tasks is left.
+        await self._storage.rowcount("delete_expired", "delete_expired_workflows", params)
+        return deleted
 
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Wait for a NOTIFY on one of ``queues``, or ``timeout`` seconds.

@@ -1332,3 +1332,67 @@ SELECT DISTINCT queue FROM dep_released WHERE state = 'pending';
 SELECT dependents FROM {schema}.tasks
 WHERE queue = %(queue)s AND state = %(state)s AND dependents IS NOT NULL
 FOR UPDATE;
+
+-- ---------------------------------------------------------------- workflows
+
+-- name: insert_workflow
+-- In enqueue_graph's transaction, after its nodes: a record left by an older workflow of
+-- this id (all of its tasks gone, or the nodes would have been refused) is replaced.
+INSERT INTO {schema}.workflows (id, name, created_at, retention)
+VALUES (%(id)s, %(name)s, round(({now})::numeric, 6)::double precision, %(retention)s)
+ON CONFLICT (id) DO UPDATE
+SET name = excluded.name, created_at = excluded.created_at, retention = excluded.retention;
+
+-- name: forget_workflow_nodes
+DELETE FROM {schema}.workflow_nodes WHERE workflow_id = %(id)s;
+
+-- name: insert_workflow_nodes
+INSERT INTO {schema}.workflow_nodes (workflow_id, position, name, queue, task_id, type,
+                                     on_failure, after)
+SELECT %(workflow_id)s, n.position - 1, n.name, n.queue, n.task_id, n.type, n.on_failure,
+       n.after
+FROM unnest(%(names)s::text[], %(queues)s::text[], %(task_ids)s::text[], %(types)s::text[],
+            %(on_failures)s::text[], %(afters)s::text[])
+     WITH ORDINALITY AS n (name, queue, task_id, type, on_failure, after, position);
+
+-- name: get_workflow
+SELECT id, name, created_at, retention FROM {schema}.workflows WHERE id = %(id)s;
+
+-- name: list_workflows
+-- Newest first; at/after_id is the cursor (the last record of the previous page).
+SELECT id, name, created_at, retention FROM {schema}.workflows
+WHERE (%(created_after)s::double precision IS NULL OR created_at >= %(created_after)s)
+  AND (%(created_before)s::double precision IS NULL OR created_at < %(created_before)s)
+  AND (%(at)s::double precision IS NULL
+       OR (created_at, id) < (%(at)s::double precision, %(after_id)s::text))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: workflow_nodes
+-- The nodes of the workflows %(ids)s, each with its task as it is now (none: gone, or
+-- completed past its retention).
+SELECT n.workflow_id, n.name, n.queue, n.task_id, n.type, n.on_failure, n.after,
+       t.state, t.retried, t.last_error
+FROM {schema}.workflow_nodes AS n
+LEFT JOIN {schema}.tasks AS t
+  ON t.queue = n.queue AND t.id = n.task_id
+  AND NOT (t.state = 'completed' AND t.expires_at <= {now})
+WHERE n.workflow_id = ANY(%(ids)s::text[])
+ORDER BY n.workflow_id, n.position;
+
+-- name: delete_expired_workflows
+-- Janitor: a bounded batch of records past their retention none of whose nodes' tasks is
+-- left (their nodes go by the foreign key).
+WITH victims AS (
+    SELECT w.id FROM {schema}.workflows AS w
+    WHERE w.created_at + w.retention <= {now}
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}.workflow_nodes AS n
+          JOIN {schema}.tasks AS t ON t.queue = n.queue AND t.id = n.task_id
+          WHERE n.workflow_id = w.id
+      )
+    ORDER BY w.created_at
+    LIMIT %(limit)s
+    FOR UPDATE OF w SKIP LOCKED
+)
+DELETE FROM {schema}.workflows AS w USING victims AS v WHERE w.id = v.id;

@@ -34,6 +34,7 @@ from durq.brokers.base import (
     waiting_follow_up,
 )
 from durq.brokers.mailbox import end_key
+from durq.brokers.params import WorkflowParams
 from durq.brokers.postgres.errors import pooler_error, pooler_symptom, translate
 from durq.brokers.postgres.rows import EnqueuePlan, Row, enqueue_plan
 from durq.brokers.postgres.wakeup import Notifier
@@ -549,10 +550,16 @@ class PostgresStorage:
 
     # ------------------------------------------------------------------ groups
 
-    async def insert_graph(self, conn: AsyncConn, items: Sequence[EnqueueParams]) -> list[TaskInfo]:
+    async def insert_graph(
+        self,
+        conn: AsyncConn,
+        items: Sequence[EnqueueParams],
+        workflow: WorkflowParams | None = None,
+    ) -> list[TaskInfo]:
         """Create every task of a graph in the caller's transaction, each waiting for its
-        earlier items (one multi-row insert, then one update of the edges); the first
-        refused task raises (the transaction rolls everything back)."""
+        earlier items (one multi-row insert, then one update of the edges), and the
+        workflow's record; the first refused task raises (the transaction rolls everything
+        back)."""
         edges = dependencies.graph_edges(items)
         check_distinct(items, self.now())
         plain = [replace(p, after=()) for p in items]
@@ -577,11 +584,33 @@ class PostgresStorage:
                     ],
                 },
             )
+        if workflow is not None:
+            await self.insert_workflow(conn, workflow)
         infos = [o.info for o in outcomes if o.info is not None]
         return [
             info.replace(state=TaskState.WAITING) if e else info
             for info, e in zip(infos, edges, strict=True)
         ]
+
+    async def insert_workflow(self, conn: AsyncConn, p: WorkflowParams) -> None:
+        """A workflow's record and its nodes (one insert each), in the caller's
+        transaction."""
+        head = {"id": p.id, "name": p.name, "retention": p.retention, "now": self.sql_now()}
+        await conn.execute(self.statements["insert_workflow"], head)
+        await conn.execute(self.statements["forget_workflow_nodes"], {"id": p.id})
+        rows = sqlfiles.workflow_node_rows(p)
+        columns = {
+            "names": "name",
+            "queues": "queue",
+            "task_ids": "task_id",
+            "types": "type",
+            "on_failures": "on_failure",
+            "afters": "after",
+        }
+        await conn.execute(
+            self.statements["insert_workflow_nodes"],
+            {"workflow_id": p.id, **{k: [r[c] for r in rows] for k, c in columns.items()}},
+        )
 
     async def insert_group(self, conn: AsyncConn, p: GroupParams) -> list[TaskInfo]:
         """Create a group's record, its members and its follow-up (waiting for the group) in

@@ -23,10 +23,21 @@ from durq.brokers.views import (
     TaskSearch,
     TaskSearchResult,
     WorkerInfo,
+    WorkflowNodeInfo,
+    WorkflowPage,
+    WorkflowQuery,
+    WorkflowRecord,
     first_counted_minute,
+    next_cursor,
+    workflow_cursor,
 )
 from durq.clock import utc_day
-from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
+from durq.errors import (
+    GroupNotFoundError,
+    QueueNotFoundError,
+    TaskNotFoundError,
+    WorkflowNotFoundError,
+)
 from durq.options import MAX_PRIORITY, MIN_PRIORITY
 from durq.states import TaskState
 from durq.task import TaskInfo
@@ -44,6 +55,10 @@ WORKER_TTL = 3600
 
 #: Priority bands of the pending zset (one per priority, see scripts/_lib.lua).
 PRIORITY_BANDS = MAX_PRIORITY - MIN_PRIORITY + 1
+
+
+#: What a workflow's listing reads of each node's task hash.
+_NODE_FIELDS = ("state", "retried", "last_error", "expires_at")
 
 
 class RedisAdmin:
@@ -318,6 +333,104 @@ class RedisAdmin:
             then_queue=then_queue,
             members=tuple(out),
         )
+
+    async def get_workflow(self, workflow_id: str) -> WorkflowRecord:
+        """A workflow's record (looked for in every known queue: it lives in its first
+        node's) with its nodes' tasks; WorkflowNotFoundError if absent."""
+        async with self._storage.op("get_workflow"):
+            await self._storage.ensure()
+            queues = await self._storage.all_queues()
+            keys = [self._storage.keys.queue(q).workflow(workflow_id) for q in queues]
+            heads = [pairs(h) for h in await self._storage.commands([("HGETALL", k) for k in keys])]
+            found = [h for h in heads if h]
+            if not found:
+                raise WorkflowNotFoundError(f"no workflow {workflow_id!r}")
+            newest = max(found, key=lambda h: float(h["created_at"]))
+            return (await self._workflow_records([newest]))[0]
+
+    async def list_workflows(self, query: WorkflowQuery) -> WorkflowPage:
+        """Workflow records newest first: a page from each queue's index (members sort as
+        cursors do), merged, and the records of the newest ``limit``."""
+        top = "+"
+        if query.created_before is not None:
+            top = "(" + workflow_cursor(max(0.0, query.created_before), "")[:-1]
+        if query.cursor is not None:
+            top = "(" + query.cursor if top == "+" else min(top, "(" + query.cursor)
+        bottom = "-"
+        if query.created_after is not None:
+            bottom = "[" + workflow_cursor(max(0.0, query.created_after), "")[:-1]
+        async with self._storage.op("list_workflows"):
+            await self._storage.ensure()
+            queues = await self._storage.all_queues()
+            pages = await self._storage.commands(
+                [
+                    (
+                        "ZREVRANGEBYLEX",
+                        self._storage.keys.queue(q).workflows,
+                        top,
+                        bottom,
+                        "LIMIT",
+                        0,
+                        query.limit,
+                    )
+                    for q in queues
+                ]
+            )
+            newest = sorted(
+                (
+                    (bytes(m).decode(), q)
+                    for q, page in zip(queues, pages, strict=True)
+                    for m in page
+                ),
+                reverse=True,
+            )[: query.limit]
+            keys = [self._storage.keys.queue(q).workflow(m.partition(":")[2]) for m, q in newest]
+            heads = [pairs(h) for h in await self._storage.commands([("HGETALL", k) for k in keys])]
+            records = await self._workflow_records([h for h in heads if h])
+        return WorkflowPage(tuple(records), next_cursor(records, query.limit))
+
+    async def _workflow_records(self, heads: list[dict[str, bytes]]) -> list[WorkflowRecord]:
+        """Records from their hashes, with their nodes' tasks read in one round trip (a
+        completed task past its retention counts as gone, as ``get_task`` says)."""
+        now = self._storage.clock.now()
+        specs = [json.loads(h["nodes"]) for h in heads]
+        reads: list[tuple[Any, ...]] = [
+            ("HMGET", self._storage.keys.queue(n[1]).task(n[2]), *_NODE_FIELDS)
+            for nodes in specs
+            for n in nodes
+        ]
+        replies = iter(await self._storage.commands(reads) if reads else [])
+        records = []
+        for h, nodes in zip(heads, specs, strict=True):
+            infos = []
+            for name, queue, task_id, type_, policy, after in nodes:
+                state, retried, error, expires = next(replies)
+                gone = state is None or (
+                    state == b"completed" and expires is not None and float(expires) <= now
+                )
+                infos.append(
+                    WorkflowNodeInfo(
+                        name,
+                        queue,
+                        task_id,
+                        type_,
+                        policy,
+                        tuple(after),
+                        None if gone else TaskState(bytes(state).decode()),
+                        0 if gone else int(retried or 0),
+                        None if gone or error is None else bytes(error).decode(),
+                    )
+                )
+            records.append(
+                WorkflowRecord(
+                    bytes(h["id"]).decode(),
+                    bytes(h["name"]).decode(),
+                    float(h["created_at"]),
+                    float(h["retention"]),
+                    tuple(infos),
+                )
+            )
+        return records
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """Flag an active task for its worker (W12)."""

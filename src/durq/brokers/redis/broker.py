@@ -51,6 +51,7 @@ from durq.brokers.params import (
     StepsParams,
     TwinReplace,
     UniqueRelease,
+    WorkflowParams,
     check_distinct,
     waiting_follow_up,
 )
@@ -304,9 +305,12 @@ class RedisBroker:
             for p, s in zip(params.members, states, strict=True)
         ]
 
-    async def enqueue_graph(self, items: Sequence[EnqueueParams]) -> list[TaskInfo]:
-        """Every task of a graph, waiting for its earlier items, in one script, or nothing.
-        On a Redis Cluster all of them must be in queues of one hash slot."""
+    async def enqueue_graph(
+        self, items: Sequence[EnqueueParams], workflow: WorkflowParams | None = None
+    ) -> list[TaskInfo]:
+        """Every task of a graph, waiting for its earlier items, and the workflow's record
+        (in its first node's queue) in one script, or nothing. On a Redis Cluster all of
+        them must be in queues of one hash slot."""
         if not items:
             return []
         edges = dependencies.graph_edges(items)
@@ -327,6 +331,10 @@ class RedisBroker:
             keys += [*more_keys, self._storage.keys.queue(p.queue).waiting]
             args += [*more_args, ",".join(map(str, e))]
             states.append(TaskState.WAITING if e else state)
+        if workflow is not None:
+            home = self._storage.keys.queue(workflow.queue)
+            keys += [home.workflow(workflow.id), home.workflows, home.workflows_due]
+            args += [workflow.id, workflow.name, repr(workflow.retention), workflow.nodes_json()]
         async with self._storage.op("enqueue_graph"):
             await self._storage.ensure()
             await self._storage.remember_queues(list(dict.fromkeys(p.queue for p in items)))
@@ -1032,7 +1040,32 @@ class RedisBroker:
                         "janitor", [k.completed], [now, k.task_prefix, limit - deleted]
                     )
                 )
+            await self._drop_workflows(now, limit)
         return deleted
+
+    async def _drop_workflows(self, now: Scalar, limit: int) -> None:
+        """Up to ``limit`` workflow records past their retention: each dropped if none of
+        its nodes' tasks is left, else looked at again a minute later (one script each)."""
+        left = limit
+        for q in await self._storage.all_queues():
+            if left <= 0:
+                break
+            k = self._storage.keys.queue(q)
+            due = self._storage.clock.now() if now == "" else now
+            ids: Any = await self._storage.command(
+                "ZRANGEBYSCORE", k.workflows_due, "-inf", repr(due), "LIMIT", 0, left
+            )
+            for raw in ids:
+                wf_id = bytes(raw).decode()
+                record = k.workflow(wf_id)
+                nodes = await self._storage.command("HGET", record, "nodes")
+                tasks = [
+                    self._storage.keys.queue(n[1]).task(n[2])
+                    for n in (json.loads(nodes) if nodes else [])
+                ]
+                keys = [record, k.workflows, k.workflows_due, *tasks]
+                await self._storage.eval("janitor_workflow", keys, [now, wf_id])
+                left -= 1
 
     # -- wake-ups -------------------------------------------------------------------------
 

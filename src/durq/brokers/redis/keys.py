@@ -32,6 +32,12 @@ Layout (``P`` is the prefix, default ``durq``; ``Q`` a queue name)::
                                          retention, the follow-up's enqueue keys and arguments
     P:{Q}:g:<group id>:e        hash     position -> the member's entry in the follow-up
     P:{Q}:g:<group id>:s        hash     position -> the member's final state, once finished
+    P:{Q}:w:<workflow id>       hash     a workflow whose first node is in Q: id, name, created_at,
+                                         retention, nodes (JSON: [name, queue, task id, type,
+                                         on_failure, [after...]] each)
+    P:{Q}:workflows             zset     "<created_at %020.6f>:<workflow id>" of its workflows, all
+                                         scores 0: newest first by ZREVRANGEBYLEX
+    P:{Q}:workflows:due         zset     workflow id by when the janitor looks at it next
     P:{Q}:t:<task id>:end       channel  the task ended (scripts: KEYS[1] .. ':end'; not a key)
     P:{Q}:limits                hash     limit key -> its counter (running, token bucket)
     P:{Q}:held                  zset     "<limit key>\0<rank>\0<member>": pending tasks held on
@@ -54,7 +60,7 @@ from datetime import date
 from functools import lru_cache
 
 from durq.errors import ConfigurationError, InvalidNameError
-from durq.names import check_group_id, check_queue, check_task_id
+from durq.names import check_group_id, check_queue, check_task_id, check_workflow_id
 
 #: The prefix is also used as a glob by cleanup tools, so glob characters are refused.
 _PREFIX = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -106,6 +112,8 @@ class QueueKeys:
         "task_prefix",
         "unique",
         "waiting",
+        "workflows",
+        "workflows_due",
     )
 
     def __init__(self, prefix: str, queue: str) -> None:
@@ -128,6 +136,8 @@ class QueueKeys:
         self.limits = f"{self.base}:limits"
         self.held = f"{self.base}:held"
         self.limit_waiting = f"{self.base}:limwait"
+        self.workflows = f"{self.base}:workflows"
+        self.workflows_due = f"{self.base}:workflows:due"
         #: Scripts that discover task ids in a zset build the task key from this (same slot).
         self.task_prefix = f"{self.base}:t:"
 
@@ -140,6 +150,10 @@ class QueueKeys:
         """The hash of one group; its entries and states are this key + ``:e`` / ``:s``
         (group ids hold no ``:``, so no two groups' keys can meet)."""
         return f"{self.base}:g:{check_group_id(group_id)}"
+
+    def workflow(self, workflow_id: str) -> str:
+        """The hash of one workflow's record (workflow ids hold no ``:``)."""
+        return f"{self.base}:w:{_safe(check_workflow_id(workflow_id), 'workflow id')}"
 
     def end(self, task_id: str) -> str:
         """The channel where scripts announce that the task ended (completed, archived or

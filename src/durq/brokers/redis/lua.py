@@ -39,6 +39,7 @@ SCRIPT_NAMES = (
     "expired",
     "janitor",
     "janitor_archived",
+    "janitor_workflow",
     "admin_move",
     "oldest_pending",
     "admin_cancel",

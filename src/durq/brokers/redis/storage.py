@@ -527,7 +527,9 @@ class RedisStorage:
 #: Scripts ``wait_replicas`` does not wait for: a claim, lease extension or promotion lost in
 #: a failover only makes a task claimable again, while failing it for want of a replica
 #: would strand the tasks it moved (active, until their lease expires).
-_UNCONFIRMED = frozenset({"claim", "extend", "expired", "promote", "janitor", "janitor_archived"})
+_UNCONFIRMED = frozenset(
+    {"claim", "extend", "expired", "promote", "janitor", "janitor_archived", "janitor_workflow"}
+)
 #: ``redis+cluster://host:port[,host:port...]/?prefix=...`` and its TLS form.
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 #: Query parameters of a cluster URL that are durq's, not redis-py's.

@@ -8,7 +8,16 @@ from typing import Any
 
 from durq.brokers import dependencies, limiter
 from durq.brokers.params import TaskMove, TaskRewrite
-from durq.brokers.sqlfiles import group_info, rewrite_params, schedule_record, schedule_row
+from durq.brokers.sqlfiles import (
+    group_info,
+    one_workflow,
+    rewrite_params,
+    schedule_record,
+    schedule_row,
+    workflow_page,
+    workflow_query_params,
+    workflow_records,
+)
 from durq.brokers.sqlite.storage import STATEMENTS, Conn, SQLiteStorage, snapshot
 from durq.brokers.sqlrows import row_to_info
 from durq.brokers.views import (
@@ -21,10 +30,17 @@ from durq.brokers.views import (
     TaskSearch,
     TaskSearchResult,
     WorkerInfo,
+    WorkflowPage,
+    WorkflowQuery,
+    WorkflowRecord,
     first_counted_minute,
 )
 from durq.clock import utc_day
-from durq.errors import GroupNotFoundError, QueueNotFoundError, TaskNotFoundError
+from durq.errors import (
+    GroupNotFoundError,
+    QueueNotFoundError,
+    TaskNotFoundError,
+)
 from durq.states import TaskState
 from durq.task import TaskInfo
 
@@ -247,6 +263,29 @@ class SQLiteAdmin:
             return group_info(g, members)
 
         return await self._storage.call("sqlite.get_group", lambda c: snapshot(c, run))
+
+    async def get_workflow(self, workflow_id: str) -> WorkflowRecord:
+        """A workflow's record and its nodes' tasks in one snapshot; WorkflowNotFoundError
+        if absent."""
+        records = await self._workflows("get_workflow", {"id": workflow_id})
+        return one_workflow(records, workflow_id)
+
+    async def list_workflows(self, query: WorkflowQuery) -> WorkflowPage:
+        """Workflow records newest first, in one snapshot."""
+        return workflow_page(
+            await self._workflows("list_workflows", workflow_query_params(query)), query
+        )
+
+    async def _workflows(self, query: str, params: dict[str, Any]) -> list[WorkflowRecord]:
+        now = self._storage.clock.now()
+
+        def run(conn: Conn) -> list[WorkflowRecord]:
+            heads = conn.execute(STATEMENTS[query], params).fetchall()
+            ids = json.dumps([h["id"] for h in heads])
+            nodes = conn.execute(STATEMENTS["workflow_nodes"], {"ids": ids, "now": now})
+            return workflow_records(heads, nodes.fetchall())
+
+        return await self._storage.call(f"sqlite.{query}", lambda c: snapshot(c, run))
 
     async def request_cancel(self, queue: str, task_id: str) -> TaskInfo | None:
         """Flag an active task for its worker (W12)."""

@@ -53,6 +53,7 @@ from durq.brokers.params import (
     StepsParams,
     TwinReplace,
     UniqueRelease,
+    WorkflowParams,
     ended_by,
 )
 from durq.brokers.sqlfiles import twin_params
@@ -246,11 +247,14 @@ class SQLiteBroker:
             "sqlite.enqueue_group", lambda c, now: self._storage.insert_group(c, params, now)
         )
 
-    async def enqueue_graph(self, items: Sequence[EnqueueParams]) -> list[TaskInfo]:
-        """Every task of a graph, waiting for its earlier items, in one transaction, or
-        nothing."""
+    async def enqueue_graph(
+        self, items: Sequence[EnqueueParams], workflow: WorkflowParams | None = None
+    ) -> list[TaskInfo]:
+        """Every task of a graph, waiting for its earlier items, and the workflow's record
+        in one transaction, or nothing."""
         return await self._create_all(
-            "sqlite.enqueue_graph", lambda c, now: self._storage.insert_graph(c, items, now)
+            "sqlite.enqueue_graph",
+            lambda c, now: self._storage.insert_graph(c, items, now, workflow),
         )
 
     async def _create_all(
@@ -821,6 +825,8 @@ class SQLiteBroker:
             deleted: int = conn.execute(
                 STATEMENTS["delete_expired"], {"now": now, "limit": limit}
             ).rowcount
+            # Then workflow records none of whose nodes' tasks is left.
+            conn.execute(STATEMENTS["delete_expired_workflows"], {"now": now, "limit": limit})
             return deleted
 
         return await self._storage.write("sqlite.delete_expired", run)

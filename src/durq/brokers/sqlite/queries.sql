@@ -676,3 +676,61 @@ WHERE queue = :queue AND id = :id AND state = 'waiting';
 -- delete_all of an unfinished state: the dependents of the tasks it deletes.
 SELECT dependents FROM durq_tasks
 WHERE queue = :queue AND state = :state AND dependents IS NOT NULL;
+
+-- ---------------------------------------------------------------- workflows
+
+-- name: insert_workflow
+-- In enqueue_graph's transaction, after its nodes: a record left by an older workflow of
+-- this id (all of its tasks gone, or the nodes would have been refused) is replaced.
+INSERT INTO durq_workflows (id, name, created_at, retention)
+VALUES (:id, :name, :now, :retention)
+ON CONFLICT (id) DO UPDATE
+SET name = excluded.name, created_at = excluded.created_at, retention = excluded.retention;
+
+-- name: forget_workflow_nodes
+DELETE FROM durq_workflow_nodes WHERE workflow_id = :id;
+
+-- name: insert_workflow_node
+INSERT INTO durq_workflow_nodes (workflow_id, position, name, queue, task_id, type,
+                                 on_failure, after)
+VALUES (:workflow_id, :position, :name, :queue, :task_id, :type, :on_failure, :after);
+
+-- name: get_workflow
+SELECT id, name, created_at, retention FROM durq_workflows WHERE id = :id;
+
+-- name: list_workflows
+-- Newest first; :at/:after_id is the cursor (the last record of the previous page).
+SELECT id, name, created_at, retention FROM durq_workflows
+WHERE (:created_after IS NULL OR created_at >= :created_after)
+  AND (:created_before IS NULL OR created_at < :created_before)
+  AND (:at IS NULL OR created_at < :at OR (created_at = :at AND id < :after_id))
+ORDER BY created_at DESC, id DESC
+LIMIT :limit;
+
+-- name: workflow_nodes
+-- The nodes of the workflows :ids (a JSON array), each with its task as it is now (none:
+-- gone, or completed past its retention).
+SELECT n.workflow_id, n.name, n.queue, n.task_id, n.type, n.on_failure, n.after,
+       t.state, t.retried, t.last_error
+FROM durq_workflow_nodes AS n
+LEFT JOIN durq_tasks AS t
+  ON t.queue = n.queue AND t.id = n.task_id
+  AND NOT (t.state = 'completed' AND t.expires_at <= :now)
+WHERE n.workflow_id IN (SELECT value FROM json_each(:ids))
+ORDER BY n.workflow_id, n.position;
+
+-- name: delete_expired_workflows
+-- Janitor: a bounded batch of records past their retention none of whose nodes' tasks is
+-- left (their nodes go by the foreign key).
+DELETE FROM durq_workflows
+WHERE id IN (
+    SELECT w.id FROM durq_workflows AS w
+    WHERE w.created_at + w.retention <= :now
+      AND NOT EXISTS (
+          SELECT 1 FROM durq_workflow_nodes AS n
+          JOIN durq_tasks AS t ON t.queue = n.queue AND t.id = n.task_id
+          WHERE n.workflow_id = w.id
+      )
+    ORDER BY w.created_at
+    LIMIT :limit
+);

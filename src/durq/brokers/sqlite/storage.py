@@ -36,6 +36,7 @@ from durq.brokers.base import (
     minute_of,
     waiting_follow_up,
 )
+from durq.brokers.params import WorkflowParams
 from durq.brokers.sqlite import files, wakeup
 from durq.brokers.sqlite.checkpoint import Checkpointer
 from durq.brokers.sqlite.errors import map_error
@@ -625,11 +626,16 @@ class SQLiteStorage:
     # ------------------------------------------------------------------ groups
 
     def insert_graph(
-        self, conn: Exec, items: Sequence[EnqueueParams], now: float
+        self,
+        conn: Exec,
+        items: Sequence[EnqueueParams],
+        now: float,
+        workflow: WorkflowParams | None = None,
     ) -> list[TaskInfo]:
-        """Create every task of a graph, each waiting for its earlier items; the first
-        refusal raises (the caller's transaction rolls everything back). Each dependency's
-        list of dependents is written once, not appended to once per dependent."""
+        """Create every task of a graph, each waiting for its earlier items, and the
+        workflow's record; the first refusal raises (the caller's transaction rolls
+        everything back). Each dependency's list of dependents is written once, not
+        appended to once per dependent."""
         edges = dependencies.graph_edges(items)
         check_distinct(items, now)
         infos = [
@@ -648,6 +654,14 @@ class SQLiteStorage:
             ],
         )
         self.record_queues(conn, {p.queue for p in items}, now)
+        if workflow is not None:
+            row = {"id": workflow.id, "name": workflow.name, "retention": workflow.retention}
+            # To the microsecond, as a listing's cursor spells it.
+            conn.execute(STATEMENTS["insert_workflow"], {**row, "now": round(now, 6)})
+            conn.execute(STATEMENTS["forget_workflow_nodes"], {"id": workflow.id})
+            conn.executemany(
+                STATEMENTS["insert_workflow_node"], sqlfiles.workflow_node_rows(workflow)
+            )
         return infos
 
     def insert_group(self, conn: Exec, p: GroupParams, now: float) -> list[TaskInfo]:

@@ -7,9 +7,14 @@
 -- ARGV[1] now ("" = TIME)  ARGV[2] number of tasks
 -- Per task i: ARGV[3+18i .. 19+18i] as ARGV of enqueue.lua, ARGV[20+18i] the 0-based
 -- indexes of the earlier tasks it waits for, comma-separated ("" = none).
+-- The workflow's record (absent: none), after the n tasks' keys and arguments:
+-- KEYS[7n+1] its hash (P:{Q}:w:<id>), KEYS[7n+2] its queue's index of workflows,
+-- KEYS[7n+3] that queue's zset of when the janitor looks at each;
+-- ARGV[3+18n] its id, ARGV[4+18n] name, ARGV[5+18n] retention (s), ARGV[6+18n] nodes (JSON).
 -- Returns {"ok", <the clock it read>} | {"conflict", <task index>, <HGETALL of the existing
 -- task>} | {"duplicate", <task index>, <task id>}.
--- Complexity: O(n log m + e) for n tasks and e dependencies.
+-- Complexity: O(n log m + e) for n tasks and e dependencies, plus O(log w) for the record
+-- among w workflows of its queue.
 local n = tonumber(ARGV[2])
 local now_s = clock(ARGV[1])
 local now = tonumber(now_s)
@@ -57,5 +62,24 @@ for i = 0, n - 1 do
 end
 for _, dep in ipairs(order) do
   redis.call('HSET', dep, 'D', cjson.encode(listed[dep]))
+end
+
+local wo = 3 + 18 * n
+if ARGV[wo] then
+  local record, index, due = KEYS[7 * n + 1], KEYS[7 * n + 2], KEYS[7 * n + 3]
+  local id = ARGV[wo]
+  -- A record left by an older workflow of this id (its tasks all gone, or they would have
+  -- been refused above) is replaced.
+  local old = redis.call('HGET', record, 'created_at')
+  if old then
+    redis.call('ZREM', index, string.format('%020.6f', tonumber(old)) .. ':' .. id)
+    redis.call('DEL', record)
+  end
+  -- To the microsecond, as the index and a listing's cursor spell it.
+  local created = string.format('%.6f', now)
+  redis.call('HSET', record, 'id', id, 'name', ARGV[wo + 1], 'created_at', created,
+             'retention', ARGV[wo + 2], 'nodes', ARGV[wo + 3])
+  redis.call('ZADD', index, 0, string.format('%020.6f', now) .. ':' .. id)
+  redis.call('ZADD', due, now + tonumber(ARGV[wo + 2]), id)
 end
 return {'ok', now_s}
