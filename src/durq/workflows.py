@@ -43,11 +43,12 @@ from durq.errors import (
     TaskArchivedError,
     TaskNotFoundError,
     ValidationError,
+    WorkflowNotFoundError,
 )
 from durq.names import WORKFLOW_ID_MAX, check_node_name, check_queue, check_workflow_id
 from durq.options import new_task_id
 from durq.results import wait_for_end
-from durq.states import TaskState
+from durq.states import FINISHED, TaskState
 from durq.task import TaskInfo
 
 if TYPE_CHECKING:
@@ -660,15 +661,37 @@ async def cancel(admin: Admin, nodes: Iterable[tuple[str, str]]) -> int:
     order they were created), the last created first (so a waiting node is cancelled before
     the nodes it waits for could release it): a pending, scheduled, retry or waiting one is
     archived "cancelled" at once, a running one is flagged and its worker cancels its
-    handler. Returns how many were cancelled."""
+    handler. The workflows a node started with ``ctx.run_workflow`` are cancelled with it.
+    Returns how many were cancelled."""
     done = 0
     for queue, task_id in reversed(list(nodes)):
+        node = await _read(admin, queue, task_id)
+        if node is None or node.state in FINISHED:
+            continue  # gone, or finished: nothing to cancel
         try:
             await lifecycle.cancel_task(admin, queue, task_id)
         except (TaskNotFoundError, InvalidStateError):
-            continue  # finished, or gone: nothing to cancel
+            continue  # it finished meanwhile
         done += 1
+        for child in children_of(node):
+            try:
+                record = await admin.get_workflow(child)
+            except WorkflowNotFoundError:
+                continue
+            done += await cancel(admin, [(n.queue, n.task_id) for n in record.nodes])
     return done
+
+
+def children_of(task: TaskInfo) -> list[str]:
+    """The ids of the workflows ``task`` started with ``ctx.run_workflow`` (recorded in its
+    steps)."""
+    return [
+        step.result["workflow"]
+        for step in task.steps
+        if isinstance(step.result, dict)
+        and isinstance(step.result.get("workflow"), str)
+        and "signal" in step.result
+    ]
 
 
 def _name_of(node: Node | str) -> str:

@@ -4,12 +4,13 @@ its results; the nodes after that task wait for all of it."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
 import durq
-from conformance.apps import FAST
+from conformance.apps import FAST, wait_for_state
 from conformance.conftest import requires
 from durq.brokers.base import CAP_DEPENDENCIES
 from durq.child_workflows import DONE_TYPE, as_child, child_id
@@ -156,3 +157,34 @@ async def test_a_node_with_always_runs_whatever_the_nodes_before_it_did(app: dur
     failed = seen["after-bad"]
     assert isinstance(failed, durq.NodeFailed) and failed.state is TaskState.ARCHIVED
     assert (failed.error or "").startswith("not run: node 'bad' failed")
+
+
+async def test_cancelling_a_workflow_reaches_the_workflows_its_nodes_started(
+    app: durq.App,
+) -> None:
+    @app.task("rows:slow")
+    async def slow(payload: dict[str, Any]) -> None:
+        await asyncio.sleep(60)
+
+    @app.task("rows:starter")
+    async def starter(payload: dict[str, Any], ctx: durq.TaskContext) -> None:
+        wf = durq.Workflow("slow-rows")
+        first = wf.add("rows:slow", {}, name="first")
+        wf.add("rows:slow", {}, name="second", after=[first])
+        await ctx.run_workflow(wf, timeout=LIMIT)
+
+    outer = durq.Workflow("outer")
+    start = outer.add("rows:starter", {}, name="start")
+    outer.add("rows:slow", {}, name="after", after=[start])
+    info = await app.enqueue_workflow(outer)
+    queue = info.nodes["start"].queue
+    wid = child_id(queue, info.nodes["start"].id, "workflow:slow-rows")
+    async with app.worker(concurrency=4, **FAST):
+        await wait_for_state(app, queue, f"wf:{wid}:first", TaskState.ACTIVE, timeout=LIMIT)
+        await wait_for_state(app, queue, info.nodes["start"].id, TaskState.WAITING, timeout=LIMIT)
+        # The waiting node, the node after it, and its child's running and waiting nodes.
+        assert await app.cancel_workflow(info) == 5
+        for node in ("first", "second", "durq-done"):
+            await wait_for_state(app, queue, f"wf:{wid}:{node}", TaskState.ARCHIVED, timeout=LIMIT)
+    with pytest.raises(durq.WorkflowFailedError, match="cancelled"):
+        await app.wait(info, timeout=LIMIT)
