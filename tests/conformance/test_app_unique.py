@@ -345,3 +345,24 @@ async def test_E4_a_key_taken_by_a_later_twin_is_no_longer_the_first_ones(
     changed = await broker.replace_twin(TwinReplace(Q, "b", "k", b'{"n":4}'))
     assert changed is not None and changed.payload == {"n": 4}
     assert await broker.free_unique(UniqueRelease(Q, "b", "k", everywhere))
+
+
+async def test_E4_a_queue_counts_the_unique_keys_its_tasks_hold(
+    clocked: durq.App, clock: FakeClock
+) -> None:
+    """The inspector's queue figures (and ``durq_queue_unique_keys``) count the keys held
+    now: not a task without one, not a key whose ttl passed, not one let go at the end."""
+    await clocked.enqueue("crm:sync", {"account_id": 1}, unique=SYNC)
+    await clocked.enqueue("crm:sync", {"account_id": 2}, unique=durq.Unique(["account_id"], ttl=60))
+    await clocked.enqueue("crm:sync", {"account_id": 3})
+    await clocked.enqueue("crm:sync", {"account_id": 4}, unique=SYNC, queue="other")
+    stats = await clocked.inspector.queue_stats("default")
+    assert stats.unique_keys == 2 and stats.to_dict()["unique_keys"] == 2
+    clock.advance(61)  # the second key's ttl passed: it holds no more
+    assert (await clocked.inspector.queue_stats("default")).unique_keys == 1
+    broker = await clocked.broker()
+    (lease,) = await broker.claim(ClaimParams(["other"], 1, "w1", LEASE))
+    await broker.complete(CompleteParams(lease.ref, None, 60))
+    assert (await clocked.inspector.queue_stats("other")).unique_keys == 0
+    listed = {q.name: q.unique_keys for q in await clocked.inspector.list_queues()}
+    assert listed == {"default": 1, "other": 0}

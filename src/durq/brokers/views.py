@@ -313,6 +313,8 @@ class QueueStats:
     failed_today: int
     processed_total: int
     failed_total: int
+    #: Unique keys (durq.Unique, ``unique=``) its unfinished tasks hold now.
+    unique_keys: int = 0
 
     @property
     def size(self) -> int:
@@ -329,6 +331,7 @@ class QueueStats:
             "failed_today": self.failed_today,
             "processed_total": self.processed_total,
             "failed_total": self.failed_total,
+            "unique_keys": self.unique_keys,
         }
 
 

@@ -63,6 +63,7 @@ class Queue(_Model):
     failed_today: int
     processed_total: int
     failed_total: int
+    unique_keys: int = Field(0, description="unique keys its unfinished tasks hold now")
 
 
 class QueueList(_Model):

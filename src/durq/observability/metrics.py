@@ -226,6 +226,11 @@ class QueueCollector(Collector):
         paused = GaugeMetricFamily(
             "durq_queue_paused", "1 when the queue is paused.", labels=["queue"]
         )
+        unique = GaugeMetricFamily(
+            "durq_queue_unique_keys",
+            "Unique keys (durq.Unique) the queue's unfinished tasks hold now.",
+            labels=["queue"],
+        )
         up = GaugeMetricFamily("durq_broker_up", "1 when the last read of the queues succeeded.")
         labels = ["queue", "key"]
         running = GaugeMetricFamily(
@@ -255,6 +260,7 @@ class QueueCollector(Collector):
                 size.add_metric([q.name, state.value], q.sizes.get(state, 0))
             age.add_metric([q.name], q.oldest_pending_age)
             paused.add_metric([q.name], 1 if q.paused else 0)
+            unique.add_metric([q.name], q.unique_keys)
         up.add_metric([], self._up)
         workflows = GaugeMetricFamily(
             "durq_workflows",
@@ -275,6 +281,7 @@ class QueueCollector(Collector):
         yield size
         yield age
         yield paused
+        yield unique
         yield running
         yield concurrency
         yield tokens

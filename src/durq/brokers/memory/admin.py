@@ -83,6 +83,11 @@ class MemoryAdmin:
             failed_today=today[1],
             processed_total=totals[0],
             failed_total=totals[1],
+            unique_keys=sum(
+                1
+                for row in store.unique.values()
+                if row.queue == name and (row.unique_until is None or row.unique_until > now)
+            ),
         )
 
     async def list_queues(self) -> list[QueueStats]:

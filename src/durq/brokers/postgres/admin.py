@@ -66,6 +66,7 @@ class PostgresAdmin:
             failed_today=int(row["failed_today"]),
             processed_total=int(row["processed_total"]),
             failed_total=int(row["failed_total"]),
+            unique_keys=int(row["unique_keys"]),
         )
 
     async def _stats_rows(self, method: str, queue: str | None) -> list[QueueStats]:

@@ -999,6 +999,14 @@ oldest AS (
     WHERE state = 'pending' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
     GROUP BY queue
 ),
+uniques AS (
+    -- Unique keys held now (tasks_unique_key: only rows with a key).
+    SELECT queue, count(*) AS n
+    FROM {schema}.tasks
+    WHERE unique_key IS NOT NULL AND (unique_until IS NULL OR unique_until > {now})
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+    GROUP BY queue
+),
 counters AS (
     SELECT queue,
            coalesce(sum(processed) FILTER (WHERE day = %(day)s), 0) AS processed_today,
@@ -1013,9 +1021,11 @@ SELECT q.name, q.paused, s.sizes, o.ready,
        coalesce(c.processed_today, 0) AS processed_today,
        coalesce(c.failed_today, 0) AS failed_today,
        coalesce(c.processed_total, 0) AS processed_total,
-       coalesce(c.failed_total, 0) AS failed_total
+       coalesce(c.failed_total, 0) AS failed_total,
+       coalesce(u.n, 0) AS unique_keys
 FROM {schema}.queues AS q
 LEFT JOIN sizes AS s ON s.queue = q.name
+LEFT JOIN uniques AS u ON u.queue = q.name
 LEFT JOIN oldest AS o ON o.queue = q.name
 LEFT JOIN counters AS c ON c.queue = q.name
 WHERE %(queue)s::text IS NULL OR q.name = %(queue)s

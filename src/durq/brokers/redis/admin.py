@@ -107,6 +107,7 @@ class RedisAdmin:
             ]
         )
         oldest = await self._storage.eval("oldest_pending", [k.pending], [PRIORITY_BANDS])
+        unique_keys = await self._storage.eval("unique_count", [k.unique], [repr(now)])
         total, today = r[7], r[8]
         return QueueStats(
             name=queue,
@@ -125,6 +126,7 @@ class RedisAdmin:
             failed_today=int(today[1] or 0),
             processed_total=int(total[0] or 0),
             failed_total=int(total[1] or 0),
+            unique_keys=int(unique_keys),
         )
 
     # -- Admin ----------------------------------------------------------------------------

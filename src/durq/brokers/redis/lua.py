@@ -42,6 +42,7 @@ SCRIPT_NAMES = (
     "janitor_workflow",
     "admin_move",
     "oldest_pending",
+    "unique_count",
     "admin_cancel",
     "admin_rewrite",
     "admin_run_all",

@@ -72,6 +72,9 @@ class SQLiteAdmin:
         counters = conn.execute(
             STATEMENTS["queue_counters"], {"queue": name, "day": utc_day(now).isoformat()}
         ).fetchone()
+        unique_keys = conn.execute(
+            STATEMENTS["queue_unique_keys"], {"queue": name, "now": now}
+        ).fetchone()[0]
         return QueueStats(
             name=name,
             paused=paused,
@@ -81,6 +84,7 @@ class SQLiteAdmin:
             failed_today=counters[1],
             processed_total=counters[2],
             failed_total=counters[3],
+            unique_keys=unique_keys,
         )
 
     async def list_limits(self, queue: str | None = None) -> list[LimitStats]:

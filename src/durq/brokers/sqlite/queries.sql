@@ -423,6 +423,12 @@ SELECT coalesce(sum(CASE WHEN day = :day THEN processed END), 0),
        coalesce(sum(failed), 0)
 FROM durq_stats WHERE queue = :queue;
 
+-- name: queue_unique_keys
+-- Unique keys (E4) the queue's tasks hold now (durq_tasks_unique: only rows with a key).
+SELECT count(*) FROM durq_tasks
+WHERE unique_key IS NOT NULL AND queue = :queue
+  AND (unique_until IS NULL OR unique_until > :now);
+
 -- name: list_tasks
 SELECT * FROM durq_tasks
 WHERE queue = :queue AND state = :state AND NOT (state = 'completed' AND expires_at <= :now)
