@@ -168,15 +168,22 @@ async def workflow_storm(
     size = 30
     await migrate(url)
     planned = await enqueue_workflows(url, workflows, size, ms=ms, seed=39)
+    # A node is archived as a poison pill once three of its workers died holding it: about
+    # 2 % of the nodes are run again, so among 6,000 one is hit three times in a few storms
+    # in a hundred (on a loaded machine, where the storm lasts longer). What is checked here
+    # is the release, not that guard: it is set out of reach.
     cluster = clusters(
-        url, 3, "--lease", "4", "--concurrency", str(concurrency), "--rescue", "1", *worker_args
-    )
+        url, 3, "--lease", "4", "--concurrency", str(concurrency), "--rescue", "1",
+        "--max-lost", "25", *worker_args,
+    )  # fmt: skip
     cluster.start_all()
     await cluster.wait_ready()
     app = durq.App(url)
     try:
         began = time.monotonic()
-        waits = asyncio.gather(*(app.wait(p.info, timeout=timeout) for p in planned))
+        waits = asyncio.gather(
+            *(app.wait(p.info, timeout=timeout) for p in planned), return_exceptions=True
+        )
         await kill_until(
             cluster,
             waits,
@@ -202,15 +209,22 @@ async def workflow_storm(
     for p, result in zip(planned, results, strict=True):
         finals = p.info.finals
         want = {name: p.values[int(name[1:])] for name in finals}
-        got = {name: r.get("v") if isinstance(r, dict) else r for name, r in result.items()}
-        if got != want:
-            problems.append(f"{p.info.id}: wait returned {got}, the graph computes {want}")
+        if isinstance(result, BaseException):
+            problems.append(f"{p.info.id}: wait raised {result!r}")
+        else:
+            got = {name: r.get("v") if isinstance(r, dict) else r for name, r in result.items()}
+            if got != want:
+                problems.append(f"{p.info.id}: wait returned {got}, the graph computes {want}")
         for i, deps in enumerate(p.after):
             task_id = p.node_id(i)
             info = stored[task_id]
             runs = by_task.get(task_id, [])
             if info.state is not durq.TaskState.COMPLETED or not runs:
-                problems.append(f"{task_id}: {info.state.value}, {len(runs)} runs")
+                how = [(r.pid, r.end is not None, cluster.deaths.get(r.pid)) for r in runs]
+                problems.append(
+                    f"{task_id}: {info.state.value} ({info.last_error}, lost {info.lost}), "
+                    f"runs (pid, returned, death): {how}"
+                )
                 continue
             final = codec.decode(info.raw_result) if info.raw_result else None
             reruns += len(runs) - 1
