@@ -2,7 +2,8 @@
 
 ``chord(group(member.s(w, i) for i in range(MEMBERS)), merge.s(w))`` with a Redis broker
 and the Redis result backend (a chord needs one), ``celery worker --pool prefork -c 2``.
-Each task writes its own start and end (``_common.note``), as durq's do in ``workflows.py``. The parent process:
+Each task writes its own start and end (``_common.note``), as durq's do in ``workflows.py``.
+The parent process:
 
 1. empties the Redis database, sends ``--workflows`` chords, then starts the worker and
    waits until every callback has run (throughput, from the first member's start);
@@ -10,8 +11,10 @@ Each task writes its own start and end (``_common.note``), as durq's do in ``wor
    the previous one's callback ran (the time from the last member's end to the callback's
    start, without a backlog in front of the callback);
 
-and prints one JSON line (Celery's version, the enqueue rate). ``BENCH_SIGNAL_DIR=DIR
-BENCH_REDIS_URL=URL python bench_celery_chord.py [--workflows 100] [--members 100] [--latency-workflows 50]``.
+and prints one JSON line (Celery's version, the enqueue rate)::
+
+    BENCH_SIGNAL_DIR=DIR BENCH_REDIS_URL=URL python bench_celery_chord.py
+        [--workflows 100] [--members 100] [--latency-workflows 50]
 """
 
 from __future__ import annotations
