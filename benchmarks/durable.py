@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from peers._common import _stop, _wait, ended, lines, record
+from peers._common import _stop, _wait, durq_worker, ended, lines, record, text_table
 
 import durq
 from durq.bench.isolation import Isolated
@@ -157,14 +157,9 @@ async def durq_run(base: str, kind: str, n: int, concurrency: int) -> dict[str, 
             )
         last_id = outcomes[-1].info.id
         await producer.inspector.queue_stats(QUEUE)  # warm: the tail poll below is one query
-        env = {**os.environ, "DURQ_BROKER_URL": isolated.url, "BENCH_SIGNAL_DIR": signals}
-        command = [str(Path(sys.executable).parent / "durq"), "worker", "durable:app"]
-        command += ["--concurrency", str(concurrency)]
         with open(os.path.join(signals, "worker.log"), "wb") as log:
-            proc = subprocess.Popen(
-                command, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
+            concurrency_arg = ["--concurrency", str(concurrency)]
+            proc = durq_worker("durable:app", isolated.url, signals, log, *concurrency_arg)
             try:
                 await _wait(lambda: ended(signals, kind) >= n, 600, f"{n} {kind}", proc)
 
@@ -291,11 +286,7 @@ def table(result: dict[str, Any]) -> str:
          str(r["cpu_us_per_task"]))
         for r in result["rows"]
     ]  # fmt: skip
-    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
-    out = [
-        " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in [head, *body]
-    ]
-    out.insert(1, "-+-".join("-" * w for w in widths))
+    out = text_table(head, body)
     out.append("")
     out.append(f"durq: {result['durq_worker']}; DBOS: {result['dbos']}")
     out.append(f"load average at the end: {result['load_average']}")

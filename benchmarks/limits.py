@@ -42,14 +42,12 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from peers._common import _children_cpu, _stop, _wait, ended, lines, record
+from peers._common import _children_cpu, _stop, _wait, durq_worker, ended, lines, record
 
 import durq
 from durq.bench.isolation import Isolated
@@ -126,15 +124,10 @@ async def scenario(
         finally:
             await producer.close()
         expected = dict(items)[f"bench:{watched}"]
-        env = {**os.environ, "DURQ_BROKER_URL": isolated.url, "BENCH_SIGNAL_DIR": signals}
-        command = [str(Path(sys.executable).parent / "durq"), "worker", "limits:app"]
-        command += worker_args(concurrency)
         cpu_before = _children_cpu()
         with open(os.path.join(signals, "worker.log"), "wb") as log:
-            proc = subprocess.Popen(
-                command, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
+            args = worker_args(concurrency)
+            proc = durq_worker("limits:app", isolated.url, signals, log, *args)
             try:
                 await _wait(lambda: ended(signals, watched) >= expected, 600, watched, proc)
             finally:

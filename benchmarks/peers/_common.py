@@ -366,6 +366,36 @@ def record(kind: str, start: float) -> None:
     _file(kind).write(f"{start:17.6f} {time.time():17.6f} {cpu:12.6f}\n".encode())
 
 
+def note(kind: str, start: float, workflow: int) -> None:
+    """A line of LINE bytes for a task of workflow number ``workflow`` (benchmarks/workflows.py):
+    its start, its end, and that number where :func:`record` puts the CPU seconds."""
+    _file(kind).write(f"{start:17.6f} {time.time():17.6f} {workflow:12d}\n".encode())
+
+
+def durq_worker(
+    app_path: str, url: str, signals: str, log: Any, *args: str
+) -> subprocess.Popen[bytes]:
+    """``durq worker APP ARGS`` of this interpreter's environment (the shipped command),
+    started in ``benchmarks/`` on broker ``url``, its handlers writing to ``signals``, its
+    output to the open file ``log``, in a session of its own (see :func:`_stop`)."""
+    env = {**os.environ, "DURQ_BROKER_URL": url, "BENCH_SIGNAL_DIR": signals}
+    command = [str(Path(sys.executable).parent / "durq"), "worker", app_path, *args]
+    return subprocess.Popen(
+        command, cwd=HERE.parent, env=env, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def text_table(head: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:
+    """``head`` and ``body`` as aligned text columns, a rule under the head."""
+    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
+    out = [
+        " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in [head, *body]
+    ]
+    out.insert(1, "-+-".join("-" * w for w in widths))
+    return out
+
+
 def ended(signals: str, kind: str) -> int:
     """How many ``kind`` handlers have ended (cheap enough to poll every few ms)."""
     paths = glob.glob(os.path.join(signals, f"{kind}-*.txt"))

@@ -531,7 +531,7 @@ async def gate(admin: Admin, task: TaskInfo, encryption: Encryption | None) -> G
     after: dict[str, list[str]] = header.get("after") or {}
     always = header.get("always") is True
     names = list(after)
-    infos = await asyncio.gather(*(_read(admin, q, i) for q, i in after.values()))
+    infos = await _read_all(admin, [(q, i) for q, i in after.values()])
     results: dict[str, Any] = {}
     worst: tuple[int, str] | None = None
     for name, info in zip(names, infos, strict=True):
@@ -572,6 +572,21 @@ def _stop_for(name: str, info: TaskInfo | None) -> tuple[str, str] | None:
         return None
     verb = "not run" if policy == "cancel" else "skipped"
     return policy, f"{verb}: node {name!r} failed: {info.last_error or 'no error recorded'}"
+
+
+async def _read_all(admin: Admin, keys: Sequence[tuple[str, str]]) -> list[TaskInfo | None]:
+    """The tasks of ``keys`` (queue, id), in order: one read per queue (a node waiting for a
+    thousand nodes reads them in one round trip, not a thousand)."""
+    by_queue: dict[str, list[str]] = {}
+    for queue, task_id in keys:
+        by_queue.setdefault(queue, []).append(task_id)
+    reads = await asyncio.gather(*(admin.get_tasks(q, ids) for q, ids in by_queue.items()))
+    found = {
+        (queue, task_id): info
+        for (queue, ids), infos in zip(by_queue.items(), reads, strict=True)
+        for task_id, info in zip(ids, infos, strict=True)
+    }
+    return [found[key] for key in keys]
 
 
 async def _read(admin: Admin, queue: str, task_id: str) -> TaskInfo | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -147,6 +148,31 @@ async def rowsum(payload: dict[str, Any], ctx: durq.TaskContext) -> int:
     ledger("start", ctx)
     ledger("end", ctx)
     return sum(int(v) for v in ctx.dependencies.values())
+
+
+_node_fd = os.open(
+    Path(args.ledger) / f"nodes-{os.getpid()}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+)
+
+
+@app.task("chaos:node", queue=QUEUE, max_retry=25)
+async def node(payload: dict[str, Any], ctx: durq.TaskContext) -> dict[str, Any]:
+    """A workflow node: notes what it saw of its dependencies when it started (``start``,
+    with the run's token) and its result when it returned (``end``), one JSON line each in
+    ``nodes-<pid>.log``. Its value is its index plus its dependencies' values, modulo
+    ``mod``; its token is new on every run, so that a dependent's line shows which run's
+    result it was handed."""
+    seen = {name: [r["t"], r["v"]] for name, r in ctx.dependencies.items()}
+    token = f"{os.getpid()}.{ctx.retried}.{time.monotonic_ns()}"
+    line = {"k": "start", "id": ctx.id, "t": token, "at": time.time(), "deps": seen}
+    os.write(_node_fd, (json.dumps(line) + "\n").encode())
+    await asyncio.sleep(float(payload.get("ms", 10)) / 1000)
+    value = (int(payload["i"]) + sum(v for _, v in seen.values())) % int(payload["mod"])
+    os.write(
+        _node_fd,
+        (json.dumps({"k": "end", "id": ctx.id, "t": token, "at": time.time()}) + "\n").encode(),
+    )
+    return {"t": token, "v": value}
 
 
 @app.task("chaos:poison", queue=QUEUE, max_retry=25)

@@ -430,6 +430,10 @@ class Admin(Protocol):
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task; TaskNotFoundError if absent (or completed past its retention)."""
 
+    async def get_tasks(self, queue: str, task_ids: Sequence[str]) -> list[TaskInfo | None]:
+        """The tasks of ``task_ids`` in one queue, in that order, read in one round trip (a
+        workflow node's dependencies); ``None`` for one :meth:`get_task` would not find."""
+
     async def move_task(self, move: TaskMove) -> TaskInfo | None:
         """Move one task as :class:`TaskMove` says, with its follow-ups, if it is still in
         ``move.expect``; the task after the move (before it, when deleted), or ``None`` when

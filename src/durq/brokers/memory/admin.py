@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from durq.brokers.memory.storage import ACTIVE, ARCHIVED, CLAIMABLE, PENDING, Row, Store
@@ -160,6 +161,13 @@ class MemoryAdmin:
         """One task; TaskNotFoundError if absent (or completed past its retention)."""
         with self._store.lock:
             return self._existing(queue, task_id, self._clock.now()).info()
+
+    async def get_tasks(self, queue: str, task_ids: Sequence[str]) -> list[TaskInfo | None]:
+        """Several tasks of one queue; ``None`` for one absent."""
+        with self._store.lock:
+            now = self._clock.now()
+            rows = [self._store.get(queue, task_id, now) for task_id in task_ids]
+            return [None if row is None else row.info() for row in rows]
 
     def _existing(self, queue: str, task_id: str, now: float) -> Row:
         row = self._store.get(queue, task_id, now)

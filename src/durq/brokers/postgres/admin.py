@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from durq.brokers import dependencies
@@ -149,6 +150,18 @@ class PostgresAdmin:
         if row is None:
             raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
         return row_to_info(row)
+
+    async def get_tasks(self, queue: str, task_ids: Sequence[str]) -> list[TaskInfo | None]:
+        """Several tasks of one queue in one query; ``None`` for one absent."""
+        if not task_ids:
+            return []
+        rows = await self._storage.fetch(
+            "get_tasks",
+            "get_tasks",
+            {"queue": queue, "ids": list(task_ids), "now": self._storage.now()},
+        )
+        found = {row["id"]: row_to_info(row) for row in rows}
+        return [found.get(task_id) for task_id in task_ids]
 
     async def move_task(self, move: TaskMove) -> TaskInfo | None:
         """Run, archive or delete one task if it is still in ``move.expect``, with the

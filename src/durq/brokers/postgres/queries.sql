@@ -1103,6 +1103,13 @@ FROM {schema}.tasks
 WHERE queue = %(queue)s AND id = %(id)s
   AND NOT (state = 'completed' AND expires_at <= {now});
 
+-- name: get_tasks
+-- Several tasks of one queue by id, as get_task reads each.
+SELECT *
+FROM {schema}.tasks
+WHERE queue = %(queue)s AND id = ANY(%(ids)s)
+  AND NOT (state = 'completed' AND expires_at <= {now});
+
 -- name: run_task
 -- The inspector's moves are fenced by the state the move was decided on (expect).
 -- An archived task released its dependents when it was archived: it starts with none.

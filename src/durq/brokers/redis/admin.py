@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from datetime import timedelta
 from typing import Any
@@ -249,16 +249,36 @@ class RedisAdmin:
         async with self._storage.op("get_task"):
             await self._storage.ensure()
             row: Any = await self._storage.command("HGETALL", k.task(task_id))
-        if not row:
+        info = self._retained(queue, row)
+        if info is None:
             raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
-        info = task_info(queue, row)
-        expires = pairs(row).get("expires_at")
+        return info
+
+    async def get_tasks(self, queue: str, task_ids: Sequence[str]) -> list[TaskInfo | None]:
+        """Several tasks of one queue in one round trip (one hash slot); ``None`` for one
+        absent."""
+        if not task_ids:
+            return []
+        k = self._storage.keys.queue(queue)
+        async with self._storage.op("get_tasks"):
+            await self._storage.ensure()
+            rows = await self._storage.commands([("HGETALL", k.task(t)) for t in task_ids])
+        return [self._retained(queue, row) for row in rows]
+
+    def _retained(self, queue: str, row: Any) -> TaskInfo | None:
+        """The task of a stored hash; ``None`` when there is none, or it is a completed
+        task past its retention."""
+        if not row:
+            return None
+        fields = pairs(row)  # decoded once: task_info takes the dict as it is
+        info = task_info(queue, fields)
+        expires = fields.get("expires_at")
         if (
             info.state is TaskState.COMPLETED
             and expires
             and float(expires) <= self._storage.clock.now()
         ):
-            raise TaskNotFoundError(f"no task {task_id!r} in queue {queue!r}")
+            return None
         return info
 
     async def move_task(self, move: TaskMove) -> TaskInfo | None:

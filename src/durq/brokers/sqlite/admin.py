@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Sequence
 from typing import Any
 
 from durq.brokers import dependencies, limiter
@@ -210,6 +211,23 @@ class SQLiteAdmin:
             return row_to_info(self._existing(conn, queue, task_id, now))
 
         return await self._storage.call("sqlite.get_task", run)
+
+    async def get_tasks(self, queue: str, task_ids: Sequence[str]) -> list[TaskInfo | None]:
+        """Several tasks of one queue in one query; ``None`` for one absent."""
+        if not task_ids:
+            return []
+        params = {
+            "queue": queue,
+            "ids": json.dumps(list(task_ids)),
+            "now": self._storage.clock.now(),
+        }
+
+        def run(conn: Conn) -> list[TaskInfo | None]:
+            rows = conn.execute(STATEMENTS["get_tasks"], params).fetchall()
+            found = {row["id"]: row_to_info(row) for row in rows}
+            return [found.get(task_id) for task_id in task_ids]
+
+        return await self._storage.call("sqlite.get_tasks", run)
 
     def _existing(self, conn: Conn, queue: str, task_id: str, now: float) -> sqlite3.Row:
         row = self._storage.get_row(conn, queue, task_id, now)

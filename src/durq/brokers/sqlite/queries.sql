@@ -400,6 +400,12 @@ SELECT * FROM durq_tasks
 WHERE queue = :queue AND id = :id
   AND NOT (state = 'completed' AND expires_at <= :now);
 
+-- name: get_tasks
+-- Several tasks of one queue by id (:ids a JSON array), as get_task reads each.
+SELECT * FROM durq_tasks
+WHERE queue = :queue AND id IN (SELECT value FROM json_each(:ids))
+  AND NOT (state = 'completed' AND expires_at <= :now);
+
 -- name: get_queue
 SELECT name, paused FROM durq_queues WHERE name = :queue;
 
