@@ -80,6 +80,12 @@ LIMITS: dict[str | None, tuple[LimitSpec, ...]] = {
     "r1": (LimitSpec("r", rate=1, per=10.0),),
     "r2": (LimitSpec("r", rate=2, per=10.0),),
     "k1r1": (LimitSpec("k", concurrency=1), LimitSpec("r", rate=1, per=10.0)),
+    # W21: three partitions of one fair template (one shares the concurrency key "k"), two
+    # slots each, one of them with a rate too: partitions take turns, and a full one is held.
+    "fa": (LimitSpec("f:a", concurrency=2, fair="f:{p}"),),
+    "fb": (LimitSpec("f:b", concurrency=2, fair="f:{p}"),),
+    "fck": (LimitSpec("f:c", concurrency=2, fair="f:{p}"), LimitSpec("k", concurrency=2)),
+    "far": (LimitSpec("f:a", concurrency=2, fair="f:{p}"), LimitSpec("r", rate=2, per=10.0)),
 }
 #: A continuation: none, on completion only, or on completion and archiving.
 THEN = [None, None, "completed", "finished"]
@@ -93,7 +99,9 @@ task_options = st.fixed_dictionaries(
         "delay": st.sampled_from([0, 0, 5, 30]),
         "max_retry": st.integers(0, 2),
         "retention": st.sampled_from([0, 60]),
-        "limit": st.sampled_from([None, None, "k1", "k2", "r1", "r2", "k1r1"]),
+        "limit": st.sampled_from(
+            [None, None, "k1", "k2", "r1", "r2", "k1r1", "fa", "fa", "fb", "fck", "far"]
+        ),
         "unique": st.sampled_from([False, False, False, True]),
     }
 )
@@ -168,6 +176,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
             max_retry=o["max_retry"],
             retention=float(o["retention"]),
             limits={s.key: (s.concurrency, s.rate, s.per) for s in LIMITS[o["limit"]]},
+            fair=next((s.fair for s in LIMITS[o["limit"]] if s.fair is not None), None),
             unique=unique,
             unique_until=20.0 if unique else None,
             then=spec,
@@ -235,6 +244,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
                 max_retry=task.max_retry,
                 retention=task.retention,
                 limits=task.limits,
+                fair=task.fair,
                 unique=task.unique,
                 unique_ttl=task.unique_until,
                 then=task.then,
@@ -1063,4 +1073,20 @@ def test_held_tasks_are_let_back_as_far_as_their_key_has_room(
     )
     state.give_up(cancelled=True, index=2, stale=True)
     state.claim(limit=3, seed=54, strict=True, weights=(1, 3))
+    state.teardown()
+
+
+def test_W21_partitions_of_a_fair_key_take_turns(machine: type[BrokerAgainstModel]) -> None:
+    """Two tasks of one partition, then one of another: the claim takes the second partition
+    before the first one's second task, and a partition new to the line after a round has
+    gone waits no longer than one turn."""
+    state = machine()
+    for task_id, limit in (("t0", "fa"), ("t1", "fa"), ("t2", "fa"), ("t3", "fb")):
+        state.enqueue(0, task_id, {**_options(limit), "priority": 0}, None, 0)
+    state.claim(limit=1, seed=0, strict=False, weights=(1, 1))
+    state.claim(limit=1, seed=0, strict=False, weights=(1, 1))
+    state.complete(index=0, stale=False)
+    state.enqueue(0, "t4", {**_options("fck"), "priority": 0}, None, 0)
+    state.claim(limit=3, seed=0, strict=False, weights=(1, 1))
+    _checked(state)
     state.teardown()

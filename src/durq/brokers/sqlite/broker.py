@@ -449,11 +449,15 @@ class SQLiteBroker:
             ).fetchall()
             chosen: list[int] = []
             held = 0
-            for row in rows:
+            for row in limiter.in_turns(rows, _rowid, _fair_template, counters.turns):
+                if len(chosen) >= want:
+                    break
                 if row["limits"] is None:
                     chosen.append(row["rowid"])
                 elif counters.admit(row["rowid"], limits_from_json(row["limits"])):
                     chosen.append(row["rowid"])
+                    if row["fair_turn"] is not None:
+                        counters.started(row["fair_template"], row["fair_turn"])
                 else:
                     held += 1
             counters.save()
@@ -468,8 +472,9 @@ class SQLiteBroker:
                         **self._storage.timeline.lease_params(),
                     },
                 ).fetchall()
-                # RETURNING gives no order guarantee: restore the claim order.
-                claimed.sort(key=lambda r: (-r["priority"], r["next_process_at"], r["seq"]))
+                # RETURNING gives no order guarantee: restore the order they were chosen in.
+                place = {rowid: i for i, rowid in enumerate(chosen)}
+                claimed.sort(key=lambda r: place[r["seq"]])
                 leases.extend(Lease(row_to_info(r), r["lease_token"]) for r in claimed)
             if not held or len(rows) < want:
                 break  # no task held back: nothing more is claimable now
@@ -1017,6 +1022,20 @@ class _LimitCounters:
         self._dirty.update(spec.key for spec in specs)
         return True
 
+    def turns(self, template: str) -> list[sqlite3.Row]:
+        """W21: the claimable tasks of a fair template in turn order, as far as one claim
+        may take them."""
+        return self._conn.execute(
+            STATEMENTS["fair_candidates"],
+            {"queue": self._queue, "template": template, "limit": FAIR_LOOK},
+        ).fetchall()
+
+    def started(self, template: str, turn: int) -> None:
+        """W21: a task of ``template`` with ``turn`` started: the template's round."""
+        self._conn.execute(
+            STATEMENTS["fair_round"], {"queue": self._queue, "template": template, "turn": turn}
+        )
+
     def save(self) -> None:
         for key in self._dirty:
             c = self._counters[key]
@@ -1039,3 +1058,15 @@ class _LimitCounters:
     def wake_at(self) -> float | None:
         """When a token comes for a key with held tasks."""
         return limiter.wake_at(self._counters.values(), self._now)
+
+
+#: W21: how many of a fair template's tasks a claim reads at a time, in turn order.
+FAIR_LOOK = 64
+
+
+def _rowid(row: sqlite3.Row) -> int:
+    return int(row["rowid"])
+
+
+def _fair_template(row: sqlite3.Row) -> str | None:
+    return row["fair_template"]  # type: ignore[no-any-return]

@@ -103,10 +103,23 @@ SELECT EXISTS (
 -- priority, then due time, then enqueue order, with their limits: the claim leases those without limits and checks the others' counters.
 -- Runs inside BEGIN IMMEDIATE: no other connection can write between this read and the
 -- lease, so no task is handed out twice (W10) and no counter is read stale (W13).
-SELECT rowid, limits FROM durq_tasks
+SELECT rowid, limits, fair_template, fair_turn FROM durq_tasks
 WHERE queue = :queue AND state = 'pending' AND held_by IS NULL
 ORDER BY priority DESC, next_process_at, rowid
 LIMIT :limit;
+
+-- name: fair_candidates
+-- W21: the claimable tasks of one fair template in the order its partitions take turns:
+-- priority, then turn, then enqueue order (partial index durq_tasks_fair).
+SELECT rowid, limits, fair_template, fair_turn FROM durq_tasks INDEXED BY durq_tasks_fair
+WHERE queue = :queue AND fair_template = :template AND state = 'pending' AND held_by IS NULL
+ORDER BY priority DESC, fair_turn, rowid
+LIMIT :limit;
+
+-- name: fair_round
+-- W21: a claim started a task of a fair template: the template's round is at least its turn.
+INSERT INTO durq_fair (queue, template, key, turn) VALUES (:queue, :template, '', :turn)
+ON CONFLICT (queue, template, key) DO UPDATE SET turn = max(turn, excluded.turn);
 
 -- name: promote_queue
 -- The claim's first step: due scheduled/retry rows of one queue become pending (a bounded
