@@ -27,6 +27,7 @@ from durq.brokers.views import LimitStats
 from durq.task import LimitSpec
 
 _C = TypeVar("_C")
+_K = TypeVar("_K", bound=Hashable)
 
 
 @dataclass(slots=True)
@@ -179,11 +180,12 @@ def outlook(counters: Iterable[Counter], now: float) -> tuple[bool, float | None
 def in_turns(
     order: Sequence[_C],
     ident: Callable[[_C], Hashable],
-    template: Callable[[_C], str | None],
-    turns: Callable[[str], Sequence[_C]],
-) -> Iterator[_C]:
+    template: Callable[[_C], _K | None],
+    turns: Callable[[_K], Sequence[_C]],
+) -> Iterator[tuple[_C, _C]]:
     """W21: the tasks of ``order`` (one queue's claimable tasks in claim order) in the order
-    a claim takes them, each once; the caller admits or holds each before asking the next.
+    a claim takes them, each once, with the task of ``order`` whose place it takes (itself
+    for a task without a fair limit); the caller admits or holds each in turn.
 
     While the first task of ``order`` not yet given is fair, the claim takes the task of its
     template whose turn comes first: ``turns(template)`` lists the template's claimable tasks
@@ -192,7 +194,7 @@ def in_turns(
     that of its first task in order, and its partitions take turns in that place. A task
     without a fair limit (``template`` gives ``None``) costs one call of ``template``."""
     given: set[Hashable] = set()
-    lists: dict[str, Iterator[_C]] = {}
+    lists: dict[_K, Iterator[_C]] = {}
     i = 0
     while i < len(order):
         head = order[i]
@@ -209,7 +211,7 @@ def in_turns(
             if found is not None:
                 pick = found
         given.add(ident(pick))
-        yield pick
+        yield pick, head
 
 
 def _next_untaken(

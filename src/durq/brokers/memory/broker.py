@@ -190,7 +190,7 @@ class MemoryBroker:
                     queue.let_back(now)
                 due = [row for row in queue.waiting.values() if row.next_process_at <= now]
                 due.sort(key=Row.claim_order)
-                for row in limiter.in_turns(due, _ident, _template, _turns(due)):
+                for row, _ in limiter.in_turns(due, _ident, _template, _turns(due)):
                     if len(leases) >= params.limit:
                         break
                     if row.limits:

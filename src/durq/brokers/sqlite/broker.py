@@ -449,7 +449,7 @@ class SQLiteBroker:
             ).fetchall()
             chosen: list[int] = []
             held = 0
-            for row in limiter.in_turns(rows, _rowid, _fair_template, counters.turns):
+            for row, _ in limiter.in_turns(rows, _rowid, _fair_template, counters.turns):
                 if len(chosen) >= want:
                     break
                 if row["limits"] is None:
