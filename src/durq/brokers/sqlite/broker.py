@@ -444,6 +444,7 @@ class SQLiteBroker:
         counters.let_back()
         while len(leases) < params.limit:
             want = params.limit - len(leases)
+            counters.look = want + FAIR_LOOK
             rows = conn.execute(
                 STATEMENTS["claim_candidates"], {"queue": queue, "now": now, "limit": want}
             ).fetchall()
@@ -984,6 +985,8 @@ class _LimitCounters:
         self._now = now
         self._counters: dict[str, limiter.Counter] = {}
         self._dirty: set[str] = set()
+        #: How many of a fair template's tasks :meth:`turns` reads.
+        self.look = FAIR_LOOK
 
     def _load(self, keys: Sequence[str]) -> None:
         missing = [k for k in keys if k not in self._counters]
@@ -1027,7 +1030,7 @@ class _LimitCounters:
         may take them."""
         return self._conn.execute(
             STATEMENTS["fair_candidates"],
-            {"queue": self._queue, "template": template, "limit": FAIR_LOOK},
+            {"queue": self._queue, "template": template, "limit": self.look},
         ).fetchall()
 
     def started(self, template: str, turn: int) -> None:
@@ -1060,8 +1063,9 @@ class _LimitCounters:
         return limiter.wake_at(self._counters.values(), self._now)
 
 
-#: W21: how many of a fair template's tasks a claim reads at a time, in turn order.
-FAIR_LOOK = 64
+#: W21: how many of a fair template's tasks a claim reads at a time past the tasks it wants
+#: (read again when they are used up).
+FAIR_LOOK = 4
 
 
 def _rowid(row: sqlite3.Row) -> int:

@@ -63,14 +63,20 @@ SELECT id FROM durq_tasks WHERE unique_key = :unique_key;
 -- Tried first: a free id and a free key cost this one statement. A conflict (a live holder,
 -- or an expired one still in place) writes nothing and returns no row; the broker then
 -- clears what only looks taken, or raises the live holder's conflict, and tries again.
+-- W21: a task with a fair limit takes the next turn of its partition (durq_fair), never
+-- before its template's round; the trigger durq_tasks_fair_turn records it once stored.
 INSERT INTO durq_tasks (
     id, queue, type, payload, state, max_retry, timeout, deadline, next_process_at,
     enqueued_at, retention, headers, unique_key, unique_until, relative_due, priority, limits,
-    waiting_for
+    waiting_for, fair_template, fair_turn
 ) VALUES (
     :id, :queue, :type, :payload, :state, :max_retry, :timeout, :deadline, :next_process_at,
     :now, :retention, :headers, :unique_key, :unique_until, :relative_due, :priority, :limits,
-    :waiting_for
+    :waiting_for, :fair_template,
+    CASE WHEN :fair_template IS NOT NULL THEN 1 + (
+        SELECT coalesce(max(f.turn), 0) FROM durq_fair AS f
+        WHERE f.queue = :queue AND f.template = :fair_template AND f.key IN (:fair_key, '')
+    ) END
 )
 ON CONFLICT DO NOTHING
 RETURNING *;

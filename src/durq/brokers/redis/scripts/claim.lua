@@ -53,7 +53,7 @@ local function claim_queue(o, prefix, want, out)
       for _, e in ipairs(entries) do
         local m = string.match(e, '%z([^%z]*)$')
         if popped_at[m] or redis.call('ZSCORE', KEYS[o + 1], m) then
-          return m
+          return m, e
         end
         redis.call('ZREM', fair_z, e)
       end
@@ -114,9 +114,17 @@ local function claim_queue(o, prefix, want, out)
       -- One call: exists, its limits, and (W21) its fair template, turn and priority.
       local cur = popped_at[m] and redis.call('HMGET', key, 'state', 'L', 'fg', 'ft', 'prio')
       if cur and cur[1] and cur[3] then
-        -- A fair task: its template's first turn goes in its place; it stays first.
-        redis.call('ZADD', fair_z, 0, fair_entry(cur[3], cur[5], cur[4], m))
-        local pick = fair_pick(cur[3]) or m
+        -- A fair task: its template's first turn goes in its place; it stays first. Its own
+        -- entry is missing if it became pending by a way that adds none: then it goes in
+        -- the line now, and first if its turn comes first.
+        local own = fair_entry(cur[3], cur[5], cur[4], m)
+        local pick, entry = fair_pick(cur[3])
+        if pick ~= m then
+          redis.call('ZADD', fair_z, 0, own)
+          if pick == nil or own < entry then
+            pick = m
+          end
+        end
         if pick ~= m then
           m, key = pick, prefix .. member_id(pick)
           cur = redis.call('HMGET', key, 'state', 'L', 'fg', 'ft', 'prio')

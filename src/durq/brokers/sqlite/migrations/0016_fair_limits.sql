@@ -1,7 +1,7 @@
 -- durq SQLite schema, version 16: fair limits (W21).
--- A task whose first limit is fair ([key, concurrency, rate, per, template] in `limits`) gets
--- its template (fair_template) and a turn (fair_turn) when it is stored: one after its
--- partition's last turn, never before the template's round. The claim takes the template's
+-- A task whose first limit is fair ([key, concurrency, rate, per, template] in `limits`) is
+-- stored with its template (fair_template) and a turn (fair_turn): one after its partition's
+-- last turn, never before the template's round. The claim takes the template's
 -- tasks by turn (durq_tasks_fair), among those of the same priority.
 ALTER TABLE durq_tasks ADD COLUMN fair_template TEXT;
 ALTER TABLE durq_tasks ADD COLUMN fair_turn INTEGER;
@@ -20,28 +20,12 @@ CREATE TABLE durq_fair (
     PRIMARY KEY (queue, template, key)
 );
 
--- Every way a task is stored takes its turn here, and only a stored one does (a refused insert
--- fires no trigger). Tasks without a fair limit pay the WHEN test alone.
+-- The insert gives the turn (insert_task); a stored task's partition keeps it here (a refused
+-- insert fires no trigger). Tasks without a fair limit pay the WHEN test alone.
 CREATE TRIGGER durq_tasks_fair_turn AFTER INSERT ON durq_tasks
-WHEN NEW.limits IS NOT NULL AND json_extract(NEW.limits, '$[0][4]') IS NOT NULL
+WHEN NEW.fair_template IS NOT NULL
 BEGIN
     INSERT INTO durq_fair (queue, template, key, turn)
-    SELECT NEW.queue, t.template, t.key,
-           max(coalesce((SELECT f.turn FROM durq_fair AS f
-                         WHERE f.queue = NEW.queue AND f.template = t.template
-                           AND f.key = t.key), 0),
-               coalesce((SELECT f.turn FROM durq_fair AS f
-                         WHERE f.queue = NEW.queue AND f.template = t.template
-                           AND f.key = ''), 0)) + 1
-    FROM (SELECT json_extract(NEW.limits, '$[0][4]') AS template,
-                 json_extract(NEW.limits, '$[0][0]') AS key) AS t
-    WHERE true
-    ON CONFLICT (queue, template, key) DO UPDATE SET turn = excluded.turn;
-    UPDATE durq_tasks
-    SET fair_template = json_extract(NEW.limits, '$[0][4]'),
-        fair_turn = (SELECT f.turn FROM durq_fair AS f
-                     WHERE f.queue = NEW.queue
-                       AND f.template = json_extract(NEW.limits, '$[0][4]')
-                       AND f.key = json_extract(NEW.limits, '$[0][0]'))
-    WHERE rowid = NEW.rowid;
+    VALUES (NEW.queue, NEW.fair_template, json_extract(NEW.limits, '$[0][0]'), NEW.fair_turn)
+    ON CONFLICT (queue, template, key) DO UPDATE SET turn = max(turn, excluded.turn);
 END;
