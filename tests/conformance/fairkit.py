@@ -91,3 +91,21 @@ async def late_tenant_starts(
         return Starts(backlog, places, waits, claims)
     finally:
         await broker.close()
+
+
+async def check_late_tenants(
+    url: str, kind: str, *, backlog: int, tenants: int = 10, fair: bool
+) -> Starts:
+    """The scenario, its figures printed: with ``fair`` every late tenant starts within one
+    round (one start of each tenant), without it each starts after the whole backlog."""
+    per_claim = 1 if fair else max(1, min(1000, backlog // 8))
+    starts = await late_tenant_starts(
+        url, backlog=backlog, tenants=tenants, fair=fair, per_claim=per_claim
+    )
+    print("\n" + starts.line(kind, fair=fair))
+    assert len(starts.places) == tenants, starts.places
+    if fair:
+        assert max(starts.places.values()) <= tenants + 1, starts.places
+    else:
+        assert min(starts.places.values()) > backlog, starts.places
+    return starts
