@@ -638,7 +638,9 @@ class PostgresBroker:
                 due = await conn.execute(q["limited_due"], values)
                 waiting = await conn.execute(q["waiting_limits"], values)
                 held = await conn.execute(q["held_tasks"], {**values, "limit": want})
-                fair = await conn.execute(q["fair_due"], values)
+                fair = await conn.execute(
+                    q["fair_due"], {**values, "fair_limit": want + _FAIR_LOOK_AHEAD}
+                )
                 row = await clock.fetchone()  # the first round trip
                 assert row is not None
                 admission = _Admission(queues, float(row["now"]), want, limit)
@@ -1419,6 +1421,9 @@ _LIMITED_ROUNDS = 8
 #: The queue of the claim that warms a new connection up: a space is in no queue's name.
 _WARM_UP_QUEUE = "durq warm-up"
 _LOOK_AHEAD = 100
+#: W21: how many of a fair template's tasks past the free slots a round reads (and locks):
+#: the look-ahead's 100 halved fair claims (each locked row is a write).
+_FAIR_LOOK_AHEAD = 16
 _LOOK_AHEAD_MAX = 3200
 #: How soon a claim comes back for tasks whose counter another transaction held (a claim
 #: round or an outcome: a few milliseconds).

@@ -358,8 +358,9 @@ FROM (
 -- name: fair_due
 -- W21, in the claim of limited work: the claimable tasks of each fair template of these
 -- queues (fair_rounds, a row per template) in the order its partitions take turns:
--- priority, then turn, then enqueue order (tasks_fair), as many as the claim looks at,
--- locked as due rows are. Queues without fair limits cost one probe of fair_rounds.
+-- priority, then turn, then enqueue order (tasks_fair), as many as the claim wants and a few
+-- more (%(fair_limit)s: a template's tasks held on a full partition are skipped), locked as
+-- due rows are. Queues without fair limits cost one probe of fair_rounds.
 SELECT b.queue, b.id, b.limits::text AS limits, b.priority, b.next_process_at, b.seq,
        b.ctid::text AS ctid, b.fair_template, b.fair_turn
 FROM {schema}.fair AS g
@@ -370,7 +371,7 @@ CROSS JOIN LATERAL (
     WHERE t.queue = g.queue AND t.fair_template = g.template
       AND t.state = 'pending' AND t.held_by IS NULL
     ORDER BY t.priority DESC, t.fair_turn, t.seq
-    LIMIT %(limit)s
+    LIMIT %(fair_limit)s
     FOR UPDATE SKIP LOCKED
 ) AS b
 WHERE g.queue = ANY(%(queues)b::text[]) AND g.key = ''
