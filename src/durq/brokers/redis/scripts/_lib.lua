@@ -75,9 +75,9 @@ local function queue_base(task_key)
 end
 
 -- W21 fair limits. A task whose first limit is fair stores its template ("fg") and its turn
--- ("ft"), given by enqueue_task from the queue's turns hash ("P:{Q}:turns": field
--- "<template>\0<key>" the last turn of a partition, "<template>\0" the template's round, the
--- turn of the latest of its tasks a claim started). While pending and not held it has an
+-- ("ft"), given by enqueue_task from the queue's turns zset ("P:{Q}:turns": member
+-- "<template>\0<key>" scored with the last turn of a partition, "<template>\0" with the
+-- template's round, the turn of the latest of its tasks a claim started: ZADD GT). While pending and not held it has an
 -- entry "<template>\0<band><turn>\0<member>" (score 0) in the fair zset ("P:{Q}:fair"):
 -- by lex order a template's tasks by priority (band 100 - priority, 3 digits), then turn
 -- (15 digits), then enqueue order. Entries are added where a task becomes pending and taken
@@ -361,9 +361,9 @@ local function enqueue_task(task_key, qk, qo, now_s, a, ao)
       fair = spec[5]
       local turns = queue_base(task_key) .. ':turns'
       local part = fair .. '\0' .. spec[1]
-      local t = redis.call('HMGET', turns, part, fair .. '\0')
+      local t = redis.call('ZMSCORE', turns, part, fair .. '\0')
       turn = string.format('%d', math.max(tonumber(t[1] or 0), tonumber(t[2] or 0)) + 1)
-      redis.call('HSET', turns, part, turn)
+      redis.call('ZADD', turns, turn, part)
       f[n + 1] = 'fg'; f[n + 2] = fair; f[n + 3] = 'ft'; f[n + 4] = turn; n = n + 4
     end
   end

@@ -8,7 +8,7 @@
 -- W21: when the next task is fair, the claim takes instead its template's task whose turn
 -- comes first (the first live entry of the template in the fair zset "P:{Q}:fair", next to
 -- the pending zset); the next task stays first. Starting one moves the template's round on
--- (the turns hash "P:{Q}:turns"). See _lib.lua.
+-- (the turns zset "P:{Q}:turns"). See _lib.lua.
 -- Several queues in one call need a single node (their keys are in different hash slots); a
 -- cluster calls it once per queue.
 --
@@ -184,10 +184,7 @@ local function claim_queue(o, prefix, want, out)
             dirty[s.key] = true
           end
           if cur[3] then  -- W21: the template's round is at least this turn
-            local r = cur[3] .. '\0'
-            if tonumber(redis.call('HGET', turns, r) or 0) < tonumber(cur[4]) then
-              redis.call('HSET', turns, r, cur[4])
-            end
+            redis.call('ZADD', turns, 'GT', cur[4], cur[3] .. '\0')
           end
           n = n + 1
           local token = ARGV[5] .. '.' .. tostring(n)
