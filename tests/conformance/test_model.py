@@ -199,6 +199,19 @@ class BrokerAgainstModel(RuleBasedStateMachine):
 
     @rule(
         q=st.integers(0, 1),
+        ids=st.lists(st.sampled_from(IDS), min_size=2, max_size=4, unique=True),
+        late=st.sampled_from(["fb", "fck"]),
+    )
+    def enqueue_fair_backlog(self, q: int, ids: list[str], late: str) -> None:
+        """W21: a backlog of one partition, then a task of another, at one priority: the
+        claims that follow take the late partition's task before the backlog's second."""
+        for i, task_id in enumerate(ids):
+            limit = late if i == len(ids) - 1 else "fa"
+            options = {"priority": 0, "delay": 0, "max_retry": 1, "retention": 0}
+            self.enqueue(q, task_id, {**options, "limit": limit, "unique": False}, None, 0)
+
+    @rule(
+        q=st.integers(0, 1),
         task_id=st.sampled_from(IDS),
         options=task_options,
         after=st.lists(st.sampled_from(IDS), min_size=1, max_size=2, unique=True),
