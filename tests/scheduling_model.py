@@ -5,7 +5,8 @@ Plain Python, no storage, no speed: a dict of tasks and a clock. It states the r
 order (W8: queues in the order a worker takes them, then priority, due time, enqueue
 order), delays and due times (E2), one task per id (E3), uniqueness by content (E4), leases
 and fencing (W1), retries (W4), rescue of expired leases, the inspector's moves (I3),
-pausing (I4), per-key flow control with held tasks (W13), continuations and group fan-in,
+pausing (I4), per-key flow control with held tasks (W13) and fair keys that take turns
+(W22), continuations and group fan-in,
 tasks that wait for others (W15), signals and the waits they end (W19), and retention of
 completed and archived tasks (E5) — and nothing about how a broker stores them.
 
@@ -77,6 +78,10 @@ class Task:
     retention: float
     #: key -> (concurrency, rate, per), in the order the task gives them.
     limits: dict[str, Spec] = field(default_factory=dict)
+    #: W22: the template of its fair limit (the first of ``limits``, its partition), and
+    #: the turn the task got when it was stored.
+    fair: str | None = None
+    turn: int = 0
     unique: str | None = None
     unique_until: float | None = None
     then: Then | None = None
@@ -191,6 +196,10 @@ class Model:
     paused: set[str] = field(default_factory=set)
     counters: dict[tuple[str, str], Counter] = field(default_factory=dict)
     groups: dict[tuple[str, str], Group] = field(default_factory=dict)
+    #: W22, by queue and fair template: the last turn given to each partition (its key),
+    #: and the turn of the latest task of the template a claim started (its round).
+    turns: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    rounds: dict[tuple[str, str], int] = field(default_factory=dict)
     #: Follow-ups created since the caller last looked: (queue, id, what it reports).
     created: list[tuple[str, str, dict[str, object]]] = field(default_factory=list)
     _seq: itertools.count[int] = field(default_factory=itertools.count)
@@ -268,6 +277,7 @@ class Model:
         max_retry: int = 25,
         retention: float = 0.0,
         limits: dict[str, Spec] | None = None,
+        fair: str | None = None,
         unique: str | None = None,
         unique_ttl: float | None = None,
         then: Then | None = None,
@@ -293,6 +303,7 @@ class Model:
                 max_retry=max_retry,
                 retention=retention,
                 limits=dict(limits or {}),
+                fair=fair,
                 unique=unique,
                 unique_until=until,
                 then=then,
@@ -322,6 +333,13 @@ class Model:
                 if other.queue == task.queue and other.unique == task.unique:
                     other.unique = other.unique_until = None
         task.seq = next(self._seq)
+        if task.fair is not None:
+            # W22: one turn after the partition's last, and never before the template's
+            # round, so a partition new to the line waits one turn at most; turns given only
+            # go up (a task gone does not give its turn back).
+            partition = (task.queue, task.fair, next(iter(task.limits)))
+            task.turn = max(self.turns.get(partition, 0), self.rounds.get(partition[:2], 0)) + 1
+            self.turns[partition] = task.turn
         self.tasks[task.key] = task
         self.queues.add(task.queue)
         return task
@@ -428,7 +446,12 @@ class Model:
     def claim(self, queues: list[str], limit: int, lease: float) -> list[Task]:
         """Up to ``limit`` tasks, filling from ``queues`` in the order given. Per queue: held
         tasks whose key has room come back first; then each claimable task in order is
-        started, or held on its first key without room (never blocking those behind it)."""
+        started, or held on its first key without room (never blocking those behind it).
+
+        W22: when the next task in order carries a fair limit, the claim takes instead the
+        task of the same template whose turn comes first (same priority, then the lowest
+        turn, then enqueue order): the template keeps its place in the queue (that of its
+        first task in order) and its partitions take turns in it."""
         self.promote()
         taken: list[Task] = []
         for queue in queues:
@@ -437,9 +460,16 @@ class Model:
             if queue in self.paused:
                 continue
             self._let_back(queue)
-            for task in self.claim_order(queue):
-                if len(taken) == limit:
+            while len(taken) < limit:
+                order = self.claim_order(queue)
+                if not order:
                     break
+                task = order[0]
+                if task.fair is not None:
+                    task = min(
+                        (t for t in order if t.fair == task.fair),
+                        key=lambda t: (-t.priority, t.turn, t.seq),
+                    )
                 task.lingering = None
                 full = self._blocking(task)
                 if full is not None:
@@ -448,6 +478,9 @@ class Model:
                     continue
                 for key, spec in task.limits.items():
                     self._take(queue, key, spec)
+                if task.fair is not None:
+                    fair = (queue, task.fair)
+                    self.rounds[fair] = max(self.rounds.get(fair, 0), task.turn)
                 task.state = ACTIVE
                 task.token = f"t{next(self._tokens)}"
                 task.lease_until = self.now + lease

@@ -64,11 +64,17 @@ class Limit:
     ``key`` may name payload fields, ``"partner:{partner}"``, so one task type is limited per
     partner. Give it to ``@app.task(limit=...)`` or to one enqueue (``limit=``); a list gives
     several (a global one and a per-partner one). A task held back stays pending and never
-    blocks other keys or task types."""
+    blocks other keys or task types.
+
+    ``fair=True`` (a key naming payload fields, one such limit per task): the keys filled
+    from the template are partitions that take turns. Among the tasks carrying this
+    template, a claim starts them round-robin across partitions, so a partner with 100,000
+    waiting tasks delays another partner's single task by at most one turn of each."""
 
     key: str
     concurrency: int | None = None
     rate: str | tuple[int, float] | None = None
+    fair: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key:
@@ -95,6 +101,15 @@ class Limit:
             )
         if self.rate is not None:
             parse_rate(self.rate)
+        if not isinstance(self.fair, bool):
+            raise ValidationError(f"limit {self.key!r}: fair is True or False")
+        if self.fair and not fields:
+            raise ValidationError(
+                f"limit {self.key!r}: fair=True needs a key naming payload fields, "
+                "whose values are the partitions that take turns (e.g. 'tenant:{tenant}')"
+            )
+        if self.fair and len(self.key) > MAX_KEY:
+            raise ValidationError(f"a fair limit's key template is at most {MAX_KEY} characters")
 
     def resolve(self, payload: Mapping[str, Any]) -> LimitSpec:
         """What one task stores: this limit with the key filled from its payload."""
@@ -122,7 +137,7 @@ class Limit:
         rate = per = None
         if self.rate is not None:
             rate, per = parse_rate(self.rate)
-        return LimitSpec(key, self.concurrency, rate, per)
+        return LimitSpec(key, self.concurrency, rate, per, self.key if self.fair else None)
 
 
 LimitOption = Limit | Iterable[Limit] | None
@@ -143,7 +158,7 @@ def as_limits(value: LimitOption) -> tuple[Limit, ...]:
 
 def resolve_all(limits: tuple[Limit, ...], payload: Any) -> tuple[LimitSpec, ...]:
     """Every limit of one task resolved against its (JSON) payload; one per key, the first
-    given wins a repeated key."""
+    given wins a repeated key. A fair limit is stored first (the brokers look there)."""
     if not limits:
         return ()
     fields = payload if isinstance(payload, Mapping) else {}
@@ -151,7 +166,13 @@ def resolve_all(limits: tuple[Limit, ...], payload: Any) -> tuple[LimitSpec, ...
     for limit in limits:
         spec = limit.resolve(fields)
         specs.setdefault(spec.key, spec)
-    return tuple(specs.values())
+    resolved = tuple(specs.values())
+    fair = [s for s in resolved if s.fair is not None]
+    if not fair:
+        return resolved
+    if len(fair) > 1:
+        raise ValidationError("a task takes turns under one fair limit at most")
+    return (fair[0], *(s for s in resolved if s.fair is None))
 
 
 __all__ = [

@@ -48,22 +48,35 @@ MAX_RATE_PER = 86400 * 366
 class LimitSpec:
     """One flow-control limit as stored with a task: its resolved key (counted per queue),
     at most ``concurrency`` attempts running at once, at most ``rate`` starts per ``per``
-    seconds (a token bucket holding up to ``rate`` tokens). Built by :class:`durq.Limit`."""
+    seconds (a token bucket holding up to ``rate`` tokens). Built by :class:`durq.Limit`.
+
+    ``fair``: the key's template (``"tenant:{tenant}"``) when the limit is fair: the keys
+    filled from it are partitions that take turns in the claim (W22)."""
 
     key: str
     concurrency: int | None = None
     rate: int | None = None
     per: float | None = None
+    fair: str | None = None
 
     def to_json(self) -> list[Any]:
-        """The stored form: ``[key, concurrency, rate, per]``."""
+        """The stored form: ``[key, concurrency, rate, per]``, and the template last when
+        the limit is fair (a string after a comma: brokers spot a fair task by ``,"``)."""
+        if self.fair is not None:
+            return [self.key, self.concurrency, self.rate, self.per, self.fair]
         return [self.key, self.concurrency, self.rate, self.per]
 
     @classmethod
     def from_json(cls, item: Any) -> LimitSpec:
         """Back from :meth:`to_json`."""
-        key, concurrency, rate, per = item
-        return cls(str(key), concurrency, rate, None if per is None else float(per))
+        key, concurrency, rate, per, *fair = item
+        return cls(
+            str(key),
+            concurrency,
+            rate,
+            None if per is None else float(per),
+            str(fair[0]) if fair and fair[0] is not None else None,
+        )
 
     def describe(self) -> str:
         """``"3 at once, 20/1s"``: the limit in words."""
@@ -72,7 +85,14 @@ class LimitSpec:
             parts.append(f"{self.concurrency} at once")
         if self.rate is not None:
             parts.append(f"{self.rate}/{self.per:g}s")
+        if self.fair is not None:
+            parts.append(f"fair by {self.fair}")
         return ", ".join(parts)
+
+
+def fair_spec(limits: tuple[LimitSpec, ...]) -> LimitSpec | None:
+    """The task's fair limit (stored first; a task has one at most), if any."""
+    return limits[0] if limits and limits[0].fair is not None else None
 
 
 def limits_to_json(limits: tuple[LimitSpec, ...]) -> str | None:

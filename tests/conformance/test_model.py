@@ -82,6 +82,12 @@ LIMITS: dict[str | None, tuple[LimitSpec, ...]] = {
     "k1r1": (LimitSpec("k", concurrency=1), LimitSpec("r", rate=1, per=10.0)),
     # The rate first: a claim looks at "r" before "k" holds the task back.
     "r1k1": (LimitSpec("r", rate=1, per=10.0), LimitSpec("k", concurrency=1)),
+    # W22: three partitions of one fair template (one shares the concurrency key "k"), two
+    # slots each, one of them with a rate too: partitions take turns, and a full one is held.
+    "fa": (LimitSpec("f:a", concurrency=2, fair="f:{p}"),),
+    "fb": (LimitSpec("f:b", concurrency=2, fair="f:{p}"),),
+    "fck": (LimitSpec("f:c", concurrency=2, fair="f:{p}"), LimitSpec("k", concurrency=2)),
+    "far": (LimitSpec("f:a", concurrency=2, fair="f:{p}"), LimitSpec("r", rate=2, per=10.0)),
 }
 #: A continuation: none, on completion only, or on completion and archiving.
 THEN = [None, None, "completed", "finished"]
@@ -95,7 +101,9 @@ task_options = st.fixed_dictionaries(
         "delay": st.sampled_from([0, 0, 5, 30]),
         "max_retry": st.integers(0, 2),
         "retention": st.sampled_from([0, 60]),
-        "limit": st.sampled_from([None, None, "k1", "k2", "r1", "r2", "k1r1", "r1k1"]),
+        "limit": st.sampled_from(
+            [None, None, "k1", "k2", "r1", "r2", "k1r1", "r1k1", "fa", "fa", "fb", "fck", "far"]
+        ),
         "unique": st.sampled_from([False, False, False, True]),
     }
 )
@@ -170,6 +178,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
             max_retry=o["max_retry"],
             retention=float(o["retention"]),
             limits={s.key: (s.concurrency, s.rate, s.per) for s in LIMITS[o["limit"]]},
+            fair=next((s.fair for s in LIMITS[o["limit"]] if s.fair is not None), None),
             unique=unique,
             unique_until=20.0 if unique else None,
             then=spec,
@@ -189,6 +198,19 @@ class BrokerAgainstModel(RuleBasedStateMachine):
         queue = self.queues[q]
         params, task = self._params(queue, task_id, options, then, then_q)
         self._enqueue_both(params, task)
+
+    @rule(
+        q=st.integers(0, 1),
+        ids=st.lists(st.sampled_from(IDS), min_size=2, max_size=4, unique=True),
+        late=st.sampled_from(["fb", "fck"]),
+    )
+    def enqueue_fair_backlog(self, q: int, ids: list[str], late: str) -> None:
+        """W22: a backlog of one partition, then a task of another, at one priority: the
+        claims that follow take the late partition's task before the backlog's second."""
+        for i, task_id in enumerate(ids):
+            limit = late if i == len(ids) - 1 else "fa"
+            options = {"priority": 0, "delay": 0, "max_retry": 1, "retention": 0}
+            self.enqueue(q, task_id, {**options, "limit": limit, "unique": False}, None, 0)
 
     @rule(
         q=st.integers(0, 1),
@@ -237,6 +259,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
                 max_retry=task.max_retry,
                 retention=task.retention,
                 limits=task.limits,
+                fair=task.fair,
                 unique=task.unique,
                 unique_ttl=task.unique_until,
                 then=task.then,
@@ -1089,5 +1112,19 @@ def test_a_new_key_s_bucket_is_full_at_the_rate_of_the_task_that_takes_first(
     state.claim(limit=2, seed=609, strict=True, weights=(3, 3))
     state.inspect(action="run", q=1, which=2)
     state.claim(limit=3, seed=23573, strict=False, weights=(3, 3))
+
+
+def test_W22_partitions_of_a_fair_key_take_turns(machine: type[BrokerAgainstModel]) -> None:
+    """Two tasks of one partition, then one of another: the claim takes the second partition
+    before the first one's second task, and a partition new to the line after a round has
+    gone waits no longer than one turn."""
+    state = machine()
+    for task_id, limit in (("t0", "fa"), ("t1", "fa"), ("t2", "fa"), ("t3", "fb")):
+        state.enqueue(0, task_id, {**_options(limit), "priority": 0}, None, 0)
+    state.claim(limit=1, seed=0, strict=False, weights=(1, 1))
+    state.claim(limit=1, seed=0, strict=False, weights=(1, 1))
+    state.complete(index=0, stale=False)
+    state.enqueue(0, "t4", {**_options("fck"), "priority": 0}, None, 0)
+    state.claim(limit=3, seed=0, strict=False, weights=(1, 1))
     _checked(state)
     state.teardown()

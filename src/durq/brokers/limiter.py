@@ -8,17 +8,26 @@ rate: up to ``rate`` tokens, refilled at ``rate / per`` a second on the broker's
 taken per start. A claim admits a task only if every limit it carries has room; a task that
 has none is *held* (left pending, out of the claimable set) on the first full key, and the
 next claim after room appears lets that key's held tasks back, as many as there is room.
+
+W22, fair keys: a task whose first limit is fair (its template, ``"tenant:{tenant}"``) got a
+*turn* when it was stored: one after the last turn of its partition (the resolved key), and
+never before its template's *round* (the turn of the latest task of the template a claim
+started). :func:`in_turns` gives a claim its tasks in the order the rule takes them: when the
+next task in queue order is fair, the template's task whose turn comes first goes instead.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from durq.brokers.views import LimitStats
 from durq.task import MAX_RATE_PER, LimitSpec
+
+_C = TypeVar("_C")
+_K = TypeVar("_K", bound=Hashable)
 
 
 @dataclass(slots=True)
@@ -171,12 +180,67 @@ def outlook(counters: Iterable[Counter], now: float) -> tuple[bool, float | None
     return False, wake
 
 
+def in_turns(
+    order: Sequence[_C],
+    ident: Callable[[_C], Hashable],
+    template: Callable[[_C], _K | None],
+    turns: Callable[[_K], Sequence[_C]],
+) -> Iterator[tuple[_C, _C]]:
+    """W22: the tasks of ``order`` (one queue's claimable tasks in claim order) in the order
+    a claim takes them, each once, with the task of ``order`` whose place it takes (itself
+    for a task without a fair limit); the caller admits or holds each in turn.
+
+    While the first task of ``order`` not yet given is fair, the claim takes the task of its
+    template whose turn comes first: ``turns(template)`` lists the template's claimable tasks
+    by priority, then turn, then enqueue order (read again when those are used up; tasks it
+    gives that are already taken are skipped). A template thus keeps its place in the queue,
+    that of its first task in order, and its partitions take turns in that place. A task
+    without a fair limit (``template`` gives ``None``) costs one call of ``template``."""
+    given: set[Hashable] = set()
+    lists: dict[_K, Iterator[_C]] = {}
+    i = 0
+    while i < len(order):
+        head = order[i]
+        if ident(head) in given:
+            i += 1
+            continue
+        name = template(head)
+        pick = head
+        if name is not None:
+            found = _next_untaken(lists.get(name), ident, given)
+            if found is None:  # read the template's line again: a claim may take many
+                lists[name] = iter(turns(name))
+                found = _next_untaken(lists[name], ident, given)
+            if found is not None:
+                pick = found
+        given.add(ident(pick))
+        yield pick, head
+
+
+def _next_untaken(
+    items: Iterator[_C] | None, ident: Callable[[_C], Hashable], given: set[Hashable]
+) -> _C | None:
+    if items is None:
+        return None
+    for item in items:
+        if ident(item) not in given:
+            return item
+    return None
+
+
+def fair_template(specs: tuple[LimitSpec, ...]) -> str | None:
+    """The template of a task's fair limit (stored first), if it has one."""
+    return specs[0].fair if specs else None
+
+
 __all__ = [
     "Counter",
     "admit",
     "admits",
     "blocking",
+    "fair_template",
     "fresh",
+    "in_turns",
     "outlook",
     "stored",
     "take",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Self
 from urllib.parse import urlsplit
@@ -196,7 +196,7 @@ class MemoryBroker:
                     queue.let_back(now)
                 due = [row for row in queue.waiting.values() if row.next_process_at <= now]
                 due.sort(key=Row.claim_order)
-                for row in due:
+                for row, _ in limiter.in_turns(due, _ident, _template, _turns(due)):
                     if len(leases) >= params.limit:
                         break
                     if row.limits:
@@ -204,6 +204,8 @@ class MemoryBroker:
                         if full is not None:
                             queue.hold(row, full)  # no head-of-line blocking: skip it
                             continue
+                        if row.turn:
+                            queue.started(row)
                     token = store.lease(
                         row, now, self._clock.monotonic(), params.lease_seconds, params.worker_id
                     )
@@ -571,3 +573,21 @@ def _replace_heartbeat(info: WorkerInfo, now: float) -> WorkerInfo:
         active=info.active,
         strict=info.strict,
     )
+
+
+def _ident(row: Row) -> str:
+    return row.id
+
+
+def _template(row: Row) -> str | None:
+    return limiter.fair_template(row.limits)
+
+
+def _turns(due: list[Row]) -> Callable[[str], list[Row]]:
+    """W22: a fair template's claimable tasks (``due``, not held) in turn order."""
+
+    def turns(name: str) -> list[Row]:
+        rows = [r for r in due if r.held is None and _template(r) == name]
+        return sorted(rows, key=Row.turn_order)
+
+    return turns

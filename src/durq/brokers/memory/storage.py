@@ -93,6 +93,8 @@ class Row:
     limits: tuple[LimitSpec, ...] = ()
     #: The limit key this waiting task is held on (out of ``Queue.waiting`` meanwhile).
     held: str | None = None
+    #: W22: its turn under its fair limit (0 without one).
+    turn: int = 0
     #: Stored forms of the latest progress and the log (:mod:`durq.progress`).
     progress: str | None = None
     logs: str | None = None
@@ -152,6 +154,10 @@ class Row:
         """Claim order within a queue: higher priority, then due time, then enqueue order."""
         return (-self.priority, self.next_process_at, self.seq)
 
+    def turn_order(self) -> tuple[int, int, int]:
+        """W22, among the tasks of one fair template: priority, then turn, then enqueue order."""
+        return (-self.priority, self.turn, self.seq)
+
     def end_lease(self) -> None:
         self.lease_token = None
         self.lease_expires_at = None
@@ -208,6 +214,24 @@ class Queue:
     #: Flow-control keys of the queue, and the waiting tasks held on each.
     counters: dict[str, limiter.Counter] = field(default_factory=dict)
     held: dict[str, dict[str, Row]] = field(default_factory=dict)
+    #: W22: the last turn given to each partition of a fair template (template, key), and
+    #: each template's round (the turn of the latest of its tasks a claim started).
+    turns: dict[tuple[str, str], int] = field(default_factory=dict)
+    rounds: dict[str, int] = field(default_factory=dict)
+
+    def give_turn(self, row: Row) -> None:
+        """W22: a stored task with a fair limit takes the next turn of its partition."""
+        spec = row.limits[0]
+        assert spec.fair is not None
+        partition = (spec.fair, spec.key)
+        row.turn = max(self.turns.get(partition, 0), self.rounds.get(spec.fair, 0)) + 1
+        self.turns[partition] = row.turn
+
+    def started(self, row: Row) -> None:
+        """W22: a claim started a task with a fair limit: its template's round moves on."""
+        name = row.limits[0].fair
+        assert name is not None
+        self.rounds[name] = max(self.rounds.get(name, 0), row.turn)
 
     def hold(self, row: Row, key: str) -> None:
         """Take a waiting task out of the claimable set until ``key`` has room."""
@@ -401,6 +425,8 @@ class Store:
             self.unique[p.unique_key] = row
         self.tasks[(p.queue, p.id)] = row
         queue = self.queue(p.queue, now)
+        if limiter.fair_template(p.limits) is not None:
+            queue.give_turn(row)
         if holding:
             row.waiting_for = len(holding)
             for dependency in holding:

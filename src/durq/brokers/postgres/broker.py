@@ -390,10 +390,13 @@ class PostgresBroker:
                 self._warm_up, self._claim_values([_WARM_UP_QUEUE], params)
             )
         freed: set[str] = set()
+        places: dict[tuple[str, str], tuple[Any, ...]] = {}
         if limited_mode:
             # The completions go in the claim's first round trip and transaction: it sees
             # the slots they freed.
-            completed, rows, wake_at = await self._claim_limited(queues, params, [], complete)
+            completed, rows, wake_at, places = await self._claim_limited(
+                queues, params, [], complete
+            )
             if completed is not None:
                 freed.update(queues)
         else:
@@ -414,7 +417,7 @@ class PostgresBroker:
                 # limited claim takes them now, rather than after this worker's own wake-up
                 # and another claim.
                 self._limited.update(queues)
-                _, rows, wake_at = await self._claim_limited(queues, params, rows, None)
+                _, rows, wake_at, places = await self._claim_limited(queues, params, rows, None)
             else:
                 freed.clear()
         for queue in queues:
@@ -423,14 +426,16 @@ class PostgresBroker:
             else:
                 self._token_at[queue] = wake_at
         if len(rows) > 1:
-            # UPDATE … RETURNING has no order: restore queue order, then the claim order.
+            # UPDATE … RETURNING has no order: restore queue order, then the claim order
+            # (a fair template's task in the place of the task it was taken for, W22).
             order = {q: i for i, q in enumerate(queues)}
             rows.sort(
                 key=lambda r: (
                     order[r[CLAIM_QUEUE]],
-                    -r[CLAIM_PRIORITY],
-                    r[CLAIM_NEXT_AT],
-                    r[CLAIM_SEQ],
+                    places.get(
+                        (r[CLAIM_QUEUE], r[CLAIM_ID]),
+                        (-r[CLAIM_PRIORITY], r[CLAIM_NEXT_AT], r[CLAIM_SEQ], 0),
+                    ),
                 )
             )
         # Start and lease expiry as the server read them (a claim of limited tasks is a
@@ -563,18 +568,24 @@ class PostgresBroker:
         params: ClaimParams,
         out: list[tuple[Any, ...]],
         complete: dict[str, Any] | None,
-    ) -> tuple[list[Row] | None, list[tuple[Any, ...]], float | None]:
+    ) -> tuple[
+        list[Row] | None,
+        list[tuple[Any, ...]],
+        float | None,
+        dict[tuple[str, str], tuple[Any, ...]],
+    ]:
         """W13: rounds of the claim of limited work after ``out`` (up to ``params.limit``),
         each one transaction, while a round held tasks and more may be due. Each looks
         further past the free slots than the one before (``_LOOK_AHEAD``, then twice as
         far...), so a long backlog on a full key is held in a few rounds. The first round
         stores ``complete`` first. Returns the completed rows (``[]`` without ``complete``,
-        ``None`` when a deadlock rolled them back), the leased rows and when a token comes
-        for a held task."""
+        ``None`` when a deadlock rolled them back), the leased rows, when a token comes
+        for a held task, and the place in claim order of fair tasks taken in another's."""
         look = _LOOK_AHEAD
         rows = list(out)
         completed: list[Row] | None = []
         wake_at: float | None = None
+        places: dict[tuple[str, str], tuple[Any, ...]] = {}
         for n in range(_LIMITED_ROUNDS):
             want = params.limit - len(rows)
             run = functools.partial(
@@ -591,11 +602,12 @@ class PostgresBroker:
             if not admission.seen:
                 self._limited.difference_update(queues)
             rows.extend(leased)
+            places.update(admission.places)
             wake_at = admission.wake_at()
             if not admission.again(len(leased)) or len(rows) >= params.limit:
                 break
             look = min(2 * look, _LOOK_AHEAD_MAX)
-        return completed, rows, wake_at
+        return completed, rows, wake_at, places
 
     async def _limited_round(
         self,
@@ -629,11 +641,15 @@ class PostgresBroker:
                 due = await conn.execute(q["limited_due"], values)
                 waiting = await conn.execute(q["waiting_limits"], values)
                 held = await conn.execute(q["held_tasks"], {**values, "limit": want})
+                fair = await conn.execute(
+                    q["fair_due"], {**values, "fair_limit": want + _FAIR_LOOK_AHEAD}
+                )
                 row = await clock.fetchone()  # the first round trip
                 assert row is not None
                 admission = _Admission(queues, float(row["now"]), want, limit)
                 admission.read(await due.fetchall(), await waiting.fetchall())
                 admission.held(await held.fetchall())
+                admission.fair(await fair.fetchall())
                 missing = admission.missing()
                 if missing:
                     # Keys no claim has counted (created as the limiter makes them), or
@@ -657,6 +673,8 @@ class PostgresBroker:
                     await conn.execute(q["hold_rows"], admission.hold_params())
                 if admission.dirty:
                     await conn.execute(q["save_limits"], admission.save_params())
+                if admission.rounds:
+                    await conn.execute(q["fair_rounds"], admission.round_params())
                 if admission.settle:
                     await conn.execute(q["settle_limits"], admission.settle_params())
         # Read after the commit, which the pipeline's end sent with the writes: one round
@@ -1148,7 +1166,17 @@ def _held_answer(rows: list[tuple[Any, ...]]) -> tuple[bool, float | None]:
 class _Candidate:
     """A due or held task the claim of limited work locked, in claim order."""
 
-    __slots__ = ("admitted", "ctid", "held_on", "id", "order", "queue", "specs")
+    __slots__ = (
+        "admitted",
+        "ctid",
+        "held_on",
+        "id",
+        "order",
+        "queue",
+        "specs",
+        "template",
+        "turn_order",
+    )
 
     def __init__(self, row: Row, rank: int) -> None:
         self.queue: str = row["queue"]
@@ -1157,7 +1185,15 @@ class _Candidate:
         self.specs: tuple[LimitSpec, ...] = limits_of(row["limits"])
         self.held_on: str | None = row.get("held_on")
         self.order = (rank, -row["priority"], row["next_process_at"], row["seq"])
+        template = row.get("fair_template")
+        #: W22: its fair template (with its queue) and its place among that template's tasks.
+        self.template = None if template is None else (self.queue, template)
+        self.turn_order = (-row["priority"], row.get("fair_turn") or 0, row["seq"])
         self.admitted = False
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.queue, self.id)
 
 
 class _Admission:
@@ -1185,6 +1221,12 @@ class _Admission:
         self.limited = False
         #: Some candidate needed a counter another transaction held.
         self.skipped = False
+        #: W22: the claimable tasks of each fair template in turn order, the rounds the
+        #: admitted ones move on (by queue and template), and where each chosen fair task
+        #: goes in claim order (the place of the task it was taken for).
+        self.turns: dict[tuple[str, str], list[_Candidate]] = {}
+        self.rounds: dict[tuple[str, str], int] = {}
+        self.places: dict[tuple[str, str], tuple[Any, ...]] = {}
 
     @property
     def seen(self) -> bool:
@@ -1233,6 +1275,24 @@ class _Admission:
                 got[key] = got.get(key, 0) + 1
         self.settle = sorted(k for k, room in self.rooms.items() if got.get(k, 0) < room)
 
+    def fair(self, rows: list[Row]) -> None:
+        """W22: the claimable tasks of the fair templates of these queues, in turn order (a
+        claim takes at most its look-ahead of each)."""
+        for row in rows:
+            c = _Candidate(row, self.ranks[row["queue"]])
+            if c.template is not None:
+                self.turns.setdefault(c.template, []).append(c)
+                for spec in c.specs:
+                    self.specs.setdefault((c.queue, spec.key), spec)
+
+    def _turns(self, template: tuple[str, str]) -> list[_Candidate]:
+        """A template's line: its tasks read by fair_due and those let back here."""
+        mine = {c.key: c for c in self.turns.get(template, ())}
+        for c in self.candidates:
+            if c.template == template:
+                mine.setdefault(c.key, c)
+        return sorted(mine.values(), key=lambda c: c.turn_order)
+
     def missing(self) -> list[tuple[str, str]]:
         """Keys of the candidates without a counter."""
         return [k for k in self.specs if k[1] not in self.counters.get(k[0], {})]
@@ -1240,9 +1300,16 @@ class _Admission:
     def decide(self) -> None:
         """Admit or hold each candidate in claim order, up to ``want`` leases."""
         self.candidates.sort(key=lambda c: c.order)
-        for c in self.candidates:
+        if self.turns:
+            ordered = list(limiter.in_turns(self.candidates, _key, _template, self._turns))
+        else:
+            ordered = [(c, c) for c in self.candidates]
+        heads = {c.key: c for c in self.candidates}
+        for n, (c, head) in enumerate(ordered):
             if len(self.chosen) >= self.want:
                 break  # left as it is: due, or held where it was
+            if c.template is not None and c.key not in heads:
+                self.candidates.append(c)  # taken from its template's line (W22)
             if not c.specs:
                 self.chosen.append(c.ctid)
                 continue
@@ -1258,6 +1325,10 @@ class _Admission:
                 c.admitted = True
                 self.chosen.append(c.ctid)
                 self.dirty.update((c.queue, spec.key) for spec in c.specs)
+                if c.template is not None:
+                    turn = c.turn_order[1]
+                    self.rounds[c.template] = max(self.rounds.get(c.template, 0), turn)
+                    self.places[c.key] = (*head.order[1:], n)
             else:
                 self.dirty.add((c.queue, full))
                 if full != c.held_on:
@@ -1305,8 +1376,25 @@ class _Admission:
             "waiting": [c.waiting for _, c in saved],
         }
 
+    def round_params(self) -> dict[str, Any]:
+        """fair_rounds' parameters: the rounds of the templates whose tasks started."""
+        keys = sorted(self.rounds)
+        return {
+            "queues": [q for q, _ in keys],
+            "templates": [t for _, t in keys],
+            "turns": [self.rounds[k] for k in keys],
+        }
+
     def settle_params(self) -> dict[str, Any]:
         return {"queues": [q for q, _ in self.settle], "keys": [k for _, k in self.settle]}
+
+
+def _key(c: _Candidate) -> tuple[str, str]:
+    return c.key
+
+
+def _template(c: _Candidate) -> tuple[str, str] | None:
+    return c.template
 
 
 def _counter_columns(counters: list[tuple[tuple[str, str], limiter.Counter]]) -> dict[str, Any]:
@@ -1339,6 +1427,9 @@ _LIMITED_ROUNDS = 8
 #: The queue of the claim that warms a new connection up: a space is in no queue's name.
 _WARM_UP_QUEUE = "durq warm-up"
 _LOOK_AHEAD = 100
+#: W22: how many of a fair template's tasks past the free slots a round reads (and locks):
+#: the look-ahead's 100 halved fair claims (each locked row is a write).
+_FAIR_LOOK_AHEAD = 16
 _LOOK_AHEAD_MAX = 3200
 #: How soon a claim comes back for tasks whose counter another transaction held (a claim
 #: round or an outcome: a few milliseconds).

@@ -266,10 +266,12 @@ t.lease_token, t.seq, t.started_at, t.lease_expires_at, t.priority, t.limits::te
 -- are out of it), locked with SKIP LOCKED so concurrent workers take different rows (W10),
 -- filled from the queues in the order given, with their limits and their row's address
 -- (ctid: the claim's write goes straight to the row it locked; see claim_work).
-SELECT c.queue, c.id, c.limits, c.priority, c.next_process_at, c.seq, c.ctid
+SELECT c.queue, c.id, c.limits, c.priority, c.next_process_at, c.seq, c.ctid,
+       c.fair_template, c.fair_turn
 FROM unnest(%(queues)b::text[]) WITH ORDINALITY AS q(name, ord)
 CROSS JOIN LATERAL (
-    SELECT t.queue, t.id, t.priority, t.next_process_at, t.seq, t.limits, t.ctid
+    SELECT t.queue, t.id, t.priority, t.next_process_at, t.seq, t.limits, t.ctid,
+           t.fair_template, t.fair_turn
     FROM {schema}.tasks AS t
     WHERE t.queue = q.name
       AND t.state = 'pending'
@@ -348,10 +350,40 @@ SELECT {now} AS now;
 -- The claim of limited work, first step: due rows as claim takes them (claimable_due, up to
 -- %(limit)s: the free slots and a look-ahead past them), locked, with their limits.
 SELECT d.queue, d.id, d.limits::text AS limits, d.priority, d.next_process_at, d.seq,
-       d.ctid::text AS ctid
+       d.ctid::text AS ctid, d.fair_template, d.fair_turn
 FROM (
     {claimable_due}
 ) AS d;
+
+-- name: fair_due
+-- W22, in the claim of limited work: the claimable tasks of each fair template of these
+-- queues (fair_rounds, a row per template) in the order its partitions take turns:
+-- priority, then turn, then enqueue order (tasks_fair), as many as the claim wants and a few
+-- more (%(fair_limit)s: a template's tasks held on a full partition are skipped), locked as
+-- due rows are. Queues without fair limits cost one probe of fair_rounds.
+SELECT b.queue, b.id, b.limits::text AS limits, b.priority, b.next_process_at, b.seq,
+       b.ctid::text AS ctid, b.fair_template, b.fair_turn
+FROM {schema}.fair AS g
+CROSS JOIN LATERAL (
+    SELECT t.queue, t.id, t.limits, t.priority, t.next_process_at, t.seq, t.ctid,
+           t.fair_template, t.fair_turn
+    FROM {schema}.tasks AS t
+    WHERE t.queue = g.queue AND t.fair_template = g.template
+      AND t.state = 'pending' AND t.held_by IS NULL
+    ORDER BY t.priority DESC, t.fair_turn, t.seq
+    LIMIT %(fair_limit)s
+    FOR UPDATE SKIP LOCKED
+) AS b
+WHERE g.queue = ANY(%(queues)b::text[]) AND g.key = ''
+  AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.name = g.queue AND p.paused);
+
+-- name: fair_rounds
+-- W22: templates whose tasks a claim started: each one's round is at least the latest turn.
+UPDATE {schema}.fair AS f
+SET turn = greatest(f.turn, x.turn)
+FROM unnest(%(queues)b::text[], %(templates)b::text[], %(turns)b::bigint[])
+     AS x(queue, template, turn)
+WHERE f.queue = x.queue AND f.template = x.template AND f.key = '';
 
 -- name: waiting_limits
 -- The counters of the keys of these queues that may have held tasks (limits_waiting),
@@ -370,10 +402,11 @@ FOR UPDATE OF l SKIP LOCKED;
 -- fills, as many as its free slots (at most %(limit)s), locked as due rows are; the limiter
 -- lets back as many as the room (held tasks of a key waiting_limits skipped stay held).
 SELECT b.queue, b.id, b.limits::text AS limits, b.priority, b.next_process_at, b.seq,
-       b.ctid::text AS ctid, l.key AS held_on
+       b.ctid::text AS ctid, l.key AS held_on, b.fair_template, b.fair_turn
 FROM {schema}.limits AS l
 CROSS JOIN LATERAL (
-    SELECT t.queue, t.id, t.limits, t.priority, t.next_process_at, t.seq, t.ctid
+    SELECT t.queue, t.id, t.limits, t.priority, t.next_process_at, t.seq, t.ctid,
+           t.fair_template, t.fair_turn
     FROM {schema}.tasks AS t
     WHERE t.queue = l.queue AND t.held_by = l.key AND t.state = 'pending'
     ORDER BY t.priority DESC, t.next_process_at, t.seq

@@ -43,6 +43,11 @@ Layout (``P`` is the prefix, default ``durq``; ``Q`` a queue name)::
     P:{Q}:held                  zset     "<limit key>\0<rank>\0<member>": pending tasks held on
                                          a key, in claim order (rank: the pending score)
     P:{Q}:limwait               set      limit keys with held tasks
+    P:{Q}:fair                  zset     "<fair template>\0<band><turn>\0<member>" (score 0):
+                                         pending tasks not held, each template's in turn
+                                         order (W22; named by the scripts, from the pending key)
+    P:{Q}:turns                 zset     "<template>\0<key>" -> a partition's last turn,
+                                         "<template>\0" -> the template's round (W22)
 
 Every key of one queue carries the hash tag ``{Q}``, so each script touches one slot. A group
 member's task hash names its group's hash (field ``g``, the ``:e``/``:s`` keys are derived

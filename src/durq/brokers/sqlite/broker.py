@@ -448,16 +448,21 @@ class SQLiteBroker:
         counters.let_back()
         while len(leases) < params.limit:
             want = params.limit - len(leases)
+            counters.look = want + FAIR_LOOK
             rows = conn.execute(
                 STATEMENTS["claim_candidates"], {"queue": queue, "now": now, "limit": want}
             ).fetchall()
             chosen: list[int] = []
             held = 0
-            for row in rows:
+            for row, _ in limiter.in_turns(rows, _rowid, _fair_template, counters.turns):
+                if len(chosen) >= want:
+                    break
                 if row["limits"] is None:
                     chosen.append(row["rowid"])
                 elif counters.admit(row["rowid"], limits_from_json(row["limits"])):
                     chosen.append(row["rowid"])
+                    if row["fair_turn"] is not None:
+                        counters.started(row["fair_template"], row["fair_turn"])
                 else:
                     held += 1
             counters.save()
@@ -472,8 +477,9 @@ class SQLiteBroker:
                         **self._storage.timeline.lease_params(),
                     },
                 ).fetchall()
-                # RETURNING gives no order guarantee: restore the claim order.
-                claimed.sort(key=lambda r: (-r["priority"], r["next_process_at"], r["seq"]))
+                # RETURNING gives no order guarantee: restore the order they were chosen in.
+                place = {rowid: i for i, rowid in enumerate(chosen)}
+                claimed.sort(key=lambda r: place[r["seq"]])
                 leases.extend(Lease(row_to_info(r), r["lease_token"]) for r in claimed)
             if not held or len(rows) < want:
                 break  # no task held back: nothing more is claimable now
@@ -985,6 +991,8 @@ class _LimitCounters:
         self._now = now
         self._counters: dict[str, limiter.Counter] = {}
         self._dirty: set[str] = set()
+        #: How many of a fair template's tasks :meth:`turns` reads.
+        self.look = FAIR_LOOK
 
     def _load(self, keys: Sequence[str]) -> None:
         missing = [k for k in keys if k not in self._counters]
@@ -1023,6 +1031,20 @@ class _LimitCounters:
         self._dirty.update(spec.key for spec in specs)
         return True
 
+    def turns(self, template: str) -> list[sqlite3.Row]:
+        """W22: the claimable tasks of a fair template in turn order, as far as one claim
+        may take them."""
+        return self._conn.execute(
+            STATEMENTS["fair_candidates"],
+            {"queue": self._queue, "template": template, "limit": self.look},
+        ).fetchall()
+
+    def started(self, template: str, turn: int) -> None:
+        """W22: a task of ``template`` with ``turn`` started: the template's round."""
+        self._conn.execute(
+            STATEMENTS["fair_round"], {"queue": self._queue, "template": template, "turn": turn}
+        )
+
     def save(self) -> None:
         for key in self._dirty:
             c = self._counters[key]
@@ -1045,3 +1067,16 @@ class _LimitCounters:
     def wake_at(self) -> float | None:
         """When a token comes for a key with held tasks."""
         return limiter.wake_at(self._counters.values(), self._now)
+
+
+#: W22: how many of a fair template's tasks a claim reads at a time past the tasks it wants
+#: (read again when they are used up).
+FAIR_LOOK = 4
+
+
+def _rowid(row: sqlite3.Row) -> int:
+    return int(row["rowid"])
+
+
+def _fair_template(row: sqlite3.Row) -> str | None:
+    return row["fair_template"]  # type: ignore[no-any-return]

@@ -63,14 +63,20 @@ SELECT id FROM durq_tasks WHERE unique_key = :unique_key;
 -- Tried first: a free id and a free key cost this one statement. A conflict (a live holder,
 -- or an expired one still in place) writes nothing and returns no row; the broker then
 -- clears what only looks taken, or raises the live holder's conflict, and tries again.
+-- W22: a task with a fair limit takes the next turn of its partition (durq_fair), never
+-- before its template's round; the trigger durq_tasks_fair_turn records it once stored.
 INSERT INTO durq_tasks (
     id, queue, type, payload, state, max_retry, timeout, deadline, next_process_at,
     enqueued_at, retention, headers, unique_key, unique_until, relative_due, priority, limits,
-    waiting_for
+    waiting_for, fair_template, fair_turn
 ) VALUES (
     :id, :queue, :type, :payload, :state, :max_retry, :timeout, :deadline, :next_process_at,
     :now, :retention, :headers, :unique_key, :unique_until, :relative_due, :priority, :limits,
-    :waiting_for
+    :waiting_for, :fair_template,
+    CASE WHEN :fair_template IS NOT NULL THEN 1 + (
+        SELECT coalesce(max(f.turn), 0) FROM durq_fair AS f
+        WHERE f.queue = :queue AND f.template = :fair_template AND f.key IN (:fair_key, '')
+    ) END
 )
 ON CONFLICT DO NOTHING
 RETURNING *;
@@ -103,10 +109,23 @@ SELECT EXISTS (
 -- priority, then due time, then enqueue order, with their limits: the claim leases those without limits and checks the others' counters.
 -- Runs inside BEGIN IMMEDIATE: no other connection can write between this read and the
 -- lease, so no task is handed out twice (W10) and no counter is read stale (W13).
-SELECT rowid, limits FROM durq_tasks
+SELECT rowid, limits, fair_template, fair_turn FROM durq_tasks
 WHERE queue = :queue AND state = 'pending' AND held_by IS NULL
 ORDER BY priority DESC, next_process_at, rowid
 LIMIT :limit;
+
+-- name: fair_candidates
+-- W22: the claimable tasks of one fair template in the order its partitions take turns:
+-- priority, then turn, then enqueue order (partial index durq_tasks_fair).
+SELECT rowid, limits, fair_template, fair_turn FROM durq_tasks INDEXED BY durq_tasks_fair
+WHERE queue = :queue AND fair_template = :template AND state = 'pending' AND held_by IS NULL
+ORDER BY priority DESC, fair_turn, rowid
+LIMIT :limit;
+
+-- name: fair_round
+-- W22: a claim started a task of a fair template: the template's round is at least its turn.
+INSERT INTO durq_fair (queue, template, key, turn) VALUES (:queue, :template, '', :turn)
+ON CONFLICT (queue, template, key) DO UPDATE SET turn = max(turn, excluded.turn);
 
 -- name: promote_queue
 -- The claim's first step: due scheduled/retry rows of one queue become pending (a bounded

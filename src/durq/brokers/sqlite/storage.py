@@ -51,7 +51,7 @@ from durq.errors import (
     TaskIDConflictError,
 )
 from durq.states import TaskState
-from durq.task import TaskInfo, limits_to_json
+from durq.task import TaskInfo, fair_spec, limits_to_json
 
 T = TypeVar("T")
 Conn = sqlite3.Connection
@@ -533,7 +533,12 @@ class SQLiteStorage:
             else now + p.unique_ttl,
             "priority": p.priority,
             "limits": limits_to_json(p.limits),
+            "fair_template": None,
+            "fair_key": None,
         }
+        fair = fair_spec(p.limits)
+        if fair is not None:
+            values["fair_template"], values["fair_key"] = fair.fair, fair.key
         # The insert first: a free id and key are the common case, and cost one statement
         # instead of four.
         row = conn.execute(STATEMENTS["insert_task"], values).fetchone()

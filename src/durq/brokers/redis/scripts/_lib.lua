@@ -68,6 +68,34 @@ local function member_id(m)
   return string.sub(m, 17)
 end
 
+-- The queue's key prefix ("P:{Q}") of a key of it: the part up to the hash tag's closing
+-- brace (the same slot: ":pending", ":scheduled", ":waiting", ":fair"... follow it).
+local function queue_base(task_key)
+  return string.sub(task_key, 1, string.find(task_key, '}', 1, true))
+end
+
+-- W22 fair limits. A task whose first limit is fair stores its template ("fg") and its turn
+-- ("ft"), given by enqueue_task from the queue's turns zset ("P:{Q}:turns": member
+-- "<template>\0<key>" scored with the last turn of a partition, "<template>\0" with the
+-- template's round, the turn of the latest of its tasks a claim started: ZADD GT). While pending and not held it has an
+-- entry "<template>\0<band><turn>\0<member>" (score 0) in the fair zset ("P:{Q}:fair"):
+-- by lex order a template's tasks by priority (band 100 - priority, 3 digits), then turn
+-- (15 digits), then enqueue order. Entries are added where a task becomes pending and taken
+-- out where a claim takes or holds it; one whose task is no longer pending is dropped when a
+-- claim meets it (claim.lua), and a claim adds the entry of a fair task it pops.
+local function fair_entry(template, prio, turn, m)
+  return template .. '\0' .. string.format('%03d%015d', 100 - tonumber(prio or 0), tonumber(turn))
+    .. '\0' .. m
+end
+
+-- A task that became pending joins its template's line, if it has a fair limit.
+local function fair_join(task_key, m)
+  local f = redis.call('HMGET', task_key, 'fg', 'ft', 'prio')
+  if f[1] then
+    redis.call('ZADD', queue_base(task_key) .. ':fair', 0, fair_entry(f[1], f[3], f[2], m))
+  end
+end
+
 -- Tell idle workers that `queue_notify` (a queue's "P:{Q}:notify") has tasks to claim: a
 -- message on that channel for the workers that subscribe, and a token in the list of the same
 -- name for one worker blocked on it (BLPOP, with its claim queued behind). One token at most
@@ -150,10 +178,14 @@ local function forward_due(src, pending, task_prefix, now, bound)
     local m, score = due[i], due[i + 1]
     redis.call('ZREM', src, m)
     local key = task_prefix .. member_id(m)
-    local prio = redis.call('HGET', key, 'prio')
-    if prio or redis.call('EXISTS', key) == 1 then
+    local f = redis.call('HMGET', key, 'prio', 'fg', 'ft')
+    local prio = f[1]
+    if prio or f[2] or redis.call('EXISTS', key) == 1 then
       redis.call('HSET', key, 'state', 'pending')
       redis.call('ZADD', pending, ready_score(score, prio), m)
+      if f[2] then  -- W22: into its template's line
+        redis.call('ZADD', queue_base(pending) .. ':fair', 0, fair_entry(f[2], prio, f[3], m))
+      end
       moved = moved + 1
     end
   end
@@ -319,11 +351,29 @@ local function enqueue_task(task_key, qk, qo, now_s, a, ao)
   if prio ~= '0' then f[n + 1] = 'prio'; f[n + 2] = prio; n = n + 2 end
   n = add_chunked(f, n, 'p', a[ao + 3])
   if a[ao + 12] ~= '' then n = add_chunked(f, n, 'h', a[ao + 12]) end
-  if a[ao + 15] ~= '' then f[n + 1] = 'L'; f[n + 2] = a[ao + 15]; n = n + 2 end
+  local fair, turn = nil, nil
+  if a[ao + 15] ~= '' then
+    f[n + 1] = 'L'; f[n + 2] = a[ao + 15]; n = n + 2
+    -- W22: a fair limit is the first, the only one with a string after a comma (its
+    -- template): one turn after its partition's last, never before the template's round.
+    if string.find(a[ao + 15], ',"', 1, true) then
+      local spec = cjson.decode(a[ao + 15])[1]
+      fair = spec[5]
+      local turns = queue_base(task_key) .. ':turns'
+      local part = fair .. '\0' .. spec[1]
+      local t = redis.call('ZMSCORE', turns, part, fair .. '\0')
+      turn = string.format('%d', math.max(tonumber(t[1] or 0), tonumber(t[2] or 0)) + 1)
+      redis.call('ZADD', turns, turn, part)
+      f[n + 1] = 'fg'; f[n + 2] = fair; f[n + 3] = 'ft'; f[n + 4] = turn; n = n + 4
+    end
+  end
   redis.call('HSET', task_key, unpack(f, 1, n))
 
   if state == 'pending' then
     redis.call('ZADD', qk[qo + 1], ready_score(npa, prio), m)
+    if fair then
+      redis.call('ZADD', queue_base(task_key) .. ':fair', 0, fair_entry(fair, prio, turn, m))
+    end
     return now_s, true
   end
   redis.call('ZADD', qk[qo + 2], npa, m)
@@ -361,9 +411,6 @@ end
 -- waiting task counts the dependencies it still waits for in field "wf" and sits in its
 -- queue's waiting zset, named after its task hash as keys.py names them: the part up to the
 -- closing brace of the hash tag, then ":waiting" (and ":pending", ":scheduled", ":notify").
-local function queue_base(task_key)
-  return string.sub(task_key, 1, string.find(task_key, '}', 1, true))
-end
 
 -- A waiting task waits no more: out of the waiting zset, pending (its workers woken) or
 -- scheduled while its due time is ahead (durq.states.released).
@@ -378,6 +425,7 @@ local function release_waiting(wkey, now_s)
   else
     redis.call('HSET', wkey, 'state', 'pending')
     redis.call('ZADD', base .. ':pending', ready_score(w[1], w[3]), w[2])
+    fair_join(wkey, w[2])
     wake_workers(base .. ':notify')
   end
 end

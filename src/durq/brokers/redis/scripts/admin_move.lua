@@ -42,6 +42,7 @@ if to == 'pending' then
   -- A fresh start for the poison-pill count, as on the SQL brokers (lost 0 is not stored).
   redis.call('HDEL', KEYS[1], 'archived_at', 'lost', 'cancel')
   redis.call('ZADD', KEYS[2], ready_score(ARGV[1], cur[4]), cur[2])
+  fair_join(KEYS[1], cur[2])
   wake_workers(ARGV[5])
 else
   free_unique(KEYS[8], KEYS[1])

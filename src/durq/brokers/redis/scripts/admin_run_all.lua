@@ -13,6 +13,7 @@ for _, m in ipairs(batch) do
   redis.call('HSET', key, 'state', 'pending', 'npa', ARGV[1])
   redis.call('HDEL', key, 'archived_at', 'lost', 'cancel')  -- lost 0: a fresh poison-pill count
   redis.call('ZADD', KEYS[2], ready_score(ARGV[1], redis.call('HGET', key, 'prio')), m)
+  fair_join(key, m)
 end
 if #batch > 0 then
   wake_workers(ARGV[4])

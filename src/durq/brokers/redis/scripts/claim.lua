@@ -5,6 +5,10 @@
 -- W13: a task with limits ("L") is leased only if each key has room, counting it; one
 -- without room is held (moved from pending to the held zset) and the claim goes on. First,
 -- held tasks of keys with room again go back to pending, as many as there is room.
+-- W22: when the next task is fair, the claim takes instead its template's task whose turn
+-- comes first (the first live entry of the template in the fair zset "P:{Q}:fair", next to
+-- the pending zset); the next task stays first. Starting one moves the template's round on
+-- (the turns zset "P:{Q}:turns"). See _lib.lua.
 -- Several queues in one call need a single node (their keys are in different hash slots); a
 -- cluster calls it once per queue.
 --
@@ -32,6 +36,29 @@ local wake_at = nil
 local function claim_queue(o, prefix, want, out)
   forward_due(KEYS[o + 2], KEYS[o + 1], prefix, now, bound)
   forward_due(KEYS[o + 3], KEYS[o + 1], prefix, now, bound)
+  local base = queue_base(KEYS[o + 1])
+  local fair_z, turns = base .. ':fair', base .. ':turns'
+  -- Members popped from pending and not yet taken or held, with their score.
+  local popped_at = {}
+
+  -- W22: the first entry of `template`'s line whose task is claimable (pending, or popped
+  -- by this claim and not taken yet); entries of tasks no longer pending are dropped.
+  local function fair_pick(template)
+    local lo, hi = '[' .. template .. '\0', '(' .. template .. '\1'
+    while true do
+      local entries = redis.call('ZRANGEBYLEX', fair_z, lo, hi, 'LIMIT', 0, 16)
+      if #entries == 0 then
+        return nil
+      end
+      for _, e in ipairs(entries) do
+        local m = string.match(e, '%z([^%z]*)$')
+        if popped_at[m] or redis.call('ZSCORE', KEYS[o + 1], m) then
+          return m, e
+        end
+        redis.call('ZREM', fair_z, e)
+      end
+    end
+  end
 
   local counters, dirty = {}, {}
   local function counter(key)
@@ -55,10 +82,13 @@ local function claim_queue(o, prefix, want, out)
           redis.call('ZREM', KEYS[o + 7], h)
           local m = held_member(h)
           local task = prefix .. member_id(m)
-          local cur = redis.call('HMGET', task, 'state', 'held_by', 'hs')
+          local cur = redis.call('HMGET', task, 'state', 'held_by', 'hs', 'fg', 'ft', 'prio')
           if cur[1] == 'pending' and cur[2] == key then
             redis.call('HDEL', task, 'held_by', 'hs')
             redis.call('ZADD', KEYS[o + 1], cur[3], m)
+            if cur[4] then
+              redis.call('ZADD', fair_z, 0, fair_entry(cur[4], cur[6], cur[5], m))
+            end
           end
         end
         if #held < room then
@@ -75,10 +105,45 @@ local function claim_queue(o, prefix, want, out)
     end
     local held_here = 0
     for i = 1, #popped, 2 do
-      local m, score = popped[i], popped[i + 1]
+      popped_at[popped[i]] = popped[i + 1]
+    end
+    local i = 1
+    while i <= #popped and #out < want do
+      local m = popped[i]
       local key = prefix .. member_id(m)
-      local cur = redis.call('HMGET', key, 'state', 'L')  -- one call: exists, and its limits
-      if cur[1] then
+      -- One call: exists, its limits, and (W22) its fair template, turn and priority.
+      local cur = popped_at[m] and redis.call('HMGET', key, 'state', 'L', 'fg', 'ft', 'prio')
+      if cur and cur[1] and cur[3] then
+        -- A fair task: its template's first turn goes in its place; it stays first. Its own
+        -- entry is missing if it became pending by a way that adds none: then it goes in
+        -- the line now, and first if its turn comes first.
+        local own = fair_entry(cur[3], cur[5], cur[4], m)
+        local pick, entry = fair_pick(cur[3])
+        if pick ~= m then
+          redis.call('ZADD', fair_z, 0, own)
+          if pick == nil or own < entry then
+            pick = m
+          end
+        end
+        if pick ~= m then
+          m, key = pick, prefix .. member_id(pick)
+          cur = redis.call('HMGET', key, 'state', 'L', 'fg', 'ft', 'prio')
+        else
+          i = i + 2
+        end
+      else
+        i = i + 2
+      end
+      local score = popped_at[m]
+      if cur and score == nil then  -- a pick still in pending
+        score = redis.call('ZSCORE', KEYS[o + 1], m)
+        redis.call('ZREM', KEYS[o + 1], m)
+      end
+      popped_at[m] = nil
+      if cur and cur[3] then
+        redis.call('ZREM', fair_z, fair_entry(cur[3], cur[5], cur[4], m))
+      end
+      if cur and cur[1] then
         local raw = cur[2]
         local full = nil
         local specs = {}
@@ -118,6 +183,9 @@ local function claim_queue(o, prefix, want, out)
             c.running = c.running + 1
             dirty[s.key] = true
           end
+          if cur[3] then  -- W22: the template's round is at least this turn
+            redis.call('ZADD', turns, 'GT', cur[4], cur[3] .. '\0')
+          end
           n = n + 1
           local token = ARGV[5] .. '.' .. tostring(n)
           redis.call('HSET', key, 'state', 'active', 'token', token, 'started_at', now,
@@ -126,6 +194,14 @@ local function claim_queue(o, prefix, want, out)
           redis.call('ZADD', KEYS[o + 4], expires, m)
           table.insert(out, {token, redis.call('HGETALL', key)})
         end
+      end
+    end
+    -- Popped and not reached (fair tasks went in their place): back where they were.
+    for j = 1, #popped, 2 do
+      local left = popped[j]
+      if popped_at[left] then
+        redis.call('ZADD', KEYS[o + 1], popped_at[left], left)
+        popped_at[left] = nil
       end
     end
     held_now = held_now + held_here

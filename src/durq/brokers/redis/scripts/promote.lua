@@ -22,6 +22,7 @@ for i = 1, #ended, 2 do
     redis.call('ZREM', KEYS[4], m)
     redis.call('HSET', key, 'state', 'pending')
     redis.call('ZADD', KEYS[1], ready_score(score, cur[3]), m)
+    fair_join(key, m)
     moved = moved + 1
   end
 end

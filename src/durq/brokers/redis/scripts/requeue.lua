@@ -16,5 +16,6 @@ local now = clock(ARGV[3])
 redis.call('HSET', KEYS[1], 'state', 'pending', 'npa', now)
 redis.call('HDEL', KEYS[1], 'token', 'lease_expires_at', 'cancel', 'worker_id')
 redis.call('ZADD', KEYS[3], ready_score(now, cur[4]), cur[3])
+fair_join(KEYS[1], cur[3])
 wake_workers(ARGV[2])
 return 1

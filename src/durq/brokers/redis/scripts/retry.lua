@@ -72,6 +72,7 @@ if ARGV[12] ~= '1' then
 end
 if ready then
   redis.call('ZADD', KEYS[9], ready_score(npa, cur[5]), cur[3])
+  fair_join(KEYS[1], cur[3])
   wake_workers(ARGV[11])
   return 1
 end

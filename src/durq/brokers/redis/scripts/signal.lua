@@ -39,5 +39,6 @@ redis.call('ZREM', KEYS[4], cur[4])
 redis.call('HSET', KEYS[1], 'state', 'pending', 'npa', now)
 redis.call('HDEL', KEYS[1], 'aw')
 redis.call('ZADD', KEYS[3], ready_score(now, cur[5]), cur[4])
+fair_join(KEYS[1], cur[4])
 wake_workers(ARGV[4])
 return 'woken'
