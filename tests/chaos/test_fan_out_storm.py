@@ -40,7 +40,11 @@ async def fan_out_storm(
 ) -> dict[str, object]:
     await migrate(url)
     ids = await enqueue_work(url, tasks, ms=ms, prefix="f", type="chaos:fanout")
-    cluster = clusters(url, 3, "--lease", "4", "--concurrency", "16", "--rescue", "1")
+    # What is checked is the wait and the child's creation, not the guard that archives a
+    # task whose workers died holding it three times (a loaded machine makes that likely).
+    cluster = clusters(
+        url, 3, "--lease", "4", "--concurrency", "16", "--rescue", "1", "--max-lost", "25"
+    )
     cluster.start_all()
     await cluster.wait_ready()
     took, _ = await storm(cluster, url, tasks * PER_TASK, kill_every=kill_every, timeout=timeout)
