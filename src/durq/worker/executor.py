@@ -299,7 +299,7 @@ class Executor:
             lease, encoded, now=self.app.clock.now(), max_payload=self.app.max_payload
         )
         try:
-            held = await self._report(self.acker.complete, params, task)
+            held = await self._report(self.acker.send, params, task)
         except Exception:  # refused, not unreachable: _report waits out outages
             return await self._complete_alone(lease, task_def, params)
         if held:
