@@ -19,7 +19,6 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
-from psycopg.types.array import ListBinaryDumper
 from psycopg_pool import AsyncConnectionPool
 
 from durq import ranges
@@ -110,16 +109,7 @@ def render(text: str, schema: str) -> bytes:
 #: numbered once here.
 RAW = ("complete_claim", "claim")
 
-_PARAM = re.compile(rb"%\((\w+)\)([sbt])")
-
-
-class BinaryList(list[Any]):
-    """A list that psycopg sends as a binary array where the statement asked for one
-    (``%(x)b``): a raw statement's parameters go in psycopg's automatic format, which dumps
-    a list of text as an array literal (quoting each element) for several times the CPU."""
-
-
-psycopg.adapters.register_dumper(BinaryList, ListBinaryDumper)
+_PARAM = re.compile(rb"%\((\w+)\)[sbt]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,33 +118,22 @@ class RawStatement:
 
     text: bytes
     names: tuple[str, ...]
-    #: The parameters written ``%(name)b``: binary, as in the statement run by name.
-    binary: frozenset[str] = frozenset()
 
     def params(self, values: dict[str, Any]) -> list[Any]:
-        """The values of ``values`` in parameter order (lists of ``%(name)b`` parameters as
-        :class:`BinaryList`)."""
-        binary = self.binary
-        out = [values[name] for name in self.names]
-        for i, name in enumerate(self.names):
-            if name in binary and type(out[i]) is list:
-                out[i] = BinaryList(out[i])
-        return out
+        """The values of ``values`` in parameter order."""
+        return [values[name] for name in self.names]
 
 
 def raw_statement(query: bytes) -> RawStatement:
     names: list[str] = []
-    binary: set[str] = set()
 
     def number(match: re.Match[bytes]) -> bytes:
         name = match.group(1).decode()
         if name not in names:
             names.append(name)
-        if match.group(2) == b"b":
-            binary.add(name)
         return b"$%d" % (names.index(name) + 1)
 
-    return RawStatement(_PARAM.sub(number, query), tuple(names), frozenset(binary))
+    return RawStatement(_PARAM.sub(number, query), tuple(names))
 
 
 @cache
