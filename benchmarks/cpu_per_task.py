@@ -18,7 +18,10 @@ backlog shares out over batches. Beside it, the worker's voluntary context switc
 task: each is one of its threads going to sleep (a hand-off between threads costs two).
 
     .venv/bin/python benchmarks/cpu_per_task.py [--brokers sqlite,redis,postgresql]
-        [--pickups 100,400 --rate 100]
+        [--pickups 100,400 --rate 100] [--worker-only]
+
+``--worker-only`` measures the worker's drain alone: run it from two trees in turn, several
+times, to compare two builds on a busy machine (alternate them; take the medians).
 
 Storage is private to this tool: Redis database 5 (``BENCH_REDIS_URL``, keys ``durq-cpu*``
 removed before each run), the PostgreSQL database ``durq_cpu`` (created again per run,
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import statistics
@@ -179,17 +183,26 @@ def pick_up(url: str, n: int, rate: float, tmp: str) -> tuple[float, int]:
 
 
 def measure(
-    broker: str, n1: int, n2: int, repeats: int, pickups: tuple[int, int] | None, rate: float
+    broker: str,
+    n1: int,
+    n2: int,
+    repeats: int,
+    pickups: tuple[int, int] | None,
+    rate: float,
+    worker_only: bool = False,
 ) -> dict[str, float]:
-    """Median over ``repeats`` of the CPU microseconds per task of each step."""
-    samples: dict[str, list[float]] = {"enqueue_one": [], "enqueue_many": [], "worker": []}
+    """Median over ``repeats`` of the CPU microseconds per task of each step (``worker_only``:
+    the worker's drain alone)."""
+    samples: dict[str, list[float]] = {"worker": []}
+    if not worker_only:
+        samples.update(enqueue_one=[], enqueue_many=[])
     if pickups:
         samples["worker_alone"] = []
         samples["switches_alone"] = []
     with tempfile.TemporaryDirectory() as tmp:
         url = broker_url(broker, tmp)
         for _ in range(repeats):
-            for mode in ("one", "many"):
+            for mode in () if worker_only else ("one", "many"):
                 used = []
                 for n in (n1, n2):
                     reset(broker, url, tmp)
@@ -222,6 +235,9 @@ def main() -> None:
     parser.add_argument("--pickups", help="K1,K2: also the worker's CPU per task sent alone")
     parser.add_argument("--rate", type=float, default=100.0, help="tasks/s for --pickups")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--worker-only", action="store_true", help="measure the worker's drain alone"
+    )
     args = parser.parse_args()
     pickups = None
     if args.pickups:
@@ -230,7 +246,7 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     with dropped_at_the_end(args.brokers, PG_DB):
         results = {
-            b: measure(b, args.n1, args.n2, args.repeats, pickups, args.rate)
+            b: measure(b, args.n1, args.n2, args.repeats, pickups, args.rate, args.worker_only)
             for b in args.brokers.split(",")
         }
     if args.json:
@@ -240,7 +256,8 @@ def main() -> None:
     alone = f"{'worker, alone':>15}{'switches, alone':>17}" if pickups else ""
     print(f"{'broker':<12}{'enqueue':>10}{'enqueue_many':>14}{'worker':>10}{alone}")
     for broker, f in results.items():
-        line = f"{broker:<12}{f['enqueue_one']:>10.1f}{f['enqueue_many']:>14.1f}"
+        line = f"{broker:<12}{f.get('enqueue_one', math.nan):>10.1f}"
+        line += f"{f.get('enqueue_many', math.nan):>14.1f}"
         line += f"{f['worker']:>10.1f}"
         if pickups:
             line += f"{f['worker_alone']:>15.1f}{f['switches_alone']:>17.1f}"

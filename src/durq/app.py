@@ -397,6 +397,8 @@ class App:
             params = replace(params, headers=headers)
         if self.encryption is not None:  # after the unique key: a digest of the plain payload
             params = replace(params, payload=self.encryption.seal(params.payload))
+        if request.then is None and not params.headers:
+            return params  # the common call: no follow-up, no webhook to look at
         params = self._with_then(params, request.then)
         # A webhook header: valid URL, delivery options recorded with the task.
         return webhooks.prepare(params, self.webhook_options)
@@ -515,7 +517,8 @@ class App:
         params = self.params(request)
         # The loop's broker without awaiting broker() (a coroutine per call) once it exists.
         broker = self._brokers.get(asyncio.get_running_loop()) or await self.broker()
-        self._check_follow_up_queue(broker, params)
+        if params.after or params.headers:
+            self._check_follow_up_queue(broker, params)
         # The common case (no unique key, or inside the caller's transaction) asks nothing more.
         unique = None if params.unique_key is None else self._unique_of(request)
         if unique is not None and unique.debounce is not None:

@@ -235,8 +235,10 @@ def build_params(
     task_id = new_task_id() if request.task_id is None else names.check_new_task_id(request.task_id)
     if request.process_in is not None and request.process_at is not None:
         raise ValidationError("give process_in or process_at, not both")
-    process_at = epoch(request.process_at, "process_at")
-    delay = durations.seconds(request.process_in)
+    # The common call gives none of the options below: each is looked at only when given
+    # (the handler's single enqueue is the hot path).
+    process_at = None if request.process_at is None else epoch(request.process_at, "process_at")
+    delay = None if request.process_in is None else durations.seconds(request.process_in)
     process_in: float | None = None
     if delay is not None and delay > 0:
         # Relative: the broker turns it into a moment on its own clock, not ours (ours may be
@@ -248,15 +250,15 @@ def build_params(
     max_retry = check_max_retry(
         defaults.max_retry if request.max_retry is None else request.max_retry
     )
-    timeout = durations.seconds(request.timeout)
+    timeout = None if request.timeout is None else durations.seconds(request.timeout)
     if timeout is None:
         timeout = defaults.timeout
     if timeout is not None and timeout <= 0:
         raise ValidationError("timeout must be > 0")
-    retention = durations.seconds(request.retention)
+    retention = None if request.retention is None else durations.seconds(request.retention)
     if request.on_conflict not in (None, "raise", "return"):
         raise ValidationError(f"on_conflict is 'raise' or 'return', not {request.on_conflict!r}")
-    unique = as_unique(request.unique)
+    unique = None if request.unique is None else as_unique(request.unique)
     if unique is None and request.unique is None:
         unique = defaults.unique
     priority = check_priority(defaults.priority if request.priority is None else request.priority)
@@ -264,9 +266,13 @@ def build_params(
     unique_key, unique_ttl = (
         (None, None) if unique is None else unique.key(queue, task_type, payload, now)
     )
-    headers = check_headers(request.headers, max_header_bytes)
+    headers = (
+        {}
+        if type(request.headers) is dict and not request.headers
+        else check_headers(request.headers, max_header_bytes)
+    )
     limits = defaults.limits if request.limit is None else as_limits(request.limit)
-    after = check_after(request.after, queue)
+    after = check_after(request.after, queue) if request.after else ()
     return EnqueueParams(
         id=task_id,
         queue=queue,
@@ -274,7 +280,7 @@ def build_params(
         payload=payload,
         max_retry=max_retry,
         timeout=timeout,
-        deadline=epoch(request.deadline, "deadline"),
+        deadline=None if request.deadline is None else epoch(request.deadline, "deadline"),
         process_at=process_at,
         process_in=process_in,
         retention=defaults.retention if retention is None else retention,
@@ -282,7 +288,7 @@ def build_params(
         unique_ttl=unique_ttl,
         headers=headers,
         priority=priority,
-        limits=resolve_all(limits, payload_json),
+        limits=resolve_all(limits, payload_json) if limits else (),
         after=after,
     )
 

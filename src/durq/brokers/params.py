@@ -282,10 +282,11 @@ class Lease:
 
     task: TaskInfo
     token: str
+    #: Names this lease; built once (the worker looks it up several times per attempt).
+    ref: LeaseRef = field(init=False, repr=False, compare=False)
 
-    @property
-    def ref(self) -> LeaseRef:
-        return LeaseRef(self.task.queue, self.task.id, self.token)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ref", LeaseRef(self.task.queue, self.task.id, self.token))
 
 
 class Claimed(list[Lease]):

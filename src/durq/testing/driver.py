@@ -203,13 +203,13 @@ class _RecordingAcker(Acker):
         #: Tasks kept only for the test, deleted when the worker stops.
         self.kept = kept
 
-    async def complete(self, params: CompleteParams) -> bool:
+    def send(self, params: CompleteParams) -> asyncio.Future[bool]:
         # The result as the handler returned it, not as stored (possibly encrypted).
         self._recorder.results[params.lease.id] = crypt.plain(params.result, self.encryption)
         if self._keep and params.retention <= 0:
             params = dataclasses.replace(params, retention=KEEP_FOR)
             self.kept.append((params.lease.queue, params.lease.id))
-        return await super().complete(params)
+        return super().send(params)
 
 
 class TestWorker:

@@ -72,6 +72,13 @@ class Acker:
 
     async def complete(self, params: CompleteParams) -> bool:
         """Complete one task; ``False`` if its lease is no longer held."""
+        return await self.send(params)
+
+    def send(self, params: CompleteParams) -> asyncio.Future[bool]:
+        """:meth:`complete` without a coroutine of its own (the worker's path for every
+        task): the future of its answer. It is this ack's alone, never the batch's: a
+        caller cancelled while awaiting it cancels only it (:meth:`answer` and :meth:`fail`
+        pass it by), and the others of its batch are stored and answered as before."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiting.append((params, future))
         if self._mode is _Mode.CARRY or (self._mode is _Mode.IDLE and may_make_work(params)):
@@ -79,8 +86,7 @@ class Acker:
             self.on_waiting()
         else:
             self._start_flush()
-        # Shielded: a cancelled caller must not cancel the batch other tasks ride in.
-        return await asyncio.shield(future)
+        return future
 
     def carry(self) -> None:
         """The fetcher's next claim carries the acks that arrive from now on."""

@@ -55,6 +55,8 @@ log = logging.getLogger("durq.worker")
 SHUTDOWN, CANCELLED, LOST = "shutdown", "cancelled", "lost"
 # Delays between attempts to report an outcome while the broker is unreachable.
 _ACK_DELAYS = (0.05, 0.2, 0.5, 1.0, 2.0, 4.0)
+#: Each try of a report and the pause after it (none after the last).
+_ACK_TRIES = (*_ACK_DELAYS, None)
 #: Longest ``last_error`` stored: an exception may carry a whole response body, and the error
 #: also travels in follow-up and webhook payloads, which have a size limit.
 MAX_ERROR = 4096
@@ -93,7 +95,7 @@ class _NoHandler(Exception):
     pass
 
 
-@dataclass
+@dataclass(slots=True)
 class Running:
     lease: Lease
     task: asyncio.Task[None]
@@ -158,7 +160,8 @@ class Executor:
         task = asyncio.create_task(self._attempt(lease), name=f"durq-task-{lease.task.id}")
         self.running[key] = Running(lease, task)
         task.add_done_callback(lambda _t: self._release(key))
-        self._busy_changed()
+        if self._watching:
+            self._busy_changed()
 
     def _completed(self, acks: Sequence[CompleteParams]) -> None:
         """The broker stored these completions: their slots are free at once, without
@@ -300,7 +303,7 @@ class Executor:
             lease, encoded, now=self.app.clock.now(), max_payload=self.app.max_payload
         )
         try:
-            held = await self._report(self.acker.complete, params, task)
+            held = await self._report(self.acker.send, params, task)
         except Exception:  # refused, not unreachable: _report waits out outages
             return await self._complete_alone(lease, task_def, params)
         if held:
@@ -338,7 +341,8 @@ class Executor:
         if running is not None and running.reason is None and not running.settling:
             running.settling = True
             self._settling += 1
-            self._busy_changed()
+            if self._watching:
+                self._busy_changed()
 
     async def _call(
         self,
@@ -621,7 +625,7 @@ class Executor:
         """Send an outcome to the broker, retrying through short outages.
 
         If it never gets through, the lease expires and the task runs again (at-least-once)."""
-        for delay in (*_ACK_DELAYS, None):
+        for delay in _ACK_TRIES:
             try:
                 held: bool = await call(params)
             except BrokerUnavailableError as exc:
