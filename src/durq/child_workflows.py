@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from durq.errors import InvalidStateError, TaskIDConflictError, TaskNotFoundError
 from durq.lifecycle import CANCELLED
 from durq.taskdef import TaskRegistry
-from durq.workflows import NodeFailed, Workflow, WorkflowError, regroup
+from durq.workflows import NOT_RUN, NodeFailed, Workflow, WorkflowError
 
 if TYPE_CHECKING:
     from durq.brokers.contract import FullBroker
@@ -92,7 +92,6 @@ def as_child(workflow: Workflow, queue: str, task_id: str, step: str) -> Workflo
             "queue": queue,
             "id": task_id,
             "signal": signal_name(wid),
-            "groups": workflow.final_groups(),
         },
         name=DONE_NODE,
         after=finals,
@@ -105,27 +104,46 @@ def as_child(workflow: Workflow, queue: str, task_id: str, step: str) -> Workflo
     return child
 
 
-def answer(dependencies: Mapping[str, Any], groups: Mapping[str, Any]) -> dict[str, Any]:
+def answer(dependencies: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """What the done node signals, from its ``ctx.dependencies`` (the child's final nodes,
-    flat): ``{"results": ...}`` as ``app.wait`` returns them (a node skipped, or failed with
-    ``on_failure`` skip or continue, left out), or ``{"failed": {"node", "error"}}`` naming
-    the node whose failure stopped the workflow."""
+    a sub-workflow's grouped under its name): ``{"results": ...}`` as ``app.wait`` returns
+    them (a node skipped, or failed with ``on_failure`` skip or continue, left out), or
+    ``{"failed": {"node", "error"}}`` naming the node whose failure stopped the workflow."""
     results: dict[str, Any] = {}
     for name, value in dependencies.items():
-        if not isinstance(value, NodeFailed):
+        if isinstance(value, dict) and any(_failed_within(value)):
+            # A sub-workflow's results (a handler's own JSON holds no NodeFailed).
+            inner = answer(value, f"{prefix}{name}.")
+            if "failed" in inner:
+                return inner
+            results[name] = inner["results"]
+        elif not isinstance(value, NodeFailed):
             results[name] = value
-            continue
-        error = value.error or ""
-        if error.startswith("skipped: "):
-            continue
-        if error.startswith("not run: node '"):
-            root = error[len("not run: node '") :].split("'", 1)[0]
-            return {"failed": {"node": root, "error": error}}
-        if value.on_failure != "cancel":
-            continue
-        what = "was cancelled" if error == CANCELLED else f"failed: {error or 'no error'}"
-        return {"failed": {"node": name, "error": what}}
-    return {"results": regroup(results, groups)}
+        else:
+            failed = _stopped_by(prefix + name, value)
+            if failed is not None:
+                return {"failed": failed}
+    return {"results": results}
+
+
+def _failed_within(value: Mapping[str, Any]) -> list[bool]:
+    return [
+        isinstance(v, NodeFailed) or (isinstance(v, dict) and any(_failed_within(v)))
+        for v in value.values()
+    ]
+
+
+def _stopped_by(name: str, value: NodeFailed) -> dict[str, str] | None:
+    """The node whose failure stopped the workflow, when final node ``name`` did not
+    complete (``None``: skipped, or failed with ``on_failure`` skip or continue)."""
+    error = value.error or ""
+    cascade = NOT_RUN.match(error)
+    if cascade is not None:
+        return None if cascade.group(1) == "skipped" else {"node": cascade.group(2), "error": error}
+    if value.on_failure != "cancel":
+        return None
+    what = "was cancelled" if error == CANCELLED else f"failed: {error or 'no error'}"
+    return {"node": name, "error": what}
 
 
 class ChildWorkflows:
@@ -162,7 +180,7 @@ def install(app: ChildHost) -> None:
     """Register the done node's handler on ``app``."""
 
     async def done(payload: dict[str, Any], ctx: TaskContext) -> None:
-        told = answer(ctx.dependencies, payload.get("groups") or {})
+        told = answer(ctx.dependencies)
         try:
             await app.signal(payload["id"], payload["signal"], told, queue=payload["queue"])
         except (TaskNotFoundError, InvalidStateError):

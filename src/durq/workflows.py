@@ -621,8 +621,9 @@ async def wait_for(
         header = header_of(task.headers) or {}
         if header.get("always"):
             # It ran whatever the nodes before it did: one of them may have failed the rest.
-            for dep, (queue, task_id) in (header.get("after") or {}).items():
-                before = await _read(broker.admin, queue, task_id)
+            after = header.get("after") or {}
+            befores = await _read_all(broker.admin, [(q, i) for q, i in after.values()])
+            for dep, before in zip(after, befores, strict=True):
                 if before is None or before.state is not TaskState.COMPLETED:
                     failure = await _failure(broker.admin, info, dep, before)
                     if failure is not None:
@@ -679,8 +680,8 @@ async def cancel(admin: Admin, nodes: Iterable[tuple[str, str]]) -> int:
     handler. The workflows a node started with ``ctx.run_workflow`` are cancelled with it.
     Returns how many were cancelled."""
     done = 0
-    for queue, task_id in reversed(list(nodes)):
-        node = await _read(admin, queue, task_id)
+    keys = list(reversed(list(nodes)))
+    for (queue, task_id), node in zip(keys, await _read_all(admin, keys), strict=True):
         if node is None or node.state in FINISHED:
             continue  # gone, or finished: nothing to cancel
         try:

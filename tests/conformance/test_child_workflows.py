@@ -188,3 +188,29 @@ async def test_cancelling_a_workflow_reaches_the_workflows_its_nodes_started(
             await wait_for_state(app, queue, f"wf:{wid}:{node}", TaskState.ARCHIVED, timeout=LIMIT)
     with pytest.raises(durq.WorkflowFailedError, match="cancelled"):
         await app.wait(info, timeout=LIMIT)
+
+
+async def test_a_child_whose_final_node_is_a_failing_sub_workflow_fails_the_task(
+    app: durq.App,
+) -> None:
+    """The done node reads a sub-workflow's final nodes grouped under its name: a failure
+    inside is found there too (and the good results of one that succeeded come back)."""
+    runs: list[str] = []
+    _fan_out(app, runs, bad_row=1)
+
+    @app.task("rows:parent", max_retry=0)
+    async def parent(payload: dict[str, Any], ctx: durq.TaskContext) -> Any:
+        inner = durq.Workflow("inner")
+        inner.add("rows:one", {"row": payload["row"]}, name="only")
+        wf = durq.Workflow("outer")
+        wf.add_workflow(inner, name="sub")
+        return await ctx.run_workflow(wf, timeout=LIMIT)
+
+    good = await app.enqueue("rows:parent", {"row": 0})
+    bad = await app.enqueue("rows:parent", {"row": 1})
+    async with app.worker(concurrency=4, **FAST):
+        assert await app.wait(good, timeout=LIMIT) == {"sub": {"only": 0}}
+        with pytest.raises(durq.TaskArchivedError) as failed:
+            await app.wait(bad, timeout=LIMIT)
+    error = (failed.value.info.last_error if failed.value.info else "") or ""
+    assert "WorkflowFailedError" in error and "sub.only" in error
