@@ -88,7 +88,13 @@ LIMITS: dict[str | None, tuple[LimitSpec, ...]] = {
     "fb": (LimitSpec("f:b", concurrency=2, fair="f:{p}"),),
     "fck": (LimitSpec("f:c", concurrency=2, fair="f:{p}"), LimitSpec("k", concurrency=2)),
     "far": (LimitSpec("f:a", concurrency=2, fair="f:{p}"), LimitSpec("r", rate=2, per=10.0)),
+    # W24: tasks that take both slots of "k" or both tokens of "r" beside those taking one.
+    "k2c2": (LimitSpec("k", concurrency=2, cost=2),),
+    "r2c2": (LimitSpec("r", rate=2, per=10.0, cost=2),),
 }
+#: The limits a random task draws, from LIMITS (no limit more often).
+DRAWN_LIMITS = [None, None, "k1", "k2", "r1", "r2", "k1r1", "r1k1", "fa", "fa", "fb", "fck", "far"]
+DRAWN_LIMITS += ["k2c2", "r2c2"]
 #: A continuation: none, on completion only, or on completion and archiving.
 THEN = [None, None, "completed", "finished"]
 _run = itertools.count()
@@ -101,9 +107,7 @@ task_options = st.fixed_dictionaries(
         "delay": st.sampled_from([0, 0, 5, 30]),
         "max_retry": st.integers(0, 2),
         "retention": st.sampled_from([0, 60]),
-        "limit": st.sampled_from(
-            [None, None, "k1", "k2", "r1", "r2", "k1r1", "r1k1", "fa", "fa", "fb", "fck", "far"]
-        ),
+        "limit": st.sampled_from(DRAWN_LIMITS),
         "unique": st.sampled_from([False, False, False, True]),
     }
 )
@@ -177,7 +181,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
             seq=0,
             max_retry=o["max_retry"],
             retention=float(o["retention"]),
-            limits={s.key: (s.concurrency, s.rate, s.per) for s in LIMITS[o["limit"]]},
+            limits={s.key: (s.concurrency, s.rate, s.per, s.cost) for s in LIMITS[o["limit"]]},
             fair=next((s.fair for s in LIMITS[o["limit"]] if s.fair is not None), None),
             unique=unique,
             unique_until=20.0 if unique else None,
