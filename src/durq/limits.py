@@ -75,19 +75,13 @@ class Limit:
     ``cost``: how many units of the key one attempt takes, of its concurrency and of its
     tokens (default 1): an int, or a template naming one payload field (``"{pages}"``)
     resolved at enqueue. A task whose cost exceeds the concurrency or the rate could never
-    start and is refused at enqueue (ValidationError).
-
-    ``sequence=True``: the key's tasks run one at a time in claim order (priority, then due
-    time, then enqueue order), and a task keeps the key from its first start until it
-    finishes: a failed task waiting for its retry lets no later task of the key start until
-    it completes, is archived, cancelled or deleted. Implies ``concurrency=1``."""
+    start and is refused at enqueue (ValidationError)."""
 
     key: str
     concurrency: int | None = None
     rate: str | tuple[int, float] | None = None
     fair: bool = False
     cost: int | str = 1
-    sequence: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key:
@@ -101,14 +95,6 @@ class Limit:
                 raise ValidationError(
                     f"limit key {self.key!r}: {{{name}}} must name one payload field"
                 )
-        if not isinstance(self.sequence, bool):
-            raise ValidationError(f"limit {self.key!r}: sequence is True or False")
-        if self.sequence:
-            if self.concurrency not in (None, 1):
-                raise ValidationError(
-                    f"limit {self.key!r}: a sequence runs one task at a time (concurrency=1)"
-                )
-            object.__setattr__(self, "concurrency", 1)
         if self.concurrency is None and self.rate is None:
             raise ValidationError(f"limit {self.key!r} needs concurrency=, rate= or both")
         if self.concurrency is not None and (
@@ -201,7 +187,6 @@ class Limit:
             per,
             self.key if self.fair else None,
             self._check_cost(cost),
-            self.sequence,
         )
 
 

@@ -54,8 +54,7 @@ class LimitSpec:
     filled from it are partitions that take turns in the claim (W22).
 
     ``cost``: the units one attempt takes from the key, of its concurrency and of its tokens
-    (W24). ``sequence``: the key's tasks run one at a time in claim order, and a task keeps
-    the key from its first start until it finishes (W25)."""
+    (W24)."""
 
     key: str
     concurrency: int | None = None
@@ -63,23 +62,21 @@ class LimitSpec:
     per: float | None = None
     fair: str | None = None
     cost: int = 1
-    sequence: bool = False
 
     def to_json(self) -> list[Any]:
         """The stored form: ``[key, concurrency, rate, per]``, the template next when the
         limit is fair (a string after a comma: brokers spot a fair task by ``,"``), then the
-        cost and ``1`` for a sequence when they are not the defaults (``null`` in between)."""
+        cost when it is not 1 (the template ``null`` before it when not fair)."""
         item: list[Any] = [self.key, self.concurrency, self.rate, self.per]
-        if self.cost != 1 or self.sequence:
-            item += [self.fair, self.cost] + ([1] if self.sequence else [])
+        if self.cost != 1:
+            item += [self.fair, self.cost]
         elif self.fair is not None:
             item.append(self.fair)
         return item
 
     @classmethod
     def from_json(cls, item: Any) -> LimitSpec:
-        """Back from :meth:`to_json` (rows stored before cost and sequences read as 1 and
-        no sequence)."""
+        """Back from :meth:`to_json` (rows stored before W24 have cost 1)."""
         key, concurrency, rate, per, *rest = item
         fair = rest[0] if rest else None
         return cls(
@@ -89,7 +86,6 @@ class LimitSpec:
             None if per is None else float(per),
             None if fair is None else str(fair),
             int(rest[1]) if len(rest) > 1 and rest[1] is not None else 1,
-            bool(rest[2]) if len(rest) > 2 else False,
         )
 
     def describe(self) -> str:
@@ -103,8 +99,6 @@ class LimitSpec:
             parts.append(f"fair by {self.fair}")
         if self.cost != 1:
             parts.append(f"cost {self.cost}")
-        if self.sequence:
-            parts.append("in sequence")
         return ", ".join(parts)
 
 

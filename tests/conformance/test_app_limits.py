@@ -70,3 +70,34 @@ async def test_W13_worker_never_exceeds_a_key_and_others_flow_past(app: durq.App
         "k:a": (0, 0, 2),
         "k:b": (0, 0, 2),
     }
+
+
+async def test_W24_a_cost_from_the_payload_is_resolved_at_enqueue(app: durq.App) -> None:
+    @app.task("report:build", limit=durq.Limit("pages", concurrency=500, cost="{pages}"))
+    async def build(payload: dict[str, Any]) -> None: ...
+
+    info = await build.enqueue({"pages": 120})
+    assert info.limits == (LimitSpec("pages", 500, cost=120),)
+    assert (await app.inspector.get_task_info("default", info.id)).limits == info.limits
+    for payload, words in (
+        ({}, "payload field 'pages', which is missing"),
+        ({"pages": 0}, "integer from 1"),
+        ({"pages": "3"}, "integer from 1"),
+        ({"pages": 2.5}, "integer from 1"),
+        ({"pages": True}, "integer from 1"),
+        ({"pages": 501}, "exceeds its concurrency 500: such a task could never start"),
+    ):
+        with pytest.raises(ValidationError, match=words):
+            await build.enqueue(payload)
+
+
+def test_W24_a_cost_no_task_could_pay_is_refused_when_the_limit_is_made() -> None:
+    with pytest.raises(ValidationError, match="exceeds its concurrency 2"):
+        durq.Limit("k", concurrency=2, cost=3)
+    with pytest.raises(ValidationError, match="exceeds its rate '4/s'"):
+        durq.Limit("k", rate="4/s", cost=5)
+    with pytest.raises(ValidationError, match="one payload field in braces"):
+        durq.Limit("k", concurrency=2, cost="pages")
+    with pytest.raises(ValidationError, match="integer from 1"):
+        durq.Limit("k", concurrency=2, cost=0)
+    assert durq.Limit("k", concurrency=5, rate="10/s", cost=5).cost == 5
