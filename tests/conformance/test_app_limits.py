@@ -101,3 +101,30 @@ def test_W24_a_cost_no_task_could_pay_is_refused_when_the_limit_is_made() -> Non
     with pytest.raises(ValidationError, match="integer from 1"):
         durq.Limit("k", concurrency=2, cost=0)
     assert durq.Limit("k", concurrency=5, rate="10/s", cost=5).cost == 5
+
+
+async def test_W24_a_worker_never_runs_more_units_than_the_limit(app: durq.App) -> None:
+    """Reports of 1 to 4 pages under 5 pages at once: the pages rendering never exceed 5,
+    and every report runs."""
+    pages_now = peak = 0
+    done: list[int] = []
+
+    @app.task("report:render", limit=durq.Limit("pages", concurrency=5, cost="{pages}"))
+    async def render(payload: dict[str, Any]) -> None:
+        nonlocal pages_now, peak
+        pages_now += payload["pages"]
+        peak = max(peak, pages_now)
+        await asyncio.sleep(0.02)
+        pages_now -= payload["pages"]
+        done.append(payload["pages"])
+
+    sizes = [4, 1, 3, 2, 4, 4, 1, 1, 2, 3, 4, 1]
+    await app.enqueue_many([render.request({"pages": n}) for n in sizes])
+    start = time.monotonic()
+    async with app.worker(concurrency=10, **FAST):
+        while len(done) < len(sizes) and time.monotonic() - start < 30:
+            await asyncio.sleep(0.02)
+    assert sorted(done) == sorted(sizes)
+    assert peak <= 5
+    stats = {s.key: s for s in await app.inspector.list_limits("default")}
+    assert (stats["pages"].running, stats["pages"].waiting) == (0, 0)

@@ -1132,3 +1132,26 @@ def test_W22_partitions_of_a_fair_key_take_turns(machine: type[BrokerAgainstMode
     state.claim(limit=3, seed=0, strict=False, weights=(1, 1))
     _checked(state)
     state.teardown()
+
+
+def test_W24_a_held_task_of_cost_waits_for_its_units(machine: type[BrokerAgainstModel]) -> None:
+    """Two tasks take one slot each of "k"; one of cost 2 is held. One slot freed is not
+    enough (it stays held); both are. On "r", two tokens spent by one task of cost 2: a
+    second waits for both to come back, not for the first."""
+    state = machine()
+    for task_id, limit in (("t0", "k2"), ("t1", "k2"), ("t2", "k2c2"), ("t3", "r2c2")):
+        state.enqueue(0, task_id, _options(limit), None, 0)
+    state.enqueue(0, "t4", _options("r2c2"), None, 0)
+    state.claim(limit=3, seed=0, strict=False, weights=(1, 1))
+    state.claim(limit=3, seed=0, strict=False, weights=(1, 1))
+    state.complete(index=0, stale=False)
+    state.claim(limit=3, seed=0, strict=False, weights=(1, 1))
+    _checked(state)
+    state.advance(seconds=5)
+    state.claim(limit=3, seed=0, strict=False, weights=(1, 1))
+    _checked(state)
+    state.complete(index=0, stale=False)
+    state.advance(seconds=5)
+    state.claim(limit=3, seed=0, strict=False, weights=(1, 1))
+    _checked(state)
+    state.teardown()
