@@ -102,10 +102,7 @@ async def test_W24_cost_and_concurrency_and_rate_together(
     assert await claim_ids(broker, limit=10) == ["small"]
 
 
-@pytest.mark.parametrize(
-    "end",
-    ["complete", "complete_kept", "retry", "snooze", "archive", "requeue", "lease_expired"],
-)
+@pytest.mark.parametrize("end", list(_ends(FakeClock())))  # the ends W13 checks, by name
 async def test_W24_every_end_of_an_attempt_gives_its_whole_cost_back(
     broker: FullBroker, clock: FakeClock, end: str
 ) -> None:
