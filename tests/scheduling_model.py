@@ -43,8 +43,9 @@ LEASE_EXPIRED = "lease expired"
 WORKER_LOST = "worker lost"
 CANCELLED = "cancelled"
 
-#: A limit as a task stores it: (concurrency, rate, per); ``None`` where it has no such part.
-Spec = tuple[int | None, int | None, float | None]
+#: A limit as a task stores it: (concurrency, rate, per, cost); ``None`` where it has no such
+#: part. W24: one attempt takes ``cost`` units of the key's slots and tokens.
+Spec = tuple[int | None, int | None, float | None, int]
 
 
 class Refused(Exception):
@@ -76,7 +77,7 @@ class Task:
     seq: int
     max_retry: int
     retention: float
-    #: key -> (concurrency, rate, per), in the order the task gives them.
+    #: key -> (concurrency, rate, per, cost), in the order the task gives them.
     limits: dict[str, Spec] = field(default_factory=dict)
     #: W22: the template of its fair limit (the first of ``limits``, its partition), and
     #: the turn the task got when it was stored.
@@ -137,7 +138,8 @@ class Group:
 class Counter:
     """One flow-control key of one queue (W13), as ``durq.brokers.limiter`` states it: the
     running attempts, a token bucket, the last limit a started task carried, and whether
-    some task may be held on it (cleared when letting tasks back finds none left)."""
+    some task may be held on it (cleared when letting tasks back finds none left), and the
+    largest cost of the tasks held on it since it last had none (W24)."""
 
     running: int = 0
     concurrency: int | None = None
@@ -146,6 +148,7 @@ class Counter:
     tokens: float = 0.0
     refilled_at: float = 0.0
     waiting: bool = False
+    need: int = 1
 
     def tokens_at(self, now: float, rate: int | None = None, per: float | None = None) -> float:
         """Up to ``rate`` tokens, refilled at ``rate / per`` a second (the key's last rate
@@ -157,21 +160,30 @@ class Counter:
         return min(float(rate), self.tokens + max(0.0, now - self.refilled_at) * rate / per)
 
     def room(self, now: float) -> int:
-        """How many held tasks may come back: judged by the key's last limit."""
+        """How many held tasks may come back: judged by the key's last limit, none until
+        the units its held tasks need are free (W24)."""
         room = math.inf if self.concurrency is None else self.concurrency - self.running
         tokens = self.tokens_at(now)
         if tokens != math.inf:
             room = min(room, math.floor(tokens + 1e-9))
-        return max(0, int(min(room, 10**9)))
+        room = max(0, int(min(room, 10**9)))
+        return room if room >= self.needed() else 0
+
+    def needed(self) -> int:
+        """The units held tasks wait for, at most what the key's last limit holds."""
+        if not self.waiting:
+            return 1
+        return max(1, min(self.need, self.concurrency or self.need, self.rate or self.need))
 
     def next_room_at(self, now: float) -> float | None:
-        """When a token comes, if only the bucket holds the key back (``None``: a running
-        attempt must end first)."""
-        if self.concurrency is not None and self.running >= self.concurrency:
+        """When the tokens its held tasks need come, if only the bucket holds the key back
+        (``None``: a running attempt must end first)."""
+        need = self.needed()
+        if self.concurrency is not None and self.running + need > self.concurrency:
             return None
         if self.rate is None or self.per is None:
             return None
-        missing = 1.0 - self.tokens_at(now)
+        missing = need - self.tokens_at(now)
         return now if missing <= 0 else now + missing * self.per / self.rate
 
 
@@ -474,7 +486,10 @@ class Model:
                 full = self._blocking(task)
                 if full is not None:
                     task.held = full
-                    self.counters[(queue, full)].waiting = True
+                    counter = self.counters[(queue, full)]
+                    cost = task.limits[full][3]
+                    counter.need = max(counter.need, cost) if counter.waiting else cost
+                    counter.waiting = True
                     continue
                 for key, spec in task.limits.items():
                     self._take(queue, key, spec)
@@ -489,21 +504,22 @@ class Model:
         return taken
 
     def _blocking(self, task: Task) -> str | None:
-        """W13: the first key of the task without room by the task's own limit: a slot
-        (fewer than ``concurrency`` running) and a token in the key's bucket."""
-        for key, (concurrency, rate, per) in task.limits.items():
+        """W13: the first key of the task without room by the task's own limit: ``cost``
+        free slots (W24) and as many tokens in the key's bucket."""
+        for key, (concurrency, rate, per, cost) in task.limits.items():
             counter = self.counters.get((task.queue, key))
             if counter is None:
                 continue  # a key no claim started: nothing runs, the bucket is full
-            if concurrency is not None and counter.running >= concurrency:
+            if concurrency is not None and counter.running + cost > concurrency:
                 return key
-            if rate is not None and counter.tokens_at(self.now, rate, per) < 1 - 1e-9:
+            if rate is not None and counter.tokens_at(self.now, rate, per) < cost - 1e-9:
                 return key
         return None
 
     def _take(self, queue: str, key: str, spec: Spec) -> None:
-        """Count one start: a running attempt, a token; the key keeps the task's limit."""
-        concurrency, rate, per = spec
+        """Count one start: ``cost`` running units and tokens; the key keeps the task's
+        limit."""
+        concurrency, rate, per, cost = spec
         counter = self.counters.get((queue, key))
         if counter is None:  # a full bucket at first
             counter = self.counters[(queue, key)] = Counter(
@@ -511,12 +527,12 @@ class Model:
             )
         counter.concurrency = concurrency
         if rate is not None and per is not None:
-            counter.tokens = counter.tokens_at(self.now, rate, per) - 1.0
+            counter.tokens = counter.tokens_at(self.now, rate, per) - cost
             counter.rate, counter.per = rate, per
             counter.refilled_at = self.now
         else:
             counter.rate = counter.per = None
-        counter.running += 1
+        counter.running += cost
 
     def _let_back(self, queue: str) -> None:
         """Held tasks of a key with room rejoin the claimable set, in claim order, as many
@@ -548,11 +564,11 @@ class Model:
         return min(times, default=None)
 
     def _release(self, task: Task) -> None:
-        """Every end of an attempt gives back a running slot on each of its keys."""
-        for key in task.limits:
+        """Every end of an attempt gives back its running units on each of its keys."""
+        for key, spec in task.limits.items():
             counter = self.counters.get((task.queue, key))
             if counter is not None:
-                counter.running = max(0, counter.running - 1)
+                counter.running = max(0, counter.running - spec[3])
 
     # -- the end of an attempt (W1, W4): fenced by the lease's token -------------------------
 

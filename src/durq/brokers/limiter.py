@@ -9,6 +9,12 @@ taken per start. A claim admits a task only if every limit it carries has room; 
 has none is *held* (left pending, out of the claimable set) on the first full key, and the
 next claim after room appears lets that key's held tasks back, as many as there is room.
 
+W24, cost: a task may take more than one unit of a key (its limit's ``cost``): it starts
+only when the key has that many free slots and tokens, takes them all and gives them all
+back. A key remembers the largest cost of the tasks held on it (``need``), and lets them
+back (or tells workers to look again) only once that much is free, so that a held task of
+cost 5 is not let back, held again and polled for at every token.
+
 W22, fair keys: a task whose first limit is fair (its template, ``"tenant:{tenant}"``) got a
 *turn* when it was stored: one after the last turn of its partition (the resolved key), and
 never before its template's *round* (the turn of the latest task of the template a claim
@@ -42,6 +48,8 @@ class Counter:
     refilled_at: float = 0.0
     #: Some task may be held on this key (cleared when letting tasks back finds none left).
     waiting: bool = False
+    #: W24: the largest cost of the tasks held on it since it last had none.
+    need: int = 1
 
     def tokens_at(self, now: float, rate: int | None = None, per: float | None = None) -> float:
         """Tokens in the bucket at ``now``, refilled at the key's rate (or ``rate``/``per``);
@@ -61,16 +69,25 @@ class Counter:
         tokens = self.tokens_at(now)
         if tokens != math.inf:
             room = min(room, math.floor(tokens + 1e-9))
-        return max(0, int(min(room, 10**9)))
+        room = max(0, int(min(room, 10**9)))
+        return room if room >= self.needed() else 0
+
+    def needed(self) -> int:
+        """W24: the units its held tasks wait for (1 when none is held), never more than
+        the key's limit holds: a task of another limit on the key must not wait forever."""
+        if not self.waiting:
+            return 1
+        return max(1, min(self.need, self.concurrency or self.need, self.rate or self.need))
 
     def next_room_at(self, now: float) -> float | None:
-        """When a token comes, if the bucket is what holds the key back (``None`` when a
-        running attempt must end first: its end wakes the workers)."""
-        if self.concurrency is not None and self.running >= self.concurrency:
+        """When enough tokens come for its held tasks, if the bucket is what holds the key
+        back (``None`` when a running attempt must end first: its end wakes the workers)."""
+        need = self.needed()
+        if self.concurrency is not None and self.running + need > self.concurrency:
             return None
         if self.rate is None or self.per is None:
             return None
-        missing = 1.0 - self.tokens_at(now)
+        missing = need - self.tokens_at(now)
         return now if missing <= 0 else now + missing * self.per / self.rate
 
     def stats(self, queue: str, key: str, waiting: int, now: float) -> LimitStats:
@@ -97,6 +114,7 @@ def stored(row: Any) -> Counter:
         tokens=row["tokens"],
         refilled_at=row["refilled_at"],
         waiting=bool(row["waiting"]),
+        need=row["need"],
     )
 
 
@@ -115,25 +133,26 @@ def fresh(spec: LimitSpec, now: float) -> Counter:
 
 
 def admits(spec: LimitSpec, counter: Counter, now: float) -> bool:
-    """Whether one more attempt under ``spec`` may start (the task's own limit decides)."""
-    if spec.concurrency is not None and counter.running >= spec.concurrency:
+    """Whether one more attempt under ``spec`` may start (the task's own limit decides):
+    ``cost`` free slots and tokens."""
+    if spec.concurrency is not None and counter.running + spec.cost > spec.concurrency:
         return False
     if spec.rate is None:
         return True
     # The bucket refills at the task's rate.
-    return counter.tokens_at(now, spec.rate, spec.per) >= 1.0 - 1e-9
+    return counter.tokens_at(now, spec.rate, spec.per) >= spec.cost - 1e-9
 
 
 def take(spec: LimitSpec, counter: Counter, now: float) -> None:
-    """Count one start: a running attempt, a token; the key shows the task's limit."""
+    """Count one start: ``cost`` running units and tokens; the key shows the task's limit."""
     counter.concurrency = spec.concurrency
     if spec.rate is not None and spec.per is not None:
-        counter.tokens = counter.tokens_at(now, spec.rate, spec.per) - 1.0
+        counter.tokens = counter.tokens_at(now, spec.rate, spec.per) - spec.cost
         counter.rate, counter.per = spec.rate, spec.per
         counter.refilled_at = now
     else:
         counter.rate = counter.per = None
-    counter.running += 1
+    counter.running += spec.cost
 
 
 def blocking(specs: tuple[LimitSpec, ...], counters: dict[str, Counter], now: float) -> str | None:
@@ -153,7 +172,10 @@ def admit(specs: tuple[LimitSpec, ...], counters: dict[str, Counter], now: float
     first key without room, which the task is then held on (the key is marked waiting)."""
     full = blocking(specs, counters, now)
     if full is not None:
-        counters[full].waiting = True
+        counter = counters[full]
+        cost = next(s.cost for s in specs if s.key == full)
+        counter.need = max(counter.need, cost) if counter.waiting else cost
+        counter.waiting = True
         return full
     for spec in specs:
         take(spec, counters[spec.key], now)

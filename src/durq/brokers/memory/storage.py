@@ -270,13 +270,13 @@ class Queue:
         return limiter.wake_at(self.counters.values(), now)
 
     def release(self, row: Row) -> bool:
-        """An attempt of ``row`` ended: give back its running slots; whether tasks are
-        held on one of its keys (the queue's workers should look again)."""
+        """An attempt of ``row`` ended: give back its running units (its cost) on each key;
+        whether tasks are held on one of its keys (the queue's workers should look again)."""
         wake = False
         for spec in row.limits:
             counter = self.counters.get(spec.key)
             if counter is not None:
-                counter.running = max(0, counter.running - 1)
+                counter.running = max(0, counter.running - spec.cost)
                 wake = wake or counter.waiting
         return wake
 

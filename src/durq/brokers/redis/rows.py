@@ -90,8 +90,9 @@ def task_info(queue: str, flat: Sequence[Any] | dict[Any, Any]) -> TaskInfo:
 
 def stored_counter(raw: bytes) -> Counter:
     """A limit key's counter as ``claim.lua`` stores it:
-    ``running|concurrency|rate|per|tokens|refilled_at`` (empty for none)."""
-    running, concurrency, rate, per, tokens, at = raw.decode().split("|")
+    ``running|concurrency|rate|per|tokens|refilled_at|need`` (empty for none; ``need``
+    absent in counters written before W24)."""
+    running, concurrency, rate, per, tokens, at, *need = raw.decode().split("|")
     return Counter(
         running=int(running),
         concurrency=int(concurrency) if concurrency else None,
@@ -99,4 +100,5 @@ def stored_counter(raw: bytes) -> Counter:
         per=float(per) if per else None,
         tokens=float(tokens),
         refilled_at=float(at),
+        need=int(need[0]) if need and need[0] else 1,
     )

@@ -145,7 +145,7 @@ local function claim_queue(o, prefix, want, out)
       end
       if cur and cur[1] then
         local raw = cur[2]
-        local full = nil
+        local full, full_cost = nil, 1
         local specs = {}
         if raw then
           for _, item in ipairs(cjson.decode(raw)) do
@@ -154,14 +154,23 @@ local function claim_queue(o, prefix, want, out)
             if full == nil then
               local c = counter(s.key)
               if c then
-                if s.conc and c.running >= s.conc then full = s.key end
+                if s.conc and c.running + s.cost > s.conc then full = s.key end
                 local tokens = s.rate and bucket_at(c, t, s.rate, s.per)
-                if tokens and tokens < 1 - 1e-9 then full = s.key end
+                if tokens and tokens < s.cost - 1e-9 then full = s.key end
+                if full then full_cost = s.cost end
               end
             end
           end
         end
         if full then
+          -- W24: the key lets its held tasks back once the largest cost among them is free.
+          local c = counter(full)
+          if redis.call('SISMEMBER', KEYS[o + 8], full) == 1 then
+            c.need = math.max(c.need or 1, full_cost)
+          else
+            c.need = full_cost
+          end
+          dirty[full] = true
           redis.call('HSET', key, 'held_by', full, 'hs', score)
           redis.call('ZADD', KEYS[o + 7], 0, held_entry(full, score, m))
           redis.call('SADD', KEYS[o + 8], full)
@@ -175,12 +184,12 @@ local function claim_queue(o, prefix, want, out)
             end
             c.conc = s.conc
             if s.rate then
-              c.tokens = bucket_at(c, t, s.rate, s.per) - 1
+              c.tokens = bucket_at(c, t, s.rate, s.per) - s.cost
               c.rate, c.per, c.at = s.rate, s.per, t
             else
               c.rate, c.per = nil, nil
             end
-            c.running = c.running + 1
+            c.running = c.running + s.cost
             dirty[s.key] = true
           end
           if cur[3] then  -- W22: the template's round is at least this turn
