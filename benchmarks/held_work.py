@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +38,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from instructions import collected, private_redis
 
 HERE = Path(__file__).resolve()
 SCENARIOS = ("plain", "rate_held", "beside_busy", "key_held")
@@ -112,20 +112,6 @@ def workload(url: str, scenario: str, tasks: int, held: int) -> None:
     asyncio.run(run())
 
 
-def collected(output: str) -> int:
-    """The instruction count callgrind writes at exit."""
-    found = re.findall(r"Collected : (\d+)", output)
-    if not found:
-        raise RuntimeError(f"no callgrind total in: {output[-800:]}")
-    return int(found[-1])
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _workload_cmd(url: str, scenario: str, tasks: int, held: int) -> list[str]:
     return [sys.executable, str(HERE), "workload", url, scenario, str(tasks), str(held)]
 
@@ -148,33 +134,10 @@ def worker_count(url: str, scenario: str, tasks: int, held: int) -> int:
 def redis_server_count(scenario: str, tasks: int, held: int) -> int:
     """A private Redis server's instructions while a plain worker drains ``tasks``."""
     with tempfile.TemporaryDirectory(prefix="durq-held-") as tmp:
-        port = free_port()
-        server = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/server.out"]
-        # --hz 1: fewer background ticks, whose number follows how long a run takes, not N.
-        server += ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"]
-        server += ["--dir", tmp, "--hz", "1"]
-        log = Path(tmp) / "server.log"
-        with open(log, "w") as out:
-            proc = subprocess.Popen(server, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
-            url = f"redis://127.0.0.1:{port}/0"
+        with private_redis(tmp, counted=True) as (url, log):
             subprocess.run(
                 _workload_cmd(url, scenario, tasks, held), check=True, capture_output=True
             )
-        finally:
-            subprocess.run(
-                ["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True
-            )
-            proc.wait(120)
         return collected(log.read_text())
 
 
