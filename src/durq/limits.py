@@ -82,8 +82,9 @@ class Limit:
     the key from its first start until it finishes: while it waits for a retry, a snooze, a
     signal, or after its lease expired or its worker handed it back at shutdown, no other
     task of the key starts. The key is free again once the task completes, is archived
-    (retries used up, or by the inspector), cancelled or deleted. A ``rate`` may come with
-    it (each attempt, retries included, takes a token)."""
+    (retries used up, or by the inspector), cancelled or deleted. A rate goes in a limit of
+    its own beside it (``[Limit("acct:{a}", sequence=True), Limit("acct-api:{a}",
+    rate="5/s")]``): each attempt, retries included, takes a token."""
 
     key: str
     concurrency: int | None = None
@@ -111,6 +112,14 @@ class Limit:
                 raise ValidationError(
                     f"limit {self.key!r}: a sequence runs one task at a time: concurrency is "
                     f"1 (implied), got {self.concurrency!r}"
+                )
+            if self.rate is not None:
+                # The key's one slot stays with a task between its attempts: a token missing
+                # on that same key would hold the task where no slot can ever free up.
+                raise ValidationError(
+                    f"limit {self.key!r}: a sequence takes no rate of its own; give the rate "
+                    "a limit of its own beside it, e.g. [Limit('acct:{account}', "
+                    "sequence=True), Limit('acct-api:{account}', rate='5/s')]"
                 )
             object.__setattr__(self, "concurrency", 1)
         if self.concurrency is None and self.rate is None:

@@ -91,16 +91,18 @@ LIMITS: dict[str | None, tuple[LimitSpec, ...]] = {
     # W24: tasks that take both slots of "k" or both tokens of "r" beside those taking one.
     "k2c2": (LimitSpec("k", concurrency=2, cost=2),),
     "r2c2": (LimitSpec("r", rate=2, per=10.0, cost=2),),
-    # W25: a sequence, alone, with a rate, beside a concurrency key (after it, and before it
-    # so that a task holding "s" may be held on "k").
+    # W25: a sequence, alone, with a rate (a limit of its own, after it and before it, so
+    # that a task holding "s" waits for a token on "r"), beside a concurrency key (after it,
+    # and before it so that a task holding "s" may be held on "k").
     "s": (LimitSpec("s", concurrency=1, sequence=True),),
-    "sr": (LimitSpec("s", concurrency=1, rate=2, per=10.0, sequence=True),),
+    "sr": (LimitSpec("s", concurrency=1, sequence=True), LimitSpec("r", rate=1, per=10.0)),
+    "rs": (LimitSpec("r", rate=2, per=10.0), LimitSpec("s", concurrency=1, sequence=True)),
     "sk": (LimitSpec("s", concurrency=1, sequence=True), LimitSpec("k", concurrency=2)),
     "ks": (LimitSpec("k", concurrency=1), LimitSpec("s", concurrency=1, sequence=True)),
 }
 #: The limits a random task draws, from LIMITS (no limit more often).
 DRAWN_LIMITS = [None, None, "k1", "k2", "r1", "r2", "k1r1", "r1k1", "fa", "fa", "fb", "fck", "far"]
-DRAWN_LIMITS += ["k2c2", "r2c2", "s", "s", "sr", "sk", "ks"]
+DRAWN_LIMITS += ["k2c2", "r2c2", "s", "s", "sr", "rs", "sk", "ks"]
 #: A continuation: none, on completion only, or on completion and archiving.
 THEN = [None, None, "completed", "finished"]
 _run = itertools.count()
@@ -228,7 +230,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
     @rule(
         q=st.integers(0, 1),
         ids=st.lists(st.sampled_from(IDS), min_size=2, max_size=3, unique=True),
-        limit=st.sampled_from(["s", "sr", "sk", "ks"]),
+        limit=st.sampled_from(["s", "sr", "rs", "sk", "ks"]),
     )
     def enqueue_sequence(self, q: int, ids: list[str], limit: str) -> None:
         """W25: tasks of one sequence with retries to spend, so that claims meet a key kept
