@@ -293,8 +293,9 @@ class Broker(Protocol):
     async def archive(self, params: ArchiveParams) -> bool:
         """Give up on the task; ``False`` if the lease is no longer held."""
 
-    async def requeue(self, lease: LeaseRef) -> bool:
-        """Hand an active task back as pending without counting an attempt (shutdown, W7)."""
+    async def requeue(self, lease: LeaseRef, keep: bool = False) -> bool:
+        """Hand an active task back as pending without counting an attempt (shutdown, W7);
+        ``keep`` as :attr:`RetryParams.keep` (W25)."""
 
     async def promote_due(self) -> int:
         """Move scheduled/retry tasks whose time has come to pending; returns how many."""

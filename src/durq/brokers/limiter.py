@@ -15,6 +15,14 @@ back. A key remembers the largest cost of the tasks held on it (``need``), and l
 back (or tells workers to look again) only once that much is free, so that a held task of
 cost 5 is not let back, held again and polled for at every token.
 
+W25, sequences: a task whose limit is a sequence keeps that key from its first start until
+it finishes. An end that is not final (a retry, a snooze or wait, a hand-back, a rescued
+lease) gives back only its other limits' units (:func:`given_back`, with ``keep``) and the
+task is marked as holding the key (``kept``); a claim then admits it on that key without
+counting the slot again (a rate still takes its tokens), and the final end, or the
+inspector's archive, cancel or delete, gives the slot back (:func:`kept_back`). Whether an
+end keeps the key is decided above the seam (:func:`keeps`); brokers store the mark.
+
 W22, fair keys: a task whose first limit is fair (its template, ``"tenant:{tenant}"``) got a
 *turn* when it was stored: one after the last turn of its partition (the resolved key), and
 never before its template's *round* (the turn of the latest task of the template a claim
@@ -132,10 +140,15 @@ def fresh(spec: LimitSpec, now: float) -> Counter:
     )
 
 
-def admits(spec: LimitSpec, counter: Counter, now: float) -> bool:
+def admits(spec: LimitSpec, counter: Counter, now: float, kept: bool = False) -> bool:
     """Whether one more attempt under ``spec`` may start (the task's own limit decides):
-    ``cost`` free slots and tokens."""
-    if spec.concurrency is not None and counter.running + spec.cost > spec.concurrency:
+    ``cost`` free slots and tokens. W25: a task that ``kept`` its sequence's key holds its
+    slot already and needs only the tokens."""
+    if (
+        spec.concurrency is not None
+        and not (kept and spec.sequence)
+        and counter.running + spec.cost > spec.concurrency
+    ):
         return False
     if spec.rate is None:
         return True
@@ -143,8 +156,9 @@ def admits(spec: LimitSpec, counter: Counter, now: float) -> bool:
     return counter.tokens_at(now, spec.rate, spec.per) >= spec.cost - 1e-9
 
 
-def take(spec: LimitSpec, counter: Counter, now: float) -> None:
-    """Count one start: ``cost`` running units and tokens; the key shows the task's limit."""
+def take(spec: LimitSpec, counter: Counter, now: float, kept: bool = False) -> None:
+    """Count one start: ``cost`` running units and tokens; the key shows the task's limit.
+    W25: the slot of a sequence's key the task ``kept`` is counted already."""
     counter.concurrency = spec.concurrency
     if spec.rate is not None and spec.per is not None:
         counter.tokens = counter.tokens_at(now, spec.rate, spec.per) - spec.cost
@@ -152,25 +166,31 @@ def take(spec: LimitSpec, counter: Counter, now: float) -> None:
         counter.refilled_at = now
     else:
         counter.rate = counter.per = None
-    counter.running += spec.cost
+    if not (kept and spec.sequence):
+        counter.running += spec.cost
 
 
-def blocking(specs: tuple[LimitSpec, ...], counters: dict[str, Counter], now: float) -> str | None:
+def blocking(
+    specs: tuple[LimitSpec, ...], counters: dict[str, Counter], now: float, kept: bool = False
+) -> str | None:
     """The first key of ``specs`` without room (``None``: all admit). Keys missing from
     ``counters`` are added fresh."""
     for spec in specs:
         counter = counters.get(spec.key)
         if counter is None:
             counter = counters[spec.key] = fresh(spec, now)
-        if not admits(spec, counter, now):
+        if not admits(spec, counter, now, kept):
             return spec.key
     return None
 
 
-def admit(specs: tuple[LimitSpec, ...], counters: dict[str, Counter], now: float) -> str | None:
+def admit(
+    specs: tuple[LimitSpec, ...], counters: dict[str, Counter], now: float, kept: bool = False
+) -> str | None:
     """Admit one task carrying ``specs`` (count its start on every key: ``None``), or the
-    first key without room, which the task is then held on (the key is marked waiting)."""
-    full = blocking(specs, counters, now)
+    first key without room, which the task is then held on (the key is marked waiting).
+    ``kept``: the task holds its sequences' keys (W25)."""
+    full = blocking(specs, counters, now, kept)
     if full is not None:
         counter = counters[full]
         cost = next(s.cost for s in specs if s.key == full)
@@ -178,8 +198,26 @@ def admit(specs: tuple[LimitSpec, ...], counters: dict[str, Counter], now: float
         counter.waiting = True
         return full
     for spec in specs:
-        take(spec, counters[spec.key], now)
+        take(spec, counters[spec.key], now, kept)
     return None
+
+
+def keeps(specs: tuple[LimitSpec, ...]) -> bool:
+    """W25: whether an end of an attempt that is not final keeps the task's keys (it has a
+    sequence among its limits); the worker, rescuer and inspector ask, brokers store it."""
+    return any(spec.sequence for spec in specs)
+
+
+def given_back(specs: tuple[LimitSpec, ...], keep: bool) -> tuple[LimitSpec, ...]:
+    """The limits whose units an end of an attempt gives back: all of them, or with
+    ``keep`` (W25) all but the sequences, whose keys the task keeps."""
+    return tuple(s for s in specs if not s.sequence) if keep else specs
+
+
+def kept_back(specs: tuple[LimitSpec, ...]) -> tuple[LimitSpec, ...]:
+    """W25: the limits whose slots a task that kept its keys gives back when it is archived,
+    cancelled or deleted without running: its sequences."""
+    return tuple(s for s in specs if s.sequence)
 
 
 def wake_at(counters: Iterable[Counter], now: float) -> float | None:
@@ -262,7 +300,10 @@ __all__ = [
     "blocking",
     "fair_template",
     "fresh",
+    "given_back",
     "in_turns",
+    "keeps",
+    "kept_back",
     "outlook",
     "stored",
     "take",

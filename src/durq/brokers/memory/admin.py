@@ -192,6 +192,8 @@ class MemoryAdmin:
             if row is None or row.state is not move.expect or row.state is ACTIVE:
                 return None
             kind = move.kind
+            if kind != "run" and store.queues[row.queue].give_back_kept(row):
+                woken.add(row.queue)  # W25: the key it kept is free for a held task
             if kind == "delete":
                 info = row.info()
                 woken |= store.forget(row, now)
@@ -289,6 +291,8 @@ class MemoryAdmin:
                 if to is PENDING:
                     self._run(row, now)
                 else:
+                    if self._store.queues[queue].give_back_kept(row):
+                        woken.add(queue)  # W25
                     woken |= self._store.forget(row, now)
                     self._store.delete(row)
         if rows and to is PENDING:

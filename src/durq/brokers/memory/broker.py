@@ -200,7 +200,7 @@ class MemoryBroker:
                     if len(leases) >= params.limit:
                         break
                     if row.limits:
-                        full = limiter.admit(row.limits, queue.counters, now)
+                        full = limiter.admit(row.limits, queue.counters, now, row.kept)
                         if full is not None:
                             queue.hold(row, full)  # no head-of-line blocking: skip it
                             continue
@@ -288,7 +288,8 @@ class MemoryBroker:
             return False
         if p.expired_by is not None and not row.lease_expired(self._clock.monotonic()):
             return False
-        if row.limits and store.queues[row.queue].release(row):
+        keep = isinstance(p, RetryParams) and p.keep
+        if row.limits and store.queues[row.queue].release(row, keep):
             woken.add(row.queue)
         snooze = isinstance(p, RetryParams) and p.snooze
         count = not snooze and (not isinstance(p, ArchiveParams) or p.count_attempt)
@@ -436,15 +437,16 @@ class MemoryBroker:
         """Several attempts' durable steps, in order, each fenced by its token."""
         return [await self.record_steps(p) for p in items]
 
-    async def requeue(self, lease: LeaseRef) -> bool:
-        """Back to pending, due now, without counting an attempt (W7)."""
+    async def requeue(self, lease: LeaseRef, keep: bool = False) -> bool:
+        """Back to pending, due now, without counting an attempt (W7); ``keep``: it keeps
+        its sequences' keys (W25)."""
         store = self._store
         with store.lock:
             row = self._held(lease)
             if row is None:
                 return False
             if row.limits:
-                store.queues[row.queue].release(row)
+                store.queues[row.queue].release(row, keep)
             store.move(row, PENDING)
             row.next_process_at = self._clock.now()
             row.end_lease()

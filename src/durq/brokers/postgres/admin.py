@@ -198,6 +198,8 @@ class PostgresAdmin:
         )
         if not rows:
             return None
+        if rows[0].get("wake"):
+            released.add(move.queue)  # W25: a key it kept is free for a held task
         if released:
             self._storage.notifier.add(released)
         if move.to is not TaskState.PENDING:
@@ -277,7 +279,10 @@ class PostgresAdmin:
                     lists = [r["dependents"] for r in await cur.fetchall()]
                     released = await self._storage.release_dependents(conn, lists)
                 cur = await conn.execute(self._storage.statements["delete_all"], params)
-                count = max(cur.rowcount, 0)
+                row = await cur.fetchone()
+                count = int(row["n"]) if row else 0
+                if row and row["wake"]:
+                    released.add(queue)  # W25: keys the deleted tasks kept are free
             self._storage.notify_created(created)
             if released:
                 self._storage.notifier.add(released)

@@ -289,7 +289,7 @@ class RedisAdmin:
         now = self._storage.clock.now()
         call: ScriptCall = (
             "admin_move",
-            self._task_keys(k, move.id),
+            [*self._task_keys(k, move.id), k.limits, k.limit_waiting],
             [now, move.expect.value, to, move.error or "", k.notify],
         )
         name, keys, args = self._storage.with_follow_ups(call, move.follow_ups, now)
@@ -522,16 +522,16 @@ class RedisAdmin:
             "delete_all",
             queue,
             "admin_delete_all",
-            lambda k: [k.by_state(state.value), k.unique],
-            lambda k: [""],
+            lambda k: [k.by_state(state.value), k.unique, k.limits, k.limit_waiting],
+            lambda k: ["", k.notify],
         )
         if state is TaskState.PENDING:  # and those held on a limit key (W13)
             deleted += await self._in_batches(
                 "delete_all",
                 queue,
                 "admin_delete_all",
-                lambda k: [k.held, k.unique],
-                lambda k: ["held"],
+                lambda k: [k.held, k.unique, k.limits, k.limit_waiting],
+                lambda k: ["held", k.notify],
             )
         return deleted
 

@@ -247,9 +247,15 @@ class SQLiteAdmin:
         query = f"{move.kind}_task"
 
         def body(conn: Conn, now: float, woken: set[str]) -> TaskInfo | None:
+            # W25: read before the move (the write lock is held), given back once it holds.
+            kept = []
+            if move.to is not TaskState.PENDING:
+                kept = self._storage.kept_limits(conn, move.queue, move.id, move.expect.value)
             row = conn.execute(STATEMENTS[query], {**params, "now": now}).fetchone()
             if row is None:
                 return None
+            if self._storage.give_back_kept(conn, move.queue, kept):
+                woken.add(move.queue)
             if move.to is None:
                 woken.update(self._storage.forget(conn, move.queue, move.id, "", now))
             if (move.to is None or move.to is TaskState.ARCHIVED) and row["dependents"]:
@@ -338,6 +344,9 @@ class SQLiteAdmin:
             self._require_queue(conn, queue)
             if to is None:
                 woken.update(self._storage.forget(conn, queue, None, state.value, now))
+                kept = self._storage.kept_limits(conn, queue, None, state.value)
+                if self._storage.give_back_kept(conn, queue, kept):
+                    woken.add(queue)  # W25: the keys they kept are free for held tasks
             if to is None and dependencies.unfinished(state):
                 lists = conn.execute(
                     STATEMENTS["dependents_in_state"], {"queue": queue, "state": state.value}
