@@ -189,7 +189,7 @@ class UniqueEntry:
     state: TaskState
     #: When the task is due (a debounced task: when it runs, unless a twin moves it).
     due: datetime | None
-    #: Until when it holds the key at the latest (about a century ahead: until it finishes).
+    #: Until when it holds the key at the latest; ``None``: until it finishes.
     until: datetime | None
     #: ``durq.Debounce``'s ``wait`` and ``max_wait`` (seconds), ``None`` for other keys.
     wait: float | None = None
@@ -207,13 +207,15 @@ class UniqueEntry:
         """The entry of ``task`` holding ``key``; its debounce read from its header."""
         debounce = debounce_of(task.headers)
         wait, cap = debounce if debounce is not None else (None, None)
-        latest = None
-        if cap is not None and task.enqueued_at is not None:
-            latest = task.enqueued_at + timedelta(seconds=cap)
+        latest, until, since = None, task.unique_until, task.enqueued_at
+        if cap is not None and since is not None:
+            latest = since + timedelta(seconds=cap)
+        if until is not None and since is not None:
+            if (until - since).total_seconds() >= UNTIL_FINISHED / 2:
+                until = None  # held "until it finishes" is stored as a century ahead
         return cls(
-            key, task.id, task.type, task.state, task.next_process_at, task.unique_until,
-            wait, cap, latest,
-        )  # fmt: skip
+            key, task.id, task.type, task.state, task.next_process_at, until, wait, cap, latest
+        )
 
     def to_dict(self) -> dict[str, Any]:
         def iso(moment: datetime | None) -> str | None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 from brokerkit import LATER, Q, claim, params
 
+import durq
 from durq.brokers import FullBroker
 from durq.brokers.base import CompleteParams
 from durq.brokers.views import PartitionDepth
-from durq.clock import FakeClock
+from durq.clock import FakeClock, to_datetime
 from durq.errors import QueueNotFoundError
 from durq.states import TaskState
 from durq.task import LimitSpec
@@ -124,3 +125,37 @@ async def test_E4_a_finished_task_holds_no_key(broker: FullBroker) -> None:
     assert await broker.complete(CompleteParams(lease=lease.ref, result=b"null"))
     page = await broker.admin.list_unique(Q)
     assert (page.holds, page.total) == ((), 0)
+
+
+async def test_E4_a_debounced_task_shows_when_it_runs_at_the_latest(
+    broker_url: str, clock: FakeClock
+) -> None:
+    """Each twin moves the task ``wait`` later, never past ``max_wait`` after the first:
+    the inspector shows both moments, read from what the task was stored with."""
+    app = durq.App(broker_url, clock=clock)
+    try:
+        migrator = app.new_broker()
+        await migrator.migrate()
+        await migrator.close()
+        debounce = durq.Debounce("account", wait=30, max_wait=120)
+        start = clock.now()
+        first = await app.enqueue("crm:sync", {"account": 1, "n": 0}, unique=debounce)
+        await app.enqueue("crm:sync", {"account": 2}, unique=durq.Unique(ttl=600))
+        for n in range(1, 5):
+            clock.advance(25)
+            twin = await app.enqueue("crm:sync", {"account": 1, "n": n}, unique=debounce)
+            assert twin.id == first.id
+            (entry,) = [
+                e for e in (await app.inspector.list_unique(Q)).entries if e.task_id == first.id
+            ]
+            assert entry.debounced and (entry.wait, entry.max_wait) == (30.0, 120.0)
+            assert entry.latest == to_datetime(start + 120)
+            assert entry.due == to_datetime(min(start + 25 * n + 30, start + 120))
+            assert entry.state is TaskState.SCHEDULED and entry.until is None
+        page = await app.inspector.list_unique(Q)
+        assert page.total == 2
+        plain = next(e for e in page.entries if e.task_id != first.id)
+        assert not plain.debounced and plain.latest is None
+        assert plain.until == to_datetime(start + 600)
+    finally:
+        await app.close()

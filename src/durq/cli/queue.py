@@ -222,7 +222,7 @@ def print_unique(queue: str, page: UniqueList) -> None:
             debounce = f"{e.wait:g}s" + ("" if e.max_wait is None else f" / max {e.max_wait:g}s")
         table.add_row(
             e.task_id, e.type, e.state.value, fmt_time(e.due),
-            fmt_time(e.until) if e.until is not None and e.until.year < 2100 else "finished",
+            "it finishes" if e.until is None else fmt_time(e.until),
             debounce, fmt_time(e.latest), e.key[:16],
         )  # fmt: skip
     console.print(table)
