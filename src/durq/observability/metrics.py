@@ -169,6 +169,9 @@ WORKFLOW_GAUGE_SCAN = 1000
 #: by one (the busiest), and the rest as one series ``partition="other"``: a bounded number
 #: of series however many tenants there are.
 PARTITION_GAUGE_TOP = 20
+#: ... read at most once a minute (or once per ``ttl`` if longer): a read counts every
+#: pending and running task of a queue (100,000 tasks: 0.3-1.3 s, docs/observability.md).
+PARTITION_GAUGE_EVERY = 60.0
 
 
 class QueueCollector(Collector):
@@ -188,6 +191,8 @@ class QueueCollector(Collector):
         self.app = app
         self.ttl = ttl
         self._snapshot = Snapshot(self._read, ttl=ttl, monotonic=monotonic)
+        every = max(ttl, PARTITION_GAUGE_EVERY)
+        self._partition_reads = Snapshot(self._read_partitions, ttl=every, monotonic=monotonic)
         self._queues: list[QueueStats] = []
         self._limits: list[LimitStats] = []
         self._workflows: WorkflowCounts | None = None
@@ -197,36 +202,32 @@ class QueueCollector(Collector):
         self.registry = registry if registry is not None else CollectorRegistry()
         self.registry.register(self)
 
-    async def _read(
-        self,
-    ) -> tuple[list[QueueStats], list[LimitStats], WorkflowCounts, list[FairDepth]]:
+    async def _read(self) -> tuple[list[QueueStats], list[LimitStats], WorkflowCounts]:
         inspector = self.app.inspector
-        queues = await inspector.list_queues()
-        # Only queues with pending or active tasks can have partitions with tasks.
-        busy = [
-            q.name
-            for q in queues
-            if q.sizes.get(TaskState.PENDING) or q.sizes.get(TaskState.ACTIVE)
-        ]
         # The workflow gauges read the newest records kept with their nodes' tasks, once per
         # ttl and never on the completion path: 1,000 workflows of 10 nodes cost 130-260 ms
         # a refresh on this project's test machine (docs/observability.md), hence the bound.
         return (
-            queues,
+            await inspector.list_queues(),
             await inspector.list_limits(),
             await inspector.count_workflows(WORKFLOW_GAUGE_SCAN),
-            [await inspector.fair_partitions(name, PARTITION_GAUGE_TOP) for name in busy],
         )
+
+    async def _read_partitions(self) -> list[FairDepth]:
+        # Only queues with pending or active tasks can have partitions with tasks.
+        busy = [
+            q.name
+            for q in self._queues
+            if q.sizes.get(TaskState.PENDING) or q.sizes.get(TaskState.ACTIVE)
+        ]
+        top = PARTITION_GAUGE_TOP
+        return [await self.app.inspector.fair_partitions(name, top) for name in busy]
 
     async def refresh(self) -> None:
         """Read the queues unless the snapshot is younger than ``ttl``."""
         try:
-            (
-                self._queues,
-                self._limits,
-                self._workflows,
-                self._partitions,
-            ) = await self._snapshot.get()
+            self._queues, self._limits, self._workflows = await self._snapshot.get()
+            self._partitions = await self._partition_reads.get()
             self._up = 1
         except DurqError as exc:
             if exc is not self._failure:  # once per failed read, not per scrape of it

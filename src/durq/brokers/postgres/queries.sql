@@ -1323,11 +1323,15 @@ SELECT template, NULL, sum(pending)::bigint, sum(running)::bigint, count(*) FROM
 GROUP BY template;
 
 -- name: list_unique
--- Unique keys (E4) the queue's tasks hold now, soonest due first, and how many in all.
-SELECT *, count(*) OVER () AS held FROM {schema}.tasks
-WHERE unique_key IS NOT NULL AND queue = %(queue)s
-  AND (unique_until IS NULL OR unique_until > {now})
-ORDER BY next_process_at, id COLLATE "C"
+-- Unique keys (E4) the queue's tasks hold now, soonest due first, and how many in all (the
+-- count reads only the key index's rows; a window count would read every row whole).
+SELECT t.*, (SELECT count(*) FROM {schema}.tasks
+             WHERE unique_key IS NOT NULL AND queue = %(queue)s
+               AND (unique_until IS NULL OR unique_until > {now})) AS held
+FROM {schema}.tasks AS t
+WHERE t.unique_key IS NOT NULL AND t.queue = %(queue)s
+  AND (t.unique_until IS NULL OR t.unique_until > {now})
+ORDER BY t.next_process_at, t.id COLLATE "C"
 LIMIT %(limit)s;
 
 -- name: list_schedules

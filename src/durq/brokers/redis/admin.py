@@ -55,7 +55,7 @@ SEARCH_SCAN = 10_000
 SEARCH_CHUNK = 250
 #: ``fair_partitions`` reads a queue's pending, held and active tasks in script calls of
 #: this many entries each, so that none holds the server long.
-PARTITION_SLICE = 2000
+PARTITION_SLICE = 500
 #: ``list_unique`` reads at most this many unique locks of a queue (in HSCAN steps), and
 #: says when it stopped before the end.
 UNIQUE_SCAN = 10_000

@@ -668,11 +668,15 @@ UNION ALL
 SELECT template, NULL, sum(pending), sum(running), count(*) FROM parts GROUP BY template;
 
 -- name: list_unique
--- Unique keys (E4) the queue's tasks hold now, soonest due first, and how many in all.
-SELECT *, count(*) OVER () AS held FROM durq_tasks
-WHERE unique_key IS NOT NULL AND queue = :queue
-  AND (unique_until IS NULL OR unique_until > :now)
-ORDER BY next_process_at, id
+-- Unique keys (E4) the queue's tasks hold now, soonest due first, and how many in all (the
+-- count reads only the key index's rows; a window count would read every row whole).
+SELECT t.*, (SELECT count(*) FROM durq_tasks
+             WHERE unique_key IS NOT NULL AND queue = :queue
+               AND (unique_until IS NULL OR unique_until > :now)) AS held
+FROM durq_tasks AS t
+WHERE t.unique_key IS NOT NULL AND t.queue = :queue
+  AND (t.unique_until IS NULL OR t.unique_until > :now)
+ORDER BY t.next_process_at, t.id
 LIMIT :limit;
 
 -- name: list_schedules
