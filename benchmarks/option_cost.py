@@ -107,7 +107,7 @@ def workload(url: str, step: str, tasks: int, way: str) -> None:
             for _ in range(tasks):
                 assert await broker.claim(claim)
         if server is not None:
-            print(f"server_ns={await server() :.0f}", flush=True)
+            print(f"server_ns={await server():.0f}", flush=True)
         await broker.close()
         await app.close()
 
@@ -174,9 +174,12 @@ def redis_server_count(python: str, step: str, tasks: int, way: str) -> int:
             proc = subprocess.Popen(server, stdout=out, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 60
-            while subprocess.run(
-                ["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True
-            ).stdout.strip() != "PONG":
+            while (
+                subprocess.run(
+                    ["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True
+                ).stdout.strip()
+                != "PONG"
+            ):
                 if time.monotonic() > deadline:
                     raise RuntimeError("the private redis-server did not start")
                 time.sleep(0.2)
@@ -185,9 +188,18 @@ def redis_server_count(python: str, step: str, tasks: int, way: str) -> int:
             env = {**os.environ, "PYTHONHASHSEED": "0"}
             subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
         finally:
-            subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True)
+            subprocess.run(
+                ["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True
+            )
             proc.wait(60)
         return collected(log.read_text())
+
+
+def plan(ways: list[str], claim_ways: list[str]) -> list[tuple[str, str]]:
+    """The (step, way) pairs to count: every way's enqueue; the claim ways' claim and bulk."""
+    return [("enqueue", w) for w in ways] + [
+        (step, w) for w in claim_ways for step in ("bulk", "claim")
+    ]
 
 
 def main() -> None:
@@ -196,13 +208,15 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--brokers", default="memory,sqlite,postgresql,redis")
-    parser.add_argument("--ways", default=",".join(WAYS))
+    parser.add_argument("--ways", default="plain,unique,fair", help="enqueues counted")
+    parser.add_argument("--claim-ways", default="plain,fair", help="claims counted")
     parser.add_argument("--sizes", default="100,300", help="N1,N2 tasks")
     parser.add_argument("--server-tasks", type=int, default=1000, help="PostgreSQL server runs")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--python", default=sys.executable)
     args = parser.parse_args()
-    brokers, ways = args.brokers.split(","), args.ways.split(",")
+    brokers = args.brokers.split(",")
+    steps = plan(args.ways.split(","), args.claim_ways.split(","))
     n1, n2 = (int(n) for n in args.sizes.split(","))
     urls = {
         "memory": "memory://",
@@ -210,63 +224,54 @@ def main() -> None:
         "postgresql": POSTGRES_URL,
         "redis": "redis://127.0.0.1:6379/14",
     }
-    runs = [(b, w, s, n) for b in brokers for w in ways for s in STEPS for n in (n1, n2)]
+
+    def one(run: tuple[str, str, str, int]) -> float:
+        side, broker, step, way, n = run[0], *run[1:]  # type: ignore[misc]
+        if side == "server":
+            got = float(redis_server_count(args.python, step, n, way))
+        else:
+            got = float(count(args.python, urls[broker], step, n, way, script=HERE))
+        print(f"{side} {broker} {step} {way} {n}: {got:,.0f}", file=sys.stderr, flush=True)
+        return got
+
+    runs = [("client", b, s, w, n) for b in brokers for s, w in steps for n in (n1, n2)]
+    if "redis" in brokers:
+        runs += [("server", "redis", s, w, n) for s, w in steps for n in (n1, n2)]
     with ThreadPoolExecutor(args.jobs) as pool:
-        counts = dict(
-            zip(
-                runs,
-                pool.map(lambda r: count(args.python, urls[r[0]], r[2], r[3], r[1], script=HERE), runs),
-                strict=True,
-            )
-        )
-        servers: dict[tuple[str, str, str], float] = {}
-        if "redis" in brokers:
-            red = [(w, s, n) for w in ways for s in STEPS for n in (n1, n2)]
-            done = dict(zip(red, pool.map(lambda r: redis_server_count(args.python, *r), red), strict=True))
-            for w in ways:
-                for s in STEPS:
-                    servers["redis", w, s] = (done[w, s, n2] - done[w, s, n1]) / (n2 - n1)
+        counted = dict(zip(runs, pool.map(one, runs), strict=True))
+    figures: dict[tuple[str, str, str, str], float] = {}
+    for side, broker, step, way, n in runs:
+        if n == n2:
+            high, low = counted[side, broker, step, way, n2], counted[side, broker, step, way, n1]
+            figures[side, broker, step, way] = (high - low) / (n2 - n1)
+    for (side, broker, step, way), value in list(figures.items()):
+        if step == "claim":  # the claim's own share: the tasks' bulk enqueue taken off
+            figures[side, broker, step, way] = value - figures[side, broker, "bulk", way]
     if "postgresql" in brokers:
-        for w in ways:
-            for s in ("enqueue", "claim"):
-                servers["postgresql", w, s] = server_ns(args.python, s, args.server_tasks, w)
-
-    def per_task(broker: str, way: str, step: str) -> float:
-        return (counts[broker, way, step, n2] - counts[broker, way, step, n1]) / (n2 - n1)
-
-    print(f"instructions per call (callgrind, N = {n1},{n2}); ratio to plain (and fair to limited)\n")
+        for step, way in steps:
+            if step != "bulk":
+                figures["server", "postgresql", step, way] = server_ns(
+                    args.python, step, args.server_tasks, way
+                )
+    print(f"\ninstructions per call (callgrind, N = {n1},{n2}), ratio to plain\n")
     print("| broker | call | way | client | ratio | server | ratio |")
     print("|---|---|---|---:|---:|---:|---:|")
     for broker in brokers:
-        for figure in ("enqueue", "claim"):
-            base: dict[str, float] = {}
-            for way in ways:
-                client = per_task(broker, way, figure)
-                if figure == "claim":
-                    client -= per_task(broker, way, "bulk")
-                server = servers.get((broker, way, figure))
-                if server is not None and broker == "redis" and figure == "claim":
-                    server -= servers[broker, way, "bulk"]
-                base.setdefault("client", client)
+        for call in ("enqueue", "claim"):
+            for step, way in steps:
+                if step != call:
+                    continue
+                client = figures["client", broker, call, way]
+                base = figures["client", broker, call, "plain"]
+                server = figures.get(("server", broker, call, way))
+                cells = ["-", "-"]
                 if server is not None:
-                    base.setdefault("server", server)
-                ref = "limited" if way == "fair" and "limited" in ways else None
-                note = ""
-                if ref is not None:
-                    base_ref = per_task(broker, ref, figure) - (
-                        per_task(broker, ref, "bulk") if figure == "claim" else 0.0
-                    )
-                    note = f" ({client / base_ref:.2f} of limited)"
-                srv = "-"
-                sratio = "-"
-                if server is not None:
-                    unit = "k instr" if broker == "redis" else " µs CPU"
-                    scale = 1000 if broker == "redis" else 1000
-                    srv = f"{server / scale:,.1f}{unit}"
-                    sratio = f"{server / base['server']:.2f}"
+                    plain = figures["server", broker, call, "plain"]
+                    unit = "k instructions" if broker == "redis" else " µs CPU"
+                    cells = [f"{server / 1000:,.1f}{unit}", f"{server / plain:.2f}"]
                 print(
-                    f"| {broker} | {figure} | {way} | {client / 1000:,.1f}k | "
-                    f"{client / base['client']:.2f}{note} | {srv} | {sratio} |",
+                    f"| {broker} | {call} | {way} | {client / 1000:,.1f}k | "
+                    f"{client / base:.2f} | {cells[0]} | {cells[1]} |",
                     flush=True,
                 )
 
