@@ -126,9 +126,7 @@ def collected(output: str) -> int:
     return int(found[-1])
 
 
-def count(
-    python: str, base: str, step: str, tasks: int, *more: str, script: Path = HERE
-) -> int:
+def count(python: str, base: str, step: str, tasks: int, *more: str, script: Path = HERE) -> int:
     """Instructions of one run of ``step`` with ``tasks``, in a fresh place on the broker:
     ``script workload URL STEP TASKS MORE...`` (this file's workload, or another's)."""
     if base.startswith("memory"):
