@@ -73,6 +73,7 @@ from durq.brokers.params import (
     WorkflowParams,
 )
 from durq.brokers.views import (
+    FairDepth,
     GroupInfo,
     LimitStats,
     MinuteCounts,
@@ -80,6 +81,7 @@ from durq.brokers.views import (
     ScheduleRecord,
     TaskSearch,
     TaskSearchResult,
+    UniqueHolds,
     WorkerInfo,
     WorkflowPage,
     WorkflowQuery,
@@ -477,6 +479,16 @@ class Admin(Protocol):
     async def list_limits(self, queue: str | None = None) -> list[LimitStats]:
         """Flow-control keys (of one queue, or all) that a claim has counted, by queue and
         key: running attempts, the limit, tokens left, tasks held back."""
+
+    async def fair_partitions(self, queue: str, top: int = 20) -> FairDepth:
+        """The fair limits (W22) of one queue: per template, and for the ``top``
+        partitions with the most tasks, how many wait (pending) and run (active), as
+        :class:`FairDepth` orders them; one read. QueueNotFoundError if unknown."""
+
+    async def list_unique(self, queue: str, limit: int = 50) -> UniqueHolds:
+        """The unique keys the queue's unfinished tasks hold now (their time not passed),
+        each with its task, soonest due first (then id), ``limit`` at most, and how many in
+        all. QueueNotFoundError if unknown."""
 
     async def list_schedules(self) -> list[ScheduleRecord]:
         """Every stored schedule, by name."""

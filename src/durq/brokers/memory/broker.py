@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import operator
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Self
@@ -585,11 +586,19 @@ def _template(row: Row) -> str | None:
     return limiter.fair_template(row.limits)
 
 
+_TURN_THEN_SEQ = operator.attrgetter("turn", "seq")
+_PRIORITY = operator.attrgetter("priority")
+
+
 def _turns(due: list[Row]) -> Callable[[str], list[Row]]:
     """W22: a fair template's claimable tasks (``due``, not held) in turn order."""
 
     def turns(name: str) -> list[Row]:
-        rows = [r for r in due if r.held is None and _template(r) == name]
-        return sorted(rows, key=Row.turn_order)
+        rows = [r for r in due if r.held is None and r.limits and r.limits[0].fair == name]
+        # Row.turn_order in two stable sorts keyed in C (priority descending last): the
+        # claim of a fair task counted 2.4x a plain one's instructions with a key in Python.
+        rows.sort(key=_TURN_THEN_SEQ)
+        rows.sort(key=_PRIORITY, reverse=True)
+        return rows
 
     return turns

@@ -22,9 +22,10 @@ from durq.brokers.sqlfiles import (
     workflow_query_params,
     workflow_records,
 )
-from durq.brokers.sqlrows import row_to_info
+from durq.brokers.sqlrows import fair_depth_of, row_to_info, unique_holds_of
 from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
+    FairDepth,
     GroupInfo,
     LimitStats,
     MinuteCounts,
@@ -32,6 +33,7 @@ from durq.brokers.views import (
     ScheduleRecord,
     TaskSearch,
     TaskSearchResult,
+    UniqueHolds,
     WorkerInfo,
     WorkflowPage,
     WorkflowQuery,
@@ -312,6 +314,24 @@ class PostgresAdmin:
         rows = await self._storage.fetch("list_limits", "list_limits", {"queue": queue})
         now = self._storage.now()
         return [stored(r).stats(r["queue"], r["key"], r["held_count"], now) for r in rows]
+
+    async def fair_partitions(self, queue: str, top: int = 20) -> FairDepth:
+        """The queue's fair limits (W22): templates and the ``top`` partitions."""
+        await self._require_queue("fair_partitions", queue)
+        rows = await self._storage.fetch(
+            "fair_partitions", "fair_partitions", {"queue": queue, "top": top}
+        )
+        return fair_depth_of(queue, rows)
+
+    async def list_unique(self, queue: str, limit: int = 50) -> UniqueHolds:
+        """Unique keys held now, soonest due first, with their tasks (E4)."""
+        await self._require_queue("list_unique", queue)
+        rows = await self._storage.fetch(
+            "list_unique",
+            "list_unique",
+            {"queue": queue, "limit": limit, "now": self._storage.sql_now()},
+        )
+        return unique_holds_of(rows)
 
     async def list_workers(self) -> list[WorkerInfo]:
         """Worker processes that sent a heartbeat recently."""

@@ -1306,10 +1306,11 @@ class _Admission:
     def decide(self) -> None:
         """Admit or hold each candidate in claim order, up to ``want`` leases."""
         self.candidates.sort(key=lambda c: c.order)
+        ordered: Iterable[tuple[_Candidate, _Candidate]] = [(c, c) for c in self.candidates]
         if self.turns:
-            ordered = list(limiter.in_turns(self.candidates, _key, _template, self._turns))
-        else:
-            ordered = [(c, c) for c in self.candidates]
+            # Taken as the loop goes, not listed whole: a claim of one fair task read its
+            # 100 candidates' turns, 1.34x the client instructions of a non-fair claim.
+            ordered = limiter.in_turns(self.candidates, _key, _template, self._turns)
         heads = {c.key: c for c in self.candidates}
         for n, (c, head) in enumerate(ordered):
             if len(self.chosen) >= self.want:

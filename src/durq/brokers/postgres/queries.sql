@@ -1360,6 +1360,36 @@ FROM {schema}.limits AS l
 WHERE %(queue)s::text IS NULL OR l.queue = %(queue)s::text
 ORDER BY l.queue, l.key;
 
+-- name: fair_partitions
+-- W22: per partition of the queue's fair limits (template, key), tasks waiting (pending,
+-- held ones too) and running: the %(top)s with the most tasks, then each template's totals
+-- (key NULL). One pass over the queue's pending and active rows (tasks_by_state).
+WITH parts AS (
+    SELECT fair_template AS template, fair_key AS key,
+           count(*) FILTER (WHERE state = 'pending') AS pending,
+           count(*) FILTER (WHERE state = 'active') AS running
+    FROM {schema}.tasks
+    WHERE queue = %(queue)s AND state IN ('pending', 'active') AND fair_template IS NOT NULL
+    GROUP BY fair_template, fair_key
+)
+(SELECT template, key, pending, running, 1::bigint AS partitions FROM parts
+ ORDER BY pending + running DESC, template COLLATE "C", key COLLATE "C" LIMIT %(top)s)
+UNION ALL
+SELECT template, NULL, sum(pending)::bigint, sum(running)::bigint, count(*) FROM parts
+GROUP BY template;
+
+-- name: list_unique
+-- Unique keys (E4) the queue's tasks hold now, soonest due first, and how many in all (the
+-- count reads only the key index's rows; a window count would read every row whole).
+SELECT t.*, (SELECT count(*) FROM {schema}.tasks
+             WHERE unique_key IS NOT NULL AND queue = %(queue)s
+               AND (unique_until IS NULL OR unique_until > {now})) AS held
+FROM {schema}.tasks AS t
+WHERE t.unique_key IS NOT NULL AND t.queue = %(queue)s
+  AND (t.unique_until IS NULL OR t.unique_until > {now})
+ORDER BY t.next_process_at, t.id COLLATE "C"
+LIMIT %(limit)s;
+
 -- name: list_schedules
 SELECT * FROM {schema}.schedules ORDER BY name;
 

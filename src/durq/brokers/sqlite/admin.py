@@ -20,9 +20,10 @@ from durq.brokers.sqlfiles import (
     workflow_records,
 )
 from durq.brokers.sqlite.storage import STATEMENTS, Conn, SQLiteStorage, snapshot
-from durq.brokers.sqlrows import row_to_info
+from durq.brokers.sqlrows import fair_depth_of, row_to_info, unique_holds_of
 from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
+    FairDepth,
     GroupInfo,
     LimitStats,
     MinuteCounts,
@@ -30,6 +31,7 @@ from durq.brokers.views import (
     ScheduleRecord,
     TaskSearch,
     TaskSearchResult,
+    UniqueHolds,
     WorkerInfo,
     WorkflowPage,
     WorkflowQuery,
@@ -99,6 +101,27 @@ class SQLiteAdmin:
             ]
 
         return await self._storage.read("sqlite.list_limits", run)
+
+    async def fair_partitions(self, queue: str, top: int = 20) -> FairDepth:
+        """The queue's fair limits (W22): templates and the ``top`` partitions."""
+
+        def run(conn: Conn) -> FairDepth:
+            self._require_queue(conn, queue)
+            rows = conn.execute(STATEMENTS["fair_partitions"], {"queue": queue, "top": top})
+            return fair_depth_of(queue, rows.fetchall())
+
+        return await self._storage.read("sqlite.fair_partitions", run)
+
+    async def list_unique(self, queue: str, limit: int = 50) -> UniqueHolds:
+        """Unique keys held now, soonest due first, with their tasks (E4)."""
+        now = self._storage.clock.now()
+
+        def run(conn: Conn) -> UniqueHolds:
+            self._require_queue(conn, queue)
+            params = {"queue": queue, "now": now, "limit": limit}
+            return unique_holds_of(conn.execute(STATEMENTS["list_unique"], params).fetchall())
+
+        return await self._storage.read("sqlite.list_unique", run)
 
     async def list_queues(self) -> list[QueueStats]:
         """Every known queue with its sizes and counters, by name."""

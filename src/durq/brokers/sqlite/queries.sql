@@ -661,6 +661,36 @@ FROM durq_limits AS l
 WHERE :queue IS NULL OR l.queue = :queue
 ORDER BY l.queue, l.key;
 
+-- name: fair_partitions
+-- W22: per partition of the queue's fair limits (template, resolved key), tasks waiting
+-- (pending, held ones too) and running: the :top with the most tasks, then each template's
+-- totals (key NULL). One pass over the queue's pending and active rows (durq_tasks_state).
+WITH parts AS (
+    SELECT fair_template AS template, json_extract(limits, '$[0][0]') AS key,
+           sum(state = 'pending') AS pending, sum(state = 'active') AS running
+    FROM durq_tasks
+    WHERE queue = :queue AND state IN ('pending', 'active') AND fair_template IS NOT NULL
+    GROUP BY 1, 2
+)
+SELECT * FROM (
+    SELECT template, key, pending, running, 1 AS partitions FROM parts
+    ORDER BY pending + running DESC, template, key LIMIT :top
+)
+UNION ALL
+SELECT template, NULL, sum(pending), sum(running), count(*) FROM parts GROUP BY template;
+
+-- name: list_unique
+-- Unique keys (E4) the queue's tasks hold now, soonest due first, and how many in all (the
+-- count reads only the key index's rows; a window count would read every row whole).
+SELECT t.*, (SELECT count(*) FROM durq_tasks
+             WHERE unique_key IS NOT NULL AND queue = :queue
+               AND (unique_until IS NULL OR unique_until > :now)) AS held
+FROM durq_tasks AS t
+WHERE t.unique_key IS NOT NULL AND t.queue = :queue
+  AND (t.unique_until IS NULL OR t.unique_until > :now)
+ORDER BY t.next_process_at, t.id
+LIMIT :limit;
+
 -- name: list_schedules
 SELECT * FROM durq_schedules ORDER BY name;
 
