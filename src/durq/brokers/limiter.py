@@ -9,6 +9,11 @@ taken per start. A claim admits a task only if every limit it carries has room; 
 has none is *held* (left pending, out of the claimable set) on the first full key, and the
 next claim after room appears lets that key's held tasks back, as many as there is room.
 
+W23, overrides: an operator may set a key's concurrency or rate (or both) at run time. A part
+that is set wins over the limit every task of that key carries, until it is reset; the
+counter keeps the last limit a task carried beside it, so a reset goes back to that.
+:func:`in_force` gives a task's limit as the claim applies it.
+
 W22, fair keys: a task whose first limit is fair (its template, ``"tenant:{tenant}"``) got a
 *turn* when it was stored: one after the last turn of its partition (the resolved key), and
 never before its template's *round* (the turn of the latest task of the template a claim
@@ -32,7 +37,8 @@ _K = TypeVar("_K", bound=Hashable)
 
 @dataclass(slots=True)
 class Counter:
-    """One key's state: what runs, the bucket, and the last limit a task of it carried."""
+    """One key's state: what runs, the bucket, the last limit a task of it carried, and an
+    operator's override of that limit (W23; ``None`` where a part is not overridden)."""
 
     running: int = 0
     concurrency: int | None = None
@@ -42,12 +48,25 @@ class Counter:
     refilled_at: float = 0.0
     #: Some task may be held on this key (cleared when letting tasks back finds none left).
     waiting: bool = False
+    override_concurrency: int | None = None
+    override_rate: int | None = None
+    override_per: float | None = None
+
+    def limit(self) -> tuple[int | None, int | None, float | None]:
+        """The key's limit in force, ``(concurrency, rate, per)``: each part overridden, or
+        the last task's."""
+        concurrency = self.concurrency
+        if self.override_concurrency is not None:
+            concurrency = self.override_concurrency
+        if self.override_rate is not None:
+            return concurrency, self.override_rate, self.override_per
+        return concurrency, self.rate, self.per
 
     def tokens_at(self, now: float, rate: int | None = None, per: float | None = None) -> float:
-        """Tokens in the bucket at ``now``, refilled at the key's rate (or ``rate``/``per``);
-        unbounded when there is no rate."""
+        """Tokens in the bucket at ``now``, refilled at the key's rate in force (or
+        ``rate``/``per``); unbounded when there is no rate."""
         if rate is None or per is None:
-            rate, per = self.rate, self.per
+            _, rate, per = self.limit()
         if rate is None or per is None:
             return math.inf
         elapsed = max(0.0, now - self.refilled_at)
@@ -55,9 +74,10 @@ class Counter:
 
     def room(self, now: float) -> int:
         """How many more attempts of this key may start at ``now``."""
+        concurrency, _, _ = self.limit()
         room = math.inf
-        if self.concurrency is not None:
-            room = self.concurrency - self.running
+        if concurrency is not None:
+            room = concurrency - self.running
         tokens = self.tokens_at(now)
         if tokens != math.inf:
             room = min(room, math.floor(tokens + 1e-9))
@@ -66,12 +86,13 @@ class Counter:
     def next_room_at(self, now: float) -> float | None:
         """When a token comes, if the bucket is what holds the key back (``None`` when a
         running attempt must end first: its end wakes the workers)."""
-        if self.concurrency is not None and self.running >= self.concurrency:
+        concurrency, rate, per = self.limit()
+        if concurrency is not None and self.running >= concurrency:
             return None
-        if self.rate is None or self.per is None:
+        if rate is None or per is None:
             return None
         missing = 1.0 - self.tokens_at(now)
-        return now if missing <= 0 else now + missing * self.per / self.rate
+        return now if missing <= 0 else now + missing * per / rate
 
     def stats(self, queue: str, key: str, waiting: int, now: float) -> LimitStats:
         """The key as the inspector shows it at ``now``."""
@@ -82,8 +103,11 @@ class Counter:
             concurrency=self.concurrency,
             rate=self.rate,
             per=self.per,
-            tokens=None if self.rate is None else self.tokens_at(now),
+            tokens=None if self.limit()[1] is None else self.tokens_at(now),
             waiting=waiting,
+            override_concurrency=self.override_concurrency,
+            override_rate=self.override_rate,
+            override_per=self.override_per,
         )
 
 
@@ -97,6 +121,9 @@ def stored(row: Any) -> Counter:
         tokens=row["tokens"],
         refilled_at=row["refilled_at"],
         waiting=bool(row["waiting"]),
+        override_concurrency=row["override_concurrency"],
+        override_rate=row["override_rate"],
+        override_per=row["override_per"],
     )
 
 
@@ -114,8 +141,29 @@ def fresh(spec: LimitSpec, now: float) -> Counter:
     )
 
 
+def unclaimed(now: float) -> Counter:
+    """The counter an override creates for a key no claim has counted (W23): nothing
+    running, and a bucket full at whatever rate applies first (see :func:`fresh`)."""
+    return Counter(tokens=0.0, refilled_at=now - 2 * MAX_RATE_PER)
+
+
+def in_force(spec: LimitSpec, counter: Counter) -> LimitSpec:
+    """W23: a task's limit as the claim applies it: each part the key's override sets
+    replaces the task's own (``spec`` itself when nothing is overridden)."""
+    if counter.override_concurrency is None and counter.override_rate is None:
+        return spec
+    concurrency, rate, per = spec.concurrency, spec.rate, spec.per
+    if counter.override_concurrency is not None:
+        concurrency = counter.override_concurrency
+    if counter.override_rate is not None:
+        rate, per = counter.override_rate, counter.override_per
+    return LimitSpec(spec.key, concurrency, rate, per, spec.fair)
+
+
 def admits(spec: LimitSpec, counter: Counter, now: float) -> bool:
-    """Whether one more attempt under ``spec`` may start (the task's own limit decides)."""
+    """Whether one more attempt under ``spec`` may start (the task's own limit decides,
+    unless the key's override replaces it)."""
+    spec = in_force(spec, counter)
     if spec.concurrency is not None and counter.running >= spec.concurrency:
         return False
     if spec.rate is None:
@@ -125,13 +173,14 @@ def admits(spec: LimitSpec, counter: Counter, now: float) -> bool:
 
 
 def take(spec: LimitSpec, counter: Counter, now: float) -> None:
-    """Count one start: a running attempt, a token; the key shows the task's limit."""
-    counter.concurrency = spec.concurrency
-    if spec.rate is not None and spec.per is not None:
-        counter.tokens = counter.tokens_at(now, spec.rate, spec.per) - 1.0
-        counter.rate, counter.per = spec.rate, spec.per
+    """Count one start: a running attempt, a token at the rate in force; the key keeps
+    the task's own limit (what a reset of an override goes back to)."""
+    rule = in_force(spec, counter)
+    if rule.rate is not None and rule.per is not None:
+        counter.tokens = counter.tokens_at(now, rule.rate, rule.per) - 1.0
         counter.refilled_at = now
-    else:
+    counter.concurrency, counter.rate, counter.per = spec.concurrency, spec.rate, spec.per
+    if spec.rate is None or spec.per is None:
         counter.rate = counter.per = None
     counter.running += 1
 
@@ -240,9 +289,11 @@ __all__ = [
     "blocking",
     "fair_template",
     "fresh",
+    "in_force",
     "in_turns",
     "outlook",
     "stored",
     "take",
+    "unclaimed",
     "wake_at",
 ]
