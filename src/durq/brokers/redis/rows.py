@@ -90,8 +90,10 @@ def task_info(queue: str, flat: Sequence[Any] | dict[Any, Any]) -> TaskInfo:
 
 def stored_counter(raw: bytes) -> Counter:
     """A limit key's counter as ``claim.lua`` stores it:
-    ``running|concurrency|rate|per|tokens|refilled_at`` (empty for none)."""
-    running, concurrency, rate, per, tokens, at = raw.decode().split("|")
+    ``running|concurrency|rate|per|tokens|refilled_at|o_concurrency|o_rate|o_per`` (empty
+    for none; the override's three absent in counters stored before it existed)."""
+    running, concurrency, rate, per, tokens, at, *override = raw.decode().split("|")
+    o_concurrency, o_rate, o_per = (*override, "", "", "")[:3]
     return Counter(
         running=int(running),
         concurrency=int(concurrency) if concurrency else None,
@@ -99,4 +101,7 @@ def stored_counter(raw: bytes) -> Counter:
         per=float(per) if per else None,
         tokens=float(tokens),
         refilled_at=float(at),
+        override_concurrency=int(float(o_concurrency)) if o_concurrency else None,
+        override_rate=int(float(o_rate)) if o_rate else None,
+        override_per=float(o_per) if o_per else None,
     )

@@ -518,10 +518,12 @@ local function forget_member(task_key, now_s)
 end
 
 -- W13 flow control. A key's counter is one field of the queue's limits hash, the string
--- "running|concurrency|rate|per|tokens|refilled_at" (empty for none): what runs, the token
--- bucket and the last limit a task of the key carried (brokers/limiter.py does the same in
--- Python). Tasks held on a key are members "<key>\0<member>" (score 0) of the held zset;
--- keys with held tasks are in the waiting set. A task's limits are its field "L" (JSON).
+-- "running|concurrency|rate|per|tokens|refilled_at|o_concurrency|o_rate|o_per" (empty for
+-- none; the last three absent in counters stored before W23): what runs, the token bucket,
+-- the last limit a task of the key carried and an operator's override of it (W23: a part
+-- set wins over every task's own; brokers/limiter.py does the same in Python). Tasks held
+-- on a key are members "<key>\0<member>" (score 0) of the held zset; keys with held tasks
+-- are in the waiting set. A task's limits are its field "L" (JSON).
 local function load_counter(hash, key)
   local raw = redis.call('HGET', hash, key)
   if not raw then
@@ -532,7 +534,8 @@ local function load_counter(hash, key)
     f[#f + 1] = part
   end
   return {running = tonumber(f[1]) or 0, conc = tonumber(f[2]), rate = tonumber(f[3]),
-    per = tonumber(f[4]), tokens = tonumber(f[5]) or 0, at = tonumber(f[6]) or 0}
+    per = tonumber(f[4]), tokens = tonumber(f[5]) or 0, at = tonumber(f[6]) or 0,
+    oconc = tonumber(f[7] or ''), orate = tonumber(f[8] or ''), oper = tonumber(f[9] or '')}
 end
 
 local function save_counter(hash, key, c)
@@ -541,13 +544,25 @@ local function save_counter(hash, key, c)
     return string.format('%.17g', v)
   end
   redis.call('HSET', hash, key, table.concat({string.format('%d', c.running), opt(c.conc),
-    opt(c.rate), opt(c.per), string.format('%.17g', c.tokens), string.format('%.17g', c.at)},
-    '|'))
+    opt(c.rate), opt(c.per), string.format('%.17g', c.tokens), string.format('%.17g', c.at),
+    opt(c.oconc), opt(c.orate), opt(c.oper)}, '|'))
 end
 
--- Tokens in the bucket at `now`, refilled at rate/per (the counter's when not given).
+-- W23: a limit as the claim applies it: each part of the key's override replaces the
+-- limit's own (limiter.in_force); `s` is a task's limit or the counter itself.
+local function in_force(s, c)
+  local conc, rate, per = s.conc, s.rate, s.per
+  if c.oconc then conc = c.oconc end
+  if c.orate then rate, per = c.orate, c.oper end
+  return conc, rate, per
+end
+
+-- Tokens in the bucket at `now`, refilled at rate/per (the key's in force when not given).
 local function bucket_at(c, now, rate, per)
-  rate, per = rate or c.rate, per or c.per
+  if not rate or not per then
+    local _
+    _, rate, per = in_force(c, c)
+  end
   if not rate or not per then
     return nil
   end
@@ -558,8 +573,9 @@ end
 
 -- How many more attempts of the key may start at `now`.
 local function room_of(c, now)
+  local conc = in_force(c, c)
   local room = 1000000000
-  if c.conc then room = c.conc - c.running end
+  if conc then room = conc - c.running end
   local tokens = bucket_at(c, now)
   if tokens then room = math.min(room, math.floor(tokens + 1e-9)) end
   if room < 0 then return 0 end
@@ -568,11 +584,12 @@ end
 
 -- When a token comes, if only the bucket holds the key back (nil otherwise).
 local function next_room_at(c, now)
-  if c.conc and c.running >= c.conc then return nil end
+  local conc, rate, per = in_force(c, c)
+  if conc and c.running >= conc then return nil end
   local tokens = bucket_at(c, now)
   if not tokens then return nil end
   if tokens >= 1 then return now end
-  return now + (1 - tokens) * c.per / c.rate
+  return now + (1 - tokens) * per / rate
 end
 
 -- One limit of a task, from its JSON [key, concurrency, rate, per] (cjson.null -> nil).

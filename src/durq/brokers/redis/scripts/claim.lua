@@ -154,8 +154,9 @@ local function claim_queue(o, prefix, want, out)
             if full == nil then
               local c = counter(s.key)
               if c then
-                if s.conc and c.running >= s.conc then full = s.key end
-                local tokens = s.rate and bucket_at(c, t, s.rate, s.per)
+                local conc, rate, per = in_force(s, c)  -- W23: the override's parts win
+                if conc and c.running >= conc then full = s.key end
+                local tokens = rate and bucket_at(c, t, rate, per)
                 if tokens and tokens < 1 - 1e-9 then full = s.key end
               end
             end
@@ -173,13 +174,13 @@ local function claim_queue(o, prefix, want, out)
               c = {running = 0, tokens = s.rate or 0, at = t}
               counters[s.key] = c
             end
-            c.conc = s.conc
-            if s.rate then
-              c.tokens = bucket_at(c, t, s.rate, s.per) - 1
-              c.rate, c.per, c.at = s.rate, s.per, t
-            else
-              c.rate, c.per = nil, nil
+            -- A token at the rate in force; the key keeps the task's own limit (W23).
+            local _, rate, per = in_force(s, c)
+            if rate then
+              c.tokens = bucket_at(c, t, rate, per) - 1
+              c.at = t
             end
+            c.conc, c.rate, c.per = s.conc, s.rate, s.per
             c.running = c.running + 1
             dirty[s.key] = true
           end
