@@ -5,8 +5,8 @@ Plain Python, no storage, no speed: a dict of tasks and a clock. It states the r
 order (W8: queues in the order a worker takes them, then priority, due time, enqueue
 order), delays and due times (E2), one task per id (E3), uniqueness by content (E4), leases
 and fencing (W1), retries (W4), rescue of expired leases, the inspector's moves (I3),
-pausing (I4), per-key flow control with held tasks (W13) and fair keys that take turns
-(W22), continuations and group fan-in,
+pausing (I4), per-key flow control with held tasks (W13), fair keys that take turns
+(W22) and an operator's overrides of a key's limit (W23), continuations and group fan-in,
 tasks that wait for others (W15), signals and the waits they end (W19), and retention of
 completed and archived tasks (E5) — and nothing about how a broker stores them.
 
@@ -136,8 +136,9 @@ class Group:
 @dataclass
 class Counter:
     """One flow-control key of one queue (W13), as ``durq.brokers.limiter`` states it: the
-    running attempts, a token bucket, the last limit a started task carried, and whether
-    some task may be held on it (cleared when letting tasks back finds none left)."""
+    running attempts, a token bucket, the last limit a started task carried, whether some
+    task may be held on it (cleared when letting tasks back finds none left), and an
+    operator's override (W23): its concurrency and its rate, each ``None`` when not set."""
 
     running: int = 0
     concurrency: int | None = None
@@ -146,19 +147,32 @@ class Counter:
     tokens: float = 0.0
     refilled_at: float = 0.0
     waiting: bool = False
+    override_concurrency: int | None = None
+    override_rate: tuple[int, float] | None = None
+
+    def in_force(self, spec: Spec) -> Spec:
+        """W23: a limit as claims apply it: each part the override sets replaces its own."""
+        concurrency, rate, per = spec
+        if self.override_concurrency is not None:
+            concurrency = self.override_concurrency
+        if self.override_rate is not None:
+            rate, per = self.override_rate
+        return concurrency, rate, per
 
     def tokens_at(self, now: float, rate: int | None = None, per: float | None = None) -> float:
-        """Up to ``rate`` tokens, refilled at ``rate / per`` a second (the key's last rate
-        unless a task's own is given); unbounded without a rate."""
+        """Up to ``rate`` tokens, refilled at ``rate / per`` a second (the key's rate in
+        force unless a task's own is given); unbounded without a rate."""
         if rate is None or per is None:
-            rate, per = self.rate, self.per
+            _, rate, per = self.in_force((self.concurrency, self.rate, self.per))
         if rate is None or per is None:
             return math.inf
         return min(float(rate), self.tokens + max(0.0, now - self.refilled_at) * rate / per)
 
     def room(self, now: float) -> int:
-        """How many held tasks may come back: judged by the key's last limit."""
-        room = math.inf if self.concurrency is None else self.concurrency - self.running
+        """How many held tasks may come back: judged by the key's limit in force (the
+        override's parts, else the last task's)."""
+        concurrency, _, _ = self.in_force((self.concurrency, self.rate, self.per))
+        room = math.inf if concurrency is None else concurrency - self.running
         tokens = self.tokens_at(now)
         if tokens != math.inf:
             room = min(room, math.floor(tokens + 1e-9))
@@ -167,12 +181,13 @@ class Counter:
     def next_room_at(self, now: float) -> float | None:
         """When a token comes, if only the bucket holds the key back (``None``: a running
         attempt must end first)."""
-        if self.concurrency is not None and self.running >= self.concurrency:
+        concurrency, rate, per = self.in_force((self.concurrency, self.rate, self.per))
+        if concurrency is not None and self.running >= concurrency:
             return None
-        if self.rate is None or self.per is None:
+        if rate is None or per is None:
             return None
         missing = 1.0 - self.tokens_at(now)
-        return now if missing <= 0 else now + missing * self.per / self.rate
+        return now if missing <= 0 else now + missing * per / rate
 
 
 def queue_order(weights: dict[str, int], strict: bool) -> list[str] | None:
@@ -250,16 +265,22 @@ class Model:
             state = "due"
         return (state, task.retried, task.lost, task.held)
 
-    def limit_stats(self, queue: str) -> dict[str, tuple[int, float | None, int, int]]:
-        """Keys a claim started or held a task on: (running, tokens, held tasks, lingering
-        tasks that a broker may still count held)."""
+    def limit_stats(
+        self, queue: str
+    ) -> dict[str, tuple[int, float | None, int, int, tuple[object, ...]]]:
+        """Keys a claim started or held a task on, or an override was set on: (running,
+        tokens, held tasks, lingering tasks that a broker may still count held, the
+        override's concurrency and rate)."""
         mine = [t for t in self.tasks.values() if t.queue == queue]
         return {
             key: (
                 c.running,
-                None if c.rate is None else c.tokens_at(self.now),
+                None
+                if c.in_force((c.concurrency, c.rate, c.per))[1] is None
+                else c.tokens_at(self.now),
                 sum(1 for t in mine if t.held == key),
                 sum(1 for t in mine if t.lingering == key and t.state in CLAIMABLE),
+                (c.override_concurrency, c.override_rate),
             )
             for (q, key), c in sorted(self.counters.items())
             if q == queue
@@ -489,12 +510,14 @@ class Model:
         return taken
 
     def _blocking(self, task: Task) -> str | None:
-        """W13: the first key of the task without room by the task's own limit: a slot
-        (fewer than ``concurrency`` running) and a token in the key's bucket."""
-        for key, (concurrency, rate, per) in task.limits.items():
+        """W13: the first key of the task without room by the task's own limit (W23: each
+        part the key's override sets instead): a slot (fewer than ``concurrency`` running)
+        and a token in the key's bucket."""
+        for key, spec in task.limits.items():
             counter = self.counters.get((task.queue, key))
             if counter is None:
                 continue  # a key no claim started: nothing runs, the bucket is full
+            concurrency, rate, per = counter.in_force(spec)
             if concurrency is not None and counter.running >= concurrency:
                 return key
             if rate is not None and counter.tokens_at(self.now, rate, per) < 1 - 1e-9:
@@ -502,19 +525,18 @@ class Model:
         return None
 
     def _take(self, queue: str, key: str, spec: Spec) -> None:
-        """Count one start: a running attempt, a token; the key keeps the task's limit."""
+        """Count one start: a running attempt, a token at the rate in force; the key keeps
+        the task's own limit (what a reset of an override goes back to)."""
         concurrency, rate, per = spec
         counter = self.counters.get((queue, key))
-        if counter is None:  # a full bucket at first
-            counter = self.counters[(queue, key)] = Counter(
-                tokens=float(rate or 0), refilled_at=self.now
-            )
-        counter.concurrency = concurrency
-        if rate is not None and per is not None:
-            counter.tokens = counter.tokens_at(self.now, rate, per) - 1.0
-            counter.rate, counter.per = rate, per
+        if counter is None:  # a bucket full at whatever rate applies first
+            counter = self.counters[(queue, key)] = Counter(refilled_at=-math.inf)
+        _, rate_now, per_now = counter.in_force(spec)
+        if rate_now is not None and per_now is not None:
+            counter.tokens = counter.tokens_at(self.now, rate_now, per_now) - 1.0
             counter.refilled_at = self.now
-        else:
+        counter.concurrency, counter.rate, counter.per = concurrency, rate, per
+        if rate is None or per is None:
             counter.rate = counter.per = None
         counter.running += 1
 
@@ -799,6 +821,38 @@ class Model:
             task.cancel_requested = True
         else:
             raise Refused("invalid state")
+
+    def set_limit(
+        self,
+        queue: str,
+        key: str,
+        concurrency: int | None,
+        rate: tuple[int, float] | None,
+        known: bool = False,
+    ) -> None:
+        """W23: an operator's limit for one key of a known queue, winning over every task's
+        own until reset (a part left ``None`` keeps the tasks'). A key no claim counted
+        gets a counter: nothing running, a bucket full at whatever rate applies first. A
+        queue only a group named is known if the broker says so (``known``), as for
+        :meth:`pause`."""
+        if known and queue in self.named:
+            self.queues.add(queue)
+        if queue not in self.queues:
+            raise Refused("no queue")
+        counter = self.counters.get((queue, key))
+        if counter is None:
+            counter = self.counters[(queue, key)] = Counter(refilled_at=-math.inf)
+        counter.override_concurrency, counter.override_rate = concurrency, rate
+
+    def reset_limit(self, queue: str, key: str) -> bool:
+        """W23: the tasks' own limit applies again; whether an override was set."""
+        counter = self.counters.get((queue, key))
+        if counter is None or (
+            counter.override_concurrency is None and counter.override_rate is None
+        ):
+            return False
+        counter.override_concurrency = counter.override_rate = None
+        return True
 
     def pause(self, queue: str, paused: bool, known: bool = False) -> None:
         """I4: a paused queue hands out nothing and still takes enqueues. A queue exists

@@ -1155,8 +1155,10 @@ def _held_answer(rows: list[tuple[Any, ...]]) -> tuple[bool, float | None]:
     held = json.loads(first[CLAIM_HELD] or "[]")
     if not held:
         return bool(first[CLAIM_LIMITED]), None
-    # Each: [now, running, concurrency, rate, per, tokens, refilled_at, the override's three].
-    counters = (limiter.Counter(*h[1:7], True, *h[7:10]) for h in held)
+    counters = (
+        limiter.Counter(running, concurrency, rate, per, tokens, refilled_at, True, *override)
+        for _, running, concurrency, rate, per, tokens, refilled_at, *override in held
+    )
     room, wake_at = limiter.outlook(counters, held[0][0])  # [0][0]: the claim's now
     return bool(first[CLAIM_LIMITED]) or room, wake_at
 

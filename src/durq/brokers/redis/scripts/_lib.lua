@@ -548,6 +548,10 @@ local function save_counter(hash, key, c)
     opt(c.oconc), opt(c.orate), opt(c.oper)}, '|'))
 end
 
+-- How long ago the bucket of a key no claim counted was refilled: twice the longest period
+-- of a rate (durq.task.MAX_RATE_PER), so it is full at any rate.
+local FRESH_AGE = 2 * 86400 * 366
+
 -- W23: a limit as the claim applies it: each part of the key's override replaces the
 -- limit's own (limiter.in_force); `s` is a task's limit or the counter itself.
 local function in_force(s, c)

@@ -170,8 +170,8 @@ local function claim_queue(o, prefix, want, out)
         else
           for _, s in ipairs(specs) do
             local c = counter(s.key)
-            if not c then
-              c = {running = 0, tokens = s.rate or 0, at = t}
+            if not c then  -- a bucket full at whatever rate applies first (limiter.fresh)
+              c = {running = 0, tokens = 0, at = t - FRESH_AGE}
               counters[s.key] = c
             end
             -- A token at the rate in force; the key keeps the task's own limit (W23).
