@@ -1177,3 +1177,23 @@ def test_W22_partitions_of_a_fair_key_take_turns(machine: type[BrokerAgainstMode
     state.claim(limit=3, seed=0, strict=False, weights=(1, 1))
     _checked(state)
     state.teardown()
+
+
+def test_W23_an_override_wins_until_it_is_reset(machine: type[BrokerAgainstModel]) -> None:
+    """A key held at 0 by an override starts nothing (other keys flow), a raise lets its held
+    tasks back as far as it allows, a rate set on a key no task carries starts from a full
+    bucket, and a reset goes back to the tasks' own limit."""
+    state = machine()
+    for task_id in ("t0", "t1", "t2"):
+        state.enqueue(0, task_id, _options("k2"), None, 0)
+    state.enqueue(0, "t3", _options("r1"), None, 0)
+    state.set_limit(q=0, key="k", concurrency=0, rate=None)
+    state.claim(limit=3, seed=0, strict=True, weights=(1, 1))
+    state.set_limit(q=0, key="k", concurrency=1, rate=(3, 10.0))
+    state.claim(limit=3, seed=0, strict=True, weights=(1, 1))
+    state.set_limit(q=1, key="z", concurrency=None, rate=(1, 10.0))
+    state.reset_limit(q=0, key="k")
+    state.claim(limit=3, seed=0, strict=True, weights=(1, 1))
+    state.reset_limit(q=0, key="k")
+    _checked(state)
+    state.teardown()
