@@ -493,11 +493,17 @@ class Limit(_Model):
 class LimitOverrideRequest(_Model):
     """The override to set on a key; at least one part (each call replaces the last)."""
 
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"minProperties": 1})
+
     concurrency: int | None = Field(
         None, ge=0, le=10**6, description="At most this many at once; 0 starts none for now"
     )
     rate: str | None = Field(
-        None, max_length=40, description="At most this many starts per period", examples=["10/s"]
+        None,
+        min_length=1,
+        max_length=40,
+        description="At most this many starts per period",
+        examples=["10/s"],
     )
 
 
