@@ -57,6 +57,14 @@ def format_rate(rate: int | None, per: float | None) -> str:
     return f"{rate}/{per * 1000:g}ms"
 
 
+def _check_concurrency(value: object, lowest: int, what: str) -> None:
+    """``None``, or an integer from ``lowest`` to 10^6; ValidationError naming ``what``."""
+    if value is not None and (
+        not isinstance(value, int) or isinstance(value, bool) or not lowest <= value <= 10**6
+    ):
+        raise ValidationError(f"{what} is an integer from {lowest} to 10^6, got {value!r}")
+
+
 def format_limit(
     concurrency: int | None, rate: int | None, per: float | None, none: str = "-"
 ) -> str:
@@ -102,15 +110,7 @@ class Limit:
                 )
         if self.concurrency is None and self.rate is None:
             raise ValidationError(f"limit {self.key!r} needs concurrency=, rate= or both")
-        if self.concurrency is not None and (
-            not isinstance(self.concurrency, int)
-            or isinstance(self.concurrency, bool)
-            or not 1 <= self.concurrency <= 10**6
-        ):
-            raise ValidationError(
-                f"limit {self.key!r}: concurrency is an integer from 1 to 10^6, "
-                f"got {self.concurrency!r}"
-            )
+        _check_concurrency(self.concurrency, 1, f"limit {self.key!r}: concurrency")
         if self.rate is not None:
             parse_rate(self.rate)
         if not isinstance(self.fair, bool):
@@ -169,14 +169,7 @@ def override(
     key = check_key(key)
     if concurrency is None and rate is None:
         raise ValidationError(f"an override of {key!r} needs a concurrency, a rate or both")
-    if concurrency is not None and (
-        not isinstance(concurrency, int)
-        or isinstance(concurrency, bool)
-        or not 0 <= concurrency <= 10**6
-    ):
-        raise ValidationError(
-            f"an override's concurrency is an integer from 0 to 10^6, got {concurrency!r}"
-        )
+    _check_concurrency(concurrency, 0, "an override's concurrency")
     count = per = None
     if rate is not None:
         count, per = parse_rate(rate)
