@@ -102,9 +102,10 @@ def set_command(
     broker: BrokerOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Override one key's limit at run time: it wins over the limit the key's tasks carry
-    until reset (a part not given keeps theirs). Every worker applies it at its next claim;
-    running tasks are not touched."""
+    """Override one key's limit at run time, until reset.
+
+    It wins over the limit the key's tasks carry; a part not given keeps theirs. Every
+    worker applies it at its next claim; running tasks are not touched."""
     if concurrency is None and rate is None:
         raise UsageFailure("give --concurrency, --rate or both")
 
