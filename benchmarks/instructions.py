@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import socket
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
@@ -87,38 +89,43 @@ def callgrind(tmp: str, name: str) -> list[str]:
     return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/{name}.out"]
 
 
+@contextlib.contextmanager
+def private_redis(tmp: str, counted: bool) -> Iterator[tuple[str, Path]]:
+    """A private ``redis-server`` (under callgrind when ``counted``): its URL and its log,
+    where callgrind writes its total once the server has stopped."""
+    port = free_port()
+    server = ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"]
+    # --hz 1: fewer background ticks, whose number follows how long a run takes, not N.
+    server += ["--dir", tmp, "--hz", "1"]
+    if counted:
+        server = callgrind(tmp, "server") + server
+    log = Path(tmp) / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(server, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        yield f"redis://127.0.0.1:{port}/0", log
+    finally:
+        subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True)
+        proc.wait(120)
+
+
 def count(python: str, workload: str, tasks: int, side: str) -> int:
     """Instructions of the producer (``side="client"``) or of the server for one run."""
     with tempfile.TemporaryDirectory(prefix="durq-instr-") as tmp:
-        port = free_port()
-        server = ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"]
-        # --hz 1: fewer background ticks, whose number follows how long a run takes, not N.
-        server += ["--dir", tmp, "--hz", "1"]
-        if side == "server":
-            server = callgrind(tmp, "server") + server
-        log = Path(tmp) / "server.log"
-        with open(log, "w") as out:
-            proc = subprocess.Popen(server, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
-            url = f"redis://127.0.0.1:{port}/0"
+        with private_redis(tmp, counted=side == "server") as (url, log):
             client = [python, str(HERE), "produce", url, workload, str(tasks)]
             if side == "client":
                 client = callgrind(tmp, "client") + client
             done = subprocess.run(client, capture_output=True, text=True, check=True)
-        finally:
-            subprocess.run(
-                ["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True
-            )
-            proc.wait(60)
         return collected(log.read_text() if side == "server" else done.stderr)
 
 

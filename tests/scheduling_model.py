@@ -43,8 +43,9 @@ LEASE_EXPIRED = "lease expired"
 WORKER_LOST = "worker lost"
 CANCELLED = "cancelled"
 
-#: A limit as a task stores it: (concurrency, rate, per); ``None`` where it has no such part.
-Spec = tuple[int | None, int | None, float | None]
+#: A limit as a task stores it: (concurrency, rate, per, cost); ``None`` where it has no such
+#: part. W24: one attempt takes ``cost`` units of the key's slots and tokens.
+Spec = tuple[int | None, int | None, float | None, int]
 
 
 class Refused(Exception):
@@ -76,7 +77,7 @@ class Task:
     seq: int
     max_retry: int
     retention: float
-    #: key -> (concurrency, rate, per), in the order the task gives them.
+    #: key -> (concurrency, rate, per, cost), in the order the task gives them.
     limits: dict[str, Spec] = field(default_factory=dict)
     #: W22: the template of its fair limit (the first of ``limits``, its partition), and
     #: the turn the task got when it was stored.
@@ -137,8 +138,9 @@ class Group:
 class Counter:
     """One flow-control key of one queue (W13), as ``durq.brokers.limiter`` states it: the
     running attempts, a token bucket, the last limit a started task carried, whether some
-    task may be held on it (cleared when letting tasks back finds none left), and an
-    operator's override (W23): its concurrency and its rate, each ``None`` when not set."""
+    task may be held on it (cleared when letting tasks back finds none left), the largest
+    cost of the tasks held on it since it last had none (W24), and an operator's override
+    (W23): its concurrency and its rate, each ``None`` when not set."""
 
     running: int = 0
     concurrency: int | None = None
@@ -147,46 +149,65 @@ class Counter:
     tokens: float = 0.0
     refilled_at: float = 0.0
     waiting: bool = False
+    need: int = 1
     override_concurrency: int | None = None
     override_rate: tuple[int, float] | None = None
 
-    def in_force(self, spec: Spec) -> Spec:
+    def in_force(
+        self, concurrency: int | None, rate: int | None, per: float | None
+    ) -> tuple[int | None, int | None, float | None]:
         """W23: a limit as claims apply it: each part the override sets replaces its own."""
-        concurrency, rate, per = spec
         if self.override_concurrency is not None:
             concurrency = self.override_concurrency
         if self.override_rate is not None:
             rate, per = self.override_rate
         return concurrency, rate, per
 
+    def limit(self) -> tuple[int | None, int | None, float | None]:
+        """The key's limit in force: the override's parts, else the last task's."""
+        return self.in_force(self.concurrency, self.rate, self.per)
+
     def tokens_at(self, now: float, rate: int | None = None, per: float | None = None) -> float:
         """Up to ``rate`` tokens, refilled at ``rate / per`` a second (the key's rate in
         force unless a task's own is given); unbounded without a rate."""
         if rate is None or per is None:
-            _, rate, per = self.in_force((self.concurrency, self.rate, self.per))
+            _, rate, per = self.limit()
         if rate is None or per is None:
             return math.inf
         return min(float(rate), self.tokens + max(0.0, now - self.refilled_at) * rate / per)
 
     def room(self, now: float) -> int:
         """How many held tasks may come back: judged by the key's limit in force (the
-        override's parts, else the last task's)."""
-        concurrency, _, _ = self.in_force((self.concurrency, self.rate, self.per))
+        override's parts, else the last task's), none until the units its held tasks need
+        are free (W24)."""
+        concurrency, _, _ = self.limit()
         room = math.inf if concurrency is None else concurrency - self.running
         tokens = self.tokens_at(now)
         if tokens != math.inf:
             room = min(room, math.floor(tokens + 1e-9))
-        return max(0, int(min(room, 10**9)))
+        room = max(0, int(min(room, 10**9)))
+        return room if room >= self.needed() else 0
+
+    def needed(self) -> int:
+        """The units held tasks wait for, at most what the key's limit in force holds."""
+        if not self.waiting:
+            return 1
+        need = self.need
+        for part in self.limit()[:2]:
+            if part is not None:
+                need = min(need, part)
+        return max(1, need)
 
     def next_room_at(self, now: float) -> float | None:
-        """When a token comes, if only the bucket holds the key back (``None``: a running
-        attempt must end first)."""
-        concurrency, rate, per = self.in_force((self.concurrency, self.rate, self.per))
-        if concurrency is not None and self.running >= concurrency:
+        """When the tokens its held tasks need come, if only the bucket holds the key back
+        (``None``: a running attempt must end first)."""
+        need = self.needed()
+        concurrency, rate, per = self.limit()
+        if concurrency is not None and self.running + need > concurrency:
             return None
         if rate is None or per is None:
             return None
-        missing = 1.0 - self.tokens_at(now)
+        missing = need - self.tokens_at(now)
         return now if missing <= 0 else now + missing * per / rate
 
 
@@ -275,9 +296,7 @@ class Model:
         return {
             key: (
                 c.running,
-                None
-                if c.in_force((c.concurrency, c.rate, c.per))[1] is None
-                else c.tokens_at(self.now),
+                None if c.limit()[1] is None else c.tokens_at(self.now),
                 sum(1 for t in mine if t.held == key),
                 sum(1 for t in mine if t.lingering == key and t.state in CLAIMABLE),
                 (c.override_concurrency, c.override_rate),
@@ -495,7 +514,10 @@ class Model:
                 full = self._blocking(task)
                 if full is not None:
                     task.held = full
-                    self.counters[(queue, full)].waiting = True
+                    counter = self.counters[(queue, full)]
+                    cost = task.limits[full][3]
+                    counter.need = max(counter.need, cost) if counter.waiting else cost
+                    counter.waiting = True
                     continue
                 for key, spec in task.limits.items():
                     self._take(queue, key, spec)
@@ -511,34 +533,35 @@ class Model:
 
     def _blocking(self, task: Task) -> str | None:
         """W13: the first key of the task without room by the task's own limit (W23: each
-        part the key's override sets instead): a slot (fewer than ``concurrency`` running)
-        and a token in the key's bucket."""
-        for key, spec in task.limits.items():
+        part the key's override sets instead): ``cost`` free slots (W24) and as many tokens
+        in the key's bucket."""
+        for key, (*own, cost) in task.limits.items():
             counter = self.counters.get((task.queue, key))
             if counter is None:
                 continue  # a key no claim started: nothing runs, the bucket is full
-            concurrency, rate, per = counter.in_force(spec)
-            if concurrency is not None and counter.running >= concurrency:
+            concurrency, rate, per = counter.in_force(*own)
+            if concurrency is not None and counter.running + cost > concurrency:
                 return key
-            if rate is not None and counter.tokens_at(self.now, rate, per) < 1 - 1e-9:
+            if rate is not None and counter.tokens_at(self.now, rate, per) < cost - 1e-9:
                 return key
         return None
 
     def _take(self, queue: str, key: str, spec: Spec) -> None:
-        """Count one start: a running attempt, a token at the rate in force; the key keeps
-        the task's own limit (what a reset of an override goes back to)."""
-        concurrency, rate, per = spec
+        """Count one start: ``cost`` running units, and as many tokens at the rate in
+        force; the key keeps the task's own limit (what a reset of an override goes back
+        to)."""
+        concurrency, rate, per, cost = spec
         counter = self.counters.get((queue, key))
         if counter is None:  # a bucket full at whatever rate applies first
             counter = self.counters[(queue, key)] = Counter(refilled_at=-math.inf)
-        _, rate_now, per_now = counter.in_force(spec)
+        _, rate_now, per_now = counter.in_force(concurrency, rate, per)
         if rate_now is not None and per_now is not None:
-            counter.tokens = counter.tokens_at(self.now, rate_now, per_now) - 1.0
+            counter.tokens = counter.tokens_at(self.now, rate_now, per_now) - cost
             counter.refilled_at = self.now
         counter.concurrency, counter.rate, counter.per = concurrency, rate, per
         if rate is None or per is None:
             counter.rate = counter.per = None
-        counter.running += 1
+        counter.running += cost
 
     def _let_back(self, queue: str) -> None:
         """Held tasks of a key with room rejoin the claimable set, in claim order, as many
@@ -570,11 +593,11 @@ class Model:
         return min(times, default=None)
 
     def _release(self, task: Task) -> None:
-        """Every end of an attempt gives back a running slot on each of its keys."""
-        for key in task.limits:
+        """Every end of an attempt gives back its running units on each of its keys."""
+        for key, spec in task.limits.items():
             counter = self.counters.get((task.queue, key))
             if counter is not None:
-                counter.running = max(0, counter.running - 1)
+                counter.running = max(0, counter.running - spec[3])
 
     # -- the end of an attempt (W1, W4): fenced by the lease's token -------------------------
 

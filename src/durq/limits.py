@@ -25,6 +25,7 @@ MAX_KEY = 200
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _PERIOD = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _FORMATTER = string.Formatter()
+_COST = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
 
 
 def parse_rate(rate: str | tuple[int, float]) -> tuple[int, float]:
@@ -89,12 +90,18 @@ class Limit:
     ``fair=True`` (a key naming payload fields, one such limit per task): the keys filled
     from the template are partitions that take turns. Among the tasks carrying this
     template, a claim starts them round-robin across partitions, so a partner with 100,000
-    waiting tasks delays another partner's single task by at most one turn of each."""
+    waiting tasks delays another partner's single task by at most one turn of each.
+
+    ``cost``: how many units of the key one attempt takes, of its concurrency and of its
+    tokens (default 1): an int, or a template naming one payload field (``"{pages}"``)
+    resolved at enqueue. A task whose cost exceeds the concurrency or the rate could never
+    start and is refused at enqueue (ValidationError)."""
 
     key: str
     concurrency: int | None = None
     rate: str | tuple[int, float] | None = None
     fair: bool = False
+    cost: int | str = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key:
@@ -122,6 +129,33 @@ class Limit:
             )
         if self.fair and len(self.key) > MAX_KEY:
             raise ValidationError(f"a fair limit's key template is at most {MAX_KEY} characters")
+        if isinstance(self.cost, str):
+            if _COST.fullmatch(self.cost) is None:
+                raise ValidationError(
+                    f"limit {self.key!r}: cost is an integer or one payload field in braces "
+                    f"('{{pages}}'), got {self.cost!r}"
+                )
+        else:
+            self._check_cost(self.cost)
+
+    def _check_cost(self, cost: Any) -> int:
+        """W24: a cost is an int from 1 up to what the limit allows at once, else no task of
+        it could ever start."""
+        if not isinstance(cost, int) or isinstance(cost, bool) or not 1 <= cost <= 10**6:
+            raise ValidationError(
+                f"limit {self.key!r}: cost is an integer from 1 to 10^6, got {cost!r:.60}"
+            )
+        if self.concurrency is not None and cost > self.concurrency:
+            raise ValidationError(
+                f"limit {self.key!r}: cost {cost} exceeds its concurrency {self.concurrency}: "
+                "such a task could never start"
+            )
+        if self.rate is not None and cost > parse_rate(self.rate)[0]:
+            raise ValidationError(
+                f"limit {self.key!r}: cost {cost} exceeds its rate {self.rate!r} (the bucket "
+                "never holds that many tokens): such a task could never start"
+            )
+        return cost
 
     def resolve(self, payload: Mapping[str, Any]) -> LimitSpec:
         """What one task stores: this limit with the key filled from its payload."""
@@ -146,7 +180,23 @@ class Limit:
         rate = per = None
         if self.rate is not None:
             rate, per = parse_rate(self.rate)
-        return LimitSpec(key, self.concurrency, rate, per, self.key if self.fair else None)
+        cost = self.cost
+        if isinstance(cost, str):
+            name = cost[1:-1]
+            if name not in payload:
+                raise ValidationError(
+                    f"limit {self.key!r}: cost {cost!r} needs payload field {name!r}, "
+                    "which is missing"
+                )
+            cost = payload[name]
+        return LimitSpec(
+            key,
+            self.concurrency,
+            rate,
+            per,
+            self.key if self.fair else None,
+            self._check_cost(cost),
+        )
 
 
 def check_key(key: object) -> str:

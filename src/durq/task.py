@@ -51,31 +51,41 @@ class LimitSpec:
     seconds (a token bucket holding up to ``rate`` tokens). Built by :class:`durq.Limit`.
 
     ``fair``: the key's template (``"tenant:{tenant}"``) when the limit is fair: the keys
-    filled from it are partitions that take turns in the claim (W22)."""
+    filled from it are partitions that take turns in the claim (W22).
+
+    ``cost``: the units one attempt takes from the key, of its concurrency and of its tokens
+    (W24)."""
 
     key: str
     concurrency: int | None = None
     rate: int | None = None
     per: float | None = None
     fair: str | None = None
+    cost: int = 1
 
     def to_json(self) -> list[Any]:
-        """The stored form: ``[key, concurrency, rate, per]``, and the template last when
-        the limit is fair (a string after a comma: brokers spot a fair task by ``,"``)."""
-        if self.fair is not None:
-            return [self.key, self.concurrency, self.rate, self.per, self.fair]
-        return [self.key, self.concurrency, self.rate, self.per]
+        """The stored form: ``[key, concurrency, rate, per]``, the template next when the
+        limit is fair (a string after a comma: brokers spot a fair task by ``,"``), then the
+        cost when it is not 1 (the template ``null`` before it when not fair)."""
+        item: list[Any] = [self.key, self.concurrency, self.rate, self.per]
+        if self.cost != 1:
+            item += [self.fair, self.cost]
+        elif self.fair is not None:
+            item.append(self.fair)
+        return item
 
     @classmethod
     def from_json(cls, item: Any) -> LimitSpec:
-        """Back from :meth:`to_json`."""
-        key, concurrency, rate, per, *fair = item
+        """Back from :meth:`to_json` (rows stored before W24 have cost 1)."""
+        key, concurrency, rate, per, *rest = item
+        fair = rest[0] if rest else None
         return cls(
             str(key),
             concurrency,
             rate,
             None if per is None else float(per),
-            str(fair[0]) if fair and fair[0] is not None else None,
+            None if fair is None else str(fair),
+            int(rest[1]) if len(rest) > 1 and rest[1] is not None else 1,
         )
 
     def describe(self) -> str:
@@ -87,6 +97,8 @@ class LimitSpec:
             parts.append(f"{self.rate}/{self.per:g}s")
         if self.fair is not None:
             parts.append(f"fair by {self.fair}")
+        if self.cost != 1:
+            parts.append(f"cost {self.cost}")
         return ", ".join(parts)
 
 

@@ -70,3 +70,61 @@ async def test_W13_worker_never_exceeds_a_key_and_others_flow_past(app: durq.App
         "k:a": (0, 0, 2),
         "k:b": (0, 0, 2),
     }
+
+
+async def test_W24_a_cost_from_the_payload_is_resolved_at_enqueue(app: durq.App) -> None:
+    @app.task("report:build", limit=durq.Limit("pages", concurrency=500, cost="{pages}"))
+    async def build(payload: dict[str, Any]) -> None: ...
+
+    info = await build.enqueue({"pages": 120})
+    assert info.limits == (LimitSpec("pages", 500, cost=120),)
+    assert (await app.inspector.get_task_info("default", info.id)).limits == info.limits
+    for payload, words in (
+        ({}, "payload field 'pages', which is missing"),
+        ({"pages": 0}, "integer from 1"),
+        ({"pages": "3"}, "integer from 1"),
+        ({"pages": 2.5}, "integer from 1"),
+        ({"pages": True}, "integer from 1"),
+        ({"pages": 501}, "exceeds its concurrency 500: such a task could never start"),
+    ):
+        with pytest.raises(ValidationError, match=words):
+            await build.enqueue(payload)
+
+
+def test_W24_a_cost_no_task_could_pay_is_refused_when_the_limit_is_made() -> None:
+    with pytest.raises(ValidationError, match="exceeds its concurrency 2"):
+        durq.Limit("k", concurrency=2, cost=3)
+    with pytest.raises(ValidationError, match="exceeds its rate '4/s'"):
+        durq.Limit("k", rate="4/s", cost=5)
+    with pytest.raises(ValidationError, match="one payload field in braces"):
+        durq.Limit("k", concurrency=2, cost="pages")
+    with pytest.raises(ValidationError, match="integer from 1"):
+        durq.Limit("k", concurrency=2, cost=0)
+    assert durq.Limit("k", concurrency=5, rate="10/s", cost=5).cost == 5
+
+
+async def test_W24_a_worker_never_runs_more_units_than_the_limit(app: durq.App) -> None:
+    """Reports of 1 to 4 pages under 5 pages at once: the pages rendering never exceed 5,
+    and every report runs."""
+    pages_now = peak = 0
+    done: list[int] = []
+
+    @app.task("report:render", limit=durq.Limit("pages", concurrency=5, cost="{pages}"))
+    async def render(payload: dict[str, Any]) -> None:
+        nonlocal pages_now, peak
+        pages_now += payload["pages"]
+        peak = max(peak, pages_now)
+        await asyncio.sleep(0.02)
+        pages_now -= payload["pages"]
+        done.append(payload["pages"])
+
+    sizes = [4, 1, 3, 2, 4, 4, 1, 1, 2, 3, 4, 1]
+    await app.enqueue_many([render.request({"pages": n}) for n in sizes])
+    start = time.monotonic()
+    async with app.worker(concurrency=10, **FAST):
+        while len(done) < len(sizes) and time.monotonic() - start < 30:
+            await asyncio.sleep(0.02)
+    assert sorted(done) == sorted(sizes)
+    assert peak <= 5
+    stats = {s.key: s for s in await app.inspector.list_limits("default")}
+    assert (stats["pages"].running, stats["pages"].waiting) == (0, 0)

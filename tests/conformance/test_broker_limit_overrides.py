@@ -197,3 +197,18 @@ async def test_W23_setting_an_override_wakes_a_waiting_worker(
     await override(operator, "k", concurrency=2)
     assert await asyncio.wait_for(waiting, 5.0)
     assert await claim_ids(worker, limit=10) == ["b"]
+
+
+async def test_W23_an_override_below_a_tasks_cost_holds_it_until_raised(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    """A task's cost is its own: under an override of 1 a task of cost 2 waits (the others
+    of cost 1 start), and starts once the override allows 2."""
+    await enqueue(broker, clock, "big", LimitSpec("k", concurrency=4, cost=2))
+    await enqueue(broker, clock, "small", conc("k", 4))
+    await override(broker, "k", concurrency=1)
+    assert await claim_ids(broker, limit=10) == ["small"]
+    assert await claim_ids(broker, limit=10) == []
+    await override(broker, "k", concurrency=3)
+    assert await claim_ids(broker, limit=10) == ["big"]
+    assert await key_of(broker, "k") == (3, 0, 4, 3, None)

@@ -89,7 +89,13 @@ LIMITS: dict[str | None, tuple[LimitSpec, ...]] = {
     "fb": (LimitSpec("f:b", concurrency=2, fair="f:{p}"),),
     "fck": (LimitSpec("f:c", concurrency=2, fair="f:{p}"), LimitSpec("k", concurrency=2)),
     "far": (LimitSpec("f:a", concurrency=2, fair="f:{p}"), LimitSpec("r", rate=2, per=10.0)),
+    # W24: tasks that take both slots of "k" or both tokens of "r" beside those taking one.
+    "k2c2": (LimitSpec("k", concurrency=2, cost=2),),
+    "r2c2": (LimitSpec("r", rate=2, per=10.0, cost=2),),
 }
+#: The limits a random task draws, from LIMITS (no limit more often).
+DRAWN_LIMITS = [None, None, "k1", "k2", "r1", "r2", "k1r1", "r1k1", "fa", "fa", "fb", "fck", "far"]
+DRAWN_LIMITS += ["k2c2", "r2c2"]
 #: A continuation: none, on completion only, or on completion and archiving.
 THEN = [None, None, "completed", "finished"]
 _run = itertools.count()
@@ -102,9 +108,7 @@ task_options = st.fixed_dictionaries(
         "delay": st.sampled_from([0, 0, 5, 30]),
         "max_retry": st.integers(0, 2),
         "retention": st.sampled_from([0, 60]),
-        "limit": st.sampled_from(
-            [None, None, "k1", "k2", "r1", "r2", "k1r1", "r1k1", "fa", "fa", "fb", "fck", "far"]
-        ),
+        "limit": st.sampled_from(DRAWN_LIMITS),
         "unique": st.sampled_from([False, False, False, True]),
     }
 )
@@ -178,7 +182,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
             seq=0,
             max_retry=o["max_retry"],
             retention=float(o["retention"]),
-            limits={s.key: (s.concurrency, s.rate, s.per) for s in LIMITS[o["limit"]]},
+            limits={s.key: (s.concurrency, s.rate, s.per, s.cost) for s in LIMITS[o["limit"]]},
             fair=next((s.fair for s in LIMITS[o["limit"]] if s.fair is not None), None),
             unique=unique,
             unique_until=20.0 if unique else None,
@@ -1174,6 +1178,29 @@ def test_W22_partitions_of_a_fair_key_take_turns(machine: type[BrokerAgainstMode
     state.claim(limit=1, seed=0, strict=False, weights=(1, 1))
     state.complete(index=0, stale=False)
     state.enqueue(0, "t4", {**_options("fck"), "priority": 0}, None, 0)
+    state.claim(limit=3, seed=0, strict=False, weights=(1, 1))
+    _checked(state)
+    state.teardown()
+
+
+def test_W24_a_held_task_of_cost_waits_for_its_units(machine: type[BrokerAgainstModel]) -> None:
+    """Two tasks take one slot each of "k"; one of cost 2 is held. One slot freed is not
+    enough (it stays held); both are. On "r", two tokens spent by one task of cost 2: a
+    second waits for both to come back, not for the first."""
+    state = machine()
+    for task_id, limit in (("t0", "k2"), ("t1", "k2"), ("t2", "k2c2"), ("t3", "r2c2")):
+        state.enqueue(0, task_id, _options(limit), None, 0)
+    state.enqueue(0, "t4", _options("r2c2"), None, 0)
+    state.claim(limit=3, seed=0, strict=False, weights=(1, 1))
+    state.claim(limit=3, seed=0, strict=False, weights=(1, 1))
+    state.complete(index=0, stale=False)
+    state.claim(limit=3, seed=0, strict=False, weights=(1, 1))
+    _checked(state)
+    state.advance(seconds=5)
+    state.claim(limit=3, seed=0, strict=False, weights=(1, 1))
+    _checked(state)
+    state.complete(index=0, stale=False)
+    state.advance(seconds=5)
     state.claim(limit=3, seed=0, strict=False, weights=(1, 1))
     _checked(state)
     state.teardown()

@@ -101,6 +101,31 @@ async def test_a_hold_ends_after_max_pause_even_if_the_loop_stays_late() -> None
         await courtesy.stop()
 
 
+async def test_a_loop_kept_busy_by_short_steps_holds_claims_though_it_is_never_late() -> None:
+    """Many short requests keep the loop busy without making any one wake-up late: the share
+    of the time the loop's thread runs (or waits for a core) says so. The lag bound here is
+    far out of reach, so only that share can hold the claims."""
+    courtesy = LoopCourtesy(0.5)
+    courtesy.start()
+    try:
+        end = time.monotonic() + 1.0
+        seen_busy = False
+        while time.monotonic() < end and not seen_busy:
+            step = time.monotonic() + 0.001
+            while time.monotonic() < step:  # a millisecond of a request's CPU
+                pass
+            await asyncio.sleep(0)
+            seen_busy = courtesy.busy
+        assert seen_busy, f"busy share {courtesy.cpu_share:.2f}, lag {courtesy.last_lag:.3f}"
+        for _ in range(100):  # idle: claims resume
+            if not courtesy.busy:
+                break
+            await asyncio.sleep(0.05)
+        assert not courtesy.busy
+    finally:
+        await courtesy.stop()
+
+
 async def test_the_web_lifespan_turns_it_on_unless_told_otherwise(tmp_path: Path) -> None:
     for worker, lag in (
         (True, 0.010),

@@ -9,10 +9,16 @@ taken per start. A claim admits a task only if every limit it carries has room; 
 has none is *held* (left pending, out of the claimable set) on the first full key, and the
 next claim after room appears lets that key's held tasks back, as many as there is room.
 
+W24, cost: a task may take more than one unit of a key (its limit's ``cost``): it starts
+only when the key has that many free slots and tokens, takes them all and gives them all
+back. A key remembers the largest cost of the tasks held on it (``need``), and lets them
+back (or tells workers to look again) only once that much is free, so that a held task of
+cost 5 is not let back, held again and polled for at every token.
+
 W23, overrides: an operator may set a key's concurrency or rate (or both) at run time. A part
 that is set wins over the limit every task of that key carries, until it is reset; the
 counter keeps the last limit a task carried beside it, so a reset goes back to that.
-:func:`in_force` gives a task's limit as the claim applies it.
+:func:`in_force` gives a task's limit as the claim applies it (its cost is its own).
 
 W22, fair keys: a task whose first limit is fair (its template, ``"tenant:{tenant}"``) got a
 *turn* when it was stored: one after the last turn of its partition (the resolved key), and
@@ -25,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from durq.brokers.views import LimitStats
@@ -48,6 +54,8 @@ class Counter:
     refilled_at: float = 0.0
     #: Some task may be held on this key (cleared when letting tasks back finds none left).
     waiting: bool = False
+    #: W24: the largest cost of the tasks held on it since it last had none.
+    need: int = 1
     override_concurrency: int | None = None
     override_rate: int | None = None
     override_per: float | None = None
@@ -81,17 +89,31 @@ class Counter:
         tokens = self.tokens_at(now)
         if tokens != math.inf:
             room = min(room, math.floor(tokens + 1e-9))
-        return max(0, int(min(room, 10**9)))
+        room = max(0, int(min(room, 10**9)))
+        return room if room >= self.needed() else 0
+
+    def needed(self) -> int:
+        """W24: the units its held tasks wait for (1 when none is held), never more than
+        the key's limit in force holds: a task of another limit on the key (or held by an
+        override below its cost) must not wait forever."""
+        if not self.waiting:
+            return 1
+        need = self.need
+        for part in self.limit()[:2]:  # the concurrency and rate in force
+            if part is not None:
+                need = min(need, part)
+        return max(1, need)
 
     def next_room_at(self, now: float) -> float | None:
-        """When a token comes, if the bucket is what holds the key back (``None`` when a
-        running attempt must end first: its end wakes the workers)."""
+        """When enough tokens come for its held tasks, if the bucket is what holds the key
+        back (``None`` when a running attempt must end first: its end wakes the workers)."""
+        need = self.needed()
         concurrency, rate, per = self.limit()
-        if concurrency is not None and self.running >= concurrency:
+        if concurrency is not None and self.running + need > concurrency:
             return None
         if rate is None or per is None:
             return None
-        missing = 1.0 - self.tokens_at(now)
+        missing = need - self.tokens_at(now)
         return now if missing <= 0 else now + missing * per / rate
 
     def stats(self, queue: str, key: str, waiting: int, now: float) -> LimitStats:
@@ -121,6 +143,7 @@ def stored(row: Any) -> Counter:
         tokens=row["tokens"],
         refilled_at=row["refilled_at"],
         waiting=bool(row["waiting"]),
+        need=row["need"],
         override_concurrency=row["override_concurrency"],
         override_rate=row["override_rate"],
         override_per=row["override_per"],
@@ -157,32 +180,32 @@ def in_force(spec: LimitSpec, counter: Counter) -> LimitSpec:
         concurrency = counter.override_concurrency
     if counter.override_rate is not None:
         rate, per = counter.override_rate, counter.override_per
-    return LimitSpec(spec.key, concurrency, rate, per, spec.fair)
+    return replace(spec, concurrency=concurrency, rate=rate, per=per)
 
 
 def admits(spec: LimitSpec, counter: Counter, now: float) -> bool:
     """Whether one more attempt under ``spec`` may start (the task's own limit decides,
-    unless the key's override replaces it)."""
+    unless the key's override replaces it): ``cost`` free slots and tokens."""
     spec = in_force(spec, counter)
-    if spec.concurrency is not None and counter.running >= spec.concurrency:
+    if spec.concurrency is not None and counter.running + spec.cost > spec.concurrency:
         return False
     if spec.rate is None:
         return True
     # The bucket refills at the task's rate.
-    return counter.tokens_at(now, spec.rate, spec.per) >= 1.0 - 1e-9
+    return counter.tokens_at(now, spec.rate, spec.per) >= spec.cost - 1e-9
 
 
 def take(spec: LimitSpec, counter: Counter, now: float) -> None:
-    """Count one start: a running attempt, a token at the rate in force; the key keeps
-    the task's own limit (what a reset of an override goes back to)."""
+    """Count one start: ``cost`` running units, and as many tokens at the rate in force;
+    the key keeps the task's own limit (what a reset of an override goes back to)."""
     rule = in_force(spec, counter)
     if rule.rate is not None and rule.per is not None:
-        counter.tokens = counter.tokens_at(now, rule.rate, rule.per) - 1.0
+        counter.tokens = counter.tokens_at(now, rule.rate, rule.per) - spec.cost
         counter.refilled_at = now
     counter.concurrency, counter.rate, counter.per = spec.concurrency, spec.rate, spec.per
     if spec.rate is None or spec.per is None:
         counter.rate = counter.per = None
-    counter.running += 1
+    counter.running += spec.cost
 
 
 def blocking(specs: tuple[LimitSpec, ...], counters: dict[str, Counter], now: float) -> str | None:
@@ -202,7 +225,10 @@ def admit(specs: tuple[LimitSpec, ...], counters: dict[str, Counter], now: float
     first key without room, which the task is then held on (the key is marked waiting)."""
     full = blocking(specs, counters, now)
     if full is not None:
-        counters[full].waiting = True
+        counter = counters[full]
+        cost = next(s.cost for s in specs if s.key == full)
+        counter.need = max(counter.need, cost) if counter.waiting else cost
+        counter.waiting = True
         return full
     for spec in specs:
         take(spec, counters[spec.key], now)

@@ -3,10 +3,16 @@
 Inside a web process (``durq_lifespan(app, worker=...)``) background work and requests run
 on one loop. A burst of requests makes the loop late; each task the worker starts then adds
 to the wait of every request. :class:`LoopCourtesy` measures how late the loop wakes a short
-sleep (the loop's lag) and how much CPU the process uses, and holds the worker's claims while
-either says the process is busy: tasks already running go on, new ones wait until the loop is
-on time again. Handlers stay at least once: a held claim only delays work, and no more than
+sleep (the loop's lag) and how much of the time the loop's own thread spends on the CPU, and
+holds the worker's claims while either says the loop is busy: tasks already running go on, new
+ones wait until the loop is on time again. Handlers stay at least once: a held claim only delays work, and no more than
 ``max_pause`` at a time, so a server that is never idle still runs its tasks.
+
+The share is the loop thread's, not the process's: one loop runs on one core at most, so the
+process's share, compared with every core, never showed a saturated loop on two cores. On Linux
+it counts the time the thread waited for a core as well as the time it ran (the scheduler's
+``schedstat``): on a machine busy with other work a saturated loop gets only part of a core,
+and its requests wait all the same.
 """
 
 from __future__ import annotations
@@ -23,17 +29,36 @@ SAMPLE_INTERVAL = 0.025
 #: Consecutive on-time samples before claims resume (so one quiet moment in a burst does not
 #: let a batch of tasks in).
 CALM_SAMPLES = 3
-#: The process's CPU is saturated above this share of the cores it may use, over one window.
-CPU_SATURATED = 0.95
-CPU_WINDOW = 0.5
+#: The loop is busy while its thread ran (or waited for a core) this share of the wall time,
+#: averaged
+#: over about ``CPU_WINDOW`` seconds (short: a burst of requests is seen within 0.1 s).
+CPU_SATURATED = 0.8
+CPU_WINDOW = 0.1
 
 
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # not Linux
-        return max(1, os.cpu_count() or 1)
+class _BusyClock:
+    """Seconds the calling thread ran or waited to run (Linux's per-thread ``schedstat``:
+    time on a core plus time in the run queue), else its CPU time. Made on the loop's thread,
+    and read there only."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        try:
+            self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            self()
+        except (OSError, ValueError, IndexError):
+            self.close()
+
+    def __call__(self) -> float:
+        if self._fd is None:
+            return time.thread_time()
+        ran, waited = os.pread(self._fd, 128, 0).split()[:2]
+        return (int(ran) + int(waited)) / 1e9
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class LoopCourtesy:
@@ -57,7 +82,8 @@ class LoopCourtesy:
         self._on_time = asyncio.Event()
         self._on_time.set()
         self._calm = CALM_SAMPLES
-        self._cores = usable_cores()
+        #: The loop thread's recent share of the CPU (a moving average, 0 to 1).
+        self.cpu_share = 0.0
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -94,18 +120,22 @@ class LoopCourtesy:
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
-        cpu_at, wall_at = time.process_time(), loop.time()
-        saturated = False
-        while True:
-            before = loop.time()
-            await asyncio.sleep(SAMPLE_INTERVAL)
-            now = loop.time()
-            self.last_lag = max(0.0, now - before - SAMPLE_INTERVAL)
-            if now - wall_at >= CPU_WINDOW:
-                cpu = time.process_time()
-                saturated = (cpu - cpu_at) / (now - wall_at) >= CPU_SATURATED * self._cores
-                cpu_at, wall_at = cpu, now
-            self._sample(self.last_lag > self.lag or saturated)
+        busy = _BusyClock()  # this coroutine runs on the loop's thread
+        try:
+            busy_at = busy()
+            while True:
+                before = loop.time()
+                await asyncio.sleep(SAMPLE_INTERVAL)
+                now = loop.time()
+                busy_now = busy()
+                elapsed = max(now - before, 1e-6)
+                self.last_lag = max(0.0, elapsed - SAMPLE_INTERVAL)
+                share = min(1.0, (busy_now - busy_at) / elapsed)
+                busy_at = busy_now
+                self.cpu_share += (share - self.cpu_share) * min(1.0, elapsed / CPU_WINDOW)
+                self._sample(self.last_lag > self.lag or self.cpu_share >= CPU_SATURATED)
+        finally:
+            busy.close()
 
     def _sample(self, late: bool) -> None:
         if late:
@@ -119,4 +149,4 @@ class LoopCourtesy:
             self._on_time.set()
 
 
-__all__ = ["LoopCourtesy", "usable_cores"]
+__all__ = ["LoopCourtesy"]

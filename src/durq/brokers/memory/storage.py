@@ -6,6 +6,7 @@ face) share a store safely; nothing awaits while holding the lock."""
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import json
 import secrets
@@ -258,11 +259,14 @@ class Queue:
         for key, counter in self.counters.items():
             if not counter.waiting:
                 continue
-            rows = sorted(self.held.get(key, {}).values(), key=Row.claim_order)
+            held = self.held.get(key, {})
             room = counter.room(now)
-            for row in rows[:room]:
+            if room <= 0 and held:
+                continue  # a full key: no sort of its held tasks on every claim
+            count = len(held)
+            for row in heapq.nsmallest(room, held.values(), key=Row.claim_order):
                 self.unhold(row)
-            if room >= len(rows):
+            if room >= count:
                 counter.waiting = False
 
     def wake_at(self, now: float) -> float | None:
@@ -270,13 +274,13 @@ class Queue:
         return limiter.wake_at(self.counters.values(), now)
 
     def release(self, row: Row) -> bool:
-        """An attempt of ``row`` ended: give back its running slots; whether tasks are
-        held on one of its keys (the queue's workers should look again)."""
+        """An attempt of ``row`` ended: give back its running units (its cost) on each key;
+        whether tasks are held on one of its keys (the queue's workers should look again)."""
         wake = False
         for spec in row.limits:
             counter = self.counters.get(spec.key)
             if counter is not None:
-                counter.running = max(0, counter.running - 1)
+                counter.running = max(0, counter.running - spec.cost)
                 wake = wake or counter.waiting
         return wake
 

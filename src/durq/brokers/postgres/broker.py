@@ -1156,8 +1156,8 @@ def _held_answer(rows: list[tuple[Any, ...]]) -> tuple[bool, float | None]:
     if not held:
         return bool(first[CLAIM_LIMITED]), None
     counters = (
-        limiter.Counter(running, concurrency, rate, per, tokens, refilled_at, True, *override)
-        for _, running, concurrency, rate, per, tokens, refilled_at, *override in held
+        limiter.Counter(running, concurrency, rate, per, tokens, refilled_at, True, need, *override)
+        for _, running, concurrency, rate, per, tokens, refilled_at, need, *override in held
     )
     room, wake_at = limiter.outlook(counters, held[0][0])  # [0][0]: the claim's now
     return bool(first[CLAIM_LIMITED]) or room, wake_at
@@ -1342,7 +1342,7 @@ class _Admission:
         for c in self.candidates:
             if c.admitted and (c.queue, c.id) not in got:
                 for spec in c.specs:
-                    starts[c.queue, spec.key] = starts.get((c.queue, spec.key), 0) + 1
+                    starts[c.queue, spec.key] = starts.get((c.queue, spec.key), 0) + spec.cost
         return starts
 
     def wake_at(self) -> float | None:
@@ -1374,6 +1374,7 @@ class _Admission:
             **_counter_columns(saved),
             "running": [c.running for _, c in saved],
             "waiting": [c.waiting for _, c in saved],
+            "need": [c.need for _, c in saved],
         }
 
     def round_params(self) -> dict[str, Any]:

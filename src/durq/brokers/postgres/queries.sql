@@ -331,8 +331,9 @@ more AS (
         -- limiter says whether one has room or when a token comes (limits_waiting).
         -- The concurrency in force is the override's when set (W23).
         (SELECT jsonb_agg(jsonb_build_array({now}, l.running, l.concurrency, l.rate, l.per,
-                                            l.tokens, l.refilled_at, l.override_concurrency,
-                                            l.override_rate, l.override_per))::text
+                                            l.tokens, l.refilled_at, l.need,
+                                            l.override_concurrency, l.override_rate,
+                                            l.override_per))::text
          FROM {schema}.limits AS l
          WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
            AND (coalesce(l.override_concurrency, l.concurrency) IS NULL
@@ -490,11 +491,12 @@ WHERE t.ctid = x.ctid::tid AND t.state = 'pending';
 -- The counters as the limiter left them (they are locked: no one changed them since).
 UPDATE {schema}.limits AS l
 SET running = x.running, concurrency = x.concurrency, rate = x.rate, per = x.per,
-    tokens = x.tokens, refilled_at = x.refilled_at, waiting = x.waiting
+    tokens = x.tokens, refilled_at = x.refilled_at, waiting = x.waiting, need = x.need
 FROM unnest(%(queues)b::text[], %(keys)b::text[], %(running)b::integer[],
             %(concurrencies)b::integer[], %(rates)b::integer[], %(pers)b::float8[],
-            %(tokens)b::float8[], %(refilled)b::float8[], %(waiting)b::boolean[])
-     AS x(queue, key, running, concurrency, rate, per, tokens, refilled_at, waiting)
+            %(tokens)b::float8[], %(refilled)b::float8[], %(waiting)b::boolean[],
+            %(need)b::integer[])
+     AS x(queue, key, running, concurrency, rate, per, tokens, refilled_at, waiting, need)
 WHERE l.queue = x.queue AND l.key = x.key;
 
 -- name: settle_limits
@@ -521,12 +523,13 @@ RETURNING t.queue, t.id, t.cancel_requested;
 -- name: release_limits
 -- A fragment, not run alone: the CTEs spliced into the outcome statements in place of
 -- {release_limits}. W13: each limit key of the attempts that ended (CTE "ended", with
--- their limits) gives its running slot back; counters are locked in key order, as claims
--- lock them. "released" says for each key whether tasks are held on it.
+-- their limits) gives its running units back (W24: the limit's cost, its sixth item, 1 when
+-- absent); counters are locked in key order, as claims lock them. "released" says for each
+-- key whether tasks are held on it.
 freed AS (
     SELECT f.queue, f.key, f.n
     FROM (
-        SELECT d.queue, e.v ->> 0 AS key, count(*) AS n
+        SELECT d.queue, e.v ->> 0 AS key, sum(coalesce((e.v ->> 5)::integer, 1)) AS n
         FROM ended AS d CROSS JOIN LATERAL jsonb_array_elements(d.limits) AS e(v)
         GROUP BY 1, 2
     ) AS f

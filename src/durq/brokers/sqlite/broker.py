@@ -1060,6 +1060,7 @@ class _LimitCounters:
                     "tokens": c.tokens,
                     "refilled_at": c.refilled_at,
                     "waiting": int(c.waiting),
+                    "need": c.need,
                 },
             )
         self._dirty.clear()

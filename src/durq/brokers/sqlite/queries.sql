@@ -158,12 +158,13 @@ WHERE queue = :queue AND key IN (SELECT value FROM json_each(:keys));
 
 -- name: save_limit_counter
 INSERT INTO durq_limits (queue, key, running, concurrency, rate, per, tokens, refilled_at,
-                         waiting)
-VALUES (:queue, :key, :running, :concurrency, :rate, :per, :tokens, :refilled_at, :waiting)
+                         waiting, need)
+VALUES (:queue, :key, :running, :concurrency, :rate, :per, :tokens, :refilled_at, :waiting,
+        :need)
 ON CONFLICT (queue, key) DO UPDATE
 SET running = excluded.running, concurrency = excluded.concurrency, rate = excluded.rate,
     per = excluded.per, tokens = excluded.tokens, refilled_at = excluded.refilled_at,
-    waiting = excluded.waiting;
+    waiting = excluded.waiting, need = excluded.need;
 
 -- name: hold_task
 -- W13: a task whose key has no room leaves the claimable index until the key has room.
@@ -184,9 +185,13 @@ WHERE rowid IN (
 );
 
 -- name: release_limits
--- An attempt ended: one running fewer on each key of the task (its stored limits);
--- returns whether tasks wait on any of them (the queue's workers should look again).
-UPDATE durq_limits SET running = max(running - 1, 0)
+-- An attempt ended: each key of the task (its stored limits) gets its cost back (W24: the
+-- limit's sixth item, 1 when absent); returns whether tasks wait on any of them (the
+-- queue's workers should look again).
+UPDATE durq_limits
+SET running = max(running - (
+    SELECT coalesce(json_extract(value, '$[5]'), 1) FROM json_each(:limits)
+    WHERE json_extract(value, '$[0]') = durq_limits.key), 0)
 WHERE queue = :queue
   AND key IN (SELECT json_extract(value, '$[0]') FROM json_each(:limits))
 RETURNING waiting;

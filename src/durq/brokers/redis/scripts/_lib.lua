@@ -518,12 +518,13 @@ local function forget_member(task_key, now_s)
 end
 
 -- W13 flow control. A key's counter is one field of the queue's limits hash, the string
--- "running|concurrency|rate|per|tokens|refilled_at|o_concurrency|o_rate|o_per" (empty for
--- none; the last three absent in counters stored before W23): what runs, the token bucket,
--- the last limit a task of the key carried and an operator's override of it (W23: a part
--- set wins over every task's own; brokers/limiter.py does the same in Python). Tasks held
--- on a key are members "<key>\0<member>" (score 0) of the held zset; keys with held tasks
--- are in the waiting set. A task's limits are its field "L" (JSON).
+-- "running|concurrency|rate|per|tokens|refilled_at|need|o_concurrency|o_rate|o_per" (empty
+-- for none): what runs, the token bucket, the last limit a task of the key carried, (W24)
+-- the largest cost of the tasks held on it ("need", absent in counters written before it,
+-- read as 1) and (W23) an operator's override of the limit (absent in counters written
+-- before it: a part set wins over every task's own). brokers/limiter.py does the same in
+-- Python. Tasks held on a key are members "<key>\0<member>" (score 0) of the held zset;
+-- keys with held tasks are in the waiting set. A task's limits are its field "L" (JSON).
 local function load_counter(hash, key)
   local raw = redis.call('HGET', hash, key)
   if not raw then
@@ -535,7 +536,8 @@ local function load_counter(hash, key)
   end
   return {running = tonumber(f[1]) or 0, conc = tonumber(f[2]), rate = tonumber(f[3]),
     per = tonumber(f[4]), tokens = tonumber(f[5]) or 0, at = tonumber(f[6]) or 0,
-    oconc = tonumber(f[7] or ''), orate = tonumber(f[8] or ''), oper = tonumber(f[9] or '')}
+    need = tonumber(f[7] or '') or 1, oconc = tonumber(f[8] or ''),
+    orate = tonumber(f[9] or ''), oper = tonumber(f[10] or '')}
 end
 
 local function save_counter(hash, key, c)
@@ -545,7 +547,7 @@ local function save_counter(hash, key, c)
   end
   redis.call('HSET', hash, key, table.concat({string.format('%d', c.running), opt(c.conc),
     opt(c.rate), opt(c.per), string.format('%.17g', c.tokens), string.format('%.17g', c.at),
-    opt(c.oconc), opt(c.orate), opt(c.oper)}, '|'))
+    string.format('%d', c.need or 1), opt(c.oconc), opt(c.orate), opt(c.oper)}, '|'))
 end
 
 -- How long ago the bucket of a key no claim counted was refilled: twice the longest period
@@ -575,34 +577,48 @@ local function bucket_at(c, now, rate, per)
   return math.min(rate, c.tokens + elapsed * rate / per)
 end
 
--- How many more attempts of the key may start at `now`.
+-- W24: the units the tasks held on a key wait for, at most what its limit in force holds.
+local function needed(c)
+  local need = c.need or 1
+  local conc, rate = in_force(c, c)
+  if conc and conc < need then need = conc end
+  if rate and rate < need then need = rate end
+  if need < 1 then return 1 end
+  return need
+end
+
+-- How many held tasks of the key may come back at `now` (none until their need is free).
 local function room_of(c, now)
   local conc = in_force(c, c)
   local room = 1000000000
   if conc then room = conc - c.running end
   local tokens = bucket_at(c, now)
   if tokens then room = math.min(room, math.floor(tokens + 1e-9)) end
-  if room < 0 then return 0 end
+  if room < needed(c) then return 0 end
   return room
 end
 
--- When a token comes, if only the bucket holds the key back (nil otherwise).
+-- When the tokens its held tasks need come, if only the bucket holds the key back (nil
+-- otherwise).
 local function next_room_at(c, now)
+  local need = needed(c)
   local conc, rate, per = in_force(c, c)
-  if conc and c.running >= conc then return nil end
+  if conc and c.running + need > conc then return nil end
   local tokens = bucket_at(c, now)
   if not tokens then return nil end
-  if tokens >= 1 then return now end
-  return now + (1 - tokens) * per / rate
+  if tokens >= need then return now end
+  return now + (need - tokens) * per / rate
 end
 
--- One limit of a task, from its JSON [key, concurrency, rate, per] (cjson.null -> nil).
+-- One limit of a task, from its JSON [key, concurrency, rate, per, template, cost]
+-- (cjson.null -> nil; cost 1 when absent).
 local function spec_of(item)
   local function v(x) if x == cjson.null then return nil end return x end
-  return {key = item[1], conc = v(item[2]), rate = v(item[3]), per = v(item[4])}
+  return {key = item[1], conc = v(item[2]), rate = v(item[3]), per = v(item[4]),
+    cost = v(item[6]) or 1}
 end
 
--- An attempt of the task ended: one running fewer on each of its keys. Returns whether
+-- An attempt of the task ended: each of its keys gets its cost back. Returns whether
 -- tasks are held on one of them (the caller wakes the queue's workers).
 local function release_limits(task_key, limits_hash, waiting_set)
   local raw = redis.call('HGET', task_key, 'L')
@@ -614,7 +630,7 @@ local function release_limits(task_key, limits_hash, waiting_set)
     local key = item[1]
     local c = load_counter(limits_hash, key)
     if c then
-      if c.running > 0 then c.running = c.running - 1 end
+      c.running = math.max(0, c.running - spec_of(item).cost)
       save_counter(limits_hash, key, c)
     end
     if redis.call('SISMEMBER', waiting_set, key) == 1 then

@@ -145,7 +145,7 @@ local function claim_queue(o, prefix, want, out)
       end
       if cur and cur[1] then
         local raw = cur[2]
-        local full = nil
+        local full, full_cost = nil, 1
         local specs = {}
         if raw then
           for _, item in ipairs(cjson.decode(raw)) do
@@ -155,14 +155,23 @@ local function claim_queue(o, prefix, want, out)
               local c = counter(s.key)
               if c then
                 local conc, rate, per = in_force(s, c)  -- W23: the override's parts win
-                if conc and c.running >= conc then full = s.key end
+                if conc and c.running + s.cost > conc then full = s.key end
                 local tokens = rate and bucket_at(c, t, rate, per)
-                if tokens and tokens < 1 - 1e-9 then full = s.key end
+                if tokens and tokens < s.cost - 1e-9 then full = s.key end
+                if full then full_cost = s.cost end
               end
             end
           end
         end
         if full then
+          -- W24: the key lets its held tasks back once the largest cost among them is free.
+          local c = counter(full)
+          if redis.call('SISMEMBER', KEYS[o + 8], full) == 1 then
+            c.need = math.max(c.need or 1, full_cost)
+          else
+            c.need = full_cost
+          end
+          dirty[full] = true
           redis.call('HSET', key, 'held_by', full, 'hs', score)
           redis.call('ZADD', KEYS[o + 7], 0, held_entry(full, score, m))
           redis.call('SADD', KEYS[o + 8], full)
@@ -174,14 +183,15 @@ local function claim_queue(o, prefix, want, out)
               c = {running = 0, tokens = 0, at = t - FRESH_AGE}
               counters[s.key] = c
             end
-            -- A token at the rate in force; the key keeps the task's own limit (W23).
+            -- Its cost in tokens at the rate in force; the key keeps the task's own limit
+            -- (W23: what a reset of an override goes back to).
             local _, rate, per = in_force(s, c)
             if rate then
-              c.tokens = bucket_at(c, t, rate, per) - 1
+              c.tokens = bucket_at(c, t, rate, per) - s.cost
               c.at = t
             end
             c.conc, c.rate, c.per = s.conc, s.rate, s.per
-            c.running = c.running + 1
+            c.running = c.running + s.cost
             dirty[s.key] = true
           end
           if cur[3] then  -- W22: the template's round is at least this turn
