@@ -353,7 +353,7 @@ def test_W23_limit_set_and_reset_an_override(cli: Cli) -> None:
         {"concurrency": 2, "rate": None, "per": None},
     )
     table = cli.ok("limit", "ls").out
-    assert "2/2" in table and "set (tasks' 1)" in table
+    assert "2/2" in table and "set (tasks': 1)" in table
     got = cli.ok("limit", "set", "api", "--rate", "10/s", "--queue", "default", "--json").json()
     assert (got["key"], got["running"], got["override"]["rate"]) == ("api", 0, 10)
     assert "overridden: 0, 5/m" in cli.ok("limit", "set", "api", "-c", "0", "-r", "5/m").out

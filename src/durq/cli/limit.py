@@ -47,7 +47,7 @@ def print_limits(limits: list[LimitStats]) -> None:
     waiting, and an override beside the tasks' own limit."""
     table = make_table(
         "limits",
-        caption="running/concurrency and rate in force; override (tasks' own) where one is set",
+        caption="running/concurrency and rate in force; an override with the tasks' own limit",
     )
     for name in ("queue", "key", "running", "rate", "tokens", "waiting", "override"):
         table.add_column(
@@ -57,7 +57,8 @@ def print_limits(limits: list[LimitStats]) -> None:
         concurrency = s.limit_concurrency
         override = "-"
         if s.overridden:
-            override = f"set (tasks' {format_limit(s.concurrency, s.rate, s.per, 'none')})"
+            own = format_limit(s.concurrency, s.rate, s.per, "not seen yet")
+            override = f"set (tasks': {own})"
         table.add_row(
             escape(s.queue),
             escape(s.key),

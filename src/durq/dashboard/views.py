@@ -429,7 +429,7 @@ class Views:
                 # The limit in force (an override's parts, else the last task's).
                 "concurrency": s.limit_concurrency,
                 "rate_text": format_rate(*(s.limit_rate or (None, None))),
-                "own_text": format_limit(s.concurrency, s.rate, s.per, none="none")
+                "own_text": format_limit(s.concurrency, s.rate, s.per, none="not seen yet")
                 if s.overridden
                 else None,
                 "set_concurrency": s.override_concurrency,
