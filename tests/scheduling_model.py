@@ -43,6 +43,8 @@ LEASE_EXPIRED = "lease expired"
 WORKER_LOST = "worker lost"
 CANCELLED = "cancelled"
 
+#: The tokens of a key no task has started (see :meth:`Model.limit_stats`).
+UNSEEN = "unseen"
 #: A limit as a task stores it: (concurrency, rate, per, cost); ``None`` where it has no such
 #: part. W24: one attempt takes ``cost`` units of the key's slots and tokens.
 Spec = tuple[int | None, int | None, float | None, int]
@@ -152,6 +154,10 @@ class Counter:
     need: int = 1
     override_concurrency: int | None = None
     override_rate: tuple[int, float] | None = None
+    #: A task of the key has started: the key's own limit is known (W23: an override may
+    #: make the counter of a key whose tasks a broker has only looked at, each broker
+    #: keeping the limit of the one it saw first, or none).
+    started: bool = False
 
     def in_force(
         self, concurrency: int | None, rate: int | None, per: float | None
@@ -288,15 +294,21 @@ class Model:
 
     def limit_stats(
         self, queue: str
-    ) -> dict[str, tuple[int, float | None, int, int, tuple[object, ...]]]:
+    ) -> dict[str, tuple[int, float | str | None, int, int, tuple[object, ...]]]:
         """Keys a claim started or held a task on, or an override was set on: (running,
         tokens, held tasks, lingering tasks that a broker may still count held, the
-        override's concurrency and rate)."""
+        override's concurrency and rate). Tokens are :data:`UNSEEN` while no task of the
+        key has started and no override sets its rate: whether it shows a rate then is
+        the broker's."""
         mine = [t for t in self.tasks.values() if t.queue == queue]
         return {
             key: (
                 c.running,
-                None if c.limit()[1] is None else c.tokens_at(self.now),
+                UNSEEN
+                if not c.started and c.override_rate is None
+                else None
+                if c.limit()[1] is None
+                else c.tokens_at(self.now),
                 sum(1 for t in mine if t.held == key),
                 sum(1 for t in mine if t.lingering == key and t.state in CLAIMABLE),
                 (c.override_concurrency, c.override_rate),
@@ -562,6 +574,7 @@ class Model:
         if rate is None or per is None:
             counter.rate = counter.per = None
         counter.running += cost
+        counter.started = True
 
     def _let_back(self, queue: str) -> None:
         """Held tasks of a key with room rejoin the claimable set, in claim order, as many
