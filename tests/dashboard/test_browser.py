@@ -402,6 +402,20 @@ def limits_page(browser: Any, limits_env: LimitsEnv) -> Iterator[Any]:
     yield from fresh_page(browser)
 
 
+ACME_ROW = 'table.limits tr[data-queue="partners"][data-key="partner:acme"]'
+
+
+def wait_until_two_held(page: Any, row: Any) -> None:
+    """A task is counted as held once a worker has looked at it and found no room: reload
+    the limits page until the partner's row shows both."""
+
+    def waiting() -> str:
+        page.reload()
+        return str(row.locator('[data-field="waiting"]').inner_text())
+
+    wait_for(lambda: waiting() == "2")
+
+
 def test_limits_page_shows_running_and_held_tasks(
     limits_page: Any, limits_env: LimitsEnv, broker_kind: str
 ) -> None:
@@ -410,14 +424,8 @@ def test_limits_page_shows_running_and_held_tasks(
     page, env = limits_page, limits_env
     log_in(page, env)
     page.click('.top nav a[href="/limits"]')
-    row = page.locator('table.limits tr[data-queue="partners"][data-key="partner:acme"]')
-
-    # A task is counted as held once a worker has looked at it and found no room.
-    def waiting() -> str:
-        page.reload()
-        return str(row.locator('[data-field="waiting"]').inner_text())
-
-    wait_for(lambda: waiting() == "2")
+    row = page.locator(ACME_ROW)
+    wait_until_two_held(page, row)
     assert row.locator('[data-field="running"]').inner_text() == "1 FULL"
     assert row.locator('[data-field="concurrency"]').inner_text() == "1"
     assert page.locator("#sum-waiting").inner_text() == "2"
@@ -462,13 +470,8 @@ def test_W23_limits_page_overrides_a_key_and_resets_it(
     page, env = limits_page, limits_env
     log_in(page, env)
     page.goto(env.url + "/limits?queue=partners")
-    row = page.locator('table.limits tr[data-queue="partners"][data-key="partner:acme"]')
-
-    def waiting() -> str:
-        page.reload()
-        return str(row.locator('[data-field="waiting"]').inner_text())
-
-    wait_for(lambda: waiting() == "2")
+    row = page.locator(ACME_ROW)
+    wait_until_two_held(page, row)
     assert row.locator('[data-field="concurrency"]').inner_text() == "1"
     assert row.locator(".override-reset").count() == 0
     row.locator("details.edit summary").click()
