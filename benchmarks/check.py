@@ -126,29 +126,30 @@ def collected(output: str) -> int:
     return int(found[-1])
 
 
-def count(python: str, base: str, step: str, tasks: int) -> int:
-    """Instructions of one run of ``step`` with ``tasks``, in a fresh place on the broker."""
+def count(python: str, base: str, step: str, tasks: int, *more: str, script: Path = HERE) -> int:
+    """Instructions of one run of ``step`` with ``tasks``, in a fresh place on the broker:
+    ``script workload URL STEP TASKS MORE...`` (this file's workload, or another's)."""
     if base.startswith("memory"):
-        return _count(python, base, step, tasks)
+        return _count(python, script, [base, step, str(tasks), *more])
     from durq.bench.isolation import Isolated
 
     isolated = Isolated.create(None if base.startswith("sqlite") else base)
     try:
         asyncio.run(isolated.prepare())
-        return _count(python, isolated.url, step, tasks)
+        return _count(python, script, [isolated.url, step, str(tasks), *more])
     finally:
         asyncio.run(isolated.cleanup())
 
 
-def _count(python: str, url: str, step: str, tasks: int) -> int:
+def _count(python: str, script: Path, args: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="durq-check-") as tmp:
         cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out"]
-        cmd += [python, str(HERE), "workload", url, step, str(tasks)]
+        cmd += [python, str(script), "workload", *args]
         # A fixed hash seed: set and dict orders, and so the work, alike from run to run.
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if done.returncode != 0:
-            raise RuntimeError(f"{step} on {url} failed: {done.stderr[-2000:]}")
+            raise RuntimeError(f"{' '.join(args)} failed: {done.stderr[-2000:]}")
         return collected(done.stderr)
 
 

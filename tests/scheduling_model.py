@@ -6,7 +6,8 @@ order (W8: queues in the order a worker takes them, then priority, due time, enq
 order), delays and due times (E2), one task per id (E3), uniqueness by content (E4), leases
 and fencing (W1), retries (W4), rescue of expired leases, the inspector's moves (I3),
 pausing (I4), per-key flow control with held tasks (W13), fair keys that take turns
-(W22) and an operator's overrides of a key's limit (W23), continuations and group fan-in,
+(W22), strict sequences that a task keeps until it finishes (W25) and an operator's
+overrides of a key's limit (W23), continuations and group fan-in,
 tasks that wait for others (W15), signals and the waits they end (W19), and retention of
 completed and archived tasks (E5) — and nothing about how a broker stores them.
 
@@ -45,9 +46,10 @@ CANCELLED = "cancelled"
 
 #: The tokens of a key no task has started (see :meth:`Model.limit_stats`).
 UNSEEN = "unseen"
-#: A limit as a task stores it: (concurrency, rate, per, cost); ``None`` where it has no such
-#: part. W24: one attempt takes ``cost`` units of the key's slots and tokens.
-Spec = tuple[int | None, int | None, float | None, int]
+#: A limit as a task stores it: (concurrency, rate, per, cost, sequence); ``None`` where it
+#: has no such part. W24: one attempt takes ``cost`` units of the key's slots and tokens.
+#: W25: a sequence's key stays the task's from its first start until it finishes.
+Spec = tuple[int | None, int | None, float | None, int, bool]
 
 
 class Refused(Exception):
@@ -79,8 +81,11 @@ class Task:
     seq: int
     max_retry: int
     retention: float
-    #: key -> (concurrency, rate, per, cost), in the order the task gives them.
+    #: key -> (concurrency, rate, per, cost, sequence), in the order the task gives them.
     limits: dict[str, Spec] = field(default_factory=dict)
+    #: W25: it keeps the slots of its sequences' keys (counted in their ``running``) across
+    #: an end that was not final; a claim does not count them again.
+    kept: bool = False
     #: W22: the template of its fair limit (the first of ``limits``, its partition), and
     #: the turn the task got when it was stored.
     fair: str | None = None
@@ -532,7 +537,7 @@ class Model:
                     counter.waiting = True
                     continue
                 for key, spec in task.limits.items():
-                    self._take(queue, key, spec)
+                    self._take(queue, key, spec, task.kept)
                 if task.fair is not None:
                     fair = (queue, task.fair)
                     self.rounds[fair] = max(self.rounds.get(fair, 0), task.turn)
@@ -545,24 +550,28 @@ class Model:
 
     def _blocking(self, task: Task) -> str | None:
         """W13: the first key of the task without room by the task's own limit (W23: each
-        part the key's override sets instead): ``cost`` free slots (W24) and as many tokens
-        in the key's bucket."""
-        for key, (*own, cost) in task.limits.items():
+        part the key's override sets instead; a sequence's one at a time may be paused by
+        it, not widened): ``cost`` free slots (W24) and as many tokens in the key's
+        bucket."""
+        for key, (own, rate, per, cost, sequence) in task.limits.items():
             counter = self.counters.get((task.queue, key))
             if counter is None:
                 continue  # a key no claim started: nothing runs, the bucket is full
-            concurrency, rate, per = counter.in_force(*own)
-            if concurrency is not None and counter.running + cost > concurrency:
+            concurrency, rate, per = counter.in_force(own, rate, per)
+            if sequence and own is not None and concurrency is not None:
+                concurrency = min(concurrency, own)
+            holds = task.kept and sequence  # W25: its slot is counted already
+            if concurrency is not None and not holds and counter.running + cost > concurrency:
                 return key
             if rate is not None and counter.tokens_at(self.now, rate, per) < cost - 1e-9:
                 return key
         return None
 
-    def _take(self, queue: str, key: str, spec: Spec) -> None:
+    def _take(self, queue: str, key: str, spec: Spec, kept: bool) -> None:
         """Count one start: ``cost`` running units, and as many tokens at the rate in
         force; the key keeps the task's own limit (what a reset of an override goes back
-        to)."""
-        concurrency, rate, per, cost = spec
+        to). A sequence's slot the task kept is counted already (W25)."""
+        concurrency, rate, per, cost, sequence = spec
         counter = self.counters.get((queue, key))
         if counter is None:  # a bucket full at whatever rate applies first
             counter = self.counters[(queue, key)] = Counter(refilled_at=-math.inf)
@@ -573,7 +582,8 @@ class Model:
         counter.concurrency, counter.rate, counter.per = concurrency, rate, per
         if rate is None or per is None:
             counter.rate = counter.per = None
-        counter.running += cost
+        if not (kept and sequence):
+            counter.running += cost
         counter.started = True
 
     def _let_back(self, queue: str) -> None:
@@ -605,12 +615,24 @@ class Model:
         ]
         return min(times, default=None)
 
-    def _release(self, task: Task) -> None:
-        """Every end of an attempt gives back its running units on each of its keys."""
+    def _release(self, task: Task, keep: bool = False) -> None:
+        """Every end of an attempt gives back its running units on each of its keys; one
+        that is not final (``keep``) keeps its sequences' keys (W25)."""
         for key, spec in task.limits.items():
             counter = self.counters.get((task.queue, key))
-            if counter is not None:
+            if counter is not None and not (keep and spec[4]):
                 counter.running = max(0, counter.running - spec[3])
+        task.kept = keep and any(spec[4] for spec in task.limits.values())
+
+    def _give_back_kept(self, task: Task) -> None:
+        """W25: a task that kept its sequences' keys is archived, cancelled or deleted
+        without running: their slots come back."""
+        if task.kept:
+            for key, spec in task.limits.items():
+                counter = self.counters.get((task.queue, key))
+                if counter is not None and spec[4]:
+                    counter.running = max(0, counter.running - spec[3])
+            task.kept = False
 
     # -- the end of an attempt (W1, W4): fenced by the lease's token -------------------------
 
@@ -639,9 +661,9 @@ class Model:
         task = self._held(key, token)
         if task is None:
             return False
-        self._release(task)
         task.last_error = error
         task.retried += 1
+        self._release(task, keep=task.retried <= task.max_retry)
         if task.retried > task.max_retry:
             self._archive(task, error)
         else:
@@ -668,7 +690,7 @@ class Model:
         task = self._held(key, token)
         if task is None:
             return False
-        self._release(task)
+        self._release(task, keep=True)
         came = name in task.signals
         self._end(task, PENDING if came else WAITING)
         task.due = self.now if came else self.now + delay
@@ -695,7 +717,7 @@ class Model:
         task = self._held(key, token)
         if task is None:
             return False
-        self._release(task)
+        self._release(task, keep=True)
         self._end(task, PENDING)
         task.due = self.now
         return True
@@ -710,6 +732,7 @@ class Model:
             task.unique = None  # E4: a finished task frees its key
 
     def _archive(self, task: Task, error: str) -> None:
+        self._give_back_kept(task)  # W25: the inspector's archive or cancel of a waiting task
         self._end(task, ARCHIVED)
         task.expires_at = self.now  # archived retention counts from here
         self._finished(task, ARCHIVED, error)
@@ -802,9 +825,10 @@ class Model:
         for task in sorted(self.tasks.values(), key=lambda t: t.key):  # as lifecycle orders them
             if task.state != ACTIVE or task.lease_until is None or task.lease_until > self.now:
                 continue
-            self._release(task)
             task.retried += 1
             task.lost += 1
+            final = task.lost >= self.max_lost or task.retried > task.max_retry
+            self._release(task, keep=not final)  # W25: a rescued task runs again first
             if task.lost >= self.max_lost:
                 task.last_error = WORKER_LOST
                 self._archive(task, WORKER_LOST)
@@ -843,6 +867,7 @@ class Model:
         task = self._found(key)
         if task.state == ACTIVE:
             raise Refused("invalid state")
+        self._give_back_kept(task)
         del self.tasks[key]
         if task.state in (*CLAIMABLE, WAITING):
             self._finished(task, DELETED, None)

@@ -79,7 +79,13 @@ from durq.sync import SyncRunner
 from durq.task import TaskInfo
 from durq.taskdef import TaskDecorator as TaskDecorator
 from durq.taskdef import TaskDef as TaskDef
-from durq.uniqueness import OnConflict, Unique, as_unique
+from durq.uniqueness import (
+    DEBOUNCE_HEADER,
+    OnConflict,
+    Unique,
+    as_unique,
+    debounce_header,
+)
 from durq.workflows import Workflow, WorkflowInfo
 
 if TYPE_CHECKING:
@@ -522,8 +528,12 @@ class App:
         # The common case (no unique key, or inside the caller's transaction) asks nothing more.
         unique = None if params.unique_key is None else self._unique_of(request)
         if unique is not None and unique.debounce is not None:
-            # Debounced: the first of a burst runs ``wait`` after it (later ones move it).
-            params = replace(params, process_in=unique.debounce[0], process_at=None)
+            # Debounced: the first of a burst runs ``wait`` after it (later ones move it);
+            # the header lets the inspector show when it runs at the latest.
+            headers = {**params.headers, DEBOUNCE_HEADER: debounce_header(unique.debounce)}
+            params = replace(
+                params, process_in=unique.debounce[0], process_at=None, headers=headers
+            )
         if unique is None or connection is not None:
             return await self._insert(broker, params, connection)
         for _ in range(_TWIN_ROUNDS):

@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from durq import groups, lifecycle, limits, workflows
 from durq.brokers.views import (
+    PARTITIONS_TOP_MAX,
+    UNIQUE_PAGE_MAX,
     WORKFLOW_PAGE_MAX,
+    FairDepth,
     GroupInfo,
     LimitStats,
     MinuteCounts,
@@ -28,6 +31,7 @@ from durq.errors import ValidationError
 from durq.names import check_queue, check_task_id, check_type, check_workflow_id
 from durq.states import TaskState
 from durq.task import TaskInfo
+from durq.uniqueness import UniqueEntry
 from durq.workflow_progress import WORKFLOW_STATES, WorkflowProgress, progress
 
 if TYPE_CHECKING:
@@ -46,6 +50,24 @@ class WorkflowList:
 
     workflows: tuple[WorkflowProgress, ...]
     cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class UniqueList:
+    """:meth:`Inspector.list_unique`: unique keys held, soonest due first, and how many are
+    held in all; ``complete`` false when the broker read only some of them (Redis, past
+    a bound) and the page is the soonest of those."""
+
+    entries: tuple[UniqueEntry, ...]
+    total: int
+    complete: bool = True
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "entries": [e.to_dict() for e in self.entries],
+            "total": self.total,
+            "complete": self.complete,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,3 +368,23 @@ class Inspector:
         left and tasks held back (see :class:`durq.Limit`)."""
         name = None if queue is None else check_queue(queue)
         return await (await self._admin()).list_limits(name)
+
+    async def fair_partitions(self, queue: str, top: int = 20) -> FairDepth:
+        """The fair limits (``Limit(..., fair=True)``) of ``queue``: each key template with
+        its partitions, and the ``top`` partitions (resolved keys, ``tenant:7``) with the
+        most tasks waiting (pending, held back ones too) and running, biggest first; the
+        rest summed in ``others``. One bounded read however many partitions there are."""
+        if not 1 <= top <= PARTITIONS_TOP_MAX:
+            raise ValidationError(f"top must be 1..{PARTITIONS_TOP_MAX}")
+        return await (await self._admin()).fair_partitions(check_queue(queue), top)
+
+    async def list_unique(self, queue: str, *, limit: int = 50) -> UniqueList:
+        """Unique keys (``unique=``, :class:`durq.Unique`, :func:`durq.Debounce`) that the
+        tasks of ``queue`` hold now, soonest due first: the key, its task, its state, when
+        it is due, until when it holds the key, and for a debounced task its ``wait``,
+        ``max_wait`` and when it runs at the latest."""
+        if not 1 <= limit <= UNIQUE_PAGE_MAX:
+            raise ValidationError(f"limit must be 1..{UNIQUE_PAGE_MAX}")
+        page = await (await self._admin()).list_unique(check_queue(queue), limit)
+        entries = tuple(UniqueEntry.of(h.key, h.task) for h in page.holds)
+        return UniqueList(entries, page.total, page.complete)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from durq import codec, continuations, groups
+from durq.brokers import limiter
 from durq.brokers.params import (
     ArchiveParams,
     CompleteParams,
@@ -96,7 +97,7 @@ def failed(
         return gave_up(lease, error, now=now, max_payload=max_payload)
     move(task.state, "fail", task_id=task.id)
     # The delay stays relative: the broker adds it to its own clock when it stores the retry.
-    return RetryParams(lease.ref, error, max(0.0, delay()))
+    return RetryParams(lease.ref, error, max(0.0, delay()), keep=keeps_key(task))
 
 
 def gave_up(
@@ -144,7 +145,7 @@ def snoozed(
             lease, SNOOZED_TOO_OFTEN, now=now, count_attempt=False, max_payload=max_payload
         )
     move(task.state, "snooze", task_id=task.id)
-    return RetryParams(lease.ref, "", max(0.0, delay), snooze=True)
+    return RetryParams(lease.ref, "", max(0.0, delay), snooze=True, keep=keeps_key(task))
 
 
 def slept(lease: Lease, delay: float, *, awaits: str | None = None) -> RetryParams:
@@ -154,14 +155,23 @@ def slept(lease: Lease, delay: float, *, awaits: str | None = None) -> RetryPara
     is counted (the snoozes counter counts these and :func:`durq.steps.sleeps_in` tells them
     apart, so ``max_snoozes`` does not bound them)."""
     move(lease.task.state, "snooze" if awaits is None else "await_signal", task_id=lease.task.id)
-    return RetryParams(lease.ref, "", max(0.0, delay), snooze=True, awaits=awaits)
+    keep = keeps_key(lease.task)
+    return RetryParams(lease.ref, "", max(0.0, delay), snooze=True, awaits=awaits, keep=keep)
 
 
 def handed_back(lease: Lease) -> LeaseRef:
     """A graceful shutdown stops the attempt: the task goes back to pending without counting
-    an attempt (the broker's ``requeue``, fenced by the lease it names)."""
+    an attempt (the broker's ``requeue``, fenced by the lease it names; with
+    ``keep=keeps_key(task)``)."""
     move(lease.task.state, "requeue", task_id=lease.task.id)
     return lease.ref
+
+
+def keeps_key(task: TaskInfo) -> bool:
+    """W25: an end of the task's attempt that is not final (retry, snooze, wait, hand-back,
+    rescued lease) keeps the keys of its sequence limits, so that no later task of such a
+    key starts before it finishes."""
+    return limiter.keeps(task.limits)
 
 
 # -- the rescuer: expired leases -----------------------------------------------------------
@@ -178,7 +188,9 @@ def lease_expired(lease: Lease, *, now: float, max_lost: int) -> LeaseMove:
         event, error = "worker_lost", LEASE_EXPIRED
     else:
         move(task.state, "lease_expired", task_id=task.id)
-        return RetryParams(lease.ref, LEASE_EXPIRED, 0.0, lost=True, expired_by=now)
+        return RetryParams(
+            lease.ref, LEASE_EXPIRED, 0.0, lost=True, expired_by=now, keep=keeps_key(task)
+        )
     move(task.state, event, task_id=task.id)
     after = dataclasses.replace(
         task,
@@ -392,6 +404,7 @@ __all__ = [
     "delete_task",
     "failed",
     "gave_up",
+    "keeps_key",
     "lease_expired",
     "rescue_expired",
     "run_all",

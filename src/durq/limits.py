@@ -95,13 +95,23 @@ class Limit:
     ``cost``: how many units of the key one attempt takes, of its concurrency and of its
     tokens (default 1): an int, or a template naming one payload field (``"{pages}"``)
     resolved at enqueue. A task whose cost exceeds the concurrency or the rate could never
-    start and is refused at enqueue (ValidationError)."""
+    start and is refused at enqueue (ValidationError).
+
+    ``sequence=True``: a strict sequence per key. The key's tasks run one at a time (it
+    implies ``concurrency=1``; a greater one is refused), in claim order, and a task keeps
+    the key from its first start until it finishes: while it waits for a retry, a snooze, a
+    signal, or after its lease expired or its worker handed it back at shutdown, no other
+    task of the key starts. The key is free again once the task completes, is archived
+    (retries used up, or by the inspector), cancelled or deleted. A rate goes in a limit of
+    its own beside it (``[Limit("acct:{a}", sequence=True), Limit("acct-api:{a}",
+    rate="5/s")]``): each attempt, retries included, takes a token."""
 
     key: str
     concurrency: int | None = None
     rate: str | tuple[int, float] | None = None
     fair: bool = False
     cost: int | str = 1
+    sequence: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key:
@@ -115,6 +125,23 @@ class Limit:
                 raise ValidationError(
                     f"limit key {self.key!r}: {{{name}}} must name one payload field"
                 )
+        if not isinstance(self.sequence, bool):
+            raise ValidationError(f"limit {self.key!r}: sequence is True or False")
+        if self.sequence:
+            if self.concurrency not in (None, 1) or isinstance(self.concurrency, bool):
+                raise ValidationError(
+                    f"limit {self.key!r}: a sequence runs one task at a time: concurrency is "
+                    f"1 (implied), got {self.concurrency!r}"
+                )
+            if self.rate is not None:
+                # The key's one slot stays with a task between its attempts: a token missing
+                # on that same key would hold the task where no slot can ever free up.
+                raise ValidationError(
+                    f"limit {self.key!r}: a sequence takes no rate of its own; give the rate "
+                    "a limit of its own beside it, e.g. [Limit('acct:{account}', "
+                    "sequence=True), Limit('acct-api:{account}', rate='5/s')]"
+                )
+            object.__setattr__(self, "concurrency", 1)
         if self.concurrency is None and self.rate is None:
             raise ValidationError(f"limit {self.key!r} needs concurrency=, rate= or both")
         _check_concurrency(self.concurrency, 1, f"limit {self.key!r}: concurrency")
@@ -196,6 +223,7 @@ class Limit:
             per,
             self.key if self.fair else None,
             self._check_cost(cost),
+            self.sequence,
         )
 
 

@@ -54,7 +54,8 @@ class LimitSpec:
     filled from it are partitions that take turns in the claim (W22).
 
     ``cost``: the units one attempt takes from the key, of its concurrency and of its tokens
-    (W24)."""
+    (W24). ``sequence``: the key's tasks run one at a time, and a task keeps the key from
+    its first start until it finishes (W25)."""
 
     key: str
     concurrency: int | None = None
@@ -62,13 +63,17 @@ class LimitSpec:
     per: float | None = None
     fair: str | None = None
     cost: int = 1
+    sequence: bool = False
 
     def to_json(self) -> list[Any]:
         """The stored form: ``[key, concurrency, rate, per]``, the template next when the
         limit is fair (a string after a comma: brokers spot a fair task by ``,"``), then the
-        cost when it is not 1 (the template ``null`` before it when not fair)."""
+        cost when it is not 1 or the limit is a sequence, then ``1`` for a sequence (the
+        brokers read it as the 7th item; ``null`` fills the places before)."""
         item: list[Any] = [self.key, self.concurrency, self.rate, self.per]
-        if self.cost != 1:
+        if self.sequence:
+            item += [self.fair, self.cost, 1]
+        elif self.cost != 1:
             item += [self.fair, self.cost]
         elif self.fair is not None:
             item.append(self.fair)
@@ -76,7 +81,8 @@ class LimitSpec:
 
     @classmethod
     def from_json(cls, item: Any) -> LimitSpec:
-        """Back from :meth:`to_json` (rows stored before W24 have cost 1)."""
+        """Back from :meth:`to_json` (rows stored before W24 have cost 1, before W25 no
+        sequence)."""
         key, concurrency, rate, per, *rest = item
         fair = rest[0] if rest else None
         return cls(
@@ -86,6 +92,7 @@ class LimitSpec:
             None if per is None else float(per),
             None if fair is None else str(fair),
             int(rest[1]) if len(rest) > 1 and rest[1] is not None else 1,
+            len(rest) > 2 and bool(rest[2]),
         )
 
     def describe(self) -> str:
@@ -99,6 +106,8 @@ class LimitSpec:
             parts.append(f"fair by {self.fair}")
         if self.cost != 1:
             parts.append(f"cost {self.cost}")
+        if self.sequence:
+            parts.append("in sequence")
         return ", ".join(parts)
 
 

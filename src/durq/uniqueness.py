@@ -13,13 +13,14 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from durq import codec, durations
 from durq.durations import Duration
 from durq.errors import PayloadError, ValidationError
 from durq.states import TaskState
+from durq.task import TaskInfo
 
 #: What an enqueue of a twin does: raise :class:`~durq.DuplicateTaskError`, return the twin
 #: that holds the key, or replace a waiting twin's payload (and a scheduled one's delay and
@@ -40,6 +41,10 @@ UNFINISHED: tuple[TaskState, ...] = (
 UNTIL_FINISHED = durations.MAX_DURATION
 
 _MAX_PATH = 200
+
+#: The header a debounced task is stored with: ``"<wait>,<max_wait>"`` in seconds
+#: (``max_wait`` empty when none), so that the inspector can tell when it runs at the latest.
+DEBOUNCE_HEADER = "durq-debounce"
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,80 @@ def Debounce(  # named like the option it makes, as durq.Unique
         states=(TaskState.PENDING, TaskState.SCHEDULED, TaskState.RETRY),
         debounce=(pause, cap),
     )
+
+
+def debounce_header(debounce: tuple[float, float | None]) -> str:
+    """The value of :data:`DEBOUNCE_HEADER` for ``Unique.debounce``."""
+    wait, cap = debounce
+    return f"{wait!r},{'' if cap is None else repr(cap)}"
+
+
+def debounce_of(headers: dict[str, str]) -> tuple[float, float | None] | None:
+    """``(wait, max_wait)`` of a task stored with :data:`DEBOUNCE_HEADER`, else ``None``."""
+    raw = headers.get(DEBOUNCE_HEADER)
+    if raw is None:
+        return None
+    wait, _, cap = raw.partition(",")
+    try:
+        return float(wait), float(cap) if cap else None
+    except ValueError:
+        return None  # not written by durq: shown as a plain unique key
+
+
+@dataclass(frozen=True, slots=True)
+class UniqueEntry:
+    """A unique key held now and its task, as the inspector shows it."""
+
+    key: str
+    task_id: str
+    type: str
+    state: TaskState
+    #: When the task is due (a debounced task: when it runs, unless a twin moves it).
+    due: datetime | None
+    #: Until when it holds the key at the latest; ``None``: until it finishes.
+    until: datetime | None
+    #: ``durq.Debounce``'s ``wait`` and ``max_wait`` (seconds), ``None`` for other keys.
+    wait: float | None = None
+    max_wait: float | None = None
+    #: The latest a debounced task runs, however many twins move it (its enqueue time and
+    #: ``max_wait``); ``None`` without ``max_wait``.
+    latest: datetime | None = None
+
+    @property
+    def debounced(self) -> bool:
+        return self.wait is not None
+
+    @classmethod
+    def of(cls, key: str, task: TaskInfo) -> UniqueEntry:
+        """The entry of ``task`` holding ``key``; its debounce read from its header."""
+        debounce = debounce_of(task.headers)
+        wait, cap = debounce if debounce is not None else (None, None)
+        latest, until, since = None, task.unique_until, task.enqueued_at
+        if cap is not None and since is not None:
+            latest = since + timedelta(seconds=cap)
+        if until is not None and since is not None:
+            if (until - since).total_seconds() >= UNTIL_FINISHED / 2:
+                until = None  # held "until it finishes" is stored as a century ahead
+        return cls(
+            key, task.id, task.type, task.state, task.next_process_at, until, wait, cap, latest
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        def iso(moment: datetime | None) -> str | None:
+            return None if moment is None else moment.isoformat()
+
+        return {
+            "key": self.key,
+            "task_id": self.task_id,
+            "type": self.type,
+            "state": self.state.value,
+            "due": iso(self.due),
+            "until": iso(self.until),
+            "debounced": self.debounced,
+            "wait": self.wait,
+            "max_wait": self.max_wait,
+            "latest": iso(self.latest),
+        }
 
 
 def _at(data: Any, path: str) -> Any:

@@ -5,6 +5,7 @@ than its limit while other work flows past the held tasks."""
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from typing import Any
 
@@ -128,3 +129,50 @@ async def test_W24_a_worker_never_runs_more_units_than_the_limit(app: durq.App) 
     assert peak <= 5
     stats = {s.key: s for s in await app.inspector.list_limits("default")}
     assert (stats["pages"].running, stats["pages"].waiting) == (0, 0)
+
+
+async def test_W25_a_worker_runs_each_account_s_tasks_in_order_across_failures(
+    app: durq.App,
+) -> None:
+    """3 accounts x 20 tasks in a strict sequence each, some failing once or twice before
+    they succeed (a short retry delay): per account, the successful runs come in enqueue
+    order and no two of its tasks ever run at once, while the accounts run side by side."""
+    draws = random.Random(25)
+    failures = {(a, n): draws.choice([0, 0, 1, 2]) for a in "abc" for n in range(20)}
+    running: dict[str, int] = {}
+    peak: dict[str, int] = {}
+    succeeded: dict[str, list[int]] = {a: [] for a in "abc"}
+    attempts: dict[tuple[str, int], int] = {}
+
+    @app.task(
+        "account:post",
+        limit=durq.Limit("account:{account}", sequence=True),
+        max_retry=5,
+        retry_delay=lambda retried, exc: 0.05,
+    )
+    async def post(payload: dict[str, Any]) -> None:
+        account, n = payload["account"], payload["n"]
+        running[account] = running.get(account, 0) + 1
+        peak[account] = max(peak.get(account, 0), running[account])
+        try:
+            await asyncio.sleep(0.005)
+            attempts[account, n] = attempts.get((account, n), 0) + 1
+            if attempts[account, n] <= failures[account, n]:
+                raise RuntimeError("the ledger is busy")
+            succeeded[account].append(n)
+        finally:
+            running[account] -= 1
+
+    await app.enqueue_many([post.request({"account": a, "n": n}) for n in range(20) for a in "abc"])
+    start = time.monotonic()
+    async with app.worker(concurrency=10, **FAST):
+        while sum(map(len, succeeded.values())) < 60 and time.monotonic() - start < 60:
+            await asyncio.sleep(0.02)
+    assert succeeded == {a: list(range(20)) for a in "abc"}
+    assert peak == {"a": 1, "b": 1, "c": 1}
+    assert sum(failures.values()) > 10  # retries did happen, on every account
+    assert all(any(failures[a, n] for n in range(20)) for a in "abc")
+    stats = {s.key: s for s in await app.inspector.list_limits("default")}
+    assert {k: (s.running, s.waiting) for k, s in stats.items()} == {
+        f"account:{a}": (0, 0) for a in "abc"
+    }

@@ -212,3 +212,16 @@ async def test_W23_an_override_below_a_tasks_cost_holds_it_until_raised(
     await override(broker, "k", concurrency=3)
     assert await claim_ids(broker, limit=10) == ["big"]
     assert await key_of(broker, "k") == (3, 0, 4, 3, None)
+
+
+async def test_W23_an_override_pauses_a_sequence_but_never_widens_it(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    seq = LimitSpec("acct:1", concurrency=1, sequence=True)
+    for i in range(3):
+        await enqueue(broker, clock, f"s{i}", seq)
+    await override(broker, "acct:1", concurrency=0)
+    assert await claim_ids(broker, limit=10) == []
+    await override(broker, "acct:1", concurrency=3)
+    assert await claim_ids(broker, limit=10) == ["s0"]  # still one at a time, in order
+    assert await claim_ids(broker, limit=10) == []

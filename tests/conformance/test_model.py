@@ -92,10 +92,18 @@ LIMITS: dict[str | None, tuple[LimitSpec, ...]] = {
     # W24: tasks that take both slots of "k" or both tokens of "r" beside those taking one.
     "k2c2": (LimitSpec("k", concurrency=2, cost=2),),
     "r2c2": (LimitSpec("r", rate=2, per=10.0, cost=2),),
+    # W25: a sequence, alone, with a rate (a limit of its own, after it and before it, so
+    # that a task holding "s" waits for a token on "r"), beside a concurrency key (after it,
+    # and before it so that a task holding "s" may be held on "k").
+    "s": (LimitSpec("s", concurrency=1, sequence=True),),
+    "sr": (LimitSpec("s", concurrency=1, sequence=True), LimitSpec("r", rate=1, per=10.0)),
+    "rs": (LimitSpec("r", rate=2, per=10.0), LimitSpec("s", concurrency=1, sequence=True)),
+    "sk": (LimitSpec("s", concurrency=1, sequence=True), LimitSpec("k", concurrency=2)),
+    "ks": (LimitSpec("k", concurrency=1), LimitSpec("s", concurrency=1, sequence=True)),
 }
 #: The limits a random task draws, from LIMITS (no limit more often).
 DRAWN_LIMITS = [None, None, "k1", "k2", "r1", "r2", "k1r1", "r1k1", "fa", "fa", "fb", "fck", "far"]
-DRAWN_LIMITS += ["k2c2", "r2c2"]
+DRAWN_LIMITS += ["k2c2", "r2c2", "s", "s", "sr", "rs", "sk", "ks"]
 #: A continuation: none, on completion only, or on completion and archiving.
 THEN = [None, None, "completed", "finished"]
 _run = itertools.count()
@@ -182,7 +190,10 @@ class BrokerAgainstModel(RuleBasedStateMachine):
             seq=0,
             max_retry=o["max_retry"],
             retention=float(o["retention"]),
-            limits={s.key: (s.concurrency, s.rate, s.per, s.cost) for s in LIMITS[o["limit"]]},
+            limits={
+                s.key: (s.concurrency, s.rate, s.per, s.cost, s.sequence)
+                for s in LIMITS[o["limit"]]
+            },
             fair=next((s.fair for s in LIMITS[o["limit"]] if s.fair is not None), None),
             unique=unique,
             unique_until=20.0 if unique else None,
@@ -216,6 +227,18 @@ class BrokerAgainstModel(RuleBasedStateMachine):
             limit = late if i == len(ids) - 1 else "fa"
             options = {"priority": 0, "delay": 0, "max_retry": 1, "retention": 0}
             self.enqueue(q, task_id, {**options, "limit": limit, "unique": False}, None, 0)
+
+    @rule(
+        q=st.integers(0, 1),
+        ids=st.lists(st.sampled_from(IDS), min_size=2, max_size=3, unique=True),
+        limit=st.sampled_from(["s", "sr", "rs", "sk", "ks"]),
+    )
+    def enqueue_sequence(self, q: int, ids: list[str], limit: str) -> None:
+        """W25: tasks of one sequence with retries to spend, so that claims meet a key kept
+        by a task that failed, waits or was handed back, and inspector moves free it."""
+        options = {"priority": 0, "delay": 0, "max_retry": 2, "retention": 0, "unique": False}
+        for task_id in ids:
+            self.enqueue(q, task_id, {**options, "limit": limit}, None, 0)
 
     @rule(
         q=st.integers(0, 1),
@@ -499,7 +522,7 @@ class BrokerAgainstModel(RuleBasedStateMachine):
         if taken is None:
             return
         lease, token = taken
-        got = self.call(self.broker.requeue(lease.ref))
+        got = self.call(self.broker.requeue(lease.ref, keep=lifecycle.keeps_key(lease.task)))
         assert got == self.model.requeue(lease.ref.task_key, token)
 
     @rule()
@@ -1204,6 +1227,30 @@ def test_W24_a_held_task_of_cost_waits_for_its_units(machine: type[BrokerAgainst
     state.complete(index=0, stale=False)
     state.advance(seconds=5)
     state.claim(limit=3, seed=0, strict=False, weights=(1, 1))
+    _checked(state)
+    state.teardown()
+
+
+def test_W25_a_sequence_s_key_stays_with_its_task_until_it_finishes(
+    machine: type[BrokerAgainstModel],
+) -> None:
+    """A task of a sequence fails and waits for its retry: the next task of the key is held
+    although nothing runs; the retry starts before it. Archived by the inspector while it
+    waits for a second retry, it gives the key back and the next one starts."""
+    state = machine()
+    state.enqueue(0, "t0", {**_options("s"), "max_retry": 2}, None, 0)
+    state.enqueue(0, "t1", _options("s"), None, 0)
+    state.claim(limit=2, seed=0, strict=False, weights=(1, 1))
+    state.fail(index=0, stale=False, delay=10)
+    state.claim(limit=2, seed=0, strict=False, weights=(1, 1))
+    _checked(state)
+    state.advance(seconds=11)
+    state.claim(limit=2, seed=0, strict=False, weights=(1, 1))
+    _checked(state)
+    state.fail(index=0, stale=False, delay=10)
+    state.inspect(action="archive", q=0, which=0)
+    _checked(state)
+    state.claim(limit=2, seed=0, strict=False, weights=(1, 1))
     _checked(state)
     state.teardown()
 

@@ -128,6 +128,41 @@ async def test_limit_gauges(app: durq.App) -> None:
     assert got[("durq_limit_concurrency", key)] == 0
 
 
+async def test_fair_partition_gauge_is_bounded(
+    app: durq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The busiest partitions one by one, the rest as one ``other`` series per queue."""
+    monkeypatch.setattr(metrics, "PARTITION_GAUGE_TOP", 2)
+    collector = metrics.QueueCollector(app, ttl=0)
+    tenant = durq.Limit("tenant:{t}", concurrency=10, fair=True)
+    for t, n in (("a", 3), ("b", 2), ("c", 1), ("d", 1)):
+        for _ in range(n):
+            await app.enqueue("a:b", {"t": t}, limit=tenant)
+    await collector.refresh()
+    got = {
+        labels: value
+        for (name, labels), value in samples(
+            metrics.exposition(collector.registry)[0].decode()
+        ).items()
+        if name == "durq_fair_partition_tasks"
+    }
+
+    def series(template: str, partition: str, state: str) -> tuple[tuple[str, str], ...]:
+        return (
+            ("partition", partition), ("queue", "default"), ("state", state),
+            ("template", template),
+        )  # fmt: skip
+
+    assert got == {
+        series("tenant:{t}", "tenant:a", "pending"): 3,
+        series("tenant:{t}", "tenant:a", "running"): 0,
+        series("tenant:{t}", "tenant:b", "pending"): 2,
+        series("tenant:{t}", "tenant:b", "running"): 0,
+        series("", "other", "pending"): 2,
+        series("", "other", "running"): 0,
+    }
+
+
 async def test_metrics_server_serves_metrics_and_probes(app: durq.App) -> None:
     await app.enqueue("a:b", {})
     server = await metrics.start_metrics_server(0, app, host="127.0.0.1")

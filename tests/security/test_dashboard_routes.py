@@ -32,6 +32,8 @@ CONCRETE = {
     "/api/queues/{queue}/tasks:run_all": "/api/queues/default/tasks:run_all?state=archived",
     "/api/queues/{queue}/tasks:delete_all": "/api/queues/default/tasks:delete_all?state=archived",
     "/api/queues/{queue}/history": "/api/queues/default/history",
+    "/api/queues/{queue}/partitions": "/api/queues/default/partitions",
+    "/api/queues/{queue}/unique": "/api/queues/default/unique",
     "/api/queues/{queue}/tasks/{task_id:path}/run": "/api/queues/default/tasks/evil-1/run",
     "/api/queues/{queue}/tasks/{task_id:path}/archive": "/api/queues/default/tasks/evil-1/archive",
     "/api/queues/{queue}/tasks/{task_id:path}/cancel": "/api/queues/default/tasks/evil-1/cancel",

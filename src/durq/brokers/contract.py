@@ -74,6 +74,7 @@ from durq.brokers.params import (
     WorkflowParams,
 )
 from durq.brokers.views import (
+    FairDepth,
     GroupInfo,
     LimitStats,
     MinuteCounts,
@@ -81,6 +82,7 @@ from durq.brokers.views import (
     ScheduleRecord,
     TaskSearch,
     TaskSearchResult,
+    UniqueHolds,
     WorkerInfo,
     WorkflowPage,
     WorkflowQuery,
@@ -294,8 +296,9 @@ class Broker(Protocol):
     async def archive(self, params: ArchiveParams) -> bool:
         """Give up on the task; ``False`` if the lease is no longer held."""
 
-    async def requeue(self, lease: LeaseRef) -> bool:
-        """Hand an active task back as pending without counting an attempt (shutdown, W7)."""
+    async def requeue(self, lease: LeaseRef, keep: bool = False) -> bool:
+        """Hand an active task back as pending without counting an attempt (shutdown, W7);
+        ``keep`` as :attr:`RetryParams.keep` (W25)."""
 
     async def promote_due(self) -> int:
         """Move scheduled/retry tasks whose time has come to pending; returns how many."""
@@ -486,6 +489,16 @@ class Admin(Protocol):
     async def reset_limit(self, queue: str, key: str) -> bool:
         """W23: remove the override of one key (the limit tasks carry applies again) and
         wake the queue's idle workers; whether there was one."""
+
+    async def fair_partitions(self, queue: str, top: int = 20) -> FairDepth:
+        """The fair limits (W22) of one queue: per template, and for the ``top``
+        partitions with the most tasks, how many wait (pending) and run (active), as
+        :class:`FairDepth` orders them; one read. QueueNotFoundError if unknown."""
+
+    async def list_unique(self, queue: str, limit: int = 50) -> UniqueHolds:
+        """The unique keys the queue's unfinished tasks hold now (their time not passed),
+        each with its task, soonest due first (then id), ``limit`` at most, and how many in
+        all. QueueNotFoundError if unknown."""
 
     async def list_schedules(self) -> list[ScheduleRecord]:
         """Every stored schedule, by name."""

@@ -15,6 +15,14 @@ back. A key remembers the largest cost of the tasks held on it (``need``), and l
 back (or tells workers to look again) only once that much is free, so that a held task of
 cost 5 is not let back, held again and polled for at every token.
 
+W25, sequences: a task whose limit is a sequence keeps that key from its first start until
+it finishes. An end that is not final (a retry, a snooze or wait, a hand-back, a rescued
+lease) gives back only its other limits' units (:func:`given_back`, with ``keep``) and the
+task is marked as holding the key (``kept``); a claim then admits it on that key without
+counting the slot again (a rate still takes its tokens), and the final end, or the
+inspector's archive, cancel or delete, gives the slot back (:func:`kept_back`). Whether an
+end keeps the key is decided above the seam (:func:`keeps`); brokers store the mark.
+
 W23, overrides: an operator may set a key's concurrency or rate (or both) at run time. A part
 that is set wins over the limit every task of that key carries, until it is reset; the
 counter keeps the last limit a task carried beside it, so a reset goes back to that.
@@ -178,16 +186,24 @@ def in_force(spec: LimitSpec, counter: Counter) -> LimitSpec:
     concurrency, rate, per = spec.concurrency, spec.rate, spec.per
     if counter.override_concurrency is not None:
         concurrency = counter.override_concurrency
+        if spec.sequence and spec.concurrency is not None:
+            # W25: a sequence runs one at a time; an override may pause it, not widen it.
+            concurrency = min(concurrency, spec.concurrency)
     if counter.override_rate is not None:
         rate, per = counter.override_rate, counter.override_per
     return replace(spec, concurrency=concurrency, rate=rate, per=per)
 
 
-def admits(spec: LimitSpec, counter: Counter, now: float) -> bool:
+def admits(spec: LimitSpec, counter: Counter, now: float, kept: bool = False) -> bool:
     """Whether one more attempt under ``spec`` may start (the task's own limit decides,
-    unless the key's override replaces it): ``cost`` free slots and tokens."""
+    unless the key's override replaces it): ``cost`` free slots and tokens. W25: a task
+    that ``kept`` its sequence's key holds its slot already and needs only the tokens."""
     spec = in_force(spec, counter)
-    if spec.concurrency is not None and counter.running + spec.cost > spec.concurrency:
+    if (
+        spec.concurrency is not None
+        and not (kept and spec.sequence)
+        and counter.running + spec.cost > spec.concurrency
+    ):
         return False
     if spec.rate is None:
         return True
@@ -195,9 +211,10 @@ def admits(spec: LimitSpec, counter: Counter, now: float) -> bool:
     return counter.tokens_at(now, spec.rate, spec.per) >= spec.cost - 1e-9
 
 
-def take(spec: LimitSpec, counter: Counter, now: float) -> None:
+def take(spec: LimitSpec, counter: Counter, now: float, kept: bool = False) -> None:
     """Count one start: ``cost`` running units, and as many tokens at the rate in force;
-    the key keeps the task's own limit (what a reset of an override goes back to)."""
+    the key keeps the task's own limit (what a reset of an override goes back to). W25:
+    the slot of a sequence's key the task ``kept`` is counted already."""
     rule = in_force(spec, counter)
     if rule.rate is not None and rule.per is not None:
         counter.tokens = counter.tokens_at(now, rule.rate, rule.per) - spec.cost
@@ -205,25 +222,31 @@ def take(spec: LimitSpec, counter: Counter, now: float) -> None:
     counter.concurrency, counter.rate, counter.per = spec.concurrency, spec.rate, spec.per
     if spec.rate is None or spec.per is None:
         counter.rate = counter.per = None
-    counter.running += spec.cost
+    if not (kept and spec.sequence):
+        counter.running += spec.cost
 
 
-def blocking(specs: tuple[LimitSpec, ...], counters: dict[str, Counter], now: float) -> str | None:
+def blocking(
+    specs: tuple[LimitSpec, ...], counters: dict[str, Counter], now: float, kept: bool = False
+) -> str | None:
     """The first key of ``specs`` without room (``None``: all admit). Keys missing from
     ``counters`` are added fresh."""
     for spec in specs:
         counter = counters.get(spec.key)
         if counter is None:
             counter = counters[spec.key] = fresh(spec, now)
-        if not admits(spec, counter, now):
+        if not admits(spec, counter, now, kept):
             return spec.key
     return None
 
 
-def admit(specs: tuple[LimitSpec, ...], counters: dict[str, Counter], now: float) -> str | None:
+def admit(
+    specs: tuple[LimitSpec, ...], counters: dict[str, Counter], now: float, kept: bool = False
+) -> str | None:
     """Admit one task carrying ``specs`` (count its start on every key: ``None``), or the
-    first key without room, which the task is then held on (the key is marked waiting)."""
-    full = blocking(specs, counters, now)
+    first key without room, which the task is then held on (the key is marked waiting).
+    ``kept``: the task holds its sequences' keys (W25)."""
+    full = blocking(specs, counters, now, kept)
     if full is not None:
         counter = counters[full]
         cost = next(s.cost for s in specs if s.key == full)
@@ -231,8 +254,26 @@ def admit(specs: tuple[LimitSpec, ...], counters: dict[str, Counter], now: float
         counter.waiting = True
         return full
     for spec in specs:
-        take(spec, counters[spec.key], now)
+        take(spec, counters[spec.key], now, kept)
     return None
+
+
+def keeps(specs: tuple[LimitSpec, ...]) -> bool:
+    """W25: whether an end of an attempt that is not final keeps the task's keys (it has a
+    sequence among its limits); the worker, rescuer and inspector ask, brokers store it."""
+    return any(spec.sequence for spec in specs)
+
+
+def given_back(specs: tuple[LimitSpec, ...], keep: bool) -> tuple[LimitSpec, ...]:
+    """The limits whose units an end of an attempt gives back: all of them, or with
+    ``keep`` (W25) all but the sequences, whose keys the task keeps."""
+    return tuple(s for s in specs if not s.sequence) if keep else specs
+
+
+def kept_back(specs: tuple[LimitSpec, ...]) -> tuple[LimitSpec, ...]:
+    """W25: the limits whose slots a task that kept its keys gives back when it is archived,
+    cancelled or deleted without running: its sequences."""
+    return tuple(s for s in specs if s.sequence)
 
 
 def wake_at(counters: Iterable[Counter], now: float) -> float | None:
@@ -315,8 +356,11 @@ __all__ = [
     "blocking",
     "fair_template",
     "fresh",
+    "given_back",
     "in_force",
     "in_turns",
+    "keeps",
+    "kept_back",
     "outlook",
     "stored",
     "take",

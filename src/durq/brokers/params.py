@@ -392,6 +392,9 @@ class RetryParams:
     #: A snooze (:class:`durq.Snooze`): state scheduled instead, ``retried`` unchanged,
     #: ``snoozes`` + 1, ``last_error`` and ``traceback`` kept, not counted as a failure.
     snooze: bool = False
+    #: W25: the task keeps the keys of its sequence limits (their slots stay counted and the
+    #: task is stored as holding them); its other limits give their units back as usual.
+    keep: bool = False
 
 
 @dataclass(frozen=True, slots=True)

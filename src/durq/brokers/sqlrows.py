@@ -4,9 +4,10 @@ PostgreSQL store tasks in the same columns (``durq_tasks`` / ``durq.tasks``)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+from durq.brokers.views import FairDepth, PartitionDepth, UniqueHold, UniqueHolds
 from durq.clock import to_datetime
 from durq.progress import decode_logs, progress_of
 from durq.states import TaskState
@@ -76,3 +77,21 @@ def limits_of(raw: Any) -> tuple[LimitSpec, ...]:
     if raw is None:
         return ()
     return limits_from_json(raw if isinstance(raw, str) else json.dumps(raw))
+
+
+def fair_depth_of(queue: str, rows: Sequence[TaskRow]) -> FairDepth:
+    """The rows of the ``fair_partitions`` statement: partitions first, then the
+    templates' totals (``key`` NULL)."""
+    depths = [
+        PartitionDepth(r["template"], r["key"] or "", int(r["pending"]), int(r["running"]),
+                       int(r["partitions"]))
+        for r in rows
+    ]  # fmt: skip
+    templates = sorted((d for d in depths if not d.key), key=lambda d: d.template)
+    return FairDepth(queue, tuple(templates), tuple(d for d in depths if d.key))
+
+
+def unique_holds_of(rows: Sequence[TaskRow]) -> UniqueHolds:
+    """The rows of the ``list_unique`` statement (each a task with its ``held`` total)."""
+    holds = tuple(UniqueHold(r["unique_key"], row_to_info(r)) for r in rows)
+    return UniqueHolds(holds, int(rows[0]["held"]) if rows else 0)

@@ -420,3 +420,105 @@ class ScheduleRecord:
     paused: bool = False
     updated_at: float = 0.0
     version: int = 0
+
+
+#: The most partitions :meth:`Admin.fair_partitions` returns one by one (the rest are summed).
+PARTITIONS_TOP_MAX = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionDepth:
+    """One partition of a fair limit (its resolved key, ``tenant:7``) or, in
+    :attr:`FairDepth.templates`, a whole template (``key`` empty): tasks waiting (pending,
+    held ones included) and running (active)."""
+
+    template: str
+    key: str
+    pending: int
+    running: int
+    #: Partitions counted here: 1 for a partition, all of them for a template.
+    partitions: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "template": self.template,
+            "key": self.key,
+            "pending": self.pending,
+            "running": self.running,
+            "partitions": self.partitions,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FairDepth:
+    """The fair limits of one queue as the inspector shows them: each template with its
+    totals, and the ``top`` partitions with the most tasks (pending + running, then
+    template and key), so that a queue with 100,000 tenants stays one bounded read."""
+
+    queue: str
+    templates: tuple[PartitionDepth, ...]
+    top: tuple[PartitionDepth, ...]
+
+    @property
+    def others(self) -> PartitionDepth:
+        """What is not in :attr:`top`, summed (template and key empty)."""
+        return PartitionDepth(
+            "",
+            "",
+            sum(t.pending for t in self.templates) - sum(p.pending for p in self.top),
+            sum(t.running for t in self.templates) - sum(p.running for p in self.top),
+            sum(t.partitions for t in self.templates) - len(self.top),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "templates": [t.to_dict() for t in self.templates],
+            "top": [p.to_dict() for p in self.top],
+            "others": self.others.to_dict(),
+        }
+
+
+def biggest(p: PartitionDepth) -> tuple[int, str, str]:
+    """The order of :attr:`FairDepth.top`: most tasks first, then template and key."""
+    return (-(p.pending + p.running), p.template, p.key)
+
+
+def fair_depth(queue: str, counts: dict[tuple[str, str], list[int]], top: int) -> FairDepth:
+    """A :class:`FairDepth` from ``(template, key) -> [pending, running]`` of every
+    partition, for brokers that count in Python (the SQL brokers say the same in SQL)."""
+    parts = [PartitionDepth(t, k, n[0], n[1]) for (t, k), n in counts.items() if n[0] or n[1]]
+    sums: dict[str, list[int]] = {}
+    for p in parts:
+        total = sums.setdefault(p.template, [0, 0, 0])
+        total[0] += p.pending
+        total[1] += p.running
+        total[2] += 1
+    templates = tuple(PartitionDepth(t, "", *n) for t, n in sorted(sums.items()))
+    return FairDepth(queue, templates, tuple(sorted(parts, key=biggest)[:top]))
+
+
+#: The most holds :meth:`Admin.list_unique` returns in one page.
+UNIQUE_PAGE_MAX = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class UniqueHold:
+    """A unique key (``unique=``, :class:`durq.Unique`, :func:`durq.Debounce`) and the
+    unfinished task that holds it now."""
+
+    key: str
+    task: TaskInfo
+
+
+@dataclass(frozen=True, slots=True)
+class UniqueHolds:
+    """A page of the unique keys one queue's tasks hold now, soonest due first (then task
+    id), and how many are held in all."""
+
+    holds: tuple[UniqueHold, ...]
+    total: int
+    #: ``False`` when the broker read only the first ``scanned`` holds (Redis keeps them in
+    #: one hash, read up to a bound): the page is the soonest among those.
+    complete: bool = True
+    scanned: int | None = None

@@ -22,7 +22,9 @@ from starlette.responses import JSONResponse, Response
 
 from durq import groups, periodic
 from durq.brokers.views import (
+    PARTITIONS_TOP_MAX,
     PAYLOAD_FIELD,
+    UNIQUE_PAGE_MAX,
     WORKFLOW_PAGE_MAX,
     QueueStats,
     TaskFilter,
@@ -398,6 +400,22 @@ class AdminAPI:
                 "POST",
                 "Delete every task of the state (not active)",
                 responses={**MUTATION, **NOT_FOUND, **CONFLICT},
+            ),
+            route(
+                q + "/partitions",
+                self.queue_partitions,
+                "GET",
+                "The fair limits of one queue: each template, the partitions with the most "
+                "tasks waiting and running, the rest summed",
+                responses={**COMMON, **NOT_FOUND},
+            ),
+            route(
+                q + "/unique",
+                self.queue_unique,
+                "GET",
+                "Unique keys the tasks of one queue hold, soonest due first; debounced tasks "
+                "with when they run at the latest",
+                responses={**COMMON, **NOT_FOUND},
             ),
             route(
                 q + "/history",
@@ -799,6 +817,18 @@ class AdminAPI:
 
     async def history(self) -> models.History:
         return models.History.model_validate(await self.dash.history.series())
+
+    async def queue_partitions(
+        self, queue: QueueName, top: Annotated[int, Query(ge=1, le=PARTITIONS_TOP_MAX)] = 20
+    ) -> models.Partitions:
+        depth = await self.inspector.fair_partitions(queue, top)
+        return models.Partitions.model_validate(depth.to_dict())
+
+    async def queue_unique(
+        self, queue: QueueName, limit: Annotated[int, Query(ge=1, le=UNIQUE_PAGE_MAX)] = 50
+    ) -> models.UniqueKeyList:
+        page = await self.inspector.list_unique(queue, limit=limit)
+        return models.UniqueKeyList.model_validate({"queue": queue, **page.to_dict()})
 
     async def queue_history(self, queue: QueueName) -> models.History:
         await self.inspector.queue_stats(queue)

@@ -511,6 +511,50 @@ class LimitList(_Model):
     limits: list[Limit]
 
 
+class Partition(_Model):
+    """A partition of a fair limit (its resolved key), a whole template (``key`` empty) or
+    the partitions not listed (both empty)."""
+
+    template: str
+    key: str
+    pending: int = Field(description="Tasks waiting (pending, held back ones too)")
+    running: int = Field(description="Tasks running (active)")
+    partitions: int = Field(description="Partitions counted (1 for one partition)")
+
+
+class Partitions(_Model):
+    """The fair limits of one queue: each template, the busiest partitions, the rest."""
+
+    queue: str
+    templates: list[Partition]
+    top: list[Partition] = Field(description="Most tasks (pending + running) first")
+    others: Partition = Field(description="The partitions not in `top`, summed")
+
+
+class UniqueKey(_Model):
+    """A unique key held now and its task."""
+
+    key: str
+    task_id: str
+    type: str
+    state: str
+    due: str | None = Field(description="When the task is due (ISO 8601)")
+    until: str | None = Field(
+        description="Until when it holds the key at the latest; null: until it finishes"
+    )
+    debounced: bool = Field(description="Enqueued with durq.Debounce")
+    wait: float | None = Field(description="Debounce wait, seconds")
+    max_wait: float | None = Field(description="Debounce max_wait, seconds")
+    latest: str | None = Field(description="When a debounced task runs at the latest")
+
+
+class UniqueKeyList(_Model):
+    queue: str
+    entries: list[UniqueKey] = Field(description="Soonest due first")
+    total: int = Field(description="Keys held in all")
+    complete: bool = Field(description="False: the broker read only some of them (Redis)")
+
+
 class HistoryPoint(_Model):
     t: float
     processed: float

@@ -142,6 +142,12 @@ def make_templates() -> Jinja2Templates:
     return Jinja2Templates(env=env)
 
 
+#: The queue page shows this many partitions of its fair limits one by one (the API more),
+#: and this many of the unique keys its tasks hold.
+QUEUE_PARTITIONS = 10
+QUEUE_UNIQUE_KEYS = 20
+
+
 class Views:
     """The HTML endpoints."""
 
@@ -267,6 +273,10 @@ class Views:
         where = filter_from_query(request.query_params, PAGE_PARAMS)
         found = await task_page(self.inspector, name, state, where, page, size)
         pages = max(1, -(-found.total // size))
+        partitions = await self.inspector.fair_partitions(name, QUEUE_PARTITIONS)
+        held = None
+        if stats.unique_keys:
+            held = await self.inspector.list_unique(name, limit=QUEUE_UNIQUE_KEYS)
         return self.render(
             request,
             "queue.html",
@@ -287,6 +297,8 @@ class Views:
                 "filter_query": filter_query(where),
                 "bulk": () if not where.empty else BULK_BY_STATE[state],
                 "selection": SELECTION_BY_STATE[state],
+                "partitions": partitions,
+                "held": held,
             },
         )
 

@@ -34,7 +34,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from durq.appview import AdminView, HookPoints, MetricsHost
-from durq.brokers.views import LimitStats, QueueStats
+from durq.brokers.views import FairDepth, LimitStats, QueueStats
 from durq.errors import DurqError
 from durq.observability.health import HealthProbe, readiness
 from durq.observability.snapshot import Snapshot
@@ -165,6 +165,13 @@ def installed(app: HookPoints) -> TaskMetrics | None:
 
 #: The workflow gauges count at most this many records, the newest.
 WORKFLOW_GAUGE_SCAN = 1000
+#: ``durq_fair_partition_tasks`` shows this many partitions of each queue's fair limits one
+#: by one (the busiest), and the rest as one series ``partition="other"``: a bounded number
+#: of series however many tenants there are.
+PARTITION_GAUGE_TOP = 20
+#: ... read at most once a minute (or once per ``ttl`` if longer): a read counts every
+#: pending and running task of a queue (100,000 tasks: 0.3-1.3 s, docs/observability.md).
+PARTITION_GAUGE_EVERY = 60.0
 
 
 class QueueCollector(Collector):
@@ -184,9 +191,12 @@ class QueueCollector(Collector):
         self.app = app
         self.ttl = ttl
         self._snapshot = Snapshot(self._read, ttl=ttl, monotonic=monotonic)
+        every = max(ttl, PARTITION_GAUGE_EVERY)
+        self._partition_reads = Snapshot(self._read_partitions, ttl=every, monotonic=monotonic)
         self._queues: list[QueueStats] = []
         self._limits: list[LimitStats] = []
         self._workflows: WorkflowCounts | None = None
+        self._partitions: list[FairDepth] = []
         self._up = 0
         self._failure: DurqError | None = None
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -203,10 +213,21 @@ class QueueCollector(Collector):
             await inspector.count_workflows(WORKFLOW_GAUGE_SCAN),
         )
 
+    async def _read_partitions(self) -> list[FairDepth]:
+        # Only queues with pending or active tasks can have partitions with tasks.
+        busy = [
+            q.name
+            for q in self._queues
+            if q.sizes.get(TaskState.PENDING) or q.sizes.get(TaskState.ACTIVE)
+        ]
+        top = PARTITION_GAUGE_TOP
+        return [await self.app.inspector.fair_partitions(name, top) for name in busy]
+
     async def refresh(self) -> None:
         """Read the queues unless the snapshot is younger than ``ttl``."""
         try:
             self._queues, self._limits, self._workflows = await self._snapshot.get()
+            self._partitions = await self._partition_reads.get()
             self._up = 1
         except DurqError as exc:
             if exc is not self._failure:  # once per failed read, not per scrape of it
@@ -231,6 +252,20 @@ class QueueCollector(Collector):
             "Unique keys (durq.Unique) the queue's unfinished tasks hold now.",
             labels=["queue"],
         )
+        partition = GaugeMetricFamily(
+            "durq_fair_partition_tasks",
+            f"Tasks of a fair limit's partition by state (pending, running): the "
+            f"{PARTITION_GAUGE_TOP} busiest partitions of each queue, the rest summed as "
+            'partition="other".',
+            labels=["queue", "template", "partition", "state"],
+        )
+        for depth in self._partitions:
+            others = depth.others
+            rows = [*depth.top, others] if others.partitions else depth.top
+            for p in rows:
+                names = [p.template, p.key] if p.key else ["", "other"]
+                partition.add_metric([depth.queue, *names, "pending"], p.pending)
+                partition.add_metric([depth.queue, *names, "running"], p.running)
         up = GaugeMetricFamily("durq_broker_up", "1 when the last read of the queues succeeded.")
         labels = ["queue", "key"]
         running = GaugeMetricFamily(
@@ -287,6 +322,7 @@ class QueueCollector(Collector):
         yield concurrency
         yield tokens
         yield waiting
+        yield partition
         yield up
 
 

@@ -434,7 +434,7 @@ class TestWorker:
 
     async def _hand_back(self, broker: FullBroker, leases: list[Lease]) -> None:
         for lease in leases:
-            await broker.requeue(lifecycle.handed_back(lease))
+            await broker.requeue(lifecycle.handed_back(lease), keep=lifecycle.keeps_key(lease.task))
 
     async def _with_message(self, attempt: Attempt) -> Attempt:
         """A failed attempt gets the error the worker stored, so the report says why even

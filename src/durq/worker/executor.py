@@ -599,7 +599,8 @@ class Executor:
     async def _settle_cancelled(self, lease: Lease, reason: str | None) -> str:
         task = lease.task
         if reason == SHUTDOWN:
-            if await self._report(self.broker.requeue, lifecycle.handed_back(lease), task):
+            requeue = functools.partial(self.broker.requeue, keep=lifecycle.keeps_key(task))
+            if await self._report(requeue, lifecycle.handed_back(lease), task):
                 log.info("task %s handed back at shutdown", task.id, extra=_extra(task))
                 return "requeued"
             return "lost"

@@ -10,6 +10,7 @@ from durq.brokers.memory.storage import ACTIVE, ARCHIVED, CLAIMABLE, PENDING, Ro
 from durq.brokers.params import LimitOverride, TaskMove, TaskRewrite
 from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
+    FairDepth,
     GroupInfo,
     LimitStats,
     MinuteCounts,
@@ -17,10 +18,13 @@ from durq.brokers.views import (
     ScheduleRecord,
     TaskSearch,
     TaskSearchResult,
+    UniqueHold,
+    UniqueHolds,
     WorkerInfo,
     WorkflowPage,
     WorkflowQuery,
     WorkflowRecord,
+    fair_depth,
     first_counted_minute,
     in_page,
     next_cursor,
@@ -86,6 +90,31 @@ class MemoryAdmin:
             counter.override_concurrency = counter.override_rate = counter.override_per = None
         self._store.notify([queue])
         return True
+
+    async def fair_partitions(self, queue: str, top: int = 20) -> FairDepth:
+        """The queue's fair limits (W22): templates and the ``top`` partitions."""
+        counts: dict[tuple[str, str], list[int]] = {}
+        with self._store.lock:
+            self._require_queue(queue)
+            for row in self._store.rows(queue):
+                fair = row.limits[0].fair if row.limits else None
+                if fair is not None and row.state in (PENDING, ACTIVE):
+                    counts.setdefault((fair, row.limits[0].key), [0, 0])[row.state is ACTIVE] += 1
+        return fair_depth(queue, counts, top)
+
+    async def list_unique(self, queue: str, limit: int = 50) -> UniqueHolds:
+        """Unique keys held now, soonest due first, with their tasks (E4)."""
+        with self._store.lock:
+            now = self._clock.now()
+            self._require_queue(queue)
+            rows = [
+                row
+                for row in self._store.unique.values()
+                if row.queue == queue and (row.unique_until is None or row.unique_until > now)
+            ]
+            rows.sort(key=lambda r: (r.next_process_at, r.id))
+            holds = tuple(UniqueHold(str(r.unique_key), r.info()) for r in rows[:limit])
+        return UniqueHolds(holds, len(rows))
 
     def _stats(self, name: str, now: float) -> QueueStats:
         store = self._store
@@ -218,6 +247,8 @@ class MemoryAdmin:
             if row is None or row.state is not move.expect or row.state is ACTIVE:
                 return None
             kind = move.kind
+            if kind != "run" and store.queues[row.queue].give_back_kept(row):
+                woken.add(row.queue)  # W25: the key it kept is free for a held task
             if kind == "delete":
                 info = row.info()
                 woken |= store.forget(row, now)
@@ -315,6 +346,8 @@ class MemoryAdmin:
                 if to is PENDING:
                     self._run(row, now)
                 else:
+                    if self._store.queues[queue].give_back_kept(row):
+                        woken.add(queue)  # W25
                     woken |= self._store.forget(row, now)
                     self._store.delete(row)
         if rows and to is PENDING:

@@ -94,6 +94,8 @@ class Row:
     limits: tuple[LimitSpec, ...] = ()
     #: The limit key this waiting task is held on (out of ``Queue.waiting`` meanwhile).
     held: str | None = None
+    #: W25: it keeps the slots of its sequences' keys across an end that was not final.
+    kept: bool = False
     #: W22: its turn under its fair limit (0 without one).
     turn: int = 0
     #: Stored forms of the latest progress and the log (:mod:`durq.progress`).
@@ -273,11 +275,24 @@ class Queue:
         """When a token comes for a key with held tasks (the claim's ``wake_at``)."""
         return limiter.wake_at(self.counters.values(), now)
 
-    def release(self, row: Row) -> bool:
-        """An attempt of ``row`` ended: give back its running units (its cost) on each key;
-        whether tasks are held on one of its keys (the queue's workers should look again)."""
+    def release(self, row: Row, keep: bool = False) -> bool:
+        """An attempt of ``row`` ended: give back its running units (its cost) on each key,
+        but for its sequences' keys when it ``keep`` s them (W25, marked ``kept``); whether
+        tasks are held on one of its keys (the queue's workers should look again)."""
+        row.kept = keep and limiter.keeps(row.limits)
+        return self._give_back(limiter.given_back(row.limits, keep))
+
+    def give_back_kept(self, row: Row) -> bool:
+        """W25: ``row`` leaves without running (archived, cancelled, deleted): the slots of
+        the keys it kept come back; whether tasks are held on one of them."""
+        if not row.kept:
+            return False
+        row.kept = False
+        return self._give_back(limiter.kept_back(row.limits))
+
+    def _give_back(self, specs: tuple[LimitSpec, ...]) -> bool:
         wake = False
-        for spec in row.limits:
+        for spec in specs:
             counter = self.counters.get(spec.key)
             if counter is not None:
                 counter.running = max(0, counter.running - spec.cost)

@@ -22,9 +22,10 @@ from durq.brokers.sqlfiles import (
     workflow_query_params,
     workflow_records,
 )
-from durq.brokers.sqlrows import row_to_info
+from durq.brokers.sqlrows import fair_depth_of, row_to_info, unique_holds_of
 from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
+    FairDepth,
     GroupInfo,
     LimitStats,
     MinuteCounts,
@@ -32,6 +33,7 @@ from durq.brokers.views import (
     ScheduleRecord,
     TaskSearch,
     TaskSearchResult,
+    UniqueHolds,
     WorkerInfo,
     WorkflowPage,
     WorkflowQuery,
@@ -198,6 +200,8 @@ class PostgresAdmin:
         )
         if not rows:
             return None
+        if rows[0].get("wake"):
+            released.add(move.queue)  # W25: a key it kept is free for a held task
         if released:
             self._storage.notifier.add(released)
         if move.to is not TaskState.PENDING:
@@ -277,7 +281,10 @@ class PostgresAdmin:
                     lists = [r["dependents"] for r in await cur.fetchall()]
                     released = await self._storage.release_dependents(conn, lists)
                 cur = await conn.execute(self._storage.statements["delete_all"], params)
-                count = max(cur.rowcount, 0)
+                row = await cur.fetchone()
+                count = int(row["n"]) if row else 0
+                if row and row["wake"]:
+                    released.add(queue)  # W25: keys the deleted tasks kept are free
             self._storage.notify_created(created)
             if released:
                 self._storage.notifier.add(released)
@@ -334,6 +341,24 @@ class PostgresAdmin:
             {"queue": queue, "key": key, "channel": self._storage.channel},
         )
         return row is not None
+
+    async def fair_partitions(self, queue: str, top: int = 20) -> FairDepth:
+        """The queue's fair limits (W22): templates and the ``top`` partitions."""
+        await self._require_queue("fair_partitions", queue)
+        rows = await self._storage.fetch(
+            "fair_partitions", "fair_partitions", {"queue": queue, "top": top}
+        )
+        return fair_depth_of(queue, rows)
+
+    async def list_unique(self, queue: str, limit: int = 50) -> UniqueHolds:
+        """Unique keys held now, soonest due first, with their tasks (E4)."""
+        await self._require_queue("list_unique", queue)
+        rows = await self._storage.fetch(
+            "list_unique",
+            "list_unique",
+            {"queue": queue, "limit": limit, "now": self._storage.sql_now()},
+        )
+        return unique_holds_of(rows)
 
     async def list_workers(self) -> list[WorkerInfo]:
         """Worker processes that sent a heartbeat recently."""

@@ -267,11 +267,11 @@ t.lease_token, t.seq, t.started_at, t.lease_expires_at, t.priority, t.limits::te
 -- filled from the queues in the order given, with their limits and their row's address
 -- (ctid: the claim's write goes straight to the row it locked; see claim_work).
 SELECT c.queue, c.id, c.limits, c.priority, c.next_process_at, c.seq, c.ctid,
-       c.fair_template, c.fair_turn
+       c.fair_template, c.fair_turn, c.kept
 FROM unnest(%(queues)b::text[]) WITH ORDINALITY AS q(name, ord)
 CROSS JOIN LATERAL (
     SELECT t.queue, t.id, t.priority, t.next_process_at, t.seq, t.limits, t.ctid,
-           t.fair_template, t.fair_turn
+           t.fair_template, t.fair_turn, t.kept
     FROM {schema}.tasks AS t
     WHERE t.queue = q.name
       AND t.state = 'pending'
@@ -354,7 +354,7 @@ SELECT {now} AS now;
 -- The claim of limited work, first step: due rows as claim takes them (claimable_due, up to
 -- %(limit)s: the free slots and a look-ahead past them), locked, with their limits.
 SELECT d.queue, d.id, d.limits::text AS limits, d.priority, d.next_process_at, d.seq,
-       d.ctid::text AS ctid, d.fair_template, d.fair_turn
+       d.ctid::text AS ctid, d.fair_template, d.fair_turn, d.kept
 FROM (
     {claimable_due}
 ) AS d;
@@ -366,11 +366,11 @@ FROM (
 -- more (%(fair_limit)s: a template's tasks held on a full partition are skipped), locked as
 -- due rows are. Queues without fair limits cost one probe of fair_rounds.
 SELECT b.queue, b.id, b.limits::text AS limits, b.priority, b.next_process_at, b.seq,
-       b.ctid::text AS ctid, b.fair_template, b.fair_turn
+       b.ctid::text AS ctid, b.fair_template, b.fair_turn, b.kept
 FROM {schema}.fair AS g
 CROSS JOIN LATERAL (
     SELECT t.queue, t.id, t.limits, t.priority, t.next_process_at, t.seq, t.ctid,
-           t.fair_template, t.fair_turn
+           t.fair_template, t.fair_turn, t.kept
     FROM {schema}.tasks AS t
     WHERE t.queue = g.queue AND t.fair_template = g.template
       AND t.state = 'pending' AND t.held_by IS NULL
@@ -406,11 +406,11 @@ FOR UPDATE OF l SKIP LOCKED;
 -- fills, as many as its free slots (at most %(limit)s), locked as due rows are; the limiter
 -- lets back as many as the room (held tasks of a key waiting_limits skipped stay held).
 SELECT b.queue, b.id, b.limits::text AS limits, b.priority, b.next_process_at, b.seq,
-       b.ctid::text AS ctid, l.key AS held_on, b.fair_template, b.fair_turn
+       b.ctid::text AS ctid, l.key AS held_on, b.fair_template, b.fair_turn, b.kept
 FROM {schema}.limits AS l
 CROSS JOIN LATERAL (
     SELECT t.queue, t.id, t.limits, t.priority, t.next_process_at, t.seq, t.ctid,
-           t.fair_template, t.fair_turn
+           t.fair_template, t.fair_turn, t.kept
     FROM {schema}.tasks AS t
     WHERE t.queue = l.queue AND t.held_by = l.key AND t.state = 'pending'
     ORDER BY t.priority DESC, t.next_process_at, t.seq
@@ -545,6 +545,24 @@ released AS (
     RETURNING l.queue, l.waiting
 );
 
+-- name: given_back
+-- A fragment, not run alone: spliced into retry and requeue in place of {given_back}, the
+-- limits an end of an attempt releases: all of the task's, or with %(keep)s (W25) all but
+-- its sequences (a limit's seventh item is 1), whose keys the task keeps (NULL: none).
+CASE WHEN %(keep)s
+     THEN (SELECT jsonb_agg(e.v) FROM jsonb_array_elements(t.limits) AS e(v)
+           WHERE coalesce(e.v ->> 6, '0') <> '1')
+     ELSE t.limits END;
+
+-- name: kept_back
+-- A fragment, not run alone: spliced into the inspector's archive and delete statements in
+-- place of {kept_back}: the limits of a task that kept its sequences' keys (W25), whose
+-- slots it gives back as it leaves without running: its sequences (NULL when it kept none).
+CASE WHEN o.kept
+     THEN (SELECT jsonb_agg(e.v) FROM jsonb_array_elements(o.limits) AS e(v)
+           WHERE e.v ->> 6 = '1')
+     END;
+
 -- name: count_down
 -- A fragment, not run alone: the CTEs spliced into the statements that finish tasks (CTE
 -- "ended", with their dependents), after release_limits. Each waiting task listed counts
@@ -591,7 +609,7 @@ kept AS (
     UPDATE {schema}.tasks AS t
     SET state = 'completed', completed_at = {now}, result = x.result,
         retention = x.retention, expires_at = {now} + x.retention,
-        lease_token = NULL, lease_expires_at = NULL,
+        lease_token = NULL, lease_expires_at = NULL, kept = false,
         cancel_requested = false, unique_key = NULL, unique_until = NULL
     FROM x
     WHERE t.queue = x.queue AND t.id = x.id AND x.retention > 0
@@ -678,6 +696,7 @@ FROM more LEFT JOIN leased ON true;
 -- A signal delivered meanwhile locks the row first, and this update then reads the row as
 -- that signal left it (or the signal finds the task waiting): no wake-up is lost. "wake":
 -- the queue's workers should claim (a freed key with held tasks, or the task pending now).
+-- %(keep)s (W25): the task keeps its sequences' keys: only its other limits are released.
 WITH ended AS (
     UPDATE {schema}.tasks AS t
     SET state = CASE WHEN %(snooze)s AND coalesce(t.signals ? %(awaits)s::text, false)
@@ -691,13 +710,13 @@ WITH ended AS (
         traceback = CASE WHEN %(snooze)s THEN t.traceback ELSE %(traceback)s END,
         next_process_at = CASE WHEN %(snooze)s AND coalesce(t.signals ? %(awaits)s::text, false)
                                THEN {now} ELSE {now} + %(delay)s END,
-        awaits = %(awaits)s::text,
+        awaits = %(awaits)s::text, kept = %(keep)s,
         lease_token = NULL, lease_expires_at = NULL, cancel_requested = false
     WHERE t.queue = %(queue)s AND t.id = %(id)s
       AND t.state = 'active' AND t.lease_token = %(token)s
       AND (%(expired_by)s::float8 IS NULL
            OR t.lease_expires_at <= least(%(expired_by)s::float8, {now}))
-    RETURNING t.queue, t.limits, t.state
+    RETURNING t.queue, {given_back} AS limits, t.state
 ),
 {release_limits},
 counted AS (
@@ -742,7 +761,7 @@ WITH ended AS (
         last_error = %(error)s,
         traceback = %(traceback)s,
         lease_token = NULL, lease_expires_at = NULL, cancel_requested = false,
-        unique_key = NULL, unique_until = NULL, expires_at = {now}
+        unique_key = NULL, unique_until = NULL, expires_at = {now}, kept = false
     WHERE t.queue = %(queue)s AND t.id = %(id)s
       AND t.state = 'active' AND t.lease_token = %(token)s
       AND (%(expired_by)s::float8 IS NULL
@@ -867,13 +886,14 @@ RETURNING 1 AS held;
 
 -- name: requeue
 -- Graceful shutdown hands the task back (W7): due now, no attempt counted; wake workers.
+-- %(keep)s (W25): it keeps its sequences' keys, as in retry.
 WITH ended AS (
     UPDATE {schema}.tasks AS t
-    SET state = 'pending', next_process_at = {now},
+    SET state = 'pending', next_process_at = {now}, kept = %(keep)s,
         lease_token = NULL, lease_expires_at = NULL, cancel_requested = false
     WHERE t.queue = %(queue)s AND t.id = %(id)s
       AND t.state = 'active' AND t.lease_token = %(token)s
-    RETURNING t.queue, t.limits
+    RETURNING t.queue, {given_back} AS limits
 ),
 {release_limits}
 SELECT count(pg_notify(%(channel)s, queue)) AS n FROM ended;
@@ -1198,11 +1218,28 @@ woken AS (
 SELECT r.* FROM r, woken;
 
 -- name: archive_task
-UPDATE {schema}.tasks AS t
-SET state = 'archived', last_error = coalesce(%(error)s, t.last_error),
-    unique_key = NULL, unique_until = NULL, held_by = NULL, expires_at = {now}
-WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = %(expect)s
-RETURNING t.*;
+-- W25: a task that kept its sequences' keys gives their slots back (kept_back): the row is
+-- locked first ("o", as it was), then the counters in key order, as outcomes lock them;
+-- "wake": tasks are held on one of those keys.
+WITH o AS (
+    SELECT t.queue, t.id, t.kept, t.limits FROM {schema}.tasks AS t
+    WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = %(expect)s
+    FOR UPDATE
+),
+moved AS (
+    UPDATE {schema}.tasks AS t
+    SET state = 'archived', last_error = coalesce(%(error)s, t.last_error),
+        unique_key = NULL, unique_until = NULL, held_by = NULL, expires_at = {now},
+        kept = false
+    FROM o
+    WHERE t.queue = o.queue AND t.id = o.id AND t.state = %(expect)s
+    RETURNING t.*
+),
+ended AS (
+    SELECT o.queue, {kept_back} AS limits FROM o
+),
+{release_limits}
+SELECT moved.*, EXISTS (SELECT 1 FROM released WHERE released.waiting) AS wake FROM moved;
 
 -- name: request_cancel
 -- The worker sees the flag on its next heartbeat (extend_leases) and cancels the handler.
@@ -1221,10 +1258,18 @@ WHERE queue = %(queue)s AND id = %(id)s AND state = %(expect)s AND state <> 'act
   AND NOT (state = 'completed' AND expires_at <= {now});
 
 -- name: delete_task
-DELETE FROM {schema}.tasks
-WHERE queue = %(queue)s AND id = %(id)s AND state = %(expect)s
-  AND NOT (state = 'completed' AND expires_at <= {now})
-RETURNING *;
+-- W25: a task that kept its sequences' keys gives their slots back, as in archive_task.
+WITH o AS (
+    DELETE FROM {schema}.tasks AS t
+    WHERE t.queue = %(queue)s AND t.id = %(id)s AND t.state = %(expect)s
+      AND NOT (t.state = 'completed' AND t.expires_at <= {now})
+    RETURNING t.*
+),
+ended AS (
+    SELECT o.queue, {kept_back} AS limits FROM o
+),
+{release_limits}
+SELECT o.*, EXISTS (SELECT 1 FROM released WHERE released.waiting) AS wake FROM o;
 
 -- name: run_all
 WITH r AS (
@@ -1242,9 +1287,18 @@ woken AS (
 SELECT count(*) AS n FROM r, woken;
 
 -- name: delete_all
-DELETE FROM {schema}.tasks
-WHERE queue = %(queue)s AND state = %(state)s
-  AND NOT (state = 'completed' AND expires_at <= {now});
+-- W25: the tasks that kept their sequences' keys give their slots back, as in archive_task.
+WITH o AS (
+    DELETE FROM {schema}.tasks AS t
+    WHERE t.queue = %(queue)s AND t.state = %(state)s
+      AND NOT (t.state = 'completed' AND t.expires_at <= {now})
+    RETURNING t.queue, t.kept, t.limits
+),
+ended AS (
+    SELECT o.queue, {kept_back} AS limits FROM o WHERE o.kept
+),
+{release_limits}
+SELECT count(*) AS n, EXISTS (SELECT 1 FROM released WHERE released.waiting) AS wake FROM o;
 
 -- name: insert_group
 INSERT INTO {schema}.groups (queue, id, total, created_at, retention, then_task, then_head,
@@ -1341,6 +1395,36 @@ SELECT l.*,
 FROM {schema}.limits AS l
 WHERE %(queue)s::text IS NULL OR l.queue = %(queue)s::text
 ORDER BY l.queue, l.key;
+
+-- name: fair_partitions
+-- W22: per partition of the queue's fair limits (template, key), tasks waiting (pending,
+-- held ones too) and running: the %(top)s with the most tasks, then each template's totals
+-- (key NULL). One pass over the queue's pending and active rows (tasks_by_state).
+WITH parts AS (
+    SELECT fair_template AS template, fair_key AS key,
+           count(*) FILTER (WHERE state = 'pending') AS pending,
+           count(*) FILTER (WHERE state = 'active') AS running
+    FROM {schema}.tasks
+    WHERE queue = %(queue)s AND state IN ('pending', 'active') AND fair_template IS NOT NULL
+    GROUP BY fair_template, fair_key
+)
+(SELECT template, key, pending, running, 1::bigint AS partitions FROM parts
+ ORDER BY pending + running DESC, template COLLATE "C", key COLLATE "C" LIMIT %(top)s)
+UNION ALL
+SELECT template, NULL, sum(pending)::bigint, sum(running)::bigint, count(*) FROM parts
+GROUP BY template;
+
+-- name: list_unique
+-- Unique keys (E4) the queue's tasks hold now, soonest due first, and how many in all (the
+-- count reads only the key index's rows; a window count would read every row whole).
+SELECT t.*, (SELECT count(*) FROM {schema}.tasks
+             WHERE unique_key IS NOT NULL AND queue = %(queue)s
+               AND (unique_until IS NULL OR unique_until > {now})) AS held
+FROM {schema}.tasks AS t
+WHERE t.unique_key IS NOT NULL AND t.queue = %(queue)s
+  AND (t.unique_until IS NULL OR t.unique_until > {now})
+ORDER BY t.next_process_at, t.id COLLATE "C"
+LIMIT %(limit)s;
 
 -- name: list_schedules
 SELECT * FROM {schema}.schedules ORDER BY name;

@@ -82,6 +82,8 @@ FRAGMENTS = (
     "enqueue_batch",
     "enqueue_insert",
     "release_limits",
+    "given_back",
+    "kept_back",
     "count_down",
     "claimable_due",
     "lease_set",

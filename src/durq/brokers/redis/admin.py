@@ -15,6 +15,7 @@ from durq.brokers.redis.rows import pairs, stored_counter, task_info
 from durq.brokers.redis.storage import RedisStorage, ScriptCall
 from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
+    FairDepth,
     GroupInfo,
     GroupMemberInfo,
     LimitStats,
@@ -23,11 +24,14 @@ from durq.brokers.views import (
     ScheduleRecord,
     TaskSearch,
     TaskSearchResult,
+    UniqueHold,
+    UniqueHolds,
     WorkerInfo,
     WorkflowNodeInfo,
     WorkflowPage,
     WorkflowQuery,
     WorkflowRecord,
+    fair_depth,
     first_counted_minute,
     next_cursor,
     workflow_cursor,
@@ -50,6 +54,12 @@ BATCH = 500
 #: without a script that scans, which would block the server).
 SEARCH_SCAN = 10_000
 SEARCH_CHUNK = 250
+#: ``fair_partitions`` reads a queue's pending, held and active tasks in script calls of
+#: this many entries each, so that none holds the server long.
+PARTITION_SLICE = 500
+#: ``list_unique`` reads at most this many unique locks of a queue (in HSCAN steps), and
+#: says when it stopped before the end.
+UNIQUE_SCAN = 10_000
 #: Worker records expire after this long without a heartbeat (server time; garbage only).
 WORKER_TTL = 3600
 
@@ -290,7 +300,7 @@ class RedisAdmin:
         now = self._storage.clock.now()
         call: ScriptCall = (
             "admin_move",
-            self._task_keys(k, move.id),
+            [*self._task_keys(k, move.id), k.limits, k.limit_waiting],
             [now, move.expect.value, to, move.error or "", k.notify],
         )
         name, keys, args = self._storage.with_follow_ups(call, move.follow_ups, now)
@@ -523,16 +533,16 @@ class RedisAdmin:
             "delete_all",
             queue,
             "admin_delete_all",
-            lambda k: [k.by_state(state.value), k.unique],
-            lambda k: [""],
+            lambda k: [k.by_state(state.value), k.unique, k.limits, k.limit_waiting],
+            lambda k: ["", k.notify],
         )
         if state is TaskState.PENDING:  # and those held on a limit key (W13)
             deleted += await self._in_batches(
                 "delete_all",
                 queue,
                 "admin_delete_all",
-                lambda k: [k.held, k.unique],
-                lambda k: ["held"],
+                lambda k: [k.held, k.unique, k.limits, k.limit_waiting],
+                lambda k: ["held", k.notify],
             )
         return deleted
 
@@ -616,6 +626,64 @@ class RedisAdmin:
             )
         return bool(reply)
 
+    async def fair_partitions(self, queue: str, top: int = 20) -> FairDepth:
+        """The queue's fair limits (W22), counted slice by slice (one short script call
+        per :data:`PARTITION_SLICE` tasks): a picture taken over several moments."""
+        counts: dict[tuple[str, str], list[int]] = {}
+        async with self._storage.op("fair_partitions"):
+            await self._storage.ensure()
+            k = await self._known(queue)
+            for which, zset in (("pending", k.pending), ("held", k.held), ("active", k.active)):
+                first = 0
+                while True:
+                    reply: Any = await self._storage.eval(
+                        "fair_partitions", [zset], [which, first, PARTITION_SLICE]
+                    )
+                    for i in range(1, len(reply), 3):
+                        part = (_text(reply[i]), _text(reply[i + 1]))
+                        counts.setdefault(part, [0, 0])[which == "active"] += int(reply[i + 2])
+                    if int(reply[0]) < PARTITION_SLICE:
+                        break
+                    first += PARTITION_SLICE
+        return fair_depth(queue, counts, top)
+
+    async def list_unique(self, queue: str, limit: int = 50) -> UniqueHolds:
+        """Unique keys held now, soonest due first, with their tasks (E4): the locks of
+        the queue's unique hash, :data:`UNIQUE_SCAN` at most, sorted here."""
+        async with self._storage.op("list_unique"):
+            await self._storage.ensure()
+            k = await self._known(queue)
+            now = self._storage.clock.now()
+            held: dict[str, str] = {}
+            cursor, scanned = b"0", 0
+            while scanned < UNIQUE_SCAN:
+                cursor, flat = await self._storage.command("HSCAN", k.unique, cursor, "COUNT", 500)
+                for key, owner in pairs(flat).items():
+                    task_id, _, until = _text(owner).partition("|")
+                    scanned += 1
+                    if float(until) > now:
+                        held[key] = task_id
+                if cursor in (b"0", 0, "0"):
+                    break
+            complete = cursor in (b"0", 0, "0")
+            total = (
+                len(held)
+                if complete
+                else await self._storage.eval("unique_count", [k.unique], [repr(now)])
+            )
+            keys = list(held)
+            due = await self._storage.commands([("HGET", k.task(held[key]), "npa") for key in keys])
+            order = sorted(
+                (float(d or 0), held[key], key) for key, d in zip(keys, due, strict=True)
+            )[:limit]
+            tasks = await self._storage.commands([("HGETALL", k.task(t)) for _, t, _ in order])
+        holds = tuple(
+            UniqueHold(key, info)
+            for (_, _, key), row in zip(order, tasks, strict=True)
+            if (info := self._retained(queue, row)) is not None
+        )
+        return UniqueHolds(holds, int(total), complete, None if complete else scanned)
+
     async def list_workers(self) -> list[WorkerInfo]:
         """Workers whose last heartbeat (broker clock) is younger than ``WORKER_VISIBLE_FOR``."""
         async with self._storage.op("list_workers"):
@@ -683,3 +751,7 @@ def _schedule(raw: bytes | str) -> ScheduleRecord:
 def _pairs(reply: Any) -> dict[str, str]:
     """An HGETALL reply as ``{field: value}``, values as text."""
     return {k: bytes(v).decode() for k, v in pairs(reply or []).items()}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

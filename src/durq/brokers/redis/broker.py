@@ -17,7 +17,7 @@ from typing import Any, Self
 
 from redis import exceptions as rex
 
-from durq.brokers import dependencies
+from durq.brokers import dependencies, limiter
 from durq.brokers.batcher import enqueue_coalescer
 from durq.brokers.contract import (
     CAP_COMPLETE_AND_CLAIM,
@@ -512,7 +512,12 @@ class RedisBroker:
             leases = Claimed()
             self._take(queues, reply, leases)
             if leases:
-                await self._storage.eval_many([self._requeue_call(lease.ref) for lease in leases])
+                await self._storage.eval_many(
+                    [
+                        self._requeue_call(lease.ref, limiter.keeps(lease.task.limits))
+                        for lease in leases
+                    ]
+                )
         except Exception as exc:
             log.warning("tasks claimed as the worker stopped were not handed back: %s", exc)
 
@@ -747,6 +752,7 @@ class RedisBroker:
                     k.notify,
                     "1" if p.snooze else "0",
                     p.awaits or "",
+                    "1" if p.keep else "0",
                 ],
             )
         call: ScriptCall = (
@@ -939,18 +945,19 @@ class RedisBroker:
         task = self._storage.keys.queue(lease.queue).task(lease.id)
         return ("steps_record", [task], [lease.token, params.steps])
 
-    async def requeue(self, lease: LeaseRef) -> bool:
-        """Hand an active task back as pending without counting an attempt (W7)."""
+    async def requeue(self, lease: LeaseRef, keep: bool = False) -> bool:
+        """Hand an active task back as pending without counting an attempt (W7); ``keep``:
+        it keeps its sequences' keys (W25)."""
         async with self._storage.op("requeue"):
             await self._storage.ensure()
-            return bool(await self._storage.eval(*self._requeue_call(lease)))
+            return bool(await self._storage.eval(*self._requeue_call(lease, keep)))
 
-    def _requeue_call(self, lease: LeaseRef) -> ScriptCall:
+    def _requeue_call(self, lease: LeaseRef, keep: bool = False) -> ScriptCall:
         k = self._storage.keys.queue(lease.queue)
         return (
             "requeue",
             [k.task(lease.id), k.active, k.pending, k.limits, k.limit_waiting],
-            [lease.token, k.notify, self._storage.now_arg()],
+            [lease.token, k.notify, self._storage.now_arg(), "1" if keep else "0"],
         )
 
     # -- maintenance ----------------------------------------------------------------------

@@ -43,6 +43,7 @@ SCRIPT_NAMES = (
     "admin_move",
     "oldest_pending",
     "unique_count",
+    "fair_partitions",
     "admin_cancel",
     "admin_rewrite",
     "admin_run_all",

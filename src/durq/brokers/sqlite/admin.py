@@ -20,9 +20,10 @@ from durq.brokers.sqlfiles import (
     workflow_records,
 )
 from durq.brokers.sqlite.storage import STATEMENTS, Conn, SQLiteStorage, snapshot
-from durq.brokers.sqlrows import row_to_info
+from durq.brokers.sqlrows import fair_depth_of, row_to_info, unique_holds_of
 from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
+    FairDepth,
     GroupInfo,
     LimitStats,
     MinuteCounts,
@@ -30,6 +31,7 @@ from durq.brokers.views import (
     ScheduleRecord,
     TaskSearch,
     TaskSearchResult,
+    UniqueHolds,
     WorkerInfo,
     WorkflowPage,
     WorkflowQuery,
@@ -131,6 +133,27 @@ class SQLiteAdmin:
         if found:
             self._storage.notify([queue])
         return found
+
+    async def fair_partitions(self, queue: str, top: int = 20) -> FairDepth:
+        """The queue's fair limits (W22): templates and the ``top`` partitions."""
+
+        def run(conn: Conn) -> FairDepth:
+            self._require_queue(conn, queue)
+            rows = conn.execute(STATEMENTS["fair_partitions"], {"queue": queue, "top": top})
+            return fair_depth_of(queue, rows.fetchall())
+
+        return await self._storage.read("sqlite.fair_partitions", run)
+
+    async def list_unique(self, queue: str, limit: int = 50) -> UniqueHolds:
+        """Unique keys held now, soonest due first, with their tasks (E4)."""
+        now = self._storage.clock.now()
+
+        def run(conn: Conn) -> UniqueHolds:
+            self._require_queue(conn, queue)
+            params = {"queue": queue, "now": now, "limit": limit}
+            return unique_holds_of(conn.execute(STATEMENTS["list_unique"], params).fetchall())
+
+        return await self._storage.read("sqlite.list_unique", run)
 
     async def list_queues(self) -> list[QueueStats]:
         """Every known queue with its sizes and counters, by name."""
@@ -279,9 +302,15 @@ class SQLiteAdmin:
         query = f"{move.kind}_task"
 
         def body(conn: Conn, now: float, woken: set[str]) -> TaskInfo | None:
+            # W25: read before the move (the write lock is held), given back once it holds.
+            kept = []
+            if move.to is not TaskState.PENDING:
+                kept = self._storage.kept_limits(conn, move.queue, move.id, move.expect.value)
             row = conn.execute(STATEMENTS[query], {**params, "now": now}).fetchone()
             if row is None:
                 return None
+            if self._storage.give_back_kept(conn, move.queue, kept):
+                woken.add(move.queue)
             if move.to is None:
                 woken.update(self._storage.forget(conn, move.queue, move.id, "", now))
             if (move.to is None or move.to is TaskState.ARCHIVED) and row["dependents"]:
@@ -370,6 +399,9 @@ class SQLiteAdmin:
             self._require_queue(conn, queue)
             if to is None:
                 woken.update(self._storage.forget(conn, queue, None, state.value, now))
+                kept = self._storage.kept_limits(conn, queue, None, state.value)
+                if self._storage.give_back_kept(conn, queue, kept):
+                    woken.add(queue)  # W25: the keys they kept are free for held tasks
             if to is None and dependencies.unfinished(state):
                 lists = conn.execute(
                     STATEMENTS["dependents_in_state"], {"queue": queue, "state": state.value}

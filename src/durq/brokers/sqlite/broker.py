@@ -82,7 +82,7 @@ from durq.errors import (
 )
 from durq.progress import append_lines
 from durq.states import TaskState
-from durq.task import LimitSpec, TaskInfo, limits_from_json
+from durq.task import LimitSpec, TaskInfo, limits_from_json, limits_to_json
 
 
 class SQLiteBroker:
@@ -459,7 +459,9 @@ class SQLiteBroker:
                     break
                 if row["limits"] is None:
                     chosen.append(row["rowid"])
-                elif counters.admit(row["rowid"], limits_from_json(row["limits"])):
+                elif counters.admit(
+                    row["rowid"], limits_from_json(row["limits"]), bool(row["kept"])
+                ):
                     chosen.append(row["rowid"])
                     if row["fair_turn"] is not None:
                         counters.started(row["fair_template"], row["fair_turn"])
@@ -584,7 +586,13 @@ class SQLiteBroker:
         }
         if isinstance(p, RetryParams):
             due = now + max(0.0, p.delay)
-            values = {**fence, "next_process_at": due, "snooze": int(p.snooze), "awaits": p.awaits}
+            values = {
+                **fence,
+                "next_process_at": due,
+                "snooze": int(p.snooze),
+                "awaits": p.awaits,
+                "keep": int(p.keep),
+            }
             cursor = conn.execute(STATEMENTS["retry"], values)
             counted = not p.snooze
         else:
@@ -592,7 +600,8 @@ class SQLiteBroker:
                 STATEMENTS["archive"], {**fence, "count_attempt": int(p.count_attempt)}
             )
             counted = p.count_attempt
-        if not self._ended(conn, lease.queue, cursor, woken, now):
+        keep = isinstance(p, RetryParams) and p.keep
+        if not self._ended(conn, lease.queue, cursor, woken, now, keep):
             return False
         if isinstance(p, RetryParams) and (p.delay <= 0 or p.awaits is not None):
             woken.add(lease.queue)  # a wait whose signal came already is pending now
@@ -742,13 +751,19 @@ class SQLiteBroker:
             return []
         return await self._storage.write("sqlite.record_steps_many", run, inline=True)
 
-    async def requeue(self, lease: LeaseRef) -> bool:
-        """Back to pending without counting an attempt (graceful shutdown, W7)."""
-        ref = {"queue": lease.queue, "id": lease.id, "token": lease.token}
+    async def requeue(self, lease: LeaseRef, keep: bool = False) -> bool:
+        """Back to pending without counting an attempt (graceful shutdown, W7); ``keep``: it
+        keeps its sequences' keys (W25)."""
+        ref = {"queue": lease.queue, "id": lease.id, "token": lease.token, "keep": int(keep)}
         done = await self._storage.write_waking(
             "sqlite.requeue",
             lambda c, now, woken: self._ended(
-                c, lease.queue, c.execute(STATEMENTS["requeue"], {**ref, "now": now}), woken, now
+                c,
+                lease.queue,
+                c.execute(STATEMENTS["requeue"], {**ref, "now": now}),
+                woken,
+                now,
+                keep,
             ),
             inline=True,
         )
@@ -757,23 +772,28 @@ class SQLiteBroker:
         return done
 
     def _ended(
-        self, conn: Conn, queue: str, cursor: sqlite3.Cursor, woken: set[str], now: float
+        self,
+        conn: Conn,
+        queue: str,
+        cursor: sqlite3.Cursor,
+        woken: set[str],
+        now: float,
+        keep: bool = False,
     ) -> bool:
         """Whether a fenced move of an active task (``RETURNING limits``) held; if so, its
-        limit keys give their running slot back in the same transaction (W13), and a task
-        that finished (``RETURNING dependents`` too) counts its dependents down."""
+        limit keys give their running slot back in the same transaction (W13), but for its
+        sequences' when it ``keep`` s them (W25), and a task that finished (``RETURNING
+        dependents`` too) counts its dependents down."""
         rows = cursor.fetchall()
         if len(rows) != 1:
             return False
         if "dependents" in rows[0].keys() and rows[0]["dependents"] is not None:
             woken.update(self._storage.release_dependents(conn, [rows[0]["dependents"]], now))
         limits = rows[0]["limits"]
-        if limits is not None:
-            waiting = conn.execute(
-                STATEMENTS["release_limits"], {"queue": queue, "limits": limits}
-            ).fetchall()
-            if any(row["waiting"] for row in waiting):
-                woken.add(queue)  # a held task may be taken now
+        if limits is not None and keep:
+            limits = limits_to_json(limiter.given_back(limits_from_json(limits), keep))
+        if limits is not None and self._storage.give_back(conn, queue, limits):
+            woken.add(queue)  # a held task may be taken now
         return True
 
     # ------------------------------------------------------------------ maintenance
@@ -1020,10 +1040,11 @@ class _LimitCounters:
                 counter.waiting = False
                 self._dirty.add(row["key"])
 
-    def admit(self, rowid: int, specs: tuple[LimitSpec, ...]) -> bool:
-        """Count one start of a task with ``specs``, or hold it on its first full key."""
+    def admit(self, rowid: int, specs: tuple[LimitSpec, ...], kept: bool) -> bool:
+        """Count one start of a task with ``specs`` (``kept``: it holds its sequences' keys,
+        W25), or hold it on its first full key."""
         self._load([s.key for s in specs])
-        full = limiter.admit(specs, self._counters, self._now)
+        full = limiter.admit(specs, self._counters, self._now, kept)
         if full is not None:
             self._conn.execute(STATEMENTS["hold_task"], {"key": full, "rowid": rowid})
             self._dirty.add(full)

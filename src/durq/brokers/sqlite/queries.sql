@@ -109,7 +109,7 @@ SELECT EXISTS (
 -- priority, then due time, then enqueue order, with their limits: the claim leases those without limits and checks the others' counters.
 -- Runs inside BEGIN IMMEDIATE: no other connection can write between this read and the
 -- lease, so no task is handed out twice (W10) and no counter is read stale (W13).
-SELECT rowid, limits, fair_template, fair_turn FROM durq_tasks
+SELECT rowid, limits, fair_template, fair_turn, kept FROM durq_tasks
 WHERE queue = :queue AND state = 'pending' AND held_by IS NULL
 ORDER BY priority DESC, next_process_at, rowid
 LIMIT :limit;
@@ -117,7 +117,7 @@ LIMIT :limit;
 -- name: fair_candidates
 -- W22: the claimable tasks of one fair template in the order its partitions take turns:
 -- priority, then turn, then enqueue order (partial index durq_tasks_fair).
-SELECT rowid, limits, fair_template, fair_turn FROM durq_tasks INDEXED BY durq_tasks_fair
+SELECT rowid, limits, fair_template, fair_turn, kept FROM durq_tasks INDEXED BY durq_tasks_fair
 WHERE queue = :queue AND fair_template = :template AND state = 'pending' AND held_by IS NULL
 ORDER BY priority DESC, fair_turn, rowid
 LIMIT :limit;
@@ -210,7 +210,7 @@ RETURNING cancel_requested;
 UPDATE durq_tasks
 SET state = 'completed', completed_at = :now, result = :result, retention = :retention,
     expires_at = :now + :retention, lease_token = NULL, lease_expires_at = NULL,
-    unique_key = NULL, unique_until = NULL, cancel_requested = 0
+    unique_key = NULL, unique_until = NULL, cancel_requested = 0, kept = 0
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
 RETURNING limits, dependents;
 
@@ -224,7 +224,7 @@ RETURNING limits, dependents;
 -- in expired_leases). The delay counts on this machine: relative_due.
 -- :snooze 1 (durq.Snooze): scheduled instead, no attempt counted, the error kept.
 -- :awaits (a snooze that waits for that signal): waiting, or pending now if the signal is
--- stored already.
+-- stored already. :keep 1: the task keeps its sequences' keys (W25).
 UPDATE durq_tasks
 SET state = CASE WHEN :awaits IS NOT NULL AND json_type(signals, '$."' || :awaits || '"')
                       IS NOT NULL THEN 'pending'
@@ -235,7 +235,7 @@ SET state = CASE WHEN :awaits IS NOT NULL AND json_type(signals, '$."' || :await
     traceback = CASE WHEN :snooze THEN traceback ELSE :traceback END,
     next_process_at = CASE WHEN :awaits IS NOT NULL AND json_type(signals, '$."' || :awaits
                                 || '"') IS NOT NULL THEN :now ELSE :next_process_at END,
-    relative_due = 1, awaits = :awaits,
+    relative_due = 1, awaits = :awaits, kept = :keep,
     lease_token = NULL, lease_expires_at = NULL, cancel_requested = 0
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
   AND (:expired_by IS NULL
@@ -247,7 +247,7 @@ RETURNING limits;
 UPDATE durq_tasks
 SET state = 'archived', retried = retried + :count_attempt, lost = lost + :lost,
     last_error = :error, traceback = :traceback, lease_token = NULL, lease_expires_at = NULL, unique_key = NULL,
-    expires_at = :now,
+    expires_at = :now, kept = 0,
     unique_until = NULL, cancel_requested = 0
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
   AND (:expired_by IS NULL
@@ -325,10 +325,11 @@ UPDATE durq_tasks SET steps = :steps
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token;
 
 -- name: requeue
--- Graceful shutdown (W7): back to pending, due now, without counting an attempt.
+-- Graceful shutdown (W7): back to pending, due now, without counting an attempt; :keep 1:
+-- it keeps its sequences' keys (W25).
 UPDATE durq_tasks
 SET state = 'pending', next_process_at = :now, lease_token = NULL, lease_expires_at = NULL,
-    cancel_requested = 0
+    cancel_requested = 0, kept = :keep
 WHERE queue = :queue AND id = :id AND state = 'active' AND lease_token = :token
 RETURNING limits;
 
@@ -495,7 +496,7 @@ RETURNING *;
 -- name: archive_task
 UPDATE durq_tasks
 SET state = 'archived', last_error = coalesce(:error, last_error),
-    unique_key = NULL, unique_until = NULL, held_by = NULL, expires_at = :now
+    unique_key = NULL, unique_until = NULL, held_by = NULL, expires_at = :now, kept = 0
 WHERE queue = :queue AND id = :id AND state = :expect
 RETURNING *;
 
@@ -524,6 +525,12 @@ UPDATE durq_tasks
 SET state = 'pending', next_process_at = :now, lost = 0, cancel_requested = 0, held_by = NULL,
     dependents = CASE WHEN state = 'archived' THEN NULL ELSE dependents END
 WHERE queue = :queue AND state = :state;
+
+-- name: kept_limits
+-- W25: the limits of the tasks an inspector's archive or delete takes that kept their
+-- sequences' keys (before the move, in its transaction): their slots come back.
+SELECT limits FROM durq_tasks
+WHERE queue = :queue AND (:id IS NULL OR id = :id) AND state = :state AND kept;
 
 -- name: delete_all
 DELETE FROM durq_tasks WHERE queue = :queue AND state = :state;
@@ -670,6 +677,36 @@ UPDATE durq_limits
 SET override_concurrency = NULL, override_rate = NULL, override_per = NULL
 WHERE queue = :queue AND key = :key
   AND (override_concurrency IS NOT NULL OR override_rate IS NOT NULL);
+
+-- name: fair_partitions
+-- W22: per partition of the queue's fair limits (template, resolved key), tasks waiting
+-- (pending, held ones too) and running: the :top with the most tasks, then each template's
+-- totals (key NULL). One pass over the queue's pending and active rows (durq_tasks_state).
+WITH parts AS (
+    SELECT fair_template AS template, json_extract(limits, '$[0][0]') AS key,
+           sum(state = 'pending') AS pending, sum(state = 'active') AS running
+    FROM durq_tasks
+    WHERE queue = :queue AND state IN ('pending', 'active') AND fair_template IS NOT NULL
+    GROUP BY 1, 2
+)
+SELECT * FROM (
+    SELECT template, key, pending, running, 1 AS partitions FROM parts
+    ORDER BY pending + running DESC, template, key LIMIT :top
+)
+UNION ALL
+SELECT template, NULL, sum(pending), sum(running), count(*) FROM parts GROUP BY template;
+
+-- name: list_unique
+-- Unique keys (E4) the queue's tasks hold now, soonest due first, and how many in all (the
+-- count reads only the key index's rows; a window count would read every row whole).
+SELECT t.*, (SELECT count(*) FROM durq_tasks
+             WHERE unique_key IS NOT NULL AND queue = :queue
+               AND (unique_until IS NULL OR unique_until > :now)) AS held
+FROM durq_tasks AS t
+WHERE t.unique_key IS NOT NULL AND t.queue = :queue
+  AND (t.unique_until IS NULL OR t.unique_until > :now)
+ORDER BY t.next_process_at, t.id
+LIMIT :limit;
 
 -- name: list_schedules
 SELECT * FROM durq_schedules ORDER BY name;

@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from durq import ranges
-from durq.brokers import dependencies, mailbox, sqlfiles
+from durq.brokers import dependencies, limiter, mailbox, sqlfiles
 from durq.brokers.base import (
     EnqueueParams,
     GroupParams,
@@ -51,7 +51,7 @@ from durq.errors import (
     TaskIDConflictError,
 )
 from durq.states import TaskState
-from durq.task import TaskInfo, fair_spec, limits_to_json
+from durq.task import TaskInfo, fair_spec, limits_from_json, limits_to_json
 
 T = TypeVar("T")
 Conn = sqlite3.Connection
@@ -567,6 +567,29 @@ class SQLiteStorage:
             if dependencies.unfinished(r["state"])
         }
         return [k for k in after if k in found]
+
+    def give_back(self, conn: Exec, queue: str, limits: str) -> bool:
+        """The keys of ``limits`` (a task's stored limits) get their units back (W13, W24);
+        whether tasks are held on one of them (the queue's workers should look again)."""
+        rows = conn.execute(STATEMENTS["release_limits"], {"queue": queue, "limits": limits})
+        return any(row["waiting"] for row in rows.fetchall())
+
+    def kept_limits(self, conn: Exec, queue: str, task_id: str | None, state: str) -> list[str]:
+        """W25, read before the inspector archives or deletes the task ``task_id`` (``None``:
+        every task of ``state``; the write lock is held): the stored limits of those that
+        kept their sequences' keys."""
+        values = {"queue": queue, "id": task_id, "state": state}
+        return [row[0] for row in conn.execute(STATEMENTS["kept_limits"], values).fetchall()]
+
+    def give_back_kept(self, conn: Exec, queue: str, lists: Iterable[str]) -> bool:
+        """W25: the tasks of ``lists`` (:meth:`kept_limits`) left without finishing an
+        attempt: their sequences' slots come back; whether tasks are held on one of them."""
+        wake = False
+        for raw in lists:
+            kept = limits_to_json(limiter.kept_back(limits_from_json(raw)))
+            if kept is not None and self.give_back(conn, queue, kept):
+                wake = True
+        return wake
 
     def release_dependents(self, conn: Exec, lists: Iterable[str | None], now: float) -> set[str]:
         """Tasks whose ``dependents`` are given finished (or were deleted unfinished): count

@@ -558,7 +558,8 @@ local FRESH_AGE = 2 * 86400 * 366
 -- limit's own (limiter.in_force); `s` is a task's limit or the counter itself.
 local function in_force(s, c)
   local conc, rate, per = s.conc, s.rate, s.per
-  if c.oconc then conc = c.oconc end
+  -- W25: a sequence runs one at a time; an override may pause it, not widen it.
+  if c.oconc and not (s.seq and conc and conc < c.oconc) then conc = c.oconc end
   if c.orate then rate, per = c.orate, c.oper end
   return conc, rate, per
 end
@@ -610,34 +611,55 @@ local function next_room_at(c, now)
   return now + (need - tokens) * per / rate
 end
 
--- One limit of a task, from its JSON [key, concurrency, rate, per, template, cost]
--- (cjson.null -> nil; cost 1 when absent).
+-- One limit of a task, from its JSON [key, concurrency, rate, per, template, cost,
+-- sequence] (cjson.null -> nil; cost 1 and no sequence when absent).
 local function spec_of(item)
   local function v(x) if x == cjson.null then return nil end return x end
   return {key = item[1], conc = v(item[2]), rate = v(item[3]), per = v(item[4]),
-    cost = v(item[6]) or 1}
+    cost = v(item[6]) or 1, seq = item[7] == 1}
 end
 
--- An attempt of the task ended: each of its keys gets its cost back. Returns whether
--- tasks are held on one of them (the caller wakes the queue's workers).
-local function release_limits(task_key, limits_hash, waiting_set)
+-- An attempt of the task ended: each of its keys gets its cost back. W25: with which
+-- "keep" (an end that is not final, decided by the caller's broker), its sequences' keys
+-- stay counted and the task is marked as holding them (field "K"); with "kept", only those
+-- are given back (the task leaves without running). Returns whether tasks are held on one
+-- of the keys given back (the caller wakes the queue's workers).
+local function release_limits(task_key, limits_hash, waiting_set, which)
   local raw = redis.call('HGET', task_key, 'L')
   if not raw then
     return false
   end
-  local wake = false
+  local wake, kept = false, false
   for _, item in ipairs(cjson.decode(raw)) do
-    local key = item[1]
-    local c = load_counter(limits_hash, key)
-    if c then
-      c.running = math.max(0, c.running - spec_of(item).cost)
-      save_counter(limits_hash, key, c)
-    end
-    if redis.call('SISMEMBER', waiting_set, key) == 1 then
-      wake = true
+    local s = spec_of(item)
+    if which == 'keep' and s.seq then
+      kept = true
+    elseif which ~= 'kept' or s.seq then
+      local c = load_counter(limits_hash, s.key)
+      if c then
+        c.running = math.max(0, c.running - s.cost)
+        save_counter(limits_hash, s.key, c)
+      end
+      if redis.call('SISMEMBER', waiting_set, s.key) == 1 then
+        wake = true
+      end
     end
   end
+  if kept then
+    redis.call('HSET', task_key, 'K', '1')
+  else
+    redis.call('HDEL', task_key, 'K')
+  end
   return wake
+end
+
+-- W25: a task leaving without running (the inspector's archive, cancel or delete) gives
+-- back the sequences' keys it kept, if it kept them. Returns whether to wake the workers.
+local function give_back_kept(task_key, limits_hash, waiting_set)
+  if redis.call('HEXISTS', task_key, 'K') == 0 then
+    return false
+  end
+  return release_limits(task_key, limits_hash, waiting_set, 'kept')
 end
 
 -- The held zset ("P:{Q}:held", every score 0) orders each limit key's tasks as a claim takes

@@ -4,10 +4,12 @@
 -- KEYS[1] task hash   KEYS[2] pending   KEYS[3] scheduled   KEYS[4] retry
 -- KEYS[5] active      KEYS[6] completed KEYS[7] archived    KEYS[8] unique hash
 -- KEYS[9] held zset (W13: a held pending task leaves it too)
+-- KEYS[10] limits hash   KEYS[11] waiting set (W25: an archived or deleted task gives back
+--          the sequences' keys it kept; the workers are woken if tasks are held on them)
 -- ARGV[1] now         ARGV[2] expected state (the fence)
 -- ARGV[3] to: "pending" (due now, wakes workers) | "archived" | "deleted"
 -- ARGV[4] last_error to set ("" keeps the current one)      ARGV[5] wake-up channel
--- Then, per follow-up i = 0, 1, ...: KEYS[10+6i .. 15+6i] and ARGV[6+17i .. 22+17i] as KEYS
+-- Then, per follow-up i = 0, 1, ...: KEYS[12+6i .. 17+6i] and ARGV[6+17i .. 22+17i] as KEYS
 -- and ARGV of enqueue.lua.
 -- Last two ARGV: a group member's final state when archived ("" for none) and its entry.
 -- An unfinished group member that is deleted finishes as deleted; tasks waiting for an
@@ -28,6 +30,9 @@ if cur[1] == 'waiting' then  -- a wait for a signal is also indexed by its end
 end
 unhold(KEYS[1], KEYS[9], cur[2])
 local to = ARGV[3]
+if to ~= 'pending' and give_back_kept(KEYS[1], KEYS[10], KEYS[11]) then
+  wake_workers(ARGV[5])
+end
 if to == 'deleted' then
   local before = redis.call('HGETALL', KEYS[1])
   forget_member(KEYS[1], ARGV[1])
@@ -51,7 +56,7 @@ else
     redis.call('HSET', KEYS[1], 'last_error', ARGV[4])
   end
   redis.call('ZADD', KEYS[7], ARGV[1], cur[2])
-  enqueue_follow_ups(9, 5)
+  enqueue_follow_ups(11, 5)
   if ARGV[#ARGV - 1] ~= '' then
     finish_member(KEYS[1], ARGV[#ARGV - 1], ARGV[#ARGV], ARGV[1])
   end

@@ -111,8 +111,9 @@ local function claim_queue(o, prefix, want, out)
     while i <= #popped and #out < want do
       local m = popped[i]
       local key = prefix .. member_id(m)
-      -- One call: exists, its limits, and (W22) its fair template, turn and priority.
-      local cur = popped_at[m] and redis.call('HMGET', key, 'state', 'L', 'fg', 'ft', 'prio')
+      -- One call: exists, its limits, (W22) its fair template, turn and priority, and
+      -- (W25) whether it holds its sequences' keys already.
+      local cur = popped_at[m] and redis.call('HMGET', key, 'state', 'L', 'fg', 'ft', 'prio', 'K')
       if cur and cur[1] and cur[3] then
         -- A fair task: its template's first turn goes in its place; it stays first. Its own
         -- entry is missing if it became pending by a way that adds none: then it goes in
@@ -127,7 +128,7 @@ local function claim_queue(o, prefix, want, out)
         end
         if pick ~= m then
           m, key = pick, prefix .. member_id(pick)
-          cur = redis.call('HMGET', key, 'state', 'L', 'fg', 'ft', 'prio')
+          cur = redis.call('HMGET', key, 'state', 'L', 'fg', 'ft', 'prio', 'K')
         else
           i = i + 2
         end
@@ -147,6 +148,7 @@ local function claim_queue(o, prefix, want, out)
         local raw = cur[2]
         local full, full_cost = nil, 1
         local specs = {}
+        local kept = cur[6] == '1'
         if raw then
           for _, item in ipairs(cjson.decode(raw)) do
             local s = spec_of(item)
@@ -155,7 +157,9 @@ local function claim_queue(o, prefix, want, out)
               local c = counter(s.key)
               if c then
                 local conc, rate, per = in_force(s, c)  -- W23: the override's parts win
-                if conc and c.running + s.cost > conc then full = s.key end
+                if conc and not (kept and s.seq) and c.running + s.cost > conc then
+                  full = s.key
+                end
                 local tokens = rate and bucket_at(c, t, rate, per)
                 if tokens and tokens < s.cost - 1e-9 then full = s.key end
                 if full then full_cost = s.cost end
@@ -191,7 +195,9 @@ local function claim_queue(o, prefix, want, out)
               c.at = t
             end
             c.conc, c.rate, c.per = s.conc, s.rate, s.per
-            c.running = c.running + s.cost
+            if not (kept and s.seq) then  -- W25: a slot it kept is counted already
+              c.running = c.running + s.cost
+            end
             dirty[s.key] = true
           end
           if cur[3] then  -- W22: the template's round is at least this turn

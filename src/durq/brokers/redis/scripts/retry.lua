@@ -22,6 +22,7 @@
 -- KEYS[9] pending zset: a snooze waiting for a signal the task holds already (field
 --         "sg:<name>", see signal.lua) is pending now instead, its workers woken (ARGV[11])
 -- KEYS[10] waiting zset  KEYS[11] awaiting zset (waits for a signal, by their end)
+-- ARGV[14] "1": the task keeps its sequences' keys (W25, see release_limits)
 -- Returns 1, or 0 (nothing changed) when the fence fails.
 -- Complexity: O(log n).
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'm', 'lease_expires_at', 'prio')
@@ -41,7 +42,7 @@ if ready then
   npa = now
 end
 redis.call('ZREM', KEYS[2], cur[3])
-if release_limits(KEYS[1], KEYS[7], KEYS[8]) then
+if release_limits(KEYS[1], KEYS[7], KEYS[8], ARGV[14] == '1' and 'keep' or nil) then
   wake_workers(ARGV[11])
 end
 if ARGV[5] == '1' then
