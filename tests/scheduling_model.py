@@ -6,8 +6,8 @@ order (W8: queues in the order a worker takes them, then priority, due time, enq
 order), delays and due times (E2), one task per id (E3), uniqueness by content (E4), leases
 and fencing (W1), retries (W4), rescue of expired leases, the inspector's moves (I3),
 pausing (I4), per-key flow control with held tasks (W13), fair keys that take turns
-(W22) and strict sequences that a task keeps until it finishes (W25), continuations and
-group fan-in,
+(W22), strict sequences that a task keeps until it finishes (W25) and an operator's
+overrides of a key's limit (W23), continuations and group fan-in,
 tasks that wait for others (W15), signals and the waits they end (W19), and retention of
 completed and archived tasks (E5) — and nothing about how a broker stores them.
 
@@ -44,6 +44,8 @@ LEASE_EXPIRED = "lease expired"
 WORKER_LOST = "worker lost"
 CANCELLED = "cancelled"
 
+#: The tokens of a key no task has started (see :meth:`Model.limit_stats`).
+UNSEEN = "unseen"
 #: A limit as a task stores it: (concurrency, rate, per, cost, sequence); ``None`` where it
 #: has no such part. W24: one attempt takes ``cost`` units of the key's slots and tokens.
 #: W25: a sequence's key stays the task's from its first start until it finishes.
@@ -142,9 +144,10 @@ class Group:
 @dataclass
 class Counter:
     """One flow-control key of one queue (W13), as ``durq.brokers.limiter`` states it: the
-    running attempts, a token bucket, the last limit a started task carried, and whether
-    some task may be held on it (cleared when letting tasks back finds none left), and the
-    largest cost of the tasks held on it since it last had none (W24)."""
+    running attempts, a token bucket, the last limit a started task carried, whether some
+    task may be held on it (cleared when letting tasks back finds none left), the largest
+    cost of the tasks held on it since it last had none (W24), and an operator's override
+    (W23): its concurrency and its rate, each ``None`` when not set."""
 
     running: int = 0
     concurrency: int | None = None
@@ -154,20 +157,42 @@ class Counter:
     refilled_at: float = 0.0
     waiting: bool = False
     need: int = 1
+    override_concurrency: int | None = None
+    override_rate: tuple[int, float] | None = None
+    #: A task of the key has started: the key's own limit is known (W23: an override may
+    #: make the counter of a key whose tasks a broker has only looked at, each broker
+    #: keeping the limit of the one it saw first, or none).
+    started: bool = False
+
+    def in_force(
+        self, concurrency: int | None, rate: int | None, per: float | None
+    ) -> tuple[int | None, int | None, float | None]:
+        """W23: a limit as claims apply it: each part the override sets replaces its own."""
+        if self.override_concurrency is not None:
+            concurrency = self.override_concurrency
+        if self.override_rate is not None:
+            rate, per = self.override_rate
+        return concurrency, rate, per
+
+    def limit(self) -> tuple[int | None, int | None, float | None]:
+        """The key's limit in force: the override's parts, else the last task's."""
+        return self.in_force(self.concurrency, self.rate, self.per)
 
     def tokens_at(self, now: float, rate: int | None = None, per: float | None = None) -> float:
-        """Up to ``rate`` tokens, refilled at ``rate / per`` a second (the key's last rate
-        unless a task's own is given); unbounded without a rate."""
+        """Up to ``rate`` tokens, refilled at ``rate / per`` a second (the key's rate in
+        force unless a task's own is given); unbounded without a rate."""
         if rate is None or per is None:
-            rate, per = self.rate, self.per
+            _, rate, per = self.limit()
         if rate is None or per is None:
             return math.inf
         return min(float(rate), self.tokens + max(0.0, now - self.refilled_at) * rate / per)
 
     def room(self, now: float) -> int:
-        """How many held tasks may come back: judged by the key's last limit, none until
-        the units its held tasks need are free (W24)."""
-        room = math.inf if self.concurrency is None else self.concurrency - self.running
+        """How many held tasks may come back: judged by the key's limit in force (the
+        override's parts, else the last task's), none until the units its held tasks need
+        are free (W24)."""
+        concurrency, _, _ = self.limit()
+        room = math.inf if concurrency is None else concurrency - self.running
         tokens = self.tokens_at(now)
         if tokens != math.inf:
             room = min(room, math.floor(tokens + 1e-9))
@@ -175,21 +200,26 @@ class Counter:
         return room if room >= self.needed() else 0
 
     def needed(self) -> int:
-        """The units held tasks wait for, at most what the key's last limit holds."""
+        """The units held tasks wait for, at most what the key's limit in force holds."""
         if not self.waiting:
             return 1
-        return max(1, min(self.need, self.concurrency or self.need, self.rate or self.need))
+        need = self.need
+        for part in self.limit()[:2]:
+            if part is not None:
+                need = min(need, part)
+        return max(1, need)
 
     def next_room_at(self, now: float) -> float | None:
         """When the tokens its held tasks need come, if only the bucket holds the key back
         (``None``: a running attempt must end first)."""
         need = self.needed()
-        if self.concurrency is not None and self.running + need > self.concurrency:
+        concurrency, rate, per = self.limit()
+        if concurrency is not None and self.running + need > concurrency:
             return None
-        if self.rate is None or self.per is None:
+        if rate is None or per is None:
             return None
         missing = need - self.tokens_at(now)
-        return now if missing <= 0 else now + missing * self.per / self.rate
+        return now if missing <= 0 else now + missing * per / rate
 
 
 def queue_order(weights: dict[str, int], strict: bool) -> list[str] | None:
@@ -267,16 +297,26 @@ class Model:
             state = "due"
         return (state, task.retried, task.lost, task.held)
 
-    def limit_stats(self, queue: str) -> dict[str, tuple[int, float | None, int, int]]:
-        """Keys a claim started or held a task on: (running, tokens, held tasks, lingering
-        tasks that a broker may still count held)."""
+    def limit_stats(
+        self, queue: str
+    ) -> dict[str, tuple[int, float | str | None, int, int, tuple[object, ...]]]:
+        """Keys a claim started or held a task on, or an override was set on: (running,
+        tokens, held tasks, lingering tasks that a broker may still count held, the
+        override's concurrency and rate). Tokens are :data:`UNSEEN` while no task of the
+        key has started and no override sets its rate: whether it shows a rate then is
+        the broker's."""
         mine = [t for t in self.tasks.values() if t.queue == queue]
         return {
             key: (
                 c.running,
-                None if c.rate is None else c.tokens_at(self.now),
+                UNSEEN
+                if not c.started and c.override_rate is None
+                else None
+                if c.limit()[1] is None
+                else c.tokens_at(self.now),
                 sum(1 for t in mine if t.held == key),
                 sum(1 for t in mine if t.lingering == key and t.state in CLAIMABLE),
+                (c.override_concurrency, c.override_rate),
             )
             for (q, key), c in sorted(self.counters.items())
             if q == queue
@@ -509,12 +549,17 @@ class Model:
         return taken
 
     def _blocking(self, task: Task) -> str | None:
-        """W13: the first key of the task without room by the task's own limit: ``cost``
-        free slots (W24) and as many tokens in the key's bucket."""
-        for key, (concurrency, rate, per, cost, sequence) in task.limits.items():
+        """W13: the first key of the task without room by the task's own limit (W23: each
+        part the key's override sets instead; a sequence's one at a time may be paused by
+        it, not widened): ``cost`` free slots (W24) and as many tokens in the key's
+        bucket."""
+        for key, (own, rate, per, cost, sequence) in task.limits.items():
             counter = self.counters.get((task.queue, key))
             if counter is None:
                 continue  # a key no claim started: nothing runs, the bucket is full
+            concurrency, rate, per = counter.in_force(own, rate, per)
+            if sequence and own is not None and concurrency is not None:
+                concurrency = min(concurrency, own)
             holds = task.kept and sequence  # W25: its slot is counted already
             if concurrency is not None and not holds and counter.running + cost > concurrency:
                 return key
@@ -523,23 +568,23 @@ class Model:
         return None
 
     def _take(self, queue: str, key: str, spec: Spec, kept: bool) -> None:
-        """Count one start: ``cost`` running units and tokens; the key keeps the task's
-        limit. A sequence's slot the task kept is counted already (W25)."""
+        """Count one start: ``cost`` running units, and as many tokens at the rate in
+        force; the key keeps the task's own limit (what a reset of an override goes back
+        to). A sequence's slot the task kept is counted already (W25)."""
         concurrency, rate, per, cost, sequence = spec
         counter = self.counters.get((queue, key))
-        if counter is None:  # a full bucket at first
-            counter = self.counters[(queue, key)] = Counter(
-                tokens=float(rate or 0), refilled_at=self.now
-            )
-        counter.concurrency = concurrency
-        if rate is not None and per is not None:
-            counter.tokens = counter.tokens_at(self.now, rate, per) - cost
-            counter.rate, counter.per = rate, per
+        if counter is None:  # a bucket full at whatever rate applies first
+            counter = self.counters[(queue, key)] = Counter(refilled_at=-math.inf)
+        _, rate_now, per_now = counter.in_force(concurrency, rate, per)
+        if rate_now is not None and per_now is not None:
+            counter.tokens = counter.tokens_at(self.now, rate_now, per_now) - cost
             counter.refilled_at = self.now
-        else:
+        counter.concurrency, counter.rate, counter.per = concurrency, rate, per
+        if rate is None or per is None:
             counter.rate = counter.per = None
         if not (kept and sequence):
             counter.running += cost
+        counter.started = True
 
     def _let_back(self, queue: str) -> None:
         """Held tasks of a key with room rejoin the claimable set, in claim order, as many
@@ -837,6 +882,38 @@ class Model:
             task.cancel_requested = True
         else:
             raise Refused("invalid state")
+
+    def set_limit(
+        self,
+        queue: str,
+        key: str,
+        concurrency: int | None,
+        rate: tuple[int, float] | None,
+        known: bool = False,
+    ) -> None:
+        """W23: an operator's limit for one key of a known queue, winning over every task's
+        own until reset (a part left ``None`` keeps the tasks'). A key no claim counted
+        gets a counter: nothing running, a bucket full at whatever rate applies first. A
+        queue only a group named is known if the broker says so (``known``), as for
+        :meth:`pause`."""
+        if known and queue in self.named:
+            self.queues.add(queue)
+        if queue not in self.queues:
+            raise Refused("no queue")
+        counter = self.counters.get((queue, key))
+        if counter is None:
+            counter = self.counters[(queue, key)] = Counter(refilled_at=-math.inf)
+        counter.override_concurrency, counter.override_rate = concurrency, rate
+
+    def reset_limit(self, queue: str, key: str) -> bool:
+        """W23: the tasks' own limit applies again; whether an override was set."""
+        counter = self.counters.get((queue, key))
+        if counter is None or (
+            counter.override_concurrency is None and counter.override_rate is None
+        ):
+            return False
+        counter.override_concurrency = counter.override_rate = None
+        return True
 
     def pause(self, queue: str, paused: bool, known: bool = False) -> None:
         """I4: a paused queue hands out nothing and still takes enqueues. A queue exists

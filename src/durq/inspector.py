@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
-from durq import groups, lifecycle, workflows
+from durq import groups, lifecycle, limits, workflows
 from durq.brokers.views import (
     PARTITIONS_TOP_MAX,
     UNIQUE_PAGE_MAX,
@@ -321,6 +321,37 @@ class Inspector:
     async def unpause_queue(self, queue: str) -> None:
         """Resume a paused queue."""
         await (await self._admin()).unpause_queue(check_queue(queue))
+
+    async def set_limit(
+        self,
+        queue: str,
+        key: str,
+        *,
+        concurrency: int | None = None,
+        rate: str | tuple[int, float] | None = None,
+    ) -> LimitStats:
+        """Override one flow-control key's limit at run time, without a deploy: the
+        concurrency (0 starts none of the key: a pause of one partner or tenant) and/or the
+        rate (``"10/s"``, as :class:`durq.Limit` takes it) win over the limit every task of
+        the key carries until :meth:`reset_limit`; a part not given keeps the tasks'. Each
+        call replaces the key's override as a whole. Every worker applies it at its next
+        claim (idle ones are woken); running tasks are not touched. The key need not have
+        been counted yet. Returns the key as :meth:`list_limits` shows it. ValidationError
+        for a bad value, QueueNotFoundError for an unknown queue."""
+        change = limits.override(check_queue(queue), key, concurrency, rate)
+        await (await self._admin()).set_limit(change)
+        return await self._limit_of(change.queue, change.key)
+
+    async def reset_limit(self, queue: str, key: str) -> bool:
+        """Remove a key's override: the limit its tasks carry applies again from the next
+        claim (held tasks come back as it allows). Whether there was an override."""
+        name, key = check_queue(queue), limits.check_key(key)
+        return await (await self._admin()).reset_limit(name, key)
+
+    async def _limit_of(self, queue: str, key: str) -> LimitStats:
+        found = [s for s in await (await self._admin()).list_limits(queue) if s.key == key]
+        # Counters are kept once made; a store emptied meanwhile shows the key unset.
+        return found[0] if found else LimitStats(queue, key, 0, None, None, None, None, 0)
 
     async def minute_counts(self, queue: str | None, since: float) -> list[MinuteCounts]:
         """Tasks processed and failed per minute since ``since`` (epoch seconds), of one

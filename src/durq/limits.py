@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from durq.brokers.params import LimitOverride
 from durq.errors import ValidationError
 from durq.task import MAX_RATE_PER, LimitSpec
 
@@ -55,6 +56,25 @@ def format_rate(rate: int | None, per: float | None) -> str:
     if per >= 1:
         return f"{rate}/{per:g}s"
     return f"{rate}/{per * 1000:g}ms"
+
+
+def _check_concurrency(value: object, lowest: int, what: str) -> None:
+    """``None``, or an integer from ``lowest`` to 10^6; ValidationError naming ``what``."""
+    if value is not None and (
+        not isinstance(value, int) or isinstance(value, bool) or not lowest <= value <= 10**6
+    ):
+        raise ValidationError(f"{what} is an integer from {lowest} to 10^6, got {value!r}")
+
+
+def format_limit(
+    concurrency: int | None, rate: int | None, per: float | None, none: str = "-"
+) -> str:
+    """A key's limit in one short text: ``"3"`` at most at once, ``"10/s"``, or both
+    (``"3, 10/s"``); ``none`` when it has neither."""
+    parts = [] if concurrency is None else [str(concurrency)]
+    if rate is not None and per is not None:
+        parts.append(format_rate(rate, per))
+    return ", ".join(parts) or none
 
 
 @dataclass(frozen=True)
@@ -124,15 +144,7 @@ class Limit:
             object.__setattr__(self, "concurrency", 1)
         if self.concurrency is None and self.rate is None:
             raise ValidationError(f"limit {self.key!r} needs concurrency=, rate= or both")
-        if self.concurrency is not None and (
-            not isinstance(self.concurrency, int)
-            or isinstance(self.concurrency, bool)
-            or not 1 <= self.concurrency <= 10**6
-        ):
-            raise ValidationError(
-                f"limit {self.key!r}: concurrency is an integer from 1 to 10^6, "
-                f"got {self.concurrency!r}"
-            )
+        _check_concurrency(self.concurrency, 1, f"limit {self.key!r}: concurrency")
         if self.rate is not None:
             parse_rate(self.rate)
         if not isinstance(self.fair, bool):
@@ -191,10 +203,7 @@ class Limit:
                     )
                 values[name] = str(value)
             key = key.format(**values)
-        if not key or len(key) > MAX_KEY or not key.isprintable():
-            raise ValidationError(
-                f"a limit key is 1-{MAX_KEY} printable characters, got {key!r:.60}"
-            )
+        check_key(key)
         rate = per = None
         if self.rate is not None:
             rate, per = parse_rate(self.rate)
@@ -216,6 +225,33 @@ class Limit:
             self._check_cost(cost),
             self.sequence,
         )
+
+
+def check_key(key: object) -> str:
+    """A resolved limit key (``"partner:acme"``) as the brokers count it: 1 to
+    :data:`MAX_KEY` printable characters; ValidationError otherwise."""
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY or not key.isprintable():
+        raise ValidationError(f"a limit key is 1-{MAX_KEY} printable characters, got {key!r:.60}")
+    return key
+
+
+def override(
+    queue: str,
+    key: str,
+    concurrency: int | None = None,
+    rate: str | tuple[int, float] | None = None,
+) -> LimitOverride:
+    """An operator's override of one key's limit (W23), validated: ``concurrency`` 0 to
+    10^6 (0 starts none of the key), ``rate`` as :class:`Limit` takes it, at least one;
+    a part left ``None`` keeps the limit the key's tasks carry."""
+    key = check_key(key)
+    if concurrency is None and rate is None:
+        raise ValidationError(f"an override of {key!r} needs a concurrency, a rate or both")
+    _check_concurrency(concurrency, 0, "an override's concurrency")
+    count = per = None
+    if rate is not None:
+        count, per = parse_rate(rate)
+    return LimitOverride(queue, key, concurrency, count, per)
 
 
 LimitOption = Limit | Iterable[Limit] | None
@@ -259,6 +295,9 @@ __all__ = [
     "Limit",
     "LimitOption",
     "as_limits",
+    "check_key",
+    "format_limit",
     "format_rate",
+    "override",
     "parse_rate",
 ]

@@ -321,6 +321,52 @@ def test_limit_ls_shows_running_waiting_and_tokens(cli: Cli) -> None:
     assert_one_line_error(cli("limit", "ls", "--queue", "bad queue"), 2, "queue")
 
 
+def test_W23_limit_set_and_reset_an_override(cli: Cli) -> None:
+    app = durq.App(cli.url)
+
+    def claim() -> list[str]:
+        async def body() -> list[str]:
+            broker = await app.broker()
+            leases = await broker.claim(ClaimParams(["default"], 10, "w1", 30.0))
+            return [x.task.id for x in leases]
+
+        try:
+            return app.run_sync(body)
+        finally:
+            app.close_sync()
+
+    async def fill() -> list[str]:
+        limit = durq.Limit("partner:{p}", concurrency=1)
+        return [(await app.enqueue("partner:call", {"p": "acme"}, limit=limit)).id for _ in "abc"]
+
+    try:
+        ids = app.run_sync(fill)
+    finally:
+        app.close_sync()
+    assert claim() == ids[:1]
+    done = cli.ok("limit", "set", "partner:acme", "--concurrency", "2")
+    assert "limit partner:acme in queue default overridden: 2" in done.out
+    assert claim() == ids[1:2]  # no restart: the next claim applies it
+    (row,) = cli.ok("limit", "ls", "--json").json()
+    assert (row["concurrency"], row["override"]) == (
+        1,
+        {"concurrency": 2, "rate": None, "per": None},
+    )
+    table = cli.ok("limit", "ls").out
+    assert "2/2" in table and "set (tasks': 1)" in table
+    got = cli.ok("limit", "set", "api", "--rate", "10/s", "--queue", "default", "--json").json()
+    assert (got["key"], got["running"], got["override"]["rate"]) == ("api", 0, 10)
+    assert "overridden: 0, 5/m" in cli.ok("limit", "set", "api", "-c", "0", "-r", "5/m").out
+    assert "reset" in cli.ok("limit", "reset", "partner:acme").out
+    assert claim() == []  # back to the tasks' own 1, with 2 running
+    assert_one_line_error(cli("limit", "reset", "partner:acme"), 1, "no override", "partner:acme")
+    assert_one_line_error(cli("limit", "set", "k", "--queue", "nowhere", "-c", "1"), 1, "queue")
+    assert_one_line_error(cli("limit", "set", "k"), 2, "--concurrency")
+    assert_one_line_error(cli("limit", "set", "k", "-c", "-1"), 2, "concurrency")
+    assert_one_line_error(cli("limit", "set", "k", "--rate", "fast"), 2, "rate")
+    assert_one_line_error(cli("limit", "set", "k" * 201, "-c", "1"), 2, "limit key")
+
+
 def test_W14_task_get_shows_progress_and_log_lines(cli: Cli) -> None:
     from durq.brokers.base import ProgressParams
     from durq.progress import encode_line, encode_progress

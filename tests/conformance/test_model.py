@@ -3,9 +3,9 @@
 Hypothesis draws random sequences of enqueues (single tasks with limits, uniqueness and
 continuations, groups with a fan-in follow-up, and workflows created all or none), claims (queues in strict or weighted
 order), completions, failures, hand-backs, heartbeats, clock moves, rescues, inspector moves,
-pauses and janitor runs; each step runs on the broker (through the same ``durq.lifecycle``
-decisions a worker, rescuer and inspector make) and on the model, and their answers must
-agree: which tasks a claim returns and in which order, whether a fenced write held, refusals,
+pauses, an operator's overrides of a key's limit and janitor runs; each step runs on the
+broker (through the same ``durq.lifecycle`` decisions a worker, rescuer and inspector make)
+and on the model, and their answers must agree: which tasks a claim returns and in which order, whether a fenced write held, refusals,
 every task's state, retries, losses and the key it is held on, each limit key's running
 attempts, tokens and held tasks, each group's progress, and the follow-ups an outcome
 created. A failure prints the shrunk sequence of steps.
@@ -45,6 +45,7 @@ from durq.brokers.base import (
     ClaimParams,
     EnqueueParams,
     Lease,
+    LimitOverride,
     RetryParams,
     SignalParams,
     TwinReplace,
@@ -619,6 +620,41 @@ class BrokerAgainstModel(RuleBasedStateMachine):
             want = exc.reason
         assert got == want
 
+    @rule(
+        q=st.integers(0, 1),
+        key=st.sampled_from(["k", "r", "f:a", "f:b", "z"]),
+        concurrency=st.sampled_from([None, 0, 1, 3]),
+        rate=st.sampled_from([None, (1, 10.0), (3, 10.0)]),
+    )
+    def set_limit(
+        self, q: int, key: str, concurrency: int | None, rate: tuple[int, float] | None
+    ) -> None:
+        """W23: an operator overrides a key's limit ("z": a key no task carries)."""
+        if concurrency is None and rate is None:
+            concurrency = 2
+        queue = self.queues[q]
+        rate_n, per = rate if rate is not None else (None, None)
+        try:
+            self.call(
+                self.broker.admin.set_limit(LimitOverride(queue, key, concurrency, rate_n, per))
+            )
+            got = "ok"
+        except QueueNotFoundError:
+            got = "no queue"
+        try:
+            self.model.set_limit(queue, key, concurrency, rate, known=got == "ok")
+            want = "ok"
+        except m.Refused as exc:
+            want = exc.reason
+        assert got == want
+
+    @rule(q=st.integers(0, 1), key=st.sampled_from(["k", "r", "f:a", "z"]))
+    def reset_limit(self, q: int, key: str) -> None:
+        """W23: the override goes; the tasks' own limit applies again."""
+        queue = self.queues[q]
+        got = self.call(self.broker.admin.reset_limit(queue, key))
+        assert got == self.model.reset_limit(queue, key)
+
     # -- what every task, key and group looks like after each step -----------------------------
 
     @invariant()
@@ -670,18 +706,33 @@ class BrokerAgainstModel(RuleBasedStateMachine):
             if not want:
                 continue  # a task a broker held on another key shows in its held_by
             stats = self.call(self.broker.admin.list_limits(queue))
-            got = {s.key: (s.running, s.tokens, s.waiting) for s in stats if s.key in want}
-            for key, (running, tokens, held, lingering) in want.items():
+            got = {
+                s.key: (
+                    s.running,
+                    s.tokens,
+                    s.waiting,
+                    (
+                        s.override_concurrency,
+                        None if s.override_rate is None else (s.override_rate, s.override_per),
+                    ),
+                )
+                for s in stats
+                if s.key in want
+            }
+            for key, (running, tokens, held, lingering, override) in want.items():
                 assert key in got, (queue, key)
-                g_running, g_tokens, g_waiting = got[key]
+                g_running, g_tokens, g_waiting, g_override = got[key]
                 assert g_running == running, (queue, key)
+                assert g_override == override, (queue, key)
                 assert held <= g_waiting <= held + lingering, (queue, key, g_waiting, held)
+                if tokens == m.UNSEEN:
+                    continue
                 assert (g_tokens is None) == (tokens is None), (queue, key)
                 if tokens is not None:
                     assert abs(g_tokens - tokens) < 1e-6, (queue, key, g_tokens, tokens)
             for s in stats:
                 if s.key not in want:
-                    assert (s.running, s.waiting) == (0, 0), s
+                    assert (s.running, s.waiting, s.overridden) == (0, 0, False), s
 
     @invariant()
     def every_group_as_the_model_says(self) -> None:
@@ -1200,5 +1251,43 @@ def test_W25_a_sequence_s_key_stays_with_its_task_until_it_finishes(
     state.inspect(action="archive", q=0, which=0)
     _checked(state)
     state.claim(limit=2, seed=0, strict=False, weights=(1, 1))
+    _checked(state)
+    state.teardown()
+
+
+def test_W23_an_override_wins_until_it_is_reset(machine: type[BrokerAgainstModel]) -> None:
+    """A key held at 0 by an override starts nothing (other keys flow), a raise lets its held
+    tasks back as far as it allows, a rate set on a key no task carries starts from a full
+    bucket, and a reset goes back to the tasks' own limit."""
+    state = machine()
+    for task_id in ("t0", "t1", "t2"):
+        state.enqueue(0, task_id, _options("k2"), None, 0)
+    state.enqueue(0, "t3", _options("r1"), None, 0)
+    state.set_limit(q=0, key="k", concurrency=0, rate=None)
+    state.claim(limit=3, seed=0, strict=True, weights=(1, 1))
+    state.set_limit(q=0, key="k", concurrency=1, rate=(3, 10.0))
+    state.claim(limit=3, seed=0, strict=True, weights=(1, 1))
+    state.set_limit(q=1, key="z", concurrency=None, rate=(1, 10.0))
+    state.reset_limit(q=0, key="k")
+    state.claim(limit=3, seed=0, strict=True, weights=(1, 1))
+    state.reset_limit(q=0, key="k")
+    _checked(state)
+    state.teardown()
+
+
+def test_W23_an_override_of_a_key_only_looked_at(machine: type[BrokerAgainstModel]) -> None:
+    """Found by the long run on PostgreSQL: a claim made the counter of "r" for a task it
+    then held on "k" (with that task's rate, as its limiter makes a counter), the model had
+    none; an override of "r" made the model's, with no rate: the tokens shown differed. A
+    key no task has started shows a rate or none as its broker saw it."""
+    state = machine()
+    state.enqueue(0, "t0", _options("k1"), None, 0)
+    state.claim(limit=1, seed=0, strict=True, weights=(1, 1))
+    state.enqueue(0, "t1", _options("r1k1"), None, 0)
+    state.claim(limit=1, seed=0, strict=True, weights=(1, 1))
+    state.set_limit(q=0, key="r", concurrency=2, rate=None)
+    _checked(state)
+    state.complete(index=0, stale=False)
+    state.claim(limit=1, seed=0, strict=True, weights=(1, 1))
     _checked(state)
     state.teardown()

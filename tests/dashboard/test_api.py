@@ -43,6 +43,7 @@ async def test_limits(app: durq.App, api: httpx.AsyncClient) -> None:
             "per": None,
             "tokens": None,
             "waiting": 1,
+            "override": None,
         }
     ]
     task = (await api.get(f"/api/queues/default/tasks/{held[1]}")).json()

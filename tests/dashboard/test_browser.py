@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -401,6 +402,20 @@ def limits_page(browser: Any, limits_env: LimitsEnv) -> Iterator[Any]:
     yield from fresh_page(browser)
 
 
+ACME_ROW = 'table.limits tr[data-queue="partners"][data-key="partner:acme"]'
+
+
+def wait_until_two_held(page: Any, row: Any) -> None:
+    """A task is counted as held once a worker has looked at it and found no room: reload
+    the limits page until the partner's row shows both."""
+
+    def waiting() -> str:
+        page.reload()
+        return str(row.locator('[data-field="waiting"]').inner_text())
+
+    wait_for(lambda: waiting() == "2")
+
+
 def test_limits_page_shows_running_and_held_tasks(
     limits_page: Any, limits_env: LimitsEnv, broker_kind: str
 ) -> None:
@@ -409,14 +424,8 @@ def test_limits_page_shows_running_and_held_tasks(
     page, env = limits_page, limits_env
     log_in(page, env)
     page.click('.top nav a[href="/limits"]')
-    row = page.locator('table.limits tr[data-queue="partners"][data-key="partner:acme"]')
-
-    # A task is counted as held once a worker has looked at it and found no room.
-    def waiting() -> str:
-        page.reload()
-        return str(row.locator('[data-field="waiting"]').inner_text())
-
-    wait_for(lambda: waiting() == "2")
+    row = page.locator(ACME_ROW)
+    wait_until_two_held(page, row)
     assert row.locator('[data-field="running"]').inner_text() == "1 FULL"
     assert row.locator('[data-field="concurrency"]').inner_text() == "1"
     assert page.locator("#sum-waiting").inner_text() == "2"
@@ -448,6 +457,40 @@ def test_limits_page_shows_running_and_held_tasks(
     # The page refreshes its numbers by itself (every 2 s here): no reload.
     expect(row.locator('[data-field="waiting"]')).to_have_text("0", timeout=10_000)
     expect(row.locator('[data-field="running"]')).to_have_text("0")
+
+
+def test_W23_limits_page_overrides_a_key_and_resets_it(
+    limits_page: Any, limits_env: LimitsEnv, broker_kind: str
+) -> None:
+    """An operator raises the partner's limit from the page: the worker starts a held call
+    at once (its second slot), the page shows the new concurrency beside the tasks' own,
+    and a reset shows the tasks' own again."""
+    from playwright.sync_api import expect
+
+    page, env = limits_page, limits_env
+    log_in(page, env)
+    page.goto(env.url + "/limits?queue=partners")
+    row = page.locator(ACME_ROW)
+    wait_until_two_held(page, row)
+    assert row.locator('[data-field="concurrency"]').inner_text() == "1"
+    assert row.locator(".override-reset").count() == 0
+    row.locator("details.edit summary").click()
+    row.locator(".override-form input[name=concurrency]").fill("3")
+    row.locator(".override-form button[value=set]").click()
+    page.wait_for_url(re.compile(r".*/limits\?queue=partners&notice=.*"))
+    expect(page.locator(".notice")).to_contain_text("limit partner:acme overridden")
+    expect(row.locator('[data-field="concurrency"]')).to_have_text("3")
+    expect(row.locator('[data-field="override"]')).to_contain_text("tasks' own: 1")
+    # The worker (two slots) starts one held call without a restart.
+    wait_for(lambda: sorted(env.states()) == ["active", "active", "pending"], timeout=20)
+    shot(page, f"limits-override-{broker_kind}")
+
+    row.locator(".override-reset button").click()
+    page.wait_for_url(re.compile(r".*/limits\?queue=partners&notice=.*"))
+    expect(row.locator('[data-field="concurrency"]')).to_have_text("1")
+    assert row.locator(".override-reset").count() == 0
+    env.release.set()
+    wait_for(lambda: env.states() == ["completed"] * 3, timeout=20)
     expect(page.locator("#sum-full")).to_have_text("0")
 
 

@@ -121,6 +121,11 @@ async def test_limit_gauges(app: durq.App) -> None:
     assert got[("durq_limit_concurrency", key)] == 2
     assert got[("durq_limit_waiting", key)] == 1
     assert 7.9 < got[("durq_limit_tokens", key)] <= 10
+    # W23: an operator's override is the concurrency in force.
+    await app.inspector.set_limit("default", "partner:acme", concurrency=0)
+    await collector.refresh()
+    got = samples(metrics.exposition(collector.registry)[0].decode())
+    assert got[("durq_limit_concurrency", key)] == 0
 
 
 async def test_fair_partition_gauge_is_bounded(

@@ -49,6 +49,7 @@ CONCRETE = {
     "/api/workers": "/api/workers",
     "/api/periodic": "/api/periodic",
     "/api/limits": "/api/limits",
+    "/api/limits/{queue}/{key:path}": "/api/limits/default/partner%3Aevil-1",
     "/api/history": "/api/history",
     "/api/scaling": "/api/scaling",
     "/api/schedules": "/api/schedules",
@@ -69,6 +70,7 @@ CONCRETE = {
     "/periodic/{name}/edit": "/periodic/evil-1/edit",
     "/periodic/{name}/action/{action}": "/periodic/evil-1/action/pause",
     "/limits": "/limits?queue=default",
+    "/limits/{queue}/override": "/limits/default/override",
     "/queues/{queue}/selection": "/queues/default/selection",
     "/queues/{queue}": "/queues/default",
     "/queues/{queue}/search": "/queues/default/search?q=evil",
@@ -162,6 +164,7 @@ async def test_every_route_refuses_anonymous_requests(guard, client, app) -> Non
     info = await app.inspector.get_task_info("default", "evil-1")
     assert info.state.value == "scheduled"
     assert not (await app.inspector.queue_stats("default")).paused
+    assert not any(s.overridden for s in await app.inspector.list_limits())
 
 
 async def test_every_mutation_needs_csrf_and_same_origin(guard, client, app) -> None:
@@ -190,6 +193,7 @@ async def test_every_mutation_needs_csrf_and_same_origin(guard, client, app) -> 
     info = await app.inspector.get_task_info("default", "evil-1")
     assert info.state.value == "scheduled"
     assert not (await app.inspector.queue_stats("default")).paused
+    assert not any(s.overridden for s in await app.inspector.list_limits())
 
 
 async def test_html_in_task_data_and_errors_is_escaped_on_every_page(guard, client, app) -> None:

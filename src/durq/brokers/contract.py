@@ -62,6 +62,7 @@ from durq.brokers.params import (
     LeaseMove,
     LeaseRef,
     LeaseReport,
+    LimitOverride,
     ProgressParams,
     RetryParams,
     SignalParams,
@@ -479,6 +480,15 @@ class Admin(Protocol):
     async def list_limits(self, queue: str | None = None) -> list[LimitStats]:
         """Flow-control keys (of one queue, or all) that a claim has counted, by queue and
         key: running attempts, the limit, tokens left, tasks held back."""
+
+    async def set_limit(self, change: LimitOverride) -> None:
+        """W23: store an override of one key's limit, atomically with claims (creating the
+        key's counter if no claim has counted it) and wake the queue's idle workers, so
+        the next claim applies it. QueueNotFoundError if the queue is unknown."""
+
+    async def reset_limit(self, queue: str, key: str) -> bool:
+        """W23: remove the override of one key (the limit tasks carry applies again) and
+        wake the queue's idle workers; whether there was one."""
 
     async def fair_partitions(self, queue: str, top: int = 20) -> FairDepth:
         """The fair limits (W22) of one queue: per template, and for the ``top``

@@ -23,6 +23,11 @@ counting the slot again (a rate still takes its tokens), and the final end, or t
 inspector's archive, cancel or delete, gives the slot back (:func:`kept_back`). Whether an
 end keeps the key is decided above the seam (:func:`keeps`); brokers store the mark.
 
+W23, overrides: an operator may set a key's concurrency or rate (or both) at run time. A part
+that is set wins over the limit every task of that key carries, until it is reset; the
+counter keeps the last limit a task carried beside it, so a reset goes back to that.
+:func:`in_force` gives a task's limit as the claim applies it (its cost is its own).
+
 W22, fair keys: a task whose first limit is fair (its template, ``"tenant:{tenant}"``) got a
 *turn* when it was stored: one after the last turn of its partition (the resolved key), and
 never before its template's *round* (the turn of the latest task of the template a claim
@@ -34,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from durq.brokers.views import LimitStats
@@ -46,7 +51,8 @@ _K = TypeVar("_K", bound=Hashable)
 
 @dataclass(slots=True)
 class Counter:
-    """One key's state: what runs, the bucket, and the last limit a task of it carried."""
+    """One key's state: what runs, the bucket, the last limit a task of it carried, and an
+    operator's override of that limit (W23; ``None`` where a part is not overridden)."""
 
     running: int = 0
     concurrency: int | None = None
@@ -58,12 +64,25 @@ class Counter:
     waiting: bool = False
     #: W24: the largest cost of the tasks held on it since it last had none.
     need: int = 1
+    override_concurrency: int | None = None
+    override_rate: int | None = None
+    override_per: float | None = None
+
+    def limit(self) -> tuple[int | None, int | None, float | None]:
+        """The key's limit in force, ``(concurrency, rate, per)``: each part overridden, or
+        the last task's."""
+        concurrency = self.concurrency
+        if self.override_concurrency is not None:
+            concurrency = self.override_concurrency
+        if self.override_rate is not None:
+            return concurrency, self.override_rate, self.override_per
+        return concurrency, self.rate, self.per
 
     def tokens_at(self, now: float, rate: int | None = None, per: float | None = None) -> float:
-        """Tokens in the bucket at ``now``, refilled at the key's rate (or ``rate``/``per``);
-        unbounded when there is no rate."""
+        """Tokens in the bucket at ``now``, refilled at the key's rate in force (or
+        ``rate``/``per``); unbounded when there is no rate."""
         if rate is None or per is None:
-            rate, per = self.rate, self.per
+            _, rate, per = self.limit()
         if rate is None or per is None:
             return math.inf
         elapsed = max(0.0, now - self.refilled_at)
@@ -71,9 +90,10 @@ class Counter:
 
     def room(self, now: float) -> int:
         """How many more attempts of this key may start at ``now``."""
+        concurrency, _, _ = self.limit()
         room = math.inf
-        if self.concurrency is not None:
-            room = self.concurrency - self.running
+        if concurrency is not None:
+            room = concurrency - self.running
         tokens = self.tokens_at(now)
         if tokens != math.inf:
             room = min(room, math.floor(tokens + 1e-9))
@@ -82,21 +102,27 @@ class Counter:
 
     def needed(self) -> int:
         """W24: the units its held tasks wait for (1 when none is held), never more than
-        the key's limit holds: a task of another limit on the key must not wait forever."""
+        the key's limit in force holds: a task of another limit on the key (or held by an
+        override below its cost) must not wait forever."""
         if not self.waiting:
             return 1
-        return max(1, min(self.need, self.concurrency or self.need, self.rate or self.need))
+        need = self.need
+        for part in self.limit()[:2]:  # the concurrency and rate in force
+            if part is not None:
+                need = min(need, part)
+        return max(1, need)
 
     def next_room_at(self, now: float) -> float | None:
         """When enough tokens come for its held tasks, if the bucket is what holds the key
         back (``None`` when a running attempt must end first: its end wakes the workers)."""
         need = self.needed()
-        if self.concurrency is not None and self.running + need > self.concurrency:
+        concurrency, rate, per = self.limit()
+        if concurrency is not None and self.running + need > concurrency:
             return None
-        if self.rate is None or self.per is None:
+        if rate is None or per is None:
             return None
         missing = need - self.tokens_at(now)
-        return now if missing <= 0 else now + missing * self.per / self.rate
+        return now if missing <= 0 else now + missing * per / rate
 
     def stats(self, queue: str, key: str, waiting: int, now: float) -> LimitStats:
         """The key as the inspector shows it at ``now``."""
@@ -107,8 +133,11 @@ class Counter:
             concurrency=self.concurrency,
             rate=self.rate,
             per=self.per,
-            tokens=None if self.rate is None else self.tokens_at(now),
+            tokens=None if self.limit()[1] is None else self.tokens_at(now),
             waiting=waiting,
+            override_concurrency=self.override_concurrency,
+            override_rate=self.override_rate,
+            override_per=self.override_per,
         )
 
 
@@ -123,6 +152,9 @@ def stored(row: Any) -> Counter:
         refilled_at=row["refilled_at"],
         waiting=bool(row["waiting"]),
         need=row["need"],
+        override_concurrency=row["override_concurrency"],
+        override_rate=row["override_rate"],
+        override_per=row["override_per"],
     )
 
 
@@ -140,10 +172,33 @@ def fresh(spec: LimitSpec, now: float) -> Counter:
     )
 
 
+def unclaimed(now: float) -> Counter:
+    """The counter an override creates for a key no claim has counted (W23): nothing
+    running, and a bucket full at whatever rate applies first (see :func:`fresh`)."""
+    return Counter(tokens=0.0, refilled_at=now - 2 * MAX_RATE_PER)
+
+
+def in_force(spec: LimitSpec, counter: Counter) -> LimitSpec:
+    """W23: a task's limit as the claim applies it: each part the key's override sets
+    replaces the task's own (``spec`` itself when nothing is overridden)."""
+    if counter.override_concurrency is None and counter.override_rate is None:
+        return spec
+    concurrency, rate, per = spec.concurrency, spec.rate, spec.per
+    if counter.override_concurrency is not None:
+        concurrency = counter.override_concurrency
+        if spec.sequence and spec.concurrency is not None:
+            # W25: a sequence runs one at a time; an override may pause it, not widen it.
+            concurrency = min(concurrency, spec.concurrency)
+    if counter.override_rate is not None:
+        rate, per = counter.override_rate, counter.override_per
+    return replace(spec, concurrency=concurrency, rate=rate, per=per)
+
+
 def admits(spec: LimitSpec, counter: Counter, now: float, kept: bool = False) -> bool:
-    """Whether one more attempt under ``spec`` may start (the task's own limit decides):
-    ``cost`` free slots and tokens. W25: a task that ``kept`` its sequence's key holds its
-    slot already and needs only the tokens."""
+    """Whether one more attempt under ``spec`` may start (the task's own limit decides,
+    unless the key's override replaces it): ``cost`` free slots and tokens. W25: a task
+    that ``kept`` its sequence's key holds its slot already and needs only the tokens."""
+    spec = in_force(spec, counter)
     if (
         spec.concurrency is not None
         and not (kept and spec.sequence)
@@ -157,14 +212,15 @@ def admits(spec: LimitSpec, counter: Counter, now: float, kept: bool = False) ->
 
 
 def take(spec: LimitSpec, counter: Counter, now: float, kept: bool = False) -> None:
-    """Count one start: ``cost`` running units and tokens; the key shows the task's limit.
-    W25: the slot of a sequence's key the task ``kept`` is counted already."""
-    counter.concurrency = spec.concurrency
-    if spec.rate is not None and spec.per is not None:
-        counter.tokens = counter.tokens_at(now, spec.rate, spec.per) - spec.cost
-        counter.rate, counter.per = spec.rate, spec.per
+    """Count one start: ``cost`` running units, and as many tokens at the rate in force;
+    the key keeps the task's own limit (what a reset of an override goes back to). W25:
+    the slot of a sequence's key the task ``kept`` is counted already."""
+    rule = in_force(spec, counter)
+    if rule.rate is not None and rule.per is not None:
+        counter.tokens = counter.tokens_at(now, rule.rate, rule.per) - spec.cost
         counter.refilled_at = now
-    else:
+    counter.concurrency, counter.rate, counter.per = spec.concurrency, spec.rate, spec.per
+    if spec.rate is None or spec.per is None:
         counter.rate = counter.per = None
     if not (kept and spec.sequence):
         counter.running += spec.cost
@@ -301,11 +357,13 @@ __all__ = [
     "fair_template",
     "fresh",
     "given_back",
+    "in_force",
     "in_turns",
     "keeps",
     "kept_back",
     "outlook",
     "stored",
     "take",
+    "unclaimed",
     "wake_at",
 ]

@@ -448,6 +448,20 @@ class ArchivedRetention:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitOverride:
+    """W23: an operator's limit for one flow-control key of ``queue``, winning over the
+    limit every task of the key carries until it is reset. A part left ``None`` keeps the
+    tasks' own; ``concurrency`` 0 starts none of the key; ``rate`` starts per ``per``
+    seconds. Validated by the inspector; the broker stores it and lets the claim apply it."""
+
+    queue: str
+    key: str
+    concurrency: int | None = None
+    rate: int | None = None
+    per: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TaskRewrite:
     """Replace a stored task's payload and result bytes (``durq encryption rotate``), fenced:
     only if the task is still in ``expect`` (not active; a completed task past its

@@ -351,6 +351,32 @@ class LimitStats:
     tokens: float | None
     #: Pending tasks held back on this key.
     waiting: int
+    #: An operator's override (``durq limit set``), each part ``None`` where the tasks'
+    #: own limit applies; a set part wins over every task's until it is reset.
+    override_concurrency: int | None = None
+    override_rate: int | None = None
+    override_per: float | None = None
+
+    @property
+    def overridden(self) -> bool:
+        """Whether an override is set on the key."""
+        return self.override_concurrency is not None or self.override_rate is not None
+
+    @property
+    def limit_concurrency(self) -> int | None:
+        """The concurrency in force: the override's, or the last task's."""
+        if self.override_concurrency is not None:
+            return self.override_concurrency
+        return self.concurrency
+
+    @property
+    def limit_rate(self) -> tuple[int, float] | None:
+        """The rate in force as ``(starts, seconds)``: the override's, or the last task's."""
+        if self.override_rate is not None and self.override_per is not None:
+            return self.override_rate, self.override_per
+        if self.rate is not None and self.per is not None:
+            return self.rate, self.per
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -362,6 +388,13 @@ class LimitStats:
             "per": self.per,
             "tokens": None if self.tokens is None else round(self.tokens, 3),
             "waiting": self.waiting,
+            "override": None
+            if not self.overridden
+            else {
+                "concurrency": self.override_concurrency,
+                "rate": self.override_rate,
+                "per": self.override_per,
+            },
         }
 
 

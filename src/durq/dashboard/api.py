@@ -36,6 +36,7 @@ from durq.durations import MAX_DURATION
 from durq.errors import TaskNotFoundError, ValidationError
 from durq.inspector import SEARCH_FIELDS_MAX, SEARCH_TEXT_MAX, parse_state, task_filter
 from durq.lifecycle import SelectionOutcome
+from durq.limits import MAX_KEY
 from durq.names import (
     GROUP_ID_PATTERN,
     NAME_MAX,
@@ -92,6 +93,15 @@ SignalName = Annotated[
         pattern=r"^[A-Za-z0-9_.:-]{1,100}$",
         description="A signal's name",
         examples=["partner-callback"],
+    ),
+]
+LimitKey = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=MAX_KEY,
+        description="A limit key as tasks resolve it, URL-escaped",
+        examples=["partner:acme"],
     ),
 ]
 OptionalState = Annotated[
@@ -269,6 +279,7 @@ COMMON: dict[int | str, dict[str, Any]] = {
     503: _error("The broker cannot be reached"),
 }
 NOT_FOUND = {404: _error("Unknown queue or task")}
+LIMIT_NOT_FOUND = {404: _error("No override on that key")}
 WORKFLOW_NOT_FOUND = {404: _error("Unknown workflow")}
 MUTATION = {**COMMON, 403: _error("Read-only mode, or CSRF check failed (cookie sessions)")}
 CONFLICT = {409: _error("The task's state does not allow this")}
@@ -515,6 +526,25 @@ class AdminAPI:
                 responses=COMMON,
             ),
             route(
+                "/api/limits/{queue}/{key:path}",
+                self.set_limit,
+                "PUT",
+                "Override one key's limit at run time (every worker applies it at its next "
+                "claim); a part left out keeps the limit the key's tasks carry",
+                description="The key is the last path segment, URL-escaped "
+                "(`partner%3Aacme`); each PUT replaces the key's override.",
+                responses={**MUTATION, **NOT_FOUND},
+            ),
+            route(
+                "/api/limits/{queue}/{key:path}",
+                self.reset_limit,
+                "DELETE",
+                "Remove a key's override: the limit its tasks carry applies again",
+                status_code=204,
+                response_class=Response,
+                responses={**MUTATION, **LIMIT_NOT_FOUND},
+            ),
+            route(
                 "/api/scaling",
                 self.scaling,
                 "GET",
@@ -755,6 +785,22 @@ class AdminAPI:
     async def list_limits(self, queue: QueueFilter = None) -> models.LimitList:
         limits = await self.inspector.list_limits(queue)
         return models.LimitList.model_validate({"limits": [s.to_dict() for s in limits]})
+
+    async def set_limit(
+        self,
+        queue: QueueName,
+        key: LimitKey,
+        body: Annotated[models.LimitOverrideRequest, Body()],
+    ) -> models.Limit:
+        stats = await self.inspector.set_limit(
+            queue, key, concurrency=body.concurrency, rate=body.rate
+        )
+        return models.Limit.model_validate(stats.to_dict())
+
+    async def reset_limit(self, queue: QueueName, key: LimitKey) -> Response:
+        if not await self.inspector.reset_limit(queue, key):
+            raise HTTPException(404, f"no override on limit {key!r} in queue {queue!r}")
+        return Response(status_code=204)
 
     async def scaling(self) -> models.Scaling:
         queues = {q.name: scaling_json(q) for q in await self.scaling_figures.get()}

@@ -465,6 +465,14 @@ class WorkerList(_Model):
     workers: list[Worker]
 
 
+class LimitOverride(_Model):
+    """An operator's override of a key's limit: a part that is null keeps the tasks' own."""
+
+    concurrency: int | None = Field(description="At most this many at once; 0 starts none")
+    rate: int | None = Field(description="At most this many starts per `per` seconds")
+    per: float | None
+
+
 class Limit(_Model):
     """One flow-control key of a queue."""
 
@@ -476,6 +484,27 @@ class Limit(_Model):
     per: float | None
     tokens: float | None = Field(description="Starts the rate allows right now")
     waiting: int = Field(description="Pending tasks held back on this key")
+    override: LimitOverride | None = Field(
+        description="An operator's override, winning over the tasks' own limit until reset "
+        "(`concurrency`, `rate` and `per` above are the limit the last task carried)"
+    )
+
+
+class LimitOverrideRequest(_Model):
+    """The override to set on a key; at least one part (each call replaces the last)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"minProperties": 1})
+
+    concurrency: int | None = Field(
+        None, ge=0, le=10**6, description="At most this many at once; 0 starts none for now"
+    )
+    rate: str | None = Field(
+        None,
+        min_length=1,
+        max_length=40,
+        description="At most this many starts per period",
+        examples=["10/s"],
+    )
 
 
 class LimitList(_Model):

@@ -35,7 +35,7 @@ from durq.dashboard.api import (
 from durq.dashboard.workflow_pages import WorkflowPages
 from durq.errors import GroupNotFoundError, ScheduleConflictError, ValidationError
 from durq.inspector import parse_state
-from durq.limits import format_rate
+from durq.limits import format_limit, format_rate
 from durq.states import TaskState
 from durq.task import ENCRYPTED, TaskInfo
 
@@ -171,6 +171,7 @@ class Views:
             Route("/periodic/{name}/edit", self.schedule_edit, methods=["POST"]),
             Route("/periodic/{name}/action/{action}", self.schedule_action, methods=["POST"]),
             Route("/limits", self.limits, methods=["GET"]),
+            Route("/limits/{queue}/override", self.limit_override, methods=["POST"]),
             *self.workflow_pages.routes(),
             Route(q, self.queue, methods=["GET"]),
             Route(q + "/search", self.search, methods=["GET"]),
@@ -437,8 +438,17 @@ class Views:
         rows = [
             {
                 **s.to_dict(),
-                "rate_text": format_rate(s.rate, s.per),
-                "full": s.concurrency is not None and s.running >= s.concurrency,
+                # The limit in force (an override's parts, else the last task's).
+                "concurrency": s.limit_concurrency,
+                "rate_text": format_rate(*(s.limit_rate or (None, None))),
+                "own_text": format_limit(s.concurrency, s.rate, s.per, none="not seen yet")
+                if s.overridden
+                else None,
+                "set_concurrency": s.override_concurrency,
+                "set_rate": format_rate(s.override_rate, s.override_per)
+                if s.override_rate is not None
+                else "",
+                "full": s.limit_concurrency is not None and s.running >= s.limit_concurrency,
             }
             for s in keys
         ]
@@ -457,6 +467,32 @@ class Views:
                 "docs": FLOW_CONTROL_DOCS,
             },
         )
+
+    async def limit_override(self, request: Request) -> Response:
+        """The limits page's forms: set a key's override (concurrency and/or rate; a field
+        left empty keeps the tasks' own) or reset it."""
+        form = await self.checked_form(request)
+        queue = request.path_params["queue"]
+        key = form.get("key", "")
+        back = f"/limits?queue={quote(queue)}"
+        try:
+            if form.get("do") == "reset":
+                found = await self.inspector.reset_limit(queue, key)
+                notice = f"limit {key} reset" if found else f"limit {key} had no override"
+            else:
+                text = form.get("concurrency", "").strip()
+                if text and not text.isdigit():
+                    raise ValidationError(f"concurrency is a whole number, got {text!r}")
+                await self.inspector.set_limit(
+                    queue,
+                    key,
+                    concurrency=int(text) if text else None,
+                    rate=form.get("rate", "").strip() or None,
+                )
+                notice = f"limit {key} overridden"
+        except ValidationError as exc:
+            notice = f"not saved: {exc.message}"
+        return self.back(request, back, notice)
 
     # -- login ------------------------------------------------------------------------------
 

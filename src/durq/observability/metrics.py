@@ -273,7 +273,8 @@ class QueueCollector(Collector):
         )
         concurrency = GaugeMetricFamily(
             "durq_limit_concurrency",
-            "A limit key's concurrency (at most this many at once).",
+            "A limit key's concurrency in force (at most this many at once; an operator's "
+            "override when one is set).",
             labels=labels,
         )
         tokens = GaugeMetricFamily(
@@ -286,8 +287,8 @@ class QueueCollector(Collector):
             key = [lim.queue, lim.key]
             running.add_metric(key, lim.running)
             waiting.add_metric(key, lim.waiting)
-            if lim.concurrency is not None:
-                concurrency.add_metric(key, lim.concurrency)
+            if lim.limit_concurrency is not None:
+                concurrency.add_metric(key, lim.limit_concurrency)
             if lim.tokens is not None:
                 tokens.add_metric(key, lim.tokens)
         for q in self._queues:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from durq.brokers import limiter
 from durq.brokers.memory.storage import ACTIVE, ARCHIVED, CLAIMABLE, PENDING, Row, Store
-from durq.brokers.params import TaskMove, TaskRewrite
+from durq.brokers.params import LimitOverride, TaskMove, TaskRewrite
 from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
     FairDepth,
@@ -64,6 +65,31 @@ class MemoryAdmin:
                 if name in self._store.queues
                 for stats in self._store.queues[name].limit_stats(now)
             ]
+
+    async def set_limit(self, change: LimitOverride) -> None:
+        """W23: override one key's limit (under the store's lock, as claims count)."""
+        with self._store.lock:
+            self._require_queue(change.queue)
+            counters = self._store.queues[change.queue].counters
+            counter = counters.get(change.key)
+            if counter is None:
+                counter = counters[change.key] = limiter.unclaimed(self._clock.now())
+            counter.override_concurrency = change.concurrency
+            counter.override_rate, counter.override_per = change.rate, change.per
+        self._store.notify([change.queue])
+
+    async def reset_limit(self, queue: str, key: str) -> bool:
+        """W23: remove one key's override; whether there was one."""
+        with self._store.lock:
+            known = self._store.queues.get(queue)
+            counter = None if known is None else known.counters.get(key)
+            if counter is None or (
+                counter.override_concurrency is None and counter.override_rate is None
+            ):
+                return False
+            counter.override_concurrency = counter.override_rate = counter.override_per = None
+        self._store.notify([queue])
+        return True
 
     async def fair_partitions(self, queue: str, top: int = 20) -> FairDepth:
         """The queue's fair limits (W22): templates and the ``top`` partitions."""

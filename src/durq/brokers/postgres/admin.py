@@ -6,9 +6,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from durq.brokers import dependencies
+from durq.brokers import dependencies, limiter
 from durq.brokers.limiter import stored
-from durq.brokers.params import EnqueueOutcome, TaskMove, TaskRewrite
+from durq.brokers.params import EnqueueOutcome, LimitOverride, TaskMove, TaskRewrite
 from durq.brokers.postgres.rows import Row
 from durq.brokers.postgres.storage import AsyncConn, PostgresStorage
 from durq.brokers.search import ascii_lower, sql_pair
@@ -314,6 +314,33 @@ class PostgresAdmin:
         rows = await self._storage.fetch("list_limits", "list_limits", {"queue": queue})
         now = self._storage.now()
         return [stored(r).stats(r["queue"], r["key"], r["held_count"], now) for r in rows]
+
+    async def set_limit(self, change: LimitOverride) -> None:
+        """W23: override one key's limit; its queue's idle workers are woken."""
+        row = await self._storage.fetch_one(
+            "set_limit",
+            "set_limit_override",
+            {
+                "queue": change.queue,
+                "key": change.key,
+                "refilled_at": limiter.unclaimed(self._storage.now()).refilled_at,
+                "concurrency": change.concurrency,
+                "rate": change.rate,
+                "per": change.per,
+                "channel": self._storage.channel,
+            },
+        )
+        if row is None:
+            raise QueueNotFoundError(f"no queue named {change.queue!r}")
+
+    async def reset_limit(self, queue: str, key: str) -> bool:
+        """W23: remove one key's override; whether there was one."""
+        row = await self._storage.fetch_one(
+            "reset_limit",
+            "reset_limit_override",
+            {"queue": queue, "key": key, "channel": self._storage.channel},
+        )
+        return row is not None
 
     async def fair_partitions(self, queue: str, top: int = 20) -> FairDepth:
         """The queue's fair limits (W22): templates and the ``top`` partitions."""

@@ -1159,8 +1159,8 @@ def _held_answer(rows: list[tuple[Any, ...]]) -> tuple[bool, float | None]:
     if not held:
         return bool(first[CLAIM_LIMITED]), None
     counters = (
-        limiter.Counter(running, concurrency, rate, per, tokens, refilled_at, True, need)
-        for _, running, concurrency, rate, per, tokens, refilled_at, need in held
+        limiter.Counter(running, concurrency, rate, per, tokens, refilled_at, True, need, *override)
+        for _, running, concurrency, rate, per, tokens, refilled_at, need, *override in held
     )
     room, wake_at = limiter.outlook(counters, held[0][0])  # [0][0]: the claim's now
     return bool(first[CLAIM_LIMITED]) or room, wake_at

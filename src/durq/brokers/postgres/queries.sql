@@ -329,11 +329,15 @@ more AS (
     SELECT EXISTS (SELECT 1 FROM due WHERE due.limits IS NOT NULL) AS limited,
         -- Counters of keys with held tasks and no running attempt in the way: the broker's
         -- limiter says whether one has room or when a token comes (limits_waiting).
+        -- The concurrency in force is the override's when set (W23).
         (SELECT jsonb_agg(jsonb_build_array({now}, l.running, l.concurrency, l.rate, l.per,
-                                            l.tokens, l.refilled_at, l.need))::text
+                                            l.tokens, l.refilled_at, l.need,
+                                            l.override_concurrency, l.override_rate,
+                                            l.override_per))::text
          FROM {schema}.limits AS l
          WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
-           AND (l.concurrency IS NULL OR l.running < l.concurrency)) AS held,
+           AND (coalesce(l.override_concurrency, l.concurrency) IS NULL
+                OR l.running < coalesce(l.override_concurrency, l.concurrency))) AS held,
         -- A row locked here that another transaction changed since the snapshot was not
         -- leased: the broker claims again at once.
         NOT (SELECT f.due FROM forward_first AS f)
@@ -410,11 +414,12 @@ CROSS JOIN LATERAL (
     FROM {schema}.tasks AS t
     WHERE t.queue = l.queue AND t.held_by = l.key AND t.state = 'pending'
     ORDER BY t.priority DESC, t.next_process_at, t.seq
-    LIMIT least(%(limit)s, l.concurrency - l.running)
+    LIMIT least(%(limit)s, coalesce(l.override_concurrency, l.concurrency) - l.running)
     FOR UPDATE SKIP LOCKED
 ) AS b
 WHERE l.queue = ANY(%(queues)b::text[]) AND l.waiting
-  AND (l.concurrency IS NULL OR l.running < l.concurrency)
+  AND (coalesce(l.override_concurrency, l.concurrency) IS NULL
+       OR l.running < coalesce(l.override_concurrency, l.concurrency))
   AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.name = l.queue AND p.paused);
 
 -- name: lock_limits
@@ -1030,6 +1035,37 @@ woken AS (
     SELECT count(pg_notify(%(channel)s, s.name)) AS n FROM s WHERE NOT %(paused)s
 )
 SELECT s.name FROM s, woken;
+
+-- name: set_limit_override
+-- W23: an operator's limit for one key of a known queue, winning over the tasks' own until
+-- reset; a key no claim has counted gets its counter now (nothing running, the bucket
+-- %(refilled_at)s). The row lock orders it with claims, which lock the counters they use;
+-- the queue's idle workers are woken to apply it.
+WITH q AS (
+    SELECT name FROM {schema}.queues WHERE name = %(queue)s
+),
+o AS (
+    INSERT INTO {schema}.limits AS l (queue, key, tokens, refilled_at, override_concurrency,
+                                      override_rate, override_per)
+    SELECT q.name, %(key)s, 0, %(refilled_at)s, %(concurrency)s, %(rate)s, %(per)s FROM q
+    ON CONFLICT (queue, key) DO UPDATE
+    SET override_concurrency = excluded.override_concurrency,
+        override_rate = excluded.override_rate, override_per = excluded.override_per
+    RETURNING l.queue
+)
+SELECT o.queue, pg_notify(%(channel)s, o.queue) FROM o;
+
+-- name: reset_limit_override
+-- W23: the tasks' own limit applies again; the queue's idle workers are woken (the next
+-- claim lets held tasks back by it).
+WITH r AS (
+    UPDATE {schema}.limits
+    SET override_concurrency = NULL, override_rate = NULL, override_per = NULL
+    WHERE queue = %(queue)s AND key = %(key)s
+      AND (override_concurrency IS NOT NULL OR override_rate IS NOT NULL)
+    RETURNING queue
+)
+SELECT r.queue, pg_notify(%(channel)s, r.queue) FROM r;
 
 -- name: queue_exists
 SELECT 1 AS ok FROM {schema}.queues WHERE name = %(queue)s;

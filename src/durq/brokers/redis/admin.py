@@ -8,7 +8,8 @@ from dataclasses import asdict, replace
 from datetime import timedelta
 from typing import Any
 
-from durq.brokers.params import TaskMove, TaskRewrite
+from durq.brokers import limiter
+from durq.brokers.params import LimitOverride, TaskMove, TaskRewrite
 from durq.brokers.redis.keys import QueueKeys
 from durq.brokers.redis.rows import pairs, stored_counter, task_info
 from durq.brokers.redis.storage import RedisStorage, ScriptCall
@@ -596,6 +597,34 @@ class RedisAdmin:
                 for key, held in zip(sorted(fields), counts, strict=True):
                     out.append(stored_counter(fields[key]).stats(name, key, int(held), now))
             return out
+
+    async def set_limit(self, change: LimitOverride) -> None:
+        """W23: override one key's limit (admin_limit, in the queue's hash slot)."""
+        async with self._storage.op("set_limit"):
+            await self._storage.ensure()
+            k = await self._known(change.queue)
+            refilled_at = limiter.unclaimed(self._storage.clock.now()).refilled_at
+            parts = (change.concurrency, change.rate, change.per)
+            await self._storage.eval(
+                "admin_limit",
+                [k.limits, k.notify],
+                [
+                    change.key,
+                    "set",
+                    *("" if v is None else repr(v) for v in parts),
+                    repr(refilled_at),
+                ],
+            )
+
+    async def reset_limit(self, queue: str, key: str) -> bool:
+        """W23: remove one key's override; whether there was one."""
+        async with self._storage.op("reset_limit"):
+            await self._storage.ensure()
+            k = self._storage.keys.queue(queue)
+            reply = await self._storage.eval(
+                "admin_limit", [k.limits, k.notify], [key, "reset", "", "", "", ""]
+            )
+        return bool(reply)
 
     async def fair_partitions(self, queue: str, top: int = 20) -> FairDepth:
         """The queue's fair limits (W22), counted slice by slice (one short script call

@@ -48,6 +48,7 @@ SCRIPT_NAMES = (
     "admin_rewrite",
     "admin_run_all",
     "admin_delete_all",
+    "admin_limit",
     "schedule_put",
 )
 

@@ -90,9 +90,11 @@ def task_info(queue: str, flat: Sequence[Any] | dict[Any, Any]) -> TaskInfo:
 
 def stored_counter(raw: bytes) -> Counter:
     """A limit key's counter as ``claim.lua`` stores it:
-    ``running|concurrency|rate|per|tokens|refilled_at|need`` (empty for none; ``need``
-    absent in counters written before W24)."""
-    running, concurrency, rate, per, tokens, at, *need = raw.decode().split("|")
+    ``running|concurrency|rate|per|tokens|refilled_at|need|o_concurrency|o_rate|o_per``
+    (empty for none; ``need`` absent in counters written before W24, the override's three
+    in those written before W23)."""
+    running, concurrency, rate, per, tokens, at, *rest = raw.decode().split("|")
+    need, o_concurrency, o_rate, o_per = (*rest, "", "", "", "")[:4]
     return Counter(
         running=int(running),
         concurrency=int(concurrency) if concurrency else None,
@@ -100,5 +102,8 @@ def stored_counter(raw: bytes) -> Counter:
         per=float(per) if per else None,
         tokens=float(tokens),
         refilled_at=float(at),
-        need=int(need[0]) if need and need[0] else 1,
+        need=int(need) if need else 1,
+        override_concurrency=int(float(o_concurrency)) if o_concurrency else None,
+        override_rate=int(float(o_rate)) if o_rate else None,
+        override_per=float(o_per) if o_per else None,
     )

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from durq.brokers import dependencies, limiter
-from durq.brokers.params import TaskMove, TaskRewrite
+from durq.brokers.params import LimitOverride, TaskMove, TaskRewrite
 from durq.brokers.sqlfiles import (
     group_info,
     one_workflow,
@@ -101,6 +101,38 @@ class SQLiteAdmin:
             ]
 
         return await self._storage.read("sqlite.list_limits", run)
+
+    async def set_limit(self, change: LimitOverride) -> None:
+        """W23: override one key's limit in a write transaction (claims count in theirs)."""
+
+        def run(conn: Conn, now: float) -> None:
+            self._require_queue(conn, change.queue)
+            conn.execute(
+                STATEMENTS["set_limit_override"],
+                {
+                    "queue": change.queue,
+                    "key": change.key,
+                    "refilled_at": limiter.unclaimed(now).refilled_at,
+                    "concurrency": change.concurrency,
+                    "rate": change.rate,
+                    "per": change.per,
+                },
+            )
+
+        await self._storage.write("sqlite.set_limit", run)
+        self._storage.notify([change.queue])
+
+    async def reset_limit(self, queue: str, key: str) -> bool:
+        """W23: remove one key's override; whether there was one."""
+
+        def run(conn: Conn, _: float) -> bool:
+            cursor = conn.execute(STATEMENTS["reset_limit_override"], {"queue": queue, "key": key})
+            return cursor.rowcount > 0
+
+        found = await self._storage.write("sqlite.reset_limit", run)
+        if found:
+            self._storage.notify([queue])
+        return found
 
     async def fair_partitions(self, queue: str, top: int = 20) -> FairDepth:
         """The queue's fair limits (W22): templates and the ``top`` partitions."""

@@ -661,6 +661,23 @@ FROM durq_limits AS l
 WHERE :queue IS NULL OR l.queue = :queue
 ORDER BY l.queue, l.key;
 
+-- name: set_limit_override
+-- W23: an operator's limit for one key, winning over the tasks' own until reset; a key no
+-- claim has counted gets its counter now (nothing running, the bucket :refilled_at).
+INSERT INTO durq_limits (queue, key, tokens, refilled_at, override_concurrency, override_rate,
+                         override_per)
+VALUES (:queue, :key, 0, :refilled_at, :concurrency, :rate, :per)
+ON CONFLICT (queue, key) DO UPDATE
+SET override_concurrency = excluded.override_concurrency,
+    override_rate = excluded.override_rate, override_per = excluded.override_per;
+
+-- name: reset_limit_override
+-- W23: the tasks' own limit applies again (the next claim lets held tasks back by it).
+UPDATE durq_limits
+SET override_concurrency = NULL, override_rate = NULL, override_per = NULL
+WHERE queue = :queue AND key = :key
+  AND (override_concurrency IS NOT NULL OR override_rate IS NOT NULL);
+
 -- name: fair_partitions
 -- W22: per partition of the queue's fair limits (template, resolved key), tasks waiting
 -- (pending, held ones too) and running: the :top with the most tasks, then each template's

@@ -76,7 +76,10 @@
       const data = await getJSON(limits.dataset.source);
       let full = 0, waiting = 0;
       for (const s of data.limits) {
-        const isFull = s.concurrency !== null && s.running >= s.concurrency;
+        // The limit in force: an operator's override wins over the tasks' own.
+        const o = s.override;
+        const concurrency = o && o.concurrency !== null ? o.concurrency : s.concurrency;
+        const isFull = concurrency !== null && s.running >= concurrency;
         if (isFull) full += 1;
         waiting += s.waiting;
         const row = Array.from(limits.tBodies[0].rows).find(
@@ -94,7 +97,7 @@
         } else if (!isFull && badge) {
           badge.remove();
         }
-        cell("concurrency").textContent = s.concurrency === null ? "-" : String(s.concurrency);
+        cell("concurrency").textContent = concurrency === null ? "-" : String(concurrency);
         cell("tokens").textContent = s.tokens === null ? "-" : s.tokens.toFixed(1);
         cell("waiting").querySelector("a").textContent = String(s.waiting);
       }

@@ -518,10 +518,12 @@ local function forget_member(task_key, now_s)
 end
 
 -- W13 flow control. A key's counter is one field of the queue's limits hash, the string
--- "running|concurrency|rate|per|tokens|refilled_at|need" (empty for none): what runs, the
--- token bucket, the last limit a task of the key carried and (W24) the largest cost of the
--- tasks held on it (brokers/limiter.py does the same in Python; "need" is absent in counters
--- written before it, read as 1). Tasks held on a key are members "<key>\0<member>" (score 0) of the held zset;
+-- "running|concurrency|rate|per|tokens|refilled_at|need|o_concurrency|o_rate|o_per" (empty
+-- for none): what runs, the token bucket, the last limit a task of the key carried, (W24)
+-- the largest cost of the tasks held on it ("need", absent in counters written before it,
+-- read as 1) and (W23) an operator's override of the limit (absent in counters written
+-- before it: a part set wins over every task's own). brokers/limiter.py does the same in
+-- Python. Tasks held on a key are members "<key>\0<member>" (score 0) of the held zset;
 -- keys with held tasks are in the waiting set. A task's limits are its field "L" (JSON).
 local function load_counter(hash, key)
   local raw = redis.call('HGET', hash, key)
@@ -534,7 +536,8 @@ local function load_counter(hash, key)
   end
   return {running = tonumber(f[1]) or 0, conc = tonumber(f[2]), rate = tonumber(f[3]),
     per = tonumber(f[4]), tokens = tonumber(f[5]) or 0, at = tonumber(f[6]) or 0,
-    need = tonumber(f[7]) or 1}
+    need = tonumber(f[7] or '') or 1, oconc = tonumber(f[8] or ''),
+    orate = tonumber(f[9] or ''), oper = tonumber(f[10] or '')}
 end
 
 local function save_counter(hash, key, c)
@@ -544,12 +547,29 @@ local function save_counter(hash, key, c)
   end
   redis.call('HSET', hash, key, table.concat({string.format('%d', c.running), opt(c.conc),
     opt(c.rate), opt(c.per), string.format('%.17g', c.tokens), string.format('%.17g', c.at),
-    string.format('%d', c.need or 1)}, '|'))
+    string.format('%d', c.need or 1), opt(c.oconc), opt(c.orate), opt(c.oper)}, '|'))
 end
 
--- Tokens in the bucket at `now`, refilled at rate/per (the counter's when not given).
+-- How long ago the bucket of a key no claim counted was refilled: twice the longest period
+-- of a rate (durq.task.MAX_RATE_PER), so it is full at any rate.
+local FRESH_AGE = 2 * 86400 * 366
+
+-- W23: a limit as the claim applies it: each part of the key's override replaces the
+-- limit's own (limiter.in_force); `s` is a task's limit or the counter itself.
+local function in_force(s, c)
+  local conc, rate, per = s.conc, s.rate, s.per
+  -- W25: a sequence runs one at a time; an override may pause it, not widen it.
+  if c.oconc and not (s.seq and conc and conc < c.oconc) then conc = c.oconc end
+  if c.orate then rate, per = c.orate, c.oper end
+  return conc, rate, per
+end
+
+-- Tokens in the bucket at `now`, refilled at rate/per (the key's in force when not given).
 local function bucket_at(c, now, rate, per)
-  rate, per = rate or c.rate, per or c.per
+  if not rate or not per then
+    local _
+    _, rate, per = in_force(c, c)
+  end
   if not rate or not per then
     return nil
   end
@@ -558,19 +578,21 @@ local function bucket_at(c, now, rate, per)
   return math.min(rate, c.tokens + elapsed * rate / per)
 end
 
--- W24: the units the tasks held on a key wait for, at most what its last limit holds.
+-- W24: the units the tasks held on a key wait for, at most what its limit in force holds.
 local function needed(c)
   local need = c.need or 1
-  if c.conc and c.conc < need then need = c.conc end
-  if c.rate and c.rate < need then need = c.rate end
+  local conc, rate = in_force(c, c)
+  if conc and conc < need then need = conc end
+  if rate and rate < need then need = rate end
   if need < 1 then return 1 end
   return need
 end
 
 -- How many held tasks of the key may come back at `now` (none until their need is free).
 local function room_of(c, now)
+  local conc = in_force(c, c)
   local room = 1000000000
-  if c.conc then room = c.conc - c.running end
+  if conc then room = conc - c.running end
   local tokens = bucket_at(c, now)
   if tokens then room = math.min(room, math.floor(tokens + 1e-9)) end
   if room < needed(c) then return 0 end
@@ -581,11 +603,12 @@ end
 -- otherwise).
 local function next_room_at(c, now)
   local need = needed(c)
-  if c.conc and c.running + need > c.conc then return nil end
+  local conc, rate, per = in_force(c, c)
+  if conc and c.running + need > conc then return nil end
   local tokens = bucket_at(c, now)
   if not tokens then return nil end
   if tokens >= need then return now end
-  return now + (need - tokens) * c.per / c.rate
+  return now + (need - tokens) * per / rate
 end
 
 -- One limit of a task, from its JSON [key, concurrency, rate, per, template, cost,

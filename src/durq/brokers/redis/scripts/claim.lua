@@ -156,10 +156,11 @@ local function claim_queue(o, prefix, want, out)
             if full == nil then
               local c = counter(s.key)
               if c then
-                if s.conc and not (kept and s.seq) and c.running + s.cost > s.conc then
+                local conc, rate, per = in_force(s, c)  -- W23: the override's parts win
+                if conc and not (kept and s.seq) and c.running + s.cost > conc then
                   full = s.key
                 end
-                local tokens = s.rate and bucket_at(c, t, s.rate, s.per)
+                local tokens = rate and bucket_at(c, t, rate, per)
                 if tokens and tokens < s.cost - 1e-9 then full = s.key end
                 if full then full_cost = s.cost end
               end
@@ -182,17 +183,18 @@ local function claim_queue(o, prefix, want, out)
         else
           for _, s in ipairs(specs) do
             local c = counter(s.key)
-            if not c then
-              c = {running = 0, tokens = s.rate or 0, at = t}
+            if not c then  -- a bucket full at whatever rate applies first (limiter.fresh)
+              c = {running = 0, tokens = 0, at = t - FRESH_AGE}
               counters[s.key] = c
             end
-            c.conc = s.conc
-            if s.rate then
-              c.tokens = bucket_at(c, t, s.rate, s.per) - s.cost
-              c.rate, c.per, c.at = s.rate, s.per, t
-            else
-              c.rate, c.per = nil, nil
+            -- Its cost in tokens at the rate in force; the key keeps the task's own limit
+            -- (W23: what a reset of an override goes back to).
+            local _, rate, per = in_force(s, c)
+            if rate then
+              c.tokens = bucket_at(c, t, rate, per) - s.cost
+              c.at = t
             end
+            c.conc, c.rate, c.per = s.conc, s.rate, s.per
             if not (kept and s.seq) then  -- W25: a slot it kept is counted already
               c.running = c.running + s.cost
             end
