@@ -53,9 +53,13 @@ async def run_storm(
 ) -> Report:
     await migrate(url)
     ids = await enqueue_work(url, tasks, ms=ms)
+    # The poison-pill guard (W1, tests/chaos/test_scenarios.py) out of reach: on a loaded
+    # machine the server crash and two kills can each take one task down, and a third loss
+    # archives it, which is the guard working, not what this ledger checks.
     cluster = make_cluster(
-        url, workers, "--lease", LEASE, "--concurrency", str(concurrency), "--rescue", "1"
-    )
+        url, workers, "--lease", LEASE, "--concurrency", str(concurrency), "--rescue", "1",
+        "--max-lost", "25",
+    )  # fmt: skip
     cluster.start_all()
     await cluster.wait_ready()
     took, crashes = await storm(
