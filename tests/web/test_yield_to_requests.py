@@ -121,7 +121,7 @@ async def test_a_loop_kept_busy_by_short_steps_holds_claims_though_it_is_never_l
                 pass
             await asyncio.sleep(0)
             seen_busy = courtesy.busy
-        assert seen_busy, f"busy share {courtesy.cpu_share:.2f}, lag {courtesy.last_lag:.3f}"
+        assert seen_busy, f"busy share {courtesy.busy_share:.2f}, lag {courtesy.last_lag:.3f}"
         await calm_again(courtesy)  # idle: claims resume
     finally:
         await courtesy.stop()

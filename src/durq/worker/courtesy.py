@@ -31,9 +31,9 @@ SAMPLE_INTERVAL = 0.025
 CALM_SAMPLES = 3
 #: The loop is busy while its thread ran (or waited for a core) this share of the wall time,
 #: averaged
-#: over about ``CPU_WINDOW`` seconds (short: a burst of requests is seen within 0.1 s).
-CPU_SATURATED = 0.8
-CPU_WINDOW = 0.1
+#: over about ``BUSY_WINDOW`` seconds (short: a burst of requests is seen within 0.1 s).
+BUSY_SATURATED = 0.8
+BUSY_WINDOW = 0.1
 
 
 class _BusyClock:
@@ -82,8 +82,8 @@ class LoopCourtesy:
         self._on_time = asyncio.Event()
         self._on_time.set()
         self._calm = CALM_SAMPLES
-        #: The loop thread's recent share of the CPU (a moving average, 0 to 1).
-        self.cpu_share = 0.0
+        #: The share of the time the loop's thread ran or waited for a core (a moving average, 0 to 1).
+        self.busy_share = 0.0
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -132,8 +132,8 @@ class LoopCourtesy:
                 self.last_lag = max(0.0, elapsed - SAMPLE_INTERVAL)
                 share = min(1.0, (busy_now - busy_at) / elapsed)
                 busy_at = busy_now
-                self.cpu_share += (share - self.cpu_share) * min(1.0, elapsed / CPU_WINDOW)
-                self._sample(self.last_lag > self.lag or self.cpu_share >= CPU_SATURATED)
+                self.busy_share += (share - self.busy_share) * min(1.0, elapsed / BUSY_WINDOW)
+                self._sample(self.last_lag > self.lag or self.busy_share >= BUSY_SATURATED)
         finally:
             busy.close()
 
