@@ -67,6 +67,11 @@ def banner(api_url: str, sim_url: str, broker_url: str, token: str, key: str) ->
     )
 
 
+#: Seconds within which a second SIGTERM is the first one delivered again, not a request to
+#: stop at once.
+REPEATED_SIGTERM = 2.0
+
+
 async def serve(
     port: int = 8000,
     *,
@@ -74,7 +79,8 @@ async def serve(
     out: Callable[[str], Any] = print,
     settings: Settings | None = None,
 ) -> None:
-    """Run the demo until SIGINT/SIGTERM (a second signal stops at once)."""
+    """Run the demo until SIGINT/SIGTERM; Ctrl-C again, or a SIGTERM 2 s or more after the
+    first, stops at once."""
     base = settings or Settings.from_env()
     setup_logging(base.log_format, base.log_level)
     token = secrets.token_urlsafe(12)
@@ -97,14 +103,19 @@ async def serve(
 
     loop = asyncio.get_running_loop()
     signals = (signal.SIGINT, signal.SIGTERM)
-    stopping: list[int] = []
+    stopping: list[tuple[signal.Signals, float]] = []  # the first signal, and when
 
     def on_signal(sig: signal.Signals) -> None:
-        if stopping:  # second signal: stop at once
+        if stopping:
+            # One SIGTERM can arrive twice: make passes the one its process group got on to
+            # `make demo`'s child. Ctrl-C again, or a SIGTERM sent later, stops at once.
+            first, at = stopping[0]
+            if sig == first == signal.SIGTERM and loop.time() - at < REPEATED_SIGTERM:
+                return
             api.force_exit = sim.force_exit = True
             api.should_exit = sim.should_exit = True
             return
-        stopping.append(sig)
+        stopping.append((sig, loop.time()))
         out("\nstopping: API first (the worker drains), then the partner simulator...")
         api.should_exit = True
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import sqlite3
 import sys
 from pathlib import Path
@@ -81,6 +82,27 @@ def test_durq_demo_serves_the_service_until_ctrl_c(tmp_path: Path) -> None:
         assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] >= 1
     finally:
         conn.close()
+
+
+def test_one_stop_delivered_twice_still_drains_quietly(tmp_path: Path) -> None:
+    """``make demo`` passes the SIGTERM its process group gets on to the demo, which so gets
+    it twice at once: that is one stop (the worker drains, the lifespan ends), not a forced
+    one that cancels the web app's lifespan and prints its tracebacks."""
+    demo = Demo(tmp_path)
+    try:
+        demo.wait_banner()
+        demo.proc.send_signal(signal.SIGTERM)
+        # The second after the first is handled (two pending ones would merge into one).
+        wait_for(lambda: "stopping:" in demo.out)
+        demo.proc.send_signal(signal.SIGTERM)
+        code = demo.proc.wait(timeout=60)
+    finally:
+        demo.stop() if demo.proc.poll() is None else demo._reader.join(5)
+    err = demo.stderr()
+    assert code == 0, err
+    assert "Traceback" not in err and "CancelledError" not in err
+    assert "worker" in err and "stopped" in err  # the worker's own log line: it drained
+    assert "demo stopped" in demo.out
 
 
 @pytest.mark.parametrize("kind", ["postgres", "redis"])
