@@ -11,8 +11,8 @@ to the dependent's start is split into:
   worker was idle), which releases the dependent;
 * **to the claim**: from its end until the call that leases the dependent ends (0 when the
   completing call leased it): a second claim, a wake-up;
-* **reading dependencies**: the lease until ``get_tasks`` answered (the dependencies' read
-  and decode), and then the handler's start.
+* **reading dependencies**: the lease until the dependencies' read is called (the attempt's
+  start), the read (``Admin.get_outcomes``) and its decoding, and then the handler's start.
 
     .venv/bin/python benchmarks/dependent_start.py [--broker postgresql://...] [--workflows 30]
 """
@@ -52,16 +52,18 @@ class Trace:
             if hasattr(broker, name):
                 setattr(broker, name, self._inner(name, getattr(broker, name)))
         admin = broker.admin
-        original = admin.get_tasks
+        # What the node reads of its dependencies (get_outcomes; get_tasks before it).
+        name = "get_outcomes" if hasattr(admin, "get_outcomes") else "get_tasks"
+        original = getattr(admin, name)
 
         @functools.wraps(original)
-        async def get_tasks(queue: str, ids: list[str]) -> Any:
+        async def read(queue: str, ids: list[str]) -> Any:
             start = time.perf_counter()
             out = await original(queue, ids)
             self.reads.append((start, time.perf_counter(), len(ids)))
             return out
 
-        admin.get_tasks = get_tasks
+        setattr(admin, name, read)
 
     def _inner(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(method)
@@ -119,7 +121,8 @@ def split(trace: Trace, w: int, members: list[str], merge_id: str) -> dict[str, 
         "ack_wait": 1000 * (acked[1] - end),
         "completing": 1000 * (acked[2] - acked[1]),
         "to_claim": 1000 * max(0.0, leased[2] - acked[2]),
-        "read": 1000 * (read[1] - leased[2]),
+        "to_read": 1000 * (read[0] - leased[2]),
+        "read": 1000 * (read[1] - read[0]),
         "handler": 1000 * (start - read[1]),
         "same_call": float(acked is leased),
         "idle_ack": float(acked[0] == "complete_many"),
@@ -166,7 +169,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = asyncio.run(run(args))
     print(f"{len(rows)} workflows, load average {os.getloadavg()[0]:.2f}")
-    for key in ("gap", "ack_wait", "completing", "to_claim", "read", "handler"):
+    for key in ("gap", "ack_wait", "completing", "to_claim", "to_read", "read", "handler"):
         values = sorted(r[key] for r in rows)
         p90 = values[min(len(values) - 1, int(0.9 * len(values)))]
         print(

@@ -1284,6 +1284,14 @@ FROM {schema}.tasks
 WHERE queue = %(queue)s AND id = ANY(%(ids)s)
   AND NOT (state = 'completed' AND expires_at <= {now});
 
+-- name: get_outcomes
+-- get_tasks narrowed to what a workflow node reads of its dependencies (Admin.get_outcomes):
+-- a hundred whole rows took 3-5 ms of the worker's CPU to decode, these columns 0.5 ms.
+SELECT id, state, result, last_error, headers::text AS headers
+FROM {schema}.tasks
+WHERE queue = %(queue)s AND id = ANY(%(ids)s)
+  AND NOT (state = 'completed' AND expires_at <= {now});
+
 -- name: run_task
 -- The inspector's moves are fenced by the state the move was decided on (expect).
 -- An archived task released its dependents when it was archived: it starts with none.
