@@ -26,6 +26,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import durq
@@ -106,7 +107,16 @@ def build(url: str, trace: Trace) -> durq.App:
     return app
 
 
-def split(trace: Trace, w: int, members: list[str], merge_id: str) -> dict[str, float]:
+@dataclass
+class Split:
+    """One workflow's gap, in ms, by part; and the broker's inner steps (PostgreSQL: the
+    claim statements) from the completing call to the dependent's lease."""
+
+    parts: dict[str, float]
+    steps: list[tuple[str, float]] = field(default_factory=list)
+
+
+def split(trace: Trace, w: int, members: list[str], merge_id: str) -> Split:
     """One workflow's gap, in ms, by part."""
     last = max(members, key=lambda m: trace.ends[m])
     end = trace.ends[last]
@@ -114,9 +124,8 @@ def split(trace: Trace, w: int, members: list[str], merge_id: str) -> dict[str, 
     leased = next(c for c in trace.calls if merge_id in c[4])
     read = next(r for r in trace.reads if r[0] >= leased[2] - 1e-9 and r[2] == len(members))
     start = trace.starts[w]
-    inner = [(n, b - a) for n, a, b in trace.inner if a >= acked[1] and b <= leased[2]]
-    return {
-        "inner": inner,  # type: ignore[dict-item]
+    steps = [(n, 1000 * (b - a)) for n, a, b in trace.inner if a >= acked[1] and b <= leased[2]]
+    parts = {
         "gap": 1000 * (start - end),
         "ack_wait": 1000 * (acked[1] - end),
         "completing": 1000 * (acked[2] - acked[1]),
@@ -127,14 +136,15 @@ def split(trace: Trace, w: int, members: list[str], merge_id: str) -> dict[str, 
         "same_call": float(acked is leased),
         "idle_ack": float(acked[0] == "complete_many"),
     }
+    return Split(parts, steps)
 
 
-async def run(args: argparse.Namespace) -> list[dict[str, float]]:
+async def run(args: argparse.Namespace) -> list[Split]:
     isolated = Isolated.create(args.broker)
     await isolated.prepare()
     trace = Trace()
     app = build(isolated.url, trace)
-    out = []
+    out: list[Split] = []
     try:
         worker = durq.Worker(app, concurrency=10, scheduler=False, summary_interval=None)
         async with worker:
@@ -167,7 +177,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--members", type=int, default=MEMBERS)
     args = parser.parse_args()
-    rows = asyncio.run(run(args))
+    splits = asyncio.run(run(args))
+    rows = [x.parts for x in splits]
     print(f"{len(rows)} workflows, load average {os.getloadavg()[0]:.2f}")
     for key in ("gap", "ack_wait", "completing", "to_claim", "to_read", "read", "handler"):
         values = sorted(r[key] for r in rows)
@@ -176,8 +187,8 @@ def main() -> None:
             f"{key:12} p50 {statistics.median(values):7.2f} ms  p90 {p90:7.2f}  "
             f"max {values[-1]:7.2f}"
         )
-    for r in rows[:5]:
-        print("  ", [(n, round(1000 * d, 2)) for n, d in r["inner"]])  # type: ignore[attr-defined]
+    for x in splits[:5]:
+        print("   steps of the completing call:", [(n, round(ms, 2)) for n, ms in x.steps])
     print(f"leased by the completing call: {sum(r['same_call'] for r in rows):.0f}/{len(rows)}")
     print(f"completed by complete_many (idle): {sum(r['idle_ack'] for r in rows):.0f}/{len(rows)}")
 
