@@ -28,9 +28,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from durq import encryption as crypt
 from durq import lifecycle
@@ -54,6 +54,7 @@ from durq.task import TaskInfo
 if TYPE_CHECKING:
     from durq.brokers.contract import Admin, FullBroker
     from durq.brokers.params import EnqueueParams
+    from durq.brokers.views import TaskOutcome
     from durq.encryption import Encryption
 
 #: The header of a workflow node's task (JSON, see :func:`node_header`).
@@ -521,6 +522,7 @@ class Gate:
 
 
 _SEVERITY = {"cancel": 2, "skip": 1}
+_T = TypeVar("_T")
 
 
 async def gate(admin: Admin, task: TaskInfo, encryption: Encryption | None) -> Gate:
@@ -531,7 +533,7 @@ async def gate(admin: Admin, task: TaskInfo, encryption: Encryption | None) -> G
     after: dict[str, list[str]] = header.get("after") or {}
     always = header.get("always") is True
     names = list(after)
-    infos = await _read_all(admin, [(q, i) for q, i in after.values()])
+    infos = await _outcomes(admin, [(q, i) for q, i in after.values()])
     results: dict[str, Any] = {}
     worst: tuple[int, str] | None = None
     for name, info in zip(names, infos, strict=True):
@@ -550,7 +552,7 @@ async def gate(admin: Admin, task: TaskInfo, encryption: Encryption | None) -> G
     return Gate(regroup(results, header.get("groups") or {}))
 
 
-def _node_failed(name: str, info: TaskInfo | None, stop: tuple[str, str] | None) -> NodeFailed:
+def _node_failed(name: str, info: TaskOutcome | None, stop: tuple[str, str] | None) -> NodeFailed:
     """A dependency that did not complete, as ``ctx.dependencies`` shows it."""
     if info is None:
         return NodeFailed(name, None, stop[1] if stop else None)
@@ -558,7 +560,7 @@ def _node_failed(name: str, info: TaskInfo | None, stop: tuple[str, str] | None)
     return NodeFailed(name, info.state, info.last_error, on_failure=str(policy))
 
 
-def _stop_for(name: str, info: TaskInfo | None) -> tuple[str, str] | None:
+def _stop_for(name: str, info: TaskOutcome | None) -> tuple[str, str] | None:
     """For a dependency that did not complete: (policy, the error of a node it stops), or
     ``None`` when the node runs anyway (``continue``)."""
     if info is None:
@@ -577,14 +579,29 @@ def _stop_for(name: str, info: TaskInfo | None) -> tuple[str, str] | None:
 async def _read_all(admin: Admin, keys: Sequence[tuple[str, str]]) -> list[TaskInfo | None]:
     """The tasks of ``keys`` (queue, id), in order: one read per queue (a node waiting for a
     thousand nodes reads them in one round trip, not a thousand)."""
+    return await _per_queue(admin.get_tasks, keys)
+
+
+async def _outcomes(admin: Admin, keys: Sequence[tuple[str, str]]) -> list[TaskOutcome | None]:
+    """What a node reads of its dependencies ``keys`` before it runs, as :func:`_read_all`
+    reads: their state, result, error and headers (:meth:`Admin.get_outcomes`), not whole
+    tasks, whose decoding the node's start would wait for."""
+    return await _per_queue(admin.get_outcomes, keys)
+
+
+async def _per_queue(
+    read: Callable[[str, list[str]], Awaitable[list[_T | None]]],
+    keys: Sequence[tuple[str, str]],
+) -> list[_T | None]:
+    """``read`` once per queue of ``keys`` (queue, id), at the same time; in ``keys``' order."""
     by_queue: dict[str, list[str]] = {}
     for queue, task_id in keys:
         by_queue.setdefault(queue, []).append(task_id)
-    reads = await asyncio.gather(*(admin.get_tasks(q, ids) for q, ids in by_queue.items()))
+    reads = await asyncio.gather(*(read(q, ids) for q, ids in by_queue.items()))
     found = {
-        (queue, task_id): info
-        for (queue, ids), infos in zip(by_queue.items(), reads, strict=True)
-        for task_id, info in zip(ids, infos, strict=True)
+        (queue, task_id): item
+        for (queue, ids), items in zip(by_queue.items(), reads, strict=True)
+        for task_id, item in zip(ids, items, strict=True)
     }
     return [found[key] for key in keys]
 

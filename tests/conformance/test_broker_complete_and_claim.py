@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import cast
 
 import pytest
-from brokerkit import LEASE, Q, claim, params, picture, snapshot
+from brokerkit import LATER, LEASE, A, Q, claim, params, picture, snapshot
 
 from conformance.conftest import requires
 from durq.brokers import FullBroker
@@ -21,6 +21,7 @@ from durq.brokers.base import (
     CAP_COMPLETE_AND_CLAIM,
     CAP_COMPLETE_AND_CLAIM_ANY_QUEUE,
     CAP_COMPLETE_AND_CLAIM_FOLLOW_UPS,
+    CAP_DEPENDENCIES,
     CAP_WAIT_AND_CLAIM,
     ClaimParams,
     CompleteAndClaim,
@@ -169,6 +170,66 @@ async def test_the_freed_slot_is_taken_after_a_claim_found_the_key_full(
     assert done == [True]
     assert [x.task.id for x in leases] == ["k1"]
     assert await snapshot(broker) == picture(active="k1", pending="k2")
+
+
+async def test_a_dependent_the_completion_releases_is_claimed_in_its_place(
+    broker: FullBroker, clock: FakeClock, send: Send
+) -> None:
+    """A task waiting for the completed one is claimable by the claim that carries the
+    completion, in claim order (created before t1, it comes first); a second one, past the
+    claim's slots, stays pending."""
+    requires(broker, CAP_DEPENDENCIES)
+    await enqueue(broker, clock, "t0")
+    await enqueue(broker, clock, "d0", "d1", after=((Q, "t0"),))
+    await enqueue(broker, clock, "t1")
+    (lease,) = await claim(broker, limit=1)
+    done, leases = await send(broker, [CompleteParams(lease.ref)], claim_params(2))
+    assert done == [True]
+    assert [x.task.id for x in leases] == ["d0", "d1"]
+    assert all(x.task.worker_id == "w1" and x.task.state is A for x in leases)
+    assert await snapshot(broker) == picture(active="d0 d1", pending="t1")
+    # Leased as a claim leases: its completion is fenced by the token the claim gave.
+    done, leases = await send(
+        broker, [CompleteParams(leases[0].ref), CompleteParams(leases[1].ref)], claim_params(1)
+    )
+    assert done == [True, True] and [x.task.id for x in leases] == ["t1"]
+
+
+async def test_a_released_dependent_takes_its_place_in_the_claim_order(
+    broker: FullBroker, clock: FakeClock, send: Send
+) -> None:
+    """The released task ranks among the pending ones as if the claim came after the
+    completion: before later tasks of its priority, after earlier ones, within the limit."""
+    requires(broker, CAP_DEPENDENCIES)
+    await enqueue(broker, clock, "t0", "a")
+    await enqueue(broker, clock, "d", after=((Q, "t0"),))
+    await enqueue(broker, clock, "b", "c")
+    await enqueue(broker, clock, "high", after=((Q, "t0"),), priority=5)
+    (lease,) = await claim(broker, limit=1)
+    assert lease.task.id == "t0"
+    done, leases = await send(broker, [CompleteParams(lease.ref)], claim_params(3))
+    assert done == [True]
+    assert [x.task.id for x in leases] == ["high", "a", "d"]
+    assert await snapshot(broker) == picture(active="high a d", pending="b c")
+
+
+async def test_a_released_dependent_with_a_limit_or_due_later(
+    broker: FullBroker, clock: FakeClock, send: Send
+) -> None:
+    """Released with a flow-control limit, it is claimed as limited tasks are (its slot
+    counted); released with its due time ahead, it is scheduled, not claimed."""
+    requires(broker, CAP_DEPENDENCIES)
+    one = (LimitSpec("k", concurrency=1),)
+    await enqueue(broker, clock, "t0")
+    await enqueue(broker, clock, "k0", after=((Q, "t0"),), limits=one)
+    await enqueue(broker, clock, "later", after=((Q, "t0"),), process_in=LATER)
+    (lease,) = await claim(broker, limit=1)
+    done, leases = await send(broker, [CompleteParams(lease.ref)], claim_params(3))
+    assert done == [True]
+    assert [x.task.id for x in leases] == ["k0"]
+    (stats,) = await broker.admin.list_limits(Q)
+    assert stats.running == 1
+    assert await snapshot(broker) == picture(active="k0", scheduled="later")
 
 
 async def test_no_completions_or_no_slots(broker: FullBroker, clock: FakeClock) -> None:

@@ -80,6 +80,7 @@ from durq.brokers.views import (
     MinuteCounts,
     QueueStats,
     ScheduleRecord,
+    TaskOutcome,
     TaskSearch,
     TaskSearchResult,
     UniqueHolds,
@@ -437,6 +438,11 @@ class Admin(Protocol):
     async def get_tasks(self, queue: str, task_ids: Sequence[str]) -> list[TaskInfo | None]:
         """The tasks of ``task_ids`` in one queue, in that order, read in one round trip (a
         workflow node's dependencies); ``None`` for one :meth:`get_task` would not find."""
+
+    async def get_outcomes(self, queue: str, task_ids: Sequence[str]) -> list[TaskOutcome | None]:
+        """:meth:`get_tasks` narrowed to what a workflow node reads of its dependencies
+        before it runs (state, result, last error, headers), in one round trip: the node's
+        start waits for it, and a whole task row is several times the bytes and decoding."""
 
     async def move_task(self, move: TaskMove) -> TaskInfo | None:
         """Move one task as :class:`TaskMove` says, with its follow-ups, if it is still in

@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from durq.brokers.views import FairDepth, PartitionDepth, UniqueHold, UniqueHolds
+from durq.brokers.views import FairDepth, PartitionDepth, TaskOutcome, UniqueHold, UniqueHolds
 from durq.clock import to_datetime
 from durq.progress import decode_logs, progress_of
 from durq.states import TaskState
@@ -69,6 +69,18 @@ def row_to_info(row: TaskRow) -> TaskInfo:
         steps=decode_steps(row["steps"]) if "steps" in keys else (),
         snoozes=row["snoozes"] if "snoozes" in keys else 0,
         unique_until=to_datetime(row["unique_until"]) if "unique_until" in keys else None,
+    )
+
+
+def row_to_outcome(row: TaskRow) -> TaskOutcome:
+    """A row of ``get_outcomes`` (id, state, result, last_error, headers)."""
+    result = row["result"]
+    return TaskOutcome(
+        id=row["id"],
+        state=TaskState(row["state"]),
+        raw_result=None if result is None else bytes(result),
+        last_error=row["last_error"],
+        headers=headers_of(row["headers"]),
     )
 
 

@@ -77,6 +77,19 @@ class GroupInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskOutcome:
+    """What a task that runs after another reads of it (a workflow node of each of its
+    dependencies, :meth:`~durq.brokers.contract.Admin.get_outcomes`): its state, result
+    (completed) or last error, and headers (the node's ``on_failure``), no more."""
+
+    id: str
+    state: TaskState
+    raw_result: bytes | None
+    last_error: str | None
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
 class WorkflowNodeInfo:
     """One node of a stored workflow, with its task as read with the record: ``state``
     ``None`` when the task is gone (deleted, or completed past its retention)."""

@@ -2,7 +2,8 @@
 generic plan per prepared statement, often made while the tasks table was still empty and
 had no statistics. The writes of a claim, of its forwarding step and of the promoter must
 then still go straight to the rows they locked, however long the queue's history has grown
-since. Counted in buffers on the real server (auto_explain), not timed.
+since. A completion finds the tasks waiting for it by their keys, never by reading the
+table. Counted in buffers and plan nodes on the real server (auto_explain), not timed.
 
 Those writes go through each row's address (ctid), which has one consequence tested here
 too: a row another transaction changed between the claim's snapshot and its lock is locked
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -39,10 +41,14 @@ MARKERS = {
     "lease_rows": "AS x(ctid)\n",
     "claim_forward": "CROSS JOIN LATERAL (\n        SELECT * FROM",
     "promote_due": "moved AS",
+    "complete": "AS released\nFROM ended AS d",
+    "complete_claim": "dep_take AS",
 }
 
 
-def task(*, delay: float | None = None, limited: bool = False) -> EnqueueParams:
+def task(
+    *, delay: float | None = None, limited: bool = False, after: EnqueueParams | None = None
+) -> EnqueueParams:
     return EnqueueParams(
         id=uuid.uuid4().hex,
         queue="default",
@@ -50,6 +56,7 @@ def task(*, delay: float | None = None, limited: bool = False) -> EnqueueParams:
         payload=b"{}",
         process_in=delay,
         limits=(LimitSpec("k", concurrency=5),) if limited else (),
+        after=() if after is None else ((after.queue, after.id),),
     )
 
 
@@ -74,6 +81,25 @@ async def one_round(broker: PostgresBroker) -> None:
     await asyncio.sleep(0.02)
     assert await broker.promote_due() == 1
     await claim_all(broker, 1)
+    await dependency_round(broker)
+
+
+async def dependency_round(broker: PostgresBroker) -> None:
+    """Completions that release a waiting task: complete, then complete_claim (which leases
+    the task it releases)."""
+    for ride in (False, True):
+        first = task()
+        await broker.enqueue_many([first])
+        await broker.enqueue_many([task(after=first)])
+        (lease,) = await broker.claim(ClaimParams(["default"], 10, "w", 30.0))
+        if ride:
+            claim = ClaimParams(["default"], 10, "w", 30.0)
+            done, leases = await broker.complete_and_claim([CompleteParams(lease.ref)], claim)
+            assert done == [True] and len(leases) == 1
+            assert await broker.complete(CompleteParams(leases[0].ref))
+        else:
+            assert await broker.complete(CompleteParams(lease.ref))
+            await claim_all(broker, 1)
 
 
 def buffers(node: dict[str, Any]) -> int:
@@ -138,10 +164,80 @@ async def test_claims_planned_on_an_empty_table_do_not_read_the_queue_history(
             seen.update(name for name, marker in MARKERS.items() if marker in text)
             if (n := buffers(plan["Plan"])) >= MOST_BUFFERS:
                 heavy.append((n, text[:200]))
+
         # The statements of concern ran (the test would otherwise prove nothing), and no
         # statement of the round read the history.
         assert seen == set(MARKERS), seen
         assert not heavy, heavy
+    finally:
+        await broker.close()
+
+
+async def explained(broker: PostgresBroker, run: Callable[[], Awaitable[None]]) -> list[Any]:
+    """The plans (auto_explain, JSON) of the statements ``run`` sends on the broker's one
+    pooled connection."""
+    async with broker._storage.connection("test") as conn:
+        try:
+            await conn.execute("LOAD 'auto_explain'")
+        except psycopg.errors.InsufficientPrivilege:
+            pytest.skip("auto_explain needs a superuser connection")
+        for setting in (
+            "auto_explain.log_min_duration = 0",
+            "auto_explain.log_analyze = on",
+            "auto_explain.log_buffers = on",
+            "auto_explain.log_timing = off",
+            "auto_explain.log_format = json",
+            "auto_explain.log_level = notice",
+        ):
+            await conn.execute(f"SET {setting}")
+    plans: list[Any] = []
+
+    def keep(diag: psycopg.errors.Diagnostic) -> None:
+        plans.append(json.loads((diag.message_primary or "").split("plan:", 1)[1]))
+
+    conn.add_notice_handler(keep)
+    try:
+        await run()
+    finally:
+        conn.remove_notice_handler(keep)
+    return plans
+
+
+def table_scans(node: dict[str, Any]) -> int:
+    """How many nodes of a plan read the whole tasks table."""
+    own = node.get("Node Type") == "Seq Scan" and node.get("Relation Name") == "tasks"
+    return int(own) + sum(table_scans(child) for child in node.get("Plans", ()))
+
+
+async def test_a_completion_finds_the_tasks_waiting_for_it_by_their_keys(
+    pg_url: str, schema: str
+) -> None:
+    """The count-down of waiting tasks, in complete and in complete_claim, on a table of
+    some history with its statistics: each completion names a few waiting tasks, which the
+    plan estimated at a hundred (jsonb_array_elements) and fetched by reading the table."""
+    broker = PostgresBroker.from_url(f"{pg_url}&pool_max=1")  # one connection: one plan cache
+    try:
+        await broker.migrate()
+        async with broker._storage.connection("test") as conn:
+            await conn.execute(
+                sql.SQL(
+                    "INSERT INTO {}.tasks (queue, id, type, payload, state, max_retry,"
+                    " next_process_at, enqueued_at, expires_at)"
+                    " SELECT 'default', 'done-' || i, 't', '\\x7b7d', 'completed', 0, 0, 0, 1e12"
+                    " FROM generate_series(1, %s) AS i"
+                ).format(sql.Identifier(schema)),
+                (HISTORY,),
+            )
+            await conn.execute(sql.SQL("ANALYZE {}.tasks").format(sql.Identifier(schema)))
+
+        async def rounds() -> None:
+            for _ in range(7):  # prepared at the fifth call: custom plans, then the generic one
+                await dependency_round(broker)
+
+        plans = await explained(broker, rounds)
+        counting = [p for p in plans if "dep_locked AS" in p["Query Text"]]
+        assert {"dep_take AS" in p["Query Text"] for p in counting} == {True, False}
+        assert [table_scans(p["Plan"]) for p in counting] == [0] * len(counting)
     finally:
         await broker.close()
 

@@ -28,8 +28,13 @@ def test_claim_returns_the_columns_claimed_info_reads() -> None:
     text = QUERIES["claimed_columns"]
     columns = [re.sub(r"::\w+$", "", c.strip()).removeprefix("t.") for c in text.split(",")]
     assert tuple(columns) == CLAIM_COLUMNS
-    for name in ("claim_work", "lease_rows"):
-        assert "RETURNING {claimed_columns}" in QUERIES[name]
+    for name in ("claim_lease", "lease_rows", "complete_claim"):
+        assert "RETURNING" in QUERIES[name] and "{claimed_columns}" in QUERIES[name]
+    # complete_claim's dependents leased in the statement: the same columns, named again.
+    listed = re.search(r"SELECT (r\.id,.*?)\s+FROM", QUERIES["complete_claim"], re.S)
+    assert listed is not None
+    names = tuple(c.strip().removeprefix("r.") for c in listed.group(1).split(","))
+    assert names == CLAIM_COLUMNS
 
 
 async def test_enqueue_answers_what_the_row_holds(pg: PostgresBroker, clock: FakeClock) -> None:

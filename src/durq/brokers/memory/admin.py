@@ -16,6 +16,7 @@ from durq.brokers.views import (
     MinuteCounts,
     QueueStats,
     ScheduleRecord,
+    TaskOutcome,
     TaskSearch,
     TaskSearchResult,
     UniqueHold,
@@ -223,6 +224,18 @@ class MemoryAdmin:
             now = self._clock.now()
             rows = [self._store.get(queue, task_id, now) for task_id in task_ids]
             return [None if row is None else row.info() for row in rows]
+
+    async def get_outcomes(self, queue: str, task_ids: Sequence[str]) -> list[TaskOutcome | None]:
+        """:meth:`get_tasks` narrowed to what a node reads of its dependencies."""
+        with self._store.lock:
+            now = self._clock.now()
+            rows = [self._store.get(queue, task_id, now) for task_id in task_ids]
+            return [
+                None
+                if row is None
+                else TaskOutcome(row.id, row.state, row.result, row.last_error, dict(row.headers))
+                for row in rows
+            ]
 
     def _existing(self, queue: str, task_id: str, now: float) -> Row:
         row = self._store.get(queue, task_id, now)

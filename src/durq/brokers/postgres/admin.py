@@ -22,7 +22,7 @@ from durq.brokers.sqlfiles import (
     workflow_query_params,
     workflow_records,
 )
-from durq.brokers.sqlrows import fair_depth_of, row_to_info, unique_holds_of
+from durq.brokers.sqlrows import fair_depth_of, row_to_info, row_to_outcome, unique_holds_of
 from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
     FairDepth,
@@ -31,6 +31,7 @@ from durq.brokers.views import (
     MinuteCounts,
     QueueStats,
     ScheduleRecord,
+    TaskOutcome,
     TaskSearch,
     TaskSearchResult,
     UniqueHolds,
@@ -163,6 +164,18 @@ class PostgresAdmin:
             {"queue": queue, "ids": list(task_ids), "now": self._storage.now()},
         )
         found = {row["id"]: row_to_info(row) for row in rows}
+        return [found.get(task_id) for task_id in task_ids]
+
+    async def get_outcomes(self, queue: str, task_ids: Sequence[str]) -> list[TaskOutcome | None]:
+        """:meth:`get_tasks` narrowed to what a node reads of its dependencies."""
+        if not task_ids:
+            return []
+        rows = await self._storage.fetch(
+            "get_outcomes",
+            "get_outcomes",
+            {"queue": queue, "ids": list(task_ids), "now": self._storage.now()},
+        )
+        found = {row["id"]: row_to_outcome(row) for row in rows}
         return [found.get(task_id) for task_id in task_ids]
 
     async def move_task(self, move: TaskMove) -> TaskInfo | None:

@@ -211,7 +211,7 @@ WHERE unique_key = ANY(%(keys)b::text[])
 -- an equality on (queue, state) and a range on next_process_at: with "state IN (...)" the
 -- planner may leave the state out of the index condition and read every row of the queue
 -- (pending and held ones included) on every claim. Rows are written through their ctid
--- (see claim_work).
+-- (see claim_lease).
 WITH due AS (
     SELECT c.ctid
     FROM unnest(%(queues)b::text[]) AS q(name)
@@ -265,7 +265,7 @@ t.lease_token, t.seq, t.started_at, t.lease_expires_at, t.priority, t.limits::te
 -- {claimable_due}. Due rows per queue through the partial index (tasks_claimable; held rows
 -- are out of it), locked with SKIP LOCKED so concurrent workers take different rows (W10),
 -- filled from the queues in the order given, with their limits and their row's address
--- (ctid: the claim's write goes straight to the row it locked; see claim_work).
+-- (ctid: the claim's write goes straight to the row it locked; see claim_lease).
 SELECT c.queue, c.id, c.limits, c.priority, c.next_process_at, c.seq, c.ctid,
        c.fair_template, c.fair_turn, c.kept
 FROM unnest(%(queues)b::text[]) WITH ORDINALITY AS q(name, ord)
@@ -284,20 +284,13 @@ WHERE NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.name = q.name AND p
 ORDER BY q.ord, c.priority DESC, c.next_process_at, c.seq
 LIMIT %(limit)s;
 
--- name: claim_work
--- A fragment (complete_claim): take due rows (claimable_due) and mark those without limits
--- active with a fresh fencing token and lease ("leased"). Rows with limits are not leased
--- here (W13): "more" says whether some were due (limited: the broker then claims them in
--- Python) and gives the counters of keys with held tasks (held), whose room the limiter
--- reads. With check_due, due scheduled/retry rows
+-- name: claim_due
+-- A fragment (claim, complete_claim): the due rows a claim may take (claimable_due), and
+-- whether due scheduled/retry rows must be forwarded first. The statement then names the
+-- rows it leases ("taken": ctids of due rows without limits) before claim_lease.
+-- With check_due, due scheduled/retry rows
 -- in these queues (not yet pending, so not in the claim index) make it lease nothing
 -- ("forward_first"): the broker forwards them and claims again, so the claim order holds.
--- Rows locked in this statement are written through their ctid, the address the lock was
--- taken at: a join on (queue, id) left the index to the plan, and a plan made while the
--- table was empty (prepared statements keep theirs) read every row of the queue, history
--- included, on each claim until the next ANALYZE. A row another transaction changed after
--- this statement's snapshot is locked in its new version, which the write cannot see: it
--- is not leased, and "moved" tells the broker to claim again at once.
 forward_first AS (
     -- One probe per state (as in claim_forward): both the queue and the state are index
     -- conditions on tasks_by_state, so pending and held rows are never read here.
@@ -316,12 +309,25 @@ forward_first AS (
 ),
 due AS (
     {claimable_due}
-),
+)
+
+-- name: claim_lease
+-- A fragment (claim, complete_claim), after claim_due and the statement's "taken": mark the
+-- rows taken active with a fresh fencing token and lease ("leased"). Rows with limits are
+-- not leased here (W13): "more" says whether some were due (limited: the broker then claims
+-- them in Python) and gives the counters of keys with held tasks (held), whose room the
+-- limiter reads.
+-- Rows locked in this statement are written through their ctid, the address the lock was
+-- taken at: a join on (queue, id) left the index to the plan, and a plan made while the
+-- table was empty (prepared statements keep theirs) read every row of the queue, history
+-- included, on each claim until the next ANALYZE. A row another transaction changed after
+-- this statement's snapshot is locked in its new version, which the write cannot see: it
+-- is not leased, and "moved" tells the broker to claim again at once.
 leased AS (
     UPDATE {schema}.tasks AS t
     {lease_set}
-    FROM due
-    WHERE t.ctid = due.ctid AND due.limits IS NULL
+    FROM taken
+    WHERE t.ctid = taken.ctid
       AND NOT (SELECT f.due FROM forward_first AS f)
     RETURNING {claimed_columns}
 ),
@@ -341,9 +347,8 @@ more AS (
         -- A row locked here that another transaction changed since the snapshot was not
         -- leased: the broker claims again at once.
         NOT (SELECT f.due FROM forward_first AS f)
-            AND (SELECT count(*) FROM due WHERE due.limits IS NULL)
-                > (SELECT count(*) FROM leased) AS moved
-);
+            AND (SELECT count(*) FROM taken) > (SELECT count(*) FROM leased) AS moved
+)
 
 -- name: claim_now
 -- The claim of limited work decides in Python (durq.brokers.limiter) at this time: the
@@ -563,26 +568,49 @@ CASE WHEN o.kept
            WHERE e.v ->> 6 = '1')
      END;
 
--- name: count_down
--- A fragment, not run alone: the CTEs spliced into the statements that finish tasks (CTE
--- "ended", with their dependents), after release_limits. Each waiting task listed counts
--- its dependencies that finished; at zero it is released: pending, or scheduled while its
--- due time is ahead (durq.states.released, in SQL). The waiting rows are locked in key
--- order first; a lock waited for re-reads the row, so two steps finishing two dependencies
--- of one task at the same time both count. "dep_released" holds the tasks counted down.
+-- name: count_down_lock
+-- A fragment, not run alone: count_down's first CTEs, which complete_claim uses with a
+-- dep_released of its own. Each waiting task listed counts its dependencies that finished
+-- ("dep_counts"); the waiting rows are locked in key order, with what the claim of
+-- complete_claim ranks them by ("dep_locked"). A lock waited for re-reads the row, so two
+-- steps finishing two dependencies of one task at the same time both count.
+-- Each row is looked up by its key (a LATERAL subquery with LIMIT is never flattened into a
+-- join, so the plan is always one primary-key probe per task counted, in dep_counts'
+-- order): as a join, estimated at 100 rows per jsonb_array_elements, the plan read the
+-- whole table for the waiting rows (1.3-8.6 ms with 3,000 rows, and growing with the
+-- results kept), and prepared statements keep their plan.
 dep_counts AS (
     SELECT e.v ->> 0 AS queue, e.v ->> 1 AS id, count(*) AS n
     FROM ended AS d CROSS JOIN LATERAL jsonb_array_elements(d.dependents) AS e(v)
     GROUP BY 1, 2
+    ORDER BY 1, 2
 ),
 dep_locked AS (
-    SELECT w.queue, w.id, c.n
+    SELECT w.queue, w.id, c.n, w.waiting_for, w.next_process_at, w.priority, w.seq,
+           w.limits, w.held_by
     FROM dep_counts AS c
-    JOIN {schema}.tasks AS w ON w.queue = c.queue AND w.id = c.id
-    WHERE w.state = 'waiting'
-    ORDER BY w.queue, w.id
-    FOR UPDATE OF w
-),
+    CROSS JOIN LATERAL (
+        SELECT t.queue, t.id, t.waiting_for, t.next_process_at, t.priority, t.seq,
+               t.limits, t.held_by
+        FROM {schema}.tasks AS t
+        WHERE t.queue = c.queue AND t.id = c.id AND t.state = 'waiting'
+        LIMIT 1
+        FOR UPDATE
+    ) AS w
+)
+
+-- name: count_down
+-- A fragment, not run alone: the CTEs spliced into the statements that finish tasks (CTE
+-- "ended", with their dependents), after release_limits. Each waiting task listed counts
+-- its dependencies that finished (count_down_lock); at zero it is released: pending, or
+-- scheduled while its due time is ahead (durq.states.released, in SQL). "dep_released"
+-- holds the tasks counted down. The rows are named by key arrays as well as joined: with
+-- dep_locked estimated at 100 rows (jsonb_array_elements), a plan made on a small table
+-- joined by reading the whole table, and kept that plan as the table grew; an index
+-- condition on the arrays is the cheaper plan at any size. Through the row's key, not the
+-- ctid dep_locked could give: a row that lock waited for is a version this statement's
+-- snapshot cannot see, which the update then re-reads by its key.
+{count_down_lock},
 dep_released AS (
     UPDATE {schema}.tasks AS w
     SET waiting_for = greatest(w.waiting_for - l.n, 0),
@@ -590,7 +618,9 @@ dep_released AS (
                      WHEN w.next_process_at > {now} THEN 'scheduled'
                      ELSE 'pending' END
     FROM dep_locked AS l
-    WHERE w.queue = l.queue AND w.id = l.id AND w.state = 'waiting'
+    WHERE w.queue = ANY(ARRAY(SELECT b.queue FROM dep_locked AS b))
+      AND w.id = ANY(ARRAY(SELECT b.id FROM dep_locked AS b))
+      AND w.queue = l.queue AND w.id = l.id AND w.state = 'waiting'
     RETURNING w.queue, w.state
 )
 
@@ -598,7 +628,8 @@ dep_released AS (
 -- A fragment (complete, complete_claim): finish many leases (task_queues, ids, tokens):
 -- keep the row with its result while retention > 0, else delete it; count each as
 -- processed. Fenced by state and lease token. "ended" holds the leases finished, "released"
--- the limit keys they gave a running slot back to.
+-- the limit keys they gave a running slot back to; their dependents are counted down by the
+-- statement (count_down, or complete_claim's own).
 x AS (
     SELECT *
     FROM unnest(%(task_queues)b::text[], %(ids)b::text[], %(tokens)b::text[],
@@ -628,7 +659,6 @@ ended AS (
     UNION ALL SELECT queue, id, limits, watched, dependents FROM gone
 ),
 {release_limits},
-{count_down},
 counted AS (
     INSERT INTO {schema}.stats AS s (queue, day, processed, failed)
     SELECT queue, %(day)s, count(*), 0 FROM ended GROUP BY queue
@@ -643,7 +673,8 @@ counted_minute AS (
 -- name: complete
 -- Finish many leases in one statement (complete_work); "watched": someone waits for the
 -- task's end (App.wait), the broker announces it.
-WITH {complete_work}
+WITH {complete_work},
+{count_down}
 SELECT d.queue, d.id, d.watched,
        EXISTS (SELECT 1 FROM released AS r WHERE r.queue = d.queue AND r.waiting) AS wake,
        ARRAY(SELECT DISTINCT r.queue FROM dep_released AS r WHERE r.state = 'pending')
@@ -652,7 +683,7 @@ FROM ended AS d;
 
 -- name: complete_claim
 -- The busy worker's round trip in one statement: finish its acknowledged leases
--- (complete_work) and claim (claim_work). The two touch different rows (active, pending)
+-- (complete_work) and claim (claim_due, claim_lease). The two touch different rows (active, pending)
 -- and share one snapshot: a limit key freed here is seen by the next claim (the answer's
 -- wake_queues make it come at once). The claim's columns come first, then the completed
 -- leases (done_queues, done_ids), the queues of the freed keys that hold tasks (wake_queues)
@@ -661,28 +692,99 @@ FROM ended AS d;
 -- claim_forward and `claim` in one round trip. Forwarding is not part of this
 -- statement: its plan would then depend on the queues' count, and the server would plan the
 -- whole statement again on every claim instead of keeping one plan.
+-- Waiting tasks these completions release (count_down_lock) are claimed here too: the
+-- snapshot's claim cannot see them, and they were otherwise leased by one more claim after
+-- this statement (a workflow's dependent: 5-28 ms more on a loaded machine). Those due now,
+-- without limits, not held, in these queues (none paused) rank with the due rows in claim
+-- order ("ranked", the limit's first): due rows among them are "taken" (claim_lease), the
+-- released ones "dep_take". A row is written once per statement, so dep_released itself
+-- leases those (lease_set's columns).
 WITH {complete_work},
-{claim_work},
+{claim_due},
+{count_down_lock},
+ranked AS (
+    SELECT c.ctid, c.queue, c.id
+    FROM (
+        SELECT d.ctid, d.queue, d.id, q.ord, d.priority, d.next_process_at, d.seq
+        FROM due AS d
+        JOIN unnest(%(queues)b::text[]) WITH ORDINALITY AS q(name, ord) ON q.name = d.queue
+        WHERE d.limits IS NULL
+        UNION ALL
+        SELECT NULL::tid, l.queue, l.id, q.ord, l.priority, l.next_process_at, l.seq
+        FROM dep_locked AS l
+        JOIN unnest(%(queues)b::text[]) WITH ORDINALITY AS q(name, ord) ON q.name = l.queue
+        WHERE l.waiting_for - l.n <= 0 AND l.next_process_at <= {now}
+          AND l.limits IS NULL AND l.held_by IS NULL
+          AND NOT (SELECT f.due FROM forward_first AS f)
+          AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.name = l.queue AND p.paused)
+    ) AS c
+    ORDER BY c.ord, c.priority DESC, c.next_process_at, c.seq
+    LIMIT %(limit)s
+),
+taken AS (
+    SELECT r.ctid FROM ranked AS r WHERE r.ctid IS NOT NULL
+),
+dep_take AS (
+    SELECT r.queue, r.id FROM ranked AS r WHERE r.ctid IS NULL
+),
+dep_released AS (
+    UPDATE {schema}.tasks AS t
+    SET waiting_for = greatest(t.waiting_for - l.n, 0),
+        state = CASE WHEN k.id IS NOT NULL THEN 'active'
+                     WHEN t.waiting_for - l.n > 0 THEN 'waiting'
+                     WHEN t.next_process_at > {now} THEN 'scheduled'
+                     ELSE 'pending' END,
+        lease_token = CASE WHEN k.id IS NOT NULL THEN gen_random_uuid()::text
+                           ELSE t.lease_token END,
+        lease_expires_at = CASE WHEN k.id IS NOT NULL THEN {now} + %(lease_seconds)s
+                                ELSE t.lease_expires_at END,
+        worker_id = CASE WHEN k.id IS NOT NULL THEN %(worker_id)s ELSE t.worker_id END,
+        started_at = CASE WHEN k.id IS NOT NULL THEN {now} ELSE t.started_at END,
+        cancel_requested = k.id IS NULL AND t.cancel_requested
+    FROM dep_locked AS l
+    LEFT JOIN dep_take AS k ON k.queue = l.queue AND k.id = l.id
+    WHERE t.queue = ANY(ARRAY(SELECT b.queue FROM dep_locked AS b))
+      AND t.id = ANY(ARRAY(SELECT b.id FROM dep_locked AS b))
+      AND t.queue = l.queue AND t.id = l.id AND t.state = 'waiting'
+    RETURNING t.state AS released_state, {claimed_columns}
+),
+{claim_lease},
 done AS (
     SELECT array_agg(d.queue) AS queues, array_agg(d.id) AS ids,
            array_agg(DISTINCT d.queue) FILTER (
                WHERE EXISTS (SELECT 1 FROM released AS r WHERE r.queue = d.queue AND r.waiting)
-           ) || ARRAY(SELECT DISTINCT r.queue FROM dep_released AS r WHERE r.state = 'pending')
+           ) || ARRAY(SELECT DISTINCT r.queue FROM dep_released AS r
+                      WHERE r.released_state = 'pending')
            AS wake,
            array_agg(d.id) FILTER (WHERE d.watched) AS watched
     FROM ended AS d
+),
+claimed AS (
+    SELECT * FROM leased
+    UNION ALL
+    -- claimed_columns' names, in its order (rows.CLAIM_COLUMNS)
+    SELECT r.id, r.queue, r.type, r.payload, r.max_retry, r.retried, r.last_error, r.timeout,
+           r.deadline, r.next_process_at, r.enqueued_at, r.retention, r.lost, r.headers,
+           r.lease_token, r.seq, r.started_at, r.lease_expires_at, r.priority, r.limits,
+           r.steps
+    FROM dep_released AS r
+    WHERE r.released_state = 'active'
 )
-SELECT leased.*, more.limited, more.held, done.queues, done.ids, done.wake,
+SELECT claimed.*, more.limited, more.held, done.queues, done.ids, done.wake,
        (SELECT f.due FROM forward_first AS f) AS due, done.watched, more.moved
-FROM more CROSS JOIN done LEFT JOIN leased ON true;
+FROM more CROSS JOIN done LEFT JOIN claimed ON true;
 
 -- name: claim
 -- complete_claim without completions (an idle worker's claim, the one that picks up a new
--- task): claim_work alone, the same answer with no completed leases. It leaves out the
+-- task): claim_due and claim_lease alone, the same answer with no completed leases. It leaves out the
 -- complete CTEs: 0.27-0.34 ms and 187-208 us of client CPU per claim of an empty queue,
 -- against 0.48-0.57 ms and 304-336 us (with complete_claim's text then parsed again by
 -- psycopg on every call; the claims now run as raw statements, storage.RAW).
-WITH {claim_work}
+WITH {claim_due},
+taken AS (
+    SELECT due.ctid FROM due WHERE due.limits IS NULL
+),
+{claim_lease}
 SELECT leased.*, more.limited, more.held, NULL::text[] AS queues, NULL::text[] AS ids,
        NULL::text[] AS wake, (SELECT f.due FROM forward_first AS f) AS due,
        NULL::text[] AS watched, more.moved
@@ -923,7 +1025,7 @@ due AS (
     SELECT ctid FROM due_times UNION ALL SELECT ctid FROM due_waits
 ),
 moved AS (
-    -- Through the locked rows' ctid, as claim_work does.
+    -- Through the locked rows' ctid, as claim_lease does.
     UPDATE {schema}.tasks AS t
     SET state = 'pending'
     FROM due
@@ -1197,6 +1299,14 @@ WHERE queue = %(queue)s AND id = %(id)s
 -- name: get_tasks
 -- Several tasks of one queue by id, as get_task reads each.
 SELECT *
+FROM {schema}.tasks
+WHERE queue = %(queue)s AND id = ANY(%(ids)s)
+  AND NOT (state = 'completed' AND expires_at <= {now});
+
+-- name: get_outcomes
+-- get_tasks narrowed to what a workflow node reads of its dependencies (Admin.get_outcomes):
+-- a hundred whole rows took 3-5 ms of the worker's CPU to decode, these columns 0.5 ms.
+SELECT id, state, result, last_error, headers::text AS headers
 FROM {schema}.tasks
 WHERE queue = %(queue)s AND id = ANY(%(ids)s)
   AND NOT (state = 'completed' AND expires_at <= {now});

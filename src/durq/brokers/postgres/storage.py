@@ -84,12 +84,14 @@ FRAGMENTS = (
     "release_limits",
     "given_back",
     "kept_back",
+    "count_down_lock",
     "count_down",
     "claimable_due",
     "lease_set",
     "claimed_columns",
     "complete_work",
-    "claim_work",
+    "claim_due",
+    "claim_lease",
 )
 
 

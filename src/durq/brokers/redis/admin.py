@@ -11,7 +11,7 @@ from typing import Any
 from durq.brokers import limiter
 from durq.brokers.params import LimitOverride, TaskMove, TaskRewrite
 from durq.brokers.redis.keys import QueueKeys
-from durq.brokers.redis.rows import pairs, stored_counter, task_info
+from durq.brokers.redis.rows import pairs, stored_counter, task_info, task_outcome
 from durq.brokers.redis.storage import RedisStorage, ScriptCall
 from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
@@ -22,6 +22,7 @@ from durq.brokers.views import (
     MinuteCounts,
     QueueStats,
     ScheduleRecord,
+    TaskOutcome,
     TaskSearch,
     TaskSearchResult,
     UniqueHold,
@@ -275,6 +276,28 @@ class RedisAdmin:
             await self._storage.ensure()
             rows = await self._storage.commands([("HGETALL", k.task(t)) for t in task_ids])
         return [self._retained(queue, row) for row in rows]
+
+    async def get_outcomes(self, queue: str, task_ids: Sequence[str]) -> list[TaskOutcome | None]:
+        """:meth:`get_tasks` narrowed to what a node reads of its dependencies: the same
+        pipeline (a result or headers may be stored in chunks of unknown number), decoded
+        for those fields only."""
+        if not task_ids:
+            return []
+        k = self._storage.keys.queue(queue)
+        async with self._storage.op("get_outcomes"):
+            await self._storage.ensure()
+            rows = await self._storage.commands([("HGETALL", k.task(t)) for t in task_ids])
+        now = self._storage.clock.now()
+        out: list[TaskOutcome | None] = []
+        for row in rows:
+            fields = pairs(row) if row else None
+            outcome = task_outcome(fields) if fields else None
+            if outcome is not None and outcome.state is TaskState.COMPLETED:
+                expires = fields.get("expires_at") if fields else None
+                if expires and float(expires) <= now:
+                    outcome = None
+            out.append(outcome)
+        return out
 
     def _retained(self, queue: str, row: Any) -> TaskInfo | None:
         """The task of a stored hash; ``None`` when there is none, or it is a completed

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from durq.brokers.limiter import Counter
+from durq.brokers.views import TaskOutcome
 from durq.clock import to_datetime
 from durq.progress import decode_logs, progress_of
 from durq.states import FINISHED, TaskState
@@ -85,6 +86,19 @@ def task_info(queue: str, flat: Sequence[Any] | dict[Any, Any]) -> TaskInfo:
         snoozes=int(h.get("snoozes", 0)),
         # Kept in the hash after the key is let go at the end: shown while unfinished.
         unique_until=None if state in FINISHED else to_datetime(_opt_float(h, "uu")),
+    )
+
+
+def task_outcome(flat: Sequence[Any] | dict[Any, Any]) -> TaskOutcome:
+    """What ``Admin.get_outcomes`` reads of one task hash (its dependents' view)."""
+    h = pairs(flat)
+    headers_raw = _chunks(h, "h")
+    return TaskOutcome(
+        id=_text(h["id"]),
+        state=TaskState(_text(h["state"])),
+        raw_result=_chunks(h, "r"),
+        last_error=_opt_str(h, "last_error"),
+        headers=json.loads(headers_raw) if headers_raw else {},
     )
 
 

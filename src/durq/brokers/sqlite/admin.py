@@ -20,7 +20,7 @@ from durq.brokers.sqlfiles import (
     workflow_records,
 )
 from durq.brokers.sqlite.storage import STATEMENTS, Conn, SQLiteStorage, snapshot
-from durq.brokers.sqlrows import fair_depth_of, row_to_info, unique_holds_of
+from durq.brokers.sqlrows import fair_depth_of, row_to_info, row_to_outcome, unique_holds_of
 from durq.brokers.views import (
     WORKER_VISIBLE_FOR,
     FairDepth,
@@ -29,6 +29,7 @@ from durq.brokers.views import (
     MinuteCounts,
     QueueStats,
     ScheduleRecord,
+    TaskOutcome,
     TaskSearch,
     TaskSearchResult,
     UniqueHolds,
@@ -283,6 +284,23 @@ class SQLiteAdmin:
             return [found.get(task_id) for task_id in task_ids]
 
         return await self._storage.call("sqlite.get_tasks", run)
+
+    async def get_outcomes(self, queue: str, task_ids: Sequence[str]) -> list[TaskOutcome | None]:
+        """:meth:`get_tasks` narrowed to what a node reads of its dependencies."""
+        if not task_ids:
+            return []
+        params = {
+            "queue": queue,
+            "ids": json.dumps(list(task_ids)),
+            "now": self._storage.clock.now(),
+        }
+
+        def run(conn: Conn) -> list[TaskOutcome | None]:
+            rows = conn.execute(STATEMENTS["get_outcomes"], params).fetchall()
+            found = {row["id"]: row_to_outcome(row) for row in rows}
+            return [found.get(task_id) for task_id in task_ids]
+
+        return await self._storage.call("sqlite.get_outcomes", run)
 
     def _existing(self, conn: Conn, queue: str, task_id: str, now: float) -> sqlite3.Row:
         row = self._storage.get_row(conn, queue, task_id, now)

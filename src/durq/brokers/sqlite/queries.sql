@@ -431,6 +431,12 @@ SELECT * FROM durq_tasks
 WHERE queue = :queue AND id IN (SELECT value FROM json_each(:ids))
   AND NOT (state = 'completed' AND expires_at <= :now);
 
+-- name: get_outcomes
+-- get_tasks narrowed to what a workflow node reads of its dependencies (Admin.get_outcomes).
+SELECT id, state, result, last_error, headers FROM durq_tasks
+WHERE queue = :queue AND id IN (SELECT value FROM json_each(:ids))
+  AND NOT (state = 'completed' AND expires_at <= :now);
+
 -- name: get_queue
 SELECT name, paused FROM durq_queues WHERE name = :queue;
 
