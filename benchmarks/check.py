@@ -2,17 +2,23 @@
 baseline: did a change make durq's hot paths cost more?
 
 A rate or a CPU time moves with whatever else the machine runs; the instructions a process
-executes barely do. Each figure is counted as ``benchmarks/instructions.py`` counts a Redis
-enqueue: a small program runs under ``valgrind --tool=callgrind`` once with N1 and once with
-N2 tasks, and the difference over N2 - N1 is the figure (start-up, imports and the warm-up
-cancel out). Every thread of the process is counted (SQLite's database thread too); a broker
-server's own work is not (PostgreSQL and Redis: the client side only). The steps:
+executes barely do. Each figure is counted in a process of its own run under ``valgrind
+--tool=callgrind --instr-atstart=no``: after a warm-up of every path, only the measured
+section is counted (``callgrind.py``: start-up, imports and the set-up of each section stay
+out), ``-n`` operations a section, in ``--rounds`` rounds of which the least count is kept
+(work that follows the clock rather than the calls, a heartbeat or a pool's upkeep, adds to
+some rounds more than others, and a run under valgrind on a loaded machine is slow). Every
+thread of the process is counted (SQLite's database thread too); a broker server's own work
+is not (PostgreSQL and Redis: the client side only). SQLite's timed WAL checkpoint is held
+off, as in ``option_cost.py``. The sections:
 
 * ``enqueue``: ``app.enqueue`` one after another;
-* ``claim``: a claim of one task (``Broker.claim``, limit 1), tasks put there by
-  ``enqueue_many``, whose own count (step ``bulk``) is taken off;
-* ``task``: a task run by the worker (``app.worker()``, concurrency 10, a no-op
-  handler, ``retention=0``), from its claim to its stored completion, ``bulk`` taken off.
+* ``claim``: a claim of one task (``Broker.claim``, limit 1), the tasks put there by
+  ``enqueue_many`` before the section;
+* ``task``: a task run by the worker (``app.worker()``, concurrency 10, a no-op handler,
+  ``retention=0``), from its claim to its stored completion: the worker is started on the
+  paused queue and the tasks stored before the section, which unpauses the queue and ends
+  when the last completion is stored.
 
 Compared with the baseline (``benchmarks/baseline.json``, which notes the machine, the
 Python and the commit it was recorded on), a figure more than ``--tolerance`` (5 %) above
@@ -20,7 +26,7 @@ its baseline fails the check: one line per figure, exit status 1. Counts are com
 on the same Python and the same versions of the libraries; re-record the baseline after
 changing them, or after a change whose cost is wanted (``--record``).
 
-    .venv/bin/python benchmarks/check.py [--brokers memory,sqlite] [--sizes 100,300]
+    .venv/bin/python benchmarks/check.py [--brokers memory,sqlite] [-n 300] [--rounds 3]
     .venv/bin/python benchmarks/check.py --record          # measure, write the baseline
     .venv/bin/python benchmarks/check.py --current FILE    # compare saved figures, no run
     [--baseline PATH] [--tolerance 0.05] [--json FILE] [--postgres-url URL] [--redis-url URL]
@@ -33,7 +39,6 @@ import asyncio
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -42,10 +47,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from callgrind import Marks, marks_library, section_counts
+
 HERE = Path(__file__).resolve()
 BASELINE = HERE.parent / "baseline.json"
-#: Counted per broker: (figure, the step run, the step whose count is taken off).
-FIGURES = [("enqueue", "enqueue", None), ("claim", "claim", "bulk"), ("task", "task", "bulk")]
+#: The figures of each broker, one section each.
+STEPS = ("enqueue", "claim", "task")
 TOLERANCE = 0.05
 DEFAULT_BROKERS = "memory,sqlite,postgresql,redis"
 #: Server URLs for PostgreSQL and Redis; each run works in a fresh schema or key prefix.
@@ -53,26 +60,33 @@ POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 REDIS_URL = "redis://127.0.0.1:6379/14"
 
 
-def workload(url: str, step: str, tasks: int) -> None:
+def workload(url: str, step: str, tasks: int, rounds: int) -> None:
     """The measured program (run under callgrind by this tree's or a build's interpreter):
-    a warm-up of every path, then ``tasks`` of ``step``."""
+    a warm-up of every path, then ``rounds`` sections of ``tasks`` of ``step``."""
     import durq
     from durq.brokers.base import ClaimParams
+    from durq.brokers.sqlite import checkpoint
     from durq.options import EnqueueRequest
 
+    # The timed WAL checkpoint's share would follow how long a section took under valgrind,
+    # not its calls; the checkpoint inside a commit (by log size) still runs.
+    kwdefaults = checkpoint.Checkpointer.__init__.__kwdefaults__
+    assert kwdefaults is not None
+    kwdefaults["delay"] = 1e9
+    marks = Marks(os.environ.get("DURQ_CHECK_MARKS"))
     app = durq.App(url)
 
     @app.task("noop", retention=0)
     async def noop(payload: dict[str, int]) -> None:
         """Does nothing."""
 
-    async def bulk(first: int, count: int) -> None:
-        for start in range(first, first + count, 500):
-            stop = min(first + count, start + 500)
+    async def bulk(count: int) -> None:
+        for start in range(0, count, 500):
+            stop = min(count, start + 500)
             await app.enqueue_many([EnqueueRequest("noop", {"i": i}) for i in range(start, stop)])
 
     class Done(durq.WorkerHooks):
-        """Stops the drain when every task it waits for has completed (no idle wait)."""
+        """Ends a drain when every task it waits for has completed (no idle wait)."""
 
         def __init__(self) -> None:
             self.left = 0
@@ -85,98 +99,97 @@ def workload(url: str, step: str, tasks: int) -> None:
 
     done = Done()
 
-    async def drain(count: int) -> None:
+    async def drain(count: int, counted: bool) -> None:
+        """``count`` stored tasks run by a worker started on the paused queue; counted from
+        the unpause to the last completion."""
+        await app.inspector.pause_queue("default")
+        await bulk(count)
         done.left = count
         done.all_done.clear()
         worker = app.worker(concurrency=10, scheduler=False, hooks=[done])
         await worker.start()
+        if counted:
+            marks.start()
+        await app.inspector.unpause_queue("default")
         await done.all_done.wait()
+        if counted:
+            marks.stop(step)
         await worker.stop()
 
     async def run() -> None:
         broker = app.new_broker()
         await broker.connect()
         claim = ClaimParams(["default"], 1, "check", 300.0)
-        # Warm-up: every step once, so that what runs only the first time cancels out.
+        # Warm-up: every step once, so that what runs only the first time stays out.
         await app.enqueue("noop", {"i": -1})
-        await bulk(-3, 2)
+        await bulk(2)
         await broker.claim(claim)
-        await drain(2)
-        if step == "enqueue":
-            for i in range(tasks):
-                await app.enqueue("noop", {"i": i})
-        else:
-            await bulk(0, tasks)
-        if step == "claim":
-            for _ in range(tasks):
-                await broker.claim(claim)
-        elif step == "task":
-            await drain(tasks)
+        await drain(2, counted=False)
+        for _ in range(rounds):
+            if step == "enqueue":
+                marks.start()
+                for i in range(tasks):
+                    await app.enqueue("noop", {"i": i})
+                marks.stop(step)
+            elif step == "claim":
+                await bulk(tasks)
+                marks.start()
+                for _ in range(tasks):
+                    await broker.claim(claim)
+                marks.stop(step)
+            else:
+                await drain(tasks, counted=True)
         await broker.close()
         await app.close()
 
     asyncio.run(run())
 
 
-def collected(output: str) -> int:
-    """The instruction count callgrind writes at exit (in the measured process's stderr)."""
-    found = re.findall(r"Collected : (\d+)", output)
-    if not found:
-        raise RuntimeError(f"no callgrind total in: {output[-800:]}")
-    return int(found[-1])
-
-
-def count(python: str, base: str, step: str, tasks: int, *more: str, script: Path = HERE) -> int:
-    """Instructions of one run of ``step`` with ``tasks``, in a fresh place on the broker:
-    ``script workload URL STEP TASKS MORE...`` (this file's workload, or another's)."""
+def count(python: str, base: str, step: str, tasks: int, rounds: int, lib: str) -> float:
+    """Instructions per operation of ``step`` (the least of ``rounds`` sections of ``tasks``),
+    in a fresh place on the broker."""
     if base.startswith("memory"):
-        return _count(python, script, [base, step, str(tasks), *more])
+        return _count(python, [base, step, str(tasks), str(rounds)], lib)[step] / tasks
     from durq.bench.isolation import Isolated
 
     isolated = Isolated.create(None if base.startswith("sqlite") else base)
     try:
         asyncio.run(isolated.prepare())
-        return _count(python, script, [isolated.url, step, str(tasks), *more])
+        return _count(python, [isolated.url, step, str(tasks), str(rounds)], lib)[step] / tasks
     finally:
         asyncio.run(isolated.cleanup())
 
 
-def _count(python: str, script: Path, args: list[str]) -> int:
+def _count(python: str, args: list[str], lib: str) -> dict[str, int]:
     with tempfile.TemporaryDirectory(prefix="durq-check-") as tmp:
-        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out"]
-        cmd += [python, str(script), "workload", *args]
+        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+        cmd += [f"--callgrind-out-file={tmp}/out", python, str(HERE), "workload", *args]
         # A fixed hash seed: set and dict orders, and so the work, alike from run to run.
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        env = {**os.environ, "PYTHONHASHSEED": "0", "DURQ_CHECK_MARKS": lib}
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} failed: {done.stderr[-2000:]}")
-        return collected(done.stderr)
+        return section_counts(f"{tmp}/out")
 
 
 def measure(
     python: str,
     brokers: list[str],
-    sizes: tuple[int, int],
+    tasks: int,
+    rounds: int,
     urls: dict[str, str],
     jobs: int = 2,
 ) -> dict[str, float]:
-    """``{"<broker> <figure>": instructions per task}``; ``jobs`` runs at a time (a count
+    """``{"<broker> <step>": instructions per operation}``; ``jobs`` runs at a time (a count
     does not depend on how fast its run went)."""
-    n1, n2 = sizes
-    steps = ("enqueue", "bulk", "claim", "task")
-    runs = [(broker, step, n) for broker in brokers for step in steps for n in (n1, n2)]
-    with ThreadPoolExecutor(jobs) as pool:
-        counts = pool.map(lambda run: count(python, urls[run[0]], *run[1:]), runs)
+    runs = [(broker, step) for broker in brokers for step in STEPS]
+    with marks_library() as lib, ThreadPoolExecutor(jobs) as pool:
+        counts = pool.map(lambda run: count(python, urls[run[0]], run[1], tasks, rounds, lib), runs)
         counted = dict(zip(runs, counts, strict=True))
     figures: dict[str, float] = {}
-    for broker in brokers:
-        per_step: dict[str, float] = {}
-        for step in steps:
-            per_step[step] = (counted[broker, step, n2] - counted[broker, step, n1]) / (n2 - n1)
-            print(f"{broker} {step}: {per_step[step]:,.0f}", file=sys.stderr)
-        for figure, step, less in FIGURES:
-            value = per_step[step] - (per_step[less] if less else 0.0)
-            figures[f"{broker} {figure}"] = round(value)
+    for (broker, step), value in counted.items():
+        figures[f"{broker} {step}"] = round(value)
+        print(f"{broker} {step}: {value:,.0f}", file=sys.stderr)
     return figures
 
 
@@ -233,11 +246,12 @@ def machine() -> dict[str, Any]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "workload":
-        workload(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        workload(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--brokers", help=f"default: the baseline's, or {DEFAULT_BROKERS}")
-    parser.add_argument("--sizes", default="100,300", help="N1,N2 tasks")
+    parser.add_argument("-n", type=int, default=300, help="operations a section")
+    parser.add_argument("--rounds", type=int, default=3, help="sections a run (the least kept)")
     parser.add_argument("--baseline", type=Path, default=BASELINE)
     parser.add_argument("--tolerance", type=float, default=TOLERANCE)
     parser.add_argument("--record", action="store_true", help="write the baseline")
@@ -260,14 +274,22 @@ def main() -> None:
             "postgresql": args.postgres_url,
             "redis": args.redis_url,
         }
-        n1, n2 = (int(n) for n in args.sizes.split(","))
-        current = measure(args.python, brokers.split(","), (n1, n2), urls, args.jobs)
-        result = {"brokers": brokers, "sizes": [n1, n2], "machine": machine(), "figures": current}
+        current = measure(args.python, brokers.split(","), args.n, args.rounds, urls, args.jobs)
+        result = {
+            "brokers": brokers,
+            "method": "sections",
+            "n": args.n,
+            "rounds": args.rounds,
+            "machine": machine(),
+            "figures": current,
+        }
         if args.json:
             args.json.write_text(json.dumps(result, indent=2) + "\n")
         if args.record:
             args.baseline.write_text(json.dumps(result, indent=2) + "\n")
             print(f"baseline written: {args.baseline}")
+    if saved is not None and saved.get("method") != "sections" and not args.record:
+        sys.exit(f"{args.baseline} was counted another way (whole runs): record it again")
     if saved is None:
         if not args.record:
             sys.exit(f"no baseline at {args.baseline}: record one with --record")

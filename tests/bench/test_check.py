@@ -64,3 +64,36 @@ def test_the_command_exits_1_on_a_planted_rise(tmp_path: Path) -> None:
         f"memory task: {planted['memory task']:,.0f} instructions, +7.0% over the baseline"
         f" {baseline['memory task']:,.0f} (tolerance 5%)"
     ]
+
+
+def test_a_baseline_counted_the_earlier_way_is_refused(tmp_path: Path) -> None:
+    """Whole runs and sections count different things: comparing them would fail or pass
+    for nothing, so the check asks for the baseline to be recorded again."""
+    old = {"brokers": "memory", "sizes": [100, 300], "figures": recorded()}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "now.json").write_text(json.dumps({"figures": recorded()}))
+    command = [
+        sys.executable,
+        str(BENCHMARKS / "check.py"),
+        "--baseline",
+        str(tmp_path / "old.json"),
+    ]
+    done = subprocess.run(
+        [*command, "--current", str(tmp_path / "now.json")], capture_output=True, text=True
+    )
+    assert done.returncode == 1
+    assert "counted another way" in done.stderr and "record it again" in done.stderr
+
+
+def test_a_section_s_count_is_the_least_of_its_rounds(tmp_path: Path) -> None:
+    """callgrind writes a dump per section; a round that background work fell in counts more."""
+    from callgrind import section_counts
+
+    for i, (name, total) in enumerate(
+        [("claim", 900), ("claim", 700), ("task", 50), ("claim", 800)]
+    ):
+        (tmp_path / f"out.{i + 1}").write_text(
+            f"version: 1\ndesc: Trigger: Client Request: {name}\nsummary: {total}\n"
+        )
+    (tmp_path / "out").write_text("desc: Trigger: Program termination\nsummary: 5\n")
+    assert section_counts(str(tmp_path / "out")) == {"claim": 700, "task": 50}
