@@ -62,12 +62,14 @@ from durq.options import (
     Duration,
     EnqueueRequest,
     Moment,
+    PlainEnqueue,
     TaskDefaults,
     archived_policy,
     build_params,
     check_priority,
     make_request,
     new_task_id,
+    plain_enqueue,
 )
 from durq.payloads import validate
 from durq.periodic import PeriodicEntry, PeriodicRegistry
@@ -113,6 +115,9 @@ _THEN_FIELDS = (
 #: How often one enqueue meets a twin that moves on (starts, finishes, lets its key go)
 #: before it gives up: each round is a fenced step, so only a storm of twins ends here.
 _TWIN_ROUNDS = 8
+#: The most task types whose plain enqueue is kept (names an app enqueues; more are
+#: checked on each call, as any other enqueue).
+_PLAINS_MAX = 1000
 #: The type durq's own workflow nodes are validated under before they take their own.
 _OWN = "durq-own-node"
 
@@ -191,6 +196,8 @@ class App:
         # connects (the caller's connection does the work), so one serves every call.
         self._sync_joiner: FullBroker | None = None
         self._inspector: Inspector | None = None
+        #: Per task type: what its plain enqueue takes from it (see :meth:`_plain`).
+        self._plains: dict[str, tuple[TaskDef[Any, Any] | None, str, PlainEnqueue | None]] = {}
         # -- periodic tasks and webhooks (durq.periodic, durq.webhooks) --
         #: The periodic entries that schedulers of this app enqueue.
         self.schedules = PeriodicRegistry(self)
@@ -409,6 +416,31 @@ class App:
         # A webhook header: valid URL, delivery options recorded with the task.
         return webhooks.prepare(params, self.webhook_options)
 
+    def _plain(self, name: str) -> PlainEnqueue | None:
+        """The :class:`PlainEnqueue` of task type ``name`` (registered or not), kept per
+        type; ``None`` when its plain enqueue takes the general path: header hooks or
+        encryption change every task, a unique key or limits of the type's read the payload,
+        and a name or default that fails a check raises there, with the general path's
+        message."""
+        if self.header_hooks or self.encryption is not None or not isinstance(name, str):
+            return None
+        task_def = self.tasks.get(name)
+        kept = self._plains.get(name)
+        # Kept while the type's registration and the app's default queue are those it was
+        # built from (a type enqueued before it was registered is built again).
+        if kept is not None and kept[0] is task_def and kept[1] is self.default_queue:
+            return kept[2]
+        try:
+            if task_def is not None:
+                plain = plain_enqueue(name, task_def.defaults, task_def.shape.model)
+            else:
+                plain = plain_enqueue(name, TaskDefaults(queue=self.default_queue), None)
+        except ValidationError:
+            return None
+        if len(self._plains) < _PLAINS_MAX:
+            self._plains[name] = (task_def, self.default_queue, plain)
+        return plain
+
     def _with_then(self, params: EnqueueParams, then: Any) -> EnqueueParams:
         """Resolve ``then=`` into the ``durq-then`` header, or check one given as a header."""
         if then is not None:
@@ -495,6 +527,31 @@ class App:
         ``after``: tasks (``TaskInfo``, or ids in this task's queue) this one waits for: it
         is stored ``waiting`` and becomes pending when the last of them has finished
         (completed, archived, cancelled or deleted); see ``docs/dependencies.md``."""
+        if (
+            queue is None
+            and task_id is None
+            and process_in is None
+            and process_at is None
+            and max_retry is None
+            and timeout is None
+            and deadline is None
+            and retention is None
+            and unique is None
+            and priority is None
+            and headers is None
+            and connection is None
+            and webhook is None
+            and then is None
+            and limit is None
+            and not after
+            and on_conflict is None
+        ):
+            # The plain call (a type and a payload): what its type decides was checked once.
+            plain = self._plain(type.type if isinstance(type, TaskDef) else type)
+            if plain is not None:
+                params = plain.params(payload, self.max_payload)
+                broker = self._brokers.get(asyncio.get_running_loop()) or await self.broker()
+                return await self._insert(broker, params, None)
         request = self._request(
             type,
             payload,

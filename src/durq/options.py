@@ -15,6 +15,7 @@ from durq.brokers.params import ArchivedRetention, EnqueueParams
 from durq.durations import MAX_DURATION, Duration
 from durq.errors import ConfigurationError, InvalidPriorityError, ValidationError
 from durq.limits import Limit, LimitOption, as_limits, resolve_all
+from durq.payloads import validate
 from durq.uniqueness import OnConflict, Unique, as_unique
 
 #: The latest moment durq accepts (9999-01-01 UTC): every broker and ``datetime`` hold it.
@@ -290,6 +291,64 @@ def build_params(
         priority=priority,
         limits=resolve_all(limits, payload_json) if limits else (),
         after=after,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PlainEnqueue:
+    """What the plain enqueue of one task type takes from its defaults, checked once.
+
+    The plain enqueue is the call a web handler makes on every request: a type and a
+    payload, no option. Everything :func:`build_params` would check of such a request but
+    its payload depends on the type alone, so it is checked when the type is first
+    enqueued and kept here; :meth:`params` then validates and encodes the payload only.
+    :func:`plain_enqueue` builds one, for a type whose defaults let it."""
+
+    task_type: str
+    queue: str
+    max_retry: int
+    timeout: float | None
+    retention: float
+    priority: int
+    #: The handler's payload model (``None``: plain JSON data).
+    model: type | None
+
+    def params(self, payload: Any, max_payload: int) -> EnqueueParams:
+        """The params :func:`build_params` gives a request of this type and ``payload``
+        with no option (a new task id each call); PayloadError for a bad payload."""
+        data = validate(self.model, payload)
+        return EnqueueParams(
+            id=new_task_id(),
+            queue=self.queue,
+            type=self.task_type,
+            payload=codec.encode_payload(data, max_bytes=max_payload),
+            max_retry=self.max_retry,
+            timeout=self.timeout,
+            retention=self.retention,
+            priority=self.priority,
+        )
+
+
+def plain_enqueue(
+    task_type: str, defaults: TaskDefaults, model: type | None
+) -> PlainEnqueue | None:
+    """The :class:`PlainEnqueue` of ``task_type`` with these defaults, after the checks
+    :func:`build_params` makes of them; ``None`` when its enqueue needs the payload for more
+    than its bytes (a unique key or limits from the type's defaults: both are read from the
+    payload). ValidationError as :func:`build_params` raises it."""
+    if defaults.unique is not None or defaults.limits:
+        return None
+    timeout = defaults.timeout
+    if timeout is not None and timeout <= 0:
+        raise ValidationError("timeout must be > 0")
+    return PlainEnqueue(
+        task_type=names.check_enqueued_type(task_type),
+        queue=names.check_queue(defaults.queue),
+        max_retry=check_max_retry(defaults.max_retry),
+        timeout=timeout,
+        retention=defaults.retention,
+        priority=check_priority(defaults.priority),
+        model=model,
     )
 
 

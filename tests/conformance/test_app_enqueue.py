@@ -97,6 +97,32 @@ async def test_E5_options_are_stored(app: durq.App) -> None:
     assert kept_nothing.retention == 0
 
 
+async def test_E5_the_plain_call_stores_what_the_general_path_stores(app: durq.App) -> None:
+    @app.task("report:tuned", queue="reports", max_retry=4, timeout=30, retention=60, priority=5)
+    async def tuned(payload: dict[str, object]) -> None: ...
+
+    for task_type in ("report:tuned", "report:unregistered"):
+        # No option: the plain path. An option equal to its default: the general path.
+        plain = await app.enqueue(task_type, {"b": [1, "é"], "a": None})
+        general = await app.enqueue(task_type, {"b": [1, "é"], "a": None}, headers={})
+        assert plain.id != general.id
+        for info in (plain, general):
+            stored = await app.inspector.get_task_info(info.queue, info.id)
+            assert stored.enqueued_at == info.enqueued_at
+            assert stored.next_process_at == info.next_process_at
+        one, other = [
+            dataclasses.replace(
+                await app.inspector.get_task_info(info.queue, info.id),
+                id="",
+                enqueued_at=None,
+                next_process_at=None,
+            )
+            for info in (plain, general)
+        ]
+        assert one == other
+        assert one.state is TaskState.PENDING and one.raw_payload == other.raw_payload
+
+
 @dataclasses.dataclass
 class SendEmail:
     to: str

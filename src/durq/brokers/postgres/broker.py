@@ -284,9 +284,10 @@ class PostgresBroker:
             # Autocommit: each statement commits at once; notify after the commit (see the
             # `enqueue` query for why not inside it).
             plan = self._storage.plan(items, None, alone=True)
-            async with self._storage.connection("enqueue") as conn:
-                result = await self._storage.drive(conn, plan)
-            self._storage.notify_created(result)
+            with self._storage.notifier.writing():
+                async with self._storage.connection("enqueue") as conn:
+                    result = await self._storage.drive(conn, plan)
+                self._storage.notify_created(result)
             return result
         # The caller's transaction: the notification must wait for *its* commit.
         plan = self._storage.plan(items, self._storage.channel)

@@ -16,8 +16,14 @@ pooled connection of its own, in a statement that writes nothing: never inside t
 transaction, because PostgreSQL serialises the commits of all notifying transactions in the
 cluster behind one lock held through the WAL flush. Queues handed over while a notify is in
 flight ride together in the next one, so concurrent enqueuers send fewer notifications, and a
-lone enqueue's notification goes out as soon as the caller's coroutine yields (it is never
-delayed on purpose).
+lone enqueue's notification goes out as soon as the caller's coroutine yields.
+
+One wait is allowed: a notification due while an enqueue of the same broker is writing waits
+for that write (at most :data:`HOLD` seconds), which will want one too, and one
+notification then covers both. A producer that enqueues one task after another sent one
+notify statement per task, each started as the next insert went out; it now sends one per
+two tasks (docs/benchmarks.md, "The single enqueue"). A lone enqueue has no write beside it
+and waits for nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 import psycopg
@@ -38,6 +44,10 @@ log = logging.getLogger("durq.brokers.postgres")
 
 _BACKOFF_START = 0.1
 _BACKOFF_MAX = 5.0
+#: The longest a due notification waits for the enqueues writing when it fell due (a few
+#: round trips of an insert on a quiet machine): a write held up (a lock wait) delays the
+#: wake-ups of other tasks by no more than this.
+HOLD = 0.002
 
 
 class Listener:
@@ -178,12 +188,21 @@ class EndListener(Listener):
 
 
 class Notifier:
-    """Sends ``send(queues)`` for every queue added, after the add, at most one call at a time."""
+    """Sends ``send(queues)`` for every queue added, after the add, at most one call at a time.
 
-    def __init__(self, send: Callable[[list[str]], Awaitable[None]]) -> None:
+    A send due while writes are under way (:meth:`writing`) first waits for those writes, at
+    most ``hold`` seconds, so that it carries their queues too."""
+
+    def __init__(self, send: Callable[[list[str]], Awaitable[None]], hold: float = HOLD) -> None:
         self._send = send
+        self._hold = hold
         self._pending: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+        # Writes begun and ended so far; the send waiting for the writes begun before it.
+        self._begun = 0
+        self._ended = 0
+        self._target = 0
+        self._written: asyncio.Future[None] | None = None
 
     def add(self, queues: Iterable[str]) -> None:
         """Schedule a notification for ``queues`` (their work is committed)."""
@@ -191,8 +210,30 @@ class Notifier:
         if self._pending and (self._task is None or self._task.done()):
             self._task = asyncio.get_running_loop().create_task(self._run(), name="durq-pg-notify")
 
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Around a write that adds its queues (:meth:`add`) once committed, inside the
+        block: a send that falls due meanwhile waits for it. Ends with the block, raised or
+        not."""
+        self._begun += 1
+        try:
+            yield
+        finally:
+            self._ended += 1
+            written = self._written
+            if written is not None and self._ended >= self._target and not written.done():
+                written.set_result(None)
+
     async def _run(self) -> None:
         while self._pending:
+            if self._ended < self._begun:
+                # Writes are under way: their notifications are due soon, send one for all.
+                # Only those begun by now count, so a stream of writes cannot hold it longer.
+                self._target = self._begun
+                self._written = asyncio.get_running_loop().create_future()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._written, self._hold)
+                self._written = None
             queues = sorted(self._pending)
             self._pending.clear()
             try:

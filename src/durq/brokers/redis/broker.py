@@ -385,13 +385,18 @@ class RedisBroker:
                 raise outcome.error
             assert outcome.info is not None
             return outcome.info
-        now = self._storage.clock.now()
-        call, state = self._storage.enqueue_call(params, now)
+        plain = self._storage.plain_call(params)
         try:
             if not self._storage.ready:
                 await self.connect()
             if params.queue not in self._storage.known_queues:
                 await self._storage.remember_queues([params.queue])
+            if plain is not None:
+                reply = await self._storage.eval(*plain)
+                if reply is not None:
+                    return self._storage.created(params, TaskState.PENDING, reply)
+                # Its id is taken: enqueue.lua decides (a conflict, or a stale holder).
+            call, state = self._storage.enqueue_call(params, self._storage.clock.now())
             reply = await self._storage.eval(*call)
         except Exception as exc:
             mapped = self._storage.mapped(exc, "enqueue")

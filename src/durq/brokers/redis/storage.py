@@ -448,6 +448,37 @@ class RedisStorage:
         )
         return call, state
 
+    def plain_call(self, p: EnqueueParams) -> ScriptCall | None:
+        """The enqueue_plain.lua call of a plain task (due now, priority 0, no unique key,
+        headers, limits, deadline or dependencies), which stores what enqueue.lua would;
+        ``None`` for any other task. The task starts pending."""
+        if (
+            p.unique_key
+            or p.limits
+            or p.headers
+            or p.process_in
+            or p.process_at is not None
+            or p.deadline is not None
+            or p.priority
+            or p.after
+        ):
+            return None
+        k = self.keys.queue(p.queue)
+        return (
+            "enqueue_plain",
+            [k.task(p.id), k.pending, k.seq],
+            [
+                self.now_arg(),
+                k.notify,
+                p.id,
+                p.type,
+                p.payload,
+                p.max_retry,
+                "" if p.timeout is None else float(p.timeout),
+                float(p.retention) if p.retention > 0 else "",
+            ],
+        )
+
     def with_follow_ups(
         self, call: ScriptCall, follow_ups: Sequence[EnqueueParams], now: float
     ) -> ScriptCall:
