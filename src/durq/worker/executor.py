@@ -145,7 +145,7 @@ class Executor:
         self._stored = 0
         self.slot_freed = asyncio.Event()
         #: Leases submitted and not yet taken by a slot task, in claim order.
-        self._waiting: deque[Lease] = deque()
+        self._waiting: deque[Running] = deque()
         #: The slot tasks alive.
         self._slots: set[asyncio.Task[None]] = set()
         self.acker = Acker(broker, on_waiting=self.slot_freed.set, on_stored=self._completed)
@@ -167,8 +167,8 @@ class Executor:
         return [r.lease.ref for r in self.running.values()]
 
     def submit(self, lease: Lease) -> None:
-        self.running[lease.ref] = Running(lease)
-        self._waiting.append(lease)
+        running = self.running[lease.ref] = Running(lease)
+        self._waiting.append(running)
         self._add_slots()
         if self._watching:
             self._busy_changed()
@@ -189,16 +189,12 @@ class Executor:
         base = contextvars.copy_context()
         try:
             while self._waiting:
-                lease = self._waiting.popleft()
-                key = lease.ref
-                running = self.running.get(key)
-                if running is None:
-                    continue
+                running = self._waiting.popleft()
                 running.task = me
                 try:
-                    await self._attempt(lease, running)
+                    await self._attempt(running)
                 finally:
-                    self._release(key)
+                    self._release(running.lease.ref)
                 if me.cancelling() or _changed(base):
                     # A cancel aimed at that attempt (even one not delivered yet), or context
                     # variables its handler set, must not reach the next attempt.
@@ -280,7 +276,8 @@ class Executor:
 
     # -- one attempt ------------------------------------------------------------------------
 
-    async def _attempt(self, lease: Lease, running: Running) -> None:
+    async def _attempt(self, running: Running) -> None:
+        lease = running.lease
         task = lease.task
         started = time.perf_counter()
         for hook in self._starting:
@@ -290,7 +287,7 @@ class Executor:
             if running.reason is not None:  # cancelled while it waited for its slot
                 outcome = await self._settle_cancelled(lease, running.reason)
             else:
-                outcome = await self._run_and_settle(lease)
+                outcome = await self._run_and_settle(running)
         except asyncio.CancelledError:
             await self._end_reports(lease.ref)
             outcome = await self._settle_cancelled(lease, running.reason)
@@ -305,25 +302,26 @@ class Executor:
             for hook in self._finishing:
                 hook.task_finished(task, outcome, duration)
 
-    async def _run_and_settle(self, lease: Lease) -> str:
+    async def _run_and_settle(self, running: Running) -> str:
+        lease = running.lease
         task = lease.task
         task_def = self.app.tasks.get(task.type)
         try:
             if task_def is None:
-                self._mark_settling(lease)
+                self._mark_settling(running)
                 raise _NoHandler(f'no handler for type "{task.type}"')
             dependencies: dict[str, Any] = {}
             if workflows.HEADER in task.headers:
                 # A workflow node: its dependencies' results, or not run (on_failure).
                 gate = await workflows.gate(self.broker.admin, task, self.app.encryption)
                 if gate.stop is not None:
-                    self._mark_settling(lease)
+                    self._mark_settling(running)
                     return await self._archive(lease, gate.stop, alert=False)
                 dependencies = gate.dependencies
             try:
                 result = await self._call(task_def, task, lease.ref, dependencies)
             finally:
-                self._mark_settling(lease)
+                self._mark_settling(running)
                 if self._reports:  # only attempts whose handler takes a context
                     await self._end_reports(lease.ref)
             encoded = codec.encode_result(result, max_bytes=self.app.max_result)
@@ -399,9 +397,8 @@ class Executor:
             )
         return "completed" if held else "lost"
 
-    def _mark_settling(self, lease: Lease) -> None:
-        running = self.running.get(lease.ref)
-        if running is not None and running.reason is None and not running.settling:
+    def _mark_settling(self, running: Running) -> None:
+        if running.reason is None and not running.settling:
             running.settling = True
             self._settling += 1
             if self._watching:
