@@ -114,6 +114,16 @@ def decode(
         raw = str(raw, "utf-8")  # bytes, bytearray, memoryview; UnicodeDecodeError is a ValueError
     try:
         if object_hook is None:
+            # The scanner alone, for JSON that fills the text (every stored payload): the
+            # decoder's own decode adds two whitespace matches and two Python calls. Any
+            # other text (whitespace around it, trailing data, not JSON) goes through the
+            # decoder, for its result or its error.
+            try:
+                value, end = _scan(raw, 0)
+            except StopIteration:
+                return _decoder.decode(raw)
+            if end == len(raw):
+                return value
             return _decoder.decode(raw)
         return json.loads(raw, parse_constant=_reject_constant, object_hook=object_hook)
     except RecursionError as exc:
@@ -128,6 +138,7 @@ def _reject_constant(name: str) -> Any:
 # Built once: json.loads with any option builds a decoder per call, which cost the worker
 # more than the decoding of a small payload itself.
 _decoder = json.JSONDecoder(parse_constant=_reject_constant)
+_scan: Callable[[str, int], tuple[Any, int]] = _decoder.scan_once  # type: ignore[attr-defined]
 
 
 def decode_payload(raw: bytes | str) -> dict[str, Any]:

@@ -43,6 +43,11 @@ class _Mode(enum.Enum):
     IDLE = "idle"
 
 
+# The modes as plain names: a member looked up on its class goes through EnumType's
+# __getattr__ hook (about 1,000 instructions on Python 3.11), and send() asks for every ack.
+_ALONE, _CARRY, _IDLE = _Mode.ALONE, _Mode.CARRY, _Mode.IDLE
+
+
 class Acker:
     def __init__(
         self,
@@ -60,7 +65,7 @@ class Acker:
         self.on_stored = on_stored
         self._waiting: list[Pending] = []
         self._flusher: asyncio.Task[None] | None = None
-        self._mode = _Mode.ALONE
+        self._mode = _ALONE
         #: Called when an ack starts waiting for the fetcher's claim: an idle fetcher claims
         #: with it at once (the fetcher sets it).
         self.on_arrival: Callable[[], None] = lambda: None
@@ -81,7 +86,7 @@ class Acker:
         pass it by), and the others of its batch are stored and answered as before."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiting.append((params, future))
-        if self._mode is _Mode.CARRY or (self._mode is _Mode.IDLE and may_make_work(params)):
+        if self._mode is _CARRY or (self._mode is _IDLE and may_make_work(params)):
             self.on_arrival()
             self.on_waiting()
         else:
@@ -90,13 +95,13 @@ class Acker:
 
     def carry(self) -> None:
         """The fetcher's next claim carries the acks that arrive from now on."""
-        self._mode = _Mode.CARRY
+        self._mode = _CARRY
 
     def idle(self) -> None:
         """The fetcher waits for work with slots free: an ack that may make work
         (:func:`may_make_work`) wakes it to claim with it; others go alone at once, those
         waiting now included."""
-        self._mode = _Mode.IDLE
+        self._mode = _IDLE
         self._start_flush()
 
     def worth_a_claim(self) -> bool:
@@ -106,7 +111,7 @@ class Acker:
 
     def send_alone(self) -> None:
         """The fetcher will not claim soon: send what waits, and later acks, at once."""
-        self._mode = _Mode.ALONE
+        self._mode = _ALONE
         self._start_flush()
 
     def take(self) -> list[Pending]:
@@ -157,8 +162,8 @@ class Acker:
 
     async def _flush(self) -> None:
         # Until the fetcher carries acks again (its wait ended: it claims next).
-        while self._mode is not _Mode.CARRY:
-            batch = self.take() if self._mode is _Mode.ALONE else self._take_plain()
+        while self._mode is not _CARRY:
+            batch = self.take() if self._mode is _ALONE else self._take_plain()
             if not batch:
                 return
             try:

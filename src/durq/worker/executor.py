@@ -1,4 +1,9 @@
-"""Runs claimed tasks: one asyncio task per lease, sync handlers in threads (W2).
+"""Runs claimed tasks in slot tasks, sync handlers in threads (W2).
+
+A slot task runs attempts one after another while leases wait for one: a busy worker starts
+no asyncio task per attempt. It ends when none waits, or after an attempt that was cancelled
+or changed its context variables, so that neither reaches the next attempt (each starts as
+it would in a task of its own).
 
 Every attempt ends in exactly one broker call named by its lease (fencing, W1): complete,
 retry, archive, or requeue on shutdown. A lease lost to another worker ends in none."""
@@ -11,7 +16,8 @@ import contextvars
 import functools
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -98,7 +104,8 @@ class _NoHandler(Exception):
 @dataclass(slots=True)
 class Running:
     lease: Lease
-    task: asyncio.Task[None]
+    #: The slot task the attempt runs in; ``None`` while the lease waits for one.
+    task: asyncio.Task[None] | None = None
     reason: str | None = None
     #: The handler has returned; its outcome is being reported and must not be interrupted.
     settling: bool = False
@@ -137,6 +144,10 @@ class Executor:
         #: Attempts in ``running`` whose completion the broker stored.
         self._stored = 0
         self.slot_freed = asyncio.Event()
+        #: Leases submitted and not yet taken by a slot task, in claim order.
+        self._waiting: deque[Running] = deque()
+        #: The slot tasks alive.
+        self._slots: set[asyncio.Task[None]] = set()
         self.acker = Acker(broker, on_waiting=self.slot_freed.set, on_stored=self._completed)
         #: The progress reports of attempts whose handler takes a TaskContext.
         self._reports: dict[LeaseRef, LazyReports] = {}
@@ -156,12 +167,41 @@ class Executor:
         return [r.lease.ref for r in self.running.values()]
 
     def submit(self, lease: Lease) -> None:
-        key = lease.ref
-        task = asyncio.create_task(self._attempt(lease), name=f"durq-task-{lease.task.id}")
-        self.running[key] = Running(lease, task)
-        task.add_done_callback(lambda _t: self._release(key))
+        running = self.running[lease.ref] = Running(lease)
+        self._waiting.append(running)
+        self._add_slots()
         if self._watching:
             self._busy_changed()
+
+    def _add_slots(self, context: contextvars.Context | None = None) -> None:
+        """Start slot tasks until every attempt not yet stored has one, counting those of
+        stored attempts, which take the next waiting lease a loop turn later: so a waiting
+        lease never waits for a handler that runs on. ``context``: the new tasks' (default:
+        a copy of the caller's, as a task of its own per attempt had)."""
+        while self._waiting and len(self._slots) < len(self.running) - self._stored:
+            slot = asyncio.create_task(self._slot(), name="durq-slot", context=context)
+            self._slots.add(slot)
+
+    async def _slot(self) -> None:
+        """Run waiting attempts one after another, each as its own task would."""
+        me = asyncio.current_task()
+        assert me is not None
+        base = contextvars.copy_context()
+        try:
+            while self._waiting:
+                running = self._waiting.popleft()
+                running.task = me
+                try:
+                    await self._attempt(running)
+                finally:
+                    self._release(running.lease.ref)
+                if me.cancelling() or _changed(base):
+                    # A cancel aimed at that attempt (even one not delivered yet), or context
+                    # variables its handler set, must not reach the next attempt.
+                    break
+        finally:
+            self._slots.discard(me)
+        self._add_slots(base)  # in the context this one started with, not the one it ends in
 
     def _completed(self, acks: Sequence[CompleteParams]) -> None:
         """The broker stored these completions: their slots are free at once, without
@@ -199,24 +239,33 @@ class Executor:
             if tokens is not None and running.lease.token not in tokens:
                 continue
             if ref.id == task_id and running.reason is None and not running.settling:
-                running.reason = reason
-                running.task.cancel()
+                self._interrupt(running, reason)
                 hit = True
         return hit
 
     def cancel_all(self, reason: str) -> None:
         for running in list(self.running.values()):
             if running.reason is None and not running.settling:
-                running.reason = reason
-                running.task.cancel()
+                self._interrupt(running, reason)
+
+    @staticmethod
+    def _interrupt(running: Running, reason: str) -> None:
+        running.reason = reason
+        # A lease still waiting for its slot is settled by its reason when a slot takes it.
+        if running.task is not None:
+            running.task.cancel()
 
     async def drain(self, timeout: float | None) -> bool:
         """Wait for running attempts; ``True`` if all finished within ``timeout``."""
-        tasks = [r.task for r in self.running.values()]
-        if not tasks:
-            return True
-        _, pending = await asyncio.wait(tasks, timeout=timeout)
-        return not pending
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        # A slot task that ends early (a cancelled attempt) hands what waits to a new one.
+        while self._slots:
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            _, pending = await asyncio.wait(set(self._slots), timeout=left)
+            if pending:
+                return False
+        return not self.running
 
     async def close(self) -> None:
         self.close_threads()
@@ -227,19 +276,21 @@ class Executor:
 
     # -- one attempt ------------------------------------------------------------------------
 
-    async def _attempt(self, lease: Lease) -> None:
+    async def _attempt(self, running: Running) -> None:
+        lease = running.lease
         task = lease.task
-        key = lease.ref
         started = time.perf_counter()
         for hook in self._starting:
             hook.task_started(task)
         outcome = "lost"
         try:
-            outcome = await self._run_and_settle(lease)
+            if running.reason is not None:  # cancelled while it waited for its slot
+                outcome = await self._settle_cancelled(lease, running.reason)
+            else:
+                outcome = await self._run_and_settle(running)
         except asyncio.CancelledError:
-            reason = self.running[key].reason if key in self.running else None
-            await self._end_reports(key)
-            outcome = await self._settle_cancelled(lease, reason)
+            await self._end_reports(lease.ref)
+            outcome = await self._settle_cancelled(lease, running.reason)
         except Exception:  # a bug in settling must not kill the worker; the lease will expire
             log.exception(
                 "could not settle task %s: it stays active until its lease expires",
@@ -251,25 +302,26 @@ class Executor:
             for hook in self._finishing:
                 hook.task_finished(task, outcome, duration)
 
-    async def _run_and_settle(self, lease: Lease) -> str:
+    async def _run_and_settle(self, running: Running) -> str:
+        lease = running.lease
         task = lease.task
         task_def = self.app.tasks.get(task.type)
         try:
             if task_def is None:
-                self._mark_settling(lease)
+                self._mark_settling(running)
                 raise _NoHandler(f'no handler for type "{task.type}"')
             dependencies: dict[str, Any] = {}
             if workflows.HEADER in task.headers:
                 # A workflow node: its dependencies' results, or not run (on_failure).
                 gate = await workflows.gate(self.broker.admin, task, self.app.encryption)
                 if gate.stop is not None:
-                    self._mark_settling(lease)
+                    self._mark_settling(running)
                     return await self._archive(lease, gate.stop, alert=False)
                 dependencies = gate.dependencies
             try:
                 result = await self._call(task_def, task, lease.ref, dependencies)
             finally:
-                self._mark_settling(lease)
+                self._mark_settling(running)
                 if self._reports:  # only attempts whose handler takes a context
                     await self._end_reports(lease.ref)
             encoded = codec.encode_result(result, max_bytes=self.app.max_result)
@@ -303,7 +355,16 @@ class Executor:
             lease, encoded, now=self.app.clock.now(), max_payload=self.app.max_payload
         )
         try:
-            held = await self._report(self.acker.send, params, task)
+            # The first try awaits the ack's own future here rather than in _report's
+            # coroutine (one less per task); an outage goes on with _report's later tries.
+            try:
+                held = await self.acker.send(params)
+            except BrokerUnavailableError:
+                await asyncio.sleep(_ACK_DELAYS[0])
+                held = await self._report(self.acker.send, params, task, _ACK_TRIES[1:])
+            else:
+                if not held:
+                    _dropped(task)
         except Exception:  # refused, not unreachable: _report waits out outages
             return await self._complete_alone(lease, task_def, params)
         if held:
@@ -336,21 +397,22 @@ class Executor:
             )
         return "completed" if held else "lost"
 
-    def _mark_settling(self, lease: Lease) -> None:
-        running = self.running.get(lease.ref)
-        if running is not None and running.reason is None and not running.settling:
+    def _mark_settling(self, running: Running) -> None:
+        if running.reason is None and not running.settling:
             running.settling = True
             self._settling += 1
             if self._watching:
                 self._busy_changed()
 
-    async def _call(
+    def _call(
         self,
         task_def: TaskDef[Any, Any],
         task: TaskInfo,
         ref: LeaseRef,
         dependencies: dict[str, Any],
-    ) -> Any:
+    ) -> Awaitable[Any]:
+        """The handler's call to await, its arguments decoded (``_Undecodable`` raised here).
+        Most tasks get the handler's own coroutine: no layer of the executor's around it."""
         size = len(task.raw_payload)
         # A group's follow-up and a sealed payload may be larger than max_payload, never
         # smaller: their own limit is worked out only for a payload over it.
@@ -380,8 +442,13 @@ class Executor:
             args.append(self._context(task, ref, dependencies))
         if not self._wrapping:
             if task_def.is_async and not task.timeout and task.deadline is None:
-                return await task_def.fn(*args)  # most tasks: no hook, no budget, no thread
-            return await self._bounded(task_def, task, args)
+                handler: Awaitable[Any] = task_def.fn(*args)  # most: no hook, no budget
+                return handler
+            return self._bounded(task_def, task, args)
+        return self._wrapped(task_def, task, args)
+
+    async def _wrapped(self, task_def: TaskDef[Any, Any], task: TaskInfo, args: list[Any]) -> Any:
+        """The handler's call inside the hooks that wrap it."""
         with contextlib.ExitStack() as stack:
             for hook in self._wrapping:
                 stack.enter_context(hook.around(task))
@@ -622,11 +689,18 @@ class Executor:
             )
         return "lost"
 
-    async def _report(self, call: Callable[[Any], Any], params: Any, task: TaskInfo) -> bool:
-        """Send an outcome to the broker, retrying through short outages.
+    async def _report(
+        self,
+        call: Callable[[Any], Any],
+        params: Any,
+        task: TaskInfo,
+        tries: Sequence[float | None] = _ACK_TRIES,
+    ) -> bool:
+        """Send an outcome to the broker, retrying through short outages: a try for each of
+        ``tries``, each followed by that pause (``None``: the last).
 
         If it never gets through, the lease expires and the task runs again (at-least-once)."""
-        for delay in _ACK_TRIES:
+        for delay in tries:
             try:
                 held: bool = await call(params)
             except BrokerUnavailableError as exc:
@@ -641,9 +715,7 @@ class Executor:
                 await asyncio.sleep(delay)
                 continue
             if not held:
-                log.warning(
-                    "task %s: lease no longer held; outcome dropped", task.id, extra=_extra(task)
-                )
+                _dropped(task)
             return held
         return False
 
@@ -654,6 +726,18 @@ class _TimedOut(Exception):
 
 class _Undecodable(Exception):
     """The stored payload is not a valid JSON object for this task: retrying cannot help."""
+
+
+def _dropped(task: TaskInfo) -> None:
+    log.warning("task %s: lease no longer held; outcome dropped", task.id, extra=_extra(task))
+
+
+def _changed(base: contextvars.Context) -> bool:
+    """Whether the running task's context variables differ from ``base``'s."""
+    now = contextvars.copy_context()
+    if len(now) != len(base):
+        return True
+    return any(now.get(var, base) is not value for var, value in base.items())
 
 
 def _overrides(hook: WorkerHooks, name: str) -> bool:
