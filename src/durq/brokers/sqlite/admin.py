@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from durq.brokers import dependencies, limiter
 from durq.brokers.params import LimitOverride, TaskMove, TaskRewrite
@@ -47,6 +47,8 @@ from durq.errors import (
 )
 from durq.states import TaskState
 from durq.task import TaskInfo
+
+_T = TypeVar("_T")  # what a read by ids converts each row to
 
 #: The SQL function ``search_tasks`` calls: a search's error and payload conditions
 #: (``TaskFilter.matches_content``), registered on the connection for each search.
@@ -270,23 +272,21 @@ class SQLiteAdmin:
 
     async def get_tasks(self, queue: str, task_ids: Sequence[str]) -> list[TaskInfo | None]:
         """Several tasks of one queue in one query; ``None`` for one absent."""
-        if not task_ids:
-            return []
-        params = {
-            "queue": queue,
-            "ids": json.dumps(list(task_ids)),
-            "now": self._storage.clock.now(),
-        }
-
-        def run(conn: Conn) -> list[TaskInfo | None]:
-            rows = conn.execute(STATEMENTS["get_tasks"], params).fetchall()
-            found = {row["id"]: row_to_info(row) for row in rows}
-            return [found.get(task_id) for task_id in task_ids]
-
-        return await self._storage.call("sqlite.get_tasks", run)
+        return await self._by_ids("get_tasks", row_to_info, queue, task_ids)
 
     async def get_outcomes(self, queue: str, task_ids: Sequence[str]) -> list[TaskOutcome | None]:
         """:meth:`get_tasks` narrowed to what a node reads of its dependencies."""
+        return await self._by_ids("get_outcomes", row_to_outcome, queue, task_ids)
+
+    async def _by_ids(
+        self,
+        name: str,
+        convert: Callable[[sqlite3.Row], _T],
+        queue: str,
+        task_ids: Sequence[str],
+    ) -> list[_T | None]:
+        """Statement ``name`` over these ids of one queue, each row converted, in the ids'
+        order; ``None`` for one absent."""
         if not task_ids:
             return []
         params = {
@@ -295,12 +295,12 @@ class SQLiteAdmin:
             "now": self._storage.clock.now(),
         }
 
-        def run(conn: Conn) -> list[TaskOutcome | None]:
-            rows = conn.execute(STATEMENTS["get_outcomes"], params).fetchall()
-            found = {row["id"]: row_to_outcome(row) for row in rows}
+        def run(conn: Conn) -> list[_T | None]:
+            rows = conn.execute(STATEMENTS[name], params).fetchall()
+            found = {row["id"]: convert(row) for row in rows}
             return [found.get(task_id) for task_id in task_ids]
 
-        return await self._storage.call("sqlite.get_outcomes", run)
+        return await self._storage.call(f"sqlite.{name}", run)
 
     def _existing(self, conn: Conn, queue: str, task_id: str, now: float) -> sqlite3.Row:
         row = self._storage.get_row(conn, queue, task_id, now)
