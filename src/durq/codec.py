@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
+from json import encoder as json_encoder
 from typing import Any
 
 from durq.errors import PayloadError
@@ -111,7 +112,9 @@ def decode(
     if raw is None:
         return None
     if not isinstance(raw, str):
-        raw = str(raw, "utf-8")  # bytes, bytearray, memoryview; UnicodeDecodeError is a ValueError
+        # bytes, bytearray, memoryview; UnicodeDecodeError is a ValueError. bytes.decode is
+        # half the cost of str(raw, "utf-8") (1k instructions, counted).
+        raw = raw.decode() if type(raw) is bytes else str(raw, "utf-8")
     try:
         if object_hook is None:
             # The scanner alone, for JSON that fills the text (every stored payload): the
@@ -150,8 +153,36 @@ def decode_payload(raw: bytes | str) -> dict[str, Any]:
 
 
 def canonical(data: Any) -> bytes:
-    """Canonical JSON (sorted keys, no spaces): equal data gives equal bytes."""
-    return _canonical.encode(data).encode("utf-8")
+    """Canonical JSON (sorted keys, no spaces): equal data gives equal bytes. ``data`` is
+    JSON data without cycles (the encoder does not look for them)."""
+    return canonical_text(data).encode("utf-8")
+
+
+def canonical_text(data: Any) -> str:
+    """:func:`canonical` as text."""
+    if _canonical_once is None:  # pragma: no cover - CPython has the C encoder
+        return _canonical.encode(data)
+    return "".join(_canonical_once(data, 0))
+
+
+# The C encoder of _canonical built once (JSONEncoder.encode builds one per call): a Unique
+# key's fields in 4k instructions instead of 12k, counted. No markers: the data is acyclic.
+_make_encoder: Any = json_encoder.c_make_encoder  # type: ignore[attr-defined]
+_canonical_once = (
+    None
+    if _make_encoder is None
+    else _make_encoder(
+        None,
+        _canonical.default,
+        json_encoder.encode_basestring,
+        None,
+        ":",
+        ",",
+        True,
+        False,
+        False,
+    )
+)
 
 
 def unique_key(queue: str, task_type: str, payload: bytes) -> str:

@@ -265,7 +265,7 @@ def build_params(
     priority = check_priority(defaults.priority if request.priority is None else request.priority)
     payload = codec.encode_payload(payload_json, max_bytes=max_payload)
     unique_key, unique_ttl = (
-        (None, None) if unique is None else unique.key(queue, task_type, payload, now)
+        (None, None) if unique is None else unique.key(queue, task_type, payload, now, payload_json)
     )
     headers = (
         {}
