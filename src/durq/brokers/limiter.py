@@ -300,7 +300,7 @@ def in_turns(
     order: Sequence[_C],
     ident: Callable[[_C], Hashable],
     template: Callable[[_C], _K | None],
-    turns: Callable[[_K], Sequence[_C]],
+    turns: Callable[[_K], Iterable[_C]],
 ) -> Iterator[tuple[_C, _C]]:
     """W22: the tasks of ``order`` (one queue's claimable tasks in claim order) in the order
     a claim takes them, each once, with the task of ``order`` whose place it takes (itself

@@ -8,9 +8,9 @@ atomic (one lock), fenced by lease tokens like the other brokers."""
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
-import operator
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Self
 from urllib.parse import urlsplit
@@ -31,6 +31,7 @@ from durq.brokers.memory.storage import (
     RETRY,
     SCHEDULED,
     WAITING,
+    Queue,
     Row,
     Store,
     store_for,
@@ -197,7 +198,7 @@ class MemoryBroker:
                     queue.let_back(now)
                 due = [row for row in queue.waiting.values() if row.next_process_at <= now]
                 due.sort(key=Row.claim_order)
-                for row, _ in limiter.in_turns(due, _ident, _template, _turns(due)):
+                for row, _ in limiter.in_turns(due, _ident, _template, _turns(queue, now)):
                     if len(leases) >= params.limit:
                         break
                     if row.limits:
@@ -417,6 +418,7 @@ class MemoryBroker:
                     row.next_process_at = due
                 if params.priority is not None:
                     row.priority = params.priority
+                    self._store.queues[row.queue].enter(row)  # W22: its place in line
             return row.info()
 
     async def read_snoozes(self, lease: LeaseRef) -> int | None:
@@ -583,22 +585,27 @@ def _ident(row: Row) -> str:
 
 
 def _template(row: Row) -> str | None:
-    return limiter.fair_template(row.limits)
+    return row.fair
 
 
-_TURN_THEN_SEQ = operator.attrgetter("turn", "seq")
-_PRIORITY = operator.attrgetter("priority")
+def _turns(queue: Queue, now: float) -> Callable[[str], Iterator[Row]]:
+    """W22: a fair template's claimable tasks (waiting, due, not held) in turn order."""
 
-
-def _turns(due: list[Row]) -> Callable[[str], list[Row]]:
-    """W22: a fair template's claimable tasks (``due``, not held) in turn order."""
-
-    def turns(name: str) -> list[Row]:
-        rows = [r for r in due if r.held is None and r.limits and r.limits[0].fair == name]
-        # Row.turn_order in two stable sorts keyed in C (priority descending last): the
-        # claim of a fair task counted 2.4x a plain one's instructions with a key in Python.
-        rows.sort(key=_TURN_THEN_SEQ)
-        rows.sort(key=_PRIORITY, reverse=True)
-        return rows
+    def turns(name: str) -> Iterator[Row]:
+        # Popped from a copy of the template's line as far as the claim reads: a claim of
+        # one fair task sorted the whole queue's rows of the template before (1.77x the
+        # instructions of a limited claim, 300 tasks waiting).
+        line = list(queue.line(name))
+        waiting = queue.waiting
+        while line:
+            entry = heapq.heappop(line)
+            row = entry[3]
+            if (
+                row.line_entry is entry
+                and waiting.get(row.id) is row
+                and row.held is None
+                and row.next_process_at <= now
+            ):
+                yield row
 
     return turns

@@ -96,8 +96,11 @@ class Row:
     held: str | None = None
     #: W25: it keeps the slots of its sequences' keys across an end that was not final.
     kept: bool = False
-    #: W22: its turn under its fair limit (0 without one).
+    #: W22: its turn under its fair limit (0 without one), that limit's template
+    #: (``limits[0].fair``) and its entry in the template's line (``Queue.lines``).
     turn: int = 0
+    fair: str | None = None
+    line_entry: LineEntry | None = None
     #: Stored forms of the latest progress and the log (:mod:`durq.progress`).
     progress: str | None = None
     logs: str | None = None
@@ -204,6 +207,11 @@ class Group:
         )
 
 
+#: W22: a waiting task's place in its fair template's line: ``(-priority, turn, seq, row)``
+#: (``seq`` is unique: two entries never compare their rows).
+LineEntry = tuple[int, int, int, Row]
+
+
 @dataclass(slots=True)
 class Queue:
     name: str
@@ -221,6 +229,12 @@ class Queue:
     #: each template's round (the turn of the latest of its tasks a claim started).
     turns: dict[tuple[str, str], int] = field(default_factory=dict)
     rounds: dict[str, int] = field(default_factory=dict)
+    #: W22: per fair template, a heap of the entries of its waiting tasks in turn order
+    #: (priority, then turn, then enqueue order). A task entering ``waiting`` (or changing
+    #: priority there) pushes a new entry; an entry that is not its row's ``line_entry``, or
+    #: whose row has left ``waiting``, is stale and dropped when it comes to the top. So a
+    #: claim reads a template's first turns without sorting the whole queue again.
+    lines: dict[str, list[LineEntry]] = field(default_factory=dict)
 
     def give_turn(self, row: Row) -> None:
         """W22: a stored task with a fair limit takes the next turn of its partition."""
@@ -235,6 +249,29 @@ class Queue:
         name = row.limits[0].fair
         assert name is not None
         self.rounds[name] = max(self.rounds.get(name, 0), row.turn)
+
+    def enter(self, row: Row) -> None:
+        """``row`` joins the claimable set (``waiting``), or changed priority there."""
+        self.waiting[row.id] = row
+        if row.fair is not None:
+            entry = row.line_entry = (-row.priority, row.turn, row.seq, row)
+            heapq.heappush(self.lines.setdefault(row.fair, []), entry)
+
+    def line(self, name: str) -> list[LineEntry]:
+        """W22: template ``name``'s line (a heap; may hold stale entries), its stale top
+        dropped first, and the whole of it rebuilt when stale entries outnumber the rest."""
+        line = self.lines.get(name)
+        if not line:
+            return []
+        waiting = self.waiting
+        while line and (
+            (row := line[0][3]).line_entry is not line[0] or waiting.get(row.id) is not row
+        ):
+            heapq.heappop(line)
+        if len(line) > 2 * len(waiting) + 64:
+            line[:] = [r.line_entry for r in waiting.values() if r.fair == name and r.line_entry]
+            heapq.heapify(line)
+        return line
 
     def hold(self, row: Row, key: str) -> None:
         """Take a waiting task out of the claimable set until ``key`` has room."""
@@ -253,7 +290,7 @@ class Queue:
                 del self.held[row.held]
         row.held = None
         if row.state in CLAIMABLE:
-            self.waiting[row.id] = row
+            self.enter(row)
 
     def let_back(self, now: float) -> None:
         """Held tasks of keys that have room again go back to the claimable set in claim
@@ -365,11 +402,10 @@ class Store:
         """Change a row's state, keeping the queue's index of waiting rows right."""
         queue = self.queues[row.queue]
         queue.unhold(row)
-        waiting = queue.waiting
         if state in CLAIMABLE:
-            waiting[row.id] = row
+            queue.enter(row)
         else:
-            waiting.pop(row.id, None)
+            queue.waiting.pop(row.id, None)
         if state is WAITING and row.awaits is not None:
             queue.awaiting[row.id] = row
         else:
@@ -437,6 +473,7 @@ class Store:
             headers=dict(p.headers),
             priority=p.priority,
             limits=p.limits,
+            fair=limiter.fair_template(p.limits),
         )
         if p.unique_key is not None:
             row.unique_key = p.unique_key
@@ -444,7 +481,7 @@ class Store:
             self.unique[p.unique_key] = row
         self.tasks[(p.queue, p.id)] = row
         queue = self.queue(p.queue, now)
-        if limiter.fair_template(p.limits) is not None:
+        if row.fair is not None:
             queue.give_turn(row)
         if holding:
             row.waiting_for = len(holding)
@@ -453,7 +490,7 @@ class Store:
                 known.append((p.queue, p.id))
                 dependency.dependents = json.dumps(known)
         else:
-            queue.waiting[row.id] = row
+            queue.enter(row)
         return row
 
     @staticmethod
