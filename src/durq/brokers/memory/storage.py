@@ -254,8 +254,14 @@ class Queue:
         """``row`` joins the claimable set (``waiting``), or changed priority there."""
         self.waiting[row.id] = row
         if row.fair is not None:
-            entry = row.line_entry = (-row.priority, row.turn, row.seq, row)
-            heapq.heappush(self.lines.setdefault(row.fair, []), entry)
+            self.line_up(row)
+
+    def line_up(self, row: Row) -> None:
+        """W22: a new entry for ``row`` (waiting, with a fair limit) in its template's line;
+        the one it had before is stale."""
+        assert row.fair is not None
+        entry = row.line_entry = (-row.priority, row.turn, row.seq, row)
+        heapq.heappush(self.lines.setdefault(row.fair, []), entry)
 
     def line(self, name: str) -> list[LineEntry]:
         """W22: template ``name``'s line (a heap; may hold stale entries), its stale top
@@ -473,7 +479,7 @@ class Store:
             headers=dict(p.headers),
             priority=p.priority,
             limits=p.limits,
-            fair=limiter.fair_template(p.limits),
+            fair=p.limits[0].fair if p.limits else None,
         )
         if p.unique_key is not None:
             row.unique_key = p.unique_key
@@ -490,7 +496,9 @@ class Store:
                 known.append((p.queue, p.id))
                 dependency.dependents = json.dumps(known)
         else:
-            queue.enter(row)
+            queue.waiting[row.id] = row  # Queue.enter, without a call for a plain task
+            if row.fair is not None:
+                queue.line_up(row)
         return row
 
     @staticmethod
