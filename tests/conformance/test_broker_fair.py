@@ -9,10 +9,11 @@ from brokerkit import A, P, claim, claim_ids, params, snapshot
 
 import durq
 from durq.brokers import FullBroker
-from durq.brokers.base import CompleteParams
+from durq.brokers.base import CompleteParams, TaskMove
 from durq.clock import FakeClock
 from durq.errors import ValidationError
 from durq.limits import resolve_all
+from durq.states import TaskState
 from durq.task import LimitSpec
 
 TENANT = durq.Limit("tenant:{tenant}", concurrency=100, fair=True)
@@ -113,3 +114,26 @@ async def test_W22_a_fair_limit_resolves_its_partition_from_the_payload() -> Non
         durq.Limit("global", concurrency=1, fair=True)
     with pytest.raises(ValidationError, match="one fair limit"):
         resolve_all((TENANT, durq.Limit("x:{tenant}", rate="1/s", fair=True)), {"tenant": "a"})
+
+
+async def test_W22_turns_hold_after_most_of_the_line_is_deleted_or_let_back(
+    broker: FullBroker, clock: FakeClock
+) -> None:
+    """Tasks that leave the line (deleted, archived, run again) in numbers leave the turn
+    order of the rest as it was: 100 tasks of a and 100 of b, of which every task but each
+    tenth is deleted or archived, and two are made pending again."""
+    for i in range(100):
+        await enqueue(broker, clock, f"a{i}", fair("a"))
+        await enqueue(broker, clock, f"b{i}", fair("b"))
+    for i in range(100):
+        if i % 10:
+            for tenant, to in (("a", None), ("b", TaskState.ARCHIVED)):
+                move = TaskMove("default", f"{tenant}{i}", TaskState.PENDING, to)
+                assert await broker.admin.move_task(move) is not None
+    for task_id in ("a5", "b5"):  # archived or deleted above: only b5 can run again
+        await broker.admin.move_task(
+            TaskMove("default", task_id, TaskState.ARCHIVED, TaskState.PENDING)
+        )
+    # b5 keeps its turn (6th of b): between b0's and the tenth tasks'
+    expected = ["a0", "b0", "b5", *(f"{t}{i}" for i in range(10, 100, 10) for t in "ab")]
+    assert await one_by_one(broker, 22) == expected
