@@ -49,6 +49,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from callgrind import section_counts
 from check import POSTGRES_URL
 
 HERE = Path(__file__).resolve()
@@ -191,21 +192,6 @@ def workload(url: str, n: int, rounds: int, section: str) -> None:
     asyncio.run(run())
 
 
-def dumps(prefix: str) -> dict[str, int]:
-    """Section name -> instructions, from callgrind's dump files ``prefix.1``, ``.2``...: the
-    least of a section's rounds (a burst of background work, SQLite's WAL checkpoint, falls
-    in one round; the least is the section's own)."""
-    found: dict[str, int] = {}
-    for path in Path(prefix).parent.glob(Path(prefix).name + ".*"):
-        text = path.read_text(errors="replace")
-        name = re.search(r"^desc: Trigger: (?:Client Request: |dump )(.+)$", text, re.M)
-        total = re.search(r"^summary: (\d+)", text, re.M)
-        if name and total:
-            key = name.group(1).strip()
-            found[key] = min(found.get(key, 1 << 62), int(total.group(1)))
-    return found
-
-
 def run_client(python: str, url: str, n: int, tmp: str, lib: str, section: str) -> dict[str, int]:
     """The client's instructions per section (the process under callgrind)."""
     cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={tmp}/c"]
@@ -214,7 +200,7 @@ def run_client(python: str, url: str, n: int, tmp: str, lib: str, section: str) 
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"client run on {url} failed: {done.stderr[-2000:]}")
-    return dumps(f"{tmp}/c")
+    return section_counts(f"{tmp}/c")
 
 
 def run_postgres_server(python: str, url: str, n: int, section: str) -> dict[str, float]:
@@ -249,7 +235,7 @@ def run_redis_server(python: str, n: int, tmp: str, section: str) -> dict[str, i
     finally:
         subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True)
         proc.wait(60)
-    return dumps(f"{tmp}/server")
+    return section_counts(f"{tmp}/server")
 
 
 def measure_section(python: str, broker: str, n: int, lib: str, section: str) -> dict[str, float]:
