@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import durq
-from durq.brokers.base import CompleteParams, Lease
-from durq.worker.executor import Executor
+from durq.brokers.base import CompleteParams
+from durq.worker.executor import Executor, Running
 from durq.worker.server import Worker
 
 QUEUE = "chaos"
@@ -184,10 +184,11 @@ async def poison(payload: dict[str, Any], ctx: durq.TaskContext) -> None:
 if args.ack_first:
     _original = Executor._run_and_settle
 
-    async def _ack_then_run(self: Executor, lease: Lease) -> str:
+    async def _ack_then_run(self: Executor, running: Running) -> str:
         # Deliberately wrong: acknowledge first, work second. A crash in between loses the task.
+        lease = running.lease
         await self.broker.complete(CompleteParams(lease.ref, None, lease.task.retention))
-        return await _original(self, lease)
+        return await _original(self, running)
 
     Executor._run_and_settle = _ack_then_run  # type: ignore[method-assign]
 
