@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from durq.brokers import dependencies, limiter
 from durq.brokers.limiter import stored
@@ -49,6 +49,8 @@ from durq.errors import (
 )
 from durq.states import TaskState
 from durq.task import TaskInfo
+
+_T = TypeVar("_T")  # what a read by ids converts each row to
 
 
 class PostgresAdmin:
@@ -156,26 +158,22 @@ class PostgresAdmin:
 
     async def get_tasks(self, queue: str, task_ids: Sequence[str]) -> list[TaskInfo | None]:
         """Several tasks of one queue in one query; ``None`` for one absent."""
-        if not task_ids:
-            return []
-        rows = await self._storage.fetch(
-            "get_tasks",
-            "get_tasks",
-            {"queue": queue, "ids": list(task_ids), "now": self._storage.now()},
-        )
-        found = {row["id"]: row_to_info(row) for row in rows}
-        return [found.get(task_id) for task_id in task_ids]
+        return await self._by_ids("get_tasks", row_to_info, queue, task_ids)
 
     async def get_outcomes(self, queue: str, task_ids: Sequence[str]) -> list[TaskOutcome | None]:
         """:meth:`get_tasks` narrowed to what a node reads of its dependencies."""
+        return await self._by_ids("get_outcomes", row_to_outcome, queue, task_ids)
+
+    async def _by_ids(
+        self, name: str, convert: Callable[[Row], _T], queue: str, task_ids: Sequence[str]
+    ) -> list[_T | None]:
+        """Statement ``name`` over these ids of one queue, each row converted, in the ids'
+        order; ``None`` for one absent."""
         if not task_ids:
             return []
-        rows = await self._storage.fetch(
-            "get_outcomes",
-            "get_outcomes",
-            {"queue": queue, "ids": list(task_ids), "now": self._storage.now()},
-        )
-        found = {row["id"]: row_to_outcome(row) for row in rows}
+        values = {"queue": queue, "ids": list(task_ids), "now": self._storage.now()}
+        rows = await self._storage.fetch(name, name, values)
+        found = {row["id"]: convert(row) for row in rows}
         return [found.get(task_id) for task_id in task_ids]
 
     async def move_task(self, move: TaskMove) -> TaskInfo | None:
